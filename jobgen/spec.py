@@ -1,0 +1,265 @@
+"""TrainingSpec: what to train, independent of where it runs.
+
+A spec is loaded from YAML by :mod:`jobgen.load` and validated here (pydantic v2,
+``extra="forbid"``, frozen). No I/O happens in this module. Units are in field names
+(``time_limit_min``) or stated in the field description.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: GPT size presets: name -> (n_layer, n_head, d_model, block_size). Byte-level vocabulary
+#: (256), so parameter counts are a little below the GPT-2 models of the same shape.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 256},
+    "mini": {"n_layer": 6, "n_head": 6, "d_model": 384, "block_size": 256},
+    "gpt2-124m": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024},
+    "gpt2-350m": {"n_layer": 24, "n_head": 16, "d_model": 1024, "block_size": 1024},
+    "gpt2-774m": {"n_layer": 36, "n_head": 20, "d_model": 1280, "block_size": 1024},
+    "gpt2-1.5b": {"n_layer": 48, "n_head": 25, "d_model": 1600, "block_size": 1024},
+}
+
+Strategy = Literal["ddp", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+def check_shell_safe(value: str) -> str:
+    """Reject NUL and newlines: a newline inside quotes still starts a new ``#SBATCH`` line.
+
+    Raises:
+        ValueError: the value holds a newline, carriage return or NUL.
+    """
+    if any(c in value for c in "\n\r\x00"):
+        raise ValueError("newlines, carriage returns and NUL bytes are not allowed in values that reach a shell")
+    return value
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """Validate an environment mapping: POSIX names, shell-safe values.
+
+    Raises:
+        ValueError: a key is not ``[A-Za-z_][A-Za-z0-9_]*`` or a value holds a newline/NUL.
+    """
+    for key, value in env.items():
+        if not ENV_KEY_RE.match(key):
+            raise ValueError(f"environment variable name {key!r} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")
+        check_shell_safe(value)
+    return env
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelSpec(_Model):
+    """A byte-level GPT (decoder-only transformer, vocabulary of 256 bytes).
+
+    Give a ``preset`` or explicit sizes; explicit sizes override the preset's values.
+    """
+
+    preset: Literal["tiny", "mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"] | None = "tiny"
+    """Size preset (see MODEL_PRESETS); ``null`` when all four sizes are given explicitly."""
+    n_layer: int = Field(ge=1, le=256)
+    """Number of transformer blocks."""
+    n_head: int = Field(ge=1, le=256)
+    """Attention heads per block; must divide d_model."""
+    d_model: int = Field(ge=8, le=65536)
+    """Embedding / residual width (features)."""
+    block_size: int = Field(ge=8, le=131072)
+    """Context length in tokens (bytes)."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout probability on attention and MLP outputs."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        explicit = all(k in data for k in ("n_layer", "n_head", "d_model", "block_size"))
+        preset = data.get("preset", None if explicit else "tiny")
+        if isinstance(preset, str) and preset in MODEL_PRESETS:
+            return {**MODEL_PRESETS[preset], **data, "preset": preset}
+        if "preset" not in data:
+            return {**data, "preset": None}
+        return data
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSpec:
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
+                "pick n_head so that d_model / n_head is a whole head dimension"
+            )
+        return self
+
+    @property
+    def n_params(self) -> int:
+        """Parameter count (tied input/output embedding, biases and LayerNorms included)."""
+        d, v = self.d_model, 256
+        per_block = 12 * d * d + 13 * d  # qkv+proj (4d^2+4d), mlp (8d^2+5d), 2 LayerNorms (4d)
+        return v * d + self.block_size * d + self.n_layer * per_block + 2 * d
+
+
+class DataSpec(_Model):
+    """Training text, read as raw bytes (byte-level tokens, no tokenizer, no downloads)."""
+
+    paths: tuple[str, ...] = ()
+    """Local text files, directories (read recursively) or glob patterns. Empty: the Python
+    standard library source of the running interpreter (``*.py``, site-packages excluded)."""
+    val_fraction: float = Field(default=0.05, gt=0.0, le=0.5)
+    """Fraction of the bytes held out for validation (taken as whole blocks, deterministic)."""
+    max_bytes: int | None = Field(default=None, ge=4096)
+    """Upper bound on bytes read from ``paths`` (files in sorted order); ``null``: no bound."""
+
+    @field_validator("paths")
+    @classmethod
+    def _paths_shell_safe(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            check_shell_safe(path)
+        return value
+
+
+class TrainerSpec(_Model):
+    """How to train: strategy, precision, batch arithmetic, optimisation and logging."""
+
+    strategy: Strategy = "ddp"
+    """Distributed strategy: ``ddp``, ``fsdp`` or DeepSpeed ZeRO ``deepspeed_stage_1/2/3``."""
+    offload_optimizer: OffloadDevice = "none"
+    """DeepSpeed: where optimizer states live (``cpu`` or ``nvme``; nvme needs stage 3)."""
+    offload_params: OffloadDevice = "none"
+    """Parameter offload: DeepSpeed stage 3 (``cpu``/``nvme``) or FSDP (``cpu``)."""
+    nvme_path: str | None = None
+    """Local NVMe directory for ``nvme`` offload (required when either offload is nvme)."""
+    fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD"
+    """FSDP sharding strategy (used only when ``strategy: fsdp``)."""
+    precision: Precision = "bf16-mixed"
+    """Numeric precision, in Lightning's names. bf16 needs Ampere or newer GPUs."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Sequences per device (per data-parallel rank) per forward/backward pass."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro batches accumulated before each optimizer step."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Sequences per optimizer step over all ranks. When given it must equal
+    micro_batch_size x gradient_accumulation_steps x world size (checked at plan time)."""
+    max_steps: int = Field(default=1000, ge=1)
+    """Optimizer steps to train for."""
+    learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0)
+    """Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%."""
+    warmup_steps: int = Field(default=50, ge=0)
+    """Linear warmup length in optimizer steps."""
+    weight_decay: float = Field(default=0.1, ge=0.0)
+    """AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings)."""
+    gradient_clip_val: float | None = Field(default=1.0, gt=0.0)
+    """Clip the global gradient norm to this value; ``null`` disables clipping."""
+    seed: int = Field(default=1337, ge=0, le=2**32 - 1)
+    """Seed for model initialisation and data order (same seed -> same run)."""
+    val_check_interval: int = Field(default=100, ge=1)
+    """Validate every N optimizer steps (and once at the end)."""
+    limit_val_batches: int = Field(default=20, ge=1)
+    """Validation micro batches per rank per validation run."""
+    log_every_n_steps: int = Field(default=10, ge=1)
+    """Write metrics (loss, learning rate, tokens/s) every N optimizer steps."""
+
+    @field_validator("nvme_path")
+    @classmethod
+    def _nvme_shell_safe(cls, value: str | None) -> str | None:
+        return None if value is None else check_shell_safe(value)
+
+    @model_validator(mode="after")
+    def _offload_rules(self) -> TrainerSpec:
+        # Rules DeepSpeed's own validator misses (LAB-NOTES): offload_param on stage < 3,
+        # NVMe offload without a path.
+        ds_stage = int(self.strategy[-1]) if self.strategy.startswith("deepspeed") else None
+        if self.offload_params != "none":
+            if self.strategy == "fsdp":
+                if self.offload_params != "cpu":
+                    raise ValueError("FSDP can offload parameters to 'cpu' only; set offload_params: cpu")
+            elif ds_stage != 3:
+                raise ValueError(
+                    f"offload_params={self.offload_params!r} needs strategy deepspeed_stage_3 or fsdp "
+                    f"(got {self.strategy!r}); parameters are only partitioned under ZeRO-3"
+                )
+        if self.offload_optimizer != "none" and ds_stage is None:
+            raise ValueError(
+                f"offload_optimizer={self.offload_optimizer!r} is a DeepSpeed option "
+                f"(strategy is {self.strategy!r}); use a deepspeed_stage_* strategy or set it to 'none'"
+            )
+        if "nvme" in (self.offload_optimizer, self.offload_params):
+            if ds_stage != 3:
+                raise ValueError("NVMe offload needs strategy deepspeed_stage_3 (ZeRO-Infinity)")
+            if not self.nvme_path:
+                raise ValueError("NVMe offload needs nvme_path: a directory on a local NVMe drive")
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} must be smaller than max_steps={self.max_steps}"
+            )
+        return self
+
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """ZeRO stage (1-3) when the strategy is DeepSpeed, else ``None``."""
+        return int(self.strategy[-1]) if self.strategy.startswith("deepspeed") else None
+
+
+class ResourcesSpec(_Model):
+    """How much of the cluster the job asks for; unset fields take the profile's defaults."""
+
+    nodes: int | None = Field(default=None, ge=1)
+    """Number of nodes (SLURM nodes, Kubernetes pods). Default: the profile's default_nodes."""
+    devices_per_node: int | None = Field(default=None, ge=1)
+    """Processes (GPUs) per node. Default: all GPUs of a node (or the profile's CPU processes)."""
+    time_limit_min: int | None = Field(default=None, ge=1)
+    """Wall-clock limit in minutes. Default: the profile's time limit."""
+
+
+class CheckpointSpec(_Model):
+    """Checkpointing and resume."""
+
+    every_n_steps: int = Field(default=100, ge=1)
+    """Save a checkpoint every N optimizer steps (plus ``last.ckpt`` and one at the end)."""
+    keep_last_k: int = Field(default=2, ge=1)
+    """Step checkpoints to keep (newest first); ``last.ckpt`` is kept in addition."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto``: continue from the newest checkpoint in the run directory when one exists
+    (what a requeued job needs); ``never``: always start from step 0."""
+
+
+class TrainingSpec(_Model):
+    """A training job: model, data, trainer settings, resources, checkpointing and env."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``."""
+    model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}))
+    """The model to train."""
+    data: DataSpec = DataSpec()
+    """The training text."""
+    trainer: TrainerSpec = TrainerSpec()
+    """Strategy, precision, batch sizes, optimisation."""
+    resources: ResourcesSpec = ResourcesSpec()
+    """Nodes, devices per node and time limit."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    """Checkpoint cadence and resume behaviour."""
+    env: dict[str, str] = {}
+    """Extra environment variables for every rank (set after the profile's env)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, value: str) -> str:
+        check_shell_safe(value)
+        if "/" in value or value in (".", "..") or value.startswith("-"):
+            raise ValueError(
+                "the job name becomes a directory name: it must not contain '/', start with '-', or be '.'/'..'"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
