@@ -1,0 +1,238 @@
+"""The ``jobgen`` command line: parse -> load -> plan -> print/write/submit. Thin by design."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+import yaml
+
+from jobgen import __version__
+from jobgen.errors import ConfigError, JobgenError, NotSupportedError
+from jobgen.load import (
+    list_profile_names,
+    load_profile,
+    load_profile_doc,
+    load_spec,
+    search_dirs,
+)
+from jobgen.plan import JobPlan, backend_module, plan
+
+_DEBUG = {"on": bool(os.environ.get("JOBGEN_DEBUG"))}
+
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override a spec field, e.g. --set trainer.max_steps=200 (repeatable; value parsed as YAML).",
+)
+_profiles_dir_option = click.option(
+    "--profiles-dir", type=click.Path(file_okay=False), default=None,
+    help="Directory searched first for profiles (then $JOBGEN_HOME/cluster_profiles, ./cluster_profiles, packaged).",
+)
+_templates_dir_option = click.option(
+    "--templates-dir", type=click.Path(file_okay=False), default=None,
+    help="Directory searched first for templates (then $JOBGEN_HOME/templates, ./templates, packaged).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="jobgen")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (also: JOBGEN_DEBUG=1).")
+def cli(debug: bool) -> None:
+    """Turn a cluster profile + a training spec into ready-to-run distributed training jobs.
+
+    \b
+    Quick start (trains a small GPT with 2 processes on this machine):
+      jobgen submit examples/quickstart.yaml --profile local
+    Render for a cluster (files go to manifests/<profile>/<job name>/):
+      jobgen render examples/quickstart.yaml --profile slurm-a100
+      jobgen render examples/quickstart.yaml --profile k8s-h100
+    """
+    if debug:
+        _DEBUG["on"] = True
+
+
+def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> JobPlan:
+    spec = load_spec(spec_path, overrides)
+    profile = load_profile(profile_name, profiles_dir)
+    dirs = search_dirs("templates", templates_dir)
+    if not dirs:
+        raise ConfigError("no templates directory found", hint="pass --templates-dir or set JOBGEN_HOME")
+    return plan(spec, profile, dirs[0], spec_source=spec_path, profile_source=profile_name)
+
+
+def _warn(job_plan: JobPlan) -> None:
+    for warning in job_plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
+@click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
+              help="Output root; files go to <out>/<profile>/<job name>/.")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the plan (every file and the submit command) instead of writing.")
+@_set_option
+@_profiles_dir_option
+@_templates_dir_option
+def render(spec: str, profile: str, out: str, to_stdout: bool, overrides: tuple[str, ...],
+           profiles_dir: str | None, templates_dir: str | None) -> None:
+    """Render SPEC for a cluster profile, without submitting.
+
+    \b
+    Writes <out>/<profile>/<job name>/:
+      job.sbatch        SLURM profiles (submit with: cd <dir> && sbatch job.sbatch)
+      pytorchjob.yaml   Kubernetes profiles (ConfigMap + Kubeflow PyTorchJob)
+      spec.json         the resolved spec the entrypoint reads on every node
+      ds_config.json    DeepSpeed strategies only
+    The same inputs always give byte-identical files (commit them: GitOps).
+
+    \b
+    Example:
+      jobgen render examples/quickstart.yaml --profile slurm-a100 --set resources.nodes=2
+    """
+    job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
+    _warn(job_plan)
+    if to_stdout:
+        click.echo(str(job_plan), nl=False)
+        return
+    job_dir = Path(out) / job_plan.job_subdir
+    for path in job_plan.write(job_dir):
+        click.echo(f"wrote {path}")
+    w = job_plan.world
+    click.echo(f"{job_plan.scheduler}: {w.num_nodes} node(s) x {w.devices_per_node} rank(s) = world size {w.world_size}; "
+               f"submit with: cd {job_dir} && {' '.join(job_plan.submit_argv)}")
+
+
+@cli.command()
+@click.argument("target", type=click.Path())
+@click.option("--profile", "-p", default=None, help="Cluster profile (required when TARGET is a spec file).")
+@click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Local profile: runs go to <runs-dir>/<job name>/ (checkpoints, metrics.csv, summary.json).")
+@_set_option
+@_profiles_dir_option
+@_templates_dir_option
+def submit(target: str, profile: str | None, runs_dir: str, overrides: tuple[str, ...],
+           profiles_dir: str | None, templates_dir: str | None) -> None:
+    """Render TARGET (a spec file) for a profile and run or submit it.
+
+    \b
+    With the `local` profile the job runs in the foreground on this machine
+    (torchrun, one process per rank, progress on screen); Ctrl-C stops every rank.
+    Running the same command again resumes from the newest checkpoint in
+    <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
+    start over with --set checkpoint.resume=never, or a new --set name=...
+
+    \b
+    Example:
+      jobgen submit examples/quickstart.yaml --profile local
+    """
+    if Path(target).is_dir():
+        raise NotSupportedError(
+            f"submitting a rendered job directory ({target}) is not supported yet",
+            hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
+        )
+    if profile is None:
+        raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
+    job_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
+    _warn(job_plan)
+    job_dir = Path(runs_dir) / job_plan.job_name if job_plan.scheduler == "local" else Path("manifests") / job_plan.job_subdir
+    job_plan.write(job_dir)
+    handle = backend_module(job_plan.scheduler).submit(job_plan, job_dir.resolve())
+    click.echo(f"handle: {handle}")
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--profile", "-p", default=None, help="Also check the spec against this profile (devices, nodes, batch, precision).")
+@_set_option
+@_profiles_dir_option
+@_templates_dir_option
+def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
+    """Check SPEC (and, with --profile, that it fits the cluster) without writing anything.
+
+    \b
+    Example:
+      jobgen validate examples/quickstart.yaml --profile slurm-h100
+    """
+    loaded = load_spec(spec, overrides)
+    click.echo(f"{spec}: valid spec {loaded.name!r} (model {loaded.model.n_params / 1e6:.1f}M parameters, "
+               f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
+    if profile is not None:
+        job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
+        _warn(job_plan)
+        t, w = loaded.trainer, job_plan.world
+        click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
+                   f"global batch {t.micro_batch_size * t.gradient_accumulation_steps * w.world_size} sequences "
+                   f"(micro {t.micro_batch_size} x accumulation {t.gradient_accumulation_steps} x world size {w.world_size})")
+
+
+@cli.group()
+def profiles() -> None:
+    """List and show cluster profiles (inheritance resolved)."""
+
+
+@profiles.command("list")
+@_profiles_dir_option
+def profiles_list(profiles_dir: str | None) -> None:
+    """List every profile visible through the lookup order, with its scheduler and nodes."""
+    for name in list_profile_names(profiles_dir):
+        try:
+            p = load_profile(name, profiles_dir)
+        except JobgenError as exc:
+            click.echo(f"{name:16} (invalid: {exc.message.splitlines()[0]})")
+            continue
+        shape = f"{p.gpus_per_node}x {p.gpu_type}" if p.gpus_per_node else f"{p.cpu_processes_per_node} CPU rank(s)"
+        click.echo(f"{name:16} {p.scheduler:10} up to {p.max_nodes} node(s) of {shape:14} {p.description}")
+
+
+@profiles.command("show")
+@click.argument("name")
+@_profiles_dir_option
+def profiles_show(name: str, profiles_dir: str | None) -> None:
+    """Show profile NAME as YAML, with `extends:` resolved and defaults filled in."""
+    _, path = load_profile_doc(name, profiles_dir)
+    resolved = load_profile(name, profiles_dir).model_dump(mode="json")
+    click.echo(f"# {path}")
+    click.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["spec", "profile"]))
+def schema(kind: str) -> None:
+    """Print the JSON Schema of a training spec or a cluster profile (for editors).
+
+    \b
+    Example (VS Code YAML extension):
+      jobgen schema spec > spec.schema.json
+    """
+    from jobgen.profiles import ClusterProfile
+    from jobgen.spec import TrainingSpec
+
+    model = TrainingSpec if kind == "spec" else ClusterProfile
+    click.echo(json.dumps(model.model_json_schema(), indent=2, sort_keys=True))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: JobgenError -> message + hint on stderr, its exit code, no traceback."""
+    try:
+        code = cli.main(args=argv, prog_name="jobgen", standalone_mode=False)
+    except JobgenError as exc:
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""YAML -> validated models.
+
+Handles: reading YAML safely, ``extends:`` inheritance between profiles, ``--set key.path=value``
+overrides, finding profiles and templates (lookup order of ARCHITECTURE.md), and turning
+pydantic's errors into :class:`~jobgen.errors.ConfigError` with file, JSON path, did-you-mean
+and a hint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from jobgen.errors import ConfigError, did_you_mean, json_path
+from jobgen.profiles import ClusterProfile
+from jobgen.spec import TrainingSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+MAX_EXTENDS_DEPTH = 16
+
+
+# --------------------------------------------------------------------------- lookup
+
+
+def _packaged_dir(subpackage: str, source_dir: str) -> Path:
+    """Where the copies shipped with jobgen live: the installed data package, or the source tree."""
+    installed = PACKAGE_ROOT / subpackage
+    if installed.is_dir():
+        return installed
+    return PACKAGE_ROOT.parent / source_dir
+
+
+def search_dirs(kind: str, override: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Directories searched for ``kind`` ("templates" or "cluster_profiles"), first match wins.
+
+    Order (ARCHITECTURE.md): the ``--templates-dir``/``--profiles-dir`` flag, then
+    ``$JOBGEN_HOME/<kind>``, then ``./<kind>`` in the working directory, then the copies
+    packaged with jobgen.
+    """
+    dirs: list[Path] = []
+    if override is not None:
+        dirs.append(Path(override))
+    home = os.environ.get("JOBGEN_HOME")
+    if home:
+        dirs.append(Path(home) / kind)
+    dirs.append(Path.cwd() / kind)
+    dirs.append(_packaged_dir("_templates" if kind == "templates" else "_profiles", kind))
+    seen: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
+            seen.append(d)
+    return seen
+
+
+def find_profile_file(name: str, profiles_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Resolve a profile name (or a path to a ``.yaml`` file) to a file.
+
+    Raises:
+        ConfigError: no such profile; lists the known ones and a did-you-mean.
+    """
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    for directory in search_dirs("cluster_profiles", profiles_dir):
+        for suffix in (".yaml", ".yml"):
+            path = directory / f"{name}{suffix}"
+            if path.is_file():
+                return path
+    known = list_profile_names(profiles_dir)
+    hint = did_you_mean(name, known) or "pass a profile name or a path to a .yaml file"
+    raise ConfigError(
+        f"unknown profile {name!r}; known profiles: {', '.join(known) or '(none found)'}",
+        hint=f"{hint} (search order: {', '.join(str(d) for d in search_dirs('cluster_profiles', profiles_dir))})",
+    )
+
+
+def list_profile_names(profiles_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Names of all profiles visible through the lookup order, sorted."""
+    names: set[str] = set()
+    for directory in search_dirs("cluster_profiles", profiles_dir):
+        names.update(p.stem for p in directory.glob("*.y*ml"))
+    return sorted(names)
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read one YAML mapping from ``path``.
+
+    Raises:
+        ConfigError: the file is missing/unreadable, is not valid YAML (line and column given),
+            or its top level is not a mapping.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"file not found: {path}", hint="check the path (relative paths are from the current directory)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return parse_yaml(text, str(path))
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    """Parse YAML text holding one mapping (``{}`` for an empty document).
+
+    Raises:
+        ConfigError: invalid YAML, or a top level that is not a mapping.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"invalid YAML: {problem}", location=where, hint="fix the YAML syntax at that line") from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nesting too deep", location=source) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"the top level must be a mapping of keys to values, got {type(doc).__name__}",
+            location=source,
+            hint="start the file with 'name: ...' style key: value lines",
+        )
+    return doc
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(doc: Mapping[str, Any], overrides: Sequence[str], source: str = "--set") -> dict[str, Any]:
+    """Return a copy of ``doc`` with ``key.path=value`` overrides applied.
+
+    The value is parsed as a YAML scalar/flow value (``8`` -> int, ``[a, b]`` -> list,
+    ``'08'`` -> str). Only the first ``=`` separates key and value.
+
+    Raises:
+        ConfigError: an override without ``=``, an empty key segment, or a path through a
+            non-mapping value.
+    """
+    result = _deep_copy(doc)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key.path=value", location=source, hint="e.g. --set trainer.max_steps=200")
+        parts = key.split(".")
+        if any(not p for p in parts):
+            raise ConfigError(f"override key {key!r} has an empty segment", location=source, hint="e.g. --set trainer.max_steps=200")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node: dict[str, Any] = result
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"cannot set {key!r}: {'.'.join(parts[: i + 1])!r} is a {type(child).__name__}, not a mapping",
+                    location=source,
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def deep_merge(base: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``child`` over ``base``: mappings merge recursively, everything else is replaced."""
+    merged = _deep_copy(dict(base))
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = _deep_copy(value)
+    return merged
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(model: type[M], doc: Any, source: str) -> M:
+    """Validate ``doc`` as ``model``; pydantic errors become one :class:`ConfigError`.
+
+    The message lists every problem with its JSON path; unknown keys get a did-you-mean
+    against the valid keys at that place.
+
+    Raises:
+        ConfigError: ``doc`` does not validate.
+    """
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise _config_error(model, exc, source) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # odd YAML shapes pydantic cannot wrap
+        raise ConfigError(f"invalid value: {exc}", location=source) from None
+
+
+def _config_error(model: type[BaseModel], exc: ValidationError, source: str) -> ConfigError:
+    lines: list[str] = []
+    hints: list[str] = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = json_path(loc)
+        if err["type"] == "extra_forbidden":
+            valid = _fields_at(model, loc[:-1])
+            suggestion = did_you_mean(str(loc[-1]), valid) if valid else None
+            lines.append(f"{path}: unknown key" + (f" ({suggestion})" if suggestion else ""))
+            if valid:
+                hints.append(f"valid keys at {json_path(loc[:-1])}: {', '.join(sorted(valid))}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            given = err.get("input")
+            shown = "" if isinstance(given, (dict, list)) or err["type"] == "missing" else f" (got {given!r:.60})"
+            lines.append(f"{path}: {msg}{shown}")
+    first_hint = hints[0] if hints else f"see `jobgen schema {'spec' if model is TrainingSpec else 'profile'}` for every field"
+    message = "invalid configuration:\n    " + "\n    ".join(lines)
+    return ConfigError(message, location=source, hint=first_hint)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the (nested) model at ``loc`` (best effort; [] when not a model)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        current = _model_type(fields[part].annotation)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}) or [])
+
+
+def _model_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainingSpec:
+    """Load and validate a training spec YAML file, with ``--set`` overrides applied.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or invalid fields (with JSON path + hint).
+    """
+    doc = apply_overrides(read_yaml(path), overrides)
+    return validate(TrainingSpec, doc, str(path))
+
+
+def load_profile_doc(name: str, profiles_dir: str | os.PathLike[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """Read a profile with its ``extends:`` chain merged in (base first), unvalidated.
+
+    Raises:
+        ConfigError: missing profile, an ``extends`` cycle or chain deeper than 16, bad YAML.
+    """
+    path = find_profile_file(name, profiles_dir)
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    seen: list[str] = []
+    current: Path | None = path
+    while current is not None:
+        key = str(current.resolve())
+        if key in seen:
+            cycle = " -> ".join(Path(s).stem for s in [*seen, key])
+            raise ConfigError(f"profile inheritance cycle: {cycle}", location=str(path), hint="remove one 'extends:'")
+        if len(seen) >= MAX_EXTENDS_DEPTH:
+            raise ConfigError("profile 'extends:' chain is deeper than 16", location=str(path))
+        seen.append(key)
+        doc = read_yaml(current)
+        chain.append((current, doc))
+        parent = doc.get("extends")
+        if parent is None:
+            current = None
+        elif not isinstance(parent, str) or not parent:
+            raise ConfigError(f"extends must be a profile name, got {parent!r}", location=f"{current}: extends")
+        else:
+            parent_path = Path(parent)
+            if parent_path.suffix in (".yaml", ".yml") and not parent_path.is_absolute():
+                parent_path = current.parent / parent_path
+                current = parent_path if parent_path.is_file() else find_profile_file(parent, profiles_dir)
+            else:
+                current = find_profile_file(parent, profiles_dir)
+    merged: dict[str, Any] = {}
+    for _, doc in reversed(chain):
+        merged = deep_merge(merged, {k: v for k, v in doc.items() if k != "extends"})
+    merged["name"] = path.stem
+    return merged, path
+
+
+def load_profile(
+    name: str, profiles_dir: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
+) -> ClusterProfile:
+    """Load a cluster profile by name or path, with inheritance and overrides resolved.
+
+    Raises:
+        ConfigError: see :func:`load_profile_doc` and :func:`validate`.
+    """
+    doc, path = load_profile_doc(name, profiles_dir)
+    doc = apply_overrides(doc, list(overrides), source="--profile-set")
+    return validate(ClusterProfile, doc, str(path))

@@ -1,0 +1,246 @@
+"""ClusterProfile: where a job runs — scheduler, node shape, site conventions.
+
+Profiles are YAML files under ``cluster_profiles/`` (lookup order in ARCHITECTURE.md) and
+may inherit from another with ``extends: <profile>`` (resolved by :mod:`jobgen.load`). This
+module only validates; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from jobgen.spec import check_env, check_shell_safe
+
+Scheduler = Literal["slurm", "kubernetes", "local"]
+Fabric = Literal["infiniband", "roce", "efa", "tcp"]
+GpuType = Literal["V100", "T4", "A10G", "A100", "L4", "L40S", "H100", "H200", "B200"]
+
+#: CUDA compute capability per GPU type (NVIDIA's published table). bf16 needs >= 8.0
+#: (Ampere), fp8 (transformer-engine) needs >= 8.9 on Ada/Hopper; jobgen requires Hopper (9.0).
+GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "V100": (7, 0),
+    "T4": (7, 5),
+    "A100": (8, 0),
+    "A10G": (8, 6),
+    "L4": (8, 9),
+    "L40S": (8, 9),
+    "H100": (9, 0),
+    "H200": (9, 0),
+    "B200": (10, 0),
+}
+
+_SIGNALS = Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"]
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _shell_safe_all(values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        check_shell_safe(value)
+    return values
+
+
+class ContainerSettings(_Model):
+    """Container to run each SLURM task in."""
+
+    runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    """``pyxis`` (srun --container-image, NVIDIA enroot) or ``apptainer`` (apptainer exec --nv)."""
+    image: str | None = None
+    """Image reference (pyxis: ``nvcr.io#nvidia/pytorch:24.05-py3``; apptainer: a .sif path)."""
+    mounts: tuple[str, ...] = ()
+    """Bind mounts ``src:dst[:flags]`` (pyxis --container-mounts, apptainer --bind)."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_safe(cls, value: str | None) -> str | None:
+        return None if value is None else check_shell_safe(value)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts_safe(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _shell_safe_all(value)
+
+    @model_validator(mode="after")
+    def _image_needed(self) -> ContainerSettings:
+        if self.runtime != "none" and not self.image:
+            raise ValueError(f"container runtime {self.runtime!r} needs an image; set container.image")
+        return self
+
+
+class SlurmSettings(_Model):
+    """SLURM site conventions (sbatch directives and the srun launch line)."""
+
+    cluster: str = "default"
+    """Cluster name used in job handles ``slurm://<cluster>/<jobid>``."""
+    partition: str | None = None
+    """``--partition``; ``null``: the site's default partition."""
+    account: str | None = None
+    """``--account`` to charge."""
+    qos: str | None = None
+    """``--qos``."""
+    time_limit_min: int = Field(default=60, ge=1)
+    """Default wall-clock limit in minutes (``--time``); a spec may ask for a different one."""
+    max_time_limit_min: int | None = Field(default=None, ge=1)
+    """The partition's MaxTime in minutes, checked at plan time; ``null``: not checked."""
+    gpu_request_style: Literal["gres", "gpus-per-node", "gpus-per-task"] = "gres"
+    """How GPUs are requested: ``--gres=gpu[:type]:N`` (all versions), ``--gpus-per-node``
+    (SLURM >= 19.05) or ``--gpus-per-task`` (one per task, with ``--ntasks-per-node``)."""
+    gres_gpu_type: str | None = None
+    """GPU type in the GRES string, e.g. ``a100`` -> ``--gres=gpu:a100:8``; ``null``: untyped."""
+    constraint: str | None = None
+    """``--constraint`` feature expression, e.g. ``a100&ib``."""
+    exclusive: bool = True
+    """``--exclusive``: no other job shares the nodes."""
+    modules: tuple[str, ...] = ()
+    """Environment modules loaded before launch (``module load <m>``)."""
+    container: ContainerSettings = ContainerSettings()
+    """Container runtime and image for the tasks."""
+    requeue: bool = True
+    """``--requeue``: the job may be requeued after pre-emption or a node failure."""
+    requeue_signal: _SIGNALS = "USR2"
+    """Signal SLURM sends ``signal_grace_s`` before the time limit; Lightning's SLURMEnvironment
+    catches it, saves an HPC checkpoint and requeues. USR2, not USR1: NCCL may catch SIGUSR1
+    (NVIDIA/nccl#704; submitit defaults to USR2 for the same reason)."""
+    signal_grace_s: int = Field(default=120, ge=10, le=3600)
+    """Seconds between the signal and the time limit (``--signal=<SIG>@<grace_s>``)."""
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+    """Rendezvous port on the first node (Lightning's default derives it from the job id and
+    collides across jobs)."""
+    python: str = "python"
+    """Python interpreter on the compute nodes (with jobgen[train] installed)."""
+    extra_srun_args: tuple[str, ...] = ()
+    """Extra arguments for ``srun``, each quoted as one argument."""
+
+    @field_validator("cluster", "partition", "account", "qos", "constraint", "gres_gpu_type", "python")
+    @classmethod
+    def _safe(cls, value: str | None) -> str | None:
+        return None if value is None else check_shell_safe(value)
+
+    @field_validator("modules", "extra_srun_args")
+    @classmethod
+    def _safe_all(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _shell_safe_all(value)
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class KubernetesSettings(_Model):
+    """Kubernetes (Kubeflow PyTorchJob) conventions."""
+
+    context: str | None = None
+    """kubeconfig context for submission; ``null``: the current context."""
+    namespace: str = "default"
+    """Namespace of the PyTorchJob and its ConfigMap."""
+    image: str
+    """Container image with jobgen[train] installed (runs ``python -m jobgen.train``)."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pod imagePullPolicy."""
+    node_selector: dict[str, str] = {}
+    """Pod nodeSelector labels."""
+    tolerations: tuple[Toleration, ...] = ()
+    """Pod tolerations (e.g. for the nvidia.com/gpu taint)."""
+    priority_class: str | None = None
+    """Pod priorityClassName."""
+    service_account: str | None = None
+    """Pod serviceAccountName."""
+    queue_label: str | None = None
+    """Kueue LocalQueue name (label ``kueue.x-k8s.io/queue-name``)."""
+    shm_size_gib: float = Field(default=16.0, gt=0)
+    """Size of the memory-backed /dev/shm emptyDir in GiB (DataLoader workers and NCCL need it)."""
+    master_port: int = Field(default=23456, ge=1024, le=65535)
+    """Rendezvous port of the Master pod (PyTorchJob's default)."""
+    python: str = "python"
+    """Python interpreter in the image."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _K8S_NAME_RE.match(value) or len(value) > 63:
+            raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lowercase a-z, 0-9, '-', <= 63 chars)")
+        return value
+
+
+class LocalSettings(_Model):
+    """The embedded default: the entrypoint under torchrun on this machine."""
+
+    omp_threads_per_process: int | None = Field(default=None, ge=1)
+    """OMP_NUM_THREADS per rank; ``null``: CPU cores / processes (at least 1)."""
+    python: str | None = None
+    """Interpreter for the ranks; ``null``: the one running jobgen."""
+
+
+class ClusterProfile(_Model):
+    """A cluster: scheduler, node shape (GPUs, CPUs, memory), network fabric, site settings."""
+
+    name: str = Field(min_length=1)
+    """Profile name (set from the file name by the loader)."""
+    description: str = ""
+    """One line shown by ``jobgen profiles list``."""
+    scheduler: Scheduler
+    """Where jobs go: ``slurm``, ``kubernetes`` or ``local`` (this machine)."""
+    max_nodes: int = Field(default=1, ge=1)
+    """Most nodes a job may use."""
+    default_nodes: int = Field(default=1, ge=1)
+    """Nodes a job gets when its spec does not say."""
+    gpus_per_node: int = Field(default=0, ge=0, le=64)
+    """GPUs per node; 0 for CPU-only clusters (then ``cpu_processes_per_node`` ranks run)."""
+    cpu_processes_per_node: int = Field(default=1, ge=1)
+    """Ranks per node on CPU-only clusters (``gpus_per_node: 0``), gloo backend."""
+    gpu_type: GpuType | None = None
+    """GPU model; decides which precisions are allowed (bf16 needs Ampere+)."""
+    gpu_mem_gib: float | None = Field(default=None, gt=0)
+    """Memory per GPU in GiB."""
+    cpus_per_node: int = Field(default=2, ge=1)
+    """CPU cores per node available to the job."""
+    mem_gib_per_node: float = Field(default=8.0, gt=0)
+    """Host memory per node available to the job, in GiB."""
+    network_fabric: Fabric = "tcp"
+    """Inter-node network; selects the NCCL environment preset (see jobgen.nccl)."""
+    env: dict[str, str] = {}
+    """Extra environment variables for every rank (the spec's env wins on conflicts)."""
+    slurm: SlurmSettings | None = None
+    """SLURM settings (used when ``scheduler: slurm``)."""
+    kubernetes: KubernetesSettings | None = None
+    """Kubernetes settings (required when ``scheduler: kubernetes``)."""
+    local: LocalSettings = LocalSettings()
+    """Local-run settings (used when ``scheduler: local``)."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterProfile:
+        if self.default_nodes > self.max_nodes:
+            raise ValueError(f"default_nodes={self.default_nodes} exceeds max_nodes={self.max_nodes}")
+        if self.gpus_per_node > 0 and self.gpu_type is None:
+            raise ValueError("gpus_per_node > 0 needs gpu_type (one of: " + ", ".join(GPU_COMPUTE_CAPABILITY) + ")")
+        if self.scheduler == "kubernetes" and self.kubernetes is None:
+            raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
+        if self.scheduler == "local" and self.max_nodes != 1:
+            raise ValueError("scheduler 'local' runs on this machine: max_nodes must be 1")
+        return self
+
+    @property
+    def devices_per_node(self) -> int:
+        """Ranks per node the hardware offers: GPUs, or CPU processes on CPU-only profiles."""
+        return self.gpus_per_node or self.cpu_processes_per_node
+
+    @property
+    def slurm_settings(self) -> SlurmSettings:
+        """SLURM settings, defaulted when the profile has no ``slurm:`` section."""
+        return self.slurm or SlurmSettings()

@@ -1,0 +1,115 @@
+"""The one Jinja Environment and its quoting filters.
+
+Templates hold the skeleton; Python makes every decision and passes typed values. Every
+interpolated string goes through a filter:
+
+- ``sh``: one shell word (``shlex.quote``); newlines, carriage returns and NUL are rejected
+  (a newline inside quotes still starts a new ``#SBATCH`` line). A :class:`ShellText` passes
+  through unquoted — only jobgen's own code builds those (e.g. ``"$JOB_DIR/spec.json"``).
+- ``sh_argv``: a list of words, each quoted, joined by spaces.
+- ``tojson``: a YAML/JSON scalar (JSON is valid YAML: "0123" stays a string, "on" stays a string).
+- ``yaml_block(indent)``: multi-line text as a literal block (falls back to ``tojson``).
+
+The Environment uses ``StrictUndefined`` so a misspelt variable is an error, never "".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from jobgen.errors import ConfigError
+
+
+class ShellText(str):
+    """Trusted shell text that the ``sh`` filter leaves unquoted (e.g. ``"${JOB_DIR}/spec.json"``).
+
+    Only jobgen's code constructs these from constants; user values never become ShellText.
+    """
+
+
+def sh_quote(value: Any) -> str:
+    """Quote ``value`` as one shell word.
+
+    Raises:
+        ConfigError: the value holds a newline, carriage return or NUL byte.
+    """
+    if isinstance(value, ShellText):
+        return str(value)
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(f"internal: refusing to shell-quote {value!r}")
+    text = str(value)
+    if any(c in text for c in "\n\r\x00"):
+        raise ConfigError(
+            f"value {text!r} contains a newline or NUL byte, which cannot be passed safely to bash/sbatch",
+            hint="remove the line break from the value",
+        )
+    return shlex.quote(text)
+
+
+def sh_argv(values: Iterable[Any]) -> str:
+    """Quote each element of ``values`` (see :func:`sh_quote`) and join with spaces."""
+    return " ".join(sh_quote(v) for v in values)
+
+
+def to_json(value: Any) -> str:
+    """A JSON scalar or flow collection: safe as a YAML value in any position."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def yaml_block(value: str, indent: int) -> str:
+    """``value`` as a YAML literal block scalar (``|``) indented by ``indent`` spaces.
+
+    Readable in diffs for multi-line text such as JSON files in a ConfigMap. Text a literal
+    block cannot carry exactly (non-printable characters, tabs, trailing spaces, no final
+    newline) falls back to a :func:`to_json` scalar; callers parse the document back.
+    """
+    lines = value.split("\n")
+    plain = value.endswith("\n") and not value.endswith("\n\n") and value.strip() != ""
+    if not plain or any(not ln.isprintable() or ln != ln.rstrip() or ln.startswith(" ") and ln is lines[0] for ln in lines):
+        return to_json(value)
+    pad = " " * indent
+    return "|\n" + "\n".join(pad + ln if ln else ln for ln in lines[:-1])
+
+
+@functools.lru_cache(maxsize=8)
+def environment(templates_dir: str) -> jinja2.Environment:
+    """The Jinja Environment for templates under ``templates_dir`` (cached per directory)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = sh_quote
+    env.filters["sh_argv"] = sh_argv
+    env.filters["tojson"] = to_json
+    env.filters["yaml_block"] = yaml_block
+    return env
+
+
+def render_template(templates_dir: Path, template: str, **context: Any) -> str:
+    """Render ``template`` (e.g. ``slurm/job.sbatch.j2``) from ``templates_dir``.
+
+    Raises:
+        ConfigError: the template is missing, has a syntax error, or uses an undefined variable.
+    """
+    try:
+        return environment(str(templates_dir)).get_template(template).render(**context)
+    except jinja2.TemplateNotFound:
+        raise ConfigError(
+            f"template {template!r} not found in {templates_dir}",
+            hint="copy it from jobgen's templates/ or drop --templates-dir / JOBGEN_HOME",
+        ) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename}:{exc.lineno}") from None
+    except jinja2.UndefinedError as exc:
+        raise ConfigError(f"template {template!r} uses an undefined variable: {exc.message}", location=str(templates_dir / template)) from None
