@@ -1,0 +1,102 @@
+"""jobgen's bundled training entrypoint: ``python -m jobgen.train --spec spec.json``.
+
+Every rank of every node runs the same command; Lightning reads the launcher's environment
+(torchrun, SLURM) to learn its global/local rank and the world size. Launch lines:
+
+local, one machine, 2 processes (gloo on CPU)::
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m jobgen.train --spec spec.json
+
+SLURM, one task per GPU (``#SBATCH --ntasks-per-node=<GPUs per node>``; Lightning's
+SLURMEnvironment; ``--signal=USR2@<grace_s>`` triggers checkpoint + requeue)::
+
+    srun python -m jobgen.train --spec spec.json
+
+Kubernetes PyTorchJob, one pod per node, torchrun in each pod from the operator's PET_*
+variables (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)::
+
+    torchrun --nnodes "$PET_NNODES" --node-rank "$PET_NODE_RANK" --nproc-per-node <GPUs per pod> \\
+        --master-addr "$PET_MASTER_ADDR" --master-port "$PET_MASTER_PORT" -m jobgen.train --spec spec.json
+
+Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
+data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a
+restarted job continues from the newest checkpoint there.
+
+Exit status: 0 when training reached ``max_steps`` (or already had), 2 for bad input (spec
+file, data paths, unsupported strategy/precision), 1 for any other failure. Errors are one
+line on stderr; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.train.resolved import check_runtime_support, load_resolved_spec
+from jobgen.train.sources import check_enough_bytes, discover_sources, split_layout
+
+PROG = "python -m jobgen.train"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the entrypoint's command line."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Train the GPT described by a jobgen spec file on this rank."
+    )
+    parser.add_argument(
+        "--spec", required=True, type=Path, help="resolved spec file (spec.json) written by jobgen"
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/<spec.name> in the current directory)",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the entrypoint; returns the process exit code (never raises, except with --debug)."""
+    started = time.time()
+    args = parse_args(argv)
+    try:
+        resolved, unknown = load_resolved_spec(args.spec)
+        if unknown:
+            keys = ", ".join(unknown)
+            print(f"{PROG}: warning: {args.spec}: ignoring unknown keys {keys}", file=sys.stderr)
+        check_runtime_support(resolved)
+        spec = resolved.spec
+        sources = discover_sources(spec.data.paths, spec.data.max_bytes)
+        layout = split_layout(sources.total_bytes, spec.data.val_fraction)
+        check_enough_bytes(layout, spec.model.block_size, sources.origin)
+        run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
+
+        from jobgen.train.run import train  # torch + Lightning: only once the input is known good
+
+        return train(resolved, args.spec.resolve(), run_dir, sources, layout, started)
+    except JobgenError as exc:
+        if args.debug:
+            raise
+        message = str(exc).replace("\n", " ")
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - top level: one line, non-zero exit
+        if args.debug:
+            raise
+        text = " ".join(str(exc).split())
+        print(
+            f"{PROG}: error: {type(exc).__name__}: {text} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""A byte-level GPT (decoder-only transformer) and its LightningModule.
+
+Shapes use ``B`` = micro batch size (sequences per rank), ``T`` = sequence length in tokens
+(bytes, ``<= block_size``), ``C`` = ``d_model``, ``V`` = 256 (byte vocabulary). Losses are
+cross entropy in nats per token, which for bytes is nats per byte (divide by ln 2 for bits per
+byte). A model that knows nothing scores ln 256 = 5.545 nats.
+
+The architecture is GPT-2's: learned positions, pre-LayerNorm :class:`Block` s (the unit that
+FSDP auto-wrapping targets), causal ``scaled_dot_product_attention``, a 4x GELU MLP, a final
+LayerNorm and an output projection tied to the input embedding. Initialisation: normal with
+std 0.02, residual output projections scaled by ``1 / sqrt(2 * n_layer)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from jobgen.spec import TrainingSpec
+
+VOCAB_SIZE = 256
+"""Byte-level vocabulary size."""
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.dropout = dropout
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend over earlier positions only; ``x`` has shape ``(B, T, C)``."""
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        # (B, T, C) -> (B, n_head, T, head_dim)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network ``C -> 4C -> C`` with GELU: ``(B, T, C) -> (B, T, C)``."""
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, 4 * d_model)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the MLP to ``x`` of shape ``(B, T, C)``."""
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
+
+    ``(B, T, C) -> (B, T, C)``; ``12 C^2 + 13 C`` parameters. The unit FSDP wraps.
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the block to ``x`` of shape ``(B, T, C)``."""
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Byte-level GPT: token ids ``(B, T)`` -> next-byte logits ``(B, T, 256)``.
+
+    Args:
+        n_layer: number of transformer blocks.
+        n_head: attention heads per block (must divide ``d_model``).
+        d_model: residual width in features.
+        block_size: maximum context length in tokens (bytes).
+        dropout: dropout probability after attention/MLP projections and on the embeddings.
+    """
+
+    def __init__(self, n_layer: int, n_head: int, d_model: int, block_size: int, dropout: float = 0.0):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(VOCAB_SIZE, d_model)
+        self.wpe = nn.Embedding(block_size, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, VOCAB_SIZE, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embedding
+        self.apply(self._init_weights)
+        residual_std = 0.02 / math.sqrt(2 * n_layer)
+        for block in self.h:
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits of the next byte.
+
+        Args:
+            idx: int64 token ids (bytes), shape ``(B, T)`` with ``T <= block_size``.
+
+        Returns:
+            logits, shape ``(B, T, 256)``.
+        """
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.1) -> float:
+    """Learning-rate multiplier at optimizer step ``step`` (0-based).
+
+    Linear warmup over ``warmup_steps`` (``(step + 1) / warmup_steps``), then cosine decay from
+    1 to ``min_ratio`` at ``max_steps``; ``min_ratio`` afterwards.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_ratio
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class LitGPT(LightningModule):
+    """LightningModule that trains :class:`GPT` with AdamW and warmup + cosine decay.
+
+    Logs ``train_loss`` and ``lr`` (per optimizer step) and ``val_loss`` (mean over the
+    validation windows of all ranks), all in nats/token.
+
+    Args:
+        n_layer, n_head, d_model, block_size, dropout: the model shape (see :class:`GPT`).
+        learning_rate: peak learning rate, reached after warmup.
+        weight_decay: AdamW decoupled weight decay, applied to Linear weight matrices only
+            (not to biases, LayerNorms or the embeddings).
+        warmup_steps: linear warmup length in optimizer steps.
+        max_steps: optimizer steps of the run (end of the cosine decay, to 10% of the peak).
+        cpu_adam: use DeepSpeed's ``DeepSpeedCPUAdam`` (needed with DeepSpeed optimizer offload).
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        n_head: int,
+        d_model: int,
+        block_size: int,
+        dropout: float = 0.0,
+        learning_rate: float = 3e-3,
+        weight_decay: float = 0.1,
+        warmup_steps: int = 50,
+        max_steps: int = 1000,
+        cpu_adam: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = GPT(n_layer, n_head, d_model, block_size, dropout)
+        self.last_val_step: int | None = None
+        """Global step of the latest completed validation (``None``: none yet in this process)."""
+
+    @classmethod
+    def from_spec(cls, spec: TrainingSpec) -> LitGPT:
+        """Build the module for ``spec.model`` and ``spec.trainer``."""
+        m, t = spec.model, spec.trainer
+        return cls(
+            n_layer=m.n_layer,
+            n_head=m.n_head,
+            d_model=m.d_model,
+            block_size=m.block_size,
+            dropout=m.dropout,
+            learning_rate=t.learning_rate,
+            weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps,
+            max_steps=t.max_steps,
+            cpu_adam=t.offload_optimizer != "none",
+        )
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, T, 256)`` for token ids ``(B, T)``."""
+        return self.model(idx)
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross entropy in nats/token; ``logits`` ``(B, T, V)``, ``targets`` ``(B, T)``."""
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """One micro batch ``(x, y)``, each ``(B, T)``; returns the loss (nats/token)."""
+        x, y = batch
+        loss = self.loss(self(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Loss of one validation micro batch; ``val_loss`` is averaged over batches and ranks."""
+        x, y = batch
+        loss = self.loss(self(x), y)
+        self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
+        return loss
+
+    def on_validation_epoch_end(self) -> None:
+        """Remember the global step of this validation (sanity checks do not count)."""
+        if not self.trainer.sanity_checking:
+            self.last_val_step = self.trainer.global_step
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """AdamW groups: Linear weight matrices with ``weight_decay``, everything else without.
+
+        The tied output projection is the token embedding, so it is not decayed.
+        """
+        embedding_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
+        decay_ids = {
+            id(m.weight)
+            for m in self.modules()
+            if isinstance(m, nn.Linear) and id(m.weight) not in embedding_ids
+        }
+        decay, no_decay, seen = [], [], set()
+        for p in self.parameters():
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (decay if id(p) in decay_ids else no_decay).append(p)
+        return [
+            {"params": decay, "weight_decay": self.hparams.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine schedule."""
+        hp = self.hparams
+        groups = self.parameter_groups()
+        if hp.cpu_adam:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(groups, lr=hp.learning_rate, betas=(0.9, 0.95), adamw_mode=True)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, hp.warmup_steps, hp.max_steps)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,291 @@
+"""Build the Lightning Trainer from a resolved spec, train, validate, write ``summary.json``.
+
+Imported by :mod:`jobgen.train.__main__` only after the spec and data sources were checked,
+so that bad input fails fast without importing torch and Lightning.
+
+Run directory layout (``<run_dir>``)::
+
+    data/{train,val}.bin, data/manifest.json   the byte stream (built once, reused)
+    checkpoints/step-<N>.ckpt, last.ckpt       step checkpoints; hpc_ckpt_<n>.ckpt on SLURM requeue
+    logs/version_<n>/metrics.csv               CSV metrics, one version per (re)start
+    summary.json                               final step, val_loss, throughput, checkpoints
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+
+from jobgen.train.callbacks import LineProgress, Throughput
+from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.data import ByteTextDataModule
+from jobgen.train.model import Block, LitGPT
+from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
+from jobgen.train.sources import SplitLayout, TextSources
+
+# Known, harmless for this entrypoint; they would only confuse people reading job logs.
+_QUIET_WARNINGS = (
+    # Data is a memory-mapped byte file: loading in the main process is fast enough.
+    r".*does not have many workers.*",
+    # The data module continues at global_step x samples_per_step, so mid-epoch resume is exact.
+    r".*resuming from a checkpoint that ended before the epoch ended.*",
+    # Resuming writes into the same checkpoint directory on purpose.
+    r".*Checkpoint directory .* exists and is not empty.*",
+)
+
+
+def rank_zero_print(*args: Any) -> None:
+    """``print`` on global rank zero only (flushed: job logs are files)."""
+    if rank_zero_only.rank == 0:
+        print(*args, flush=True)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Paths inside a run directory."""
+
+    run_dir: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        """``<run_dir>/checkpoints``: step checkpoints, ``last.ckpt``, ``hpc_ckpt_*.ckpt``."""
+        return self.run_dir / "checkpoints"
+
+    @property
+    def data(self) -> Path:
+        """``<run_dir>/data``: ``train.bin``, ``val.bin``, ``manifest.json``."""
+        return self.run_dir / "data"
+
+    @property
+    def summary(self) -> Path:
+        """``<run_dir>/summary.json``."""
+        return self.run_dir / "summary.json"
+
+
+def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
+    """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
+
+    ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process).
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints.
+    deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``.
+    """
+    trainer, launch = resolved.spec.trainer, resolved.launch
+    if trainer.strategy == "ddp":
+        if launch.world_size == 1:
+            return "auto"
+        return DDPStrategy(process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl")
+    if trainer.strategy == "fsdp":
+        return FSDPStrategy(
+            sharding_strategy=trainer.fsdp_sharding_strategy,
+            auto_wrap_policy={Block},
+            cpu_offload=trainer.offload_params == "cpu",
+            state_dict_type="sharded",
+        )
+    _, config = load_deepspeed_config(resolved, spec_path)
+    return DeepSpeedStrategy(config=config)
+
+
+def build_trainer(
+    resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput
+) -> tuple[Trainer, StepCheckpoint, CSVLogger]:
+    """Create the Trainer (plus its checkpoint callback and CSV logger) for a resolved spec.
+
+    Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
+    micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
+    epochs (``check_val_every_n_epoch=None``).
+    """
+    spec, launch = resolved.spec, resolved.launch
+    t = spec.trainer
+    checkpoint = StepCheckpoint(
+        dirpath=paths.checkpoints,
+        filename=STEP_FILENAME,
+        auto_insert_metric_name=False,
+        every_n_train_steps=spec.checkpoint.every_n_steps,
+        save_top_k=spec.checkpoint.keep_last_k,
+        monitor="step",
+        mode="max",
+        save_last=True,
+        enable_version_counter=False,
+    )
+    callbacks: list[Callback] = [checkpoint, throughput]
+    show_bar = sys.stdout.isatty()
+    if not show_bar:
+        callbacks.append(LineProgress(throughput, t.log_every_n_steps))
+    plugins = []
+    if launch.scheduler == "slurm" and launch.requeue_signal:
+        plugins.append(
+            SLURMEnvironment(auto_requeue=True, requeue_signal=getattr(signal, "SIG" + launch.requeue_signal))
+        )
+    logger = CSVLogger(save_dir=paths.run_dir, name="logs")
+    trainer = Trainer(
+        accelerator=launch.accelerator,
+        devices=launch.devices_per_node,
+        num_nodes=launch.num_nodes,
+        strategy=build_strategy(resolved, spec_path),
+        precision=t.precision,
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        accumulate_grad_batches=t.gradient_accumulation_steps,
+        gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=t.val_check_interval * t.gradient_accumulation_steps,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches,
+        log_every_n_steps=t.log_every_n_steps,
+        reload_dataloaders_every_n_epochs=1,
+        logger=logger,
+        callbacks=callbacks,
+        plugins=plugins or None,
+        enable_progress_bar=show_bar,
+        # Lightning writes SLURM auto-requeue checkpoints (hpc_ckpt_*.ckpt) here.
+        default_root_dir=paths.checkpoints,
+    )
+    return trainer, checkpoint, logger
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _describe_resume(resolved: ResolvedSpec, paths: RunPaths) -> FoundCheckpoint | None:
+    if resolved.spec.checkpoint.resume == "never":
+        if paths.checkpoints.is_dir() and any(paths.checkpoints.iterdir()):
+            rank_zero_print(
+                f"resume: never - starting from step 0; checkpoints in {paths.checkpoints} "
+                "will be overwritten"
+            )
+        return None
+    found = newest_checkpoint(paths.checkpoints)
+    if found is None:
+        rank_zero_print(f"resume: auto - no checkpoint in {paths.checkpoints}, starting from step 0")
+    else:
+        step = "unknown step" if found.global_step is None else f"step {found.global_step}"
+        rank_zero_print(f"resume: auto - resuming from {found.path} ({step})")
+    return found
+
+
+def train(
+    resolved: ResolvedSpec,
+    spec_path: Path,
+    run_dir: Path,
+    sources: TextSources,
+    layout: SplitLayout,
+    started: float,
+) -> int:
+    """Train to ``spec.trainer.max_steps``, run a final validation, write ``summary.json``.
+
+    Args:
+        resolved: the validated spec file.
+        spec_path: where it was read from (DeepSpeed config paths are relative to it).
+        run_dir: the run directory (absolute).
+        sources: the training files (already checked).
+        layout: their train/val split (already checked to hold a window each).
+        started: ``time.time()`` when the process started (for the wall time).
+
+    Returns:
+        the process exit code: 0 when training reached ``max_steps`` (or had already).
+    """
+    spec, launch = resolved.spec, resolved.launch
+    t = spec.trainer
+    paths = RunPaths(run_dir)
+    for pattern in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+    resume = _describe_resume(resolved, paths)
+    if resume is not None and resume.global_step is not None and resume.global_step >= t.max_steps:
+        rank_zero_print(
+            f"run already complete at step {resume.global_step} (max_steps={t.max_steps}); "
+            f"nothing to do. Summary: {paths.summary}"
+        )
+        return 0
+
+    lightning.seed_everything(t.seed, workers=True, verbose=False)
+    module = LitGPT.from_spec(spec)
+    datamodule = ByteTextDataModule.from_spec(spec, sources, run_dir, launch.world_size)
+    throughput = Throughput(datamodule.tokens_per_step)
+    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
+
+    rank_zero_print(
+        f"jobgen.train: {spec.name}: GPT {spec.model.n_params / 1e6:.2f}M params "
+        f"(n_layer {spec.model.n_layer}, n_head {spec.model.n_head}, d_model {spec.model.d_model}, "
+        f"block_size {spec.model.block_size}), strategy {t.strategy}, precision {t.precision}\n"
+        f"  world size {launch.world_size} = {launch.num_nodes} node(s) x {launch.devices_per_node} "
+        f"{launch.accelerator} process(es); tokens per optimizer step {datamodule.tokens_per_step:,} "
+        f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
+        f"{t.gradient_accumulation_steps} x world size {launch.world_size}\n"
+        f"  data: {layout.train_bytes:,} train / {layout.val_bytes:,} val bytes from "
+        f"{len(sources.files)} file(s) of {sources.origin}\n"
+        f"  run dir: {run_dir}"
+    )
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
+    if trainer.global_step < t.max_steps:
+        rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
+        return 1
+
+    if module.last_val_step != trainer.global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    val_loss = trainer.callback_metrics.get("val_loss")
+
+    if trainer.is_global_zero:
+        summary = {
+            "name": spec.name,
+            "global_step": trainer.global_step,
+            "max_steps": t.max_steps,
+            "val_loss": None if val_loss is None else float(val_loss),
+            "best_checkpoint": checkpoint.best_model_path or None,
+            "last_checkpoint": checkpoint.last_model_path or None,
+            "wall_time_s": round(time.time() - started, 3),
+            "tokens_per_s_mean": throughput.mean_tokens_per_s,
+            "tokens_per_step": datamodule.tokens_per_step,
+            "world_size": trainer.world_size,
+            "n_params": sum(p.numel() for p in module.parameters()),
+            "resumed_from": None if resume is None else str(resume.path),
+            "resumed_from_step": None if resume is None else resume.global_step,
+            "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
+            "strategy": t.strategy,
+            "precision": t.precision,
+            "jobgen_version": resolved.jobgen_version,
+            "inputs_sha256": resolved.inputs_sha256,
+            "profile": resolved.profile,
+        }
+        _atomic_write_json(paths.summary, summary)
+        _print_summary(summary, paths)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:
+    start = (
+        "fresh start"
+        if summary["resumed_from"] is None
+        else f"resumed from step {summary['resumed_from_step']}"
+    )
+    val = summary["val_loss"]
+    val_text = "n/a" if val is None else f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits/byte)"
+    rate = summary["tokens_per_s_mean"]
+    rate_text = "n/a" if rate is None else f"{rate / 1000:.1f}k tok/s"
+    print(
+        f"done: {summary['name']} at step {summary['global_step']}/{summary['max_steps']} "
+        f"({start}) in {summary['wall_time_s']:.1f} s\n"
+        f"  val_loss {val_text} | mean {rate_text} over {summary['world_size']} rank(s)\n"
+        f"  last checkpoint {summary['last_checkpoint']}\n"
+        f"  summary {paths.summary} | metrics {summary['metrics_csv']}",
+        flush=True,
+    )

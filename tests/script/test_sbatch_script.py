@@ -1,0 +1,120 @@
+"""The rendered sbatch script run under real bash with srun/scontrol/module stubbed.
+
+Proves that adversarial values in the job name, env values, module names and extra srun
+arguments arrive byte-for-byte as single arguments / values, and that nothing in them runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobgen.errors import ConfigError
+from jobgen.load import load_profile, validate
+from jobgen.plan import plan
+from jobgen.profiles import ClusterProfile
+from jobgen.spec import TrainingSpec
+from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES
+
+STUB = """#!/bin/bash
+out="$STUB_OUT/$(basename "$0")"
+printf '%s\\0' "$@" > "$out.args"
+env -0 > "$out.env"
+if [ "$(basename "$0")" = scontrol ]; then echo node1; echo node2; fi
+"""
+
+
+def stub_bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("srun", "scontrol", "module"):
+        path = bin_dir / name
+        path.write_text(STUB)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def run_sbatch(script: str, tmp_path: Path) -> tuple[list[str], dict[str, str], subprocess.CompletedProcess[str]]:
+    work = tmp_path / "submit dir"  # a space in the submit directory too
+    work.mkdir()
+    (work / "job.sbatch").write_text(script)
+    out = tmp_path / "stub-out"
+    out.mkdir()
+    env = {
+        "PATH": f"{stub_bin(tmp_path)}:/usr/bin:/bin",
+        "STUB_OUT": str(out),
+        "SLURM_SUBMIT_DIR": str(work),
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NUM_NODES": "2",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(["bash", str(work / "job.sbatch")], cwd=work, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    argv = (out / "srun.args").read_bytes().decode().split("\0")[:-1]
+    srun_env = dict(item.split("=", 1) for item in (out / "srun.env").read_bytes().decode().split("\0") if "=" in item)
+    return argv, srun_env, proc
+
+
+def adversarial_profile(value: str) -> ClusterProfile:
+    base = load_profile("slurm-a100", PROFILES).model_dump()
+    base["slurm"] = {**base["slurm"], "extra_srun_args": [f"--comment={value}", value], "modules": [value]}
+    return validate(ClusterProfile, base, "<test>")
+
+
+@pytest.mark.parametrize("value", ADVERSARIAL)
+def test_adversarial_values_arrive_intact_and_nothing_runs(tmp_path, value):
+    name = f"job {value}"
+    spec = validate(TrainingSpec, {"name": name, "env": {"ODD_VALUE": value}, "resources": {"nodes": 2}}, "<test>")
+    job_plan = plan(spec, adversarial_profile(value), TEMPLATES)
+    argv, srun_env, proc = run_sbatch(job_plan.file("job.sbatch"), tmp_path)
+    work = tmp_path / "submit dir"
+    assert argv == [
+        "--kill-on-bad-exit=1", f"--comment={value}", value,
+        "python", "-m", "jobgen.train", "--spec", f"{work}/spec.json", "--run-dir", f"{work}/runs/{name}",
+    ]
+    assert srun_env["ODD_VALUE"] == value
+    assert srun_env["MASTER_ADDR"] == "node1" and srun_env["MASTER_PORT"] == "29500"
+    assert (tmp_path / "stub-out" / "module.args").read_bytes().decode().split("\0")[:-1] == ["load", value]
+    assert not list(tmp_path.rglob("PWNED")), "a value was executed"
+    # sbatch reads "#SBATCH" lines itself: exactly one job-name line, which splits back to the name
+    lines = [ln for ln in job_plan.file("job.sbatch").splitlines() if ln.startswith("#SBATCH --job-name")]
+    assert len(lines) == 1 and shlex.split(lines[0].removeprefix("#SBATCH "))[0] == f"--job-name={name}"
+
+
+def test_env_overrides_order_and_requeue_directives(tmp_path):
+    spec = validate(TrainingSpec, {"name": "j", "env": {"NCCL_DEBUG": "INFO"}}, "<test>")
+    job_plan = plan(spec, load_profile("slurm-a100", PROFILES), TEMPLATES)
+    _, srun_env, proc = run_sbatch(job_plan.file("job.sbatch"), tmp_path)
+    assert srun_env["NCCL_DEBUG"] == "INFO", "the spec's env must win over the fabric preset"
+    assert srun_env["NCCL_IB_DISABLE"] == "0" and srun_env["OMP_NUM_THREADS"] == "16"
+    assert "#SBATCH --signal=USR2@120" in job_plan.file("job.sbatch")
+    assert "#SBATCH --requeue" in job_plan.file("job.sbatch")
+    assert "jobgen: job 42 on 2 node(s)" in proc.stdout
+
+
+@pytest.mark.parametrize("field", ["name", "env"])
+def test_newline_values_never_reach_a_script(field):
+    doc = {"name": "a\n#SBATCH --uid=0"} if field == "name" else {"name": "x", "env": {"K": "a\nb"}}
+    with pytest.raises(ConfigError, match="newline"):
+        from jobgen.load import validate as v
+
+        v(TrainingSpec, doc, "<test>")
+
+
+def test_pyxis_and_apptainer_launch_lines(tmp_path):
+    spec = validate(TrainingSpec, {"name": "c"}, "<test>")
+    pyxis = plan(spec, load_profile("slurm-h100", PROFILES), TEMPLATES)
+    argv, _, _ = run_sbatch(pyxis.file("job.sbatch"), tmp_path / "a" if (tmp_path / "a").mkdir() is None else tmp_path)
+    assert argv[:3] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts=/scratch:/scratch"]
+    base = load_profile("slurm-a100", PROFILES).model_dump()
+    base["slurm"]["container"] = {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data"]}
+    apptainer = plan(spec, validate(ClusterProfile, base, "<t>"), TEMPLATES)
+    argv, _, _ = run_sbatch(apptainer.file("job.sbatch"), tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path)
+    assert argv[1:6] == ["apptainer", "exec", "--nv", "--bind", "/data"] and argv[6] == "/images/train.sif"
+    assert os.path.basename(argv[7]) == "python"

@@ -1,0 +1,97 @@
+"""CLI behaviour a user sees: exit codes, messages without tracebacks, --help, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import EXAMPLES, write
+
+QUICKSTART = str(EXAMPLES / "quickstart.yaml")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("name: x\ntrainer:\n  max_step: 10\n", r"trainer.max_step: unknown key (did you mean 'max_steps'?)"),
+        ("name: x\ntrainer:\n  micro_batch_size: many\n", "trainer.micro_batch_size: Input should be a valid integer"),
+        ("name: x\ntrainer:\n  micro_batch_size: 4\n  global_batch_size: 100\n", "trainer.global_batch_size"),
+    ],
+    ids=["misspelt-key", "wrong-type", "batch-inconsistent"],
+)
+def test_bad_spec_exits_2_with_path_and_hint(run_cli, tmp_path, body, expected):
+    spec = write(tmp_path / "bad.yaml", body)
+    result = run_cli("render", str(spec), "--profile", "slurm-a100", "--out", str(tmp_path / "out"))
+    assert result.code == 2
+    assert expected in result.stderr
+    assert "hint:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists(), "bad input must not leave files behind"
+
+
+def test_debug_shows_traceback(run_cli, tmp_path):
+    spec = write(tmp_path / "bad.yaml", "name: x\nbogus: 1\n")
+    result = run_cli("--debug", "validate", str(spec))
+    assert result.code == 2 and "Traceback" in result.stderr
+
+
+def test_render_twice_is_byte_identical(run_cli, tmp_path):
+    outs = []
+    for i in range(2):
+        result = run_cli("render", QUICKSTART, "--profile", "k8s-h100", "--out", str(tmp_path / str(i)))
+        assert result.code == 0, result.stderr
+        outs.append({p.name: p.read_bytes() for p in (tmp_path / str(i) / "k8s-h100" / "quickstart").iterdir()})
+    assert outs[0] == outs[1] and set(outs[0]) == {"pytorchjob.yaml", "spec.json"}
+
+
+def test_render_writes_where_documented(run_cli, tmp_path):
+    result = run_cli("render", QUICKSTART, "--profile", "slurm-a100", cwd=tmp_path)
+    assert result.code == 0, result.stderr
+    assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
+
+
+def test_set_override_and_stdout(run_cli):
+    result = run_cli("render", QUICKSTART, "-p", "slurm-a100", "--stdout", "--set", "resources.nodes=3")
+    assert result.code == 0, result.stderr
+    assert "#SBATCH --nodes=3" in result.stdout
+
+
+@pytest.mark.parametrize("command", [[], ["render"], ["submit"], ["validate"], ["profiles"], ["profiles", "show"], ["schema"]])
+def test_help_explains_with_example(run_cli, command):
+    result = run_cli(*command, "--help")
+    assert result.code == 0
+    assert "Usage:" in result.stdout
+    if command in (["render"], ["submit"], ["validate"], []):
+        assert "jobgen " in result.stdout.split("Options:")[0] and ("Example" in result.stdout or "Quick start" in result.stdout)
+
+
+def test_profiles_list_and_show_resolve_inheritance(run_cli):
+    listed = run_cli("profiles", "list")
+    assert listed.code == 0
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-h100"]
+    shown = run_cli("profiles", "show", "k8s-h100")
+    assert shown.code == 0 and "gpu_type: H100" in shown.stdout and "namespace: training" in shown.stdout
+
+
+@pytest.mark.parametrize("kind", ["spec", "profile"])
+def test_schema_is_json_schema(run_cli, kind):
+    result = run_cli("schema", kind)
+    schema = json.loads(result.stdout)
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+
+
+def test_unknown_profile_exit_2(run_cli):
+    result = run_cli("render", QUICKSTART, "--profile", "slurm-a10")
+    assert result.code == 2 and "did you mean 'slurm-a100'" in result.stderr
+
+
+def test_validate_reports_fit(run_cli):
+    result = run_cli("validate", QUICKSTART, "--profile", "local")
+    assert result.code == 0, result.stderr
+    assert "world size 2" in result.stdout
+
+
+def test_submit_to_slurm_not_yet_supported_is_clear(run_cli, tmp_path):
+    result = run_cli("submit", QUICKSTART, "--profile", "slurm-a100", cwd=tmp_path)
+    assert result.code == 2 and "not supported yet" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,68 @@
+"""Every DeepSpeed config jobgen renders passes DeepSpeed's own validator at its target world size."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from jobgen.deepspeed import deepspeed_config
+from jobgen.errors import PlanError
+from jobgen.load import validate
+from jobgen.spec import TrainingSpec
+
+ds_config = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed not installed (pip install -e .[train])")
+
+CASES = [
+    {"strategy": "deepspeed_stage_1"},
+    {"strategy": "deepspeed_stage_2", "offload_optimizer": "cpu", "precision": "16-mixed"},
+    {"strategy": "deepspeed_stage_3", "offload_optimizer": "cpu", "offload_params": "cpu", "gradient_clip_val": None},
+    {"strategy": "deepspeed_stage_3", "offload_optimizer": "nvme", "offload_params": "nvme", "nvme_path": "/local/nvme"},
+    {"strategy": "deepspeed_stage_2", "precision": "32-true", "micro_batch_size": 3, "gradient_accumulation_steps": 7},
+]
+
+
+@pytest.mark.parametrize(("trainer", "world_size"), list(itertools.product(CASES, [1, 8, 16])))
+def test_deepspeed_accepts_rendered_config(monkeypatch, trainer, world_size):
+    spec = validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")
+    config = deepspeed_config(spec, world_size)
+    # DeepSpeedConfig asks deepspeed.comm for rank and world size (1 when not initialised);
+    # give it the target world size so its batch assertion checks what the cluster will run.
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world_size)
+    parsed = ds_config.DeepSpeedConfig(dict(config))
+    assert parsed.world_size == world_size
+    assert parsed.train_batch_size == spec.trainer.micro_batch_size * spec.trainer.gradient_accumulation_steps * world_size
+    assert parsed.zero_optimization_stage == spec.trainer.deepspeed_stage
+
+
+def test_deepspeed_rejects_a_wrong_world_size(monkeypatch):
+    """Guard for the test above: the validator really checks the batch against the world size."""
+    spec = validate(TrainingSpec, {"name": "x", "trainer": {"strategy": "deepspeed_stage_2"}}, "<test>")
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: 4)
+    with pytest.raises(AssertionError, match="train_batch_size"):
+        ds_config.DeepSpeedConfig(deepspeed_config(spec, 8))
+
+
+@pytest.mark.parametrize(
+    ("trainer", "message"),
+    [
+        ({"strategy": "deepspeed_stage_2", "offload_params": "cpu"}, "needs strategy deepspeed_stage_3"),
+        ({"strategy": "deepspeed_stage_3", "offload_optimizer": "nvme"}, "needs nvme_path"),
+        ({"strategy": "deepspeed_stage_2", "offload_optimizer": "nvme", "nvme_path": "/x"}, "NVMe offload needs strategy deepspeed_stage_3"),
+        ({"strategy": "deepspeed_stage_2", "gradient_clip_val": -1.0}, "greater than 0"),
+        ({"strategy": "ddp", "offload_optimizer": "cpu"}, "is a DeepSpeed option"),
+    ],
+)
+def test_jobgen_rejects_what_deepspeed_misses(trainer, message):
+    """LAB-NOTES: DeepSpeed accepts offload_param on stage 2, NVMe without a path, negative clipping."""
+    from jobgen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")
+
+
+def test_not_a_deepspeed_strategy():
+    with pytest.raises(PlanError):
+        deepspeed_config(validate(TrainingSpec, {"name": "x"}, "<test>"), 1)

@@ -1,0 +1,131 @@
+"""Loader: YAML errors, unknown keys with did-you-mean, types, overrides, inheritance, lookup."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobgen.errors import ConfigError
+from jobgen.load import apply_overrides, load_profile, load_spec, parse_yaml, search_dirs
+from tests.conftest import EXAMPLES, PROFILES, write
+
+
+def test_misspelt_key_names_path_and_suggests(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: x\ntrainer:\n  max_step: 10\n")
+    with pytest.raises(ConfigError, match=r"trainer\.max_step: unknown key \(did you mean 'max_steps'\?\)") as info:
+        load_spec(spec)
+    assert info.value.location == str(spec)
+    assert "valid keys at trainer" in (info.value.hint or "")
+
+
+def test_wrong_type_names_path_and_value(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: x\ntrainer:\n  micro_batch_size: lots\n")
+    with pytest.raises(ConfigError, match=r"trainer\.micro_batch_size: .*integer.*'lots'"):
+        load_spec(spec)
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: x\ntrainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML") as info:
+        load_spec(spec)
+    assert info.value.location.startswith(f"{spec}:")
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_top_level_must_be_mapping(tmp_path, text):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_spec(write(tmp_path / "s.yaml", text))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="file not found"):
+        load_spec("does/not/exist.yaml")
+
+
+def test_newline_in_shell_value_rejected(tmp_path):
+    spec = write(tmp_path / "s.yaml", 'name: x\nenv:\n  FOO: "a\\nb"\n')
+    with pytest.raises(ConfigError, match=r"env: .*newlines"):
+        load_spec(spec)
+
+
+def test_bad_env_name_rejected(tmp_path):
+    spec = write(tmp_path / "s.yaml", 'name: x\nenv:\n  "1BAD": v\n')
+    with pytest.raises(ConfigError, match="not a valid name"):
+        load_spec(spec)
+
+
+def test_overrides_parse_yaml_values_and_split_on_first_equals():
+    doc = apply_overrides({"trainer": {"max_steps": 5}}, ["trainer.max_steps=20", "env.A=x=y", "data.paths=[a, b]", "name='08'"])
+    assert doc == {"trainer": {"max_steps": 20}, "env": {"A": "x=y"}, "data": {"paths": ["a", "b"]}, "name": "08"}
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=x", "a..b=1"])
+def test_bad_override(bad):
+    with pytest.raises(ConfigError, match="override"):
+        apply_overrides({}, [bad])
+
+
+def test_override_through_scalar_is_an_error():
+    with pytest.raises(ConfigError, match="is a str, not a mapping"):
+        apply_overrides({"name": "x"}, ["name.sub=1"])
+
+
+def test_override_reaches_validation(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: x\n")
+    assert load_spec(spec, ["trainer.max_steps=77"]).trainer.max_steps == 77
+    with pytest.raises(ConfigError, match=r"trainer\.max_stepz: unknown key"):
+        load_spec(spec, ["trainer.max_stepz=77"])
+
+
+def test_extends_merges_nested_sections():
+    h100 = load_profile("slurm-h100", PROFILES)
+    a100 = load_profile("slurm-a100", PROFILES)
+    assert h100.gpu_type == "H100" and a100.gpu_type == "A100"
+    assert h100.slurm.partition == "h100"
+    assert h100.slurm.requeue_signal == a100.slurm.requeue_signal  # inherited
+    assert h100.slurm.gres_gpu_type is None  # explicitly reset by the child
+    assert h100.name == "slurm-h100"
+
+
+def test_extends_cycle(tmp_path):
+    write(tmp_path / "a.yaml", "extends: b\nscheduler: local\n")
+    write(tmp_path / "b.yaml", "extends: a\n")
+    with pytest.raises(ConfigError, match="inheritance cycle: a -> b -> a"):
+        load_profile("a", tmp_path)
+
+
+def test_unknown_profile_suggests(tmp_path):
+    with pytest.raises(ConfigError, match="unknown profile 'slurm-a10'") as info:
+        load_profile("slurm-a10", PROFILES)
+    assert "did you mean 'slurm-a100'" in info.value.hint
+
+
+def test_profile_dir_flag_wins_over_packaged(tmp_path):
+    write(tmp_path / "local.yaml", "scheduler: local\ncpu_processes_per_node: 1\ndescription: mine\n")
+    assert load_profile("local", tmp_path).description == "mine"
+    assert search_dirs("cluster_profiles", tmp_path)[0] == tmp_path
+
+
+def test_jobgen_home_comes_before_cwd(tmp_path, monkeypatch):
+    write(tmp_path / "home" / "cluster_profiles" / "local.yaml", "scheduler: local\ndescription: from home\n")
+    monkeypatch.setenv("JOBGEN_HOME", str(tmp_path / "home"))
+    assert load_profile("local").description == "from home"
+
+
+def test_container_runtime_needs_image(tmp_path):
+    write(tmp_path / "p.yaml", "scheduler: slurm\nslurm:\n  container:\n    runtime: pyxis\n")
+    with pytest.raises(ConfigError, match=r"slurm\.container: container runtime 'pyxis' needs an image"):
+        load_profile("p", tmp_path)
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_example_loads(example):
+    assert load_spec(example).name
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_profile_loads(profile):
+    assert load_profile(profile.stem, PROFILES).name == profile.stem
+
+
+def test_empty_document_is_empty_mapping():
+    assert parse_yaml("", "x") == {}

@@ -1,0 +1,122 @@
+"""Plan-time checks (Lightning-style messages), determinism, file set, and the render path's imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jobgen.errors import PlanError
+from jobgen.load import load_profile, validate
+from jobgen.plan import plan
+from jobgen.spec import TrainingSpec
+from tests.conftest import PROFILES, REPO, TEMPLATES
+
+
+def spec(**sections) -> TrainingSpec:
+    return validate(TrainingSpec, {"name": "t", **sections}, "<test>")
+
+
+def make(spec_obj: TrainingSpec, profile: str):
+    return plan(spec_obj, load_profile(profile, PROFILES), TEMPLATES, spec_source="s.yaml")
+
+
+def test_devices_more_than_gpus_per_node():
+    with pytest.raises(PlanError, match=r"You set `resources.devices_per_node=16`.*have 8 GPUs") as info:
+        make(spec(resources={"devices_per_node": 16}), "slurm-a100")
+    assert info.value.location == "s.yaml: resources.devices_per_node"
+    assert "at most 8" in info.value.hint
+
+
+def test_nodes_more_than_profile_allows():
+    with pytest.raises(PlanError, match=r"`resources.nodes=2`.*at most 1 node"):
+        make(spec(resources={"nodes": 2}), "local")
+
+
+def test_global_batch_inconsistent_names_every_factor():
+    s = spec(resources={"nodes": 2}, trainer={"micro_batch_size": 4, "gradient_accumulation_steps": 2, "global_batch_size": 100})
+    with pytest.raises(PlanError, match=r"micro_batch_size \(4\) x gradient_accumulation_steps \(2\) x world size \(16 = 2 node\(s\) x 8\) = 128"):
+        make(s, "slurm-a100")
+
+
+def test_global_batch_hint_gives_the_accumulation_that_works():
+    s = spec(trainer={"micro_batch_size": 4, "global_batch_size": 128})
+    with pytest.raises(PlanError) as info:
+        make(s, "slurm-a100")
+    assert "gradient_accumulation_steps=4" in info.value.hint
+
+
+def test_global_batch_consistent_passes():
+    s = spec(trainer={"micro_batch_size": 4, "gradient_accumulation_steps": 4, "global_batch_size": 128})
+    assert make(s, "slurm-a100").world.world_size == 8
+
+
+def test_bf16_refused_on_pre_ampere(tmp_path):
+    (tmp_path / "v100.yaml").write_text("extends: slurm-a100\ngpu_type: V100\n")
+    profile = load_profile("v100", tmp_path)
+    with pytest.raises(PlanError, match=r"V100 GPUs \(compute capability 7.0\); bf16 needs Ampere"):
+        plan(spec(trainer={"precision": "bf16-mixed"}), profile, TEMPLATES)
+    assert plan(spec(trainer={"precision": "16-mixed"}), profile, TEMPLATES).world.world_size == 8
+
+
+def test_fp16_and_sharded_strategies_refused_on_cpu():
+    with pytest.raises(PlanError, match="fp16 needs a CUDA GPU"):
+        make(spec(trainer={"precision": "16-mixed"}), "local")
+    with pytest.raises(PlanError, match="FSDP and DeepSpeed on CUDA GPUs only"):
+        make(spec(trainer={"strategy": "fsdp"}), "local")
+
+
+def test_deepspeed_plan_has_consistent_config_and_spec_points_at_it():
+    p = make(spec(resources={"nodes": 2}, trainer={"strategy": "deepspeed_stage_2", "micro_batch_size": 3, "gradient_accumulation_steps": 5}), "slurm-a100")
+    ds = json.loads(p.file("ds_config.json"))
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (3 * 5 * 16, 3, 5)
+    launch = json.loads(p.file("spec.json"))["launch"]
+    assert launch == {**launch, "deepspeed_config": "ds_config.json", "world_size": 16, "num_nodes": 2, "requeue_signal": "USR2"}
+
+
+def test_files_per_scheduler():
+    assert [n for n, _ in make(spec(), "slurm-a100").files] == ["job.sbatch", "spec.json"]
+    assert [n for n, _ in make(spec(), "k8s-h100").files] == ["pytorchjob.yaml", "spec.json"]
+    assert [n for n, _ in make(spec(trainer={"strategy": "deepspeed_stage_1"}), "k8s-h100").files] == [
+        "ds_config.json", "pytorchjob.yaml", "spec.json"]
+    assert [n for n, _ in make(spec(), "local").files] == ["spec.json"]
+
+
+def test_plan_is_deterministic_and_hash_tracks_inputs():
+    a, b = make(spec(), "slurm-a100"), make(spec(), "slurm-a100")
+    assert a.files == b.files and a.inputs_sha256 == b.inputs_sha256
+    c = make(spec(trainer={"max_steps": 999}), "slurm-a100")
+    assert c.inputs_sha256 != a.inputs_sha256
+    assert c.inputs_sha256 in c.file("job.sbatch")
+
+
+def test_write_removes_stale_owned_files(tmp_path):
+    make(spec(trainer={"strategy": "deepspeed_stage_2"}), "slurm-a100").write(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    make(spec(), "slurm-a100").write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch", "notes.txt", "spec.json"]
+
+
+def test_k8s_name_is_derived_with_hash_and_warned():
+    p = make(spec(name="My Job_v2!"), "k8s-a100")
+    assert p.warnings and "my-job-v2-" in p.warnings[0]
+    other = make(spec(name="my job v2"), "k8s-a100")
+    assert p.file("pytorchjob.yaml") != other.file("pytorchjob.yaml")
+
+
+def test_render_path_imports_no_heavy_modules():
+    code = (
+        "import sys\n"
+        "from jobgen.cli import main\n"
+        "try:\n"
+        f"    main(['render', {str(REPO / 'examples' / 'quickstart.yaml')!r}, '--profile', 'k8s-h100', '--stdout'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('torch', 'lightning', 'deepspeed', 'kubernetes', 'numpy') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
