@@ -59,6 +59,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def one_line(exc: JobgenError) -> str:
+    """``<location>: <message>; hint: <hint>`` on one line (job logs are grepped line by line)."""
+    text = f"{exc.location}: {exc.message}" if exc.location else exc.message
+    if exc.hint:
+        text += f"; hint: {exc.hint}"
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the entrypoint; returns the process exit code (never raises, except with --debug)."""
     started = time.time()
@@ -81,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except JobgenError as exc:
         if args.debug:
             raise
-        message = str(exc).replace("\n", " ")
-        print(f"{PROG}: error: {message}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ Run directory layout (``<run_dir>``)::
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -46,7 +47,22 @@ _QUIET_WARNINGS = (
     r".*resuming from a checkpoint that ended before the epoch ended.*",
     # Resuming writes into the same checkpoint directory on purpose.
     r".*Checkpoint directory .* exists and is not empty.*",
+    # Lightning's own use of a deprecated torch pytree API (lightning 2.6 + torch 2.13).
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
 )
+
+
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertising lines ("💡 Tip: ... litlogger ...") from job logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡")
+
+
+def _quiet_lightning() -> None:
+    for pattern in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropTips())
 
 
 def rank_zero_print(*args: Any) -> None:
@@ -205,8 +221,7 @@ def train(
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
     paths = RunPaths(run_dir)
-    for pattern in _QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
+    _quiet_lightning()
 
     resume = _describe_resume(resolved, paths)
     if resume is not None and resume.global_step is not None and resume.global_step >= t.max_steps:
