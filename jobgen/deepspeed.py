@@ -8,10 +8,10 @@ Lightning's DeepSpeedStrategy. Batch keys follow DeepSpeed's rule
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from jobgen.errors import PlanError
+from jobgen.render import pretty_json
 from jobgen.spec import TrainingSpec
 
 #: Bucket sizes in elements (DeepSpeed's defaults are 5e8; 2e8 halves the communication
@@ -74,4 +74,4 @@ def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
 
 def dumps(config: dict[str, Any]) -> str:
     """Serialise a DeepSpeed config deterministically (sorted keys, 2-space indent, final newline)."""
-    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+    return pretty_json(config)

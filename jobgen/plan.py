@@ -8,18 +8,21 @@ table of backends, so rendering a SLURM script never imports kubernetes or torch
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 from jobgen import __version__
 from jobgen.errors import PlanError
 from jobgen.profiles import GPU_COMPUTE_CAPABILITY, ClusterProfile
+from jobgen.render import pretty_json
 from jobgen.spec import TrainingSpec
 
 #: scheduler -> backend module, imported only when used (TorchX-style lazy table).
@@ -136,11 +139,10 @@ class PlanContext:
     spec_source: str = "<spec>"
     profile_source: str = "<profile>"
 
-    @property
+    @functools.cached_property
     def inputs_sha256(self) -> str:
-        """sha256 of the resolved spec and profile (canonical JSON)."""
-        doc = {"spec": self.spec.model_dump(mode="json"), "profile": self.profile.model_dump(mode="json")}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+        """sha256 of the resolved spec and profile (compact JSON, field-definition order)."""
+        return hashlib.sha256(pydantic_core.to_json({"spec": self.spec, "profile": self.profile})).hexdigest()
 
 
 def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str = "<spec>") -> World:
@@ -225,12 +227,12 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
 
 
 def resolved_spec_doc(ctx: PlanContext, *, deepspeed_config: str | None, requeue_signal: str | None) -> str:
-    """The ``spec.json`` the entrypoint reads: resolved spec + launch layout (sorted JSON)."""
+    """The ``spec.json`` the entrypoint reads: resolved spec + launch layout."""
     doc = {
         "jobgen_version": __version__,
         "inputs_sha256": ctx.inputs_sha256,
         "profile": ctx.profile.name,
-        "spec": ctx.spec.model_dump(mode="json"),
+        "spec": ctx.spec,
         "launch": {
             "scheduler": ctx.profile.scheduler,
             "accelerator": ctx.world.accelerator,
@@ -242,7 +244,7 @@ def resolved_spec_doc(ctx: PlanContext, *, deepspeed_config: str | None, requeue
             "gpu_type": ctx.profile.gpu_type,
         },
     }
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return pretty_json(doc)
 
 
 def backend_module(scheduler: str) -> Any:

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import pydantic_core
 
 from jobgen.errors import ConfigError
+
+
+_UNSAFE = re.compile(r"[\n\r\x00]")
 
 
 class ShellText(str):
@@ -45,7 +50,7 @@ def sh_quote(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         raise ConfigError(f"internal: refusing to shell-quote {value!r}")
     text = str(value)
-    if any(c in text for c in "\n\r\x00"):
+    if _UNSAFE.search(text):
         raise ConfigError(
             f"value {text!r} contains a newline or NUL byte, which cannot be passed safely to bash/sbatch",
             hint="remove the line break from the value",
@@ -56,6 +61,17 @@ def sh_quote(value: Any) -> str:
 def sh_argv(values: Iterable[Any]) -> str:
     """Quote each element of ``values`` (see :func:`sh_quote`) and join with spaces."""
     return " ".join(sh_quote(v) for v in values)
+
+
+def pretty_json(value: Any) -> str:
+    """Deterministic, human-diffable JSON: 2-space indent, UTF-8, final newline.
+
+    Keys keep their order: callers build dicts in a fixed order and pydantic models serialise
+    in field-definition order (mappings from user input are sorted by their validators).
+    Serialised by pydantic-core (Rust): the stdlib encoder falls back to pure Python whenever
+    ``indent`` is set, which made it the largest cost of a render.
+    """
+    return pydantic_core.to_json(value, indent=2).decode() + "\n"
 
 
 def to_json(value: Any) -> str:
@@ -88,6 +104,7 @@ def environment(templates_dir: str) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        auto_reload=False,  # templates do not change during one process; skips a stat per render
     )
     env.filters["sh"] = sh_quote
     env.filters["sh_argv"] = sh_argv

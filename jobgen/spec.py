@@ -42,7 +42,7 @@ def check_shell_safe(value: str) -> str:
 
 
 def check_env(env: dict[str, str]) -> dict[str, str]:
-    """Validate an environment mapping: POSIX names, shell-safe values.
+    """Validate an environment mapping (POSIX names, shell-safe values); returned sorted by name.
 
     Raises:
         ValueError: a key is not ``[A-Za-z_][A-Za-z0-9_]*`` or a value holds a newline/NUL.
@@ -51,7 +51,7 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
         if not ENV_KEY_RE.match(key):
             raise ValueError(f"environment variable name {key!r} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")
         check_shell_safe(value)
-    return env
+    return dict(sorted(env.items()))
 
 
 class _Model(BaseModel):

@@ -6,10 +6,13 @@ memory-mapped by every rank.
 
 Sampling: training sample ``g`` (a global sample number, counted from the start of the run) is
 the window of ``block_size + 1`` bytes at a pseudo-random offset derived from ``(seed, g)``.
-The dataset is map-style and read in order, so Lightning's ``DistributedSampler`` gives rank
-``r`` of ``W`` the indices ``r, r + W, ...``: ranks never overlap. On resume the dataset starts
-at sample ``global_step * samples_per_step``, so a restarted run sees the samples an
-uninterrupted run would have seen instead of repeating the first ones.
+The dataset is map-style and sharded by a ``DistributedSampler`` that gives rank ``r`` of ``W``
+the indices ``r, r + W, ...``: ranks never overlap. The data module passes that sampler itself,
+with ``shuffle=False``: Lightning's injected one always shuffles training data with a per-epoch
+permutation, which a mid-epoch restart would replay from its start; the windows are already
+pseudo-random, so order costs nothing. On resume the dataset starts at sample
+``global_step * samples_per_step``, so a restarted run trains on exactly the samples an
+uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from jobgen.spec import TrainingSpec
 from jobgen.train.sources import TextSources, bins_are_current, build_bins
@@ -205,9 +208,18 @@ class ByteTextDataModule(LightningDataModule):
         """Micro batches ``(x, y)`` of shape ``(micro_batch_size, block_size)``, continuing at the
         global step (Lightning reloads this every epoch and after a restore)."""
         assert self.train_set is not None, "setup() must run first"
-        global_step = self.trainer.global_step if self.trainer is not None else 0
-        self.train_set.start_sample = global_step * self.samples_per_step
-        return DataLoader(self.train_set, batch_size=self.micro_batch_size, shuffle=False, drop_last=True)
+        trainer = self.trainer
+        self.train_set.start_sample = 0 if trainer is None else trainer.global_step * self.samples_per_step
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:
+            sampler = DistributedSampler(
+                self.train_set,
+                num_replicas=trainer.world_size,
+                rank=trainer.global_rank,
+                shuffle=False,
+                drop_last=True,
+            )
+        return DataLoader(self.train_set, batch_size=self.micro_batch_size, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         """The fixed validation windows in micro batches of ``micro_batch_size``."""
