@@ -51,7 +51,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
             default = f"`{field.default!r}`" if field.default is not PydanticUndefined else ""
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
         out.append(f"| `{path}` | {_type_name(field.annotation) if nested is None else nested.__name__} | {default} | {doc} |")
-        if nested is not None and nested not in seen and not typing.get_origin(field.annotation) in (tuple, list):
+        if nested is not None and nested not in seen and typing.get_origin(field.annotation) not in (tuple, list):
             _rows(nested, f"{path}.", out, seen | {nested})
 
 

@@ -28,7 +28,6 @@ import pydantic_core
 
 from jobgen.errors import ConfigError
 
-
 _UNSAFE = re.compile(r"[\n\r\x00]")
 
 
