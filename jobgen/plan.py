@@ -182,7 +182,7 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
     Raises:
         PlanError: global batch != micro x accumulation x world size; a precision the GPU
             type cannot run (bf16 needs compute capability >= 8.0, Ampere; fp16 needs a GPU);
-            FSDP/DeepSpeed on a CPU-only profile.
+            DeepSpeed or FSDP HYBRID_SHARD on a CPU-only profile.
     """
     t = spec.trainer
     product = t.micro_batch_size * t.gradient_accumulation_steps * world.world_size
@@ -217,12 +217,15 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
                 location=f"{spec_source}: trainer.precision",
                 hint="Use `bf16-mixed` or `32-true` on CPU.",
             )
-        if t.strategy != "ddp":
+        if t.deepspeed_stage is not None or t.fsdp_sharding_strategy == "HYBRID_SHARD" and t.strategy == "fsdp":
+            what = "DeepSpeed" if t.deepspeed_stage is not None else "FSDP HYBRID_SHARD"
             raise PlanError(
-                f"You set `trainer.strategy={t.strategy!r}`, but profile {profile.name!r} has no GPUs; "
-                "Lightning runs FSDP and DeepSpeed on CUDA GPUs only, and jobgen's CPU rehearsal of them is not available yet.",
+                f"You set `trainer.strategy={t.strategy!r}`"
+                + ("" if t.deepspeed_stage is not None else " with `fsdp_sharding_strategy='HYBRID_SHARD'`")
+                + f", but profile {profile.name!r} has no GPUs; {what} runs on CUDA GPUs only in this version "
+                "(ddp and fsdp rehearse on CPU).",
                 location=f"{spec_source}: trainer.strategy",
-                hint="Use `--set trainer.strategy=ddp` for a CPU run, or render for a GPU profile.",
+                hint="Use `--set trainer.strategy=ddp` (or fsdp) for a CPU run, or render for a GPU profile.",
             )
 
 

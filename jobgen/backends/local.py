@@ -8,7 +8,6 @@ its own process group, gets SIGINT forwarded, and the whole group is killed afte
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -88,9 +87,7 @@ def submit(plan: JobPlan, job_dir: Path) -> JobHandle:
         )
     summary = job_dir / SUMMARY_FILE
     if summary.is_file():
-        data = json.loads(summary.read_text())
-        print(f"jobgen: done — step {data.get('global_step')}, val_loss {data.get('val_loss')}, "
-              f"{data.get('tokens_per_s')} tokens/s; run directory {job_dir}")
+        print(f"jobgen: run directory {job_dir} (summary: {summary.name}, checkpoints/, logs/)")
     return JobHandle("local", str(job_dir))
 
 

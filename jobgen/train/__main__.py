@@ -3,7 +3,7 @@
 Every rank of every node runs the same command; Lightning reads the launcher's environment
 (torchrun, SLURM) to learn its global/local rank and the world size. Launch lines:
 
-local, one machine, 2 processes (gloo on CPU)::
+local, one machine, 2 processes (gloo on CPU; strategy ddp or fsdp)::
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m jobgen.train --spec spec.json
 
@@ -12,11 +12,11 @@ SLURMEnvironment; ``--signal=USR2@<grace_s>`` triggers checkpoint + requeue)::
 
     srun python -m jobgen.train --spec spec.json
 
-Kubernetes PyTorchJob, one pod per node, torchrun in each pod from the operator's PET_*
-variables (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)::
+Kubernetes PyTorchJob, one pod per node, torchrun in each pod; torchrun takes its settings
+from the operator's PET_* variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+PET_MASTER_ADDR, PET_MASTER_PORT)::
 
-    torchrun --nnodes "$PET_NNODES" --node-rank "$PET_NODE_RANK" --nproc-per-node <GPUs per pod> \\
-        --master-addr "$PET_MASTER_ADDR" --master-port "$PET_MASTER_PORT" -m jobgen.train --spec spec.json
+    python -m torch.distributed.run -m jobgen.train --spec /etc/jobgen/spec.json --run-dir /runs/<name>
 
 Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
 data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a
@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return train(resolved, args.spec.resolve(), run_dir, sources, layout, started)
     except JobgenError as exc:
+        if exc.location and exc.location.startswith(("spec.", "launch.")):
+            exc.location = f"{args.spec}: {exc.location}"  # name the file, as the planner's errors do
         if args.debug:
             raise
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)

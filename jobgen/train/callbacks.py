@@ -127,3 +127,23 @@ class LineProgress(Callback):
         if trainer.is_global_zero and not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:
             val_loss = float(trainer.callback_metrics["val_loss"])
             print(f"validation at step {trainer.global_step}: val_loss {val_loss:.4f}", flush=True)
+
+
+class FSDPGradNormClipping(Callback):
+    """Clips the global gradient norm of an FSDP model through FSDP's own ``clip_grad_norm_``.
+
+    Lightning's FSDP precision plugin clips by value only (``Trainer(gradient_clip_val=...)``
+    with the default ``"norm"`` algorithm raises; Lightning issue #19235): the norm of sharded
+    gradients needs the FSDP module, which reduces the per-shard norms across ranks. Runs after
+    gradient accumulation and unscaling, right before each optimizer step.
+
+    Args:
+        max_norm: the largest allowed L2 norm of all gradients together.
+    """
+
+    def __init__(self, max_norm: float):
+        self.max_norm = max_norm
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        """Clip before the step; the FSDP wrapper is ``trainer.strategy.model``."""
+        trainer.strategy.model.clip_grad_norm_(self.max_norm)

@@ -17,7 +17,6 @@ uninterrupted run would have seen.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -230,8 +229,3 @@ class ByteTextDataModule(LightningDataModule):
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step over all ranks."""
         return self.samples_per_step * self.block_size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps in one Lightning epoch."""
-        return math.ceil(self.epoch_samples / self.samples_per_step)

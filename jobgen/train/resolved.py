@@ -134,16 +134,22 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
     """Reject combinations this entrypoint cannot run on the launch's accelerator.
 
     Raises:
-        NotSupportedError: FSDP/DeepSpeed on CPU.
+        NotSupportedError: DeepSpeed, or FSDP's HYBRID_SHARD, on CPU.
         ConfigError: fp16 on CPU; a DeepSpeed strategy without a DeepSpeed config.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
     if launch.accelerator == "cpu":
-        if trainer.strategy != "ddp":
+        if trainer.deepspeed_stage is not None:
             raise NotSupportedError(
-                f"strategy {trainer.strategy!r} on CPU: fsdp/deepspeed on CPU is not supported yet",
+                f"strategy {trainer.strategy!r} on CPU: deepspeed on CPU is not supported yet",
                 location="spec.trainer.strategy",
-                hint="use strategy ddp for local runs",
+                hint="use strategy ddp (or fsdp) for local runs",
+            )
+        if trainer.strategy == "fsdp" and trainer.fsdp_sharding_strategy == "HYBRID_SHARD":
+            raise NotSupportedError(
+                "fsdp_sharding_strategy 'HYBRID_SHARD' on CPU: hybrid sharding needs one GPU per rank",
+                location="spec.trainer.fsdp_sharding_strategy",
+                hint="use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD for local runs",
             )
         if trainer.precision == "16-mixed":
             raise ConfigError(

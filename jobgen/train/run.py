@@ -26,18 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import lightning
+import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
-from jobgen.train.callbacks import LineProgress, Throughput
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, Throughput
 from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
 from jobgen.train.data import ByteTextDataModule
 from jobgen.train.model import Block, LitGPT
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.sources import SplitLayout, TextSources
+from jobgen.train.strategies import CPUFSDPStrategy
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
 _QUIET_WARNINGS = (
@@ -47,6 +49,9 @@ _QUIET_WARNINGS = (
     r".*resuming from a checkpoint that ended before the epoch ended.*",
     # Resuming writes into the same checkpoint directory on purpose.
     r".*Checkpoint directory .* exists and is not empty.*",
+    # FSDP sharded checkpoints: torch's own deprecation notice, and the intended overwrite of last.ckpt.
+    r".*Please use DTensor instead and we are deprecating ShardedTensor.*",
+    r".*Detected an existing checkpoint in .*, overwriting since self.overwrite=True.*",
     # Lightning's own use of a deprecated torch pytree API (lightning 2.6 + torch 2.13).
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
 )
@@ -97,7 +102,8 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
 
     ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process).
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints.
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints
+    (:class:`CPUFSDPStrategy` with gloo on CPU).
     deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
@@ -106,6 +112,14 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
             return "auto"
         return DDPStrategy(process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl")
     if trainer.strategy == "fsdp":
+        if launch.accelerator == "cpu":
+            # Parameters already live in CPU memory: there is nothing to offload.
+            return CPUFSDPStrategy(
+                sharding_strategy=trainer.fsdp_sharding_strategy,
+                auto_wrap_policy={Block},
+                state_dict_type="sharded",
+                process_group_backend="gloo",
+            )
         return FSDPStrategy(
             sharding_strategy=trainer.fsdp_sharding_strategy,
             auto_wrap_policy={Block},
@@ -139,6 +153,10 @@ def build_trainer(
         enable_version_counter=False,
     )
     callbacks: list[Callback] = [checkpoint, throughput]
+    gradient_clip_val = t.gradient_clip_val
+    if t.strategy == "fsdp" and gradient_clip_val is not None:
+        callbacks.append(FSDPGradNormClipping(gradient_clip_val))
+        gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
     show_bar = sys.stdout.isatty()
     if not show_bar:
         callbacks.append(LineProgress(throughput, t.log_every_n_steps))
@@ -157,7 +175,7 @@ def build_trainer(
         max_steps=t.max_steps,
         max_epochs=-1,
         accumulate_grad_batches=t.gradient_accumulation_steps,
-        gradient_clip_val=t.gradient_clip_val,
+        gradient_clip_val=gradient_clip_val,
         val_check_interval=t.val_check_interval * t.gradient_accumulation_steps,
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
@@ -250,40 +268,52 @@ def train(
         f"  run dir: {run_dir}"
     )
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
-    if trainer.global_step < t.max_steps:
-        rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
-        return 1
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
+        if trainer.global_step < t.max_steps:
+            rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
+            return 1
+        if module.last_val_step != trainer.global_step:
+            trainer.validate(module, datamodule=datamodule, verbose=False)  # val_loss at the final step
+        if trainer.is_global_zero:
+            summary = {
+                "name": spec.name,
+                "global_step": trainer.global_step,
+                "max_steps": t.max_steps,
+                "val_loss": _float_or_none(trainer.callback_metrics.get("val_loss")),
+                "best_checkpoint": checkpoint.best_model_path or None,
+                "last_checkpoint": checkpoint.last_model_path or None,
+                "wall_time_s": round(time.time() - started, 3),
+                "tokens_per_s_mean": throughput.mean_tokens_per_s,
+                "tokens_per_step": datamodule.tokens_per_step,
+                "world_size": trainer.world_size,
+                "n_params": sum(p.numel() for p in module.parameters()),
+                "resumed_from": None if resume is None else str(resume.path),
+                "resumed_from_step": None if resume is None else resume.global_step,
+                "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
+                "strategy": t.strategy,
+                "precision": t.precision,
+                "jobgen_version": resolved.jobgen_version,
+                "inputs_sha256": resolved.inputs_sha256,
+                "profile": resolved.profile,
+            }
+            _atomic_write_json(paths.summary, summary)
+            _print_summary(summary, paths)
+        trainer.strategy.barrier("jobgen-summary")  # all ranks leave together
+        return 0
+    finally:
+        _destroy_process_group()
 
-    if module.last_val_step != trainer.global_step:
-        trainer.validate(module, datamodule=datamodule, verbose=False)
-    val_loss = trainer.callback_metrics.get("val_loss")
 
-    if trainer.is_global_zero:
-        summary = {
-            "name": spec.name,
-            "global_step": trainer.global_step,
-            "max_steps": t.max_steps,
-            "val_loss": None if val_loss is None else float(val_loss),
-            "best_checkpoint": checkpoint.best_model_path or None,
-            "last_checkpoint": checkpoint.last_model_path or None,
-            "wall_time_s": round(time.time() - started, 3),
-            "tokens_per_s_mean": throughput.mean_tokens_per_s,
-            "tokens_per_step": datamodule.tokens_per_step,
-            "world_size": trainer.world_size,
-            "n_params": sum(p.numel() for p in module.parameters()),
-            "resumed_from": None if resume is None else str(resume.path),
-            "resumed_from_step": None if resume is None else resume.global_step,
-            "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
-            "strategy": t.strategy,
-            "precision": t.precision,
-            "jobgen_version": resolved.jobgen_version,
-            "inputs_sha256": resolved.inputs_sha256,
-            "profile": resolved.profile,
-        }
-        _atomic_write_json(paths.summary, summary)
-        _print_summary(summary, paths)
-    return 0
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _destroy_process_group() -> None:
+    # Exiting with a live gloo/NCCL process group can abort in its C++ destructor
+    # ("terminate called without an active exception") on one rank while others finish.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:

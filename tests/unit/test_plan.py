@@ -64,8 +64,11 @@ def test_bf16_refused_on_pre_ampere(tmp_path):
 def test_fp16_and_sharded_strategies_refused_on_cpu():
     with pytest.raises(PlanError, match="fp16 needs a CUDA GPU"):
         make(spec(trainer={"precision": "16-mixed"}), "local")
-    with pytest.raises(PlanError, match="FSDP and DeepSpeed on CUDA GPUs only"):
-        make(spec(trainer={"strategy": "fsdp"}), "local")
+    with pytest.raises(PlanError, match="DeepSpeed runs on CUDA GPUs only"):
+        make(spec(trainer={"strategy": "deepspeed_stage_2"}), "local")
+    with pytest.raises(PlanError, match="HYBRID_SHARD"):
+        make(spec(trainer={"strategy": "fsdp", "fsdp_sharding_strategy": "HYBRID_SHARD"}), "local")
+    assert make(spec(trainer={"strategy": "fsdp"}), "local").world.world_size == 2
 
 
 def test_deepspeed_plan_has_consistent_config_and_spec_points_at_it():

@@ -1,0 +1,127 @@
+"""The byte-level GPT: parameter count vs ModelSpec.n_params, shapes, init loss, optimizer set-up."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from jobgen.spec import ModelSpec, TrainingSpec
+from jobgen.train.model import GPT, VOCAB_SIZE, Block, LitGPT, lr_factor
+
+SHAPES = [
+    {"preset": "tiny"},
+    {"preset": "mini"},
+    {"preset": None, "n_layer": 3, "n_head": 3, "d_model": 48, "block_size": 40},
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["tiny", "mini", "odd-3x48"])
+def test_parameter_count_matches_model_spec(shape: dict) -> None:
+    spec = ModelSpec.model_validate(shape)
+    model = GPT(spec.n_layer, spec.n_head, spec.d_model, spec.block_size)
+    # parameters() de-duplicates the tied embedding / output projection, as n_params does.
+    assert sum(p.numel() for p in model.parameters()) == spec.n_params
+
+
+def test_lightning_module_from_spec_has_the_spec_parameter_count() -> None:
+    spec = TrainingSpec.model_validate({"name": "x", "model": {"preset": "tiny"}})
+    module = LitGPT.from_spec(spec)
+    assert sum(p.numel() for p in module.parameters()) == spec.model.n_params
+    assert module.hparams.max_steps == spec.trainer.max_steps
+
+
+def test_block_parameter_count_is_12d2_plus_13d() -> None:
+    d = 32
+    assert sum(p.numel() for p in Block(d, 4, 0.0).parameters()) == 12 * d * d + 13 * d
+
+
+def test_forward_shape_and_loss_at_init_is_about_ln256() -> None:
+    torch.manual_seed(0)
+    model = GPT(n_layer=2, n_head=2, d_model=64, block_size=32)
+    idx = torch.randint(0, VOCAB_SIZE, (3, 32))
+    logits = model(idx)
+    assert logits.shape == (3, 32, VOCAB_SIZE)
+    loss = LitGPT.loss(logits, torch.randint(0, VOCAB_SIZE, (3, 32)))
+    assert abs(loss.item() - math.log(VOCAB_SIZE)) < 0.3
+
+
+def test_output_projection_is_tied_to_token_embedding() -> None:
+    model = GPT(n_layer=1, n_head=1, d_model=16, block_size=8)
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_attention_is_causal() -> None:
+    torch.manual_seed(0)
+    model = GPT(n_layer=2, n_head=2, d_model=32, block_size=16).eval()
+    idx = torch.randint(0, VOCAB_SIZE, (1, 16))
+    changed = idx.clone()
+    changed[0, 10:] = (changed[0, 10:] + 1) % VOCAB_SIZE
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_sequence_longer_than_block_size_is_rejected() -> None:
+    model = GPT(n_layer=1, n_head=1, d_model=16, block_size=8)
+    with pytest.raises(ValueError, match="exceeds block_size 8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_residual_projections_use_scaled_init() -> None:
+    torch.manual_seed(0)
+    n_layer = 8
+    model = GPT(n_layer=n_layer, n_head=4, d_model=256, block_size=16)
+    residual = torch.cat([b.attn.c_proj.weight.flatten() for b in model.h])
+    other = torch.cat([b.attn.c_attn.weight.flatten() for b in model.h])
+    assert residual.std().item() == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.05)
+    assert other.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_weight_decay_applies_to_linear_matrices_only() -> None:
+    module = LitGPT(n_layer=2, n_head=2, d_model=32, block_size=16, weight_decay=0.1)
+    decay, no_decay = module.parameter_groups()
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    linear_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear)}
+    linear_weights.discard(id(module.model.wte.weight))  # tied output projection = embedding
+    assert {id(p) for p in decay["params"]} == linear_weights
+    assert all(p.dim() == 2 for p in decay["params"])
+    no_decay_ids = {id(p) for p in no_decay["params"]}
+    assert id(module.model.wte.weight) in no_decay_ids and id(module.model.wpe.weight) in no_decay_ids
+    # every parameter is in exactly one group
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(module.parameters()))
+
+
+def test_lr_schedule_warmup_then_cosine_to_ten_percent() -> None:
+    warmup, max_steps = 10, 110
+    assert lr_factor(0, warmup, max_steps) == pytest.approx(0.1)
+    assert lr_factor(9, warmup, max_steps) == pytest.approx(1.0)
+    assert lr_factor(10, warmup, max_steps) == pytest.approx(1.0)
+    assert lr_factor(60, warmup, max_steps) == pytest.approx(0.55)
+    assert lr_factor(110, warmup, max_steps) == pytest.approx(0.1)
+    assert lr_factor(500, warmup, max_steps) == pytest.approx(0.1)
+    factors = [lr_factor(s, warmup, max_steps) for s in range(warmup, max_steps)]
+    assert all(a >= b for a, b in zip(factors, factors[1:], strict=False))
+
+
+def test_lr_schedule_without_warmup_starts_at_peak() -> None:
+    assert lr_factor(0, 0, 100) == pytest.approx(1.0)
+
+
+def test_optimizer_steps_the_schedule_per_step() -> None:
+    module = LitGPT(
+        n_layer=1, n_head=1, d_model=16, block_size=8, learning_rate=1e-3, warmup_steps=4, max_steps=20
+    )
+    config = module.configure_optimizers()
+    assert config["lr_scheduler"]["interval"] == "step"
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert isinstance(optimizer, torch.optim.AdamW)
+    lrs = []
+    for _ in range(4):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])

@@ -1,0 +1,166 @@
+"""How the Trainer is built from a resolved spec (constructed in-process; nothing is launched)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+
+from jobgen.train import data as data_module
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, Throughput
+from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step
+from jobgen.train.model import Block, LitGPT
+from jobgen.train.resolved import load_resolved_spec
+from jobgen.train.run import RunPaths, build_strategy, build_trainer
+from jobgen.train.sources import discover_sources
+from jobgen.train.strategies import CPUFSDPStrategy
+
+
+def _build(spec_path: Path, tmp_path: Path):
+    resolved, _ = load_resolved_spec(spec_path)
+    return build_trainer(resolved, spec_path, RunPaths(tmp_path / "run"), Throughput(1))
+
+
+def test_trainer_counts_intervals_in_optimizer_steps(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec({"trainer": {"gradient_accumulation_steps": 4, "val_check_interval": 25}})
+    trainer, checkpoint, logger = _build(spec_path, tmp_path)
+    assert trainer.max_steps == 20
+    assert trainer.accumulate_grad_batches == 4
+    assert trainer.val_check_interval == 100  # 25 optimizer steps x 4 micro batches
+    assert trainer.check_val_every_n_epoch is None  # counted across epochs
+    assert trainer.limit_val_batches == 4
+    assert trainer.log_every_n_steps == 5
+    assert trainer.gradient_clip_val == 1.0
+    assert trainer.precision == "32-true"
+    assert isinstance(trainer.strategy, DDPStrategy)
+    assert trainer.strategy._process_group_backend == "gloo"
+    assert trainer.num_devices == 2 and trainer.num_nodes == 1
+    assert isinstance(checkpoint, StepCheckpoint)
+    assert Path(checkpoint.dirpath) == (tmp_path / "run" / "checkpoints").resolve()
+    assert checkpoint.save_top_k == 2 and checkpoint.monitor == "step"
+    assert Path(logger.root_dir) == tmp_path / "run" / "logs"
+    # pytest captures stdout (not a TTY): one line per log interval instead of a progress bar
+    assert any(isinstance(cb, LineProgress) for cb in trainer.callbacks)
+    assert not trainer.progress_bar_callback
+
+
+def test_single_process_uses_no_process_group(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec(devices_per_node=1, world_size=1)
+    resolved, _ = load_resolved_spec(spec_path)
+    assert build_strategy(resolved, spec_path) == "auto"
+
+
+def test_slurm_requeue_signal_reaches_lightning(write_spec, tmp_path: Path, monkeypatch) -> None:
+    for key, value in {
+        "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "123", "SLURM_JOB_NAME": "tiny",
+        "SLURM_NODELIST": "node1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    spec_path = write_spec(scheduler="slurm", requeue_signal="USR2")
+    trainer, _, _ = _build(spec_path, tmp_path)
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert environment.auto_requeue and environment.requeue_signal == signal.SIGUSR2
+    # SLURM auto-requeue checkpoints (hpc_ckpt_N.ckpt) land where resume: auto looks.
+    assert Path(trainer.default_root_dir) == tmp_path / "run" / "checkpoints"
+
+
+def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec(
+        {"trainer": {"strategy": "fsdp", "fsdp_sharding_strategy": "SHARD_GRAD_OP"}}, accelerator="gpu"
+    )
+    resolved, _ = load_resolved_spec(spec_path)
+    fsdp = build_strategy(resolved, spec_path)
+    assert isinstance(fsdp, FSDPStrategy)
+    assert fsdp.sharding_strategy.name == "SHARD_GRAD_OP"
+    assert fsdp.kwargs["auto_wrap_policy"]._module_classes == {Block}  # one FSDP unit per Block
+    assert fsdp.kwargs["use_orig_params"]  # AdamW groups are built from the original parameters
+    assert fsdp._state_dict_type == "sharded"
+
+    ddp_path = write_spec(filename="ddp.json", accelerator="gpu")
+    resolved, _ = load_resolved_spec(ddp_path)
+    ddp = build_strategy(resolved, ddp_path)
+    assert isinstance(ddp, DDPStrategy) and ddp._process_group_backend == "nccl"
+
+
+def test_fsdp_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec({"trainer": {"strategy": "fsdp"}})
+    trainer, _, _ = _build(spec_path, tmp_path)  # stock FSDPStrategy would be refused on CPU here
+    assert isinstance(trainer.strategy, CPUFSDPStrategy)
+    assert trainer.strategy._process_group_backend == "gloo"
+    assert trainer.gradient_clip_val is None  # clipped by norm through FSDP instead:
+    assert [cb.max_norm for cb in trainer.callbacks if isinstance(cb, FSDPGradNormClipping)] == [1.0]
+
+
+def test_deepspeed_strategy_reads_the_rendered_config(write_spec, tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    (tmp_path / "ds_config.json").write_text(
+        '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, '
+        '"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}'
+    )
+    spec_path = write_spec(
+        {"trainer": {"strategy": "deepspeed_stage_3", "precision": "bf16-mixed"}},
+        accelerator="gpu",
+        deepspeed_config="ds_config.json",
+    )
+    resolved, _ = load_resolved_spec(spec_path)
+    strategy = build_strategy(resolved, spec_path)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    assert strategy.config["zero_optimization"] == {"stage": 3}
+    assert "gradient_accumulation_steps" not in strategy.config
+
+
+def test_newest_checkpoint_prefers_highest_step_then_mtime(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    torch.save({"global_step": 30}, ckpts / "hpc_ckpt_1.ckpt")
+    torch.save({"global_step": 20}, ckpts / "last.ckpt")
+    (ckpts / "step-00000020.ckpt").write_bytes(b"")  # the name is trusted, the file not opened
+    (ckpts / "broken.ckpt").write_bytes(b"not a checkpoint")
+    os.utime(ckpts / "broken.ckpt", (4e9, 4e9))  # newest by mtime, but unreadable
+    assert read_global_step(ckpts / "step-00000020.ckpt") == 20
+    assert read_global_step(ckpts / "broken.ckpt") is None
+    newest = newest_checkpoint(ckpts)
+    assert newest is not None and newest.path.name == "hpc_ckpt_1.ckpt" and newest.global_step == 30
+    assert [c.path.name for c in find_checkpoints(ckpts)][-1] == "broken.ckpt"
+    assert newest_checkpoint(tmp_path / "missing") is None
+
+
+class _RecordBatches(Callback):
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.inputs.append(batch[0].clone())
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*is deprecated")
+def test_samples_continue_across_epoch_boundaries(tmp_path: Path, monkeypatch) -> None:
+    """Epochs are capped (DistributedSampler materialises its indices); the data loader is
+    rebuilt every epoch and continues at global_step x samples_per_step, never repeating."""
+    monkeypatch.setattr(data_module, "MAX_EPOCH_SAMPLES", 20)  # 5 optimizer steps of 4 samples
+    sources = discover_sources([], max_bytes=200_000)
+    dm = data_module.ByteTextDataModule(
+        sources, tmp_path / "data", block_size=16, micro_batch_size=4, gradient_accumulation_steps=1,
+        world_size=1, max_steps=12, val_fraction=0.05, val_batches=1, seed=3,
+    )  # fmt: skip
+    recorder = _RecordBatches()
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=12, max_epochs=-1, reload_dataloaders_every_n_epochs=1,
+        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[recorder],
+    )  # fmt: skip
+    trainer.fit(LitGPT(n_layer=1, n_head=1, d_model=16, block_size=16), datamodule=dm)
+    assert trainer.global_step == 12 and trainer.current_epoch >= 2  # epochs of 5, 5 and 2 steps
+    reference = data_module.TrainWindows(dm.train_set.data, block_size=16, seed=3, num_samples=48)
+    expected = [reference[g][0] for g in range(12 * 4)]
+    seen = torch.cat(recorder.inputs)
+    assert seen.shape == (48, 16)
+    torch.testing.assert_close(seen, torch.stack(expected))
