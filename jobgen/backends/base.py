@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from jobgen import deepspeed
+from jobgen import __version__, deepspeed
 from jobgen.errors import ConfigError
 from jobgen.nccl import nccl_env
 from jobgen.plan import JobPlan, PlanContext, resolved_spec_doc
+from jobgen.render import render_template
 
 SPEC_FILE = "spec.json"
 DS_CONFIG_FILE = "ds_config.json"
@@ -67,6 +68,14 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None) -> list
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world.world_size))))
     files.append((SPEC_FILE, resolved_spec_doc(ctx, deepspeed_config=ds_name, requeue_signal=requeue_signal)))
     return sorted(files)
+
+
+def render_job_template(ctx: PlanContext, template: str, **context: Any) -> str:
+    """Render ``template`` with the header fields every generated file names (jobgen version,
+    profile, inputs sha256) plus ``context``."""
+    return render_template(
+        ctx.templates_dir, template, version=__version__, profile=ctx.profile.name, inputs_sha256=ctx.inputs_sha256, **context
+    )
 
 
 def job_env(ctx: PlanContext) -> dict[str, str]:

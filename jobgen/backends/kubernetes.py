@@ -17,11 +17,9 @@ from typing import Any
 
 import yaml
 
-from jobgen import __version__
-from jobgen.backends.base import DS_CONFIG_FILE, SPEC_FILE, JobHandle, common_files, job_env
+from jobgen.backends.base import DS_CONFIG_FILE, SPEC_FILE, JobHandle, common_files, job_env, render_job_template
 from jobgen.errors import ConfigError, NotSupportedError
 from jobgen.plan import JobPlan, PlanContext
-from jobgen.render import render_template
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
 MANIFEST_FILE = "pytorchjob.yaml"
@@ -69,12 +67,9 @@ def plan(ctx: PlanContext) -> JobPlan:
         k.python, "-m", "torch.distributed.run",
         "-m", "jobgen.train", "--spec", f"{CONFIG_MOUNT}/{SPEC_FILE}", "--run-dir", f"{RUN_ROOT}/{name}",
     ]
-    text = render_template(
-        ctx.templates_dir,
+    text = render_job_template(
+        ctx,
         TEMPLATE,
-        version=__version__,
-        profile=ctx.profile.name,
-        inputs_sha256=ctx.inputs_sha256,
         name=name,
         job_name=ctx.spec.name,
         namespace=k.namespace,

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobgen import __version__
-from jobgen.backends.base import SPEC_FILE, JobHandle, common_files, job_env
+from jobgen.backends.base import SPEC_FILE, JobHandle, common_files, job_env, render_job_template
 from jobgen.errors import NotSupportedError, PlanError
 from jobgen.plan import JobPlan, PlanContext
-from jobgen.render import ShellText, render_template
+from jobgen.render import ShellText
 
 TEMPLATE = "slurm/job.sbatch.j2"
 SBATCH_FILE = "job.sbatch"
@@ -104,12 +103,9 @@ def plan(ctx: PlanContext) -> JobPlan:
     """Plan an sbatch job: ``job.sbatch`` + ``spec.json`` (+ ``ds_config.json``)."""
     s = ctx.profile.slurm_settings
     files = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None)
-    script = render_template(
-        ctx.templates_dir,
+    script = render_job_template(
+        ctx,
         TEMPLATE,
-        version=__version__,
-        profile=ctx.profile.name,
-        inputs_sha256=ctx.inputs_sha256,
         directives=sbatch_directives(ctx),
         modules=list(s.modules),
         env=job_env(ctx),
