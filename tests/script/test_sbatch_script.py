@@ -102,19 +102,19 @@ def test_env_overrides_order_and_requeue_directives(tmp_path):
 def test_newline_values_never_reach_a_script(field):
     doc = {"name": "a\n#SBATCH --uid=0"} if field == "name" else {"name": "x", "env": {"K": "a\nb"}}
     with pytest.raises(ConfigError, match="newline"):
-        from jobgen.load import validate as v
-
-        v(TrainingSpec, doc, "<test>")
+        validate(TrainingSpec, doc, "<test>")
 
 
 def test_pyxis_and_apptainer_launch_lines(tmp_path):
     spec = validate(TrainingSpec, {"name": "c"}, "<test>")
     pyxis = plan(spec, load_profile("slurm-h100", PROFILES), TEMPLATES)
-    argv, _, _ = run_sbatch(pyxis.file("job.sbatch"), tmp_path / "a" if (tmp_path / "a").mkdir() is None else tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    argv, _, _ = run_sbatch(pyxis.file("job.sbatch"), tmp_path / "a")
     assert argv[:3] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts=/scratch:/scratch"]
     base = load_profile("slurm-a100", PROFILES).model_dump()
     base["slurm"]["container"] = {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data"]}
     apptainer = plan(spec, validate(ClusterProfile, base, "<t>"), TEMPLATES)
-    argv, _, _ = run_sbatch(apptainer.file("job.sbatch"), tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path)
+    argv, _, _ = run_sbatch(apptainer.file("job.sbatch"), tmp_path / "b")
     assert argv[1:6] == ["apptainer", "exec", "--nv", "--bind", "/data"] and argv[6] == "/images/train.sif"
     assert os.path.basename(argv[7]) == "python"
