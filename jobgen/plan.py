@@ -12,8 +12,9 @@ import functools
 import hashlib
 import importlib
 import os
+import shlex
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,8 @@ class JobPlan:
         world: nodes x devices per node.
         inputs_sha256: hash of the resolved spec + profile (named in every file header).
         warnings: non-fatal findings to show the user.
+        env: environment submit sets for the command (local runs; the schedulers' files carry
+            their own), sorted by name.
     """
 
     scheduler: str
@@ -76,7 +79,7 @@ class JobPlan:
     world: World
     inputs_sha256: str
     warnings: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def job_subdir(self) -> Path:
@@ -96,7 +99,8 @@ class JobPlan:
                  f"{self.world.devices_per_node} {self.world.accelerator} rank(s) = world size {self.world.world_size})"]
         for name, text in self.files:
             parts.append(f"# ---- {name} ----\n{text.rstrip()}")
-        parts.append("# ---- submit (in the job directory) ----\n" + " ".join(self.submit_argv))
+        env = "".join(f"{key}={shlex.quote(value)} " for key, value in self.env)
+        parts.append("# ---- submit (in the job directory) ----\n" + env + shlex.join(self.submit_argv))
         return "\n".join(parts) + "\n"
 
     def write(self, job_dir: Path) -> list[Path]:

@@ -87,7 +87,8 @@ def yaml_block(value: str, indent: int) -> str:
     """
     lines = value.split("\n")
     plain = value.endswith("\n") and not value.endswith("\n\n") and value.strip() != ""
-    if not plain or any(not ln.isprintable() or ln != ln.rstrip() or ln.startswith(" ") and ln is lines[0] for ln in lines):
+    # A leading space on the first line would be read as the block's indentation.
+    if not plain or lines[0].startswith(" ") or any(not ln.isprintable() or ln != ln.rstrip() for ln in lines):
         return to_json(value)
     pad = " " * indent
     return "|\n" + "\n".join(pad + ln if ln else ln for ln in lines[:-1])

@@ -32,10 +32,11 @@ def omp_threads(ctx: PlanContext) -> int:
 def plan(ctx: PlanContext) -> JobPlan:
     """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command line.
 
-    The command runs in the job directory (the run directory for ``jobgen submit``).
+    The command runs in the job directory (the run directory for ``jobgen submit``); a bare
+    ``python`` (no ``local.python`` in the profile) means the interpreter running jobgen.
     """
     argv = (
-        "python", "-m", "torch.distributed.run", "--standalone",
+        ctx.profile.local.python or "python", "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(ctx.world.devices_per_node),
         "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".",
     )
@@ -48,7 +49,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         submit_argv=argv,
         world=ctx.world,
         inputs_sha256=ctx.inputs_sha256,
-        extra={"env": env, "python": ctx.profile.local.python},
+        env=tuple(sorted(env.items())),
     )
 
 
@@ -58,10 +59,11 @@ def submit(plan: JobPlan, job_dir: Path) -> JobHandle:
     Raises:
         SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
     """
-    python = plan.extra.get("python") or sys.executable
-    argv = [python, *plan.submit_argv[1:]]
+    argv = list(plan.submit_argv)
+    if argv[0] == "python":
+        argv[0] = sys.executable
     env = os.environ.copy()
-    env.update(plan.extra.get("env", {}))
+    env.update(plan.env)
     package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
