@@ -95,3 +95,21 @@ def test_validate_reports_fit(run_cli):
 def test_submit_to_slurm_not_yet_supported_is_clear(run_cli, tmp_path):
     result = run_cli("submit", QUICKSTART, "--profile", "slurm-a100", cwd=tmp_path)
     assert result.code == 2 and "not supported yet" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_local_submit_trains_and_resumes(run_cli, tmp_path):
+    """The local backend end to end: torchrun with 2 CPU ranks, then a rerun that finds the run complete."""
+    spec = write(tmp_path / "tiny.yaml", (
+        "name: tiny\nmodel: {preset: null, n_layer: 1, n_head: 2, d_model: 32, block_size: 32}\n"
+        "data: {max_bytes: 200000}\n"
+        "trainer: {precision: 32-true, micro_batch_size: 2, max_steps: 6, warmup_steps: 1, val_check_interval: 3,"
+        " limit_val_batches: 2, log_every_n_steps: 3}\n"
+        "checkpoint: {every_n_steps: 3}\n"
+    ))
+    first = run_cli("submit", str(spec), "--profile", "local", cwd=tmp_path, timeout=300)
+    assert first.code == 0, first.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["global_step"] == 6 and summary["world_size"] == 2
+    assert "handle: local://" in first.stdout
+    again = run_cli("submit", str(spec), "--profile", "local", cwd=tmp_path, timeout=300)
+    assert again.code == 0 and "run already complete at step 6" in again.stdout
