@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -111,38 +112,156 @@ def render(spec: str, profile: str, out: str, to_stdout: bool, overrides: tuple[
 @click.argument("target", type=click.Path())
 @click.option("--profile", "-p", default=None, help="Cluster profile (required when TARGET is a spec file).")
 @click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
-              help="Local profile: runs go to <runs-dir>/<job name>/ (checkpoints, metrics.csv, summary.json).")
+              help="Runs go to <runs-dir>/<job name>/ (checkpoints, metrics, summary.json; SLURM: slurm-<jobid>.out). "
+                   "SLURM: must be on a filesystem the compute nodes share.")
+@click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
+              help="SLURM/Kubernetes: where a spec is rendered before submitting (<out>/<profile>/<job name>/).")
+@click.option("--test-only", is_flag=True, help="SLURM: `sbatch --test-only`: let SLURM check the request and estimate a start; queue nothing.")
+@click.option("--force", is_flag=True, help="Submit even though the same job directory has a job pending or running.")
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
-def submit(target: str, profile: str | None, runs_dir: str, overrides: tuple[str, ...],
-           profiles_dir: str | None, templates_dir: str | None) -> None:
-    """Render TARGET (a spec file) for a profile and run or submit it.
+def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool,
+           overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
+    """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
     \b
-    With the `local` profile the job runs in the foreground on this machine
-    (torchrun, one process per rank, progress on screen); Ctrl-C stops every rank.
-    Running the same command again resumes from the newest checkpoint in
+    local profile: the job runs in the foreground on this machine (torchrun, one
+      process per rank, progress on screen); Ctrl-C stops every rank.
+    SLURM profile: renders to <out>/<profile>/<job name>/, runs `sbatch --parsable`
+      there and prints the handle slurm://<cluster>/<jobid>; the submission is recorded
+      in the job directory, so status/logs/cancel take the handle or the directory.
+    A rendered job directory (e.g. committed under manifests/) is submitted as is.
+    Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
     start over with --set checkpoint.resume=never, or a new --set name=...
 
     \b
-    Example:
+    Examples:
       jobgen submit examples/quickstart.yaml --profile local
+      jobgen submit examples/quickstart.yaml --profile slurm-cpu --set resources.nodes=2
+      jobgen submit manifests/slurm-a100/quickstart --test-only
     """
+    from jobgen.backends.base import Submission
+
     if Path(target).is_dir():
-        raise NotSupportedError(
-            f"submitting a rendered job directory ({target}) is not supported yet",
-            hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
+        if overrides or profile:
+            raise ConfigError(
+                f"{target} is a rendered job directory: --set and --profile apply to spec files",
+                hint="change the spec and re-render (jobgen render SPEC --profile P), then submit the directory",
+            )
+        job_dir = Path(target)
+        if not (job_dir / "job.sbatch").is_file():
+            raise NotSupportedError(
+                f"submitting {target} is not supported: only rendered SLURM job directories (with job.sbatch) can be submitted as is",
+                hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
+            )
+        scheduler = "slurm"
+    else:
+        if profile is None:
+            raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
+        job_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
+        _warn(job_plan)
+        scheduler = job_plan.scheduler
+        if scheduler == "local":
+            if test_only:
+                raise NotSupportedError("--test-only is a SLURM pre-flight", hint="use `jobgen validate SPEC --profile local` to check a local run")
+            job_dir = Path(runs_dir) / job_plan.job_name
+            job_plan.write(job_dir)
+            handle = backend_module("local").submit(job_plan, job_dir.resolve())
+            click.echo(f"handle: {handle}")
+            return
+        job_dir = Path(out) / job_plan.job_subdir
+        job_plan.write(job_dir)
+        click.echo(f"rendered {job_dir}")
+        if scheduler != "slurm":
+            backend_module(scheduler).submit(job_plan, job_dir.resolve())
+            return
+    slurm = backend_module("slurm")
+    handle = slurm.submit_dir(job_dir, runs_dir=Path(runs_dir), test_only=test_only, force=force)
+    if handle is None:
+        click.echo("sbatch --test-only: the request is valid; nothing was queued")
+        return
+    record = Submission.load(job_dir / slurm.SUBMISSION_FILE)
+    click.echo(f"submitted {handle}")
+    click.echo(f"  run dir: {record.run_dir}\n  log:     {record.log_file}")
+    click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
+
+
+def _job(job: str) -> tuple[Any, Any]:
+    """A handle or a job directory with a submission record -> (backend module, handle)."""
+    from jobgen.backends.base import SUBMISSION_FILE, JobHandle, Submission
+
+    if "://" in job:
+        handle = JobHandle.parse(job)
+    elif Path(job).is_dir():
+        handle = JobHandle.parse(Submission.load(Path(job) / SUBMISSION_FILE).handle)
+    else:
+        raise ConfigError(
+            f"{job!r} is neither a job handle nor a job directory",
+            hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>) or the rendered job directory",
         )
-    if profile is None:
-        raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-    job_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
-    _warn(job_plan)
-    job_dir = Path(runs_dir) / job_plan.job_name if job_plan.scheduler == "local" else Path("manifests") / job_plan.job_subdir
-    job_plan.write(job_dir)
-    handle = backend_module(job_plan.scheduler).submit(job_plan, job_dir.resolve())
-    click.echo(f"handle: {handle}")
+    if handle.scheme != "slurm":
+        raise NotSupportedError(
+            f"status, logs and cancel are not supported for {handle.scheme}:// jobs yet",
+            hint="local runs are in the foreground: their run directory holds summary.json and logs/",
+        )
+    return backend_module("slurm"), handle
+
+
+_job_argument = click.argument("job", metavar="JOB")
+
+
+@cli.command()
+@_job_argument
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (state, source, details).")
+def status(job: str, as_json: bool) -> None:
+    """Show the state of JOB (a handle like slurm://<cluster>/<jobid>, or a submitted job directory).
+
+    \b
+    SLURM: squeue while the job is queued or running; afterwards sacct when the
+    cluster keeps accounting, else the job-completion log (sacct -c); UNKNOWN when
+    no source knows the job (never a guess).
+    """
+    backend, handle = _job(job)
+    st = backend.status(handle)
+    if as_json:
+        click.echo(json.dumps({"handle": str(st.handle), "state": st.state, "source": st.source, "details": st.details}, sort_keys=True))
+        return
+    details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
+    click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
+
+
+@cli.command()
+@_job_argument
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends (Ctrl-C stops following).")
+@click.option("--rank", default="0", show_default=True, metavar="N|all",
+              help="Global rank whose lines to show (srun --label prefixes), or `all` for the whole file.")
+def logs(job: str, follow: bool, rank: str) -> None:
+    """Print JOB's output: rank zero's lines plus the batch script's own, by default.
+
+    \b
+    Example:
+      jobgen logs -f slurm://lab/42
+      jobgen logs --rank 3 manifests/slurm-a100/quickstart
+    """
+    if rank != "all" and not rank.isdigit():
+        raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
+    backend, handle = _job(job)
+    try:
+        backend.logs(handle, rank=None if rank == "all" else int(rank), follow=follow, out=click.echo)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+
+
+@cli.command()
+@_job_argument
+@click.option("--wait-s", default=120.0, show_default=True, help="Seconds to wait for the job to end after scancel.")
+def cancel(job: str, wait_s: float) -> None:
+    """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue)."""
+    backend, handle = _job(job)
+    st = backend.cancel(handle, wait_s=wait_s, out=click.echo)
+    click.echo(f"{handle}  {st.state}")
 
 
 @cli.command()

@@ -233,8 +233,10 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
             )
 
 
-def resolved_spec_doc(ctx: PlanContext, *, deepspeed_config: str | None, requeue_signal: str | None) -> str:
-    """The ``spec.json`` the entrypoint reads: resolved spec + launch layout."""
+def resolved_spec_doc(ctx: PlanContext, *, deepspeed_config: str | None, requeue_signal: str | None,
+                      cluster: str | None = None) -> str:
+    """The ``spec.json`` the entrypoint reads: resolved spec + launch layout (+ the SLURM
+    cluster name that ``jobgen submit <job dir>`` puts in the handle)."""
     doc = {
         "jobgen_version": __version__,
         "inputs_sha256": ctx.inputs_sha256,
@@ -249,6 +251,7 @@ def resolved_spec_doc(ctx: PlanContext, *, deepspeed_config: str | None, requeue
             "deepspeed_config": deepspeed_config,
             "requeue_signal": requeue_signal,
             "gpu_type": ctx.profile.gpu_type,
+            "cluster": cluster,
         },
     }
     return pretty_json(doc)

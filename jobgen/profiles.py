@@ -69,7 +69,11 @@ class ContainerSettings(_Model):
     @model_validator(mode="after")
     def _image_needed(self) -> ContainerSettings:
         if self.runtime != "none" and not self.image:
-            raise ValueError(f"container runtime {self.runtime!r} needs an image; set container.image")
+            raise ValueError(
+                f"You set `container.runtime: {self.runtime}`, but no `container.image`: "
+                + ("srun --container-image needs an image reference, e.g. nvcr.io#nvidia/pytorch:24.05-py3"
+                   if self.runtime == "pyxis" else "apptainer exec needs an image, e.g. /shared/images/pytorch.sif")
+            )
         return self
 
 
@@ -88,9 +92,13 @@ class SlurmSettings(_Model):
     """Default wall-clock limit in minutes (``--time``); a spec may ask for a different one."""
     max_time_limit_min: int | None = Field(default=None, ge=1)
     """The partition's MaxTime in minutes, checked at plan time; ``null``: not checked."""
+    version: str | None = None
+    """The site's SLURM version (``MAJOR.MINOR``, e.g. ``"22.05"``, from ``sbatch --version``);
+    checked against the GPU request style at plan time; ``null``: assume a current SLURM."""
     gpu_request_style: Literal["gres", "gpus-per-node", "gpus-per-task"] = "gres"
     """How GPUs are requested: ``--gres=gpu[:type]:N`` (all versions), ``--gpus-per-node``
-    (SLURM >= 19.05) or ``--gpus-per-task`` (one per task, with ``--ntasks-per-node``)."""
+    (SLURM >= 19.05, select/cons_tres) or ``--gpus-per-task=1`` (SLURM >= 19.05; jobgen adds the
+    explicit ``--ntasks`` SLURM requires with it)."""
     gres_gpu_type: str | None = None
     """GPU type in the GRES string, e.g. ``a100`` -> ``--gres=gpu:a100:8``; ``null``: untyped."""
     constraint: str | None = None
@@ -108,7 +116,12 @@ class SlurmSettings(_Model):
     catches it, saves an HPC checkpoint and requeues. USR2, not USR1: NCCL may catch SIGUSR1
     (NVIDIA/nccl#704; submitit defaults to USR2 for the same reason)."""
     signal_grace_s: int = Field(default=120, ge=10, le=3600)
-    """Seconds between the signal and the time limit (``--signal=<SIG>@<grace_s>``)."""
+    """Seconds between the signal and the time limit (``--signal=<SIG>@<grace_s>``). SLURM may
+    send it up to 60 s early (sbatch(1)), so leave room for one checkpoint save."""
+    signal_target: Literal["tasks", "batch"] = "tasks"
+    """Who receives the signal: ``tasks`` (``--signal=SIG@T``: every rank; Lightning catches it) or
+    ``batch`` (``--signal=B:SIG@T``: only the batch shell, which forwards it to srun and so to the
+    ranks; for sites whose wrappers or containers do not pass signals to steps)."""
     master_port: int = Field(default=29500, ge=1024, le=65535)
     """Rendezvous port on the first node (Lightning's default derives it from the job id and
     collides across jobs)."""
@@ -116,6 +129,24 @@ class SlurmSettings(_Model):
     """Python interpreter on the compute nodes (with jobgen[train] installed)."""
     extra_srun_args: tuple[str, ...] = ()
     """Extra arguments for ``srun``, each quoted as one argument."""
+    extra_sbatch_args: tuple[str, ...] = ()
+    """Extra ``#SBATCH`` lines as ``--option=value`` or ``--flag`` (e.g. ``--reservation=big``);
+    options jobgen derives from the world (nodes, tasks, GPUs) are refused at plan time."""
+
+    @field_validator("version")
+    @classmethod
+    def _version_format(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d{2}\.\d{2}(\.\d+)?", value):
+            raise ValueError(f"SLURM version {value!r} is not MAJOR.MINOR like '22.05' (see `sbatch --version`)")
+        return value
+
+    @field_validator("extra_sbatch_args")
+    @classmethod
+    def _sbatch_args_form(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*(=.+)?", arg, flags=re.S):
+                raise ValueError(f"extra_sbatch_args entry {arg!r} is not --option=value or --flag (long form)")
+        return _shell_safe_all(value)
 
     @field_validator("cluster", "partition", "account", "qos", "constraint", "gres_gpu_type", "python")
     @classmethod

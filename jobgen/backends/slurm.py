@@ -8,11 +8,29 @@ so that Lightning's SLURMEnvironment sees ``SLURM_NTASKS_PER_NODE == devices`` a
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
-from jobgen.backends.base import SPEC_FILE, JobHandle, common_files, job_env, render_job_template
-from jobgen.errors import NotSupportedError, PlanError
-from jobgen.plan import JobPlan, PlanContext
+from jobgen.backends.base import (
+    FINISHED_STATES,
+    SPEC_FILE,
+    SUBMISSION_FILE,
+    JobHandle,
+    JobStatus,
+    Submission,
+    common_files,
+    find_submission,
+    job_env,
+    render_job_template,
+    run_command,
+)
+from jobgen.errors import ConfigError, PlanError, SubmitError
+from jobgen.plan import JobPlan, PlanContext, World
 from jobgen.render import ShellText
 
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -26,12 +44,124 @@ def format_time_limit(minutes: int) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
 
 
+#: Options jobgen derives from the world and the profile; ``extra_sbatch_args`` may not set them.
+DERIVED_SBATCH_OPTIONS = frozenset({
+    "job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "mem", "time", "gres", "gpus",
+    "gpus-per-node", "gpus-per-task", "signal", "requeue", "no-requeue", "open-mode", "output",
+})
+#: srun options that change the task layout Lightning checks (``-N``, ``-n`` are their short forms).
+LAYOUT_SRUN_OPTIONS = {"--nodes": "num_nodes", "-N": "num_nodes", "--ntasks-per-node": "devices", "--ntasks": "devices", "-n": "devices"}
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_site(ctx: PlanContext) -> None:
+    """Plan-time checks of the profile's SLURM site settings against the job's world.
+
+    Rules and their sources:
+    - Lightning's SLURMEnvironment raises at startup unless ``--ntasks-per-node`` == ``devices``
+      and ``--nodes`` == ``num_nodes`` (lightning/fabric/plugins/environments/slurm.py): jobgen
+      derives both; extra srun/sbatch arguments may not change them.
+    - ``--gpus-per-node`` / ``--gpus-per-task`` exist from SLURM 19.05 (select/cons_tres);
+      ``--gpus-per-task`` is refused without an explicit ``--ntasks`` ("--gpus-per-task or
+      --tres-per-task used without either --gpus or -n/--ntasks is not allowed", SLURM 23.11),
+      so jobgen always adds ``--ntasks`` with it.
+    - The requeue signal must come before the time limit: ``signal_grace_s`` < ``--time``.
+
+    Raises:
+        PlanError: with the field to change, in Lightning's "You set X, but Y" style.
+    """
+    s, w = ctx.profile.slurm_settings, ctx.world
+    where = f"{ctx.profile_source}: slurm"
+    if w.accelerator == "gpu" and s.gpu_request_style != "gres" and s.version and _version(s.version) < (19, 5):
+        raise PlanError(
+            f"You set `slurm.gpu_request_style: {s.gpu_request_style}`, but the site runs SLURM {s.version}; "
+            f"--{s.gpu_request_style} needs SLURM 19.05 or newer (select/cons_tres).",
+            location=f"{where}.gpu_request_style",
+            hint="Use `gpu_request_style: gres` (--gres=gpu:<type>:<n> works on every SLURM version).",
+        )
+    for arg in s.extra_sbatch_args:
+        option = arg[2:].split("=", 1)[0]
+        if option in DERIVED_SBATCH_OPTIONS:
+            raise PlanError(
+                _layout_message(option, arg.partition("=")[2], w, "extra_sbatch_args")
+                or f"You set `slurm.extra_sbatch_args: {arg}`, but jobgen derives --{option} from the spec and profile.",
+                location=f"{where}.extra_sbatch_args",
+                hint=f"Remove {arg}; set the spec's resources / the profile's fields instead (jobgen writes --{option} itself).",
+            )
+    for i, arg in enumerate(s.extra_srun_args):
+        name, _, value = arg.partition("=")
+        if name in LAYOUT_SRUN_OPTIONS or (name in {"-N", "-n"} and not value):
+            if not value and i + 1 < len(s.extra_srun_args):
+                value = s.extra_srun_args[i + 1]
+            raise PlanError(
+                _layout_message(name.lstrip("-"), value, w, "extra_srun_args")
+                or f"You set `slurm.extra_srun_args: {arg}`, but srun takes the task layout from the allocation jobgen "
+                "writes; setting it again can only break Lightning's devices/num_nodes check.",
+                location=f"{where}.extra_srun_args",
+                hint=f"Remove {arg}: jobgen runs srun with the batch allocation ({w.num_nodes} node(s) x "
+                f"{w.devices_per_node} task(s)); change `resources.nodes` / `resources.devices_per_node` instead.",
+            )
+    minutes = ctx.spec.resources.time_limit_min or s.time_limit_min
+    if s.requeue and s.signal_grace_s >= minutes * 60:
+        raise PlanError(
+            f"You set `slurm.signal_grace_s: {s.signal_grace_s}`, but the time limit is {minutes} min "
+            f"({minutes * 60} s): SIG{s.requeue_signal} would arrive before training starts.",
+            location=f"{where}.signal_grace_s",
+            hint=f"Raise the time limit above {s.signal_grace_s // 60 + 1} min or lower signal_grace_s.",
+        )
+
+
+def _layout_message(option: str, value: str, w: World, field: str) -> str | None:
+    """Lightning's own wording for a task layout that disagrees with the Trainer's."""
+    if option in {"ntasks-per-node"} and value and value != str(w.devices_per_node):
+        return (f"You set `slurm.{field}: --ntasks-per-node={value}`, but the job runs Trainer(devices="
+                f"{w.devices_per_node}); Lightning's SLURMEnvironment requires --ntasks-per-node == devices "
+                "and stops every rank at startup otherwise.")
+    if option in {"nodes", "N"} and value and value != str(w.num_nodes):
+        return (f"You set `slurm.{field}: --nodes={value}`, but the job runs Trainer(num_nodes={w.num_nodes}); "
+                "Lightning's SLURMEnvironment requires --nodes == num_nodes and stops every rank at startup otherwise.")
+    if option in {"ntasks", "n"} and value and value != str(w.world_size):
+        return (f"You set `slurm.{field}: --ntasks={value}`, but the world size is {w.world_size} "
+                f"({w.num_nodes} node(s) x {w.devices_per_node}); SLURM would start {value} rank(s).")
+    return None
+
+
+def check_directives(directives: list[tuple[str, str | None]], world: World, version: str | None) -> None:
+    """Check a finished ``#SBATCH`` option list for combinations SLURM rejects at submit time.
+
+    Raises:
+        PlanError: ``--gpus-per-task`` without ``--ntasks`` (refused by SLURM >= 21.08 and,
+            without ``--gpus``, by 23.11: see :func:`check_site`), or ``--ntasks-per-node`` /
+            ``--nodes`` that disagree with ``world`` (Lightning's SLURMEnvironment check).
+    """
+    opts = dict(directives)
+    if "gpus-per-task" in opts and "ntasks" not in opts:
+        raise PlanError(
+            f"The job requests --gpus-per-task={opts['gpus-per-task']} without --ntasks"
+            + (f" on SLURM {version}" if version else "")
+            + "; sbatch refuses it ('--gpus-per-task or --tres-per-task used without either --gpus or -n/--ntasks is not allowed').",
+            location="slurm.gpu_request_style",
+            hint=f"Add --ntasks={world.world_size}, or use `gpu_request_style: gres`.",
+        )
+    if opts.get("ntasks-per-node") != str(world.devices_per_node):
+        raise PlanError(f"--ntasks-per-node={opts.get('ntasks-per-node')} but Trainer(devices={world.devices_per_node})",
+                        hint="jobgen must write --ntasks-per-node == devices (Lightning's SLURMEnvironment check)")
+    if opts.get("nodes") != str(world.num_nodes):
+        raise PlanError(f"--nodes={opts.get('nodes')} but Trainer(num_nodes={world.num_nodes})",
+                        hint="jobgen must write --nodes == num_nodes (Lightning's SLURMEnvironment check)")
+
+
 def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     """``(option, value)`` pairs for ``#SBATCH`` lines, in a stable order; value None: a flag.
 
     Raises:
-        PlanError: the time limit exceeds the partition's MaxTime, or the CPU/memory split
-            leaves a rank with no core.
+        PlanError: the time limit exceeds the partition's MaxTime, the CPU/memory split
+            leaves a rank with no core, or a site setting breaks the launch contract
+            (:func:`check_site`, :func:`check_directives`).
     """
     p, s, w = ctx.profile, ctx.profile.slurm_settings, ctx.world
     minutes = ctx.spec.resources.time_limit_min or s.time_limit_min
@@ -49,6 +179,7 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
             location=f"{ctx.profile_source}: cpus_per_node",
             hint="Give each rank at least one CPU: lower devices_per_node or raise cpus_per_node.",
         )
+    check_site(ctx)
     out: list[tuple[str, str | None]] = [
         ("job-name", ctx.spec.name),
         ("nodes", str(w.num_nodes)),
@@ -64,7 +195,8 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
         elif s.gpu_request_style == "gpus-per-node":
             out.append(("gpus-per-node", f"{s.gres_gpu_type}:{w.devices_per_node}" if s.gres_gpu_type else str(w.devices_per_node)))
         else:
-            out.append(("gpus-per-task", "1"))
+            out.append(("ntasks", str(w.world_size)))
+            out.append(("gpus-per-task", f"{s.gres_gpu_type}:1" if s.gres_gpu_type else "1"))
     for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("constraint", s.constraint)):
         if value:
             out.append((option, value))
@@ -72,9 +204,14 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
         out.append(("exclusive", None))
     if s.requeue:
         out.append(("requeue", None))
-        out.append(("signal", f"{s.requeue_signal}@{s.signal_grace_s}"))
+        target = "B:" if s.signal_target == "batch" else ""
+        out.append(("signal", f"{target}{s.requeue_signal}@{s.signal_grace_s}"))
     out.append(("open-mode", "append"))
     out.append(("output", "slurm-%j.out"))
+    for arg in s.extra_sbatch_args:
+        option, eq, value = arg[2:].partition("=")
+        out.append((option, value if eq else None))
+    check_directives(out, w, s.version)
     return out
 
 
@@ -91,7 +228,8 @@ def launch_argv(ctx: PlanContext) -> list[str]:
 def srun_options(ctx: PlanContext) -> list[str]:
     """Options for ``srun`` itself (pyxis container flags, the profile's extra arguments)."""
     s = ctx.profile.slurm_settings
-    opts = ["--kill-on-bad-exit=1"]
+    # --label prefixes every line with the task's global rank ("0: ..."): `jobgen logs --rank N` filters on it.
+    opts = ["--kill-on-bad-exit=1", "--label"]
     if s.container.runtime == "pyxis":
         opts.append(f"--container-image={s.container.image}")
         if s.container.mounts:
@@ -102,7 +240,7 @@ def srun_options(ctx: PlanContext) -> list[str]:
 def plan(ctx: PlanContext) -> JobPlan:
     """Plan an sbatch job: ``job.sbatch`` + ``spec.json`` (+ ``ds_config.json``)."""
     s = ctx.profile.slurm_settings
-    files = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None)
+    files = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None, cluster=s.cluster)
     script = render_job_template(
         ctx,
         TEMPLATE,
@@ -114,6 +252,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         job_name=ctx.spec.name,
         srun_options=srun_options(ctx),
         launch=launch_argv(ctx),
+        forward_signal=s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
     )
     files.append((SBATCH_FILE, script))
     return JobPlan(
@@ -127,9 +266,269 @@ def plan(ctx: PlanContext) -> JobPlan:
     )
 
 
-def submit(plan: JobPlan, job_dir: Path) -> JobHandle:
-    """Submitting to SLURM arrives with the SLURM issue; rendering works today."""
-    raise NotSupportedError(
-        "submitting to SLURM is not supported yet",
-        hint=f"the job is rendered in {job_dir}: run `cd {job_dir} && sbatch job.sbatch` on the cluster's login node",
-    )
+def submit(plan: JobPlan, job_dir: Path, *, runs_dir: Path | None = None, test_only: bool = False,
+           force: bool = False) -> JobHandle | None:
+    """Submit a written plan from ``job_dir`` (see :func:`submit_dir`)."""
+    return submit_dir(job_dir, runs_dir=runs_dir or Path("runs"), test_only=test_only, force=force)
+
+
+def read_job_dir(job_dir: Path) -> dict[str, Any]:
+    """The facts ``submit`` needs from a rendered SLURM job directory (its ``spec.json``).
+
+    Returns ``{"job_name", "cluster", "inputs_sha256"}``.
+
+    Raises:
+        ConfigError: the directory holds no ``job.sbatch`` / ``spec.json`` written by jobgen.
+    """
+    sbatch, spec = job_dir / SBATCH_FILE, job_dir / SPEC_FILE
+    if not sbatch.is_file() or not spec.is_file():
+        raise ConfigError(
+            f"{job_dir} is not a rendered SLURM job directory (needs {SBATCH_FILE} and {SPEC_FILE})",
+            hint="render it first: jobgen render SPEC --profile <slurm profile>",
+        )
+    try:
+        doc = json.loads(spec.read_text(encoding="utf-8"))
+        return {
+            "job_name": doc["spec"]["name"],
+            "cluster": doc["launch"].get("cluster") or "default",
+            "inputs_sha256": doc.get("inputs_sha256"),
+        }
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{spec} is not a jobgen spec.json ({exc})", hint="re-render the job directory") from None
+
+
+def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
+               env: dict[str, str] | None = None) -> JobHandle | None:
+    """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
+
+    The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
+    created first); SLURM's output goes to ``<run dir>/slurm-<jobid>.out``, so a committed job
+    directory stays clean. ``test_only`` runs ``sbatch --test-only`` (SLURM checks the request
+    and estimates a start; nothing is queued) and returns ``None``.
+
+    Raises:
+        ConfigError: ``job_dir`` is not a rendered SLURM job; the run dir path contains ``%``
+            (SLURM would expand it as a filename pattern).
+        SubmitError: the same job directory has a job still pending or running (without
+            ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
+    """
+    job_dir = job_dir.resolve()
+    facts = read_job_dir(job_dir)
+    run_dir = runs_dir.resolve() / facts["job_name"]
+    if "%" in str(run_dir):
+        raise ConfigError(f"run directory {run_dir} contains '%'", hint="SLURM expands %-patterns in --output; use another --runs-dir")
+    previous = job_dir / SUBMISSION_FILE
+    if previous.is_file() and not force and not test_only:
+        record = Submission.load(previous)
+        old = status(JobHandle.parse(record.handle))
+        if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
+            raise SubmitError(
+                f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
+                hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
+                "or submit a second copy with --force",
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = ["sbatch", "--parsable"]
+    if test_only:
+        argv.append("--test-only")
+    argv += [f"--output={run_dir}/slurm-%j.out", SBATCH_FILE]
+    proc_env = {**os.environ, **(env or {}), "JOBGEN_RUN_DIR": str(runs_dir.resolve())}
+    proc = run_command(argv, cwd=job_dir, env=proc_env, what="sbatch")
+    if test_only:
+        print((proc.stderr or proc.stdout).strip())
+        return None
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
+    handle = JobHandle("slurm", f"{facts['cluster']}/{job_id}")
+    Submission(
+        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{job_id}.out"),
+        argv=tuple(argv), inputs_sha256=facts["inputs_sha256"],
+    ).save()
+    return handle
+
+
+def job_id(handle: JobHandle) -> str:
+    """The numeric SLURM job id of ``slurm://<cluster>/<jobid>``.
+
+    Raises:
+        ConfigError: not a SLURM handle, or the id is not a number.
+    """
+    cluster, _, jid = handle.path.rpartition("/")
+    if handle.scheme != "slurm" or not cluster or not jid.isdigit():
+        raise ConfigError(f"{handle} is not a SLURM job handle", hint="SLURM handles look like slurm://<cluster>/<jobid>")
+    return jid
+
+
+def _squeue(jid: str) -> dict[str, Any] | None:
+    """The job's record from ``squeue --json`` (states: all), or None when the controller has
+    forgotten it (after MinJobAge)."""
+    try:
+        proc = run_command(["squeue", "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
+    except SubmitError as exc:
+        if "Invalid job id" in exc.message:
+            return None
+        raise
+    jobs = [j for j in json.loads(proc.stdout).get("jobs", []) if str(j.get("job_id")) == jid]
+    return jobs[0] if jobs else None
+
+
+def _flag(value: Any) -> str:
+    """squeue/sacct JSON state fields are a string (22.05) or a list of flags (23.02+)."""
+    if isinstance(value, list):
+        return value[0] if value else "UNKNOWN"
+    return str(value)
+
+
+def _sacct(jid: str) -> tuple[str, dict[str, str]] | None:
+    """``(state, details)`` from accounting (``sacct --json``), the job-completion log
+    (``sacct -c``, JobCompType=jobcomp/filetxt) as a fallback, or None when neither knows it."""
+    try:
+        proc = run_command(["sacct", "--json", "--jobs", jid], what="sacct", timeout_s=30)
+        jobs = [j for j in json.loads(proc.stdout).get("jobs", []) if str(j.get("job_id")) == jid]
+        if jobs:
+            job = jobs[-1]
+            state = job.get("state", {})
+            details = {"exit_code": str(job.get("exit_code", {}).get("return_code", "")), "nodes": str(job.get("nodes", "")),
+                       "restarts": str(job.get("restart_cnt", ""))}
+            return _flag(state.get("current") if isinstance(state, dict) else state), details
+    except SubmitError:
+        pass  # no slurmdbd: "accounting storage is disabled"; try the completion log
+    try:
+        proc = run_command(["sacct", "-c", "--jobs", jid, "--noheader", "--parsable2", "--format=JobID,State,ExitCode,NodeList,Elapsed"],
+                           what="sacct -c", timeout_s=30)
+    except SubmitError:
+        return None
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
+    if not rows:
+        return None
+    row = rows[-1] + [""] * 5
+    return row[1].split()[0], {"exit_code": row[2], "nodes": row[3], "elapsed": row[4]}
+
+
+def status(handle: JobHandle) -> JobStatus:
+    """The job's state: ``squeue`` while the controller knows it, then accounting, then the
+    job-completion log, else ``UNKNOWN`` (never a guess).
+
+    Raises:
+        ConfigError: not a SLURM handle.
+        SubmitError: squeue is missing or the controller does not answer.
+    """
+    jid = job_id(handle)
+    job = _squeue(jid)
+    if job is not None:
+        state = _flag(job.get("job_state"))
+        details = {
+            "name": str(job.get("name", "")),
+            "nodes": str(job.get("nodes", "")),
+            "reason": str(job.get("state_reason", "")),
+            "restarts": str(job.get("restart_cnt", "")),
+        }
+        if state not in FINISHED_STATES:
+            return JobStatus(handle, state, "squeue", details)
+    found = _sacct(jid)
+    if found is not None:
+        return JobStatus(handle, found[0], "sacct", found[1])
+    if job is not None:
+        return JobStatus(handle, _flag(job.get("job_state")), "squeue", details)
+    return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
+
+
+_LABEL_RE = re.compile(r"^\s*(\d+): ?(.*)$", re.S)
+
+
+def filter_rank(lines: Iterable[str], rank: int | None) -> Iterator[str]:
+    """Lines of an ``srun --label`` log for one global rank (prefix stripped), plus the batch
+    shell's own unlabelled lines; ``rank=None`` passes everything through."""
+    for line in lines:
+        if rank is None:
+            yield line
+            continue
+        match = _LABEL_RE.match(line)
+        if match is None:
+            yield line
+        elif int(match.group(1)) == rank:
+            yield match.group(2)
+
+
+def log_file(handle: JobHandle) -> Path:
+    """The job's SLURM output file: from the submission record, else from ``scontrol show job``.
+
+    Raises:
+        ConfigError: no record and the controller does not know the job any more.
+    """
+    record = find_submission(handle)
+    if record is not None and record.log_file:
+        return Path(record.log_file)
+    jid = job_id(handle)
+    try:
+        proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
+    except SubmitError:
+        proc = None
+    match = re.search(r"\bStdOut=(\S+)", proc.stdout) if proc else None
+    if match is None:
+        raise ConfigError(
+            f"no log known for {handle}: it was not submitted from this account's jobgen and SLURM no longer knows it",
+            hint="pass the job directory instead of the handle, or look in the run directory for slurm-<jobid>.out",
+        )
+    return Path(match.group(1))
+
+
+def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_s: float = 1.0,
+         out: Callable[[str], None] = print) -> None:
+    """Print the job's output (rank ``rank``'s lines, or all with ``None``); with ``follow``,
+    keep printing until the job has finished and the file is drained (Ctrl-C stops).
+
+    Raises:
+        ConfigError: no log file is known for the job (see :func:`log_file`).
+    """
+    path = log_file(handle)
+    offset, pending = 0, ""
+    last_check, finished, announced = 0.0, not follow, False
+    while True:
+        if path.is_file():
+            with path.open("r", encoding="utf-8", errors="replace") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+                offset = fh.tell()
+            *lines, pending = (pending + chunk).split("\n")
+            for line in filter_rank(lines, rank):
+                out(line)
+        elif not follow:
+            raise ConfigError(f"{path} does not exist (yet)", hint=f"the job may still be pending: jobgen status {handle}")
+        if finished:
+            for line in filter_rank([pending] if pending else [], rank):
+                out(line)
+            return
+        now = time.monotonic()
+        if now - last_check >= 5 * poll_s:
+            last_check = now
+            state = status(handle)
+            if not path.is_file() and not announced:
+                out(f"jobgen: {handle} is {state.state}; waiting for output in {path} (Ctrl-C stops)")
+                announced = True
+            finished = state.finished or state.state == "UNKNOWN"
+            if finished:
+                continue  # one more read drains what the job wrote last
+        time.sleep(poll_s)
+
+
+def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], None] = print) -> JobStatus:
+    """``scancel`` the job and wait (up to ``wait_s``) until SLURM reports it ended.
+
+    Returns the last status seen.
+
+    Raises:
+        SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
+    """
+    jid = job_id(handle)
+    run_command(["scancel", jid], what="scancel", timeout_s=30)
+    deadline = time.monotonic() + wait_s
+    state = status(handle)
+    while not (state.finished or state.state == "UNKNOWN"):
+        if time.monotonic() > deadline:
+            raise SubmitError(f"{handle} is still {state.state} {wait_s:.0f} s after scancel", hint="SLURM's KillWait may be long; check `jobgen status`")
+        out(f"jobgen: {handle} is {state.state}; waiting for its processes to stop ...")
+        time.sleep(2.0)
+        state = status(handle)
+    return state

@@ -6,7 +6,7 @@ Format (JSON)::
      "spec": {... TrainingSpec ...},
      "launch": {"scheduler": "local", "accelerator": "cpu", "num_nodes": 1,
                 "devices_per_node": 2, "world_size": 2, "deepspeed_config": null,
-                "requeue_signal": null, "gpu_type": null}}
+                "requeue_signal": null, "gpu_type": null, "cluster": null}}
 
 ``launch.deepspeed_config`` is relative to the spec file's directory. Unknown keys are ignored
 (newer planners may add some) and reported as a warning. Everything here raises
@@ -47,6 +47,8 @@ class LaunchSpec(BaseModel):
     """SLURM: the signal (name without ``SIG``) that asks the job to checkpoint and requeue."""
     gpu_type: str | None = None
     """GPU model (informational)."""
+    cluster: str | None = None
+    """SLURM cluster name from the profile (informational; used in job handles)."""
 
     @field_validator("requeue_signal")
     @classmethod

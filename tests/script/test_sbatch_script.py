@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +77,7 @@ def test_adversarial_values_arrive_intact_and_nothing_runs(tmp_path, value):
     argv, srun_env, proc = run_sbatch(job_plan.file("job.sbatch"), tmp_path)
     work = tmp_path / "submit dir"
     assert argv == [
-        "--kill-on-bad-exit=1", f"--comment={value}", value,
+        "--kill-on-bad-exit=1", "--label", f"--comment={value}", value,
         "python", "-m", "jobgen.train", "--spec", f"{work}/spec.json", "--run-dir", f"{work}/runs/{name}",
     ]
     assert srun_env["ODD_VALUE"] == value
@@ -111,10 +113,47 @@ def test_pyxis_and_apptainer_launch_lines(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     argv, _, _ = run_sbatch(pyxis.file("job.sbatch"), tmp_path / "a")
-    assert argv[:3] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts=/scratch:/scratch"]
+    assert argv[:4] == ["--kill-on-bad-exit=1", "--label", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts=/scratch:/scratch"]
     base = load_profile("slurm-a100", PROFILES).model_dump()
     base["slurm"]["container"] = {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data"]}
     apptainer = plan(spec, validate(ClusterProfile, base, "<t>"), TEMPLATES)
     argv, _, _ = run_sbatch(apptainer.file("job.sbatch"), tmp_path / "b")
-    assert argv[1:6] == ["apptainer", "exec", "--nv", "--bind", "/data"] and argv[6] == "/images/train.sif"
-    assert os.path.basename(argv[7]) == "python"
+    assert argv[2:7] == ["apptainer", "exec", "--nv", "--bind", "/data"] and argv[7] == "/images/train.sif"
+    assert os.path.basename(argv[8]) == "python"
+
+
+SIGNAL_SRUN = """#!/bin/bash
+# srun stand-in: records the signals it gets; exits 0 once it has seen SIGUSR2.
+trap 'echo USR2 >> "$STUB_OUT/srun.signals"; exit 0' USR2
+echo started > "$STUB_OUT/srun.started"
+for _ in $(seq 200); do sleep 0.05; done
+exit 3
+"""
+
+
+def test_batch_signal_form_forwards_the_signal_to_srun_and_returns_its_status(tmp_path):
+    """--signal=B:USR2@T signals only the batch shell; the script must pass it on to srun
+    (which forwards it to every rank) and still exit with srun's status."""
+    base = load_profile("slurm-cpu", PROFILES).model_dump()
+    base["slurm"]["signal_target"] = "batch"
+    job_plan = plan(validate(TrainingSpec, {"name": "sig"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
+    script = job_plan.file("job.sbatch")
+    assert "#SBATCH --signal=B:USR2@60" in script
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.sbatch").write_text(script)
+    bin_dir = stub_bin(tmp_path)
+    (bin_dir / "srun").write_text(SIGNAL_SRUN)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_SUBMIT_DIR": str(work),
+           "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "HOME": str(tmp_path)}
+    proc = subprocess.Popen(["bash", str(work / "job.sbatch")], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        if (out / "srun.started").exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert (out / "srun.signals").read_text() == "USR2\n", stderr
+    assert proc.returncode == 0, "the batch shell must wait for srun and exit with its status"

@@ -69,7 +69,7 @@ def test_help_explains_with_example(run_cli, command):
 def test_profiles_list_and_show_resolve_inheritance(run_cli):
     listed = run_cli("profiles", "list")
     assert listed.code == 0
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-h100"]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-cpu", "slurm-h100"]
     shown = run_cli("profiles", "show", "k8s-h100")
     assert shown.code == 0 and "gpu_type: H100" in shown.stdout and "namespace: training" in shown.stdout
 
@@ -92,9 +92,25 @@ def test_validate_reports_fit(run_cli):
     assert "world size 2" in result.stdout
 
 
-def test_submit_to_slurm_not_yet_supported_is_clear(run_cli, tmp_path):
+def test_submit_to_slurm_without_sbatch_renders_then_fails_clearly(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     result = run_cli("submit", QUICKSTART, "--profile", "slurm-a100", cwd=tmp_path)
-    assert result.code == 2 and "not supported yet" in result.stderr and "Traceback" not in result.stderr
+    assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
+    assert not (tmp_path / "manifests" / "slurm-a100" / "quickstart" / ".jobgen-submission.json").exists()
+
+
+def test_submit_refuses_overrides_for_a_rendered_directory(run_cli, tmp_path):
+    assert run_cli("render", QUICKSTART, "--profile", "slurm-cpu", "--out", str(tmp_path)).code == 0
+    result = run_cli("submit", str(tmp_path / "slurm-cpu" / "quickstart"), "--set", "trainer.max_steps=5")
+    assert result.code == 2 and "rendered job directory" in result.stderr and "re-render" in result.stderr
+
+
+@pytest.mark.parametrize("job", ["not-a-handle", "slurm://lab/abc", "k8s://ctx/ns/name"])
+def test_status_rejects_what_is_not_a_slurm_job(run_cli, job):
+    result = run_cli("status", job)
+    assert result.code == 2 and "hint:" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_local_submit_trains_and_resumes(run_cli, tmp_path):
