@@ -389,21 +389,21 @@ def _sacct(jid: str) -> tuple[str, dict[str, str]] | None:
         if jobs:
             job = jobs[-1]
             state = job.get("state", {})
-            details = {"exit_code": str(job.get("exit_code", {}).get("return_code", "")), "nodes": str(job.get("nodes", "")),
-                       "restarts": str(job.get("restart_cnt", ""))}
+            details = {"name": str(job.get("name", "")), "exit_code": str(job.get("exit_code", {}).get("return_code", "")),
+                       "nodes": str(job.get("nodes", "")), "restarts": str(job.get("restart_cnt", ""))}
             return _flag(state.get("current") if isinstance(state, dict) else state), details
     except SubmitError:
         pass  # no slurmdbd: "accounting storage is disabled"; try the completion log
     try:
-        proc = run_command(["sacct", "-c", "--jobs", jid, "--noheader", "--parsable2", "--format=JobID,State,ExitCode,NodeList,Elapsed"],
+        proc = run_command(["sacct", "-c", "--jobs", jid, "--noheader", "--parsable2", "--format=JobID,State,ExitCode,NodeList,Elapsed,JobName"],
                            what="sacct -c", timeout_s=30)
     except SubmitError:
         return None
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
     if not rows:
         return None
-    row = rows[-1] + [""] * 5
-    return row[1].split()[0], {"exit_code": row[2], "nodes": row[3], "elapsed": row[4]}
+    row = rows[-1] + [""] * 6
+    return row[1].split()[0], {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(rows[-1][5:])}
 
 
 def status(handle: JobHandle) -> JobStatus:
