@@ -1,0 +1,1032 @@
+#!/usr/bin/env python3
+"""A real two-node SLURM cluster on this machine, for jobgen's integration tests.
+
+One slurmctld ("controller") and two slurmd hosts ("node1", "node2"), each in its own network
+namespace with its own IP, hostname and /etc/hosts, joined by a Linux bridge that also gives the
+host an address, so sbatch/srun/squeue/scancel/sacct run on the host reach the cluster.
+The recipe and the pitfalls it answers are in ../shared/docs/LAB-NOTES.md ("A real multi-node
+SLURM cluster on one machine"); comments below cite them as "pitfall N".
+
+Needs root, iproute2, util-linux (unshare, nsenter) and apt (Debian 12: slurm-wlm 22.05,
+munge). Everything the lab writes lives under ROOT; it never edits /etc/hosts and only kills
+processes it started (by PID file) or that live inside its own namespaces.
+
+By hand:
+
+    python tests/integration/slurm/lab.py up --root /tmp/jobgen-slurm-lab [--accounting]
+    eval "$(python tests/integration/slurm/lab.py env --root /tmp/jobgen-slurm-lab)"
+    srun -N2 hostname
+    python tests/integration/slurm/lab.py status --root /tmp/jobgen-slurm-lab
+    python tests/integration/slurm/lab.py down --root /tmp/jobgen-slurm-lab
+
+This module imports nothing from jobgen and only the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+CLUSTER_NAME = "jobgenlab"
+PARTITION = "lab"
+SUBNET = ipaddress.ip_network("10.213.7.0/24")
+BRIDGE = "jgbr0"
+HOST_IP = "10.213.7.1"
+#: Name of the host (root namespace) in the lab hosts file.
+HOST_NAME = "jglabhost"
+#: Prefix of the bridge's `ip link` alias: marks the bridge as a jobgen lab and names its root.
+OWNER_TAG = "jobgen-slurm-lab root="
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+SLURMDBD_PORT = 6819
+MARIADB_PORT = 3306
+#: Password of the lab's MariaDB user (the database only listens on 127.0.0.1 inside the
+#: controller namespace).
+DB_PASSWORD = "jobgenlab"
+
+BASE_PACKAGES = ("slurm-wlm", "munge")
+ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server-core")
+BASE_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scancel",
+                 "scontrol", "sinfo", "sacct")
+ACCOUNTING_BINARIES = ("slurmdbd", "mariadbd", "mariadb-install-db")
+#: Places searched for daemons besides $PATH (pytest may run with a PATH without sbin).
+SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One lab host: a network namespace with its own hostname and IP on the lab bridge."""
+
+    name: str  #: hostname inside the namespace; also the SLURM NodeName
+    netns: str  #: network namespace (`ip netns`), /run/netns/<netns>
+    ip: str  #: address on the lab bridge (/24 of SUBNET)
+    veth: str  #: host end of the veth pair, attached to the bridge
+    peer: str  #: namespace end of the veth pair
+
+
+CONTROLLER = LabHost("controller", "jgctl", "10.213.7.10", "jgvctl", "jgectl")
+NODES = (
+    LabHost("node1", "jgnode1", "10.213.7.11", "jgvnode1", "jgenode1"),
+    LabHost("node2", "jgnode2", "10.213.7.12", "jgvnode2", "jgenode2"),
+)
+HOSTS = (CONTROLLER, *NODES)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LabError(RuntimeError):
+    """Anything that stops the lab from coming up or going down."""
+
+
+class LabCommandError(LabError):
+    """A command failed: carries argv, the return code (None: timed out), stdout and stderr."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stdout: str, stderr: str,
+                 note: str = ""):
+        self.argv = [str(a) for a in argv]
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        status = "timed out" if returncode is None else f"exit {returncode}"
+        detail = (stderr.strip() or stdout.strip())[-3000:]
+        super().__init__(f"{shlex.join(self.argv)}: {status}{note}" + (f"\n{detail}" if detail else ""))
+
+
+class LabInstallError(LabError):
+    """The SLURM/munge (or slurmdbd/MariaDB) packages could not be installed."""
+
+
+class LabConflictError(LabError):
+    """The lab's interface/namespace names or subnet are already in use by something else."""
+
+
+class LabStartError(LabError):
+    """A daemon did not start or the nodes did not become idle; the message has the log tails."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
+        timeout: float = 60, check: bool = True, input: str | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    """Run argv (no shell) and return the completed process (text stdout/stderr).
+
+    Raises LabCommandError (argv, return code, stderr) when it exits non-zero and check is
+    true, when it runs longer than ``timeout`` seconds, or when the program is missing.
+    """
+    argv = [os.fspath(a) for a in argv]
+    try:
+        proc = subprocess.run(argv, env=None if env is None else dict(env), input=input,
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise LabCommandError(argv, None, out, err, f" after {timeout:g} s") from None
+    except FileNotFoundError as exc:
+        raise LabCommandError(argv, 127, "", str(exc)) from None
+    if check and proc.returncode != 0:
+        raise LabCommandError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2,
+             what: str = "") -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
+
+    Returns that value. Raises TimeoutError after ``timeout`` seconds, naming ``what`` (or the
+    predicate) and the last value seen.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            name = what or getattr(predicate, "__name__", repr(predicate))
+            raise TimeoutError(f"gave up waiting for {name} after {timeout:g} s "
+                               f"(last value: {value!r})")
+        time.sleep(interval)
+
+
+def run_slurm(lab: SlurmLab, *argv: str, timeout: float = 60, check: bool = True,
+              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a SLURM client (``run_slurm(lab, "squeue", "-h")``) on the host against ``lab``.
+
+    The environment is ``lab.client_env()`` plus ``env``. Raises LabCommandError on a non-zero
+    exit (when check is true) or after ``timeout`` seconds.
+    """
+    return run(argv, env={**lab.client_env(), **(env or {})}, timeout=timeout, check=check)
+
+
+#: squeue %T states after which a job never runs again (unless requeued by hand).
+TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                             "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+
+
+def sbatch(lab: SlurmLab, *argv: str, timeout: float = 30) -> str:
+    """``sbatch --parsable ARGV`` on the host; returns the job id. Raises LabCommandError."""
+    out = run_slurm(lab, "sbatch", "--parsable", *argv, timeout=timeout).stdout.strip()
+    return out.split(";", 1)[0]
+
+
+def job_state(lab: SlurmLab, job_id: str) -> str:
+    """The job's state from ``squeue -h -t all -j ID -o %T`` ("PENDING", "RUNNING",
+    "COMPLETED", ...), or "" when squeue does not know it. Without ``-t all`` squeue 22.05
+    hides finished jobs; with it they stay listed for MinJobAge (300 s)."""
+    proc = run_slurm(lab, "squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False,
+                     timeout=20)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def wait_for_job(lab: SlurmLab, job_id: str, timeout: float = 60,
+                 states: frozenset[str] | set[str] = TERMINAL_STATES) -> str:
+    """Poll squeue every 0.2 s (``sbatch --wait`` polls every ~10 s: pitfall 12) until the job
+    is in one of ``states``; returns that state. Raises TimeoutError after ``timeout`` s."""
+    last = ""
+
+    def reached() -> str:
+        nonlocal last
+        last = job_state(lab, job_id)
+        return last if last in states else ""
+
+    try:
+        return wait_for(reached, timeout, 0.2)
+    except TimeoutError:
+        raise TimeoutError(f"job {job_id} is {last or 'unknown to squeue'} after {timeout:g} s; "
+                           f"waited for one of {sorted(states)}") from None
+
+
+def find_binary(name: str) -> str | None:
+    """Absolute path of ``name`` on $PATH or in the sbin/bin directories, or None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in SBIN:
+        candidate = Path(folder) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _require(name: str) -> str:
+    path = find_binary(name)
+    if path is None:
+        raise LabError(f"{name} not found on PATH or in {', '.join(SBIN)}")
+    return path
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(missing)"
+    return "\n".join(text[-lines:]) or "(empty)"
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat, or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """True when PID exists and is not a zombie (a dead child nobody reaped yet)."""
+    return _proc_state(pid) not in (None, "Z", "X")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _netns_inode(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def _reap(pid: int) -> None:
+    """Collect PID's exit status if it is our child (else nothing)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _link_alias(name: str) -> str:
+    try:
+        return Path("/sys/class/net", name, "ifalias").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
+# --------------------------------------------------------------------------- the lab
+
+
+class SlurmLab:
+    """A real SLURM cluster (controller + node1 + node2) in network namespaces on this machine.
+
+    ``root`` holds everything: slurm.conf (etc/), munge key and socket, state, spool, PID files
+    (run/), logs (log/), job completion records (log/jobcomp.txt) and lab.json, so ``down()``
+    works from a new process given the same root. ``cpus_per_node`` and ``real_memory_mb`` (MB)
+    are what each node advertises to SLURM (SlurmdParameters=config_overrides: they need not
+    match the machine). ``accounting=True`` adds slurmdbd + MariaDB in the controller namespace
+    so that plain ``sacct``/``sacct --json`` work; without it ``sacct -c`` (jobcomp/filetxt)
+    still does (pitfall 8).
+    """
+
+    def __init__(self, root: Path, *, accounting: bool = False, cpus_per_node: int = 2,
+                 real_memory_mb: int = 4000):
+        self.root = Path(root).resolve()
+        self.accounting = accounting
+        self.cpus_per_node = cpus_per_node
+        self.real_memory_mb = real_memory_mb
+        #: Wall seconds of the phases of the last ``up()``: install, network, daemons, ready.
+        self.timings: dict[str, float] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    # ----- paths
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.conf_dir / "slurm.conf"
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.conf_dir / "hosts"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def jobcomp_file(self) -> Path:
+        return self.log_dir / "jobcomp.txt"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def hosts(self) -> tuple[LabHost, ...]:
+        """Controller first, then the nodes (names, namespaces, IPs, veth names)."""
+        return HOSTS
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """SLURM node names, in order: ("node1", "node2")."""
+        return tuple(n.name for n in NODES)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a SLURM client on the host needs: SLURM_CONF (pitfall 7); jobs inherit it."""
+        return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def client_env(self) -> dict[str, str]:
+        """os.environ without inherited SLURM_* job variables, plus ``env``.
+
+        Use it for sbatch/srun/squeue/scancel/sacct/scontrol (or submitit) run on the host.
+        """
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        return {**base, **self.env}
+
+    # ----- daemon bookkeeping
+
+    def _daemons(self) -> list[tuple[str, str, LabHost | None, Path]]:
+        """(key, process name, namespace host or None for the host, PID file)."""
+        out: list[tuple[str, str, LabHost | None, Path]] = [
+            ("munged", "munged", None, self.run_dir / "munged.pid")]
+        if self._accounting_configured():
+            out += [("mariadbd", "mariadbd", CONTROLLER, self.run_dir / "mariadbd.pid"),
+                    ("slurmdbd", "slurmdbd", CONTROLLER, self.run_dir / "slurmdbd.pid")]
+        out.append(("slurmctld", "slurmctld", CONTROLLER, self.run_dir / "slurmctld.pid"))
+        out += [(f"slurmd@{n.name}", "slurmd", n, self.run_dir / f"slurmd.{n.name}.pid")
+                for n in NODES]
+        return out
+
+    def _accounting_configured(self) -> bool:
+        state = self._read_state()
+        return bool(state.get("accounting", self.accounting))
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, **changes: object) -> None:
+        state = {**self._read_state(), **changes}
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.state_file)
+
+    def _pid_from_file(self, key: str, comm: str, host: LabHost | None, pidfile: Path) -> int | None:
+        """The live PID named by ``pidfile`` if it is really our daemon, else None.
+
+        Checks the process name and (for namespaced daemons) that it lives in the lab namespace,
+        so a reused PID is never taken for ours (pitfall 10: stop by PID file, never by name).
+        """
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if not pid_alive(pid) or _comm(pid) != comm:
+            return None
+        if host is not None:
+            try:
+                lab_ino = os.stat(f"/run/netns/{host.netns}").st_ino
+            except OSError:
+                return None
+            if _netns_inode(pid) != lab_ino:
+                return None
+        else:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                return None
+            sock = os.fsencode(str(self.munge_socket))
+            if not any(arg == sock or arg.endswith(b"=" + sock) for arg in cmdline):
+                return None
+        return pid
+
+    def daemon_pids(self) -> dict[str, int]:
+        """Live daemon PIDs by key: munged, slurmctld, slurmd@node1, slurmd@node2 (and
+        mariadbd, slurmdbd with accounting). A daemon that is not running is left out."""
+        out = {}
+        for key, comm, host, pidfile in self._daemons():
+            pid = self._pid_from_file(key, comm, host, pidfile)
+            if pid is not None:
+                out[key] = pid
+        return out
+
+    def namespace_pids(self) -> dict[str, list[int]]:
+        """Every live PID in each lab namespace (via `ip netns pids`), by host name."""
+        out: dict[str, list[int]] = {}
+        for host in HOSTS:
+            if not _netns_exists(host.netns):
+                out[host.name] = []
+                continue
+            proc = run(["ip", "netns", "pids", host.netns], check=False, timeout=30)
+            pids = sorted(int(p) for p in proc.stdout.split() if p.isdigit())
+            out[host.name] = [p for p in pids if pid_alive(p)]
+        return out
+
+    def node_pids(self) -> dict[str, list[int]]:
+        """PIDs in each lab namespace other than the lab's daemons, by host name
+        ("controller", "node1", "node2"): slurmstepd and job processes. A finished or cancelled
+        job must leave every list empty."""
+        daemons = set(self.daemon_pids().values())
+        # slurmctld forks slurmscriptd (a daemon helper, not a job process).
+        daemons |= {p for pids in self.namespace_pids().values() for p in pids
+                    if _ppid(p) in daemons and _comm(p) == "slurmscriptd"}
+        return {name: [p for p in pids if p not in daemons]
+                for name, pids in self.namespace_pids().items()}
+
+    def log_tails(self, lines: int = 25) -> str:
+        """The last ``lines`` lines of every daemon/launcher log under root/log."""
+        parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            parts.append(f"--- {path} (last {lines} lines)\n{_tail(path, lines)}")
+        return "\n".join(parts) or f"(no logs under {self.log_dir})"
+
+    # ----- up
+
+    def up(self, *, timeout: float = 60.0) -> SlurmLab:
+        """Install what is missing, build the network, start the daemons, wait for idle nodes.
+
+        ``timeout`` (seconds) bounds the wait for both nodes to show ``idle`` in sinfo.
+        Raises LabInstallError (packages), LabConflictError (names/subnet taken by something
+        else), LabStartError (with the daemons' log tails) or LabCommandError. On any failure
+        it tears down what it built, so the caller may still call ``down()`` (a no-op then).
+        """
+        if os.geteuid() != 0:
+            raise LabError("the SLURM lab needs root (network namespaces, bridge, daemons)")
+        if len(os.fsencode(str(self.munge_socket))) > 100:
+            raise LabError(f"root {self.root} is too long for a unix socket path "
+                           f"({self.munge_socket}); use a shorter --root")
+        t0 = time.monotonic()
+        self.install()
+        self.timings = {"install_s": time.monotonic() - t0}
+        self._check_conflicts()
+        try:
+            t1 = time.monotonic()
+            self._write_state(root=str(self.root), accounting=self.accounting,
+                              cpus_per_node=self.cpus_per_node,
+                              real_memory_mb=self.real_memory_mb, network=True, up=False)
+            self._write_files()
+            self._network_up()
+            t2 = time.monotonic()
+            self._start_daemons()
+            t3 = time.monotonic()
+            self._wait_idle(timeout)
+            t4 = time.monotonic()
+        except BaseException:
+            try:
+                self._teardown(drain_timeout=5)
+            except Exception as exc:  # keep the original error; mention the cleanup one
+                print(f"lab: cleanup after failed up() also failed: {exc}", file=sys.stderr)
+            raise
+        self.timings.update(network_s=t2 - t1, daemons_s=t3 - t2, ready_s=t4 - t3,
+                            total_s=t4 - t0)
+        self._write_state(up=True)
+        return self
+
+    def install(self) -> None:
+        """apt-get install the packages whose binaries are missing (pitfall 6: with a
+        policy-rc.d so postinsts start no service; created only if missing, removed after).
+        Runs `apt-get update` only when the install fails without it. Raises LabInstallError."""
+        packages = list(BASE_PACKAGES)
+        binaries = list(BASE_BINARIES)
+        if self.accounting:
+            packages += ACCOUNTING_PACKAGES
+            binaries += ACCOUNTING_BINARIES
+        missing = [b for b in binaries if find_binary(b) is None]
+        if not missing:
+            return
+        if find_binary("apt-get") is None:
+            raise LabInstallError(f"missing {', '.join(missing)} and no apt-get to install "
+                                  f"{' '.join(packages)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        policy = Path("/usr/sbin/policy-rc.d")
+        created_policy = False
+        if not policy.exists():
+            policy.write_text("#!/bin/sh\n# jobgen SLURM lab: no service starts during install\n"
+                              "exit 101\n")
+            policy.chmod(0o755)
+            created_policy = True
+        argv = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+        try:
+            try:
+                run(argv, env=env, timeout=900)
+            except LabCommandError as first:
+                try:
+                    run(["apt-get", "update"], env=env, timeout=600)
+                    run(argv, env=env, timeout=900)
+                except LabCommandError as second:
+                    raise LabInstallError(f"could not install {' '.join(packages)}: {second}\n"
+                                          f"(before apt-get update: {first})") from None
+        finally:
+            if created_policy:
+                policy.unlink(missing_ok=True)
+        still = [b for b in binaries if find_binary(b) is None]
+        if still:
+            raise LabInstallError(f"installed {' '.join(packages)} but {', '.join(still)} "
+                                  f"still missing")
+
+    def _check_conflicts(self) -> None:
+        """Refuse to touch jg* names or the lab subnet when they belong to something else.
+
+        A lab left by an earlier run with this same root is torn down first; one with another
+        root (or anything without our bridge alias) raises LabConflictError.
+        """
+        names = [BRIDGE, *(h.veth for h in HOSTS)]
+        taken = [n for n in names if _link_exists(n)]
+        taken += [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
+        if taken:
+            alias = _link_alias(BRIDGE)
+            if alias == OWNER_TAG + str(self.root):
+                print(f"lab: tearing down a lab left running under {self.root}", file=sys.stderr)
+                self._teardown(drain_timeout=10)
+            elif alias.startswith(OWNER_TAG):
+                other = alias[len(OWNER_TAG):]
+                raise LabConflictError(
+                    f"another jobgen SLURM lab is up (root {other}; {', '.join(taken)}); stop it "
+                    f"with: {sys.executable} {Path(__file__).resolve()} down --root {other}")
+            else:
+                raise LabConflictError(
+                    f"{', '.join(taken)} already exist and are not a jobgen lab's "
+                    f"(bridge {BRIDGE} alias: {alias!r}); refusing to touch them")
+        # The subnet must not overlap any address or route outside the lab.
+        out = run(["ip", "-o", "-4", "addr", "show"]).stdout
+        for line in out.splitlines():
+            fields = line.split()
+            dev, cidr = fields[1], fields[3]
+            if not dev.startswith("jg") and ipaddress.ip_interface(cidr).network.overlaps(SUBNET):
+                raise LabConflictError(f"{dev} has {cidr}, which overlaps the lab subnet {SUBNET}")
+        for line in run(["ip", "-4", "route", "show"]).stdout.splitlines():
+            dest = line.split()[0]
+            if dest == "default" or " dev jg" in f" {line}":
+                continue
+            try:
+                net = ipaddress.ip_network(dest, strict=False)
+            except ValueError:
+                continue
+            if net.overlaps(SUBNET):
+                raise LabConflictError(f"route {line!r} overlaps the lab subnet {SUBNET}")
+
+    def _write_files(self) -> None:
+        for sub in ("etc", "log", "run", "state", "spool", "munge", "jobs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # slurm.conf's dir must stay world-readable (pitfall 5); the root too.
+        self.root.chmod(0o755)
+        self.conf_dir.chmod(0o755)
+        # munge: key 0400 in a 0700 dir; socket dir not writable by others (pitfall 5).
+        key_dir = self.root / "munge-key"
+        key_dir.mkdir(mode=0o700, exist_ok=True)
+        key_dir.chmod(0o700)
+        key = key_dir / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(1024))
+        key.chmod(0o400)
+        (self.root / "munge").chmod(0o755)
+        # Own hosts file, bind-mounted over /etc/hosts inside each namespace only (pitfall 2).
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+                 f"{HOST_IP}\t{HOST_NAME}", *(f"{h.ip}\t{h.name}" for h in HOSTS)]
+        self.hosts_file.write_text("\n".join(lines) + "\n")
+        self.hosts_file.chmod(0o644)
+        self.slurm_conf.write_text(self.render_slurm_conf())
+        self.slurm_conf.chmod(0o644)
+        if self.accounting:
+            dbd = self.conf_dir / "slurmdbd.conf"
+            dbd.write_text(self.render_slurmdbd_conf())
+            dbd.chmod(0o600)  # slurmdbd refuses a conf readable by others
+
+    def render_slurm_conf(self) -> str:
+        """slurm.conf text for this lab (no systemd, no cgroups: pitfalls 3, 4, 5, 8)."""
+        r = self.root
+        lines = [
+            f"# jobgen SLURM lab ({r}); written by tests/integration/slurm/lab.py",
+            f"ClusterName={CLUSTER_NAME}",
+            f"SlurmctldHost={CONTROLLER.name}({CONTROLLER.ip})",  # pitfall 3
+            f"SlurmctldPort={SLURMCTLD_PORT}",
+            f"SlurmdPort={SLURMD_PORT}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",  # pitfall 5
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            # pitfall 4: works without systemd/cgroups
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",  # memory not consumed: jobs can share a node
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "JobRequeue=1",
+            "SwitchType=switch/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            # nodes advertise what the config says, whatever this machine has
+            "SlurmdParameters=config_overrides",
+            f"StateSaveLocation={r}/state/slurmctld",
+            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmctldPidFile={self.run_dir}/slurmctld.pid",
+            f"SlurmdPidFile={self.run_dir}/slurmd.%n.pid",
+            f"SlurmctldLogFile={self.log_dir}/slurmctld.log",
+            f"SlurmdLogFile={self.log_dir}/slurmd.%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            # fast turnaround for tests
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "KillWait=5",
+            "MinJobAge=300",
+            "Waittime=0",
+            # pitfall 8: `sacct -c` works from the job completion file without slurmdbd
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={self.jobcomp_file}",
+        ]
+        if self.accounting:
+            lines += [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                f"AccountingStorageHost={CONTROLLER.ip}",  # the host has no name for it
+                f"AccountingStoragePort={SLURMDBD_PORT}",
+                f"AccountingStoragePass={self.munge_socket}",  # pitfall 5
+            ]
+        else:
+            lines.append("AccountingStorageType=accounting_storage/none")
+        lines += [
+            f"NodeName={n.name} NodeAddr={n.ip} NodeHostname={n.name} "
+            f"CPUs={self.cpus_per_node} RealMemory={self.real_memory_mb} State=UNKNOWN"
+            for n in NODES
+        ]
+        lines.append(f"PartitionName={PARTITION} Nodes={','.join(self.nodes)} Default=YES "
+                     "MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def render_slurmdbd_conf(self) -> str:
+        """slurmdbd.conf: slurmdbd in the controller namespace, MariaDB on its 127.0.0.1."""
+        return "\n".join([
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"DbdHost={CONTROLLER.name}",
+            f"DbdAddr={CONTROLLER.ip}",
+            f"DbdPort={SLURMDBD_PORT}",
+            "SlurmUser=root",
+            f"PidFile={self.run_dir}/slurmdbd.pid",
+            f"LogFile={self.log_dir}/slurmdbd.log",
+            "DebugLevel=info",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={MARIADB_PORT}",
+            "StorageUser=slurm",
+            f"StoragePass={DB_PASSWORD}",
+            "StorageLoc=slurm_acct_db",
+        ]) + "\n"
+
+    def _network_up(self) -> None:
+        """Bridge with the host's lab IP; per host a netns, a veth pair, an IP, lo up."""
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
+        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
+        run(["ip", "link", "set", BRIDGE, "up"])
+        for h in HOSTS:
+            run(["ip", "netns", "add", h.netns])
+            run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer])
+            run(["ip", "link", "set", h.peer, "netns", h.netns])
+            run(["ip", "link", "set", h.veth, "master", BRIDGE])
+            run(["ip", "link", "set", h.veth, "up"])
+            run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{SUBNET.prefixlen}", "dev", h.peer])
+            run(["ip", "-n", h.netns, "link", "set", h.peer, "up"])
+            run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+
+    def _in_namespace(self, host: LabHost, argv: Sequence[str]) -> list[str]:
+        """argv run as ``host``: its netns via nsenter (pitfall 1: not `ip netns exec`), a
+        private UTS+mount namespace with its hostname and the lab hosts file (pitfall 2)."""
+        return ["nsenter", f"--net=/run/netns/{host.netns}", "--",
+                "unshare", "--uts", "--mount", "--propagation", "private", "--",
+                sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec",
+                "--hostname", host.name, "--hosts", str(self.hosts_file), "--", *argv]
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = self.client_env()
+        env["PATH"] = os.pathsep.join([env.get("PATH", ""), *SBIN]).strip(os.pathsep)
+        return env
+
+    def _launch(self, key: str, argv: Sequence[str], pidfile: Path, comm: str,
+                host: LabHost | None, *, foreground: bool = False, timeout: float = 30) -> int:
+        """Start a daemon (it daemonizes itself unless ``foreground``), wait for its PID file.
+
+        Launcher output goes to log/<key>.launch.log. Raises LabStartError with log tails.
+        """
+        pidfile.unlink(missing_ok=True)
+        launch_log = self.log_dir / f"{key}.launch.log"
+        full = self._in_namespace(host, argv) if host is not None else list(argv)
+        with open(launch_log, "ab") as log:
+            log.write(f"$ {shlex.join(full)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=self._daemon_env(),
+                                    start_new_session=True)
+        self._children.append(proc)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not foreground:
+                code = proc.poll()
+                if code not in (None, 0):
+                    raise LabStartError(f"{key} exited with {code} while starting\n"
+                                        f"{self.log_tails()}")
+            elif proc.poll() is not None:
+                raise LabStartError(f"{key} exited with {proc.returncode} while starting\n"
+                                    f"{self.log_tails()}")
+            pid = self._pid_from_file(key, comm, host, pidfile)
+            if pid is not None:
+                return pid
+            time.sleep(0.05)
+        raise LabStartError(f"{key} wrote no PID file ({pidfile}) within {timeout:g} s\n"
+                            f"{self.log_tails()}")
+
+    def _start_daemons(self) -> None:
+        # One munged on the host serves every namespace: its socket is a file (pitfall 5).
+        munge_dir = self.root / "munge"
+        # --force: munged refuses a socket under a dir others can't traverse (pytest's
+        # /tmp/pytest-of-root is 0700); every lab client is root, so that check is moot.
+        self._launch("munged", [_require("munged"), "--force", f"--socket={self.munge_socket}",
+                                f"--key-file={self.root / 'munge-key' / 'munge.key'}",
+                                f"--pid-file={self.run_dir / 'munged.pid'}",
+                                f"--log-file={self.log_dir / 'munged.log'}",
+                                f"--seed-file={munge_dir / 'munged.seed'}"],
+                     self.run_dir / "munged.pid", "munged", None)
+        wait_for(self.munge_socket.exists, 10, 0.05, what=f"munge socket {self.munge_socket}")
+        if self.accounting:
+            self._start_accounting()
+        self._launch("slurmctld", [_require("slurmctld"), "-f", str(self.slurm_conf)],
+                     self.run_dir / "slurmctld.pid", "slurmctld", CONTROLLER)
+        for node in NODES:
+            self._launch(f"slurmd@{node.name}",
+                         [_require("slurmd"), "-f", str(self.slurm_conf), "-N", node.name],
+                         self.run_dir / f"slurmd.{node.name}.pid", "slurmd", node)
+
+    def _start_accounting(self) -> None:
+        """MariaDB (foreground, own datadir) + slurmdbd in the controller namespace (pitfall 8)."""
+        db = self.root / "db"
+        data = db / "data"
+        if not (data / "mysql").is_dir():
+            data.mkdir(parents=True, exist_ok=True)
+            run([_require("mariadb-install-db"), "--no-defaults", f"--datadir={data}",
+                 "--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"],
+                timeout=300)
+        init = db / "init.sql"
+        init.write_text(
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';\n"
+            "GRANT ALL PRIVILEGES ON *.* TO 'slurm'@'127.0.0.1';\n")
+        self._launch("mariadbd", [_require("mariadbd"), "--no-defaults", f"--datadir={data}",
+                                  f"--socket={db / 'mysqld.sock'}",
+                                  f"--pid-file={self.run_dir / 'mariadbd.pid'}",
+                                  f"--log-error={self.log_dir / 'mariadbd.log'}",
+                                  "--bind-address=127.0.0.1", f"--port={MARIADB_PORT}",
+                                  "--skip-name-resolve", "--user=root",
+                                  f"--init-file={init}"],
+                     self.run_dir / "mariadbd.pid", "mariadbd", CONTROLLER, foreground=True,
+                     timeout=60)
+        self._launch("slurmdbd", [_require("slurmdbd")], self.run_dir / "slurmdbd.pid",
+                     "slurmdbd", CONTROLLER, timeout=60)
+        wait_for(lambda: run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                             env=self.client_env(), check=False, timeout=15).returncode == 0,
+                 60, 0.5, what="slurmdbd answering sacctmgr")
+        clusters = run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                       env=self.client_env(), timeout=15).stdout.split()
+        if CLUSTER_NAME not in clusters:
+            run(["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME], env=self.client_env(),
+                timeout=30)
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's long state per node ("idle", "alloc", "down*", ...); {} if unreachable."""
+        proc = run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N|%T"],
+                   env=self.client_env(), check=False, timeout=15)
+        if proc.returncode != 0:
+            return {}
+        return dict(line.split("|", 1) for line in proc.stdout.split() if "|" in line)
+
+    def _wait_idle(self, timeout: float) -> None:
+        want = {n: "idle" for n in self.nodes}
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            if states == want:
+                return
+            dead = [k for k, comm, host, pidfile in self._daemons()
+                    if self._pid_from_file(k, comm, host, pidfile) is None]
+            if dead:
+                raise LabStartError(f"{', '.join(dead)} died while the lab came up "
+                                    f"(sinfo: {states})\n{self.log_tails()}")
+            time.sleep(0.2)
+        raise LabStartError(f"nodes not idle after {timeout:g} s (sinfo: {states or 'no answer'})"
+                            f"\n{self.log_tails()}")
+
+    # ----- down
+
+    def down(self, *, drain_timeout: float = 30.0) -> None:
+        """Cancel all lab jobs, wait (``drain_timeout`` s) for the queue to drain, stop the
+        daemons by PID file, kill what is left inside the lab namespaces, delete namespaces,
+        veths and bridge (pitfall 10). Kills only what the lab started; never by name.
+        Idempotent, and safe after a failed ``up()``. Raises LabError listing what it could
+        not remove (after trying everything)."""
+        self._teardown(drain_timeout=drain_timeout)
+
+    def _teardown(self, *, drain_timeout: float) -> None:
+        problems: list[str] = []
+        pids = self.daemon_pids()
+        if "slurmctld" in pids:
+            try:
+                self._cancel_all(drain_timeout)
+            except (LabError, TimeoutError) as exc:
+                problems.append(f"draining the queue: {exc}")
+        # slurmd first (they stop their steps), then slurmctld, slurmdbd, mariadbd, munged.
+        order = ["slurmd@" + n.name for n in NODES] + ["slurmctld", "slurmdbd", "mariadbd",
+                                                         "munged"]
+        for key in order:
+            if key in pids:
+                self._stop(pids[key], key)
+        ours = self._network_is_ours()
+        if ours:
+            for host in HOSTS:
+                for pid in self.namespace_pids().get(host.name, []):
+                    self._stop(pid, f"pid {pid} in {host.netns}", grace=2)
+            for host in HOSTS:
+                if _netns_exists(host.netns):
+                    if run(["ip", "netns", "del", host.netns], check=False).returncode:
+                        problems.append(f"could not delete netns {host.netns}")
+            for host in HOSTS:
+                if _link_exists(host.veth):
+                    run(["ip", "link", "del", host.veth], check=False)
+            if _link_exists(BRIDGE):
+                run(["ip", "link", "del", BRIDGE], check=False)
+            left = [n for n in [BRIDGE, *(h.veth for h in HOSTS)] if _link_exists(n)]
+            left += [h.netns for h in HOSTS if _netns_exists(h.netns)]
+            if left:
+                problems.append(f"still present: {', '.join(left)}")
+        for proc in self._children:
+            proc.poll()
+        self._children = [p for p in self._children if p.returncode is None]
+        if self.state_file.exists():
+            self._write_state(up=False, network=False if ours else self._read_state()
+                              .get("network", False))
+        if problems:
+            raise LabError("lab teardown incomplete: " + "; ".join(problems))
+
+    def _network_is_ours(self) -> bool:
+        """True when the jg* bridge carries this root's alias, or it is gone and lab.json
+        says this root built the network (so leftovers are ours to remove)."""
+        if _link_exists(BRIDGE):
+            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
+        return bool(self._read_state().get("network"))
+
+    def _cancel_all(self, drain_timeout: float) -> None:
+        env = self.client_env()
+        ids = run(["squeue", "-h", "-o", "%i"], env=env, timeout=20).stdout.split()
+        if ids:
+            run(["scancel", *ids], env=env, check=False, timeout=20)
+
+        def drained() -> bool:
+            out = run(["squeue", "-h", "-o", "%i"], env=env, check=False, timeout=20)
+            return out.returncode == 0 and not out.stdout.strip()
+
+        wait_for(drained, drain_timeout, 0.2, what="the lab queue to drain")
+
+    def _stop(self, pid: int, what: str, *, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; reap it if it is our child."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                _reap(pid)
+                if not pid_alive(pid):
+                    return
+                time.sleep(0.05)
+        print(f"lab: {what} survived SIGKILL", file=sys.stderr)
+
+    # ----- status
+
+    def status(self) -> dict[str, object]:
+        """What is running: daemons (key -> PID), node states, other PIDs per namespace."""
+        return {"root": str(self.root), "env": self.env, "daemons": self.daemon_pids(),
+                "nodes": self.node_states(), "node_pids": self.node_pids(),
+                "hosts": {h.name: {"ip": h.ip, "netns": h.netns} for h in HOSTS},
+                "bridge": {"name": BRIDGE, "host_ip": HOST_IP,
+                           "present": _link_exists(BRIDGE)}}
+
+
+# --------------------------------------------------------------------------- namespace entry
+
+
+def _nsexec(hostname: str, hosts: str, argv: list[str]) -> None:
+    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind-mount the
+    lab hosts file over /etc/hosts (this mount namespace only: pitfall 2), exec argv."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = hostname.encode()
+    if libc.sethostname(name, len(name)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sethostname({hostname}): {os.strerror(err)}")
+    ms_bind = 4096
+    if libc.mount(hosts.encode(), b"/etc/hosts", None, ms_bind, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind-mount {hosts} over /etc/hosts: {os.strerror(err)}")
+    os.execvp(argv[0], argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("up", "start the lab and print export lines"),
+                       ("down", "stop the lab and remove its network"),
+                       ("status", "show daemons, nodes and job PIDs as JSON"),
+                       ("env", "print export lines for SLURM clients")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--root", type=Path, default=Path("/tmp/jobgen-slurm-lab"))
+        if name == "up":
+            p.add_argument("--accounting", action="store_true",
+                           help="also run slurmdbd + MariaDB (plain sacct, sacct --json)")
+            p.add_argument("--cpus-per-node", type=int, default=2)
+            p.add_argument("--real-memory-mb", type=int, default=4000)
+    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
+    ns.add_argument("--hostname", required=True)
+    ns.add_argument("--hosts", required=True)
+    ns.add_argument("argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    if args.command == "_nsexec":
+        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        _nsexec(args.hostname, args.hosts, rest)
+        return 1  # not reached: exec
+    if args.command == "up":
+        lab = SlurmLab(args.root, accounting=args.accounting, cpus_per_node=args.cpus_per_node,
+                       real_memory_mb=args.real_memory_mb)
+        try:
+            lab.up()
+        except LabError as exc:
+            print(f"lab up failed: {exc}", file=sys.stderr)
+            return 1
+        times = ", ".join(f"{k} {v:.1f}" for k, v in lab.timings.items())
+        print(f"# lab up ({times}); nodes: "
+              + ", ".join(f"{h.name}={h.ip}" for h in HOSTS), file=sys.stderr)
+    else:
+        state = json.loads((args.root / "lab.json").read_text()) if (args.root / "lab.json").exists() else {}
+        lab = SlurmLab(args.root, accounting=bool(state.get("accounting", False)))
+    if args.command in ("up", "env"):
+        for key, value in lab.env.items():
+            print(f"export {key}={shlex.quote(value)}")
+    elif args.command == "down":
+        try:
+            lab.down()
+        except LabError as exc:
+            print(f"lab down: {exc}", file=sys.stderr)
+            return 1
+    elif args.command == "status":
+        print(json.dumps(lab.status(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
