@@ -81,9 +81,9 @@ def test_deepspeed_plan_has_consistent_config_and_spec_points_at_it():
 
 def test_files_per_scheduler():
     assert [n for n, _ in make(spec(), "slurm-a100").files] == ["job.sbatch", "spec.json"]
-    assert [n for n, _ in make(spec(), "k8s-h100").files] == ["pytorchjob.yaml", "spec.json"]
+    assert [n for n, _ in make(spec(), "k8s-h100").files] == ["kustomization.yaml", "pytorchjob.yaml", "spec.json"]
     assert [n for n, _ in make(spec(trainer={"strategy": "deepspeed_stage_1"}), "k8s-h100").files] == [
-        "ds_config.json", "pytorchjob.yaml", "spec.json"]
+        "ds_config.json", "kustomization.yaml", "pytorchjob.yaml", "spec.json"]
     assert [n for n, _ in make(spec(), "local").files] == ["spec.json"]
 
 
