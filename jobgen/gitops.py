@@ -162,14 +162,19 @@ def _abbreviation(key: str) -> str:
 
 
 _EXACT_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_DECIMAL = re.compile(r"^[0-9]*\.[0-9]+(e-?[0-9]+)?$")
 
 
-def _value_token(text: str) -> str:
-    """A name-safe token for a value: the text itself when it is ``[a-z0-9-]`` (``1e-4``, ``bf16-mixed``),
-    ``.`` written as ``p`` (``0p5``), anything else lowercased with other runs as ``-``."""
+def _value_token(text: str) -> tuple[str, bool]:
+    """``(token, faithful)``: a name-safe token for a sweep value. Faithful: the text itself when
+    it is ``[a-z0-9-]`` (``1e-4``, ``bf16-mixed``), or a decimal number with ``.`` written as
+    ``p`` (``0.0003`` -> ``0p0003``). Anything else is lowercased with other runs as ``-`` and is
+    not faithful (``FULL_SHARD``, ``-1``, ``[a, b]``): the name then carries a hash."""
     if _EXACT_TOKEN.match(text):
-        return text
-    return re.sub(r"[^a-z0-9]+", "-", text.lower().replace(".", "p")).strip("-") or "x"
+        return text, True
+    if _DECIMAL.match(text):
+        return text.replace(".", "p"), True
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x", False
 
 
 def _point_hash(base: str, point: Sequence[tuple[str, str]]) -> str:
@@ -180,13 +185,15 @@ def sweep_job_names(base: str, points: Sequence[Sequence[tuple[str, str]]]) -> l
     """Job names for the sweep ``points`` of a spec named ``base``, in the same order.
 
     ``<base>-<abbr><value>-...`` (``quickstart-lr1e-4-mbs4``): each key's short name (see
-    :data:`SWEEP_ABBREVIATIONS`) followed by the value's token. A name is suffixed with ``-`` and
-    8 hex digits of sha256(base, point) when a token does not spell its value exactly (say
-    ``0.5`` -> ``0p5``, ``FULL_SHARD`` -> ``full-shard``) and another value of the same key
-    gives the same token, when two points would otherwise get the same name, or when the name
-    is longer than 48 characters (the DNS-1035 budget of :func:`~jobgen.backends.kubernetes.k8s_name`;
-    the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names;
-    the same base and point always give the same name.
+    :data:`SWEEP_ABBREVIATIONS`) followed by the value's token (``0.0003`` -> ``0p0003``). A
+    name is suffixed with ``-`` and 8 hex digits of sha256(base, point) when a token does not
+    spell its value faithfully (``FULL_SHARD`` -> ``full-shard``, ``-1`` -> ``1``: never a
+    silently mangled name), when another value of the same key gives the same token (``0.5``
+    and ``0p5``), when two points would otherwise get the same name, or when the name is longer
+    than 48 characters (the DNS-1035 budget of :func:`~jobgen.backends.kubernetes.k8s_name`;
+    the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names.
+    A name depends on its point, and on the other values of the grid only when two values of
+    one key share a token.
 
     Raises:
         ConfigError: two points still share a name (only possible through a hash collision).
@@ -197,15 +204,16 @@ def sweep_job_names(base: str, points: Sequence[Sequence[tuple[str, str]]]) -> l
     short = [_abbreviation(k) for k in keys]
     # Two keys with the same short name (model.dropout, x.dropout): spell their paths out.
     abbrs = [re.sub(r"[^a-z0-9]+", "-", k.lower()).strip("-") if short.count(a) > 1 else a for k, a in zip(keys, short, strict=True)]
-    ambiguous: set[tuple[int, str]] = set()
+    needs_hash: set[tuple[int, str]] = set()
     for i in range(len(keys)):
         values = sorted({dict(p)[keys[i]] for p in points})
         tokens = [_value_token(v) for v in values]
-        ambiguous |= {(i, v) for v, t in zip(values, tokens, strict=True) if tokens.count(t) > 1}
+        needs_hash |= {(i, v) for v, (t, faithful) in zip(values, tokens, strict=True)
+                       if not faithful or [u for u, _ in tokens].count(t) > 1}
     names = []
     for point in points:
-        readable = "-".join([base, *(a + _value_token(v) for a, (_, v) in zip(abbrs, point, strict=True))])
-        hashed = any((i, v) in ambiguous for i, (_, v) in enumerate(point)) or len(readable) > MAX_NAME
+        readable = "-".join([base, *(a + _value_token(v)[0] for a, (_, v) in zip(abbrs, point, strict=True))])
+        hashed = any((i, v) in needs_hash for i, (_, v) in enumerate(point)) or len(readable) > MAX_NAME
         names.append((readable, hashed, point))
     counts = {r: sum(1 for o, _, _ in names if o == r) for r, _, _ in names}
     out = []
@@ -1084,8 +1092,8 @@ def render_command(render: Render, *, check: bool, prune: bool, commit_flag: boo
         echo(f"removed {display}/{path}")
     for rel_dir in comparison.stale_dirs:
         if not prune:
-            echo(f"stale: {display}/{rel_dir}/ was written by jobgen but is no longer rendered; `{_command(render, False, True)}` removes it",
-                 err=True)
+            echo(f"stale: {display}/{rel_dir}/ was written by jobgen but {render.source} does not list it; "
+                 f"`{_command(render, False, True)}` removes it", err=True)
         elif rel_dir in comparison.foreign:
             echo(f"kept {display}/{rel_dir}/: it holds files jobgen did not write ({', '.join(comparison.foreign[rel_dir])})", err=True)
     echo(f"{n_jobs} job(s) under {display}/: {len(written)} file(s) written, {len(removed)} removed, {comparison.unchanged} unchanged")

@@ -122,7 +122,14 @@ def test_sweep_names_never_collide_and_stay_dns_safe(sweeps):
 
 
 def test_sweep_value_token_keeps_decimal_points_readable():
-    assert sweep_job_names("q", [(("trainer.learning_rate", "0.0003"),)]) == ["q-lr0p0003"]
+    assert sweep_job_names("q", [(("trainer.learning_rate", "0.0003"),), (("trainer.learning_rate", "1.5e-4"),)]) == ["q-lr0p0003", "q-lr1p5e-4"]
+
+
+@pytest.mark.parametrize("value", ["-1", "FULL_SHARD", "[a, b]", "1e+4"])
+def test_sweep_value_that_cannot_be_spelt_gets_a_hash_not_a_mangled_name(value):
+    (name,) = sweep_job_names("q", [(("trainer.seed", value),)])
+    assert re.fullmatch(r"q-seed[a-z0-9-]*-[0-9a-f]{8}", name), name
+    assert sweep_job_names("q", [(("trainer.seed", value),)]) == [name]
 
 
 def test_sweep_mapping_form_equals_string_form():
