@@ -595,7 +595,8 @@ def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> di
 def _check_unique_objects(jobs: Sequence[RenderedJob], where: str, kustomization: str, top_level: bool = False) -> None:
     seen: dict[tuple[str, str], RenderedJob] = {}
     for job in jobs:
-        assert job.k8s_id is not None
+        if job.k8s_id is None:
+            continue
         other = seen.setdefault(job.k8s_id, job)
         if other is not job:
             namespace, name = job.k8s_id

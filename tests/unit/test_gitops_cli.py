@@ -114,6 +114,15 @@ def test_two_directories_and_environments_give_identical_bytes(tmp_path):
         assert b"\r" not in data and str(tmp_path).encode() not in data and b"home-a" not in data, rel
 
 
+def test_diff_of_one_spec_previews_without_writing(run_cli):
+    before = tree(REPO / "manifests")
+    result = run_cli("diff", "examples/quickstart.yaml", "--profile", "slurm-a100", "--set", "trainer.max_steps=5000")
+    assert result.code == 0, result.stderr
+    assert diff_paths(result.stdout) == {"manifests/slurm-a100/quickstart/job.sbatch", "manifests/slurm-a100/quickstart/spec.json"}
+    assert '+      "max_steps": 5000,' in result.stdout and "would change" in result.stderr
+    assert tree(REPO / "manifests") == before
+
+
 def test_sweep_2x2_gives_four_stably_named_jobs_and_a_rerun_no_diff(run_cli, tmp_path):
     spec = str(REPO / "examples" / "quickstart.yaml")
     first = run_cli("render", spec, "--profile", "k8s-h100", *QUICKSTART_SWEEP, cwd=tmp_path)
