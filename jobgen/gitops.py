@@ -683,12 +683,21 @@ def is_exec(name: str) -> bool:
 
 
 def _read(path: Path) -> bytes | None:
+    """Bytes of ``path``; None when it does not exist.
+
+    Raises:
+        ConfigError: a directory stands where jobgen writes a file (or a file where it needs a
+            directory), or the file cannot be read.
+    """
     try:
         return path.read_bytes()
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        raise ConfigError(f"{path} is a directory where jobgen writes a file", hint="move it away") from None
+    except (IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"cannot write {path}: a directory stands where jobgen writes a file, or a file where it needs a directory",
+                          hint="move the file or directory that is in the way") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _marked(path: Path) -> bool:
@@ -776,7 +785,7 @@ def _removal(out: Path, rel: str, stale_dir: str | None = None) -> Change:
 
 
 def _lines(text: str) -> list[str]:
-    lines = text.splitlines(keepends=True)
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", text)  # split on LF only, as git does
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n\\ No newline at end of file\n"
     return lines

@@ -340,3 +340,24 @@ def test_invalid_sweep_value_is_reported_with_its_point():
     with pytest.raises(ConfigError, match=r"(?s)sweep point trainer.micro_batch_size=many.*trainer.micro_batch_size: Input should be a valid integer"):
         plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", sweeps=["trainer.micro_batch_size=4,many"],
                     profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+
+
+def test_a_file_in_the_way_is_a_clear_error_before_writing(tmp_path):
+    project = make_project(tmp_path, BASIC)
+    write(tmp_path / "manifests" / "slurm-a100", "a file where a profile directory goes\n")
+    with pytest.raises(ConfigError, match="a file where it needs a directory"):
+        compare(plan_project(load_project(project)))
+    assert not (tmp_path / "manifests" / "k8s-h100").exists()
+
+
+def test_diff_marks_a_missing_final_newline_and_crlf(tmp_path):
+    project = make_project(tmp_path, BASIC)
+    render_all(project)
+    job = tmp_path / "manifests" / "slurm-a100" / "quickstart"
+    spec = job / "spec.json"
+    spec.write_bytes(spec.read_bytes().rstrip(b"\n"))
+    script = job / "job.sbatch"
+    script.write_bytes(script.read_bytes().replace(b"\n", b"\r\n"))
+    diff = unified_diff(compare(plan_project(load_project(project))), "manifests")
+    assert "\\ No newline at end of file" in diff
+    assert "line endings: the file on disk has CRLF" in diff
