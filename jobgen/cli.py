@@ -70,31 +70,75 @@ def _warn(job_plan: JobPlan) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
+_sweep_option = click.option(
+    "--sweep", "sweeps", multiple=True, metavar="KEY.PATH=V1,V2",
+    help="Render one job per value (repeatable: the Cartesian grid), named <name>-<key><value>-..., e.g. --sweep trainer.learning_rate=1e-4,3e-4.",
+)
+_project_option = click.option(
+    "--project", type=click.Path(dir_okay=False), default=None,
+    help="Project file for --all (default: jobgen.yaml in the working directory or the nearest parent).",
+)
+
+
 @cli.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
-@click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
+@click.argument("spec", type=click.Path(dir_okay=False), required=False)
+@click.option("--profile", "-p", default=None, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
 @click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
               help="Output root; files go to <out>/<profile>/<job name>/.")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the plan (every file and the submit command) instead of writing.")
+@click.option("--all", "all_jobs", is_flag=True, help="Render every job jobgen.yaml lists (plus index.yaml and kustomizations).")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 and print a unified diff if the files differ from a fresh render, 0 if in sync.")
+@click.option("--prune", is_flag=True, help="With --all: remove job directories jobgen wrote that jobgen.yaml no longer lists.")
+@click.option("--commit", "commit_flag", is_flag=True, help="Render, then git add exactly the rendered files and git commit them.")
+@_project_option
+@_sweep_option
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
-def render(spec: str, profile: str, out: str, to_stdout: bool, overrides: tuple[str, ...],
-           profiles_dir: str | None, templates_dir: str | None) -> None:
-    """Render SPEC for a cluster profile, without submitting.
+@click.pass_context
+def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, to_stdout: bool, all_jobs: bool, check: bool,
+           prune: bool, commit_flag: bool, project: str | None, sweeps: tuple[str, ...], overrides: tuple[str, ...],
+           profiles_dir: str | None, templates_dir: str | None) -> int | None:
+    """Render SPEC for a cluster profile, or every job of jobgen.yaml (--all), without submitting.
 
     \b
     Writes <out>/<profile>/<job name>/:
-      job.sbatch        SLURM profiles (submit with: cd <dir> && sbatch job.sbatch)
-      pytorchjob.yaml   Kubernetes profiles (ConfigMap + Kubeflow PyTorchJob)
-      spec.json         the resolved spec the entrypoint reads on every node
-      ds_config.json    DeepSpeed strategies only
+      job.sbatch          SLURM profiles (submit with: cd <dir> && sbatch job.sbatch)
+      pytorchjob.yaml     Kubernetes profiles (ConfigMap + Kubeflow PyTorchJob)
+      kustomization.yaml  Kubernetes profiles (kubectl apply -k <dir>)
+      spec.json           the resolved spec the entrypoint reads on every node
+      ds_config.json      DeepSpeed strategies only
     The same inputs always give byte-identical files (commit them: GitOps).
+    --all also writes <out>/index.yaml and kustomization.yaml per Kubernetes profile and on top.
 
     \b
-    Example:
+    Examples:
       jobgen render examples/quickstart.yaml --profile slurm-a100 --set resources.nodes=2
+      jobgen render --all --check        # CI / pre-commit: exit 1 + diff when out of date
+      jobgen render --all --prune --commit
+      jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
     """
+    if all_jobs or check or prune or commit_flag or sweeps:
+        from jobgen import gitops
+
+        if to_stdout and (all_jobs or check or prune or commit_flag):
+            raise ConfigError("--stdout cannot be combined with --all, --check, --prune or --commit", hint="drop --stdout")
+        if prune and not all_jobs:
+            raise ConfigError("--prune needs --all (stale jobs are those jobgen.yaml no longer lists)", hint="jobgen render --all --prune")
+        if check and commit_flag:
+            raise ConfigError("--check and --commit exclude each other", hint="--check only compares; --commit writes and commits")
+        out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
+        rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs, project=project, overrides=overrides,
+                                       sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
+        if to_stdout:
+            for job in rendered.jobs:
+                click.echo(str(job.plan), nl=False)
+            return 0
+        return gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=click.echo)
+    if spec is None or profile is None:
+        raise ConfigError("give a SPEC file and --profile, or --all", hint="e.g. jobgen render examples/quickstart.yaml --profile slurm-a100")
+    if project is not None:
+        raise ConfigError("--project only goes with --all", hint="drop --project, or use --all")
     job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
     _warn(job_plan)
     if to_stdout:
@@ -106,6 +150,40 @@ def render(spec: str, profile: str, out: str, to_stdout: bool, overrides: tuple[
     w = job_plan.world
     click.echo(f"{job_plan.scheduler}: {w.num_nodes} node(s) x {w.devices_per_node} rank(s) = world size {w.world_size}; "
                f"submit with: cd {job_dir} && {' '.join(job_plan.submit_argv)}")
+    return None
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False), required=False)
+@click.option("--profile", "-p", default=None, help="Cluster profile (with SPEC).")
+@click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
+              help="Output root (with SPEC).")
+@click.option("--all", "all_jobs", is_flag=True, help="Every job of jobgen.yaml (the default when no SPEC is given).")
+@_project_option
+@_sweep_option
+@_set_option
+@_profiles_dir_option
+@_templates_dir_option
+@click.pass_context
+def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, all_jobs: bool, project: str | None,
+         sweeps: tuple[str, ...], overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> int:
+    """Preview what `jobgen render` would change, as a unified diff; writes nothing.
+
+    Without SPEC: every job of jobgen.yaml (as `render --all`, stale job directories included).
+    Exit code 0 whether or not files differ (2 for bad input); `render --check` is the form
+    that exits 1 on differences, for CI.
+
+    \b
+    Examples:
+      jobgen diff
+      jobgen diff examples/quickstart.yaml --profile k8s-h100 --set trainer.max_steps=900
+    """
+    from jobgen import gitops
+
+    out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
+    rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs or spec is None, project=project, overrides=overrides,
+                                   sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
+    return gitops.diff_command(rendered, echo=click.echo)
 
 
 @cli.command()
@@ -320,18 +398,19 @@ def profiles_show(name: str, profiles_dir: str | None) -> None:
 
 
 @cli.command()
-@click.argument("kind", type=click.Choice(["spec", "profile"]))
+@click.argument("kind", type=click.Choice(["spec", "profile", "project"]))
 def schema(kind: str) -> None:
-    """Print the JSON Schema of a training spec or a cluster profile (for editors).
+    """Print the JSON Schema of a training spec, a cluster profile or jobgen.yaml (for editors).
 
     \b
     Example (VS Code YAML extension):
       jobgen schema spec > spec.schema.json
     """
+    from jobgen.gitops import Project
     from jobgen.profiles import ClusterProfile
     from jobgen.spec import TrainingSpec
 
-    model = TrainingSpec if kind == "spec" else ClusterProfile
+    model = {"spec": TrainingSpec, "profile": ClusterProfile, "project": Project}[kind]
     click.echo(json.dumps(model.model_json_schema(), indent=2, sort_keys=True))
 
 

@@ -231,7 +231,8 @@ def _config_error(model: type[BaseModel], exc: ValidationError, source: str) -> 
             given = err.get("input")
             shown = "" if isinstance(given, (dict, list)) or err["type"] == "missing" else f" (got {given!r:.60})"
             lines.append(f"{path}: {msg}{shown}")
-    first_hint = hints[0] if hints else f"see `jobgen schema {'spec' if model is TrainingSpec else 'profile'}` for every field"
+    kind = getattr(model, "jobgen_schema_kind", "spec" if model is TrainingSpec else "profile")
+    first_hint = hints[0] if hints else f"see `jobgen schema {kind}` for every field"
     message = "invalid configuration:\n    " + "\n    ".join(lines)
     return ConfigError(message, location=source, hint=first_hint)
 
@@ -248,7 +249,7 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         current = _model_type(fields[part].annotation)
         if current is None:
             return []
-    return list(getattr(current, "model_fields", {}) or [])
+    return [f.alias or name for name, f in (getattr(current, "model_fields", {}) or {}).items()]
 
 
 def _model_type(annotation: Any) -> type[BaseModel] | None:

@@ -23,7 +23,7 @@ import pydantic_core
 from jobgen import __version__
 from jobgen.errors import PlanError
 from jobgen.profiles import GPU_COMPUTE_CAPABILITY, ClusterProfile
-from jobgen.render import pretty_json
+from jobgen.render import pretty_json, template_sha256
 from jobgen.spec import TrainingSpec
 
 #: scheduler -> backend module, imported only when used (TorchX-style lazy table).
@@ -65,7 +65,7 @@ class JobPlan:
         files: ``(relative file name, text)`` pairs, sorted by name.
         submit_argv: the command submit runs, with the job directory as working directory.
         world: nodes x devices per node.
-        inputs_sha256: hash of the resolved spec + profile (named in every file header).
+        inputs_sha256: hash of the resolved spec + profile + templates (named in every file header).
         warnings: non-fatal findings to show the user.
         env: environment submit sets for the command (local runs; the schedulers' files carry
             their own), sorted by name.
@@ -134,7 +134,12 @@ class JobPlan:
 
 @dataclass(frozen=True)
 class PlanContext:
-    """Inputs of a backend's ``plan()``: validated models plus where they came from."""
+    """Inputs of a backend's ``plan()``: validated models plus where they came from.
+
+    ``templates``: ``(template name, sha256 of it and what it includes)`` for every template
+    the backend renders (see :func:`jobgen.render.template_sha256`); empty for backends that
+    render none.
+    """
 
     spec: TrainingSpec
     profile: ClusterProfile
@@ -142,11 +147,15 @@ class PlanContext:
     templates_dir: Path
     spec_source: str = "<spec>"
     profile_source: str = "<profile>"
+    templates: tuple[tuple[str, str], ...] = ()
 
     @functools.cached_property
     def inputs_sha256(self) -> str:
-        """sha256 of the resolved spec and profile (compact JSON, field-definition order)."""
-        return hashlib.sha256(pydantic_core.to_json({"spec": self.spec, "profile": self.profile})).hexdigest()
+        """sha256 of everything the files are made from: the resolved spec, the resolved profile
+        (its whole ``extends:`` chain merged) and the templates used (compact JSON,
+        field-definition order). Paths, the clock and the environment are not inputs."""
+        doc = {"spec": self.spec, "profile": self.profile, "templates": dict(self.templates)}
+        return hashlib.sha256(pydantic_core.to_json(doc)).hexdigest()
 
 
 def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str = "<spec>") -> World:
@@ -280,5 +289,8 @@ def plan(
     """
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
-    ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source)
-    return backend_module(profile.scheduler).plan(ctx)
+    backend = backend_module(profile.scheduler)
+    names = getattr(backend, "TEMPLATES", None) or ((backend.TEMPLATE,) if hasattr(backend, "TEMPLATE") else ())
+    templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(names))
+    ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
+    return backend.plan(ctx)

@@ -39,7 +39,7 @@ def _nested(annotation: typing.Any) -> type[BaseModel] | None:
 
 def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[BaseModel]]) -> None:
     for name, field in model.model_fields.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{field.alias or name}"
         nested = _nested(field.annotation)
         if model.__name__ == "ModelSpec" and name in ("n_layer", "n_head", "d_model", "block_size"):
             default = "from `preset`"
@@ -57,10 +57,15 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
 
 def reference() -> str:
     """The Markdown reference: one table for the training spec, one for cluster profiles."""
+    from jobgen.gitops import Project, ProjectJob
+
     parts = []
-    for title, model in (("Training spec (`examples/*.yaml`)", TrainingSpec), ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile)):
+    for title, model in (("Training spec (`examples/*.yaml`)", TrainingSpec), ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile),
+                         ("Project file (`jobgen.yaml`)", Project)):
         rows: list[str] = []
         _rows(model, "", rows, {model})
+        if model is Project:  # `jobs` is a list: its entries' fields follow as jobs[].<field>
+            _rows(ProjectJob, "jobs[].", rows, {ProjectJob})
         parts.append(f"### {title}\n\n| field | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(parts)
 

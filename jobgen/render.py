@@ -16,6 +16,7 @@ The Environment uses ``StrictUndefined`` so a misspelt variable is an error, nev
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import shlex
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import pydantic_core
 
 from jobgen.errors import ConfigError
@@ -130,3 +132,42 @@ def render_template(templates_dir: Path, template: str, **context: Any) -> str:
         raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename}:{exc.lineno}") from None
     except jinja2.UndefinedError as exc:
         raise ConfigError(f"template {template!r} uses an undefined variable: {exc.message}", location=str(templates_dir / template)) from None
+
+
+@functools.lru_cache(maxsize=32)
+def template_sha256(templates_dir: str, template: str) -> str:
+    """sha256 (hex) of ``template`` and every template it includes, imports or extends.
+
+    The sources are hashed with LF line endings (a CRLF checkout hashes like an LF one), as
+    sorted ``(name, source)`` pairs. A reference Jinja cannot resolve statically
+    (``{% include some_variable %}``) makes the hash cover every file of ``templates_dir``.
+    Cached per process, like the Environment (templates do not change during one render).
+
+    Raises:
+        ConfigError: the template (or one it references) is missing or has a syntax error.
+    """
+    env = environment(templates_dir)
+    sources: dict[str, str] = {}
+    pending = [template]
+    while pending:
+        name = pending.pop()
+        if name in sources:
+            continue
+        try:
+            source, _, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
+            refs = list(jinja2.meta.find_referenced_templates(env.parse(source)))
+        except jinja2.TemplateNotFound:
+            raise ConfigError(
+                f"template {name!r} not found in {templates_dir}",
+                hint="copy it from jobgen's templates/ or drop --templates-dir / JOBGEN_HOME",
+            ) from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename or name}:{exc.lineno}") from None
+        sources[name] = source.replace("\r\n", "\n")
+        if None in refs:  # dynamic reference: cover the whole directory
+            pending.extend(env.list_templates())
+        pending.extend(r for r in refs if r is not None)
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(pydantic_core.to_json([name, sources[name]]) + b"\n")
+    return digest.hexdigest()

@@ -42,7 +42,7 @@ def test_render_twice_is_byte_identical(run_cli, tmp_path):
         result = run_cli("render", QUICKSTART, "--profile", "k8s-h100", "--out", str(tmp_path / str(i)))
         assert result.code == 0, result.stderr
         outs.append({p.name: p.read_bytes() for p in (tmp_path / str(i) / "k8s-h100" / "quickstart").iterdir()})
-    assert outs[0] == outs[1] and set(outs[0]) == {"pytorchjob.yaml", "spec.json"}
+    assert outs[0] == outs[1] and set(outs[0]) == {"kustomization.yaml", "pytorchjob.yaml", "spec.json"}
 
 
 def test_render_writes_where_documented(run_cli, tmp_path):

@@ -1,22 +1,37 @@
-"""The rendered files committed under manifests/ are what jobgen renders today (no drift)."""
+"""The files committed under manifests/ are exactly what `jobgen render --all` renders from the
+repository's jobgen.yaml (no drift, nothing hand-made, nothing stale)."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
-from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES
+from jobgen.gitops import compare, load_project, plan_project, unified_diff
+from tests.conftest import PROFILES, REPO, TEMPLATES
 
-JOB_DIRS = sorted(d for d in (REPO / "manifests").glob("*/*") if d.is_dir())
-
-
-def test_manifests_are_committed():
-    assert JOB_DIRS, "manifests/ holds the rendered examples shown in the README"
+MANIFESTS = REPO / "manifests"
 
 
-@pytest.mark.parametrize("job_dir", JOB_DIRS, ids=[f"{d.parent.name}-{d.name}" for d in JOB_DIRS])
-def test_committed_manifest_matches_a_fresh_render(job_dir):
-    job_plan = plan(load_spec(EXAMPLES / f"{job_dir.name}.yaml"), load_profile(job_dir.parent.name, PROFILES), TEMPLATES)
-    on_disk = {p.name: p.read_text() for p in job_dir.iterdir()}
-    assert on_disk == dict(job_plan.files), f"re-render: jobgen render examples/{job_dir.name}.yaml --profile {job_dir.parent.name}"
+@pytest.fixture(scope="module")
+def render():
+    return plan_project(load_project(REPO / "jobgen.yaml"), profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+
+
+def test_project_renders_the_readme_examples(render):
+    assert {"slurm-a100/quickstart", "k8s-h100/quickstart", "slurm-h100/gpt2-350m-zero3"} <= render.job_dirs
+    assert render.out == MANIFESTS.resolve()
+
+
+def test_committed_manifests_match_a_fresh_render(render):
+    comparison = compare(render)
+    assert comparison.in_sync, "manifests/ is out of date; run: jobgen render --all --prune\n" + unified_diff(comparison, "manifests")
+
+
+def test_every_committed_file_is_rendered(render):
+    on_disk = sorted(p.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("*") if p.is_file())
+    assert on_disk == sorted(render.files), "files under manifests/ that jobgen.yaml does not render"
+
+
+def test_sbatch_scripts_are_executable(render):
+    for rel in render.files:
+        path = MANIFESTS / rel
+        assert bool(path.stat().st_mode & 0o100) == rel.endswith(".sbatch"), rel

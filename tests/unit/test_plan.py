@@ -81,9 +81,9 @@ def test_deepspeed_plan_has_consistent_config_and_spec_points_at_it():
 
 def test_files_per_scheduler():
     assert [n for n, _ in make(spec(), "slurm-a100").files] == ["job.sbatch", "spec.json"]
-    assert [n for n, _ in make(spec(), "k8s-h100").files] == ["pytorchjob.yaml", "spec.json"]
+    assert [n for n, _ in make(spec(), "k8s-h100").files] == ["kustomization.yaml", "pytorchjob.yaml", "spec.json"]
     assert [n for n, _ in make(spec(trainer={"strategy": "deepspeed_stage_1"}), "k8s-h100").files] == [
-        "ds_config.json", "pytorchjob.yaml", "spec.json"]
+        "ds_config.json", "kustomization.yaml", "pytorchjob.yaml", "spec.json"]
     assert [n for n, _ in make(spec(), "local").files] == ["spec.json"]
 
 
@@ -123,3 +123,59 @@ def test_render_path_imports_no_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def _copy_templates(tmp_path, name="t"):
+    import shutil
+
+    dst = tmp_path / name
+    shutil.copytree(TEMPLATES, dst)
+    return dst
+
+
+@pytest.mark.parametrize("profile", ["slurm-a100", "k8s-h100"])
+def test_inputs_hash_covers_the_templates(tmp_path, profile):
+    """A template edit, even one that renders the same text, changes the header hash; CRLF does not."""
+    base = _copy_templates(tmp_path, "base")
+    edited = _copy_templates(tmp_path, "edited")
+    crlf = _copy_templates(tmp_path, "crlf")
+    template = "slurm/job.sbatch.j2" if profile.startswith("slurm") else "kubernetes/pytorchjob.yaml.j2"
+    (edited / template).write_text((base / template).read_text() + "{# reviewed #}\n")
+    (crlf / template).write_bytes((base / template).read_bytes().replace(b"\n", b"\r\n"))
+    prof = load_profile(profile, PROFILES)
+    plans = {d.name: plan(spec(), prof, d) for d in (base, edited, crlf)}
+    assert plans["edited"].inputs_sha256 != plans["base"].inputs_sha256
+    assert plans["crlf"].inputs_sha256 == plans["base"].inputs_sha256
+    main_file = "job.sbatch" if profile.startswith("slurm") else "pytorchjob.yaml"
+    assert plans["edited"].inputs_sha256 in plans["edited"].file(main_file)
+    assert plans["edited"].inputs_sha256 in plans["edited"].file("spec.json")
+
+
+def test_inputs_hash_covers_included_templates(tmp_path):
+    templates = _copy_templates(tmp_path)
+    main = templates / "slurm" / "job.sbatch.j2"
+    main.write_text(main.read_text() + '{% include "slurm/extra.j2" %}\n')
+    (templates / "slurm" / "extra.j2").write_text("# extra one\n")
+    prof = load_profile("slurm-a100", PROFILES)
+    first = plan(spec(), prof, templates)
+    from jobgen.render import environment, template_sha256
+
+    (templates / "slurm" / "extra.j2").write_text("# extra two\n")
+    template_sha256.cache_clear()
+    environment.cache_clear()
+    second = plan(spec(), prof, templates)
+    assert "# extra two" in second.file("job.sbatch")
+    assert first.inputs_sha256 != second.inputs_sha256
+
+
+def test_inputs_hash_covers_the_whole_extends_chain(tmp_path):
+    """Editing a base profile changes the hash of a profile that extends it."""
+    import shutil
+
+    profiles = tmp_path / "profiles"
+    shutil.copytree(PROFILES, profiles)
+    before = plan(spec(), load_profile("slurm-h100", profiles), TEMPLATES).inputs_sha256
+    base = profiles / "slurm-a100.yaml"
+    base.write_text(base.read_text().replace("signal_grace_s: 120", "signal_grace_s: 90"))
+    after = plan(spec(), load_profile("slurm-h100", profiles), TEMPLATES)
+    assert after.inputs_sha256 != before and "--signal=USR2@90" in after.file("job.sbatch")
