@@ -2,7 +2,8 @@
 
 Skips, with the reason, where the machine can't host it: not root, ``JOBGEN_SKIP_SLURM_LAB=1``,
 no unshare/nsenter/ip, or the SLURM packages can't be installed. Any other failure to come up
-is an error (with the daemons' log tails), not a skip. ``JOBGEN_SLURM_LAB_ROOT`` puts the lab's
+is an error (with the daemons' log tails), not a skip. ``JOBGEN_SLURM_LAB_ACCOUNTING=1`` adds
+slurmdbd + MariaDB (plain ``sacct``, ``sacct --json``). ``JOBGEN_SLURM_LAB_ROOT`` puts the lab's
 files in a directory of your choice (kept after the run, for reading logs); the fixture owns
 the lab there: it restarts one left running under that root and stops it at the end.
 """
@@ -57,7 +58,7 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
         pytest.skip(reason)
     configured = os.environ.get("JOBGEN_SLURM_LAB_ROOT")
     root = Path(configured) if configured else tmp_path_factory.mktemp("slurm-lab")
-    lab = SlurmLab(root)
+    lab = SlurmLab(root, accounting=os.environ.get("JOBGEN_SLURM_LAB_ACCOUNTING") == "1")
     try:
         lab.up()
     except LabInstallError as exc:

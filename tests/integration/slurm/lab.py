@@ -58,10 +58,13 @@ MARIADB_PORT = 3306
 DB_PASSWORD = "jobgenlab"
 
 BASE_PACKAGES = ("slurm-wlm", "munge")
-ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server-core")
+#: mariadb-server-core has mariadbd and mariadb-install-db; the latter needs my_print_defaults,
+#: which is in mariadb-client-core.
+ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server-core", "mariadb-client-core")
 BASE_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scancel",
                  "scontrol", "sinfo", "sacct")
-ACCOUNTING_BINARIES = ("slurmdbd", "mariadbd", "mariadb-install-db")
+ACCOUNTING_BINARIES = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db",
+                       "my_print_defaults")
 #: Places searched for daemons besides $PATH (pytest may run with a PATH without sbin).
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
@@ -778,6 +781,11 @@ class SlurmLab:
                                     f"{self.log_tails()}")
             pid = self._pid_from_file(key, comm, host, pidfile)
             if pid is not None:
+                if not foreground:  # the launcher exits once the daemon forked: reap it
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        pass
                 return pid
             time.sleep(0.05)
         raise LabStartError(f"{key} wrote no PID file ({pidfile}) within {timeout:g} s\n"
