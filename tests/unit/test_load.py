@@ -113,7 +113,7 @@ def test_jobgen_home_comes_before_cwd(tmp_path, monkeypatch):
 
 def test_container_runtime_needs_image(tmp_path):
     write(tmp_path / "p.yaml", "scheduler: slurm\nslurm:\n  container:\n    runtime: pyxis\n")
-    with pytest.raises(ConfigError, match=r"slurm\.container: container runtime 'pyxis' needs an image"):
+    with pytest.raises(ConfigError, match=r"slurm\.container: You set `container.runtime: pyxis`, but no `container.image`"):
         load_profile("p", tmp_path)
 
 
