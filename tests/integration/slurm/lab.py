@@ -333,34 +333,42 @@ class SlurmLab:
 
     @property
     def conf_dir(self) -> Path:
+        """root/etc: slurm.conf, slurmdbd.conf, the lab hosts file."""
         return self.root / "etc"
 
     @property
     def slurm_conf(self) -> Path:
+        """The lab's slurm.conf (what SLURM_CONF names)."""
         return self.conf_dir / "slurm.conf"
 
     @property
     def hosts_file(self) -> Path:
+        """Bind-mounted over /etc/hosts inside each lab namespace (never the host's)."""
         return self.conf_dir / "hosts"
 
     @property
     def log_dir(self) -> Path:
+        """root/log: daemon logs, <daemon>.launch.log, jobcomp.txt."""
         return self.root / "log"
 
     @property
     def run_dir(self) -> Path:
+        """root/run: the daemons' PID files."""
         return self.root / "run"
 
     @property
     def munge_socket(self) -> Path:
+        """The lab munged's socket (AuthInfo=socket=..., pitfall 5)."""
         return self.root / "munge" / "munge.socket"
 
     @property
     def jobcomp_file(self) -> Path:
+        """JobCompLoc: one line per finished job, what `sacct -c` reads (pitfall 8)."""
         return self.log_dir / "jobcomp.txt"
 
     @property
     def state_file(self) -> Path:
+        """root/lab.json: how the lab was started (accounting, sizes) and whether it is up."""
         return self.root / "lab.json"
 
     @property
@@ -498,6 +506,9 @@ class SlurmLab:
         """
         if os.geteuid() != 0:
             raise LabError("the SLURM lab needs root (network namespaces, bridge, daemons)")
+        if any(c.isspace() or c in "#=," for c in str(self.root)):
+            raise LabError(f"root {str(self.root)!r} has whitespace or one of '#=,', which "
+                           "slurm.conf can't hold; use another --root")
         if len(os.fsencode(str(self.munge_socket))) > 100:
             raise LabError(f"root {self.root} is too long for a unix socket path "
                            f"({self.munge_socket}); use a shorter --root")
@@ -612,7 +623,8 @@ class SlurmLab:
                 raise LabConflictError(f"route {line!r} overlaps the lab subnet {SUBNET}")
 
     def _write_files(self) -> None:
-        for sub in ("etc", "log", "run", "state", "spool", "munge", "jobs"):
+        for sub in ("etc", "log", "run", "state/slurmctld", "munge",
+                    *(f"spool/{n}" for n in self.nodes)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # slurm.conf's dir must stay world-readable (pitfall 5); the root too.
         self.root.chmod(0o755)
@@ -675,9 +687,7 @@ class SlurmLab:
             f"SlurmdLogFile={self.log_dir}/slurmd.%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            # fast turnaround for tests
-            "SlurmctldTimeout=30",
-            "SlurmdTimeout=30",
+            # SIGTERM -> SIGKILL after 5 s on scancel (default 30) keeps cancel tests short
             "InactiveLimit=0",
             "KillWait=5",
             "MinJobAge=300",
@@ -985,6 +995,7 @@ def _nsexec(hostname: str, hosts: str, argv: list[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: up | down | status | env (each with --root); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("up", "start the lab and print export lines"),
