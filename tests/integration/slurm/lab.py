@@ -856,9 +856,15 @@ class SlurmLab:
                 timeout=30)
 
     def node_states(self) -> dict[str, str]:
-        """sinfo's long state per node ("idle", "alloc", "down*", ...); {} if unreachable."""
-        proc = run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N|%T"],
-                   env=self.client_env(), check=False, timeout=15)
+        """sinfo's long state per node ("idle", "alloc", "down*", ...); {} when there is no
+        slurm.conf (clients would retry for 60 s) or slurmctld does not answer within 15 s."""
+        if not self.slurm_conf.exists():
+            return {}
+        try:
+            proc = run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N|%T"],
+                       env=self.client_env(), check=False, timeout=15)
+        except LabCommandError:
+            return {}
         if proc.returncode != 0:
             return {}
         return dict(line.split("|", 1) for line in proc.stdout.split() if "|" in line)
@@ -970,7 +976,8 @@ class SlurmLab:
     def status(self) -> dict[str, object]:
         """What is running: daemons (key -> PID), node states, other PIDs per namespace."""
         return {"root": str(self.root), "env": self.env, "daemons": self.daemon_pids(),
-                "nodes": self.node_states(), "node_pids": self.node_pids(),
+                "nodes": self.node_states() if "slurmctld" in self.daemon_pids() else {},
+                "node_pids": self.node_pids(),
                 "hosts": {h.name: {"ip": h.ip, "netns": h.netns} for h in HOSTS},
                 "bridge": {"name": BRIDGE, "host_ip": HOST_IP,
                            "present": _link_exists(BRIDGE)}}
