@@ -64,6 +64,18 @@ def sh_argv(values: Iterable[Any]) -> str:
     return " ".join(sh_quote(v) for v in values)
 
 
+def sbatch_quote(value: Any) -> str:
+    """Quote a value for an ``#SBATCH --option=<value>`` line.
+
+    sbatch reads these lines itself, not bash: it honours single and double quotes like the
+    shell, but treats a backslash as an escape even inside single quotes (measured on SLURM
+    22.05: ``--job-name='back\\slash'`` arrives as ``backslash``). So backslashes are doubled,
+    then the value is shell-quoted (:func:`sh_quote`, which also rejects newlines: a newline
+    would start a new directive).
+    """
+    return sh_quote(str(value).replace("\\", "\\\\"))
+
+
 def pretty_json(value: Any) -> str:
     """Deterministic, human-diffable JSON: 2-space indent, UTF-8, final newline.
 
@@ -110,6 +122,7 @@ def environment(templates_dir: str) -> jinja2.Environment:
     )
     env.filters["sh"] = sh_quote
     env.filters["sh_argv"] = sh_argv
+    env.filters["sbatch"] = sbatch_quote
     env.filters["tojson"] = to_json
     env.filters["yaml_block"] = yaml_block
     return env

@@ -77,7 +77,8 @@ class JobStatus:
         state: the scheduler's word (SLURM: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
             TIMEOUT, PREEMPTED, NODE_FAIL, REQUEUED, ...), or ``UNKNOWN`` when no source knows
             the job (never a guess).
-        source: where the state came from (``squeue``, ``sacct``, ``jobcomp``, ``none``).
+        source: where the state came from: ``squeue``, ``sacct`` (accounting), ``jobcomp``
+            (the job-completion log), or ``none``.
         details: further facts (nodes, reason, exit code, restarts, elapsed), all strings.
     """
 

@@ -8,6 +8,7 @@ so that Lightning's SLURMEnvironment sees ``SLURM_NTASKS_PER_NODE == devices`` a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,6 +36,17 @@ from jobgen.render import ShellText
 
 TEMPLATE = "slurm/job.sbatch.j2"
 SBATCH_FILE = "job.sbatch"
+
+
+def run_dir_name(job_name: str) -> str:
+    """The run directory's name for ``job_name``: the name itself, unless it holds ``%`` or a
+    backslash, which SLURM's output filename patterns cannot carry (sbatch(1): ``%`` expands,
+    ``\\`` is dropped and disables expansion); then those become ``_`` plus a short hash of the
+    name, so two such names never share a run directory."""
+    if "%" not in job_name and "\\" not in job_name:
+        return job_name
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
+    return job_name.replace("%", "_").replace("\\", "_") + "-" + digest
 
 
 def format_time_limit(minutes: int) -> str:
@@ -249,7 +261,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         env=job_env(ctx),
         omp_threads=max(1, ctx.profile.cpus_per_node // ctx.world.devices_per_node),
         master_port=s.master_port,
-        job_name=ctx.spec.name,
+        run_name=run_dir_name(ctx.spec.name),
         srun_options=srun_options(ctx),
         launch=launch_argv(ctx),
         forward_signal=s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
@@ -302,21 +314,26 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
 
     The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
-    created first); SLURM's output goes to ``<run dir>/slurm-<jobid>.out``, so a committed job
-    directory stays clean. ``test_only`` runs ``sbatch --test-only`` (SLURM checks the request
+    created first) and the job's working directory (``--chdir``), so SLURM's output goes to
+    ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. ``test_only`` runs ``sbatch --test-only`` (SLURM checks the request
     and estimates a start; nothing is queued) and returns ``None``.
 
     Raises:
-        ConfigError: ``job_dir`` is not a rendered SLURM job; the run dir path contains ``%``
-            (SLURM would expand it as a filename pattern).
+        ConfigError: ``job_dir`` is not a rendered SLURM job; the run dir path contains ``%`` or
+            a backslash (SLURM's output filename patterns cannot carry them).
         SubmitError: the same job directory has a job still pending or running (without
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
     """
     job_dir = job_dir.resolve()
     facts = read_job_dir(job_dir)
-    run_dir = runs_dir.resolve() / facts["job_name"]
-    if "%" in str(run_dir):
-        raise ConfigError(f"run directory {run_dir} contains '%'", hint="SLURM expands %-patterns in --output; use another --runs-dir")
+    run_dir = runs_dir.resolve() / run_dir_name(facts["job_name"])
+    for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
+        if char in str(run_dir):
+            raise ConfigError(
+                f"run directory {run_dir} contains {char!r}: SLURM {why} in output file paths "
+                "(sbatch(1), filename pattern), so the job could not open its log there",
+                hint="pick another --runs-dir (the job directory and the job name may contain it)",
+            )
     previous = job_dir / SUBMISSION_FILE
     if previous.is_file() and not force and not test_only:
         record = Submission.load(previous)
@@ -331,7 +348,8 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     argv = ["sbatch", "--parsable"]
     if test_only:
         argv.append("--test-only")
-    argv += [f"--output={run_dir}/slurm-%j.out", SBATCH_FILE]
+    # --chdir: the job runs in its run directory, so `#SBATCH --output=slurm-%j.out` lands there.
+    argv += [f"--chdir={run_dir}", SBATCH_FILE]
     proc_env = {**os.environ, **(env or {}), "JOBGEN_RUN_DIR": str(runs_dir.resolve())}
     proc = run_command(argv, cwd=job_dir, env=proc_env, what="sbatch")
     if test_only:
@@ -380,35 +398,37 @@ def _flag(value: Any) -> str:
     return str(value)
 
 
-def _sacct(jid: str) -> tuple[str, dict[str, str]] | None:
-    """``(state, details)`` from accounting (``sacct --json``), the job-completion log
-    (``sacct -c``, JobCompType=jobcomp/filetxt) as a fallback, or None when neither knows it."""
-    try:
-        proc = run_command(["sacct", "--json", "--jobs", jid], what="sacct", timeout_s=30)
-        jobs = [j for j in json.loads(proc.stdout).get("jobs", []) if str(j.get("job_id")) == jid]
-        if jobs:
-            job = jobs[-1]
-            state = job.get("state", {})
-            details = {"name": str(job.get("name", "")), "exit_code": str(job.get("exit_code", {}).get("return_code", "")),
-                       "nodes": str(job.get("nodes", "")), "restarts": str(job.get("restart_cnt", ""))}
-            return _flag(state.get("current") if isinstance(state, dict) else state), details
-    except SubmitError:
-        pass  # no slurmdbd: "accounting storage is disabled"; try the completion log
-    try:
-        proc = run_command(["sacct", "-c", "--jobs", jid, "--noheader", "--parsable2", "--format=JobID,State,ExitCode,NodeList,Elapsed,JobName"],
-                           what="sacct -c", timeout_s=30)
-    except SubmitError:
-        return None
-    rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
-    if not rows:
-        return None
-    row = rows[-1] + [""] * 6
-    return row[1].split()[0], {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(rows[-1][5:])}
+#: sacct columns jobgen reads; JobName last, so a name containing "|" survives the split.
+_SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Elapsed,JobName"
+
+
+def _sacct(jid: str) -> tuple[str, str, dict[str, str]] | None:
+    """``(state, source, details)`` from accounting (``sacct``, needs slurmdbd), else from the
+    job-completion log (``sacct -c``, JobCompType=jobcomp/filetxt), else None.
+
+    Parsable text, not ``--json``: on SLURM 22.05 ``sacct --json`` reports exit code 0 for
+    jobs that exited non-zero, while ``ExitCode`` in the text output is right.
+    """
+    for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
+        argv = ["sacct", *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        try:
+            proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
+        except SubmitError:
+            continue  # no slurmdbd: "accounting storage is disabled"; try the completion log
+        rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
+        row = rows[-1] + [""] * 6 if rows else []
+        # jobcomp/filetxt records are space-separated key=value pairs: a job name with spaces
+        # garbles sacct -c's parse; an unreadable state means "this source does not know".
+        if row and re.fullmatch(r"[A-Z_]+", (row[1].split() or [""])[0]):
+            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(rows[-1][5:])}
+            return row[1].split()[0], source, details
+    return None
 
 
 def status(handle: JobHandle) -> JobStatus:
-    """The job's state: ``squeue`` while the controller knows it, then accounting, then the
-    job-completion log, else ``UNKNOWN`` (never a guess).
+    """The job's state: ``squeue`` while the controller knows it (queued, running, and for
+    MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
+    (never a guess).
 
     Raises:
         ConfigError: not a SLURM handle.
@@ -417,20 +437,20 @@ def status(handle: JobHandle) -> JobStatus:
     jid = job_id(handle)
     job = _squeue(jid)
     if job is not None:
-        state = _flag(job.get("job_state"))
         details = {
             "name": str(job.get("name", "")),
             "nodes": str(job.get("nodes", "")),
             "reason": str(job.get("state_reason", "")),
             "restarts": str(job.get("restart_cnt", "")),
         }
-        if state not in FINISHED_STATES:
-            return JobStatus(handle, state, "squeue", details)
+        raw_exit = job.get("exit_code")
+        state = _flag(job.get("job_state"))
+        if state in FINISHED_STATES and isinstance(raw_exit, int):
+            details["exit_code"] = f"{raw_exit >> 8}:{raw_exit & 0x7F}"  # a wait(2) status on 22.05
+        return JobStatus(handle, state, "squeue", details)
     found = _sacct(jid)
     if found is not None:
-        return JobStatus(handle, found[0], "sacct", found[1])
-    if job is not None:
-        return JobStatus(handle, _flag(job.get("job_state")), "squeue", details)
+        return JobStatus(handle, *found)
     return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
 
 
@@ -480,7 +500,8 @@ def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_
     keep printing until the job has finished and the file is drained (Ctrl-C stops).
 
     Raises:
-        ConfigError: no log file is known for the job (see :func:`log_file`).
+        ConfigError: no log file is known for the job (see :func:`log_file`), or the job has
+            ended without one.
     """
     path = log_file(handle)
     offset, pending = 0, ""
@@ -495,7 +516,12 @@ def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_
             for line in filter_rank(lines, rank):
                 out(line)
         elif not follow:
-            raise ConfigError(f"{path} does not exist (yet)", hint=f"the job may still be pending: jobgen status {handle}")
+            state = status(handle)
+            if state.finished or state.state == "UNKNOWN":
+                raise ConfigError(f"{handle} is {state.state} but its output file {path} does not exist",
+                                  hint="SLURM could not open it (is the run directory on a filesystem the nodes share?)")
+            out(f"jobgen: {handle} is {state.state}; no output yet in {path} (jobgen logs -f waits for it)")
+            return
         if finished:
             for line in filter_rank([pending] if pending else [], rank):
                 out(line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobgen.backends.base import JobHandle
-from jobgen.backends.slurm import check_directives, filter_rank, job_id
+from jobgen.backends.slurm import check_directives, filter_rank, job_id, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, validate
 from jobgen.plan import World, plan
@@ -107,3 +107,10 @@ def test_rank_filter_keeps_one_ranks_lines_and_the_batch_shells():
 def test_job_id_needs_a_slurm_handle_with_a_number(text):
     with pytest.raises(ConfigError, match="is not a SLURM job handle"):
         job_id(JobHandle.parse(text))
+
+
+def test_run_dir_name_avoids_what_slurm_output_paths_cannot_carry():
+    assert run_dir_name("it's a job") == "it's a job"
+    odd = [run_dir_name(n) for n in ("a\\b", "a%b", "a_b")]
+    assert odd[0].startswith("a_b-") and odd[1].startswith("a_b-") and odd[2] == "a_b"
+    assert len(set(odd)) == 3, "names that differ must keep distinct run directories"

@@ -1,0 +1,278 @@
+"""jobgen against the real lab cluster: submit, status, logs, requeue-and-resume, cancel, quoting.
+
+Each job is rendered from ``slurm-lab`` (a profile that extends the shipped ``slurm-cpu`` with
+the lab's partition and interpreter) and submitted with the ``jobgen`` CLI, exactly as a user
+would; the lab is the ``slurm_lab`` fixture (conftest.py). Wall times are printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lab import run_slurm, wait_for
+
+from jobgen.backends.slurm import run_dir_name
+from tests.conftest import ADVERSARIAL, REPO
+
+pytestmark = pytest.mark.slurm_lab
+
+LAB_PROFILE = """\
+# The project's lab cluster (tests/integration/slurm/lab.py): 2 CPU nodes, partition lab.
+extends: slurm-cpu
+description: jobgen SLURM lab, 2 CPU nodes
+slurm:
+  cluster: jobgenlab
+  partition: lab
+  python: {python}
+  time_limit_min: {time_limit_min}
+  signal_grace_s: {grace_s}
+"""
+
+SPEC = """\
+name: {name}
+model: {{preset: null, n_layer: 2, n_head: 2, d_model: 64, block_size: 64}}
+data: {{max_bytes: 1000000}}
+trainer: {{precision: 32-true, micro_batch_size: 8, learning_rate: 0.003, max_steps: {max_steps}, warmup_steps: 5,
+          val_check_interval: {every}, limit_val_batches: 4, log_every_n_steps: 10}}
+checkpoint: {{every_n_steps: {every}}}
+resources: {{nodes: 2}}
+"""
+
+
+class Jobgen:
+    """Runs the jobgen CLI against the lab, with its own profiles, runs and state dirs."""
+
+    def __init__(self, lab, root: Path):
+        self.lab, self.root = lab, root
+        self.env = {**lab.client_env(), "JOBGEN_STATE_DIR": str(root / "state"), "PYTHONPATH": str(REPO)}
+        self.env.pop("JOBGEN_DEBUG", None)
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=self.root, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"jobgen {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def profile(self, name: str = "slurm-lab", *, time_limit_min: int = 10, grace_s: int = 60, python: str = sys.executable) -> str:
+        (self.root / "profiles").mkdir(exist_ok=True)
+        text = LAB_PROFILE.format(python=json.dumps(python), time_limit_min=time_limit_min, grace_s=grace_s)
+        (self.root / "profiles" / f"{name}.yaml").write_text(text)
+        return name
+
+    def spec(self, name: str, *, max_steps: int, every: int) -> str:
+        path = self.root / f"{name}.yaml"
+        path.write_text(SPEC.format(name=name, max_steps=max_steps, every=every))
+        return str(path)
+
+    def submit(self, spec: str, profile: str = "slurm-lab", *extra: str) -> str:
+        out = self("submit", spec, "--profile", profile, "--profiles-dir", str(self.root / "profiles"), *extra).stdout
+        return next(line.split()[1] for line in out.splitlines() if line.startswith("submitted "))
+
+    def status(self, handle: str) -> dict:
+        return json.loads(self("status", "--json", handle).stdout)
+
+    def wait_state(self, handle: str, states: set[str], timeout: float) -> tuple[str, list[str]]:
+        """Poll `jobgen status` until the state is in ``states``; returns it and every state seen."""
+        seen: list[str] = []
+
+        def reached() -> str:
+            state = self.status(handle)["state"]
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            return state if state in states else ""
+
+        try:
+            return wait_for(reached, timeout, 1.0), seen
+        except TimeoutError:
+            raise TimeoutError(f"{handle} not in {sorted(states)} after {timeout:g} s; states seen: {seen}") from None
+
+
+@pytest.fixture
+def jobgen(slurm_lab, tmp_path) -> Iterator[Jobgen]:
+    yield Jobgen(slurm_lab, tmp_path)
+    # A failed test must not leave a job holding the lab's nodes for the next one.
+    jobs = run_slurm(slurm_lab, "squeue", "-h", "-o", "%i").stdout.split()
+    if jobs:
+        run_slurm(slurm_lab, "scancel", *jobs)
+        wait_for(lambda: not run_slurm(slurm_lab, "squeue", "-h", "-o", "%i").stdout.split(), 60, 0.5, what="the queue to drain")
+
+
+def job_id(handle: str) -> str:
+    return handle.rsplit("/", 1)[1]
+
+
+def run_dir(jg: Jobgen, name: str) -> Path:
+    return jg.root / "runs" / name
+
+
+def val_losses(run: Path) -> list[tuple[int, float]]:
+    rows = []
+    for path in sorted(run.glob("logs/version_*/metrics.csv")):
+        with path.open() as fh:
+            rows += [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(fh) if r.get("val_loss")]
+    return sorted(rows)
+
+
+def test_two_node_job_trains_to_completion_with_status_and_logs(jobgen):
+    """Acceptance: 2 nodes x 1 rank (gloo), real text, COMPLETED, val loss falls, checkpoints left."""
+    jobgen.profile()
+    started = time.monotonic()
+    handle = jobgen.submit(jobgen.spec("lab-train", max_steps=60, every=20))
+    submitted = time.monotonic()
+    assert handle.startswith("slurm://jobgenlab/")
+    running, seen = jobgen.wait_state(handle, {"RUNNING", "COMPLETED", "FAILED"}, timeout=60)
+    to_running = time.monotonic() - submitted
+    assert running == "RUNNING", seen
+    final, seen_after = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
+    total = time.monotonic() - started
+    log = jobgen("logs", handle).stdout
+    assert final == "COMPLETED", f"{seen + seen_after}\n{jobgen('logs', '--rank', 'all', handle).stdout[-4000:]}"
+    print(f"\nlab job: submit -> RUNNING {to_running:.1f} s, submit -> COMPLETED {total:.1f} s; states {seen + seen_after}")
+    # rank zero's progress, without the srun --label prefix; rank 1's lines are filtered out
+    assert "jobgen: job " in log and "on 2 node(s)" in log
+    assert any(line.startswith("step 60/60") or line.startswith("done: lab-train at step 60/60") for line in log.splitlines()), log
+    everything = jobgen("logs", "--rank", "all", handle).stdout
+    assert "1: " in everything and "0: " in everything
+    run = run_dir(jobgen, "lab-train")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 60 and summary["world_size"] == 2
+    losses = val_losses(run)
+    assert losses and summary["val_loss"] < losses[0][1] < math.log(256), (losses, summary["val_loss"])
+    assert (run / "checkpoints" / "last.ckpt").exists() and list((run / "checkpoints").glob("step-*"))
+    # status after the job: sacct (accounting or the job-completion log), not a guess
+    final_status = jobgen.status(handle)
+    assert final_status["state"] == "COMPLETED" and final_status["source"] in {"squeue", "sacct", "jobcomp"}
+    # the job directory is a handle too
+    job_dir = jobgen.root / "manifests" / "slurm-lab" / "lab-train"
+    assert jobgen.status(str(job_dir))["handle"] == handle
+
+
+def _requeue_now(lab, jid: str) -> None:
+    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: release it now."""
+    def pending() -> bool:
+        return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
+
+    wait_for(pending, 60, 0.5, what=f"job {jid} back in the queue")
+    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now")
+
+
+def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
+    return wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), timeout, 0.5, what=f"a step checkpoint in {run}")[0]
+
+
+def test_scontrol_requeue_resumes_from_the_checkpoint(jobgen, slurm_lab):
+    """Acceptance: requeue past the first checkpoint -> the job runs again and continues its global step."""
+    jobgen.profile()
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=2000, every=100))
+    run = run_dir(jobgen, "lab-requeue")
+    _wait_for_checkpoint(run, 300)
+    run_slurm(slurm_lab, "scontrol", "requeue", job_id(handle))
+    _requeue_now(slurm_lab, job_id(handle))
+    final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
+    log = jobgen("logs", handle).stdout
+    assert final == "COMPLETED", f"{seen}\n{log[-3000:]}"
+    assert "restart 1" in log, log
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 2000
+    assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 100, summary
+    assert "resuming from" in log
+
+
+def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
+    """Acceptance: --signal=USR2@60 before a 3-minute limit -> Lightning saves an HPC checkpoint and
+    requeues itself; each next run resumes from it, and the job ends COMPLETED at max_steps.
+
+    SLURM sends the signal up to 60 s early (sbatch(1)): 60-120 s into each run, so max_steps is
+    set beyond what one run can reach here (~30 steps/s) and the job needs two or more runs.
+    """
+    jobgen.profile(time_limit_min=3, grace_s=60)
+    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=4000, every=500))
+    run, jid = run_dir(jobgen, "lab-timelimit"), job_id(handle)
+    released: set[str] = set()
+
+    def finished_or_release() -> str:
+        """Release each self-requeued run from SLURM's ~120 s hold (pitfall 9); stop at an end state."""
+        status = jobgen.status(handle)
+        restarts = status["details"].get("restarts", "")
+        if status["state"] == "PENDING" and restarts not in ("", "0") and restarts not in released:
+            run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}", "StartTime=now")
+            released.add(restarts)
+        return status["state"] if status["state"] in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else ""
+
+    final = wait_for(finished_or_release, 900, 2.0, what=f"{handle} to end")
+    log = jobgen("logs", handle).stdout
+    assert final == "COMPLETED", log[-4000:]
+    hpc_resumes = [line for line in log.splitlines() if line.startswith("resume: auto - resuming from") and "hpc_ckpt_" in line]
+    assert hpc_resumes and "restart 1" in log, log[-4000:]
+    assert "TIMEOUT" not in final
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 4000 and summary["resumed_from_step"] > 0, summary
+    print(f"\ntime-limit job: {len(hpc_resumes)} requeue(s) by signal; resumes: {hpc_resumes}")
+
+
+def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
+    jobgen.profile()
+    handle = jobgen.submit(jobgen.spec("lab-cancel", max_steps=100000, every=1000))
+    wait_for(lambda: "step 10/" in jobgen("logs", handle).stdout, 180, 1.0, what="training progress")
+    assert any(slurm_lab.node_pids()[node] for node in ("node1", "node2"))
+    out = jobgen("cancel", handle).stdout
+    assert "CANCELLED" in out
+    # scancel has returned and squeue says CANCELLED; give PID 1 a moment to reap, then nothing may be left
+    wait_for(lambda: not any(slurm_lab.node_pids().values()), 30, 0.5, what=f"no job process on any node ({slurm_lab.node_pids()})")
+
+
+ECHO = """#!{python}
+# Stands in for the interpreter: records what the rendered job handed it, then exits 0.
+import json, os, sys
+out = os.environ["JOBGEN_ECHO_DIR"]
+with open(os.path.join(out, "rank-%s.json" % os.environ["SLURM_PROCID"]), "w") as fh:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}}, fh)
+"""
+
+
+def test_adversarial_values_reach_the_job_intact_and_nothing_runs(jobgen, slurm_lab):
+    """Acceptance: quotes, $(...), backticks, '; echo x', backslashes, globs in the job name, the
+    paths, env values and an srun argument are submitted to the real cluster and arrive intact."""
+    nasty = "it's \"q\" $(touch PWNED) `touch PWNED` '; touch PWNED; echo ' back\\slash * ${HOME}"
+    echo_dir = jobgen.root / "echo"
+    echo_dir.mkdir()
+    wrapper = jobgen.root / "echo-python"
+    wrapper.write_text(ECHO.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    jobgen.profile(python=str(wrapper))
+    profile = jobgen.root / "profiles" / "slurm-lab.yaml"
+    profile.write_text(profile.read_text() + f"  extra_srun_args: [{json.dumps('--job-name=' + nasty)}]\n")
+    env = {f"ODD_{i}": value for i, value in enumerate(ADVERSARIAL)} | {"JOBGEN_ECHO_DIR": str(echo_dir)}
+    name = "job " + nasty
+    spec = jobgen.root / "nasty.yaml"
+    spec.write_text(json.dumps({"name": name, "env": env, "resources": {"nodes": 2}}))
+    out_root = jobgen.root / f"out {nasty}"  # the job directory: backslashes and all
+    # SLURM's output paths cannot carry a backslash (filename patterns): such a run dir is refused
+    refused = jobgen("submit", str(spec), "--profile", "slurm-lab", "--profiles-dir", str(jobgen.root / "profiles"),
+                     "--runs-dir", str(jobgen.root / "runs \\ x"), "--out", str(out_root), check=False)
+    assert refused.returncode == 2 and "contains '\\\\'" in refused.stderr and "hint:" in refused.stderr, refused.stderr
+    runs = jobgen.root / ("runs " + nasty.replace("\\", ""))  # the job name keeps its backslash
+    run_name = run_dir_name(name)
+    assert "\\" not in run_name and run_name != name
+    handle = jobgen.submit(str(spec), "slurm-lab", "--runs-dir", str(runs), "--out", str(out_root))
+    final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    assert final == "COMPLETED", (seen, jobgen("logs", "--rank", "all", handle).stdout)
+    job_dir = out_root / "slurm-lab" / name
+    for rank in (0, 1):
+        got = json.loads((echo_dir / f"rank-{rank}.json").read_text())
+        assert got["argv"] == ["-m", "jobgen.train", "--spec", f"{job_dir}/spec.json", "--run-dir", f"{runs}/{run_name}"]
+        assert {k: got["env"][k] for k in env} == env
+        assert got["env"]["SLURM_JOB_NAME"] == nasty, "the srun argument arrived changed"
+    assert jobgen.status(handle)["details"]["name"] == name, "sbatch read the #SBATCH --job-name line differently"
+    assert not list(jobgen.root.rglob("PWNED")) and not list(Path.cwd().glob("PWNED")), "a value was executed"
+    assert not os.path.exists(os.path.join(os.path.expanduser("~"), "PWNED"))
