@@ -173,7 +173,7 @@ def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
 def test_scontrol_requeue_resumes_from_the_checkpoint(jobgen, slurm_lab):
     """Acceptance: requeue past the first checkpoint -> the job runs again and continues its global step."""
     jobgen.profile()
-    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=2000, every=100))
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=600, every=100))
     run = run_dir(jobgen, "lab-requeue")
     _wait_for_checkpoint(run, 300)
     run_slurm(slurm_lab, "scontrol", "requeue", job_id(handle))
@@ -183,7 +183,7 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(jobgen, slurm_lab):
     assert final == "COMPLETED", f"{seen}\n{log[-3000:]}"
     assert "restart 1" in log, log
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["global_step"] == 2000
+    assert summary["global_step"] == 600
     assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 100, summary
     assert "resuming from" in log
 
