@@ -256,7 +256,7 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
             backend_module(scheduler).submit(job_plan, job_dir.resolve())
             return
     slurm = backend_module("slurm")
-    handle = slurm.submit_dir(job_dir, runs_dir=Path(runs_dir), test_only=test_only, force=force)
+    handle = slurm.submit_dir(job_dir, runs_dir=Path(runs_dir), test_only=test_only, force=force, out=click.echo)
     if handle is None:
         click.echo("sbatch --test-only: the request is valid; nothing was queued")
         return

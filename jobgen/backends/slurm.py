@@ -310,13 +310,15 @@ def read_job_dir(job_dir: Path) -> dict[str, Any]:
 
 
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
-               env: dict[str, str] | None = None) -> JobHandle | None:
+               env: dict[str, str] | None = None, out: Callable[[str], None] = print) -> JobHandle | None:
     """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
 
     The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
     created first) and the job's working directory (``--chdir``), so SLURM's output goes to
-    ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. ``test_only`` runs ``sbatch --test-only`` (SLURM checks the request
-    and estimates a start; nothing is queued) and returns ``None``.
+    ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. ``env`` adds
+    variables for sbatch (which exports the submitting environment to the job). ``test_only``
+    runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
+    queued), passes SLURM's answer to ``out`` and returns ``None``.
 
     Raises:
         ConfigError: ``job_dir`` is not a rendered SLURM job; the run dir path contains ``%`` or
@@ -353,14 +355,14 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     proc_env = {**os.environ, **(env or {}), "JOBGEN_RUN_DIR": str(runs_dir.resolve())}
     proc = run_command(argv, cwd=job_dir, env=proc_env, what="sbatch")
     if test_only:
-        print((proc.stderr or proc.stdout).strip())
+        out((proc.stderr or proc.stdout).strip())
         return None
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
+    jid = proc.stdout.strip().split(";")[0]  # --parsable: "<jobid>[;<cluster>]"
+    if not jid.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{facts['cluster']}/{job_id}")
+    handle = JobHandle("slurm", f"{facts['cluster']}/{jid}")
     Submission(
-        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{job_id}.out"),
+        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=facts["inputs_sha256"],
     ).save()
     return handle
