@@ -1,0 +1,87 @@
+"""The ``k8s_lab`` fixture: a real kube-apiserver 1.20 (+ etcd, + the garbage collector) on
+this machine, built from Debian's source package and cached (see lab.py).
+
+Skips, with the reason, where the machine can't host it: ``JOBGEN_SKIP_K8S_LAB=1``, not Linux,
+not root (apt-get, /var/cache), no Debian mirror or source package, packages that cannot be
+installed. A build or start-up failure on a machine that can host it is an error (with the
+build log or daemon log tails), not a skip. ``JOBGEN_K8S_CACHE`` moves the build cache,
+``JOBGEN_K8S_LAB_ROOT`` keeps the lab's files (logs, kubeconfig) in a directory of your choice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
+
+from lab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries  # noqa: E402
+
+MARKER = "k8s_lab"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}: needs a real kube-apiserver built from Debian's kubernetes source package (root, apt); "
+        "skipped with a reason elsewhere, or with JOBGEN_SKIP_K8S_LAB=1",
+    )
+
+
+def lab_skip_reason() -> str | None:
+    """Why this machine can't host the lab (None: it can try)."""
+    if os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1":
+        return "JOBGEN_SKIP_K8S_LAB=1"
+    if not sys.platform.startswith("linux"):
+        return f"the Kubernetes lab builds Linux binaries from Debian packages (platform: {sys.platform})"
+    if os.geteuid() != 0:
+        return f"the Kubernetes lab needs root (apt-get, {cache_dir()}); running as uid {os.geteuid()}"
+    if not (default_crds_dir() / "training-operator-v1.9.4").is_dir():
+        return f"no Kubeflow CRDs at {default_crds_dir()} (set JOBGEN_CRDS_DIR)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def k8s_build() -> dict[str, Any]:
+    """The cached (or freshly built) binaries' stamp: versions, ``build_s``, ``cached``."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
+    except LabUnavailable as exc:
+        pytest.skip(f"the Kubernetes lab cannot be built here: {exc}")
+    state = "cached" if info["cached"] else "built"
+    print(f"\nk8s lab binaries {state}: kube {info['kube_version']} (source {info['source_version']}, reflect2 "
+          f"{info['reflect2_version']}, go {info['go_version']}), etcd {info.get('etcd_version')}; build took {info['build_s']} s "
+          f"(compile {info.get('compile_s')} s) {'when it was built' if info['cached'] else 'now'}", file=sys.stderr)
+    return info
+
+
+@pytest.fixture(scope="session")
+def k8s_lab(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sLab]:
+    """An up K8sLab for the whole session, with namespace ``training`` and PriorityClass
+    ``training-high`` (what the shipped k8s profiles reference) created."""
+    configured = os.environ.get("JOBGEN_K8S_LAB_ROOT")
+    root = Path(configured) if configured else tmp_path_factory.mktemp("k8s-lab")
+    lab = K8sLab(root, k8s_build)
+    try:
+        lab.up()
+    except BaseException:
+        print(f"Kubernetes lab failed to come up under {root}:\n{lab.log_tails(40)}", file=sys.stderr)
+        lab.down()
+        raise
+    print(f"k8s lab up in {lab.timings['total_s']} s (etcd {lab.timings['etcd_s']} s, kube-apiserver ready "
+          f"{lab.timings['apiserver_ready_s']} s, CRDs {lab.timings['crds_s']} s) at {lab.server}", file=sys.stderr)
+    lab.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "training"}})
+    lab.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "training-high"},
+               "value": 100000, "description": "jobgen lab: the class the k8s-h100 profile names"})
+    try:
+        yield lab
+    finally:
+        lab.down()
