@@ -162,7 +162,7 @@ def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_
                                                  start_new_session=True)))
     deadline = time.monotonic() + 420
     try:
-        for pod, _, proc in procs:
+        for _, _, proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         for _, _, proc in procs:
