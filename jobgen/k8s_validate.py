@@ -443,6 +443,11 @@ def validate_manifest(docs: list[dict[str, Any]], *, source: str, k8s_version: s
     checked: list[str] = []
     skipped: list[str] = []
     problems: list[tuple[str, Problem]] = []
+    try:
+        import jsonschema  # noqa: F401  (the schema checks need it; the rule checks below do not)
+    except ImportError:
+        jsonschema = None
+        skipped.append("CRD and core/v1 schemas: jsonschema is not installed (pip install 'jobgen[k8s]')")
     jobs = [d for d in docs if d.get("kind") in CRD_FILES]
     for job in jobs:
         kind = job["kind"]
@@ -452,6 +457,8 @@ def validate_manifest(docs: list[dict[str, Any]], *, source: str, k8s_version: s
         for _, prefix, template in pod_templates(job):
             problems += [(label, p) for p in pod_problems(template.get("spec") or {}, prefix)]
         checked.append(f"{kind} admission rules")
+        if jsonschema is None:
+            continue
         directory = crds_dir()
         path = crd_file(kind, directory) if directory else None
         if path is None:
@@ -461,6 +468,9 @@ def validate_manifest(docs: list[dict[str, Any]], *, source: str, k8s_version: s
             validator = _crd_validator(str(path), path.stat().st_mtime_ns, CRD_FILES[kind][3])
             problems += [(label, p) for p in _schema_problems(validator, job, "", f"{path.parent.name}/{path.name} (strict)")]
             checked.append(f"{kind} CRD schema ({path.parent.name}, strict)")
+    if jsonschema is None:
+        _raise(problems, source, profile_source)
+        return Report(tuple(checked), tuple(skipped))
     try:
         import kubernetes_validate  # noqa: F401  (presence check; schemas are read below)
     except ImportError:
