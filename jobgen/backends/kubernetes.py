@@ -153,6 +153,13 @@ def config_map_name(name: str) -> str:
     return f"{name}-config"
 
 
+def manifest_file(job_plan: JobPlan) -> str:
+    """The manifest a Kubernetes plan writes: ``pytorchjob.yaml`` or ``trainjob.yaml`` (what an
+    aggregated kustomization must list for that job)."""
+    names = {name for name, _ in job_plan.files}
+    return TRAINJOB_FILE if TRAINJOB_FILE in names else MANIFEST_FILE
+
+
 def kustomization_yaml(header: str, resources: list[str]) -> str:
     """A kustomize ``Kustomization`` listing ``resources`` (relative file paths, kept in the
     given order), after ``header`` (comment lines, each starting with ``#``).
@@ -1169,6 +1176,6 @@ def submit(plan: JobPlan, job_dir: Path, **options: Any) -> JobHandle | None:
 __all__ = [
     "CONFIG_MOUNT", "KUSTOMIZATION_FILE", "MANIFEST_FILE", "MAX_NAME", "RUN_ROOT", "SUBMISSION_FILE", "TRAINJOB_FILE",
     "ApiError", "Cluster", "JobDir", "K8sKind", "SubmitResult", "cancel", "check_settings", "connect", "job_state",
-    "k8s_name", "kustomization_yaml", "logs", "make_handle", "object_name", "parse_handle", "plan", "pod_values",
+    "k8s_name", "kustomization_yaml", "logs", "make_handle", "manifest_file", "object_name", "parse_handle", "plan", "pod_values",
     "pruned_paths", "read_job_dir", "replica_selector", "server_dry_run", "status", "submit", "submit_dir",
 ]

@@ -133,6 +133,17 @@ def test_without_kubernetes_validate_the_core_check_is_skipped(monkeypatch, docs
     assert any("kubernetes-validate is not installed" in s for s in report.skipped)
 
 
+def test_without_jsonschema_only_the_rule_checks_run(monkeypatch, docs):
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    report = kv.validate_manifest(docs, source="x")
+    assert report.checked == ("PyTorchJob admission rules",)
+    assert report.skipped == ("CRD and core/v1 schemas: jsonschema is not installed (pip install 'jobgen[k8s]')",)
+    bad = copy.deepcopy(docs)
+    bad[1]["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 3
+    with pytest.raises(PlanError, match="must be 1"):
+        kv.validate_manifest(bad, source="x")
+
+
 def test_old_kubernetes_versions_use_the_oldest_bundled_schema(docs):
     report = kv.validate_manifest(docs, source="x", k8s_version="1.20")
     assert any("checked against 1.25 instead of 1.20" in s for s in report.skipped)

@@ -1,5 +1,5 @@
 """The ``k8s_lab`` fixture: a real kube-apiserver 1.20 (+ etcd, + the garbage collector) on
-this machine, built from Debian's source package and cached (see lab.py).
+this machine, built from Debian's source package and cached (see kubelab.py).
 
 Skips, with the reason, where the machine can't host it: ``JOBGEN_SKIP_K8S_LAB=1``, not Linux,
 not root (apt-get, /var/cache), no Debian mirror or source package, packages that cannot be
@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from lab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries  # noqa: E402
+from kubelab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries  # noqa: E402
 
 MARKER = "k8s_lab"
 

@@ -24,10 +24,10 @@ running lab writes lives under its ROOT; it stops only the processes it started 
 
 By hand:
 
-    python tests/integration/k8s/lab.py build                 # fill the cache
-    python tests/integration/k8s/lab.py up --root /tmp/jobgen-k8s-lab
+    python tests/integration/k8s/kubelab.py build                 # fill the cache
+    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab
     export KUBECONFIG=/tmp/jobgen-k8s-lab/kubeconfig           # context jobgen-lab
-    python tests/integration/k8s/lab.py down --root /tmp/jobgen-k8s-lab
+    python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
 This module imports nothing from jobgen: the standard library, plus PyYAML to read the CRDs.
 """
