@@ -1094,6 +1094,12 @@ def iter_lines(chunks: Iterator[bytes]) -> Iterator[str]:
         yield pending.decode("utf-8", "replace")
 
 
+def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -> str:
+    """The job's state now (see :func:`job_state`), ``UNKNOWN`` once it is gone."""
+    job = _get_job(cluster, kind, namespace, name)
+    return "UNKNOWN" if job is None else job_state(job)[0]
+
+
 def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, poll_s: float = 2.0,
          kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
     """Print the output of one replica's pod (``master-0`` by default: global rank zero lives
@@ -1112,7 +1118,7 @@ def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, 
     attached = 0
     while True:
         pod = _pod(cluster, namespace, pod_name, selector)
-        state, _ = job_state(_get_job(cluster, kind, namespace, name) or {})
+        state = _current_state(cluster, kind, namespace, name)
         if pod is None or not _container_started(pod, container):
             what = f"no pod for {replica} yet" if pod is None else f"pod {pod['metadata']['name']} is {(pod.get('status') or {}).get('phase', 'Pending')}"
             if not follow or state in ("SUCCEEDED", "FAILED", "UNKNOWN"):
@@ -1137,8 +1143,7 @@ def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, 
         attached += 1
         if not follow:
             return
-        state, _ = job_state(_get_job(cluster, kind, namespace, name) or {"status": {"conditions": [{"type": "Failed", "status": "True"}]}})
-        if state in ("SUCCEEDED", "FAILED", "TERMINATING"):
+        if _current_state(cluster, kind, namespace, name) in ("SUCCEEDED", "FAILED", "TERMINATING", "UNKNOWN"):
             return
         time.sleep(poll_s)
 
