@@ -6,6 +6,8 @@ not root (apt-get, /var/cache), no Debian mirror or source package, packages tha
 installed. A build or start-up failure on a machine that can host it is an error (with the
 build log or daemon log tails), not a skip. ``JOBGEN_K8S_CACHE`` moves the build cache,
 ``JOBGEN_K8S_LAB_ROOT`` keeps the lab's files (logs, kubeconfig) in a directory of your choice.
+The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
+does not build, or with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from kubelab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries  # noqa: E402
+from kubelab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries, ensure_crd_server  # noqa: E402
 
 MARKER = "k8s_lab"
 
@@ -85,3 +87,21 @@ def k8s_lab(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
         yield lab
     finally:
         lab.down()
+
+
+@pytest.fixture(scope="session")
+def k8s_crd_server(k8s_lab: K8sLab) -> str:
+    """The optional 1.36 CRD level: Debian sid's apiextensions-apiserver started next to the lab
+    (strict field validation, CEL, the Trainer v2 CRDs); returns its kubeconfig context. Skips
+    with the reason when it does not build (sid moves; ``JOBGEN_SKIP_K8S_CRD_SERVER=1`` skips it)."""
+    if os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") == "1":
+        pytest.skip("JOBGEN_SKIP_K8S_CRD_SERVER=1")
+    try:
+        info = ensure_crd_server(log=lambda m: print(m, file=sys.stderr))
+    except LabUnavailable as exc:
+        pytest.skip(str(exc))
+    print(f"\napiextensions-apiserver {info['package_version']} ({info['go']}, {info['packages']} Debian sid packages) "
+          f"{'cached' if info['cached'] else 'built'}; build took {info['build_s']} s (compile {info['compile_s']} s)", file=sys.stderr)
+    context = k8s_lab.start_crd_server(info["binary"])
+    print(f"apiextensions-apiserver ready in {k8s_lab.timings['crd_server_ready_s']} s; CRDs: {k8s_lab.crd_server_crds}", file=sys.stderr)
+    return context

@@ -16,6 +16,10 @@ server on one machine"):
 - The vendored ``github.com/modern-go/reflect2`` v1.0.1 segfaults on the first custom-resource
   request under Go >= 1.18; it is replaced by Debian's golang-github-modern-go-reflect2-dev (1.0.2).
 - etcd is Debian's ``etcd-server`` 3.4 (``apt-get download`` + ``dpkg -x``; nothing installed).
+- Optional: Debian sid's ``apiextensions-apiserver`` 0.36 (strict field validation, CEL, accepts the
+  Trainer v2 CRDs that 1.20 rejects), built from sid's Go source packages (a private apt
+  configuration for sid, ``dpkg -x``, ``GO111MODULE=off go build``) and started beside the lab
+  with authentication/authorization delegated to the 1.20 server (context ``jobgen-lab-crds``).
 
 Binaries are cached between runs in ``$JOBGEN_K8S_CACHE`` (default /var/cache/jobgen-k8s),
 keyed by the recipe, the source package version, the reflect2 and Go versions
@@ -24,8 +28,8 @@ running lab writes lives under its ROOT; it stops only the processes it started 
 
 By hand:
 
-    python tests/integration/k8s/kubelab.py build                 # fill the cache
-    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab
+    python tests/integration/k8s/kubelab.py build [--crd-server]  # fill the cache
+    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab [--crd-server]
     export KUBECONFIG=/tmp/jobgen-k8s-lab/kubeconfig           # context jobgen-lab
     python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
@@ -75,6 +79,8 @@ GO_ROOT_BIN = "/usr/lib/go-1.19/bin"
 REFLECT2_SRC = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 ETCD_PACKAGE = "etcd-server"
 CONTEXT = "jobgen-lab"
+#: The optional 1.36 CRD server's context (same user/token, its own endpoint).
+CRD_CONTEXT = "jobgen-lab-crds"
 TOKEN = "jobgen-lab-admin-token"
 #: CRDs installed from the CRDs directory (relative paths); the first must be accepted.
 CRD_FILES = (
@@ -229,30 +235,46 @@ def debian_mirror() -> tuple[str, str]:
 
 
 class PrivateApt:
-    """apt-get with its own source list and lists directory under ``root`` (Dir::Etc::SourceList,
-    Dir::Etc::SourceParts, Dir::State::Lists): holds a ``deb-src`` line for the machine's Debian
-    mirror and leaves the system's apt configuration and lists untouched."""
+    """apt-get/apt-cache with their own source list, lists, package cache and (empty) dpkg status
+    under ``root`` (Dir::Etc::SourceList, Dir::Etc::SourceParts, Dir::State::Lists, Dir::Cache,
+    Dir::State::status): one ``deb-src`` (or ``deb``) line for the machine's Debian mirror, and
+    the system's apt configuration, lists and caches stay untouched."""
 
-    def __init__(self, root: Path, uri: str, suite: str):
+    def __init__(self, root: Path, uri: str, suite: str, kind: str = "deb-src"):
         self.root = root
         self.uri = uri
         self.suite = suite
+        self.kind = kind
 
     def options(self) -> list[str]:
         """The ``-o`` options that point apt-get at this configuration."""
         return ["-o", f"Dir::Etc::SourceList={self.root / 'sources.list'}", "-o", f"Dir::Etc::SourceParts={self.root / 'parts'}",
-                "-o", f"Dir::State::Lists={self.root / 'lists'}", "-o", "APT::Sandbox::User=root"]
+                "-o", f"Dir::State::Lists={self.root / 'lists'}", "-o", f"Dir::Cache={self.root / 'cache'}",
+                "-o", f"Dir::State::status={self.root / 'status'}", "-o", "APT::Sandbox::User=root", "-o", "Debug::NoLocking=1"]
 
     def update(self, log: Path) -> None:
         """Write the source list and download its indices."""
-        (self.root / "parts").mkdir(parents=True, exist_ok=True)
-        (self.root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        for sub in ("parts", "lists/partial", "cache/archives/partial"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "status").touch()
         keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
         signed = f"[signed-by={keyring}] " if Path(keyring).is_file() else ""
         (self.root / "sources.list").write_text(
-            f"# jobgen k8s lab: source packages only (the system's apt sources are not touched)\n"
-            f"deb-src {signed}{self.uri} {self.suite} main\n")
+            f"# jobgen k8s lab: a private list (the system's apt sources are not touched)\n"
+            f"{self.kind} {signed}{self.uri} {self.suite} main\n")
         run(["apt-get", *self.options(), "update"], log=log, timeout=600)
+
+    def dependency_closure(self, package: str) -> list[str]:
+        """``package`` and everything it depends on (Depends/PreDepends, recursively), sorted."""
+        out = run(["apt-cache", *self.options(), "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                   "--no-breaks", "--no-replaces", "--no-enhances", package], timeout=300)
+        return sorted({line.strip() for line in out.splitlines() if line and not line.startswith((" ", "<"))})
+
+    def download(self, packages: Sequence[str], into: Path, log: Path) -> list[Path]:
+        """``apt-get download`` the binary packages into ``into`` (nothing is installed)."""
+        into.mkdir(parents=True, exist_ok=True)
+        run(["apt-get", *self.options(), "download", *packages], cwd=into, log=log, timeout=1800)
+        return sorted(into.glob("*.deb"))
 
     def source(self, package: str, into: Path, log: Path) -> Path:
         """``apt-get source --download-only PACKAGE`` into ``into``; returns the .dsc file."""
@@ -429,6 +451,86 @@ def _dpkg_version_of_deb(debs: Path) -> str:
     return found[-1].name.split("_")[1] if found else ""
 
 
+# --------------------------------------------------------------------------- optional: 1.36 CRD semantics
+
+#: Debian sid's k8s.io/apiextensions-apiserver (0.36.x) with all its Go dependencies: a
+#: standalone CRD server with strict field validation and CEL, which 1.20 lacks (LAB-NOTES).
+CRD_SERVER_PACKAGE = "golang-k8s-apiextensions-apiserver-dev"
+CRD_SERVER_RECIPE = 1
+
+
+def crd_server_info_path(cache: Path) -> Path:
+    """The optional CRD server's stamp."""
+    return cache / "crd-server" / "BUILD-INFO.json"
+
+
+def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Build (or find cached) ``apiextensions-apiserver`` from Debian sid's Go source packages:
+    the package's dependency closure is downloaded with a private apt configuration for sid and
+    unpacked with ``dpkg -x`` (nothing is installed), then ``GO111MODULE=off go build`` with sid's
+    Go. Returns the stamp (``binary``, ``package_version``, ``go``, ``build_s``, ``cached``).
+
+    Raises:
+        LabUnavailable: any step fails (sid moves: this level is optional; tests skip).
+    """
+    cache = cache or cache_dir()
+    info_path = crd_server_info_path(cache)
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads(info_path.read_text())
+        if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK):
+            return {**info, "cached": True}
+    with _locked(cache / ".lock-crd-server"):
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(info_path.read_text())
+            if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK):
+                return {**info, "cached": True}
+        try:
+            return {**_build_crd_server(cache, log), "cached": False}
+        except (LabCommandError, OSError, StopIteration) as exc:
+            raise LabUnavailable(f"the optional 1.36 apiextensions-apiserver did not build: {exc}"[:2000]) from None
+
+
+def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    base = cache / "crd-server"
+    base.mkdir(parents=True, exist_ok=True)
+    build_log = base / "build.log"
+    build_log.write_text("")
+    uri, _ = debian_mirror()
+    apt = PrivateApt(base / "apt", uri, "sid", kind="deb")
+    log(f"k8s lab: fetching {CRD_SERVER_PACKAGE} and its Go dependencies from {uri} sid (private apt lists)")
+    apt.update(build_log)
+    closure = [p for p in apt.dependency_closure(CRD_SERVER_PACKAGE) if p.startswith("golang-")]
+    if CRD_SERVER_PACKAGE not in closure:
+        raise LabUnavailable(f"{CRD_SERVER_PACKAGE} is not in sid any more")
+    debs = base / "debs"
+    shutil.rmtree(debs, ignore_errors=True)
+    files = apt.download(closure, debs, build_log)
+    root = base / "root"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    for deb in files:
+        run(["dpkg", "-x", str(deb), str(root)], timeout=300)
+    goroot = max(root.glob("usr/lib/go-1.*"), key=lambda p: tuple(int(x) for x in p.name.split("-")[1].split(".")))
+    package_version = next(f.name.split("_")[1] for f in files if f.name.startswith(CRD_SERVER_PACKAGE + "_"))
+    bin_dir = base / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    env = {"PATH": f"{goroot / 'bin'}:/usr/bin:/bin", "GOROOT": str(goroot), "GOPATH": str(root / "usr" / "share" / "gocode"),
+           "GO111MODULE": "off", "CGO_ENABLED": "0", "GOCACHE": str(base / "gocache"), "GOTOOLCHAIN": "local", "HOME": str(base)}
+    log(f"k8s lab: building k8s.io/apiextensions-apiserver {package_version} with {goroot.name} (log: {build_log})")
+    compile_started = time.monotonic()
+    run([str(goroot / "bin" / "go"), "build", "-o", str(bin_dir / "apiextensions-apiserver"), "k8s.io/apiextensions-apiserver"],
+        cwd=base, env=env, log=build_log, timeout=3600)
+    compile_s = time.monotonic() - compile_started
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(debs, ignore_errors=True)
+    info = {"recipe": CRD_SERVER_RECIPE, "binary": str(bin_dir / "apiextensions-apiserver"), "package_version": package_version,
+            "go": goroot.name, "packages": len(files), "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    crd_server_info_path(cache).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
 # --------------------------------------------------------------------------- the running lab
 
 
@@ -451,6 +553,8 @@ class K8sLab:
         self.crd_rejections: dict[str, str] = {}
         self.installed_crds: list[str] = []
         self.port = 0
+        self.crd_port = 0
+        self.crd_server_crds: dict[str, str] = {}
         self._children: list[subprocess.Popen[bytes]] = []
 
     # ----- paths
@@ -479,11 +583,12 @@ class K8sLab:
 
     # ----- API access (stdlib)
 
-    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one API call with the admin token (stdlib urllib)."""
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30, server: str | None = None) -> tuple[int, Any]:
+        """``(status, decoded JSON)`` of one API call with the admin token (stdlib urllib), to
+        the lab's API server or ``server``."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server + path, data=data, method=method,
+        req = urllib.request.Request((server or self.server) + path, data=data, method=method,
                                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
                                               "Accept": "application/json"})
         try:
@@ -561,9 +666,53 @@ class K8sLab:
                                                         "timings": self.timings, "crd_rejections": self.crd_rejections}, indent=2))
         return self
 
+    def start_crd_server(self, binary: str, *, timeout: float = 90.0) -> str:
+        """Start the optional 1.36 apiextensions-apiserver next to the running lab: its own etcd
+        prefix, the lab's serving certificate, authentication and authorization delegated to the
+        1.20 server (TokenReview, SubjectAccessReview with the lab's token). Adds the kubeconfig
+        context ``jobgen-lab-crds`` and installs every CRD of :data:`CRD_FILES` there.
+
+        Returns the context name. Raises LabStartError (with its log tail)."""
+        started = time.monotonic()
+        pki = self.root / "pki"
+        self.crd_port = free_port()
+        etcd = next(a for a in _read_argv(self._pidfile("kube-apiserver")) if a.startswith("--etcd-servers="))
+        self._launch("apiextensions-apiserver", [
+            binary, etcd, "--etcd-prefix=/registry-crd-server", "--bind-address=127.0.0.1", f"--secure-port={self.crd_port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}", "--authentication-skip-lookup",
+            # The 1.20 core server lacks the APIs these 1.36 admission plugins and flow control watch.
+            "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
+            "ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
+            "--enable-priority-and-fairness=false", "--v=1",
+        ])
+        self._write_kubeconfig()
+
+        def ready() -> bool:
+            if "apiextensions-apiserver" not in self.daemon_pids():
+                raise LabStartError(f"apiextensions-apiserver exited\n{_tail(self.root / 'log' / 'apiextensions-apiserver.log', 40)}")
+            try:
+                status, _ = self.request("GET", "/readyz", timeout=3, server=self.crd_server)
+            except (OSError, urllib.error.URLError, ssl.SSLError):
+                return False
+            return status == 200
+        try:
+            wait_for(ready, timeout, 0.3, what="apiextensions-apiserver /readyz")
+        except TimeoutError as exc:
+            raise LabStartError(f"{exc}\n{_tail(self.root / 'log' / 'apiextensions-apiserver.log', 40)}") from None
+        self.timings["crd_server_ready_s"] = round(time.monotonic() - started, 2)
+        self.crd_server_crds = self._install_crds(timeout, server=self.crd_server)
+        return CRD_CONTEXT
+
+    @property
+    def crd_server(self) -> str:
+        """The optional CRD server's URL (after :meth:`start_crd_server`)."""
+        return f"https://127.0.0.1:{self.crd_port}"
+
     def down(self) -> None:
         """Stop the daemons this root's PID files name (SIGTERM, then SIGKILL), newest first."""
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("apiextensions-apiserver", "kube-controller-manager", "kube-apiserver", "etcd"):
             pidfile = self._pidfile(name)
             try:
                 pid = int(pidfile.read_text().split()[0])
@@ -581,7 +730,7 @@ class K8sLab:
     def daemon_pids(self) -> dict[str, int]:
         """Running daemons: name -> PID (from the PID files, checked against /proc)."""
         out = {}
-        for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "apiextensions-apiserver"):
             try:
                 pid, expected = self._pidfile(name).read_text().split()[:2]
                 if pid_alive(int(pid)) and _cmdline(int(pid)).startswith(expected):
@@ -605,12 +754,15 @@ class K8sLab:
             path.chmod(0o600)
 
     def _write_kubeconfig(self) -> None:
-        config = {
+        config: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Config", "current-context": CONTEXT, "preferences": {},
             "clusters": [{"name": CONTEXT, "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
             "users": [{"name": "jobgen-admin", "user": {"token": TOKEN}}],
             "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": "jobgen-admin", "namespace": "default"}}],
         }
+        if self.crd_port:
+            config["clusters"].append({"name": CRD_CONTEXT, "cluster": {"server": self.crd_server, "certificate-authority": str(self.ca_file)}})
+            config["contexts"].append({"name": CRD_CONTEXT, "context": {"cluster": CRD_CONTEXT, "user": "jobgen-admin", "namespace": "default"}})
         self.kubeconfig.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
         self.kubeconfig.chmod(0o600)
 
@@ -650,31 +802,39 @@ class K8sLab:
             return False
         return status == 200
 
-    def _install_crds(self, timeout: float) -> None:
+    def _install_crds(self, timeout: float, *, server: str | None = None) -> dict[str, str]:
+        """POST every CRD of :data:`CRD_FILES` to ``server`` (default: the lab's) and wait until
+        each accepted one is Established; returns the rejections (file -> the server's message).
+        On the lab's own server the PyTorchJob CRD must be accepted."""
         import yaml
 
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        rejections: dict[str, str] = {}
+        installed: list[str] = []
         for rel in CRD_FILES:
             path = self.crds_dir / rel
             if not path.is_file():
-                self.crd_rejections[rel] = f"not found in {self.crds_dir}"
+                rejections[rel] = f"not found in {self.crds_dir}"
                 continue
             crd = yaml.load(path.read_text(), Loader=loader)
-            status, answer = self.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, timeout=60)
+            status, answer = self.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, timeout=60, server=server)
             if status in (200, 201, 409):
-                self.installed_crds.append(crd["metadata"]["name"])
+                installed.append(crd["metadata"]["name"])
             else:
                 message = answer.get("message", answer) if isinstance(answer, dict) else answer
                 text = str(message)
-                self.crd_rejections[rel] = text if len(text) <= 600 else f"{text[:600]} ... ({text.count('Invalid value')} errors in all)"
-        if CRD_FILES[0] in self.crd_rejections:
-            raise LabStartError(f"the PyTorchJob CRD was not installed: {self.crd_rejections[CRD_FILES[0]]}")
-        for name in self.installed_crds:
+                rejections[rel] = text if len(text) <= 600 else f"{text[:600]} ... ({text.count('Invalid value')} errors in all)"
+        if server is None:
+            self.crd_rejections, self.installed_crds = rejections, installed
+            if CRD_FILES[0] in rejections:
+                raise LabStartError(f"the PyTorchJob CRD was not installed: {rejections[CRD_FILES[0]]}")
+        for name in installed:
             def established(crd_name: str = name) -> bool:
-                status, answer = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}")
+                status, answer = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}", server=server)
                 conditions = (answer.get("status") or {}).get("conditions") or [] if isinstance(answer, dict) else []
                 return status == 200 and any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
             wait_for(established, timeout, 0.1, what=f"CRD {name} Established")
+        return {**rejections, **{name: "installed" for name in installed}}
 
     def _stop(self, pid: int, what: str, grace: float = 10.0) -> None:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -692,6 +852,15 @@ class K8sLab:
         print(f"k8s lab: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
 
 
+def _read_argv(pidfile: Path) -> list[str]:
+    """The full argv of the daemon a PID file names (from /proc)."""
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
@@ -706,20 +875,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``build`` | ``up`` | ``down`` | ``status`` (each with ``--root``); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build (or find cached) kube-apiserver, kube-controller-manager and etcd")
+    build = sub.add_parser("build", help="build (or find cached) kube-apiserver, kube-controller-manager and etcd")
+    build.add_argument("--crd-server", action="store_true", help="also the optional 1.36 apiextensions-apiserver (Debian sid)")
     for name, text in (("up", "start the lab"), ("down", "stop it"), ("status", "show daemon PIDs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--root", type=Path, default=Path("/tmp/jobgen-k8s-lab"))
+        if name == "up":
+            p.add_argument("--crd-server", action="store_true", help="also start the optional 1.36 CRD server (context jobgen-lab-crds)")
     args = parser.parse_args(argv)
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         if args.command == "build":
-            info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
+            info = ensure_binaries(log=say)
+            if args.crd_server:
+                info = {**info, "crd_server": ensure_crd_server(log=say)}
             print(json.dumps(info, indent=2, sort_keys=True))
         elif args.command == "up":
-            info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
+            info = ensure_binaries(log=say)
             lab = K8sLab(args.root, info).up()
+            if args.crd_server:
+                lab.start_crd_server(ensure_crd_server(log=say)["binary"])
             print(json.dumps({"kubeconfig": str(lab.kubeconfig), "server": lab.server, "timings": lab.timings,
-                              "crd_rejections": lab.crd_rejections}, indent=2))
+                              "crd_rejections": lab.crd_rejections, "crd_server_crds": lab.crd_server_crds}, indent=2))
             print(f"export KUBECONFIG={lab.kubeconfig}", file=sys.stderr)
         elif args.command == "down":
             K8sLab(args.root, {"etcd": ""}).down()
