@@ -224,8 +224,10 @@ def _strict_dry_run(cluster: k8s.Cluster, kind: k8s.K8sKind, job: dict[str, Any]
 
 
 def _trainjob_profile(tmp_path: Path, base: str) -> Path:
+    """The shipped profile ``base`` rendering TrainJobs (without a priority class: a TrainJob's
+    runtime patch cannot set one, jobgen refuses it)."""
     path = tmp_path / f"{base}-trainjob.yaml"
-    path.write_text(f"extends: {PROFILES / (base + '.yaml')}\nkubernetes:\n  job_api: trainjob\n")
+    path.write_text(f"extends: {PROFILES / (base + '.yaml')}\nkubernetes:\n  job_api: trainjob\n  priority_class: null\n")
     return path
 
 
