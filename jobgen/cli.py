@@ -33,6 +33,8 @@ _profiles_dir_option = click.option(
     "--profiles-dir", type=click.Path(file_okay=False), default=None,
     help="Directory searched first for profiles (then $JOBGEN_HOME/cluster_profiles, ./cluster_profiles, packaged).",
 )
+
+
 def _set_crds_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
         os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.k8s_validate.crds_dir()
