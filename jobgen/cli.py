@@ -33,6 +33,18 @@ _profiles_dir_option = click.option(
     "--profiles-dir", type=click.Path(file_okay=False), default=None,
     help="Directory searched first for profiles (then $JOBGEN_HOME/cluster_profiles, ./cluster_profiles, packaged).",
 )
+
+
+def _set_crds_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.k8s_validate.crds_dir()
+    return value
+
+
+_crds_dir_option = click.option(
+    "--crds-dir", type=click.Path(file_okay=False), default=None, expose_value=False, is_eager=True, callback=_set_crds_dir,
+    help="Kubernetes: directory of CRDs for offline validation (default: $JOBGEN_CRDS_DIR, else ../shared/crds).",
+)
 _templates_dir_option = click.option(
     "--templates-dir", type=click.Path(file_okay=False), default=None,
     help="Directory searched first for templates (then $JOBGEN_HOME/templates, ./templates, packaged).",
@@ -95,6 +107,7 @@ _project_option = click.option(
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
+@_crds_dir_option
 @click.pass_context
 def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, to_stdout: bool, all_jobs: bool, check: bool,
            prune: bool, commit_flag: bool, project: str | None, sweeps: tuple[str, ...], overrides: tuple[str, ...],
@@ -195,11 +208,21 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
               help="SLURM/Kubernetes: where a spec is rendered before submitting (<out>/<profile>/<job name>/).")
 @click.option("--test-only", is_flag=True, help="SLURM: `sbatch --test-only`: let SLURM check the request and estimate a start; queue nothing.")
-@click.option("--force", is_flag=True, help="Submit even though the same job directory has a job pending or running.")
+@click.option("--force", is_flag=True, help="SLURM: submit even though the same job directory has a job pending or running.")
+@click.option("--dry-run", "dry_run", type=click.Choice(["server"]), default=None, is_flag=False, flag_value="server",
+              help="Kubernetes: `--dry-run=server`: the API server validates the job, its ConfigMap and a Pod from each "
+                   "replica's template (dryRun=All, strict fields where supported); nothing is created.")
+@click.option("--replace", is_flag=True, help="Kubernetes: when the job exists with other inputs, delete it (and its pods) and create this one.")
+@click.option("--context", "k8s_context", default=None, help="Kubernetes: kubeconfig context (default: $JOBGEN_K8S_CONTEXT, the profile's, the current one).")
+@click.option("--namespace", "-n", "k8s_namespace", default=None, help="Kubernetes: namespace (default: $JOBGEN_K8S_NAMESPACE, else the manifest's).")
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
+              help="Kubernetes: kubeconfig file (default: the profile's, $KUBECONFIG, ~/.kube/config).")
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
-def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool,
+@_crds_dir_option
+def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool, dry_run: str | None,
+           replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
     """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
@@ -209,6 +232,10 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
     SLURM profile: renders to <out>/<profile>/<job name>/, runs `sbatch --parsable`
       there and prints the handle slurm://<cluster>/<jobid>; the submission is recorded
       in the job directory, so status/logs/cancel take the handle or the directory.
+    Kubernetes profile: renders, asks the API server to validate everything (dry run),
+      then creates the ConfigMap and the PyTorchJob/TrainJob and prints the handle
+      k8s://<context>/<namespace>/<name>. The same inputs again: nothing changes;
+      other inputs: refused unless --replace.
     A rendered job directory (e.g. committed under manifests/) is submitted as is.
     Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
@@ -219,6 +246,8 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
       jobgen submit examples/quickstart.yaml --profile local
       jobgen submit examples/quickstart.yaml --profile slurm-cpu --set resources.nodes=2
       jobgen submit manifests/slurm-a100/quickstart --test-only
+      jobgen submit examples/quickstart.yaml --profile k8s-h100 --dry-run=server
+      jobgen submit manifests/k8s-h100/quickstart --context prod --replace
     """
     from jobgen.backends.base import Submission
 
@@ -229,9 +258,14 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
                 hint="change the spec and re-render (jobgen render SPEC --profile P), then submit the directory",
             )
         job_dir = Path(target)
+        if any((job_dir / name).is_file() for name in ("pytorchjob.yaml", "trainjob.yaml")):
+            _submit_k8s(job_dir, None, dry_run=dry_run, replace=replace, context=k8s_context, namespace=k8s_namespace,
+                        kubeconfig=kubeconfig, test_only=test_only, force=force, profiles_dir=profiles_dir)
+            return
         if not (job_dir / "job.sbatch").is_file():
             raise NotSupportedError(
-                f"submitting {target} is not supported: only rendered SLURM job directories (with job.sbatch) can be submitted as is",
+                f"submitting {target} is not supported: only rendered SLURM (job.sbatch) and Kubernetes (pytorchjob.yaml, "
+                "trainjob.yaml) job directories can be submitted as is",
                 hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
             )
         scheduler = "slurm"
@@ -252,9 +286,18 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
         job_dir = Path(out) / job_plan.job_subdir
         job_plan.write(job_dir)
         click.echo(f"rendered {job_dir}")
+        if scheduler == "kubernetes":
+            _submit_k8s(job_dir, load_profile(profile, profiles_dir), dry_run=dry_run, replace=replace, context=k8s_context,
+                        namespace=k8s_namespace, kubeconfig=kubeconfig, test_only=test_only, force=force, profiles_dir=profiles_dir)
+            return
         if scheduler != "slurm":
             backend_module(scheduler).submit(job_plan, job_dir.resolve())
             return
+    for given, option in ((dry_run, "--dry-run"), (replace, "--replace"), (k8s_context, "--context"),
+                          (k8s_namespace, "--namespace"), (kubeconfig, "--kubeconfig")):
+        if given:
+            raise ConfigError(f"{option} is a Kubernetes option; {target} is a SLURM job",
+                              hint="SLURM's pre-flight is --test-only" if option == "--dry-run" else f"drop {option}")
     slurm = backend_module("slurm")
     handle = slurm.submit_dir(job_dir, runs_dir=Path(runs_dir), test_only=test_only, force=force, out=click.echo)
     if handle is None:
@@ -264,6 +307,38 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
     click.echo(f"submitted {handle}")
     click.echo(f"  run dir: {record.run_dir}\n  log:     {record.log_file}")
     click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
+
+
+def _submit_k8s(job_dir: Path, profile_obj: Any, *, dry_run: str | None, replace: bool, context: str | None,
+                namespace: str | None, kubeconfig: str | None, test_only: bool, force: bool, profiles_dir: str | None) -> None:
+    """Submit a rendered Kubernetes job directory: context/namespace/kubeconfig from the flags,
+    then $JOBGEN_K8S_CONTEXT/$JOBGEN_K8S_NAMESPACE, then the profile (for a directory: the one
+    its spec.json names, when it can be found)."""
+    for given, option, instead in ((test_only, "--test-only", "--dry-run=server"), (force, "--force", "--replace")):
+        if given:
+            raise ConfigError(f"{option} is a SLURM option", hint=f"for Kubernetes use {instead}")
+    k8s = backend_module("kubernetes")
+    if profile_obj is None:
+        try:
+            named = json.loads((job_dir / "spec.json").read_text(encoding="utf-8")).get("profile")
+            profile_obj = load_profile(named, profiles_dir) if named else None
+        except (OSError, ValueError, JobgenError):
+            profile_obj = None
+            click.echo(f"jobgen: the profile named in {job_dir / 'spec.json'} was not found; using the kubeconfig's context", err=True)
+    settings = profile_obj.kubernetes if profile_obj is not None and profile_obj.kubernetes is not None else None
+    context, namespace = k8s.resolve_target(context=context, namespace=namespace,
+                                            profile_context=settings.context if settings else None)
+    result = k8s.submit_dir(job_dir, context=context, namespace=namespace,
+                            kubeconfig=kubeconfig or (settings.kubeconfig if settings else None),
+                            dry_run=dry_run == "server", replace=replace, out=click.echo)
+    if result.action == "dry-run":
+        click.echo("dry run: the API server accepts every object; nothing was created")
+        return
+    if result.action == "unchanged":
+        click.echo(f"unchanged {result.handle}: it already exists with identical inputs; nothing was submitted")
+    else:
+        click.echo(f"{result.action} {result.handle}")
+    click.echo(f"  follow:  jobgen logs -f {result.handle}   status: jobgen status {result.handle}   stop: jobgen cancel {result.handle}")
 
 
 def _job(job: str) -> tuple[Any, Any]:
@@ -277,8 +352,11 @@ def _job(job: str) -> tuple[Any, Any]:
     else:
         raise ConfigError(
             f"{job!r} is neither a job handle nor a job directory",
-            hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>) or the rendered job directory",
+            hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>) "
+            "or the rendered job directory",
         )
+    if handle.scheme == "k8s":
+        return backend_module("kubernetes"), handle
     if handle.scheme != "slurm":
         raise NotSupportedError(
             f"status, logs and cancel are not supported for {handle.scheme}:// jobs yet",
@@ -294,12 +372,15 @@ _job_argument = click.argument("job", metavar="JOB")
 @_job_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (state, source, details).")
 def status(job: str, as_json: bool) -> None:
-    """Show the state of JOB (a handle like slurm://<cluster>/<jobid>, or a submitted job directory).
+    """Show the state of JOB (a handle like slurm://<cluster>/<jobid> or k8s://<context>/<ns>/<name>,
+    or a submitted job directory).
 
     \b
     SLURM: squeue while the job is queued or running; afterwards sacct when the
     cluster keeps accounting, else the job-completion log (sacct -c); UNKNOWN when
     no source knows the job (never a guess).
+    Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
+    FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
     """
     backend, handle = _job(job)
     st = backend.status(handle)
@@ -313,19 +394,34 @@ def status(job: str, as_json: bool) -> None:
 @cli.command()
 @_job_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends (Ctrl-C stops following).")
-@click.option("--rank", default="0", show_default=True, metavar="N|all",
-              help="Global rank whose lines to show (srun --label prefixes), or `all` for the whole file.")
-def logs(job: str, follow: bool, rank: str) -> None:
-    """Print JOB's output: rank zero's lines plus the batch script's own, by default.
+@click.option("--rank", default=None, metavar="N|all",
+              help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
+@click.option("--replica", default=None, metavar="TYPE-INDEX",
+              help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
+def logs(job: str, follow: bool, rank: str | None, replica: str | None) -> None:
+    """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
+    Master pod's output (Kubernetes), by default.
 
     \b
     Example:
       jobgen logs -f slurm://lab/42
       jobgen logs --rank 3 manifests/slurm-a100/quickstart
+      jobgen logs -f --replica worker-0 k8s://prod/training/quickstart
     """
+    backend, handle = _job(job)
+    if handle.scheme == "k8s":
+        if rank is not None:
+            raise ConfigError("--rank is for SLURM jobs", hint="for Kubernetes pick a pod with --replica master-0 / worker-N")
+        try:
+            backend.logs(handle, replica=replica or "master-0", follow=follow, out=click.echo)
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+        return
+    if replica is not None:
+        raise ConfigError("--replica is for Kubernetes jobs", hint="for SLURM pick a rank with --rank N (or --rank all)")
+    rank = rank or "0"
     if rank != "all" and not rank.isdigit():
         raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
-    backend, handle = _job(job)
     try:
         backend.logs(handle, rank=None if rank == "all" else int(rank), follow=follow, out=click.echo)
     except KeyboardInterrupt:
@@ -334,9 +430,10 @@ def logs(job: str, follow: bool, rank: str) -> None:
 
 @cli.command()
 @_job_argument
-@click.option("--wait-s", default=120.0, show_default=True, help="Seconds to wait for the job to end after scancel.")
+@click.option("--wait-s", default=120.0, show_default=True, help="Seconds to wait for the job to end after scancel / the delete.")
 def cancel(job: str, wait_s: float) -> None:
-    """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue)."""
+    """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue;
+    Kubernetes: delete with foreground propagation, so the pods go before the job)."""
     backend, handle = _job(job)
     st = backend.cancel(handle, wait_s=wait_s, out=click.echo)
     click.echo(f"{handle}  {st.state}")
@@ -348,6 +445,7 @@ def cancel(job: str, wait_s: float) -> None:
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
+@_crds_dir_option
 def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
     """Check SPEC (and, with --profile, that it fits the cluster) without writing anything.
 

@@ -34,7 +34,7 @@ BACKENDS: dict[str, str] = {
 }
 
 #: Files jobgen writes into a job directory; stale ones from an earlier render are removed.
-OWNED_FILES = frozenset({"job.sbatch", "pytorchjob.yaml", "spec.json", "ds_config.json"})
+OWNED_FILES = frozenset({"job.sbatch", "pytorchjob.yaml", "trainjob.yaml", "spec.json", "ds_config.json"})
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ module only validates; it does no I/O.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from jobgen.spec import check_env, check_shell_safe
+from jobgen.spec import ENV_KEY_RE, check_env, check_shell_safe
 
 Scheduler = Literal["slurm", "kubernetes", "local"]
 Fabric = Literal["infiniband", "roce", "efa", "tcp"]
@@ -168,29 +168,124 @@ class Toleration(_Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+#: DNS-1123 subdomain (core/v1 object names: Secret, ConfigMap, PVC, ServiceAccount, PriorityClass).
+_DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: Keys of a Secret or ConfigMap (apimachinery IsConfigMapKey).
+_CONFIG_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+#: A label value (apimachinery IsValidLabelValue): <= 63 chars, alphanumeric at both ends.
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+#: A qualified resource name such as ``nvidia.com/gpu`` or ``rdma/ib`` (prefix/name).
+_RESOURCE_NAME_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _dns_subdomain(value: str, what: str) -> str:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.', <= 253 chars), "
+                         "which Kubernetes requires for object names")
+    return value
+
+
+class SecretRef(_Model):
+    """One key of a Kubernetes Secret (core/v1 SecretKeySelector). jobgen writes
+    ``valueFrom.secretKeyRef`` into the pods; the secret's value never appears in a manifest."""
+
+    secret: str
+    """Name of the Secret in the job's namespace."""
+    key: str
+    """Key inside the Secret."""
+    optional: bool = False
+    """Start the pods even when the Secret or key is missing (the variable is then unset)."""
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        return _dns_subdomain(value, "Secret name")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        if len(value) > 253 or not _CONFIG_KEY_RE.match(value):
+            raise ValueError(f"Secret key {value!r} is not a valid key ([-._a-zA-Z0-9]+, <= 253 chars)")
+        return value
+
+
 class KubernetesSettings(_Model):
-    """Kubernetes (Kubeflow PyTorchJob) conventions."""
+    """Kubernetes (Kubeflow PyTorchJob or Trainer v2 TrainJob) conventions."""
 
     context: str | None = None
-    """kubeconfig context for submission; ``null``: the current context."""
+    """kubeconfig context for submission; ``null``: the current context (``--context`` and
+    ``$JOBGEN_K8S_CONTEXT`` override it)."""
+    kubeconfig: str | None = None
+    """kubeconfig file for submission; ``null``: ``$KUBECONFIG``, else ``~/.kube/config``."""
     namespace: str = "default"
-    """Namespace of the PyTorchJob and its ConfigMap."""
+    """Namespace of the job and its ConfigMap."""
+    job_api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
+    """What to render: a Kubeflow training-operator ``PyTorchJob`` (kubeflow.org/v1) or a
+    Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1) that references
+    ``trainer_runtime``."""
+    trainer_runtime: str = "torch-distributed"
+    """TrainJob only: the ClusterTrainingRuntime it references (the runtime must run torchrun)."""
+    version: str | None = None
+    """The cluster's Kubernetes version (``MAJOR.MINOR``, e.g. ``"1.30"``): the core/v1 schema
+    that pod templates are checked against at render time; ``null``: the newest schema
+    kubernetes-validate bundles."""
     image: str
     """Container image with jobgen[train] installed (runs ``python -m jobgen.train``)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Pod imagePullPolicy."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Names of docker-registry Secrets for pulling the image (pod imagePullSecrets)."""
     node_selector: dict[str, str] = {}
     """Pod nodeSelector labels."""
     tolerations: tuple[Toleration, ...] = ()
     """Pod tolerations (e.g. for the nvidia.com/gpu taint)."""
+    affinity: dict[str, Any] = {}
+    """Pod affinity, a core/v1 ``Affinity`` written as given (nodeAffinity, podAffinity,
+    podAntiAffinity); checked against the core/v1 schema at render time."""
     priority_class: str | None = None
-    """Pod priorityClassName."""
+    """Pod priorityClassName (PyTorchJob; with Volcano also the PodGroup's priority class)."""
     service_account: str | None = None
     """Pod serviceAccountName."""
     queue_label: str | None = None
-    """Kueue LocalQueue name (label ``kueue.x-k8s.io/queue-name``)."""
+    """Kueue LocalQueue name (label ``kueue.x-k8s.io/queue-name`` on the job)."""
+    scheduler_name: str | None = None
+    """Pod schedulerName, e.g. ``volcano`` for gang scheduling (PyTorchJob only); ``null``:
+    the cluster's default scheduler."""
+    volcano_queue: str | None = None
+    """Volcano queue (``runPolicy.schedulingPolicy.queue``); needs ``scheduler_name: volcano``."""
     shm_size_gib: float = Field(default=16.0, gt=0)
-    """Size of the memory-backed /dev/shm emptyDir in GiB (DataLoader workers and NCCL need it)."""
+    """Size of the memory-backed /dev/shm emptyDir in GiB (DataLoader workers and NCCL need it);
+    it counts against the pod's memory limit."""
+    cpu_limit: float | None = Field(default=None, gt=0)
+    """CPU limit per pod in cores (the request is ``cpus_per_node``; requests must not exceed
+    limits); ``null``: no CPU limit."""
+    mem_request_gib: float | None = Field(default=None, gt=0)
+    """Memory request per pod in GiB (the limit is ``mem_gib_per_node``); ``null``: equal to the limit."""
+    rdma_resource: str | None = None
+    """Extended resource that gives a pod its RDMA devices, e.g. ``rdma/ib`` (k8s-rdma-shared-dev-plugin),
+    ``nvidia.com/hostdev`` or ``vpc.amazonaws.com/efa``; requested on fabrics infiniband, roce and
+    efa, where the container also gets the IPC_LOCK capability (pinned memory)."""
+    rdma_devices: int = Field(default=1, ge=1, le=64)
+    """How many ``rdma_resource`` devices each pod requests."""
+    extra_resources: dict[str, int] = {}
+    """Further extended resources per pod, e.g. ``{example.com/fpga: 1}`` (requests = limits, as
+    Kubernetes requires for extended resources)."""
+    secret_env: dict[str, SecretRef] = {}
+    """Environment variables taken from Secrets: ``NAME: {secret: <Secret name>, key: <key>}``
+    (written as ``valueFrom.secretKeyRef``; never a value)."""
+    runs_volume_claim: str | None = None
+    """PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be
+    ReadWriteMany for multi-pod jobs. ``null``: an emptyDir, lost when a pod is replaced."""
+    backoff_limit: int = Field(default=3, ge=0)
+    """PyTorchJob ``runPolicy.backoffLimit``: pod restarts before the job is marked failed."""
+    clean_pod_policy: Literal["None", "Running", "All"] = "None"
+    """PyTorchJob ``runPolicy.cleanPodPolicy``: which pods to delete when the job ends."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """PyTorchJob ``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this many
+    seconds; ``null``: keep it."""
+    time_limit_min: int | None = Field(default=None, ge=1)
+    """Default wall-clock limit in minutes (``activeDeadlineSeconds``); the spec's
+    ``resources.time_limit_min`` wins; ``null``: no limit."""
     master_port: int = Field(default=23456, ge=1024, le=65535)
     """Rendezvous port of the Master pod (PyTorchJob's default)."""
     python: str = "python"
@@ -202,6 +297,74 @@ class KubernetesSettings(_Model):
         if not _K8S_NAME_RE.match(value) or len(value) > 63:
             raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lowercase a-z, 0-9, '-', <= 63 chars)")
         return value
+
+    @field_validator("priority_class", "service_account", "runs_volume_claim", "trainer_runtime", "scheduler_name")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        return None if value is None else _dns_subdomain(value, "name")
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull_secrets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            _dns_subdomain(name, "Secret name")
+        return value
+
+    @field_validator("queue_label", "volcano_queue")
+    @classmethod
+    def _label_value(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 63 or not value or not _LABEL_VALUE_RE.match(value)):
+            raise ValueError(f"{value!r} is not a valid label value (<= 63 chars of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _k8s_version(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"1\.\d{1,2}", value):
+            raise ValueError(f"Kubernetes version {value!r} is not MAJOR.MINOR like '1.30' (see `kubectl version`)")
+        return value
+
+    @field_validator("rdma_resource")
+    @classmethod
+    def _resource_name(cls, value: str | None) -> str | None:
+        if value is not None and not _RESOURCE_NAME_RE.match(value):
+            raise ValueError(f"resource name {value!r} is not a qualified name like 'rdma/ib' or 'vpc.amazonaws.com/efa'")
+        return value
+
+    @field_validator("extra_resources")
+    @classmethod
+    def _extra_resources(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, count in value.items():
+            if not _RESOURCE_NAME_RE.match(name) or "/" not in name:
+                raise ValueError(f"extra_resources key {name!r} is not an extended resource name like 'example.com/fpga' "
+                                 "(cpu, memory and GPUs come from cpus_per_node, mem_gib_per_node and gpus_per_node)")
+            if count < 0:
+                raise ValueError(f"extra_resources[{name!r}] = {count}: a resource count cannot be negative")
+        return dict(sorted(value.items()))
+
+    @field_validator("secret_env", mode="before")
+    @classmethod
+    def _secret_refs_only(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name, ref in value.items():
+                if not isinstance(ref, dict):
+                    raise ValueError(
+                        f"secret_env.{name} is a literal value; jobgen never writes a secret's value into a manifest. "
+                        f"Create the Secret in the cluster (kubectl create secret generic <name> --from-literal=<key>=...) "
+                        f"and give a reference: {name}: {{secret: <Secret name>, key: <key>}}"
+                    )
+                if not ENV_KEY_RE.match(str(name)):
+                    raise ValueError(f"environment variable name {name!r} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")
+            return dict(sorted(value.items()))
+        return value
+
+    @model_validator(mode="after")
+    def _scheduling(self) -> KubernetesSettings:
+        if self.volcano_queue and self.scheduler_name != "volcano":
+            raise ValueError("volcano_queue needs scheduler_name: volcano (the Volcano scheduler reads the PodGroup's queue)")
+        if self.queue_label and self.scheduler_name == "volcano":
+            raise ValueError("queue_label (Kueue) and scheduler_name: volcano exclude each other: pick one gang/queueing system")
+        return self
 
 
 class LocalSettings(_Model):

@@ -75,10 +75,11 @@ class JobStatus:
     Attributes:
         handle: the job.
         state: the scheduler's word (SLURM: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
-            TIMEOUT, PREEMPTED, NODE_FAIL, REQUEUED, ...), or ``UNKNOWN`` when no source knows
-            the job (never a guess).
+            TIMEOUT, PREEMPTED, NODE_FAIL, REQUEUED, ...; Kubernetes: SUBMITTED, CREATED, RUNNING,
+            RESTARTING, SUSPENDED, SUCCEEDED, FAILED, TERMINATING), or ``UNKNOWN`` when no
+            source knows the job (never a guess).
         source: where the state came from: ``squeue``, ``sacct`` (accounting), ``jobcomp``
-            (the job-completion log), or ``none``.
+            (the job-completion log), ``kube-apiserver``, or ``none``.
         details: further facts (nodes, reason, exit code, restarts, elapsed), all strings.
     """
 
@@ -93,9 +94,11 @@ class JobStatus:
         return self.state in FINISHED_STATES
 
 
-#: SLURM end states (squeue(1) "JOB STATE CODES" minus the ones that run again).
+#: SLURM end states (squeue(1) "JOB STATE CODES" minus the ones that run again), plus the
+#: Kubernetes backend's SUCCEEDED (job condition Succeeded/Complete) and DELETED (after cancel).
 FINISHED_STATES = frozenset(
-    {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
+    {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+     "SUCCEEDED", "DELETED"}
 )
 
 

@@ -13,10 +13,14 @@ SLURMEnvironment; ``--signal=USR2@<grace_s>`` triggers checkpoint + requeue)::
     srun python -m jobgen.train --spec spec.json
 
 Kubernetes PyTorchJob, one pod per node, torchrun in each pod; torchrun takes its settings
-from the operator's PET_* variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
-PET_MASTER_ADDR, PET_MASTER_PORT)::
+from the operator's PET_* variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK) and the
+master address from the flags (the v1 operator sets MASTER_ADDR/MASTER_PORT, which torchrun
+does not read; the kubelet expands ``$(VAR)``)::
 
-    python -m torch.distributed.run -m jobgen.train --spec /etc/jobgen/spec.json --run-dir /runs/<name>
+    python -m torch.distributed.run --master-addr=$(MASTER_ADDR) --master-port=$(MASTER_PORT) \
+        -m jobgen.train --spec /etc/jobgen/spec.json --run-dir /workspace/runs/<name>
+
+(A Trainer v2 TrainJob sets PET_MASTER_ADDR/PET_MASTER_PORT too: there the flags are omitted.)
 
 Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
 data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a

@@ -1,0 +1,189 @@
+"""Rank semantics of the rendered PyTorchJob without a cluster: two local "pods" (processes)
+get exactly the environment the training-operator injects for a 2-pod x 2-process job, run the
+rendered container command as the kubelet would (``$(VAR)`` expanded), and train together with
+world size 4 and distinct global ranks 0..3.
+
+What the operator injects (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go and
+master.go) into every container of pod <role>-<index>: PYTHONUNBUFFERED=0, MASTER_PORT (the
+Master's ``pytorchjob-port``), MASTER_ADDR (``<job>-master-0``, the Master's Service),
+WORLD_SIZE (= pods x nprocPerNode), RANK (= the pod's index: Master 0, Worker i -> i+1: a *pod*
+rank, not a process rank), PET_NPROC_PER_NODE (= spec.nprocPerNode), PET_NODE_RANK (= RANK),
+PET_NNODES (= pods). Not PET_MASTER_ADDR / PET_MASTER_PORT.
+
+Locally the Master's Service name resolves to 127.0.0.1, and both pods share one run directory
+(a ReadWriteMany volume in a cluster). Needs torch + lightning (jobgen[train]); skips otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobgen.backends import kubernetes as k8s
+from jobgen.load import load_profile, load_spec
+from jobgen.plan import plan
+from tests.conftest import REPO, TEMPLATES
+
+torch_run = pytest.importorskip("torch.distributed.run", reason="torch not installed (pip install -e .[train])")
+pytest.importorskip("lightning", reason="lightning not installed (pip install -e .[train])")
+
+#: Records each training process's view of the world (the launchers' variables) at start-up.
+OBSERVER = '''
+import json, os
+if os.environ.get("TORCHELASTIC_RUN_ID") and "LOCAL_RANK" in os.environ:
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "JOBGEN_POD")
+    with open(os.path.join(os.environ["JOBGEN_RANKS_DIR"], f"{os.getpid()}.json"), "w") as fh:
+        json.dump({k: os.environ.get(k) for k in keys}, fh)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_profile(tmp_path: Path, port: int) -> Path:
+    """A Kubernetes profile with CPU pods of 2 processes each (gloo), else the shipped k8s-a100."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "k8s-cpu-sim.yaml").write_text(yaml.safe_dump({
+        "extends": str(REPO / "cluster_profiles" / "k8s-a100.yaml"),
+        "gpus_per_node": 0, "gpu_type": None, "cpu_processes_per_node": 2, "cpus_per_node": 2, "mem_gib_per_node": 8,
+        "network_fabric": "tcp",
+        "kubernetes": {"shm_size_gib": 1, "master_port": port, "python": sys.executable, "rdma_resource": None},
+    }))
+    return profiles / "k8s-cpu-sim.yaml"
+
+
+def _spec(tmp_path: Path) -> Path:
+    path = tmp_path / "ranks.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "rank-check",
+        "model": {"preset": None, "n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64},
+        "data": {"max_bytes": 400_000},
+        "trainer": {"strategy": "ddp", "precision": "32-true", "micro_batch_size": 4, "max_steps": 6, "warmup_steps": 1,
+                    "val_check_interval": 6, "limit_val_batches": 2, "log_every_n_steps": 2},
+        "resources": {"nodes": 2, "devices_per_node": 2},
+        "checkpoint": {"every_n_steps": 6, "keep_last_k": 1},
+    }))
+    return path
+
+
+def operator_env(job: dict[str, Any], role: str, index: int, master_addr: str) -> dict[str, str]:
+    """The variables the training-operator v1.9 appends to every container of pod ``role``-``index``."""
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    pods = sum(r["replicas"] for r in specs.values())
+    nproc = job["spec"]["nprocPerNode"]
+    port = next(p["containerPort"] for p in specs["Master"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "pytorchjob-port")
+    rank = index + (1 if role == "worker" else 0)
+    return {"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master_addr, "WORLD_SIZE": str(pods * int(nproc)),
+            "RANK": str(rank), "PET_NPROC_PER_NODE": nproc, "PET_NODE_RANK": str(rank), "PET_NNODES": str(pods)}
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of command/args (``$$`` escapes; unknown references stay)."""
+    return re.sub(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))",
+                  lambda m: "$" if m.group(1) == "$" else env.get(m.group(2), m.group(0)), text)
+
+
+def _render(tmp_path: Path, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    job_plan = plan(load_spec(_spec(tmp_path)), load_profile(str(_cpu_profile(tmp_path, port))), TEMPLATES)
+    config_map, job = k8s.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
+    return config_map, job
+
+
+def test_torchrun_reads_the_operators_master_address(tmp_path):
+    """torchrun ignores MASTER_ADDR (its --master-addr defaults to 127.0.0.1 unless PET_MASTER_ADDR
+    is set, which the v1 operator does not set): the rendered command must pass it, or every
+    worker pod would wait for a rendezvous on itself."""
+    _, job = _render(tmp_path, 23456)
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env |= operator_env(job, "worker", 0, master_addr="rank-check-master-0")
+    argv = [kubelet_expand(a, env) for a in container["command"]]
+    run_index = argv.index("torch.distributed.run")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        args = torch_run.get_args_parser().parse_args(argv[run_index + 1:])
+        bare = torch_run.get_args_parser().parse_args(["-m", "jobgen.train"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert (args.master_addr, args.master_port) == ("rank-check-master-0", 23456)
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "2", 1)
+    assert bare.master_addr == "127.0.0.1", "without --master-addr torchrun would rendezvous on the pod itself"
+
+
+def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_path):
+    port = _free_port()
+    config_map, job = _render(tmp_path, port)
+    runs = tmp_path / "runs"  # one RWX volume for both pods
+    ranks_dir = tmp_path / "ranks"
+    observer = tmp_path / "observer"
+    for d in (runs, ranks_dir, observer):
+        d.mkdir()
+    (observer / "sitecustomize.py").write_text(OBSERVER)
+    procs = []
+    pods = [("master", 0), *[("worker", i) for i in range(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])]]
+    assert len(pods) == 2
+    for role, index in pods:
+        pod = f"{role}-{index}"
+        config = tmp_path / pod / "etc-jobgen"  # the ConfigMap volume
+        config.mkdir(parents=True)
+        for name, body in config_map["data"].items():
+            (config / name).write_text(body)
+        container = job["spec"]["pytorchReplicaSpecs"][role.capitalize()]["template"]["spec"]["containers"][0]
+        assert container["name"] == "pytorch"
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        env |= operator_env(job, role, index, master_addr="127.0.0.1")
+        argv = [kubelet_expand(a, env) for a in container["command"]]
+        argv = [a.replace(k8s.CONFIG_MOUNT, str(config)).replace(k8s.RUN_ROOT, str(runs)) for a in argv]
+        base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
+        process_env = {**base, **env, "PYTHONPATH": os.pathsep.join([str(observer), str(REPO)]),
+                       "JOBGEN_RANKS_DIR": str(ranks_dir), "JOBGEN_POD": pod}
+        log = open(tmp_path / f"{pod}.log", "w")  # noqa: SIM115 (closed below)
+        procs.append((pod, log, subprocess.Popen(argv, cwd=tmp_path / pod, env=process_env, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)))
+    deadline = time.monotonic() + 420
+    try:
+        for _, _, proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for _, _, proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the two pods hung (rendezvous never completed?)\n" + _logs(tmp_path, procs))
+    finally:
+        for _, log, _ in procs:
+            log.close()
+    output = _logs(tmp_path, procs)
+    assert [proc.returncode for _, _, proc in procs] == [0, 0], output
+    assert "EADDRINUSE" not in output and "Address already in use" not in output, output
+    views = [json.loads(p.read_text()) for p in sorted(ranks_dir.glob("*.json"))]
+    assert len(views) == 4, views
+    assert sorted(int(v["RANK"]) for v in views) == [0, 1, 2, 3]
+    assert {v["WORLD_SIZE"] for v in views} == {"4"}
+    by_pod = {pod: sorted(int(v["RANK"]) for v in views if v["JOBGEN_POD"] == pod) for pod, _, _ in procs}
+    assert by_pod == {"master-0": [0, 1], "worker-0": [2, 3]}
+    assert sorted(int(v["LOCAL_RANK"]) for v in views) == [0, 0, 1, 1]
+    summary = json.loads((runs / "rank-check" / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["global_step"] == 6, summary
+
+
+def _logs(tmp_path: Path, procs: list[tuple[str, Any, Any]]) -> str:
+    return "\n".join(f"--- {pod}\n" + (tmp_path / f"{pod}.log").read_text()[-4000:] for pod, _, _ in procs)

@@ -1,0 +1,250 @@
+"""Kubernetes submission logic with an in-memory fake API server (the real one runs in
+tests/integration/k8s): handles, idempotent re-submit, --replace, pruning detection, status
+from conditions, logs streaming across a container restart, cancel."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobgen.backends import kubernetes as k8s
+from jobgen.backends.base import JobHandle
+from jobgen.errors import ConfigError, SubmitError
+from jobgen.load import load_profile, load_spec
+from jobgen.plan import plan
+from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
+
+
+class FakeStream:
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = chunks
+        self.released = False
+
+    def stream(self, _size: int):
+        yield from self.chunks
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+class FakeCluster(k8s.Cluster):
+    """Objects by path in a dict; POST/GET/PUT/DELETE like the API server (no validation)."""
+
+    def __init__(self, *, prune: str | None = None, version: tuple[int, int] = (1, 30)):
+        super().__init__(api=None, context="fake")
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, tuple[tuple[str, str], ...]]] = []
+        self.prune = prune
+        self._version = version
+        self.logs: list[list[bytes]] = []
+        self.uid = 0
+
+    def request(self, method, path, *, query=None, body=None, timeout=30.0, stream=False):
+        query = tuple(query or ())
+        self.calls.append((method, path, query))
+        if path.endswith("/log"):
+            return FakeStream(self.logs.pop(0))
+        if method == "POST":
+            obj = copy.deepcopy(body)
+            if self.prune and obj.get("kind") == "PyTorchJob":
+                obj["spec"].pop(self.prune, None)
+            key = f"{path}/{obj['metadata']['name']}"
+            if key in self.objects:
+                raise k8s.ApiError("exists", status=409, reason="AlreadyExists")
+            if ("dryRun", "All") not in query:
+                self.uid += 1
+                obj["metadata"]["uid"] = f"uid-{self.uid}"
+                obj["metadata"]["resourceVersion"] = str(self.uid)
+                self.objects[key] = obj
+            return obj
+        if method == "GET":
+            if path in self.objects:
+                return copy.deepcopy(self.objects[path])
+            raise k8s.ApiError("not found", status=404, reason="NotFound")
+        if method == "PUT":
+            self.objects[path] = copy.deepcopy(body)
+            return body
+        if method == "DELETE":
+            if path not in self.objects:
+                raise k8s.ApiError("not found", status=404, reason="NotFound")
+            del self.objects[path]
+            return {}
+        raise AssertionError(method)
+
+
+JOB = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/quickstart"
+CM = "/api/v1/namespaces/training/configmaps/quickstart-config"
+
+
+@pytest.fixture
+def job_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+
+    def _render(*overrides: str) -> Path:
+        job_plan = plan(load_spec(EXAMPLES / "quickstart.yaml", overrides), load_profile("k8s-h100", PROFILES), TEMPLATES)
+        directory = tmp_path / "manifests" / "quickstart"
+        job_plan.write(directory)
+        return directory
+
+    return _render
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    cluster = FakeCluster()
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
+    return cluster
+
+
+def test_handles():
+    handle = k8s.make_handle("arn:aws:eks:eu-west-1:123:cluster/prod", "training", "job-1")
+    assert str(handle) == "k8s://arn:aws:eks:eu-west-1:123:cluster/prod/training/job-1"
+    assert k8s.parse_handle(JobHandle.parse(str(handle))) == ("arn:aws:eks:eu-west-1:123:cluster/prod", "training", "job-1")
+    for bad in ("k8s://ctx/job", "k8s://ctx/Training/job", "slurm://c/1"):
+        with pytest.raises(ConfigError, match="not a Kubernetes job handle"):
+            k8s.parse_handle(JobHandle.parse(bad))
+
+
+def test_create_then_identical_resubmit_is_a_no_op(job_dir, fake):
+    directory = job_dir()
+    first = k8s.submit_dir(directory, out=lambda _: None)
+    assert first.action == "created" and str(first.handle) == "k8s://fake/training/quickstart"
+    assert fake.objects[CM]["metadata"]["ownerReferences"][0]["uid"] == fake.objects[JOB]["metadata"]["uid"]
+    writes = [c for c in fake.calls if c[0] in ("POST", "PUT", "DELETE") and ("dryRun", "All") not in c[2]]
+    assert [c[0] for c in writes] == ["POST", "POST", "PUT"]  # ConfigMap, job, ownerReference
+    assert all(("fieldValidation", "Strict") in c[2] for c in fake.calls if c[0] == "POST")  # server 1.30
+    fake.calls.clear()
+    again = k8s.submit_dir(directory, out=lambda _: None)
+    assert again.action == "unchanged" and [c[0] for c in fake.calls] == ["GET"]
+    record = json.loads((directory / ".jobgen-submission.json").read_text())
+    assert record["handle"] == str(first.handle) and "pytorchjobs.kubeflow.org/v1" in record["argv"]
+
+
+def test_changed_inputs_are_refused_unless_replace(job_dir, fake):
+    k8s.submit_dir(job_dir(), out=lambda _: None)
+    old_uid = fake.objects[JOB]["metadata"]["uid"]
+    changed = job_dir("trainer.max_steps=700")
+    with pytest.raises(SubmitError, match="already exists with other inputs") as info:
+        k8s.submit_dir(changed, out=lambda _: None)
+    assert "--replace" in info.value.hint and fake.objects[JOB]["metadata"]["uid"] == old_uid
+    result = k8s.submit_dir(changed, replace=True, out=lambda _: None)
+    assert result.action == "replaced" and fake.objects[JOB]["metadata"]["uid"] != old_uid
+    deletes = [c for c in fake.calls if c[0] == "DELETE"]
+    assert deletes and deletes[0][1] == JOB
+
+
+def test_dry_run_persists_nothing_and_checks_a_pod_per_replica(job_dir, fake):
+    result = k8s.submit_dir(job_dir("resources.nodes=3"), dry_run=True, out=lambda _: None)
+    assert result.action == "dry-run" and not fake.objects
+    posted = [c[1] for c in fake.calls if c[0] == "POST"]
+    assert posted == ["/api/v1/namespaces/training/configmaps", "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs",
+                      "/api/v1/namespaces/training/pods", "/api/v1/namespaces/training/pods"]
+
+
+def test_old_servers_get_a_client_side_pruning_check(job_dir, monkeypatch):
+    cluster = FakeCluster(prune="nprocPerNode", version=(1, 20))
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
+    with pytest.raises(SubmitError, match=r"dropped field\(s\) it does not know: spec.nprocPerNode"):
+        k8s.submit_dir(job_dir(), out=lambda _: None)
+    assert not cluster.objects  # the preflight stopped before anything was created
+    assert not any(("fieldValidation", "Strict") in c[2] for c in cluster.calls)
+
+
+def test_pruned_paths():
+    sent = {"a": 1, "b": {"c": 2, "d": [{"e": 1}, {"f": 2}]}}
+    assert k8s.pruned_paths(sent, {"a": 1, "b": {"c": 2, "d": [{"e": 1}, {}]}, "extra": 1}) == ["b.d[1].f"]
+    assert k8s.pruned_paths(sent, copy.deepcopy(sent)) == []
+
+
+@pytest.mark.parametrize(("conditions", "state"), [
+    ([], "SUBMITTED"),
+    ([("Created", "True")], "CREATED"),
+    ([("Created", "True"), ("Running", "True")], "RUNNING"),
+    ([("Created", "True"), ("Running", "False"), ("Restarting", "True")], "RESTARTING"),
+    ([("Created", "True"), ("Running", "False"), ("Succeeded", "True")], "SUCCEEDED"),
+    ([("Created", "True"), ("Running", "True"), ("Failed", "True")], "FAILED"),
+    ([("Complete", "True")], "SUCCEEDED"),
+])
+def test_state_from_conditions(conditions, state):
+    job = {"status": {"conditions": [{"type": t, "status": s, "reason": f"{t}Reason"} for t, s in conditions],
+                      "replicaStatuses": {"Master": {"active": 1}, "Worker": {"failed": 2}}}}
+    got, details = k8s.job_state(job)
+    assert got == state
+    assert details["master"] == "active 1 succeeded 0 failed 0" and details["worker"] == "active 0 succeeded 0 failed 2"
+
+
+def test_status_and_cancel(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    assert k8s.status(handle).state == "SUBMITTED"
+    done = k8s.cancel(handle, out=lambda _: None)
+    assert done.state == "DELETED" and done.finished and JOB not in fake.objects and CM not in fake.objects
+    delete = next(c for c in fake.calls if c[0] == "DELETE" and c[1] == JOB)
+    assert delete
+    assert k8s.status(handle).state == "UNKNOWN"
+    assert k8s.cancel(handle, out=lambda _: None).state == "UNKNOWN"
+
+
+def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_dir, fake, monkeypatch):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    fake.objects["/api/v1/namespaces/training/pods/quickstart-master-0"] = {
+        "metadata": {"name": "quickstart-master-0"},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}}]}}
+    fake.logs = [[b"step 1\nstep ", b"2\n"], [b"resumed\xff\n", b"done"]]
+    ends = iter([{"status": {"conditions": [{"type": "Running", "status": "True"}]}},
+                 {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}])
+    original = k8s._get_job
+
+    def get_job(cluster, kind, namespace, name):
+        job = original(cluster, kind, namespace, name)
+        calls = [c for c in fake.calls if c[1].endswith("/log")]
+        if job is not None and calls:
+            job.update(next(ends, {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}))
+        return job
+
+    monkeypatch.setattr(k8s, "_get_job", get_job)
+    monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
+    lines: list[str] = []
+    k8s.logs(handle, follow=True, out=lines.append)
+    assert lines == ["step 1", "step 2", "jobgen: quickstart-master-0 restarted; attaching again", "resumed\ufffd", "done"]
+    log_calls = [c for c in fake.calls if c[1].endswith("/log")]
+    assert ("container", "pytorch") in log_calls[0][2] and ("follow", "true") in log_calls[0][2]
+
+
+def test_logs_before_the_pod_exists(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    lines: list[str] = []
+    k8s.logs(handle, replica="worker-0", out=lines.append)
+    assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for worker-0 yet (jobgen logs -f waits for it)"]
+
+
+@pytest.mark.parametrize(("kind", "replica", "expected"), [
+    (k8s.PYTORCHJOB, "master-0", ("job-master-0", None, "pytorch")),
+    (k8s.PYTORCHJOB, "worker-12", ("job-worker-12", None, "pytorch")),
+    (k8s.TRAINJOB, "node-1", (None, "jobset.sigs.k8s.io/jobset-name=job,jobset.sigs.k8s.io/replicatedjob-name=node,"
+                                    "batch.kubernetes.io/job-completion-index=1", "node")),
+])
+def test_replica_selector(kind, replica, expected):
+    assert k8s.replica_selector(kind, "job", replica) == expected
+
+
+@pytest.mark.parametrize(("kind", "replica"), [(k8s.PYTORCHJOB, "node-0"), (k8s.TRAINJOB, "master-0"), (k8s.PYTORCHJOB, "worker")])
+def test_replica_selector_rejects(kind, replica):
+    with pytest.raises(ConfigError, match="is not a replica"):
+        k8s.replica_selector(kind, "job", replica)
+
+
+def test_cli_refuses_mixed_scheduler_options(run_cli, tmp_path):
+    out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--test-only", "--out", str(tmp_path))
+    assert out.code == 2 and "--dry-run=server" in out.stderr
+    rank = run_cli("logs", "k8s://ctx/training/job", "--rank", "1")
+    assert rank.code == 2 and "--replica" in rank.stderr
+
+
+def test_cli_unknown_kubeconfig_is_bad_input(run_cli, tmp_path):
+    out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--out", str(tmp_path),
+                  "--kubeconfig", str(tmp_path / "nope"))
+    assert out.code == 2 and "cannot read kubeconfig" in out.stderr and "Traceback" not in out.stderr
