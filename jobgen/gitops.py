@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobgen import __version__
-from jobgen.backends.kubernetes import KUSTOMIZATION_FILE, MANIFEST_FILE, MAX_NAME, k8s_name, kustomization_yaml
+from jobgen.backends.kubernetes import KUSTOMIZATION_FILE, MANIFEST_FILE, MAX_NAME, TRAINJOB_FILE, k8s_name, kustomization_yaml, manifest_file
 from jobgen.errors import EXIT_RUNTIME, ConfigError, JobgenError
 from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
 from jobgen.plan import OWNED_FILES, JobPlan, plan
@@ -583,12 +583,12 @@ def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> di
         _check_unique_objects(members, where, f"{profile}/{KUSTOMIZATION_FILE}")
         header = (f"{GENERATED_MARK} {__version__} from {PROJECT_FILE} (profile {profile}); re-render with `jobgen render --all`.\n"
                   f"# apply: kubectl apply -k <this directory>")
-        files[f"{profile}/{KUSTOMIZATION_FILE}"] = kustomization_yaml(header, [f"{j.plan.job_name}/{MANIFEST_FILE}" for j in members])
+        files[f"{profile}/{KUSTOMIZATION_FILE}"] = kustomization_yaml(header, [f"{j.plan.job_name}/{manifest_file(j.plan)}" for j in members])
     if k8s and project.top_level_kustomization:
         _check_unique_objects(k8s, where, KUSTOMIZATION_FILE, top_level=True)
         header = (f"{GENERATED_MARK} {__version__} from {PROJECT_FILE} (every Kubernetes profile); re-render with `jobgen render --all`.\n"
                   f"# apply: kubectl apply -k <this directory>")
-        files[KUSTOMIZATION_FILE] = kustomization_yaml(header, [f"{j.subdir}/{MANIFEST_FILE}" for j in k8s])
+        files[KUSTOMIZATION_FILE] = kustomization_yaml(header, [f"{j.subdir}/{manifest_file(j.plan)}" for j in k8s])
     return files
 
 
@@ -726,7 +726,7 @@ def _owned_in_job_dir(directory: Path) -> list[str]:
 def is_job_dir(directory: Path) -> bool:
     """Whether jobgen wrote ``directory``: a job file there carries the generated header, or
     its spec.json the ``jobgen_version`` key."""
-    return directory.is_dir() and any(_marked(directory / n) for n in ("job.sbatch", MANIFEST_FILE, KUSTOMIZATION_FILE, "spec.json"))
+    return directory.is_dir() and any(_marked(directory / n) for n in ("job.sbatch", MANIFEST_FILE, TRAINJOB_FILE, KUSTOMIZATION_FILE, "spec.json"))
 
 
 def compare(render: Render) -> Comparison:

@@ -229,6 +229,16 @@ def test_render_all_writes_jobs_index_and_kustomizations(tmp_path):
     assert compare(plan_project(load_project(project))).in_sync
 
 
+def test_kustomizations_list_the_trainjob_manifest_of_trainjob_profiles(tmp_path):
+    project = make_project(tmp_path, "jobs:\n  - spec: examples/quickstart.yaml\n    profiles: [k8s-v2]\n")
+    write(tmp_path / "cluster_profiles" / "k8s-v2.yaml", "extends: k8s-h100\nkubernetes:\n  job_api: trainjob\n  priority_class: null\n")
+    render_all(project)
+    out = tmp_path / "manifests"
+    assert (out / "k8s-v2" / "quickstart" / "trainjob.yaml").is_file()
+    assert yaml.safe_load((out / "kustomization.yaml").read_text())["resources"] == ["k8s-v2/quickstart/trainjob.yaml"]
+    assert yaml.safe_load((out / "k8s-v2" / "kustomization.yaml").read_text())["resources"] == ["quickstart/trainjob.yaml"]
+
+
 def test_spec_edit_changes_only_that_jobs_files(tmp_path):
     project = make_project(tmp_path, BASIC)
     render_all(project)
