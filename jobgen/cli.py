@@ -268,14 +268,12 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
                 "trainjob.yaml) job directories can be submitted as is",
                 hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
             )
-        scheduler = "slurm"
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
         job_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
         _warn(job_plan)
-        scheduler = job_plan.scheduler
-        if scheduler == "local":
+        if job_plan.scheduler == "local":
             if test_only:
                 raise NotSupportedError("--test-only is a SLURM pre-flight", hint="use `jobgen validate SPEC --profile local` to check a local run")
             job_dir = Path(runs_dir) / job_plan.job_name
@@ -286,12 +284,9 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
         job_dir = Path(out) / job_plan.job_subdir
         job_plan.write(job_dir)
         click.echo(f"rendered {job_dir}")
-        if scheduler == "kubernetes":
+        if job_plan.scheduler == "kubernetes":
             _submit_k8s(job_dir, load_profile(profile, profiles_dir), dry_run=dry_run, replace=replace, context=k8s_context,
                         namespace=k8s_namespace, kubeconfig=kubeconfig, test_only=test_only, force=force, profiles_dir=profiles_dir)
-            return
-        if scheduler != "slurm":
-            backend_module(scheduler).submit(job_plan, job_dir.resolve())
             return
     for given, option in ((dry_run, "--dry-run"), (replace, "--replace"), (k8s_context, "--context"),
                           (k8s_namespace, "--namespace"), (kubeconfig, "--kubeconfig")):
