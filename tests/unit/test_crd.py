@@ -4,11 +4,11 @@ with unknown fields rejected (the apiserver would prune them silently)."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import yaml
 
+from jobgen.k8s_validate import strict
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
 from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES
@@ -16,19 +16,6 @@ from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[dev])")
 CRD_FILE = CRDS / "training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
 pytestmark = pytest.mark.skipif(not CRD_FILE.is_file(), reason=f"PyTorchJob CRD not found at {CRD_FILE} (set JOBGEN_CRDS_DIR)")
-
-
-def strict(schema: Any) -> Any:
-    """Copy of an openAPIV3Schema where every object with ``properties`` rejects unknown keys
-    (unless it says x-kubernetes-preserve-unknown-fields)."""
-    if isinstance(schema, dict):
-        out = {k: strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [strict(v) for v in schema]
-    return schema
 
 
 @pytest.fixture(scope="module")
