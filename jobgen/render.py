@@ -15,12 +15,13 @@ The Environment uses ``StrictUndefined`` so a misspelt variable is an error, nev
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,20 @@ def environment(templates_dir: str) -> jinja2.Environment:
     return env
 
 
+@contextlib.contextmanager
+def _template_errors(templates_dir: Path | str, name: str) -> Iterator[None]:
+    """Turn Jinja's missing-template and syntax errors for ``name`` into ConfigError."""
+    try:
+        yield
+    except jinja2.TemplateNotFound:
+        raise ConfigError(
+            f"template {name!r} not found in {templates_dir}",
+            hint="copy it from jobgen's templates/ or drop --templates-dir / JOBGEN_HOME",
+        ) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename or name}:{exc.lineno}") from None
+
+
 def render_template(templates_dir: Path, template: str, **context: Any) -> str:
     """Render ``template`` (e.g. ``slurm/job.sbatch.j2``) from ``templates_dir``.
 
@@ -135,14 +150,8 @@ def render_template(templates_dir: Path, template: str, **context: Any) -> str:
         ConfigError: the template is missing, has a syntax error, or uses an undefined variable.
     """
     try:
-        return environment(str(templates_dir)).get_template(template).render(**context)
-    except jinja2.TemplateNotFound:
-        raise ConfigError(
-            f"template {template!r} not found in {templates_dir}",
-            hint="copy it from jobgen's templates/ or drop --templates-dir / JOBGEN_HOME",
-        ) from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename}:{exc.lineno}") from None
+        with _template_errors(templates_dir, template):
+            return environment(str(templates_dir)).get_template(template).render(**context)
     except jinja2.UndefinedError as exc:
         raise ConfigError(f"template {template!r} uses an undefined variable: {exc.message}", location=str(templates_dir / template)) from None
 
@@ -166,16 +175,9 @@ def template_sha256(templates_dir: str, template: str) -> str:
         name = pending.pop()
         if name in sources:
             continue
-        try:
+        with _template_errors(templates_dir, name):
             source, _, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
             refs = list(jinja2.meta.find_referenced_templates(env.parse(source)))
-        except jinja2.TemplateNotFound:
-            raise ConfigError(
-                f"template {name!r} not found in {templates_dir}",
-                hint="copy it from jobgen's templates/ or drop --templates-dir / JOBGEN_HOME",
-            ) from None
-        except jinja2.TemplateSyntaxError as exc:
-            raise ConfigError(f"template syntax error: {exc.message}", location=f"{exc.filename or name}:{exc.lineno}") from None
         sources[name] = source.replace("\r\n", "\n")
         if None in refs:  # dynamic reference: cover the whole directory
             pending.extend(env.list_templates())
