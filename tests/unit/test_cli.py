@@ -108,7 +108,7 @@ def test_submit_refuses_overrides_for_a_rendered_directory(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("job", ["not-a-handle", "slurm://lab/abc", "k8s://ctx/ns/name"])
-def test_status_rejects_what_is_not_a_slurm_job(run_cli, job):
+def test_status_of_a_job_it_cannot_name_or_reach_is_a_clear_error(run_cli, job):
     result = run_cli("status", job)
     assert result.code == 2 and "hint:" in result.stderr and "Traceback" not in result.stderr
 
