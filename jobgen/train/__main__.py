@@ -8,7 +8,7 @@ local, one machine, 2 processes (gloo on CPU; strategy ddp or fsdp)::
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m jobgen.train --spec spec.json
 
 SLURM, one task per GPU (``#SBATCH --ntasks-per-node=<GPUs per node>``; Lightning's
-SLURMEnvironment; ``--signal=USR2@<grace_s>`` triggers checkpoint + requeue)::
+SLURMEnvironment; ``--signal=USR2@<grace_s>`` triggers checkpoint + requeue, see RequeueOnSignal)::
 
     srun python -m jobgen.train --spec spec.json
 

@@ -1,9 +1,17 @@
-"""Callbacks of the entrypoint: throughput measurement and line-per-interval progress."""
+"""Callbacks of the entrypoint: throughput, line-per-interval progress, FSDP clipping, and
+checkpoint-and-requeue on SLURM's pre-emption/time-limit signal."""
 
 from __future__ import annotations
 
 import datetime
+import os
+import re
+import signal
+import subprocess
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -147,3 +155,110 @@ class FSDPGradNormClipping(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         """Clip before the step; the FSDP wrapper is ``trainer.strategy.model``."""
         trainer.strategy.model.clip_grad_norm_(self.max_norm)
+
+
+class RequeueOnSignal(Callback):
+    """Checkpoint and requeue a SLURM job when its requeue signal arrives, at a step all ranks agree on.
+
+    SLURM sends ``--signal=<SIG>@<grace_s>`` (pre-emption, time limit) to every task on its own,
+    so the ranks receive it at different points of a training step. Lightning's auto-requeue
+    handler saves the checkpoint inside the signal handler; that save is collective (a barrier,
+    FSDP/DeepSpeed gathers) and one rank's save can meet another rank's gradient all-reduce: the
+    job then hangs until SLURM kills it at the time limit, without requeueing (seen on the lab
+    cluster in CI). Here the handler only records the signal. After every optimizer step the
+    ranks agree whether any of them got it (one all-reduce of one flag; nothing extra with a
+    single process); if so, all ranks save ``hpc_ckpt_<n>.ckpt`` together, global rank 0 runs
+    ``scontrol requeue <job id>``, and training stops. ``resume: auto`` picks the checkpoint up
+    when SLURM starts the job again (SLURM_RESTART_COUNT 1, 2, ...).
+
+    If the requeue command fails, training goes on (the checkpoint stays for a manual resubmit)
+    and the next signal tries again.
+
+    Args:
+        signum: the signal to catch, e.g. ``signal.SIGUSR2``.
+        checkpoint_dir: where ``hpc_ckpt_<n>.ckpt`` is written (n = highest existing + 1, the
+            numbering of Lightning's own HPC checkpoints).
+        job_id: the SLURM job to requeue (``<array job id>_<task id>`` for array tasks).
+        requeue_command: the command the job id is appended to.
+    """
+
+    def __init__(
+        self,
+        signum: signal.Signals,
+        checkpoint_dir: Path,
+        job_id: str,
+        requeue_command: Sequence[str] = ("scontrol", "requeue"),
+    ):
+        if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):
+            raise ValueError(f"not a SLURM job id: {job_id!r}")
+        self.signum = signum
+        self.checkpoint_dir = checkpoint_dir
+        self.job_id = job_id
+        self.requeue_command = tuple(requeue_command)
+        self.received = False
+        """The signal arrived on this rank and has not been acted on yet."""
+        self.requeued_at_step: int | None = None
+        """The global step of the checkpoint written before a successful requeue."""
+        self._checked_step: int | None = None
+
+    @staticmethod
+    def slurm_job_id(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+        """The id ``scontrol requeue`` takes for this job (array tasks: ``<job>_<task>``), or None."""
+        if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+            return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+        return environ.get("SLURM_JOB_ID") or None
+
+    def install(self) -> None:
+        """Catch the signal in this (main) thread from now on; call before ``Trainer.fit``."""
+        signal.signal(self.signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs between two bytecodes of the main thread: record only, act at the next step end.
+        self.received = True
+
+    def next_checkpoint_path(self) -> Path:
+        """``hpc_ckpt_<n>.ckpt`` with n one above the highest present (1 in an empty dir)."""
+        numbers = [
+            int(m.group(1))
+            for p in (self.checkpoint_dir.iterdir() if self.checkpoint_dir.is_dir() else ())
+            if (m := re.fullmatch(r"hpc_ckpt_([0-9]+)\.ckpt", p.name))
+        ]
+        return self.checkpoint_dir / f"hpc_ckpt_{max(numbers, default=0) + 1}.ckpt"
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """After each optimizer step: agree on the signal; checkpoint, requeue and stop if any rank got it."""
+        step = trainer.global_step
+        if step == self._checked_step:
+            return  # still accumulating gradients: not a step boundary
+        self._checked_step = step
+        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):
+            return
+        name = signal.Signals(self.signum).name
+        if trainer.is_global_zero:
+            print(f"requeue: {name} received; saving a checkpoint at step {step} on all ranks", flush=True)
+        path = self.next_checkpoint_path() if trainer.is_global_zero else None
+        path = trainer.strategy.broadcast(path, src=0)
+        trainer.save_checkpoint(path)
+        ok = True
+        if trainer.is_global_zero:
+            argv = [*self.requeue_command, self.job_id]
+            try:
+                result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+                ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                ok, detail = False, str(exc)
+            if ok:
+                print(f"requeue: {' '.join(argv)} done; the next run resumes from {path}", flush=True)
+            else:
+                print(
+                    f"requeue: {' '.join(argv)} failed ({detail or 'no output'}); training goes on, "
+                    f"{path} stays for a resubmit",
+                    flush=True,
+                )
+        ok = trainer.strategy.broadcast(ok, src=0)
+        self.received = False
+        if ok:
+            self.requeued_at_step = step
+            trainer.should_stop = True

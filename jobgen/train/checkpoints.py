@@ -1,8 +1,9 @@
 """Checkpoint discovery for ``resume: auto`` and the step checkpoint callback.
 
 Checkpoints live in ``<run_dir>/checkpoints``: ``step-<global step>.ckpt`` every N optimizer
-steps and at the end, ``last.ckpt``, and ``hpc_ckpt_<n>.ckpt`` written by Lightning when SLURM
-signals a job before its time limit (auto-requeue). A checkpoint is a file, or a directory for
+steps and at the end, ``last.ckpt``, and ``hpc_ckpt_<n>.ckpt`` written by
+:class:`jobgen.train.callbacks.RequeueOnSignal` when SLURM signals a job before its time limit or
+pre-emption. A checkpoint is a file, or a directory for
 sharded strategies (FSDP sharded state dict, DeepSpeed).
 """
 

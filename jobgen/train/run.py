@@ -33,7 +33,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
-from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, Throughput
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
 from jobgen.train.data import ByteTextDataModule
 from jobgen.train.model import Block, LitGPT
@@ -162,9 +162,15 @@ def build_trainer(
         callbacks.append(LineProgress(throughput, t.log_every_n_steps))
     plugins = []
     if launch.scheduler == "slurm" and launch.requeue_signal:
-        plugins.append(
-            SLURMEnvironment(auto_requeue=True, requeue_signal=getattr(signal, "SIG" + launch.requeue_signal))
-        )
+        signum = getattr(signal, "SIG" + launch.requeue_signal)
+        job_id = RequeueOnSignal.slurm_job_id()
+        # Lightning's own auto-requeue saves inside the signal handler, which can deadlock the
+        # ranks (RequeueOnSignal explains); it stays off and RequeueOnSignal does the requeue.
+        plugins.append(SLURMEnvironment(auto_requeue=False, requeue_signal=signum))
+        if job_id is not None:
+            requeue = RequeueOnSignal(signum, paths.checkpoints, job_id)
+            requeue.install()
+            callbacks.append(requeue)
     logger = CSVLogger(save_dir=paths.run_dir, name="logs")
     trainer = Trainer(
         accelerator=launch.accelerator,
@@ -185,7 +191,6 @@ def build_trainer(
         callbacks=callbacks,
         plugins=plugins or None,
         enable_progress_bar=show_bar,
-        # Lightning writes SLURM auto-requeue checkpoints (hpc_ckpt_*.ckpt) here.
         default_root_dir=paths.checkpoints,
     )
     return trainer, checkpoint, logger
@@ -270,6 +275,10 @@ def train(
 
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
+        requeue = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
+        if requeue is not None and requeue.requeued_at_step is not None:
+            rank_zero_print(f"requeued at step {trainer.global_step}; SLURM will run the job again")
+            return 0
         if trainer.global_step < t.max_steps:
             rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
             return 1

@@ -13,7 +13,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from jobgen.train import data as data_module
-from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, Throughput
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step
 from jobgen.train.model import Block, LitGPT
 from jobgen.train.resolved import load_resolved_spec
@@ -64,12 +64,27 @@ def test_slurm_requeue_signal_reaches_lightning(write_spec, tmp_path: Path, monk
     }.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     spec_path = write_spec(scheduler="slurm", requeue_signal="USR2")
-    trainer, _, _ = _build(spec_path, tmp_path)
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        trainer, _, _ = _build(spec_path, tmp_path)
+        handler = signal.getsignal(signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
     environment = trainer.strategy.cluster_environment
     assert isinstance(environment, SLURMEnvironment)
-    assert environment.auto_requeue and environment.requeue_signal == signal.SIGUSR2
-    # SLURM auto-requeue checkpoints (hpc_ckpt_N.ckpt) land where resume: auto looks.
-    assert Path(trainer.default_root_dir) == tmp_path / "run" / "checkpoints"
+    # Lightning's auto-requeue (collective save inside the signal handler) stays off: RequeueOnSignal does it.
+    assert not environment.auto_requeue and environment.requeue_signal == signal.SIGUSR2
+    [requeue] = [c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)]
+    assert handler == requeue._on_signal and requeue.job_id == "123"
+    # HPC checkpoints (hpc_ckpt_N.ckpt) land where resume: auto looks.
+    assert requeue.next_checkpoint_path() == tmp_path / "run" / "checkpoints" / "hpc_ckpt_1.ckpt"
+
+
+def test_requeue_job_id_names_array_tasks() -> None:
+    assert RequeueOnSignal.slurm_job_id({"SLURM_JOB_ID": "77"}) == "77"
+    env = {"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "3"}
+    assert RequeueOnSignal.slurm_job_id(env) == "70_3"
+    assert RequeueOnSignal.slurm_job_id({}) is None
 
 
 def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
