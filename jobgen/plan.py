@@ -195,7 +195,7 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
     Raises:
         PlanError: global batch != micro x accumulation x world size; a precision the GPU
             type cannot run (bf16 needs compute capability >= 8.0, Ampere; fp16 needs a GPU);
-            DeepSpeed or FSDP HYBRID_SHARD on a CPU-only profile.
+            DeepSpeed, FSDP HYBRID_SHARD or QLoRA (``model.load_in_4bit``) on a CPU-only profile.
     """
     t = spec.trainer
     product = t.micro_batch_size * t.gradient_accumulation_steps * world.world_size
@@ -223,6 +223,14 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
                 hint="Use `trainer.precision: 16-mixed` (fp16 with loss scaling) or `32-true` on this GPU.",
             )
     else:
+        if spec.model.load_in_4bit:
+            raise PlanError(
+                f"You set `model.load_in_4bit=true` (QLoRA), but profile {profile.name!r} has no GPUs; 4-bit "
+                "quantisation (bitsandbytes) runs on CUDA GPUs only.",
+                location=f"{spec_source}: model.load_in_4bit",
+                hint="Remove `model.load_in_4bit` (plain LoRA trains on CPU), or render for a GPU profile "
+                "(and install jobgen[qlora] there).",
+            )
         if t.precision == "16-mixed":
             raise PlanError(
                 f"You set `trainer.precision='16-mixed'`, but profile {profile.name!r} has no GPUs; fp16 needs a CUDA "

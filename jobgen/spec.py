@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -58,65 +67,171 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class ModelSpec(_Model):
-    """A byte-level GPT (decoder-only transformer, vocabulary of 256 bytes).
+class LoraSpec(_Model):
+    """LoRA adapters (Hugging Face peft) on a Hugging Face model: only the adapters train."""
 
-    Give a ``preset`` or explicit sizes; explicit sizes override the preset's values.
+    r: int = Field(default=8, ge=1, le=4096)
+    """Rank of each adapter (the inner dimension of the A: in x r and B: r x out matrices)."""
+    alpha: float = Field(default=16.0, gt=0.0)
+    """LoRA scaling numerator: the adapter output is multiplied by ``alpha / r``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout probability on the adapter input."""
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    """Names (last name component) of the Linear modules that get adapters, e.g. ``q_proj``."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or any(not name.strip() for name in value):
+            raise ValueError("give at least one module name, e.g. [q_proj, v_proj]")
+        return value
+
+
+#: ModelSpec fields that are left out of the serialised spec while at their defaults, so that
+#: specs without them keep the resolved spec files (and hashes) they had before the fields existed.
+_HF_MODEL_FIELDS = {"hf_path": None, "lora": None, "load_in_4bit": False}
+_GPT_SIZE_FIELDS = ("n_layer", "n_head", "d_model")
+_HF_DEFAULT_BLOCK_SIZE = 512
+
+
+def _omit_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if not (k in defaults and v == defaults[k])}
+
+
+class ModelSpec(_Model):
+    """The model: the built-in byte-level GPT (vocabulary of 256 bytes), or a Hugging Face
+    causal language model loaded from a local directory (``hf_path``), optionally with LoRA.
+
+    GPT: give a ``preset`` or explicit sizes; explicit sizes override the preset's values.
+    Hugging Face: give ``hf_path`` (and no preset or sizes; ``block_size`` is the training
+    sequence length, default 512).
     """
 
     preset: Literal["tiny", "mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"] | None = "tiny"
     """Size preset (see MODEL_PRESETS); ``null`` when all four sizes are given explicitly."""
-    n_layer: int = Field(ge=1, le=256)
+    n_layer: int | None = Field(default=None, ge=1, le=256)
     """Number of transformer blocks."""
-    n_head: int = Field(ge=1, le=256)
+    n_head: int | None = Field(default=None, ge=1, le=256)
     """Attention heads per block; must divide d_model."""
-    d_model: int = Field(ge=8, le=65536)
+    d_model: int | None = Field(default=None, ge=8, le=65536)
     """Embedding / residual width (features)."""
     block_size: int = Field(ge=8, le=131072)
-    """Context length in tokens (bytes)."""
+    """Context length in tokens (bytes for the GPT; training sequence length for ``hf_path``)."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout probability on attention and MLP outputs."""
+    hf_path: str | None = None
+    """Local directory of a Hugging Face causal LM (``config.json`` + weights, as written by
+    ``save_pretrained``); loaded with ``local_files_only=True`` (never downloads). Excludes
+    ``preset`` and the GPT sizes."""
+    lora: LoraSpec | None = None
+    """LoRA adapters for the ``hf_path`` model (peft); ``null``: full fine-tuning."""
+    load_in_4bit: bool = False
+    """QLoRA: load the ``hf_path`` model in 4-bit NF4 (bitsandbytes) and train LoRA adapters on
+    it. Needs ``lora`` and CUDA GPUs (refused on CPU profiles)."""
 
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        explicit = all(k in data for k in ("n_layer", "n_head", "d_model", "block_size"))
+        if data.get("hf_path") is not None:
+            given = [k for k in ("preset", *_GPT_SIZE_FIELDS) if data.get(k) is not None]
+            if given:
+                raise ValueError(
+                    f"hf_path and {'/'.join(given)} are mutually exclusive: the Hugging Face model's "
+                    "config.json sets its sizes; remove " + ", ".join(given) + " (or remove hf_path)"
+                )
+            return {"block_size": _HF_DEFAULT_BLOCK_SIZE, **data, "preset": None}
+        explicit = all(data.get(k) is not None for k in (*_GPT_SIZE_FIELDS, "block_size"))
         preset = data.get("preset", None if explicit else "tiny")
         if isinstance(preset, str) and preset in MODEL_PRESETS:
-            return {**MODEL_PRESETS[preset], **data, "preset": preset}
+            given = {k: v for k, v in data.items() if v is not None or k == "preset"}
+            return {**MODEL_PRESETS[preset], **given, "preset": preset}
         if "preset" not in data:
             return {**data, "preset": None}
         return data
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelSpec:
-        if self.d_model % self.n_head:
+        if self.hf_path is None:
+            missing = [k for k in _GPT_SIZE_FIELDS if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    f"{', '.join(missing)} missing: with preset null give n_layer, n_head, d_model and "
+                    "block_size (or a preset, or hf_path for a Hugging Face model)"
+                )
+            if self.lora is not None or self.load_in_4bit:
+                raise ValueError(
+                    "lora and load_in_4bit apply to Hugging Face models only; set hf_path (or remove them)"
+                )
+            if self.d_model % self.n_head:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
+                    "pick n_head so that d_model / n_head is a whole head dimension"
+                )
+        elif self.load_in_4bit and self.lora is None:
             raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
-                "pick n_head so that d_model / n_head is a whole head dimension"
+                "load_in_4bit (QLoRA) trains LoRA adapters on a frozen 4-bit model: add a lora section "
+                "(e.g. lora: {r: 8, target_modules: [q_proj, v_proj]})"
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if self.hf_path is None:
+            return _omit_defaults(data, _HF_MODEL_FIELDS)
+        return _omit_defaults(data, dict.fromkeys(_GPT_SIZE_FIELDS))
+
+    @property
+    def is_hf(self) -> bool:
+        """Whether this is a Hugging Face model (``hf_path`` set) rather than the built-in GPT."""
+        return self.hf_path is not None
+
     @property
     def n_params(self) -> int:
-        """Parameter count (tied input/output embedding, biases and LayerNorms included)."""
+        """Parameter count of the GPT (tied input/output embedding, biases and LayerNorms
+        included). 0 for a Hugging Face model: its size is known only once the entrypoint has
+        read its config (the render path does no I/O)."""
+        if self.hf_path is not None:
+            return 0
         d, v = self.d_model, 256
         per_block = 12 * d * d + 13 * d  # qkv+proj (4d^2+4d), mlp (8d^2+5d), 2 LayerNorms (4d)
         return v * d + self.block_size * d + self.n_layer * per_block + 2 * d
 
 
+_DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None, "tokenizer_path": None}
+
+
 class DataSpec(_Model):
-    """Training text, read as raw bytes (byte-level tokens, no tokenizer, no downloads)."""
+    """Training data: local text read as raw bytes (``format: text``, byte-level tokens, no
+    tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
+    Nothing is ever downloaded."""
 
     paths: tuple[str, ...] = ()
-    """Local text files, directories (read recursively) or glob patterns. Empty: the Python
-    standard library source of the running interpreter (``*.py``, site-packages excluded)."""
+    """Local files, directories (read recursively) or glob patterns. ``text``: any files; empty:
+    the Python standard library source of the running interpreter (``*.py``, site-packages
+    excluded). ``tokens``: ``*.bin`` files; ``jsonl``: ``*.jsonl`` files (required for both)."""
     val_fraction: float = Field(default=0.05, gt=0.0, le=0.5)
-    """Fraction of the bytes held out for validation (taken as whole blocks, deterministic)."""
+    """Fraction held out for validation, deterministic: whole byte blocks (``text``), the last
+    tokens of the stream (``tokens``), every ``round(1/val_fraction)``-th record (``jsonl``)."""
     max_bytes: int | None = Field(default=None, ge=4096)
-    """Upper bound on bytes read from ``paths`` (files in sorted order); ``null``: no bound."""
+    """``text`` only: upper bound on bytes read from ``paths`` (files in sorted order); ``null``:
+    no bound."""
+    format: Literal["text", "tokens", "jsonl"] = "text"
+    """``text``: raw bytes (built-in GPT only). ``tokens``: flat little-endian token ids
+    (``uint16``/``uint32``), memory-mapped. ``jsonl``: one JSON object per line with
+    ``instruction``, optional ``input`` and ``output`` (alpaca); prompt tokens are masked out of
+    the loss."""
+    token_dtype: Literal["uint16", "uint32"] | None = None
+    """``tokens``: element type of the ``.bin`` files; ``null``: read ``dtype`` from the sidecar
+    ``meta.json`` next to the files."""
+    vocab_size: int | None = Field(default=None, ge=1)
+    """``tokens``: vocabulary the files were encoded with (checked <= the model's vocabulary);
+    ``null``: ``vocab_size`` of the sidecar ``meta.json``, if any. Token ids are checked too."""
+    tokenizer_path: str | None = None
+    """``jsonl``: local directory of a Hugging Face tokenizer (``save_pretrained`` output),
+    loaded with ``local_files_only=True``; ``null``: ``model.hf_path``."""
 
     @field_validator("paths")
     @classmethod
@@ -124,6 +239,23 @@ class DataSpec(_Model):
         for path in value:
             check_shell_safe(path)
         return value
+
+    @model_validator(mode="after")
+    def _format_rules(self) -> DataSpec:
+        if self.format != "text":
+            if not self.paths:
+                raise ValueError(f"format {self.format!r} needs paths (the default stdlib source is text)")
+            if self.max_bytes is not None:
+                raise ValueError(f"max_bytes applies to format 'text' only (format is {self.format!r})")
+        if self.format != "tokens" and (self.token_dtype is not None or self.vocab_size is not None):
+            raise ValueError("token_dtype and vocab_size apply to format 'tokens' only")
+        if self.format != "jsonl" and self.tokenizer_path is not None:
+            raise ValueError("tokenizer_path applies to format 'jsonl' only")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        return _omit_defaults(handler(self), _DATA_FORMAT_FIELDS)
 
 
 class TrainerSpec(_Model):
@@ -263,3 +395,21 @@ class TrainingSpec(_Model):
     @classmethod
     def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env(value)
+
+    @model_validator(mode="after")
+    def _model_fits_data(self) -> TrainingSpec:
+        m, d = self.model, self.data
+        if m.is_hf and d.format == "text":
+            raise ValueError(
+                "model.hf_path with data.format 'text': raw bytes are the built-in GPT's tokens, not the "
+                "Hugging Face model's; use data.format 'jsonl' (with its tokenizer) or 'tokens' (files "
+                "encoded with the model's tokenizer)"
+            )
+        if d.format == "jsonl" and d.tokenizer_path is None and not m.is_hf:
+            raise ValueError("data.format 'jsonl' needs data.tokenizer_path (or model.hf_path to use its tokenizer)")
+        if m.is_hf and self.trainer.strategy != "ddp":
+            raise ValueError(
+                f"model.hf_path with trainer.strategy {self.trainer.strategy!r}: Hugging Face models run with "
+                "strategy ddp in this version (FSDP/DeepSpeed wrapping of HF decoder layers is not wired up)"
+            )
+        return self

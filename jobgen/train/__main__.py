@@ -39,8 +39,10 @@ import time
 from pathlib import Path
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.spec import TrainingSpec
+from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, load_resolved_spec
-from jobgen.train.sources import check_enough_bytes, discover_sources, split_layout
+from jobgen.train.sources import SplitLayout, TextSources, check_enough_bytes, discover_sources, split_layout
 
 PROG = "python -m jobgen.train"
 
@@ -71,6 +73,25 @@ def one_line(exc: JobgenError) -> str:
     return " ".join(text.split())
 
 
+def check_data(spec: TrainingSpec) -> tuple[TextSources | TokenFiles | InstructionFiles, SplitLayout | None]:
+    """Find and check ``spec.data`` for its format (no torch): text files and their byte split,
+    token files, or JSONL instruction records (every line parsed).
+
+    Raises:
+        ConfigError: missing/empty files, too little data, a malformed JSONL line (file:line,
+            field), an unknown token dtype.
+    """
+    d = spec.data
+    if d.format == "tokens":
+        return discover_token_files(d.paths, d.token_dtype, d.vocab_size, d.val_fraction, spec.model.block_size), None
+    if d.format == "jsonl":
+        return read_instruction_files(d.paths, d.val_fraction), None
+    sources = discover_sources(d.paths, d.max_bytes)
+    layout = split_layout(sources.total_bytes, d.val_fraction)
+    check_enough_bytes(layout, spec.model.block_size, sources.origin)
+    return sources, layout
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the entrypoint; returns the process exit code (never raises, except with --debug)."""
     started = time.time()
@@ -82,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: warning: {args.spec}: ignoring unknown keys {keys}", file=sys.stderr)
         check_runtime_support(resolved)
         spec = resolved.spec
-        sources = discover_sources(spec.data.paths, spec.data.max_bytes)
-        layout = split_layout(sources.total_bytes, spec.data.val_fraction)
-        check_enough_bytes(layout, spec.model.block_size, sources.origin)
+        sources, layout = check_data(spec)
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
 
         from jobgen.train.run import train  # torch + Lightning: only once the input is known good

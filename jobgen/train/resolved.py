@@ -136,7 +136,7 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
     """Reject combinations this entrypoint cannot run on the launch's accelerator.
 
     Raises:
-        NotSupportedError: DeepSpeed, or FSDP's HYBRID_SHARD, on CPU.
+        NotSupportedError: DeepSpeed, FSDP's HYBRID_SHARD, or QLoRA (``load_in_4bit``) on CPU.
         ConfigError: fp16 on CPU; a DeepSpeed strategy without a DeepSpeed config.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
@@ -152,6 +152,12 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
                 "fsdp_sharding_strategy 'HYBRID_SHARD' on CPU: hybrid sharding needs one GPU per rank",
                 location="spec.trainer.fsdp_sharding_strategy",
                 hint="use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD for local runs",
+            )
+        if resolved.spec.model.load_in_4bit:
+            raise NotSupportedError(
+                "model.load_in_4bit (QLoRA, bitsandbytes 4-bit) on CPU: 4-bit quantisation runs on CUDA GPUs only",
+                location="spec.model.load_in_4bit",
+                hint="remove load_in_4bit to train plain LoRA adapters on CPU, or run on a GPU profile",
             )
         if trainer.precision == "16-mixed":
             raise ConfigError(

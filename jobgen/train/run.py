@@ -33,12 +33,12 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
+from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
-from jobgen.train.data import ByteTextDataModule
-from jobgen.train.model import Block, LitGPT
+from jobgen.train.model import Block
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
-from jobgen.train.sources import SplitLayout, TextSources
+from jobgen.train.sources import SplitLayout
 from jobgen.train.strategies import CPUFSDPStrategy
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
@@ -224,8 +224,8 @@ def train(
     resolved: ResolvedSpec,
     spec_path: Path,
     run_dir: Path,
-    sources: TextSources,
-    layout: SplitLayout,
+    sources: DataSources,
+    layout: SplitLayout | None,
     started: float,
 ) -> int:
     """Train to ``spec.trainer.max_steps``, run a final validation, write ``summary.json``.
@@ -234,8 +234,9 @@ def train(
         resolved: the validated spec file.
         spec_path: where it was read from (DeepSpeed config paths are relative to it).
         run_dir: the run directory (absolute).
-        sources: the training files (already checked).
-        layout: their train/val split (already checked to hold a window each).
+        sources: the training data for ``spec.data.format`` (already checked).
+        layout: the byte split of ``text`` sources (already checked to hold a window each);
+            ``None`` for the other formats.
         started: ``time.time()`` when the process started (for the wall time).
 
     Returns:
@@ -255,21 +256,19 @@ def train(
         return 0
 
     lightning.seed_everything(t.seed, workers=True, verbose=False)
-    module = LitGPT.from_spec(spec)
-    datamodule = ByteTextDataModule.from_spec(spec, sources, run_dir, launch.world_size)
+    module, counts, model_line = build_module(spec, launch.accelerator)
+    datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size)
     throughput = Throughput(datamodule.tokens_per_step)
     trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
 
     rank_zero_print(
-        f"jobgen.train: {spec.name}: GPT {spec.model.n_params / 1e6:.2f}M params "
-        f"(n_layer {spec.model.n_layer}, n_head {spec.model.n_head}, d_model {spec.model.d_model}, "
-        f"block_size {spec.model.block_size}), strategy {t.strategy}, precision {t.precision}\n"
+        f"jobgen.train: {spec.name}: {model_line}, strategy {t.strategy}, precision {t.precision}\n"
+        f"  parameters: trainable {counts.trainable:,} / total {counts.total:,}\n"
         f"  world size {launch.world_size} = {launch.num_nodes} node(s) x {launch.devices_per_node} "
         f"{launch.accelerator} process(es); tokens per optimizer step {datamodule.tokens_per_step:,} "
         f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
         f"{t.gradient_accumulation_steps} x world size {launch.world_size}\n"
-        f"  data: {layout.train_bytes:,} train / {layout.val_bytes:,} val bytes from "
-        f"{len(sources.files)} file(s) of {sources.origin}\n"
+        f"  data: {data_line}\n"
         f"  run dir: {run_dir}"
     )
 
@@ -297,6 +296,10 @@ def train(
                 "tokens_per_step": datamodule.tokens_per_step,
                 "world_size": trainer.world_size,
                 "n_params": sum(p.numel() for p in module.parameters()),
+                "trainable_params": counts.trainable,
+                "total_params": counts.total,
+                "model": spec.model.hf_path or "gpt",
+                "data_format": spec.data.format,
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
@@ -332,7 +335,8 @@ def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:
         else f"resumed from step {summary['resumed_from_step']}"
     )
     val = summary["val_loss"]
-    val_text = "n/a" if val is None else f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits/byte)"
+    unit = "byte" if summary["data_format"] == "text" else "token"
+    val_text = "n/a" if val is None else f"{val:.4f} nats/{unit} ({val / math.log(2):.3f} bits/{unit})"
     rate = summary["tokens_per_s_mean"]
     rate_text = "n/a" if rate is None else f"{rate / 1000:.1f}k tok/s"
     print(
