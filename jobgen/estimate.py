@@ -555,6 +555,13 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
                else f"host memory {_gib(r.estimate.host_bytes_per_node)} > {_gib(host_mem)} per node")
         reasons.append(f"{lay.label}: {why}: does not fit")
     spec_row = by_layout[own]
+    explained = set(ladder[: ladder.index(chosen) + 1] if chosen in ladder else ladder)
+    for lay, what in ((Layout("ddp"), "ddp"), (own, "the spec's layout")):
+        if lay in explained:
+            continue  # already explained above
+        explained.add(lay)
+        r = by_layout[lay]
+        reasons.append(f"{what} ({lay.label}): {_gib(r.estimate.total_bytes)} per rank: {'fits' if r.fits else 'does not fit'}")
     suggestions: list[str] = []
     if chosen is None or not spec_row.fits:
         suggestions = _suggestions(spec, profile, shape, chosen, ladder, run, num_nodes, budget)
