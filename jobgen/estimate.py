@@ -326,8 +326,6 @@ def estimate(
         stage = int(s[-1])
         p = 2 if sixteen else 4
         p16, g16, fp32_grad, opt = p * psi, p * psi, 4 * psi // n, 12 * psi // n
-        if stage >= 1:
-            pass  # optimizer states partitioned (opt already /n)
         if stage >= 2:
             g16 //= n
         if stage >= 3:
@@ -337,14 +335,14 @@ def estimate(
             working = 0
         else:
             buckets = min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p
-            persistent = shape.n_layer * 9 * shape.d_model + 2 * shape.d_model  # biases + LayerNorms < threshold
+            persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model  # biases + LayerNorms: below the persistence threshold
             working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
         if layout.offload_optimizer != "none":
             host += (opt + fp32_grad) * devices_per_node
             opt, fp32_grad = 0, 0
-            if stage == 2:
+            if stage >= 2:
                 host += g16 * devices_per_node
-                g16 = 0  # reduced partitions are copied straight into the host fp32 gradient buffer
+                g16 = 0  # the reduced gradient partitions live in the offload device's buffer (stage3.py: device=self.device)
             notes.append(f"optimizer states and fp32 gradient partition on {layout.offload_optimizer}")
         if layout.offload_params != "none":
             host += p16 * devices_per_node
