@@ -78,3 +78,10 @@ def test_plan_imports_no_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_readme_example_is_current(run_cli):
+    result = run_cli("plan", QUICKSTART.replace(str(REPO) + "/", ""), "-p", "slurm-a100", *SEVEN_B)
+    readme = (REPO / "README.md").read_text()
+    shown = result.stdout.split("assumptions:")[0].rstrip()
+    assert shown in readme, "re-run the README's `jobgen plan` example and paste its output"
