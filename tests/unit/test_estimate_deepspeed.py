@@ -69,7 +69,7 @@ def test_zero2_matches_deepspeed(dims, nodes, gpus, offload, capsys):
 @pytest.mark.parametrize("offload", [False, True])
 def test_zero3_matches_deepspeed_within_the_explained_difference(dims, nodes, gpus, offload):
     shape = E.Shape(*dims, micro_batch_size=1)
-    psi, n = shape.n_params, nodes * gpus
+    psi = shape.n_params
     _, ds_gpu, ds_largest = zero3.estimate_zero3_model_states_mem_needs(
         psi, shape.largest_module_params, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload,
         cpu_offload_params=False)
