@@ -82,6 +82,16 @@ def _warn(job_plan: JobPlan) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
+def _memory_warning(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, job_plan: JobPlan) -> None:
+    """stderr warning when the spec's strategy is estimated not to fit the GPUs (jobgen.estimate); files are unchanged."""
+    from jobgen.estimate import fit_warning
+
+    text = fit_warning(load_spec(spec_path, overrides), load_profile(profile_name, profiles_dir),
+                       job_plan.world.num_nodes, job_plan.world.devices_per_node)
+    if text:
+        click.echo(f"warning: {text}", err=True)
+
+
 _sweep_option = click.option(
     "--sweep", "sweeps", multiple=True, metavar="KEY.PATH=V1,V2",
     help="Render one job per value (repeatable: the Cartesian grid), named <name>-<key><value>-..., e.g. --sweep trainer.learning_rate=1e-4,3e-4.",
@@ -154,6 +164,7 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
         raise ConfigError("--project only goes with --all", hint="drop --project, or use --all")
     job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
     _warn(job_plan)
+    _memory_warning(spec, profile, overrides, profiles_dir, job_plan)
     if to_stdout:
         click.echo(str(job_plan), nl=False)
         return
@@ -458,6 +469,90 @@ def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profile
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
                    f"global batch {t.micro_batch_size * t.gradient_accumulation_steps * w.world_size} sequences "
                    f"(micro {t.micro_batch_size} x accumulation {t.gradient_accumulation_steps} x world size {w.world_size})")
+
+
+@cli.command("plan")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
+@click.option("--output", "output", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table for people; json for machines (stable keys, byte counts; see README).")
+@_set_option
+@_profiles_dir_option
+def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...], profiles_dir: str | None) -> None:
+    """Estimate per-GPU memory of SPEC on a profile for each strategy, and recommend one.
+
+    \b
+    One row per layout (DDP, FSDP sharding strategies and CPU offload, DeepSpeed ZeRO-1/2/3
+    with optimizer/parameter offload): parameters, gradients, optimizer states, activations
+    and overhead in GiB per GPU (per rank on CPU profiles), the total, and whether it fits the
+    profile's gpu_mem_gib (and, with offload, the node's host memory). Formulas: ZeRO
+    (Rajbhandari et al. 2020) for model states, Korthikanti et al. 2022 for activations; see
+    jobgen/estimate.py. The recommendation follows the guide: DDP below ~500M parameters when it
+    fits, FSDP for 500M-10B, DeepSpeed ZeRO-3 (then offload) beyond or when nothing else fits.
+    Estimates are upper bounds, not measurements. Exit 0 even when the spec's strategy does not
+    fit (a warning goes to stderr); 2 for bad input.
+
+    \b
+    Examples:
+      jobgen plan examples/gpt2-350m-zero3.yaml --profile slurm-a100
+      jobgen plan examples/quickstart.yaml -p slurm-a100 --set model.preset=null --set model.n_layer=32 \\
+          --set model.n_head=32 --set model.d_model=4096 --set model.block_size=4096 --set trainer.micro_batch_size=1
+      jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
+    """
+    from jobgen.estimate import plan_memory
+    from jobgen.plan import check_fit, resolve_world
+
+    loaded = load_spec(spec, overrides)
+    prof = load_profile(profile, profiles_dir)
+    world = resolve_world(loaded, prof, spec)
+    check_fit(loaded, prof, world, spec)
+    mp = plan_memory(loaded, prof, world.num_nodes, world.devices_per_node)
+    if output == "json":
+        click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json()}, indent=2, sort_keys=True))
+    else:
+        click.echo(_plan_table(loaded, prof, mp), nl=False)
+    spec_row = mp.spec_row
+    if not spec_row.fits:
+        est = spec_row.estimate
+        instead = f"use {mp.chosen.label}: " + " ".join(f"--set {o}" for o in mp.chosen.overrides) if mp.chosen else "nothing fits as is (see suggestions)"
+        click.echo(f"warning: the spec's layout {est.layout.label} is estimated at {est.total_bytes / 2**30:.1f} GiB per rank "
+                   f"(budget {mp.budget_bytes / 2**30:.1f} GiB"
+                   + (f", host {est.host_bytes_per_node / 2**30:.1f} of {mp.host_bytes_per_node / 2**30:.1f} GiB per node" if est.host_bytes_per_node else "")
+                   + f") and will not fit; {instead}", err=True)
+
+
+def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
+    """The human-readable `jobgen plan` output (GiB = 2**30 bytes)."""
+    g = 2**30
+    unit = "GPU" if mp.accelerator == "gpu" else "CPU rank"
+    n, d = mp.world
+    lines = [
+        f"{spec.name} on {profile.name}: {mp.n_params / 1e6:,.1f}M parameters, {mp.precision}, micro batch "
+        f"{spec.trainer.micro_batch_size} x {spec.model.block_size} tokens, {n} node(s) x {d} {unit}(s) = world size {n * d}, "
+        f"budget {mp.budget_bytes / g:.1f} GiB per {unit}",
+        "",
+        f"  {'layout':38} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'overhd':>7} {'total':>7}  fits  {'host/node':>9}",
+    ]
+    for r in mp.rows:
+        e = r.estimate
+        mark = "*" if mp.chosen is not None and e.layout == mp.chosen else " "
+        cols = " ".join(f"{v / g:7.2f}" for v in (e.params_bytes, e.grads_bytes, e.optimizer_bytes, e.activations_bytes,
+                                                  e.overhead_bytes, e.total_bytes))
+        host = f"{e.host_bytes_per_node / g:9.2f}" if e.host_bytes_per_node else f"{'-':>9}"
+        lines.append(f"{mark} {e.layout.label:38} {cols}  {'yes' if r.fits else 'no ':4}  {host}" + ("  <- spec" if r.is_spec else ""))
+    lines.append(f"  (GiB per {unit}; * = recommended; host/node = offloaded states in each node's CPU memory)")
+    lines.append("")
+    if mp.chosen is not None:
+        lines.append(f"recommended: {mp.chosen.label}  (" + " ".join(f"--set {o}" for o in mp.chosen.overrides) + ")")
+    else:
+        lines.append("recommended: nothing fits as configured")
+    lines += [f"  - {r}" for r in mp.reasons]
+    if mp.suggestions:
+        lines.append("suggestions:")
+        lines += [f"  - {s}" for s in mp.suggestions]
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in mp.assumptions]
+    return "\n".join(lines) + "\n"
 
 
 @cli.group()

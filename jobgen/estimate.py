@@ -1,0 +1,627 @@
+"""Per-rank memory estimates for training the bundled GPT, and a strategy recommender.
+
+Pure arithmetic on the spec's model shape, trainer settings and the world size: no torch,
+lightning or deepspeed import (``jobgen render`` calls :func:`fit_warning`, and the render
+path must stay fast). Every number is in **bytes per rank** (per GPU, or per CPU process on
+CPU-only profiles) unless a name says otherwise (``*_gib``: GiB = 2**30 bytes).
+
+Sources of the formulas
+-----------------------
+* Model states: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models" (arXiv:1910.02054), section 3.1 and Figure 1. Mixed-precision Adam holds
+  ``2Ψ`` (16-bit parameters) + ``2Ψ`` (16-bit gradients) + ``KΨ`` optimizer states with
+  ``K = 12`` (fp32 master parameters, momentum and variance) = ``16Ψ``; ZeRO stage 1 divides the
+  ``KΨ`` by the data-parallel degree ``N_d``, stage 2 also the gradients, stage 3 also the
+  parameters: ``2Ψ + 2Ψ + KΨ/N_d``, ``2Ψ + (2 + K)Ψ/N_d``, ``(2 + 2 + K)Ψ/N_d``.
+* Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models" (arXiv:2205.05198), section 4.1, eq. (1): ``sbh(34 + 5as/h)`` = ``34sbh + 5as²b`` bytes
+  per transformer layer with 16-bit activations and 1-byte dropout masks (s: sequence length,
+  b: micro batch, h: hidden size, a: attention heads). See :func:`activation_bytes` for how the
+  terms map onto this model (fused attention, no dropout, 32-bit activations).
+* Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
+  gradient bucket copy, FSDP's gathered units, torch AdamW's ``foreach`` temporaries, DeepSpeed's
+  fp32 gradient partition, communication buckets and ZeRO-3's gathered working set.
+
+The estimate is a conservative sum: parameters + gradients + optimizer states + activations
++ overhead, although gradients and activations never all peak at the same instant (gradients
+with ``set_to_none`` appear during backward while activations are being freed). Usable memory
+is also a little below the nominal ``gpu_mem_gib`` (``torch.cuda.mem_get_info``), which the
+overhead term is meant to absorb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from jobgen.spec import TrainingSpec
+
+GIB = 2**30
+VOCAB_SIZE = 256
+"""Byte-level vocabulary of the bundled GPT (jobgen.train.model.VOCAB_SIZE)."""
+
+GPU_OVERHEAD_BYTES = int(1.5 * GIB)
+"""Assumption: per-GPU memory outside tensors jobgen models: the CUDA context and loaded kernels
+(~0.3-0.6 GiB with lazy module loading), cuBLAS/cuDNN workspaces, NCCL communicator buffers, and
+the caching allocator's fragmentation. Not measured here (no GPU on the build machines)."""
+
+CPU_OVERHEAD_BYTES = int(0.5 * GIB)
+"""Assumption: per-process host memory of the Python + torch + Lightning runtime itself on CPU
+profiles (imports alone are a few hundred MB of RSS)."""
+
+DEEPSPEED_BUCKET_ELEMENTS = 200_000_000
+"""``reduce_bucket_size`` / ``allgather_bucket_size`` in elements, as jobgen.deepspeed renders them
+(``BUCKET_ELEMENTS``; read from there when importable, this copy keeps the module standalone)."""
+
+DEEPSPEED_OVERLAP_COMM_FACTOR = 4.5
+"""With ``overlap_comm: true`` DeepSpeed's ZeRO-1/2 communication buffers take about 4.5x the
+bucket sizes (Hugging Face transformers, "DeepSpeed" guide, ZeRO-2 config: "overlap_comm uses 4.5x
+the allgather_bucket_size and reduce_bucket_size values ... 5e8 x 2Bytes x 2 x 4.5")."""
+
+DEEPSPEED_STAGE3_PREFETCH_ELEMENTS = DEEPSPEED_BUCKET_ELEMENTS // 4
+"""``stage3_prefetch_bucket_size`` as jobgen.deepspeed renders it."""
+
+DEEPSPEED_STAGE3_PERSISTENCE_THRESHOLD = 1_000_000
+"""``stage3_param_persistence_threshold``: tensors with fewer elements stay gathered on every rank."""
+
+SMALL_MODEL_PARAMS = 500_000_000
+"""Below this many parameters plain DDP is preferred when it fits (the project's strategy guide)."""
+LARGE_MODEL_PARAMS = 10_000_000_000
+"""Above this many parameters DeepSpeed ZeRO-3 (with offload if needed) is preferred."""
+
+_16BIT = ("bf16-mixed", "16-mixed", "bf16-true")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to train: a strategy with its sharding and offload settings (the spec's names)."""
+
+    strategy: str
+    """``ddp``, ``fsdp``, ``deepspeed_stage_1`` .. ``deepspeed_stage_3``."""
+    fsdp_sharding_strategy: str = "FULL_SHARD"
+    """FSDP only: ``FULL_SHARD``, ``SHARD_GRAD_OP``, ``NO_SHARD`` or ``HYBRID_SHARD``."""
+    offload_optimizer: str = "none"
+    """DeepSpeed: ``none``, ``cpu`` or ``nvme``."""
+    offload_params: str = "none"
+    """DeepSpeed stage 3 (``cpu``/``nvme``) or FSDP (``cpu``)."""
+
+    @property
+    def label(self) -> str:
+        """Short stable name, e.g. ``fsdp:FULL_SHARD`` or ``deepspeed_stage_3+opt:cpu+params:cpu``."""
+        text = self.strategy + (f":{self.fsdp_sharding_strategy}" if self.strategy == "fsdp" else "")
+        if self.offload_optimizer != "none":
+            text += f"+opt:{self.offload_optimizer}"
+        if self.offload_params != "none":
+            text += f"+params:{self.offload_params}"
+        return text
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The ``--set`` arguments that select this layout."""
+        out = [f"trainer.strategy={self.strategy}"]
+        if self.strategy == "fsdp":
+            out.append(f"trainer.fsdp_sharding_strategy={self.fsdp_sharding_strategy}")
+        if self.offload_optimizer != "none":
+            out.append(f"trainer.offload_optimizer={self.offload_optimizer}")
+        if self.offload_params != "none":
+            out.append(f"trainer.offload_params={self.offload_params}")
+        return tuple(out)
+
+    @classmethod
+    def of(cls, spec: TrainingSpec) -> Layout:
+        """The layout a spec asks for."""
+        t = spec.trainer
+        return cls(t.strategy, t.fsdp_sharding_strategy if t.strategy == "fsdp" else "FULL_SHARD",
+                   t.offload_optimizer, t.offload_params)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs to know about the model and one micro batch."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    block_size: int
+    micro_batch_size: int
+    dropout: float = 0.0
+
+    @classmethod
+    def of(cls, spec: TrainingSpec) -> Shape:
+        """Shape of ``spec.model`` at ``spec.trainer.micro_batch_size`` sequences of ``block_size``."""
+        m = spec.model
+        return cls(m.n_layer, m.n_head, m.d_model, m.block_size, spec.trainer.micro_batch_size, m.dropout)
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the bundled GPT (tied embeddings): ``V·h + s·h + L(12h² + 13h) + 2h``
+        (same formula as :attr:`jobgen.spec.ModelSpec.n_params`)."""
+        d = self.d_model
+        return VOCAB_SIZE * d + self.block_size * d + self.n_layer * self.block_params + 2 * d
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one transformer Block (the unit FSDP wraps): ``12h² + 13h``."""
+        return 12 * self.d_model**2 + 13 * self.d_model
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the Blocks (embeddings, final LayerNorm): FSDP's root unit."""
+        return self.n_params - self.n_layer * self.block_params
+
+    @property
+    def largest_module_params(self) -> int:
+        """Largest single module's own parameters (DeepSpeed's ``largest_layer_params``): the MLP's
+        first Linear ``4h² + 4h``, or an embedding table when that is bigger."""
+        d = self.d_model
+        return max(4 * d * d + 4 * d, self.block_size * d, VOCAB_SIZE * d)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated peak memory of one rank, in bytes, for one :class:`Layout`.
+
+    ``host_bytes_per_node`` is what offload puts in the node's CPU memory (0 without offload).
+    """
+
+    layout: Layout
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+    host_bytes_per_node: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def model_states_bytes(self) -> int:
+        """Parameters + gradients + optimizer states (ZeRO's "model states")."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Model states + activations + overhead."""
+        return self.model_states_bytes + self.activations_bytes + self.overhead_bytes
+
+
+def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = False, fused_attention: bool = True) -> int:
+    """Bytes of activations saved for backward on one rank for one micro batch.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198) eq. (1) counts per layer, in 16-bit,
+    ``34sbh + 5as²b`` bytes: attention ``11sbh + 5as²b`` (QKV input 2sbh, Q and K 4sbh, softmax
+    2as²b + its dropout mask as²b, softmax output and V 2as²b + 2sbh, projection input 2sbh,
+    dropout mask sbh), MLP ``19sbh`` (input 2sbh, fc1 output 8sbh, GELU output 8sbh, mask sbh),
+    two LayerNorm inputs ``4sbh``. In elements of ``t = s·b·h``: 16t at the activation width
+    plus 2t one-byte dropout masks. For the bundled GPT:
+
+    * element width: 2 bytes under 16-bit precisions, 4 under ``32-true``;
+    * dropout masks only when ``model.dropout > 0``;
+    * attention goes through ``scaled_dot_product_attention`` with fused (flash / memory
+      efficient) kernels, which keep the output (t) and the fp32 log-sum-exp (``4·a·s·b`` bytes)
+      instead of the ``5as²b`` score matrices (``fused_attention=False`` restores them);
+    * beyond the layers: final LayerNorm and head inputs (2t), the logits ``s·b·V`` at the
+      activation width plus their fp32 copy and fp32 log-softmax in the loss (``8·s·b·V``).
+
+    With activation checkpointing only each block's input (t per layer) is kept and one layer's
+    full activations exist at a time during recomputation.
+
+    Args:
+        shape: model shape and micro batch (``s`` = block_size, ``b`` = micro_batch_size).
+        precision: the spec's precision (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
+        checkpointing: keep only block inputs (recompute the rest in backward).
+        fused_attention: SDPA uses a fused kernel (no ``s x s`` score matrices stored).
+
+    Returns:
+        bytes.
+    """
+    e = 2 if precision in _16BIT else 4
+    s, b, h, a = shape.block_size, shape.micro_batch_size, shape.d_model, shape.n_head
+    t = s * b * h
+    per_layer = 16 * t * e + (2 * t if shape.dropout > 0 else 0)
+    if fused_attention:
+        per_layer += t * e + 4 * a * s * b
+    else:
+        per_layer += 4 * a * s * s * b * e // 2 + (a * s * s * b if shape.dropout > 0 else 0)  # 2as²b(e/2)x2 + mask
+    head = 2 * t * e + s * b * VOCAB_SIZE * (e + 8) + t * e  # + embedding output feeding block 0
+    if checkpointing:
+        return shape.n_layer * t * e + per_layer + head
+    return shape.n_layer * per_layer + head
+
+
+def estimate(
+    shape: Shape,
+    precision: str,
+    layout: Layout,
+    *,
+    num_nodes: int,
+    devices_per_node: int,
+    accelerator: str = "gpu",
+    checkpointing: bool = False,
+    overhead_bytes: int | None = None,
+) -> Estimate:
+    """Peak memory of one rank training ``shape`` with ``layout`` on ``num_nodes x devices_per_node``.
+
+    Bytes per parameter Ψ (16-bit = ``bf16-mixed``/``16-mixed``/``bf16-true``):
+
+    * ``ddp`` (PyTorch DDP under Lightning; mixed precision is torch autocast over fp32 weights):
+      parameters 4Ψ (+2Ψ autocast's 16-bit weight copies, alive until backward), gradients 4Ψ
+      (+4Ψ for DDP's bucket copy when world size > 1: ``gradient_as_bucket_view=False``, PyTorch's
+      and Lightning's default), AdamW moments 8Ψ. That is ZeRO's 16Ψ baseline with the fp32
+      master living in the parameters instead of the optimizer. ``bf16-true``: 2Ψ + 2Ψ + 4Ψ
+      (torch AdamW keeps its moments in the parameter dtype).
+    * ``fsdp`` (torch FSDP, one unit per Block, fp32 flat parameters, Lightning's MixedPrecision
+      in 16-bit): per shard group of size S (world; devices per node for HYBRID_SHARD; 1 for
+      NO_SHARD) parameters 4Ψ/S, gradients 4Ψ/S, moments 8Ψ/S — ZeRO-3's ``16Ψ/N_d`` — plus the
+      gathered 16-bit units: FULL_SHARD/HYBRID_SHARD two Blocks (current + prefetched) and the
+      root unit (embeddings), SHARD_GRAD_OP every unit (kept from forward to backward: ZeRO-2-like),
+      and one unsharded Block gradient before its reduce-scatter. ``offload_params: cpu`` moves
+      the shards (parameters, gradients, optimizer: FSDP steps the optimizer on CPU) to the host.
+    * ``deepspeed_stage_N`` (ZeRO as in the paper, K = 12 including DeepSpeed's fp32 master copy,
+      which it keeps under any precision): stage 1 ``pΨ + pΨ + 12Ψ/N``, stage 2 ``pΨ + (p + 12)Ψ/N``,
+      stage 3 ``(p + p + 12)Ψ/N`` with p = 2 (16-bit) or 4 (``32-true``), plus DeepSpeed's
+      fp32 gradient partition ``4Ψ/N`` (stage_1_and_2.py / stage3.py build it for the step; its
+      own estimator counts it: "4_grads_32bit"), communication buckets (stages 1/2: 4.5x the
+      reduce + allgather buckets with ``overlap_comm``; stage 3: the reduce bucket) and, stage 3,
+      the gathered working set (largest module + prefetch bucket + persistent small tensors).
+      ``offload_optimizer`` moves the optimizer states and the fp32 gradient partition to the
+      host (or NVMe), ``offload_params`` (stage 3) the 16-bit parameter partition.
+    * torch AdamW on CUDA uses the ``foreach`` implementation, whose step materialises one fp32
+      temporary per local parameter (``sqrt(v)``): +4Ψ_local in the optimizer column (ddp, fsdp
+      on GPU; the CPU implementation loops per tensor: + the largest tensor).
+
+    Args:
+        shape: model shape and micro batch.
+        precision: the spec's precision.
+        layout: strategy, FSDP sharding, offload.
+        num_nodes, devices_per_node: the world (ranks = data-parallel degree N_d).
+        accelerator: ``gpu`` or ``cpu`` (which implementation details apply, and the overhead).
+        checkpointing: activation checkpointing (see :func:`activation_bytes`).
+        overhead_bytes: fixed per-rank overhead; default :data:`GPU_OVERHEAD_BYTES` or
+            :data:`CPU_OVERHEAD_BYTES`.
+
+    Returns:
+        the :class:`Estimate` (bytes per rank).
+    """
+    n = num_nodes * devices_per_node
+    psi = shape.n_params
+    sixteen = precision in _16BIT
+    mixed = precision in ("bf16-mixed", "16-mixed")
+    gpu = accelerator == "gpu"
+    notes: list[str] = []
+    host = 0
+    acts = activation_bytes(shape, precision, checkpointing=checkpointing)
+    if overhead_bytes is None:
+        overhead_bytes = GPU_OVERHEAD_BYTES if gpu else CPU_OVERHEAD_BYTES
+    s = layout.strategy
+    if s == "ddp":
+        w = 2 if precision == "bf16-true" else 4  # bytes of a weight / gradient element
+        params = w * psi + (2 * psi if mixed else 0)
+        grads = w * psi * (2 if n > 1 else 1)
+        optim = (2 * w) * psi + _adam_temp(psi, shape, w, gpu)
+        if n > 1:
+            notes.append("gradients include DDP's bucket copy (gradient_as_bucket_view=False)")
+    elif s == "fsdp":
+        shard = {"FULL_SHARD": n, "SHARD_GRAD_OP": n, "HYBRID_SHARD": devices_per_node, "NO_SHARD": 1}[layout.fsdp_sharding_strategy]
+        w = 2 if precision == "bf16-true" else 4
+        c = 2 if sixteen else 4  # compute (gathered) dtype
+        sharded_p, sharded_g, sharded_o = w * psi // shard, w * psi // shard, 2 * w * psi // shard
+        if layout.fsdp_sharding_strategy == "NO_SHARD":
+            gathered = c * psi if mixed else 0
+            unit_grad = 0
+        elif layout.fsdp_sharding_strategy == "SHARD_GRAD_OP":
+            gathered = c * psi
+            unit_grad = c * shape.block_params
+        else:
+            gathered = c * (min(2, shape.n_layer) * shape.block_params + shape.root_params)
+            unit_grad = c * shape.block_params
+        if layout.offload_params == "cpu":
+            host = (sharded_p + sharded_g + sharded_o) * devices_per_node
+            params, grads, optim = gathered, unit_grad, 0
+            notes.append("FSDP CPU offload: parameter, gradient and optimizer shards in host memory; optimizer steps on CPU")
+        else:
+            params = sharded_p + gathered
+            grads = sharded_g + unit_grad
+            optim = sharded_o + _adam_temp(psi // shard, shape, w, gpu)
+    elif s.startswith("deepspeed_stage_"):
+        stage = int(s[-1])
+        p = 2 if sixteen else 4
+        p16, g16, fp32_grad, opt = p * psi, p * psi, 4 * psi // n, 12 * psi // n
+        if stage >= 2:
+            g16 //= n
+        if stage >= 3:
+            p16 //= n
+        if stage in (1, 2):
+            buckets = int(DEEPSPEED_OVERLAP_COMM_FACTOR * 2 * min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p)
+            working = 0
+        else:
+            buckets = min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p
+            persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model  # biases + LayerNorms: below the persistence threshold
+            working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
+        if layout.offload_optimizer != "none":
+            host += (opt + fp32_grad) * devices_per_node
+            opt, fp32_grad = 0, 0
+            if stage >= 2:
+                host += g16 * devices_per_node
+                g16 = 0  # the reduced gradient partitions live in the offload device's buffer (stage3.py: device=self.device)
+            notes.append(f"optimizer states and fp32 gradient partition on {layout.offload_optimizer}")
+        if layout.offload_params != "none":
+            host += p16 * devices_per_node
+            p16 = 0
+            notes.append(f"16-bit parameter partition on {layout.offload_params}")
+        if layout.offload_optimizer == "nvme" or layout.offload_params == "nvme":
+            host = host // 4  # NVMe holds the states; the host keeps pinned staging buffers only (assumption)
+        params = p16 + working
+        grads = g16 + fp32_grad + buckets
+        optim = opt
+    else:  # pragma: no cover - the spec's Literal rules this out
+        raise ValueError(f"unknown strategy {s!r}")
+    return Estimate(layout, int(params), int(grads), int(optim), int(acts), int(overhead_bytes), int(host), tuple(notes))
+
+
+def _adam_temp(local_params: int, shape: Shape, w: int, gpu: bool) -> int:
+    """torch AdamW step temporaries: foreach on CUDA (one tensor per local parameter), per-tensor
+    loop on CPU (the largest tensor)."""
+    if gpu:
+        return w * local_params
+    return w * shape.largest_module_params
+
+
+#: Memory per GPU in GiB when a profile does not give ``gpu_mem_gib``: the smallest variant of
+#: each type (NVIDIA data sheets), so an unknown variant is never assumed bigger than it is.
+GPU_MEM_GIB_DEFAULT: dict[str, float] = {
+    "V100": 16, "T4": 16, "A10G": 24, "A100": 40, "L4": 24, "L40S": 48, "H100": 80, "H200": 141, "B200": 180,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the plan: an estimate and whether it fits the rank's memory (and the host's)."""
+
+    estimate: Estimate
+    fits: bool
+    is_spec: bool
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Estimates for every candidate layout on one profile, the recommendation and why.
+
+    Attributes:
+        n_params: model parameters.
+        world: ``(num_nodes, devices_per_node)``.
+        accelerator: ``gpu`` or ``cpu``.
+        budget_bytes: memory of one rank: the GPU's, or host memory / ranks per node on CPU.
+        host_bytes_per_node: host memory of a node (for offload).
+        rows: candidate layouts in a fixed order (the spec's own layout included).
+        chosen: the recommended layout, or ``None`` when nothing fits.
+        reasons: lines explaining the choice, with numbers.
+        suggestions: what would make the job fit (when the spec's layout or nothing fits).
+        assumptions: the assumptions behind the numbers.
+    """
+
+    n_params: int
+    precision: str
+    world: tuple[int, int]
+    accelerator: str
+    budget_bytes: int
+    host_bytes_per_node: int
+    rows: tuple[Row, ...]
+    chosen: Layout | None
+    reasons: tuple[str, ...]
+    suggestions: tuple[str, ...]
+    assumptions: tuple[str, ...]
+
+    @property
+    def spec_row(self) -> Row:
+        """The row of the spec's own layout."""
+        return next(r for r in self.rows if r.is_spec)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with stable keys (documented in README "jobgen plan")."""
+        return {
+            "n_params": self.n_params,
+            "precision": self.precision,
+            "num_nodes": self.world[0],
+            "devices_per_node": self.world[1],
+            "accelerator": self.accelerator,
+            "budget_bytes": self.budget_bytes,
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "chosen": self.chosen.label if self.chosen else None,
+            "chosen_overrides": list(self.chosen.overrides) if self.chosen else [],
+            "spec_layout": self.spec_row.estimate.layout.label,
+            "spec_fits": self.spec_row.fits,
+            "rows": [
+                {
+                    "layout": r.estimate.layout.label,
+                    "overrides": list(r.estimate.layout.overrides),
+                    "params_bytes": r.estimate.params_bytes,
+                    "grads_bytes": r.estimate.grads_bytes,
+                    "optimizer_bytes": r.estimate.optimizer_bytes,
+                    "activations_bytes": r.estimate.activations_bytes,
+                    "overhead_bytes": r.estimate.overhead_bytes,
+                    "total_bytes": r.estimate.total_bytes,
+                    "host_bytes_per_node": r.estimate.host_bytes_per_node,
+                    "fits": r.fits,
+                    "is_spec": r.is_spec,
+                    "chosen": self.chosen is not None and r.estimate.layout == self.chosen,
+                    "notes": list(r.estimate.notes),
+                }
+                for r in self.rows
+            ],
+            "reasons": list(self.reasons),
+            "suggestions": list(self.suggestions),
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def candidate_layouts(accelerator: str, num_nodes: int) -> tuple[Layout, ...]:
+    """Layouts compared by ``jobgen plan``, in table order (DeepSpeed and HYBRID_SHARD only on
+    GPUs, HYBRID_SHARD only across nodes, FSDP CPU offload only on GPUs: jobgen's CPU FSDP has
+    nothing to offload to)."""
+    rows = [Layout("ddp"), Layout("fsdp", "FULL_SHARD"), Layout("fsdp", "SHARD_GRAD_OP")]
+    if accelerator != "gpu":
+        return tuple(rows)
+    if num_nodes > 1:
+        rows.append(Layout("fsdp", "HYBRID_SHARD"))
+    rows += [
+        Layout("fsdp", "FULL_SHARD", offload_params="cpu"),
+        Layout("deepspeed_stage_1"),
+        Layout("deepspeed_stage_2"),
+        Layout("deepspeed_stage_2", offload_optimizer="cpu"),
+        Layout("deepspeed_stage_3"),
+        Layout("deepspeed_stage_3", offload_optimizer="cpu"),
+        Layout("deepspeed_stage_3", offload_optimizer="cpu", offload_params="cpu"),
+    ]
+    return tuple(rows)
+
+
+def _ladder(n_params: int, accelerator: str) -> tuple[Layout, ...]:
+    """Preference order from the strategy guide: DDP below ~500M parameters, FSDP for 500M-10B,
+    DeepSpeed ZeRO-3 beyond, then ZeRO-3 with optimizer and then parameter offload when nothing
+    else fits."""
+    z3 = (Layout("deepspeed_stage_3"), Layout("deepspeed_stage_3", offload_optimizer="cpu"),
+          Layout("deepspeed_stage_3", offload_optimizer="cpu", offload_params="cpu"))
+    fsdp = (Layout("fsdp", "FULL_SHARD"),)
+    if accelerator != "gpu":
+        return ((Layout("ddp"),) if n_params < SMALL_MODEL_PARAMS else ()) + fsdp
+    if n_params < SMALL_MODEL_PARAMS:
+        return (Layout("ddp"),) + fsdp + z3
+    if n_params <= LARGE_MODEL_PARAMS:
+        return fsdp + z3
+    return z3
+
+
+def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tuple[int, int, str | None]:
+    """``(per-rank budget, host memory per node, note)`` in bytes for ``profile``.
+
+    GPU profiles: ``gpu_mem_gib`` (or :data:`GPU_MEM_GIB_DEFAULT` for the type, with a note);
+    CPU profiles: ``mem_gib_per_node / devices_per_node``.
+    """
+    host = int(profile.mem_gib_per_node * GIB)
+    if profile.gpus_per_node:
+        if profile.gpu_mem_gib is not None:
+            return int(profile.gpu_mem_gib * GIB), host, None
+        mem = GPU_MEM_GIB_DEFAULT[profile.gpu_type]
+        return int(mem * GIB), host, (f"profile {profile.name!r} has no gpu_mem_gib: assuming {mem:g} GiB, the smallest "
+                                      f"{profile.gpu_type}; set gpu_mem_gib in the profile")
+    return host // devices_per_node, host, None
+
+
+def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> MemoryPlan:
+    """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
+
+    The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
+    fits the rank's memory (and, with offload, the node's host memory). When nothing fits,
+    ``chosen`` is ``None`` and ``suggestions`` say what would: more nodes, a smaller micro batch,
+    activation checkpointing, offload.
+    """
+    accel = "gpu" if profile.gpus_per_node else "cpu"
+    shape = Shape.of(spec)
+    precision = spec.trainer.precision
+    budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
+
+    def run(layout: Layout, sh: Shape = shape, nodes: int = num_nodes, ckpt: bool = False) -> Row:
+        est = estimate(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
+                       accelerator=accel, checkpointing=ckpt)
+        return Row(est, est.total_bytes <= budget and est.host_bytes_per_node <= host_mem, False)
+
+    own = Layout.of(spec)
+    layouts = list(candidate_layouts(accel, num_nodes))
+    if own not in layouts:
+        layouts.append(own)
+    rows = tuple(replace(run(lay), is_spec=lay == own) for lay in layouts)
+    by_layout = {r.estimate.layout: r for r in rows}
+    psi = shape.n_params
+    ladder = _ladder(psi, accel)
+    chosen = next((lay for lay in ladder if by_layout[lay].fits), None)
+    reasons: list[str] = []
+    band = ("below 500M parameters: DDP when it fits" if psi < SMALL_MODEL_PARAMS
+            else "500M-10B parameters: FSDP" if psi <= LARGE_MODEL_PARAMS else "above 10B parameters: DeepSpeed ZeRO-3")
+    per_rank = "per GPU" if accel == "gpu" else "per CPU rank"
+    reasons.append(f"model {psi / 1e6:,.1f}M parameters ({band}); budget {_gib(budget)} {per_rank}, "
+                   f"world {num_nodes} node(s) x {devices_per_node}")
+    for lay in ladder:
+        r = by_layout[lay]
+        if lay == chosen:
+            reasons.append(f"{lay.label}: {_gib(r.estimate.total_bytes)} <= {_gib(budget)}: fits -> recommended")
+            break
+        why = (f"{_gib(r.estimate.total_bytes)} > {_gib(budget)}" if r.estimate.total_bytes > budget
+               else f"host memory {_gib(r.estimate.host_bytes_per_node)} > {_gib(host_mem)} per node")
+        reasons.append(f"{lay.label}: {why}: does not fit")
+    spec_row = by_layout[own]
+    explained = set(ladder[: ladder.index(chosen) + 1] if chosen in ladder else ladder)
+    for lay, what in ((Layout("ddp"), "ddp"), (own, "the spec's layout")):
+        if lay in explained:
+            continue  # already explained above
+        explained.add(lay)
+        r = by_layout[lay]
+        reasons.append(f"{what} ({lay.label}): {_gib(r.estimate.total_bytes)} per rank: {'fits' if r.fits else 'does not fit'}")
+    suggestions: list[str] = []
+    if chosen is None or not spec_row.fits:
+        suggestions = _suggestions(spec, profile, shape, chosen, ladder, run, num_nodes, budget)
+    assumptions = [
+        f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
+        + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
+        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations (an upper bound)",
+        f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
+        "no activation checkpointing (Korthikanti et al. 2022)",
+    ]
+    if note:
+        assumptions.append(note)
+    return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
+                      tuple(reasons), tuple(suggestions), tuple(assumptions))
+
+
+def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout | None, ladder: tuple[Layout, ...],
+                 run: Any, num_nodes: int, budget: int) -> list[str]:
+    out: list[str] = []
+    if chosen is not None:
+        out.append("use the recommended layout: " + " ".join(f"--set {o}" for o in chosen.overrides))
+        return out
+    out.append(f"nothing fits {_gib(budget)} per rank with micro batch {shape.micro_batch_size} on {num_nodes} node(s)")
+    for nodes in range(num_nodes + 1, profile.max_nodes + 1):
+        hit = next((lay for lay in ladder if run(lay, nodes=nodes).fits), None)
+        if hit is not None:
+            out.append(f"more nodes: {hit.label} fits on {nodes} node(s) "
+                       f"({_gib(run(hit, nodes=nodes).estimate.total_bytes)}): --set resources.nodes={nodes}")
+            break
+    else:
+        if profile.max_nodes > num_nodes:
+            out.append(f"more nodes alone do not help (up to max_nodes={profile.max_nodes})")
+    for mb in sorted({shape.micro_batch_size // 2, 1} - {0, shape.micro_batch_size}, reverse=True):
+        small = replace(shape, micro_batch_size=mb)
+        hit = next((lay for lay in ladder if run(lay, sh=small).fits), None)
+        if hit is not None:
+            out.append(f"smaller micro batch: {hit.label} fits with micro_batch_size={mb} "
+                       f"({_gib(run(hit, sh=small).estimate.total_bytes)}): --set trainer.micro_batch_size={mb} "
+                       "(raise gradient_accumulation_steps to keep the global batch)")
+            break
+    hit = next((lay for lay in ladder if run(lay, ckpt=True).fits), None)
+    if hit is not None:
+        out.append(f"activation checkpointing: {hit.label} would fit ({_gib(run(hit, ckpt=True).estimate.total_bytes)}); "
+                   "the bundled entrypoint does not checkpoint activations yet")
+    last = ladder[-1]
+    out.append(f"most offload ({last.label}): {_gib(run(last).estimate.total_bytes)} per rank, "
+               f"host {_gib(run(last).estimate.host_bytes_per_node)} per node")
+    return out
+
+
+def fit_warning(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> str | None:
+    """A one-line warning when the spec's own layout is estimated not to fit a GPU profile's
+    memory; ``None`` on CPU profiles or when it fits."""
+    if not profile.gpus_per_node:
+        return None
+    mp = plan_memory(spec, profile, num_nodes, devices_per_node)
+    row = mp.spec_row
+    if row.fits:
+        return None
+    est = row.estimate
+    text = (f"estimated {_gib(est.total_bytes)} per GPU for {est.layout.label} exceeds {_gib(mp.budget_bytes)}"
+            if est.total_bytes > mp.budget_bytes else
+            f"estimated host memory {_gib(est.host_bytes_per_node)} per node for {est.layout.label} exceeds {_gib(mp.host_bytes_per_node)}")
+    hint = f"; {mp.chosen.label} fits" if mp.chosen else "; nothing fits as is"
+    return f"{text} (see `jobgen plan`){hint}"

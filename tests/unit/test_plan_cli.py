@@ -1,0 +1,87 @@
+"""`jobgen plan` and the render memory warning, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import EXAMPLES, REPO
+
+QUICKSTART = str(EXAMPLES / "quickstart.yaml")
+SEVEN_B = [a for kv in ("model.preset=null", "model.n_layer=32", "model.n_head=32", "model.d_model=4096",
+                        "model.block_size=4096", "trainer.micro_batch_size=1") for a in ("--set", kv)]
+
+
+def test_plan_table_7b_on_a100(run_cli):
+    result = run_cli("plan", QUICKSTART, "--profile", "slurm-a100", *SEVEN_B)
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    ddp = next(line for line in lines if line.strip().startswith("ddp"))
+    chosen = [line for line in lines if line.startswith("* ")]
+    assert " no " in ddp and "<- spec" in ddp
+    assert len(chosen) == 1 and "fsdp:FULL_SHARD" in chosen[0] and " yes " in chosen[0]
+    assert "recommended: fsdp:FULL_SHARD" in result.stdout
+    assert "warning:" in result.stderr and "will not fit" in result.stderr and "warning" not in result.stdout
+
+
+def test_plan_json_has_stable_keys(run_cli):
+    result = run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--output", "json", *SEVEN_B)
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"accelerator", "assumptions", "budget_bytes", "chosen", "chosen_overrides", "devices_per_node",
+                        "host_bytes_per_node", "n_params", "name", "num_nodes", "precision", "profile", "reasons", "rows",
+                        "spec", "spec_fits", "spec_layout", "suggestions"}
+    row = doc["rows"][0]
+    assert set(row) == {"activations_bytes", "chosen", "fits", "grads_bytes", "host_bytes_per_node", "is_spec", "layout",
+                        "notes", "optimizer_bytes", "overhead_bytes", "overrides", "params_bytes", "total_bytes"}
+    assert row["total_bytes"] == sum(row[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                       "activations_bytes", "overhead_bytes"))
+    assert doc["chosen"] == "fsdp:FULL_SHARD" and doc["spec_fits"] is False
+    again = run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--output", "json", *SEVEN_B)
+    assert again.stdout == result.stdout
+
+
+def test_plan_bad_input_is_a_jobgen_error(run_cli):
+    result = run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--set", "trainer.micro_batch_size=0")
+    assert result.code == 2 and "trainer.micro_batch_size" in result.stderr and "quickstart.yaml" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--set", "resources.nodes=99")
+    assert result.code == 2 and "resources.nodes" in result.stderr and "hint:" in result.stderr
+
+
+def test_plan_help(run_cli):
+    result = run_cli("plan", "--help")
+    assert result.code == 0 and "--output" in result.stdout and "Example" in result.stdout and "ZeRO" in result.stdout
+
+
+def test_render_warns_on_stderr_and_files_are_unchanged(run_cli, tmp_path):
+    plain = run_cli("render", QUICKSTART, "-p", "slurm-a100", "--out", str(tmp_path / "a"))
+    assert plain.code == 0 and "warning" not in plain.stderr
+    big = run_cli("render", QUICKSTART, "-p", "slurm-a100", "--stdout", *SEVEN_B)
+    assert big.code == 0 and "warning:" in big.stderr and "jobgen plan" in big.stderr and "warning" not in big.stdout
+    files = {p.name: p.read_bytes() for p in (tmp_path / "a" / "slurm-a100" / "quickstart").iterdir()}
+    assert run_cli("render", QUICKSTART, "-p", "slurm-a100", "--out", str(tmp_path / "b")).code == 0
+    assert files == {p.name: p.read_bytes() for p in (tmp_path / "b" / "slurm-a100" / "quickstart").iterdir()}
+
+
+def test_plan_imports_no_heavy_modules():
+    code = (
+        "import sys\n"
+        "from jobgen.cli import main\n"
+        "try:\n"
+        f"    main(['plan', {QUICKSTART!r}, '--profile', 'slurm-a100'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'deepspeed', 'kubernetes', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+
+
+def test_readme_example_is_current(run_cli):
+    result = run_cli("plan", QUICKSTART.replace(str(REPO) + "/", ""), "-p", "slurm-a100", *SEVEN_B)
+    readme = (REPO / "README.md").read_text()
+    shown = result.stdout.split("assumptions:")[0].rstrip()
+    assert shown in readme, "re-run the README's `jobgen plan` example and paste its output"
