@@ -136,17 +136,12 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
     """Reject combinations this entrypoint cannot run on the launch's accelerator.
 
     Raises:
-        NotSupportedError: DeepSpeed, or FSDP's HYBRID_SHARD, on CPU.
+        NotSupportedError: FSDP's HYBRID_SHARD on CPU (DeepSpeed ZeRO 1-3 and the other FSDP
+            sharding strategies rehearse on CPU with gloo).
         ConfigError: fp16 on CPU; a DeepSpeed strategy without a DeepSpeed config.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
     if launch.accelerator == "cpu":
-        if trainer.deepspeed_stage is not None:
-            raise NotSupportedError(
-                f"strategy {trainer.strategy!r} on CPU: deepspeed on CPU is not supported yet",
-                location="spec.trainer.strategy",
-                hint="use strategy ddp (or fsdp) for local runs",
-            )
         if trainer.strategy == "fsdp" and trainer.fsdp_sharding_strategy == "HYBRID_SHARD":
             raise NotSupportedError(
                 "fsdp_sharding_strategy 'HYBRID_SHARD' on CPU: hybrid sharding needs one GPU per rank",
