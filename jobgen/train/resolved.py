@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from jobgen.deepspeed import check_deepspeed_config
 from jobgen.errors import ConfigError, NotSupportedError, json_path
 from jobgen.spec import TrainingSpec
 
@@ -174,6 +175,8 @@ def load_deepspeed_config(resolved: ResolvedSpec, spec_path: Path) -> tuple[Path
 
     Raises:
         ConfigError: unreadable file, or batch sizes / ZeRO stage that disagree with the spec.
+        DeepSpeedConfigError: a rule DeepSpeed does not check (see
+            :func:`jobgen.deepspeed.check_deepspeed_config`).
     """
     if not resolved.launch.deepspeed_config:
         check_runtime_support(resolved)  # raises the "needs launch.deepspeed_config" error
@@ -187,6 +190,7 @@ def load_deepspeed_config(resolved: ResolvedSpec, spec_path: Path) -> tuple[Path
         raise ConfigError(f"cannot read the DeepSpeed config: {exc}", location=str(path)) from None
     if not isinstance(config, dict):
         raise ConfigError("the DeepSpeed config must be a JSON object", location=str(path))
+    check_deepspeed_config(config, str(path))  # the file may have been edited after rendering
     trainer, world_size = resolved.spec.trainer, resolved.launch.world_size
     expected = {
         "gradient_accumulation_steps": trainer.gradient_accumulation_steps,
