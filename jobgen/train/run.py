@@ -54,6 +54,8 @@ _QUIET_WARNINGS = (
     r".*Detected an existing checkpoint in .*, overwriting since self.overwrite=True.*",
     # Lightning's own use of a deprecated torch pytree API (lightning 2.6 + torch 2.13).
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    # DeepSpeed's collectives on gloo use torch APIs that torch 2.13 deprecates (every step).
+    r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated.*",
 )
 
 
@@ -298,7 +300,8 @@ def train(
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
                 "tokens_per_step": datamodule.tokens_per_step,
                 "world_size": trainer.world_size,
-                "n_params": sum(p.numel() for p in module.parameters()),
+                # From the spec: under FSDP and ZeRO-3 module.parameters() are this rank's shards.
+                "n_params": spec.model.n_params,
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),

@@ -111,6 +111,7 @@ def test_strategy_trains_to_the_same_loss_as_ddp(matrix, case: str) -> None:
     assert summary["global_step"] == 20 and summary["world_size"] == 2
     assert summary["strategy"] == CASES[case]["strategy"]
     assert summary["tokens_per_s_mean"] > 0
+    assert summary["n_params"] == 120_576  # the whole model, also when parameters are sharded
     assert summary["val_loss"] == pytest.approx(reference, abs=LOSS_ATOL)
     assert summary["val_loss"] < 4.0  # it learned: ln 256 = 5.55 at the start
     last = Path(summary["last_checkpoint"])
