@@ -43,6 +43,13 @@ class ConfigError(JobgenError):
     """A spec, profile or override is invalid (exit 2)."""
 
 
+class DeepSpeedConfigError(ConfigError):
+    """A DeepSpeed config breaks a rule that DeepSpeed's own validator does not check (exit 2).
+
+    See :func:`jobgen.deepspeed.check_deepspeed_config`.
+    """
+
+
 class PlanError(JobgenError):
     """Spec and profile are each valid but do not fit together (exit 2)."""
 

@@ -195,7 +195,7 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
     Raises:
         PlanError: global batch != micro x accumulation x world size; a precision the GPU
             type cannot run (bf16 needs compute capability >= 8.0, Ampere; fp16 needs a GPU);
-            DeepSpeed, FSDP HYBRID_SHARD or QLoRA (``model.load_in_4bit``) on a CPU-only profile.
+            FSDP HYBRID_SHARD or QLoRA (``model.load_in_4bit``) on a CPU-only profile.
     """
     t = spec.trainer
     product = t.micro_batch_size * t.gradient_accumulation_steps * world.world_size
@@ -238,15 +238,13 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
                 location=f"{spec_source}: trainer.precision",
                 hint="Use `bf16-mixed` or `32-true` on CPU.",
             )
-        if t.deepspeed_stage is not None or t.fsdp_sharding_strategy == "HYBRID_SHARD" and t.strategy == "fsdp":
-            what = "DeepSpeed" if t.deepspeed_stage is not None else "FSDP HYBRID_SHARD"
+        if t.strategy == "fsdp" and t.fsdp_sharding_strategy == "HYBRID_SHARD":
             raise PlanError(
-                f"You set `trainer.strategy={t.strategy!r}`"
-                + ("" if t.deepspeed_stage is not None else " with `fsdp_sharding_strategy='HYBRID_SHARD'`")
-                + f", but profile {profile.name!r} has no GPUs; {what} runs on CUDA GPUs only in this version "
-                "(ddp and fsdp rehearse on CPU).",
-                location=f"{spec_source}: trainer.strategy",
-                hint="Use `--set trainer.strategy=ddp` (or fsdp) for a CPU run, or render for a GPU profile.",
+                f"You set `trainer.strategy='fsdp'` with `fsdp_sharding_strategy='HYBRID_SHARD'`, but profile "
+                f"{profile.name!r} has no GPUs; hybrid sharding needs one GPU per rank (ddp, fsdp FULL_SHARD / "
+                "SHARD_GRAD_OP / NO_SHARD and DeepSpeed ZeRO 1-3 rehearse on CPU).",
+                location=f"{spec_source}: trainer.fsdp_sharding_strategy",
+                hint="Use `--set trainer.fsdp_sharding_strategy=FULL_SHARD` for a CPU run, or render for a GPU profile.",
             )
 
 

@@ -271,6 +271,9 @@ class TrainerSpec(_Model):
     """Local NVMe directory for ``nvme`` offload (required when either offload is nvme)."""
     fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD"
     """FSDP sharding strategy (used only when ``strategy: fsdp``)."""
+    activation_checkpointing: bool = False
+    """FSDP: recompute each transformer block's activations in the backward pass instead of
+    keeping them (less memory, about one extra forward pass of compute). ``strategy: fsdp`` only."""
     precision: Precision = "bf16-mixed"
     """Numeric precision, in Lightning's names. bf16 needs Ampere or newer GPUs."""
     micro_batch_size: int = Field(default=8, ge=1)
@@ -328,6 +331,11 @@ class TrainerSpec(_Model):
                 raise ValueError("NVMe offload needs strategy deepspeed_stage_3 (ZeRO-Infinity)")
             if not self.nvme_path:
                 raise ValueError("NVMe offload needs nvme_path: a directory on a local NVMe drive")
+        if self.activation_checkpointing and self.strategy != "fsdp":
+            raise ValueError(
+                f"activation_checkpointing is applied through FSDP (strategy is {self.strategy!r}); "
+                "use strategy fsdp or set activation_checkpointing: false"
+            )
         if self.warmup_steps >= self.max_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} must be smaller than max_steps={self.max_steps}"

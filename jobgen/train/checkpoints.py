@@ -22,8 +22,15 @@ STEP_FILENAME = "step-{step:08d}"
 """ModelCheckpoint filename template of the step checkpoints (``.ckpt`` is appended)."""
 
 _STEP_NAME_RE = re.compile(r"step-(\d+)(?:-v\d+)?\.ckpt")
-# Files inside a checkpoint directory that hold the trainer state (with "global_step").
-_STATE_FILES_IN_DIR = ("meta.pt", "checkpoint/mp_rank_00_model_states.pt")
+# Files inside a checkpoint directory that hold the trainer state (with "global_step"):
+# FSDP sharded state dict (meta.pt); DeepSpeed ZeRO 1/2 (mp_rank_00_model_states.pt) and
+# ZeRO 3 (one zero_pp_rank_<rank>_... file per rank; rank 0's is read), under the tag
+# "checkpoint" that Lightning's DeepSpeedStrategy.save_checkpoint uses.
+_STATE_FILES_IN_DIR = (
+    "meta.pt",
+    "checkpoint/mp_rank_00_model_states.pt",
+    "checkpoint/zero_pp_rank_0_mp_rank_00_model_states.pt",
+)
 
 
 @dataclass(frozen=True)

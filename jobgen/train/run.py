@@ -39,7 +39,7 @@ from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpo
 from jobgen.train.model import Block
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.sources import SplitLayout
-from jobgen.train.strategies import CPUFSDPStrategy
+from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
 _QUIET_WARNINGS = (
@@ -54,6 +54,8 @@ _QUIET_WARNINGS = (
     r".*Detected an existing checkpoint in .*, overwriting since self.overwrite=True.*",
     # Lightning's own use of a deprecated torch pytree API (lightning 2.6 + torch 2.13).
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    # DeepSpeed's collectives on gloo use torch APIs that torch 2.13 deprecates (every step).
+    r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated.*",
 )
 
 
@@ -102,9 +104,15 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
 
     ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process).
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints,
+    activation checkpointing of each :class:`Block` when ``trainer.activation_checkpointing``
     (:class:`CPUFSDPStrategy` with gloo on CPU).
-    deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``.
+    deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``, the
+    one source of DeepSpeed settings (:class:`CPUDeepSpeedStrategy` with gloo on CPU).
+
+    Raises:
+        ConfigError: the DeepSpeed config is unreadable or disagrees with the spec
+            (see :func:`jobgen.train.resolved.load_deepspeed_config`).
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
     if trainer.strategy == "ddp":
@@ -112,21 +120,26 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
             return "auto"
         return DDPStrategy(process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl")
     if trainer.strategy == "fsdp":
+        checkpointing = {Block} if trainer.activation_checkpointing else None
         if launch.accelerator == "cpu":
             # Parameters already live in CPU memory: there is nothing to offload.
             return CPUFSDPStrategy(
                 sharding_strategy=trainer.fsdp_sharding_strategy,
                 auto_wrap_policy={Block},
+                activation_checkpointing_policy=checkpointing,
                 state_dict_type="sharded",
                 process_group_backend="gloo",
             )
         return FSDPStrategy(
             sharding_strategy=trainer.fsdp_sharding_strategy,
             auto_wrap_policy={Block},
+            activation_checkpointing_policy=checkpointing,
             cpu_offload=trainer.offload_params == "cpu",
             state_dict_type="sharded",
         )
     _, config = load_deepspeed_config(resolved, spec_path)
+    if launch.accelerator == "cpu":
+        return CPUDeepSpeedStrategy(config=config, process_group_backend="gloo")
     return DeepSpeedStrategy(config=config)
 
 
@@ -295,7 +308,8 @@ def train(
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
                 "tokens_per_step": datamodule.tokens_per_step,
                 "world_size": trainer.world_size,
-                "n_params": sum(p.numel() for p in module.parameters()),
+                # The count before sharding: under FSDP and ZeRO-3 module.parameters() are this rank's shards.
+                "n_params": counts.total,
                 "trainable_params": counts.trainable,
                 "total_params": counts.total,
                 "model": spec.model.hf_path or "gpt",

@@ -1,22 +1,38 @@
-"""Strategy subclasses that let Lightning's FSDP run on CPU ranks (gloo), for local rehearsal.
+"""Strategy subclasses that let Lightning's FSDP and DeepSpeed run on CPU ranks (gloo), for
+local rehearsal of the multi-GPU strategies.
 
-Stock Lightning refuses ``FSDPStrategy`` with ``accelerator="cpu"`` (the check compares the
-strategy's exact type) and wraps the model with ``device_id=root_device.index``, which is
-``None`` on CPU; torch's FSDP then looks for an accelerator and fails. The subclass wraps the
-model itself with ``device_id=torch.device("cpu")`` and leaves everything else (sharding,
-checkpointing, precision) to Lightning. Use sharded state-dict checkpoints on CPU: gathering a
+Stock Lightning refuses both on CPU (LAB-NOTES "Training stack on CPU"):
+
+* ``FSDPStrategy`` with ``accelerator="cpu"``: the accelerator connector compares the
+  strategy's exact type, and the model is wrapped with ``device_id=root_device.index``, which
+  is ``None`` on CPU, so torch's FSDP looks for an accelerator and fails.
+  :class:`CPUFSDPStrategy` wraps the model itself with ``device_id=torch.device("cpu")``.
+* ``DeepSpeedStrategy``: ``setup_environment`` raises unless the accelerator is CUDA, and
+  ``deepspeed.initialize`` gets ``args.device_rank=root_device.index`` (``None`` on CPU).
+  :class:`CPUDeepSpeedStrategy` sets up the process group as DDP does (gloo) and passes the
+  local rank instead.
+
+Everything else (sharding, ZeRO partitioning and offload, checkpointing, precision) is left to
+Lightning and the engines. Use sharded state-dict checkpoints with FSDP on CPU: gathering a
 full state dict segfaults there (LAB-NOTES).
 """
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from torch import nn
 
 
 class CPUFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDPStrategy for CPU processes (gloo); same arguments as ``FSDPStrategy``."""
+    """Lightning's FSDPStrategy for CPU processes (gloo); same arguments as ``FSDPStrategy``.
+
+    ``activation_checkpointing_policy`` works as in the parent: Lightning applies it after
+    wrapping, also to a model wrapped here.
+    """
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         """Wrap ``model`` in FSDP on the CPU, then let Lightning finish its set-up."""
@@ -34,3 +50,43 @@ class CPUFSDPStrategy(FSDPStrategy):
             # Already applied above; Lightning would otherwise warn that it is ignored.
             self.kwargs.pop("auto_wrap_policy", None)
         return super()._setup_model(model)
+
+
+class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy for CPU processes (gloo); same arguments as the parent.
+
+    DeepSpeed's CPU accelerator runs ZeRO stages 1-3, with optimizer (and, on stage 3,
+    parameter) offload to ``cpu`` when the optimizer is ``DeepSpeedCPUAdam`` (DeepSpeed rejects
+    torch's AdamW with offload; :class:`jobgen.train.model.LitGPT` switches itself). fp16 is
+    not available on CPU (DeepSpeed refuses it); use ``32-true`` or ``bf16``.
+    """
+
+    def setup_environment(self) -> None:
+        """DDP's set-up (torch.distributed with gloo), without the parent's CUDA-only check."""
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        """Initialise the process group as DDP does; DeepSpeed then adopts it
+        (``deepspeed.initialize(dist_init_required=False)``)."""
+        DDPStrategy.setup_distributed(self)
+
+    def _setup_model_and_optimizer(
+        self, model: nn.Module, optimizer: Any, lr_scheduler: Any = None
+    ) -> tuple[Any, Any]:
+        """``deepspeed.initialize`` as in the parent, with ``device_rank`` = the local rank.
+
+        Returns:
+            the ``DeepSpeedEngine`` and DeepSpeed's wrapped optimizer.
+        """
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=filter(lambda p: p.requires_grad, model.parameters()),
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer

@@ -51,13 +51,24 @@ def test_world_size_must_be_nodes_times_devices(run_entrypoint, write_spec) -> N
     _assert_clean_error(run_entrypoint("--spec", "spec.json"), "launch", "world_size=3")
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "deepspeed_stage_3"])
-def test_deepspeed_on_cpu_is_refused(run_entrypoint, write_spec, strategy: str) -> None:
-    write_spec({"trainer": {"strategy": strategy}}, deepspeed_config="ds_config.json")
+def test_deepspeed_on_cpu_without_its_config_is_refused(run_entrypoint, write_spec) -> None:
+    """DeepSpeed runs on CPU ranks (see test_strategy_matrix.py), configured by the rendered file."""
+    write_spec({"trainer": {"strategy": "deepspeed_stage_2"}})
+    _assert_clean_error(
+        run_entrypoint("--spec", "spec.json"), "launch.deepspeed_config", "needs launch.deepspeed_config"
+    )
+
+
+def test_hand_edited_deepspeed_config_is_checked(run_entrypoint, write_spec, tmp_path: Path) -> None:
+    """What DeepSpeed's validator accepts but ignores (LAB-NOTES) is refused before training."""
+    (tmp_path / "ds_config.json").write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
+    )
+    write_spec({"trainer": {"strategy": "deepspeed_stage_2"}}, deepspeed_config="ds_config.json")
     _assert_clean_error(
         run_entrypoint("--spec", "spec.json"),
-        "deepspeed on CPU is not supported yet",
-        "use strategy ddp (or fsdp) for local runs",
+        "ds_config.json: zero_optimization.offload_param",
+        "only ZeRO stage 3 partitions parameters",
     )
 
 

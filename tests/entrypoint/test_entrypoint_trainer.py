@@ -19,7 +19,7 @@ from jobgen.train.model import Block, LitGPT
 from jobgen.train.resolved import load_resolved_spec
 from jobgen.train.run import RunPaths, build_strategy, build_trainer
 from jobgen.train.sources import discover_sources
-from jobgen.train.strategies import CPUFSDPStrategy
+from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
 
 
 def _build(spec_path: Path, tmp_path: Path):
@@ -130,6 +130,57 @@ def test_deepspeed_strategy_reads_the_rendered_config(write_spec, tmp_path: Path
     assert isinstance(strategy, DeepSpeedStrategy)
     assert strategy.config["zero_optimization"] == {"stage": 3}
     assert "gradient_accumulation_steps" not in strategy.config
+
+
+def test_fsdp_activation_checkpointing_wraps_each_block(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec({"trainer": {"strategy": "fsdp", "activation_checkpointing": True}})
+    resolved, _ = load_resolved_spec(spec_path)
+    strategy = build_strategy(resolved, spec_path)
+    assert isinstance(strategy, CPUFSDPStrategy)
+    policy = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
+    assert policy._module_classes == {Block}
+    off = write_spec({"trainer": {"strategy": "fsdp"}}, filename="off.json")
+    resolved, _ = load_resolved_spec(off)
+    assert build_strategy(resolved, off)._activation_checkpointing_kwargs == {}
+
+
+def test_activation_checkpointing_needs_fsdp() -> None:
+    from jobgen.errors import ConfigError
+    from jobgen.load import validate
+    from jobgen.spec import TrainingSpec
+
+    with pytest.raises(ConfigError, match="activation_checkpointing is applied through FSDP"):
+        validate(TrainingSpec, {"name": "x", "trainer": {"activation_checkpointing": True}}, "<test>")
+
+
+def test_deepspeed_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from jobgen.deepspeed import deepspeed_config, dumps
+    from jobgen.spec import TrainingSpec
+
+    (tmp_path / "ds_config.json").write_text(
+        dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}), 2))
+    )
+    spec_path = write_spec({"trainer": {"strategy": "deepspeed_stage_3"}}, deepspeed_config="ds_config.json")
+    trainer, _, _ = _build(spec_path, tmp_path)  # stock DeepSpeedStrategy refuses CPU in setup_environment
+    assert isinstance(trainer.strategy, CPUDeepSpeedStrategy)
+    assert trainer.strategy._process_group_backend == "gloo"
+    assert trainer.strategy.zero_stage_3
+
+
+def test_resume_finds_deepspeed_checkpoint_directories(tmp_path: Path) -> None:
+    """Lightning's DeepSpeedStrategy saves a directory per checkpoint (tag "checkpoint"): one
+    model-states file on ZeRO 1/2, one per rank on ZeRO 3; a SLURM requeue checkpoint
+    (hpc_ckpt_N.ckpt) has no step in its name, so its global step is read from inside."""
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "step-00000010.ckpt" / "checkpoint").mkdir(parents=True)
+    (ckpts / "hpc_ckpt_1.ckpt" / "checkpoint").mkdir(parents=True)
+    (ckpts / "last.ckpt" / "checkpoint").mkdir(parents=True)
+    torch.save({"global_step": 15}, ckpts / "hpc_ckpt_1.ckpt" / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    torch.save({"global_step": 12}, ckpts / "last.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+    assert [(c.path.name, c.global_step) for c in find_checkpoints(ckpts)] == [
+        ("hpc_ckpt_1.ckpt", 15), ("last.ckpt", 12), ("step-00000010.ckpt", 10),
+    ]  # fmt: skip
 
 
 def test_newest_checkpoint_prefers_highest_step_then_mtime(tmp_path: Path) -> None:

@@ -66,3 +66,44 @@ def test_jobgen_rejects_what_deepspeed_misses(trainer, message):
 def test_not_a_deepspeed_strategy():
     with pytest.raises(PlanError):
         deepspeed_config(validate(TrainingSpec, {"name": "x"}, "<test>"), 1)
+
+
+@pytest.mark.parametrize(
+    ("config", "location", "message"),
+    [
+        ({"zero_optimisation": {"stage": 2}}, "ds.json: zero_optimisation", "did you mean 'zero_optimization'"),
+        ({"gradient_clipping": -1.0}, "ds.json: gradient_clipping", "is negative"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+            "ds.json: zero_optimization.offload_param",
+            "only ZeRO stage 3 partitions parameters",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+            "ds.json: zero_optimization.offload_optimizer.nvme_path",
+            "nvme_path is not set",
+        ),
+    ],
+)
+def test_check_deepspeed_config_catches_what_deepspeed_accepts(monkeypatch, config, location, message):
+    """Each config passes DeepSpeed's own validator (LAB-NOTES), and jobgen refuses it with the
+    file, the field path and a hint."""
+    from jobgen.deepspeed import check_deepspeed_config
+    from jobgen.errors import DeepSpeedConfigError
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: 1)
+    ds_config.DeepSpeedConfig({"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, **config})
+    with pytest.raises(DeepSpeedConfigError, match=message) as excinfo:
+        check_deepspeed_config(config, "ds.json")
+    assert excinfo.value.location == location
+    assert excinfo.value.hint
+
+
+def test_check_deepspeed_config_accepts_what_jobgen_renders_and_offload_none():
+    from jobgen.deepspeed import check_deepspeed_config
+
+    for trainer in CASES:
+        spec = validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")
+        check_deepspeed_config(deepspeed_config(spec, 8), "ds.json")
+    check_deepspeed_config({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}}, "ds.json")

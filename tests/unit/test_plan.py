@@ -61,14 +61,20 @@ def test_bf16_refused_on_pre_ampere(tmp_path):
     assert plan(spec(trainer={"precision": "16-mixed"}), profile, TEMPLATES).world.world_size == 8
 
 
-def test_fp16_and_sharded_strategies_refused_on_cpu():
+def test_fp16_and_hybrid_shard_refused_on_cpu():
     with pytest.raises(PlanError, match="fp16 needs a CUDA GPU"):
         make(spec(trainer={"precision": "16-mixed"}), "local")
-    with pytest.raises(PlanError, match="DeepSpeed runs on CUDA GPUs only"):
-        make(spec(trainer={"strategy": "deepspeed_stage_2"}), "local")
-    with pytest.raises(PlanError, match="HYBRID_SHARD"):
+    with pytest.raises(PlanError, match="HYBRID_SHARD") as excinfo:
         make(spec(trainer={"strategy": "fsdp", "fsdp_sharding_strategy": "HYBRID_SHARD"}), "local")
+    assert excinfo.value.location.endswith("trainer.fsdp_sharding_strategy")
     assert make(spec(trainer={"strategy": "fsdp"}), "local").world.world_size == 2
+
+
+def test_deepspeed_rehearses_on_cpu():
+    """ZeRO 1-3 (with CPU offload) run on CPU ranks with gloo (CPUDeepSpeedStrategy)."""
+    p = make(spec(trainer={"strategy": "deepspeed_stage_3", "offload_optimizer": "cpu", "offload_params": "cpu"}), "local")
+    assert "ds_config.json" in dict(p.files)
+    assert json.loads(p.file("spec.json"))["launch"]["accelerator"] == "cpu"
 
 
 def test_deepspeed_plan_has_consistent_config_and_spec_points_at_it():
