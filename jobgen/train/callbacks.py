@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
@@ -165,9 +166,10 @@ class RequeueOnSignal(Callback):
     handler saves the checkpoint inside the signal handler; that save is collective (a barrier,
     FSDP/DeepSpeed gathers) and one rank's save can meet another rank's gradient all-reduce: the
     job then hangs until SLURM kills it at the time limit, without requeueing (seen on the lab
-    cluster in CI). Here the handler only records the signal. After every optimizer step the
-    ranks agree whether any of them got it (one all-reduce of one flag; nothing extra with a
-    single process); if so, all ranks save ``hpc_ckpt_<n>.ckpt`` together, global rank 0 runs
+    cluster in CI). Here the handler only records the signal. At every optimizer step the ranks
+    agree whether any of them got it by the step before (an asynchronous all-reduce of one flag
+    in a gloo group, read one step later: no device sync, no wait; nothing with one process); if
+    so, all ranks save ``hpc_ckpt_<n>.ckpt`` together, global rank 0 runs
     ``scontrol requeue <job id>``, and training stops. ``resume: auto`` picks the checkpoint up
     when SLURM starts the job again (SLURM_RESTART_COUNT 1, 2, ...).
 
@@ -200,6 +202,8 @@ class RequeueOnSignal(Callback):
         self.requeued_at_step: int | None = None
         """The global step of the checkpoint written before a successful requeue."""
         self._checked_step: int | None = None
+        self._group: Any = None
+        self._pending: tuple[Any, torch.Tensor] | None = None
 
     @staticmethod
     def slurm_job_id(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -215,6 +219,41 @@ class RequeueOnSignal(Callback):
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Runs between two bytecodes of the main thread: record only, act at the next step end.
         self.received = True
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Create the gloo group the flag travels in (collective: every rank runs this hook)."""
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            self._group = torch.distributed.new_group(backend="gloo")
+
+    def _any_rank_received(self) -> bool:
+        """Whether any rank had the signal by the previous step boundary (by this one: 1 process).
+
+        Each step boundary starts an asynchronous MAX all-reduce of this rank's flag in a CPU
+        (gloo) group and reads the one started at the previous boundary, which has long finished:
+        no device synchronisation and no wait in the training loop. Every rank starts and reads
+        the reductions at the same optimizer steps, so all ranks decide at the same step, one
+        step after the first signal.
+        """
+        if self._group is None:
+            return self.received
+        decided = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            decided = bool(flag.item())
+        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32)
+        work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group, async_op=True)
+        self._pending = (work, flag)
+        if decided:
+            work.wait()  # leave no reduction in flight across the checkpoint's own collectives
+            self._pending = None
+        return decided
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Wait for the last flag reduction (every rank started it) before the groups go away."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
 
     def next_checkpoint_path(self) -> Path:
         """``hpc_ckpt_<n>.ckpt`` with n one above the highest present (1 in an empty dir)."""
@@ -233,7 +272,7 @@ class RequeueOnSignal(Callback):
         if step == self._checked_step:
             return  # still accumulating gradients: not a step boundary
         self._checked_step = step
-        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):
+        if not self._any_rank_received():
             return
         name = signal.Signals(self.signum).name
         if trainer.is_global_zero:
