@@ -205,6 +205,13 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
     With activation checkpointing only each block's input (t per layer) is kept and one layer's
     full activations exist at a time during recomputation.
 
+    The peak comes during backward, while the saved activations of the layers below are still
+    alive: the layer being differentiated also holds its gradient buffers, at most the MLP's
+    (gradients of the fc1 and GELU outputs, 4t each) plus the residual stream's (2t), ``10t`` at
+    the activation width. Korthikanti et al. count saved activations only; this working set is
+    jobgen's addition (without it the estimate ran ~21% under the measured peak of an
+    activation-heavy CPU run, benchmarks/memory.py).
+
     Args:
         shape: model shape and micro batch (``s`` = block_size, ``b`` = micro_batch_size).
         precision: the spec's precision (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
@@ -223,9 +230,10 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
     else:
         per_layer += 4 * a * s * s * b * e // 2 + (a * s * s * b if shape.dropout > 0 else 0)  # 2as²b(e/2)x2 + mask
     head = 2 * t * e + s * b * VOCAB_SIZE * (e + 8) + t * e  # + embedding output feeding block 0
+    backward = 10 * t * e  # one layer's gradient buffers during backward (see above)
     if checkpointing:
-        return shape.n_layer * t * e + per_layer + head
-    return shape.n_layer * per_layer + head
+        return shape.n_layer * t * e + per_layer + head + backward
+    return shape.n_layer * per_layer + head + backward
 
 
 def estimate(
@@ -524,7 +532,9 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
 
-    def run(layout: Layout, sh: Shape = shape, nodes: int = num_nodes, ckpt: bool = False) -> Row:
+    spec_ckpt = spec.trainer.activation_checkpointing
+
+    def run(layout: Layout, sh: Shape = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
         est = estimate(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
                        accelerator=accel, checkpointing=ckpt)
         return Row(est, est.total_bytes <= budget and est.host_bytes_per_node <= host_mem, False)
@@ -568,7 +578,8 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
         "AdamW; sums the peaks of parameters, gradients, optimizer states and activations (an upper bound)",
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
-        "no activation checkpointing (Korthikanti et al. 2022)",
+        + ("activation checkpointing on transformer blocks (trainer.activation_checkpointing)" if spec_ckpt
+         else "no activation checkpointing") + " (Korthikanti et al. 2022)",
     ]
     if note:
         assumptions.append(note)
@@ -600,10 +611,11 @@ def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout 
                        f"({_gib(run(hit, sh=small).estimate.total_bytes)}): --set trainer.micro_batch_size={mb} "
                        "(raise gradient_accumulation_steps to keep the global batch)")
             break
-    hit = next((lay for lay in ladder if run(lay, ckpt=True).fits), None)
+    hit = None if spec.trainer.activation_checkpointing else next(
+        (lay for lay in ladder if lay.strategy == "fsdp" and run(lay, ckpt=True).fits), None)
     if hit is not None:
-        out.append(f"activation checkpointing: {hit.label} would fit ({_gib(run(hit, ckpt=True).estimate.total_bytes)}); "
-                   "the bundled entrypoint does not checkpoint activations yet")
+        out.append(f"activation checkpointing: {hit.label} would fit ({_gib(run(hit, ckpt=True).estimate.total_bytes)}): "
+                   f"{' '.join('--set ' + o for o in hit.overrides)} --set trainer.activation_checkpointing=true")
     last = ladder[-1]
     out.append(f"most offload ({last.label}): {_gib(run(last).estimate.total_bytes)} per rank, "
                f"host {_gib(run(last).estimate.host_bytes_per_node)} per node")

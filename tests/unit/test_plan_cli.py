@@ -85,3 +85,13 @@ def test_readme_example_is_current(run_cli):
     readme = (REPO / "README.md").read_text()
     shown = result.stdout.split("assumptions:")[0].rstrip()
     assert shown in readme, "re-run the README's `jobgen plan` example and paste its output"
+
+
+def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
+    base = ("plan", QUICKSTART, "-p", "slurm-a100", "--output", "json", *SEVEN_B, "--set", "trainer.strategy=fsdp")
+    plain = json.loads(run_cli(*base).stdout)
+    ckpt = json.loads(run_cli(*base, "--set", "trainer.activation_checkpointing=true").stdout)
+    for off, on in zip(plain["rows"], ckpt["rows"], strict=True):
+        assert off["layout"] == on["layout"]
+        assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
+    assert any("activation checkpointing on transformer blocks" in a for a in ckpt["assumptions"])
