@@ -460,7 +460,9 @@ def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profile
       jobgen validate examples/quickstart.yaml --profile slurm-h100
     """
     loaded = load_spec(spec, overrides)
-    click.echo(f"{spec}: valid spec {loaded.name!r} (model {loaded.model.n_params / 1e6:.1f}M parameters, "
+    model = (f"Hugging Face model {loaded.model.hf_path}" if loaded.model.hf_path is not None
+             else f"model {loaded.model.n_params / 1e6:.1f}M parameters")
+    click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
                f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
     if profile is not None:
         job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)

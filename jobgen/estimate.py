@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jobgen.errors import NotSupportedError
 from jobgen.spec import TrainingSpec
 
 GIB = 2**30
@@ -526,7 +527,19 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     fits the rank's memory (and, with offload, the node's host memory). When nothing fits,
     ``chosen`` is ``None`` and ``suggestions`` say what would: more nodes, a smaller micro batch,
     activation checkpointing, offload.
+
+    Raises:
+        NotSupportedError: ``model.hf_path`` is set (only the built-in GPT's shape is known
+            without reading the model's files).
     """
+    if spec.model.hf_path is not None:
+        raise NotSupportedError(
+            "jobgen plan estimates the built-in GPT only; a Hugging Face model's size is in its "
+            "config.json, which planning does not read",
+            location="spec: model.hf_path",
+            hint="plan a GPT of similar shape instead (--set model.hf_path=null --set model.preset=null "
+                 "--set model.n_layer=... --set model.n_head=... --set model.d_model=...)",
+        )
     accel = "gpu" if profile.gpus_per_node else "cpu"
     shape = Shape.of(spec)
     precision = spec.trainer.precision
@@ -624,8 +637,9 @@ def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout 
 
 def fit_warning(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> str | None:
     """A one-line warning when the spec's own layout is estimated not to fit a GPU profile's
-    memory; ``None`` on CPU profiles or when it fits."""
-    if not profile.gpus_per_node:
+    memory; ``None`` on CPU profiles, for Hugging Face models (sized by their config at run
+    time; :func:`plan_memory` covers the built-in GPT), or when it fits."""
+    if not profile.gpus_per_node or spec.model.hf_path is not None:
         return None
     mp = plan_memory(spec, profile, num_nodes, devices_per_node)
     row = mp.spec_row

@@ -95,3 +95,14 @@ def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
         assert off["layout"] == on["layout"]
         assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
     assert any("activation checkpointing on transformer blocks" in a for a in ckpt["assumptions"])
+
+
+def test_hugging_face_specs_render_without_a_memory_estimate_and_plan_says_why(run_cli, tmp_path):
+    hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")
+    rendered = run_cli("render", hf, "-p", "slurm-a100", "-o", str(tmp_path))
+    assert rendered.code == 0 and "Traceback" not in rendered.stderr, rendered.stderr
+    planned = run_cli("plan", hf, "-p", "slurm-a100")
+    assert planned.code == 2 and "Traceback" not in planned.stderr
+    assert "model.hf_path" in planned.stderr and "built-in GPT only" in planned.stderr
+    validated = run_cli("validate", hf, "-p", "slurm-a100")
+    assert validated.code == 0 and "Hugging Face model" in validated.stdout and "0.0M" not in validated.stdout
