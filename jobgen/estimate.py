@@ -70,7 +70,7 @@ SMALL_MODEL_PARAMS = 500_000_000
 LARGE_MODEL_PARAMS = 10_000_000_000
 """Above this many parameters DeepSpeed ZeRO-3 (with offload if needed) is preferred."""
 
-_16BIT = ("bf16-mixed", "16-mixed", "bf16-true")
+_16BIT = ("bf16-mixed", "16-mixed", "bf16-true", "transformer-engine")
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
     Raises:
         PlanError: global batch != micro x accumulation x world size; a precision the GPU
             type cannot run (bf16 needs compute capability >= 8.0, Ampere; fp16 needs a GPU);
-            FSDP HYBRID_SHARD or QLoRA (``model.load_in_4bit``) on a CPU-only profile.
+            FSDP HYBRID_SHARD, a full FSDP state dict, fp8 or QLoRA (``model.load_in_4bit``) on a
+            CPU-only profile; fp8 (``transformer-engine``) on GPUs older than Hopper.
     """
     t = spec.trainer
     product = t.micro_batch_size * t.gradient_accumulation_steps * world.world_size
@@ -222,6 +223,14 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
                 location=f"{spec_source}: trainer.precision",
                 hint="Use `trainer.precision: 16-mixed` (fp16 with loss scaling) or `32-true` on this GPU.",
             )
+        if t.precision == "transformer-engine" and capability < (9, 0):
+            raise PlanError(
+                f"You set `trainer.precision='transformer-engine'` (fp8), but profile {profile.name!r} has "
+                f"{profile.gpu_type} GPUs (compute capability {capability[0]}.{capability[1]}); jobgen runs fp8 "
+                "on Hopper (9.0) or newer.",
+                location=f"{spec_source}: trainer.precision",
+                hint="Use `trainer.precision: bf16-mixed` on this GPU, or render for an H100/H200/B200 profile.",
+            )
     else:
         if spec.model.load_in_4bit:
             raise PlanError(
@@ -230,6 +239,20 @@ def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_so
                 location=f"{spec_source}: model.load_in_4bit",
                 hint="Remove `model.load_in_4bit` (plain LoRA trains on CPU), or render for a GPU profile "
                 "(and install jobgen[qlora] there).",
+            )
+        if t.precision == "transformer-engine":
+            raise PlanError(
+                f"You set `trainer.precision='transformer-engine'` (fp8), but profile {profile.name!r} has no GPUs; "
+                "Transformer Engine's fp8 matmuls need Hopper GPUs.",
+                location=f"{spec_source}: trainer.precision",
+                hint="Use `bf16-mixed` or `32-true` on CPU (the same spec with fp8 renders for an H100 profile).",
+            )
+        if t.strategy == "fsdp" and t.fsdp_state_dict_type == "full":
+            raise PlanError(
+                f"You set `trainer.fsdp_state_dict_type='full'`, but profile {profile.name!r} has no GPUs; gathering "
+                "a full FSDP state dict segfaults on CPU ranks (torch 2.13, LAB-NOTES).",
+                location=f"{spec_source}: trainer.fsdp_state_dict_type",
+                hint="Use `sharded` (the default) for CPU runs.",
             )
         if t.precision == "16-mixed":
             raise PlanError(

@@ -35,7 +35,7 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 Strategy = Literal["ddp", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
-Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"]
+Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed", "transformer-engine"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
 
@@ -200,6 +200,10 @@ class ModelSpec(_Model):
         return v * d + self.block_size * d + self.n_layer * per_block + 2 * d
 
 
+#: TrainerSpec fields left out of the serialised spec while at their defaults (resolved spec
+#: files and hashes of specs without them stay as they were).
+_TRAINER_OPTIONAL_FIELDS = {"ddp_static_graph": False, "ddp_gradient_as_bucket_view": False, "fsdp_state_dict_type": "sharded"}
+
 _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None, "tokenizer_path": None}
 
 
@@ -274,8 +278,20 @@ class TrainerSpec(_Model):
     activation_checkpointing: bool = False
     """FSDP: recompute each transformer block's activations in the backward pass instead of
     keeping them (less memory, about one extra forward pass of compute). ``strategy: fsdp`` only."""
+    fsdp_state_dict_type: Literal["sharded", "full"] = "sharded"
+    """FSDP checkpoints: ``sharded`` (a directory, one shard per rank: fast, no gather) or
+    ``full`` (one file gathered on rank 0: portable, slow and memory-hungry for large models;
+    GPU only: gathering a full state dict segfaults on CPU ranks, LAB-NOTES)."""
+    ddp_static_graph: bool = False
+    """DDP: the set of parameters that get gradients is the same every step (lets DDP skip
+    unused-parameter search and overlap better; torch ``DistributedDataParallel(static_graph)``)."""
+    ddp_gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the all-reduce buckets (saves one gradient-sized copy of
+    memory; torch ``DistributedDataParallel(gradient_as_bucket_view)``)."""
     precision: Precision = "bf16-mixed"
-    """Numeric precision, in Lightning's names. bf16 needs Ampere or newer GPUs."""
+    """Numeric precision, in Lightning's names. bf16 needs Ampere or newer GPUs;
+    ``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs
+    Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."""
     micro_batch_size: int = Field(default=8, ge=1)
     """Sequences per device (per data-parallel rank) per forward/backward pass."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
@@ -336,11 +352,29 @@ class TrainerSpec(_Model):
                 f"activation_checkpointing is applied through FSDP (strategy is {self.strategy!r}); "
                 "use strategy fsdp or set activation_checkpointing: false"
             )
+        if self.strategy != "ddp" and (self.ddp_static_graph or self.ddp_gradient_as_bucket_view):
+            raise ValueError(
+                f"ddp_static_graph / ddp_gradient_as_bucket_view are DDP options (strategy is {self.strategy!r}); "
+                "remove them or use strategy ddp"
+            )
+        if self.fsdp_state_dict_type != "sharded" and self.strategy != "fsdp":
+            raise ValueError(
+                f"fsdp_state_dict_type is an FSDP option (strategy is {self.strategy!r}); remove it or use strategy fsdp"
+            )
+        if self.precision == "transformer-engine" and self.strategy != "ddp":
+            raise ValueError(
+                f"precision 'transformer-engine' (fp8) runs with strategy ddp in jobgen (strategy is "
+                f"{self.strategy!r}); use ddp, or bf16-mixed with {self.strategy}"
+            )
         if self.warmup_steps >= self.max_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} must be smaller than max_steps={self.max_steps}"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        return _omit_defaults(handler(self), _TRAINER_OPTIONAL_FIELDS)
 
     @property
     def deepspeed_stage(self) -> int | None:

@@ -15,6 +15,7 @@ Format (JSON)::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -137,8 +138,10 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
     """Reject combinations this entrypoint cannot run on the launch's accelerator.
 
     Raises:
-        NotSupportedError: FSDP's HYBRID_SHARD or QLoRA (``load_in_4bit``) on CPU (DeepSpeed
-            ZeRO 1-3 and the other FSDP sharding strategies rehearse on CPU with gloo).
+        NotSupportedError: FSDP's HYBRID_SHARD, a full FSDP state dict, fp8
+            (``transformer-engine``) or QLoRA (``load_in_4bit``) on CPU (DeepSpeed ZeRO 1-3 and
+            the other FSDP sharding strategies rehearse on CPU with gloo); fp8 on a GPU node
+            without the ``transformer_engine`` package.
         ConfigError: fp16 on CPU; a DeepSpeed strategy without a DeepSpeed config.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
@@ -159,12 +162,30 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
                 location="spec.model.load_in_4bit",
                 hint="remove load_in_4bit to train plain LoRA adapters on CPU, or run on a GPU profile",
             )
+        if trainer.precision == "transformer-engine":
+            raise NotSupportedError(
+                "precision 'transformer-engine' (fp8) cannot run on CPU",
+                location="spec.trainer.precision",
+                hint="use '32-true' or 'bf16-mixed' on CPU",
+            )
+        if trainer.strategy == "fsdp" and trainer.fsdp_state_dict_type == "full":
+            raise NotSupportedError(
+                "fsdp_state_dict_type 'full' on CPU: gathering a full FSDP state dict segfaults on CPU ranks",
+                location="spec.trainer.fsdp_state_dict_type",
+                hint="use 'sharded' for local runs",
+            )
         if trainer.precision == "16-mixed":
             raise ConfigError(
                 "precision '16-mixed' (fp16) cannot run on CPU",
                 location="spec.trainer.precision",
                 hint="use '32-true' or 'bf16-mixed' on CPU",
             )
+    elif trainer.precision == "transformer-engine" and importlib.util.find_spec("transformer_engine") is None:
+        raise NotSupportedError(
+            "precision 'transformer-engine' needs NVIDIA Transformer Engine, which is not installed here",
+            location="spec.trainer.precision",
+            hint="install it on the nodes (pip install 'transformer-engine[pytorch]'), or use bf16-mixed",
+        )
     if trainer.deepspeed_stage is not None and not launch.deepspeed_config:
         raise ConfigError(
             f"strategy {trainer.strategy!r} needs launch.deepspeed_config (the rendered ds_config.json)",

@@ -103,8 +103,10 @@ class RunPaths:
 def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
 
-    ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process).
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded state-dict checkpoints,
+    ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process),
+    ``static_graph`` / ``gradient_as_bucket_view`` from the spec.
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded (or, on GPU, full) state-dict
+    checkpoints,
     activation checkpointing of each :class:`Block` when ``trainer.activation_checkpointing``
     (:class:`CPUFSDPStrategy` with gloo on CPU).
     deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``, the
@@ -118,7 +120,11 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     if trainer.strategy == "ddp":
         if launch.world_size == 1:
             return "auto"
-        return DDPStrategy(process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl")
+        return DDPStrategy(
+            process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl",
+            static_graph=trainer.ddp_static_graph,
+            gradient_as_bucket_view=trainer.ddp_gradient_as_bucket_view,
+        )
     if trainer.strategy == "fsdp":
         checkpointing = {Block} if trainer.activation_checkpointing else None
         if launch.accelerator == "cpu":
@@ -135,7 +141,7 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
             auto_wrap_policy={Block},
             activation_checkpointing_policy=checkpointing,
             cpu_offload=trainer.offload_params == "cpu",
-            state_dict_type="sharded",
+            state_dict_type=trainer.fsdp_state_dict_type,
         )
     _, config = load_deepspeed_config(resolved, spec_path)
     if launch.accelerator == "cpu":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -103,6 +104,36 @@ def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
     resolved, _ = load_resolved_spec(ddp_path)
     ddp = build_strategy(resolved, ddp_path)
     assert isinstance(ddp, DDPStrategy) and ddp._process_group_backend == "nccl"
+    assert ddp._ddp_kwargs == {"static_graph": False, "gradient_as_bucket_view": False}
+
+    tuned_path = write_spec(
+        {"trainer": {"ddp_static_graph": True, "ddp_gradient_as_bucket_view": True}}, filename="tuned.json", accelerator="gpu"
+    )
+    resolved, _ = load_resolved_spec(tuned_path)
+    assert build_strategy(resolved, tuned_path)._ddp_kwargs == {"static_graph": True, "gradient_as_bucket_view": True}
+
+    full_path = write_spec(
+        {"trainer": {"strategy": "fsdp", "fsdp_state_dict_type": "full"}}, filename="full.json", accelerator="gpu"
+    )
+    resolved, _ = load_resolved_spec(full_path)
+    assert build_strategy(resolved, full_path)._state_dict_type == "full"
+
+
+def test_fp8_is_refused_on_cpu_and_without_transformer_engine(write_spec) -> None:
+    from jobgen.errors import NotSupportedError
+    from jobgen.train.resolved import check_runtime_support
+
+    cpu, _ = load_resolved_spec(write_spec({"trainer": {"precision": "transformer-engine"}}, filename="cpu.json"))
+    with pytest.raises(NotSupportedError, match="cannot run on CPU"):
+        check_runtime_support(cpu)
+    gpu_path = write_spec({"trainer": {"precision": "transformer-engine"}}, filename="gpu.json", accelerator="gpu")
+    gpu, _ = load_resolved_spec(gpu_path)
+    if importlib.util.find_spec("transformer_engine") is None:
+        with pytest.raises(NotSupportedError, match="needs NVIDIA Transformer Engine") as info:
+            check_runtime_support(gpu)
+        assert "transformer-engine[pytorch]" in info.value.hint
+    else:
+        check_runtime_support(gpu)
 
 
 def test_fsdp_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path) -> None:

@@ -70,6 +70,40 @@ def test_fp16_and_hybrid_shard_refused_on_cpu():
     assert make(spec(trainer={"strategy": "fsdp"}), "local").world.world_size == 2
 
 
+def test_fp8_needs_hopper_and_a_gpu():
+    fp8 = spec(trainer={"precision": "transformer-engine"})
+    with pytest.raises(PlanError, match=r"A100 GPUs \(compute capability 8.0\); jobgen runs fp8 on Hopper") as info:
+        make(fp8, "slurm-a100")
+    assert info.value.location == "s.yaml: trainer.precision" and "bf16-mixed" in info.value.hint
+    with pytest.raises(PlanError, match="has no GPUs; Transformer Engine"):
+        make(fp8, "local")
+    assert make(fp8, "slurm-h100").world.world_size == 8
+
+
+def test_fp8_and_ddp_options_are_refused_with_other_strategies():
+    with pytest.raises(Exception, match="transformer-engine' \\(fp8\\) runs with strategy ddp"):
+        spec(trainer={"precision": "transformer-engine", "strategy": "fsdp"})
+    with pytest.raises(Exception, match="are DDP options"):
+        spec(trainer={"strategy": "fsdp", "ddp_static_graph": True})
+    with pytest.raises(Exception, match="fsdp_state_dict_type is an FSDP option"):
+        spec(trainer={"fsdp_state_dict_type": "full"})
+
+
+def test_full_fsdp_state_dict_is_gpu_only():
+    full = spec(trainer={"strategy": "fsdp", "fsdp_state_dict_type": "full"})
+    with pytest.raises(PlanError, match="segfaults on CPU ranks") as info:
+        make(full, "local")
+    assert info.value.location == "s.yaml: trainer.fsdp_state_dict_type"
+    assert make(full, "slurm-h100").world.world_size == 8
+
+
+def test_new_trainer_options_stay_out_of_the_resolved_spec_until_set():
+    plain = json.loads(dict(make(spec(), "local").files)["spec.json"])["spec"]["trainer"]
+    assert not {"ddp_static_graph", "ddp_gradient_as_bucket_view", "fsdp_state_dict_type"} & set(plain)
+    tuned = json.loads(dict(make(spec(trainer={"ddp_static_graph": True}), "local").files)["spec.json"])["spec"]["trainer"]
+    assert tuned["ddp_static_graph"] is True
+
+
 def test_deepspeed_rehearses_on_cpu():
     """ZeRO 1-3 (with CPU offload) run on CPU ranks with gloo (CPUDeepSpeedStrategy)."""
     p = make(spec(trainer={"strategy": "deepspeed_stage_3", "offload_optimizer": "cpu", "offload_params": "cpu"}), "local")
