@@ -35,9 +35,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
+from jobgen.errors import ConfigError
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
-from jobgen.errors import ConfigError
 from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
