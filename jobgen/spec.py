@@ -262,6 +262,10 @@ class DataSpec(_Model):
         return _omit_defaults(handler(self), _DATA_FORMAT_FIELDS)
 
 
+_TRAINER_OPTIONAL_FIELDS = {"tensorboard": False}
+"""Trainer fields left out of spec.json at their default (adding one changes no rendered job)."""
+
+
 class TrainerSpec(_Model):
     """How to train: strategy, precision, batch arithmetic, optimisation and logging."""
 
@@ -316,7 +320,11 @@ class TrainerSpec(_Model):
     limit_val_batches: int = Field(default=20, ge=1)
     """Validation micro batches per rank per validation run."""
     log_every_n_steps: int = Field(default=10, ge=1)
-    """Write metrics (loss, learning rate, tokens/s) every N optimizer steps."""
+    """Write metrics (loss, learning rate, tokens/s, samples/s, MFU on GPUs, peak memory) every
+    N optimizer steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files (``<run_dir>/logs/version_<n>/tensorboard/``) beside
+    the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."""
 
     @field_validator("nvme_path")
     @classmethod

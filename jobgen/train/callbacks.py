@@ -18,20 +18,46 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
+from jobgen.train.measure import mfu, peak_memory
+
 
 class Throughput(Callback):
-    """Measures training throughput in tokens/s over all ranks and logs it as ``tokens_per_s``.
+    """Measures training throughput over all ranks: ``tokens_per_s``, ``samples_per_s`` and,
+    when a peak FLOP/s is known (GPUs), ``mfu``; at log intervals also ``peak_memory_mb``.
 
     Tokens per optimizer step = micro batch size x block size x gradient accumulation steps x
     world size. Time is measured between consecutive optimizer steps on each rank; the first
-    step of a process (start-up, allocation) is excluded from the mean.
+    ``warmup_steps`` steps of a process (start-up, allocation) are excluded from the means, and
+    validation time is not counted.
+
+    Lightning's ``ThroughputMonitor`` is not used: it needs ``flops_per_batch`` on the module,
+    logs from rank zero only under its own metric names, synchronises CUDA after every micro
+    batch, averages over a window that includes the first (start-up) step, and derives the peak
+    from the runtime device name, so a CPU rehearsal and a GPU job would report differently;
+    here FLOPs per token come from the model config and the peak from the profile's
+    ``gpu_type`` (:mod:`jobgen.train.measure`).
 
     Args:
         tokens_per_step: tokens per optimizer step over all ranks.
+        samples_per_step: sequences per optimizer step over all ranks (global batch size).
+        flops_per_token: training FLOPs per token (``None``: unknown, no MFU).
+        peak_flops_per_s: peak FLOP/s of all ranks together (``None``: unknown, e.g. CPU).
+        warmup_steps: optimizer steps at the start of each process left out of the means.
     """
 
-    def __init__(self, tokens_per_step: int):
+    def __init__(
+        self,
+        tokens_per_step: int,
+        samples_per_step: int | None = None,
+        flops_per_token: int | None = None,
+        peak_flops_per_s: float | None = None,
+        warmup_steps: int = 1,
+    ):
         self.tokens_per_step = tokens_per_step
+        self.samples_per_step = samples_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops_per_s = peak_flops_per_s
+        self.warmup_steps = warmup_steps
         self.steps_timed = 0
         """Optimizer steps included in the mean."""
         self.seconds_timed = 0.0
@@ -40,6 +66,10 @@ class Throughput(Callback):
         """Throughput of the latest optimizer step (tokens/s)."""
         self.seconds_per_step: float | None = None
         """Mean wall time per optimizer step so far (seconds)."""
+        self.peak_memory_bytes: int | None = None
+        """This rank's peak memory at the latest log interval (see :func:`jobgen.train.measure.peak_memory`)."""
+        self.peak_memory_kind: str | None = None
+        """What ``peak_memory_bytes`` measures (a key of :data:`jobgen.train.measure.MEMORY_KINDS`)."""
         self._start_step: int | None = None
         self._last_step: int | None = None
         self._last_time = 0.0
@@ -52,6 +82,23 @@ class Throughput(Callback):
             return None
         return self.steps_timed * self.tokens_per_step / self.seconds_timed
 
+    @property
+    def mean_samples_per_s(self) -> float | None:
+        """Mean throughput over the timed steps (sequences/s over all ranks), ``None`` if none."""
+        if self.samples_per_step is None or self.steps_timed == 0 or self.seconds_timed <= 0:
+            return None
+        return self.steps_timed * self.samples_per_step / self.seconds_timed
+
+    @property
+    def mean_mfu(self) -> float | None:
+        """MFU of the mean throughput (a fraction), ``None`` without a peak (CPU) or FLOP count."""
+        return mfu(self.mean_tokens_per_s, self.flops_per_token, self.peak_flops_per_s)
+
+    @property
+    def last_mfu(self) -> float | None:
+        """MFU of the latest optimizer step (a fraction), ``None`` when unknown."""
+        return mfu(self.last_tokens_per_s, self.flops_per_token, self.peak_flops_per_s)
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the clock at the step the run begins (or resumes) at."""
         self._start_step = self._last_step = trainer.global_step
@@ -60,20 +107,26 @@ class Throughput(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """After each optimizer step: time it and log ``tokens_per_s``."""
+        """After each optimizer step: time it and log the rates (and peak memory at log intervals)."""
         step = trainer.global_step
         if self._last_step is None or step == self._last_step:
             return  # still accumulating gradients
         now = time.perf_counter()
         elapsed, steps = now - self._last_time, step - self._last_step
-        first = self._last_step == self._start_step
         self._last_step, self._last_time = step, now
+        if step % trainer.log_every_n_steps == 0 or step == trainer.max_steps:
+            self.peak_memory_bytes, self.peak_memory_kind = peak_memory(pl_module.device)
+            pl_module.log("peak_memory_mb", self.peak_memory_bytes / 1e6, on_step=True, on_epoch=False)
         if elapsed <= 0:
             return
         self.last_tokens_per_s = steps * self.tokens_per_step / elapsed
         pl_module.log("tokens_per_s", self.last_tokens_per_s, on_step=True, on_epoch=False)
-        if first:
-            return  # the first step carries start-up costs
+        if self.samples_per_step is not None:
+            pl_module.log("samples_per_s", steps * self.samples_per_step / elapsed, on_step=True, on_epoch=False)
+        if (step_mfu := self.last_mfu) is not None:
+            pl_module.log("mfu", step_mfu, on_step=True, on_epoch=False)
+        if step <= self._start_step + self.warmup_steps:
+            return  # start-up steps: allocation, first-call overheads
         self.steps_timed += steps
         self.seconds_timed += elapsed
         self.seconds_per_step = self.seconds_timed / self.steps_timed
@@ -96,7 +149,9 @@ def _format_eta(seconds: float) -> str:
 class LineProgress(Callback):
     """Prints one line per log interval on global rank zero (for jobs whose output is a file).
 
-    Format: ``step 120/1000 | train_loss 2.4512 | lr 2.91e-03 | 23.4k tok/s | eta 0:03:12``,
+    Format: ``step 120/1000 | train_loss 2.4512 | lr 2.91e-03 | 23.4k tok/s | mfu 41.2% | peak mem
+    1.23 GB | eta 0:03:12`` (``mfu`` only when a peak FLOP/s is known; ``peak mem`` is this
+    rank's, GPU tensors or CPU RSS high-water mark),
     plus one line per validation: ``validation at step 100: val_loss 2.5012``.
 
     Args:
@@ -127,6 +182,11 @@ class LineProgress(Callback):
             parts.append(f"lr {float(metrics['lr']):.2e}")
         if self.throughput.last_tokens_per_s is not None:
             parts.append(f"{self.throughput.last_tokens_per_s / 1000:.1f}k tok/s")
+        if (step_mfu := self.throughput.last_mfu) is not None:
+            parts.append(f"mfu {100 * step_mfu:.1f}%")
+        if self.throughput.peak_memory_bytes is not None:
+            kind = "rss" if self.throughput.peak_memory_kind == "cpu_max_rss" else "gpu"
+            parts.append(f"peak mem {self.throughput.peak_memory_bytes / 1e9:.2f} GB {kind}")
         if self.throughput.seconds_per_step is not None:
             parts.append(f"eta {_format_eta((trainer.max_steps - step) * self.throughput.seconds_per_step)}")
         print(" | ".join(parts), flush=True)

@@ -8,7 +8,9 @@ Run directory layout (``<run_dir>``)::
     data/{train,val}.bin, data/manifest.json   the byte stream (built once, reused)
     checkpoints/step-<N>.ckpt, last.ckpt       step checkpoints; hpc_ckpt_<n>.ckpt on SLURM requeue
     logs/version_<n>/metrics.csv               CSV metrics, one version per (re)start
-    summary.json                               final step, val_loss, throughput, checkpoints
+    logs/version_<n>/tensorboard/              TensorBoard events (``trainer.tensorboard: true``)
+    summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints
+    curves.png                                 loss and tokens/s over steps, all versions (rank zero, at the end)
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ import lightning
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
+from jobgen.errors import ConfigError
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.sources import SplitLayout
@@ -99,6 +103,11 @@ class RunPaths:
         """``<run_dir>/summary.json``."""
         return self.run_dir / "summary.json"
 
+    @property
+    def curves(self) -> Path:
+        """``<run_dir>/curves.png``: loss and tokens/s over optimizer steps."""
+        return self.run_dir / "curves.png"
+
 
 def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
@@ -156,7 +165,11 @@ def build_trainer(
 
     Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
     micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
-    epochs (``check_val_every_n_epoch=None``).
+    epochs (``check_val_every_n_epoch=None``). With ``trainer.tensorboard`` a TensorBoardLogger
+    writes into the CSV logger's version directory (``tensorboard/`` below it).
+
+    Raises:
+        ConfigError: ``trainer.tensorboard`` is on but the ``tensorboard`` package is missing.
     """
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
@@ -191,6 +204,9 @@ def build_trainer(
             requeue.install()
             callbacks.append(requeue)
     logger = CSVLogger(save_dir=paths.run_dir, name="logs")
+    loggers: list[Logger] = [logger]  # the CSV logger first: trainer.logger, the summary's metrics
+    if t.tensorboard:
+        loggers.append(_tensorboard_logger(paths, logger.version))
     trainer = Trainer(
         accelerator=launch.accelerator,
         devices=launch.devices_per_node,
@@ -206,13 +222,26 @@ def build_trainer(
         limit_val_batches=t.limit_val_batches,
         log_every_n_steps=t.log_every_n_steps,
         reload_dataloaders_every_n_epochs=1,
-        logger=logger,
+        logger=loggers,
         callbacks=callbacks,
         plugins=plugins or None,
         enable_progress_bar=show_bar,
         default_root_dir=paths.checkpoints,
     )
     return trainer, checkpoint, logger
+
+
+def _tensorboard_logger(paths: RunPaths, version: int | str) -> Logger:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    try:
+        return TensorBoardLogger(save_dir=paths.run_dir, name="logs", version=version, sub_dir="tensorboard")
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"trainer.tensorboard is on but TensorBoard cannot be imported ({exc})",
+            location="spec.trainer.tensorboard",
+            hint="pip install tensorboard on every node, or set trainer.tensorboard: false",
+        ) from None
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -277,7 +306,13 @@ def train(
     lightning.seed_everything(t.seed, workers=True, verbose=False)
     module, counts, model_line = build_module(spec, launch.accelerator)
     datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size)
-    throughput = Throughput(datamodule.tokens_per_step)
+    peak_flops = peak_flops_per_s(launch.gpu_type, t.precision) if launch.accelerator == "gpu" else None
+    throughput = Throughput(
+        datamodule.tokens_per_step,
+        samples_per_step=datamodule.samples_per_step,
+        flops_per_token=flops_per_token(spec, module),
+        peak_flops_per_s=None if peak_flops is None else peak_flops * launch.world_size,
+    )
     trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
 
     rank_zero_print(
@@ -302,6 +337,7 @@ def train(
             return 1
         if module.last_val_step != trainer.global_step:
             trainer.validate(module, datamodule=datamodule, verbose=False)  # val_loss at the final step
+        memory_bytes, memory_kind = _peak_memory_all_ranks(trainer)
         if trainer.is_global_zero:
             summary = {
                 "name": spec.name,
@@ -312,7 +348,15 @@ def train(
                 "last_checkpoint": checkpoint.last_model_path or None,
                 "wall_time_s": round(time.time() - started, 3),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
+                "samples_per_s_mean": throughput.mean_samples_per_s,
                 "tokens_per_step": datamodule.tokens_per_step,
+                # Model FLOPs per token (jobgen.train.measure); MFU needs a GPU peak: null on CPU.
+                "flops_per_token": throughput.flops_per_token,
+                "peak_flops_per_s": throughput.peak_flops_per_s,
+                "mfu_mean": throughput.mean_mfu,
+                # The largest over the ranks; what it measures: measure.MEMORY_KINDS.
+                "peak_memory_bytes": memory_bytes,
+                "peak_memory_kind": memory_kind,
                 "world_size": trainer.world_size,
                 # The count before sharding: under FSDP and ZeRO-3 module.parameters() are this rank's shards.
                 "n_params": counts.total,
@@ -331,10 +375,27 @@ def train(
             }
             _atomic_write_json(paths.summary, summary)
             _print_summary(summary, paths)
+            _plot_curves(logger, paths)
         trainer.strategy.barrier("jobgen-summary")  # all ranks leave together
         return 0
     finally:
         _destroy_process_group()
+
+
+def _peak_memory_all_ranks(trainer: Trainer) -> tuple[int, str]:
+    """The largest peak memory over all ranks, in bytes, and its kind (collective: every rank calls)."""
+    own, kind = peak_memory(trainer.strategy.root_device)
+    value = torch.tensor(own, dtype=torch.int64, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(value, reduce_op="max")), kind
+
+
+def _plot_curves(logger: CSVLogger, paths: RunPaths) -> None:
+    """Write curves.png; a failure is reported and never fails the run."""
+    try:
+        logger.save()  # flush rows still buffered
+        plot_curves(paths.run_dir, paths.curves)
+    except Exception as exc:  # noqa: BLE001 - plotting is a convenience, the run succeeded
+        print(f"warning: could not write {paths.curves}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -359,11 +420,16 @@ def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:
     val_text = "n/a" if val is None else f"{val:.4f} nats/{unit} ({val / math.log(2):.3f} bits/{unit})"
     rate = summary["tokens_per_s_mean"]
     rate_text = "n/a" if rate is None else f"{rate / 1000:.1f}k tok/s"
+    if summary["samples_per_s_mean"] is not None:
+        rate_text += f", {summary['samples_per_s_mean']:.1f} samples/s"
+    rate_text += ", MFU " + ("n/a" if summary["mfu_mean"] is None else f"{100 * summary['mfu_mean']:.1f}%")
+    memory = f"peak memory {summary['peak_memory_bytes'] / 1e9:.2f} GB ({MEMORY_KINDS[summary['peak_memory_kind']]})"
     print(
         f"done: {summary['name']} at step {summary['global_step']}/{summary['max_steps']} "
         f"({start}) in {summary['wall_time_s']:.1f} s\n"
         f"  val_loss {val_text} | mean {rate_text} over {summary['world_size']} rank(s)\n"
+        f"  {memory}\n"
         f"  last checkpoint {summary['last_checkpoint']}\n"
-        f"  summary {paths.summary} | metrics {summary['metrics_csv']}",
+        f"  summary {paths.summary} | metrics {summary['metrics_csv']} | curves {paths.curves}",
         flush=True,
     )
