@@ -202,7 +202,12 @@ class ModelSpec(_Model):
 
 #: TrainerSpec fields left out of the serialised spec while at their defaults (resolved spec
 #: files and hashes of specs without them stay as they were).
-_TRAINER_OPTIONAL_FIELDS = {"ddp_static_graph": False, "ddp_gradient_as_bucket_view": False, "fsdp_state_dict_type": "sharded"}
+_TRAINER_OPTIONAL_FIELDS = {
+    "ddp_static_graph": False,
+    "ddp_gradient_as_bucket_view": False,
+    "fsdp_state_dict_type": "sharded",
+    "tensorboard": False,
+}
 
 _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None, "tokenizer_path": None}
 
@@ -260,10 +265,6 @@ class DataSpec(_Model):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         return _omit_defaults(handler(self), _DATA_FORMAT_FIELDS)
-
-
-_TRAINER_OPTIONAL_FIELDS = {"tensorboard": False}
-"""Trainer fields left out of spec.json at their default (adding one changes no rendered job)."""
 
 
 class TrainerSpec(_Model):
