@@ -84,6 +84,7 @@ def test_peak_flops_table_dtype_and_cpu() -> None:
     assert measure.peak_flops_per_s("A100", "32-true", "high") == 156e12  # tf32 tensor cores
     assert measure.peak_flops_per_s("V100", "bf16-mixed") is None  # no bf16 units
     assert measure.peak_flops_per_s(None, "bf16-mixed") is None  # CPU: no invented peak
+    assert measure.peak_flops_per_s("H100", "transformer-engine") == measure.peak_flops_per_s("H100", "bf16-mixed")  # fp8 vs the bf16 peak
     from typing import get_args
 
     from jobgen.profiles import GpuType
