@@ -22,9 +22,10 @@ from jobgen.spec import ModelSpec, TrainingSpec
 from jobgen.train.model import LitGPT
 
 # Precision (Lightning's names) -> dtype the weights are loaded in. Mixed precision keeps fp32
-# weights (autocast computes in bf16/fp16); bf16-true trains bf16 weights.
+# weights (autocast computes in bf16/fp16); bf16-true trains bf16 weights, and so does
+# transformer-engine (Lightning's TransformerEnginePrecision keeps bf16 weights, fp8 matmuls).
 _LOAD_DTYPE = {"32-true": torch.float32, "bf16-mixed": torch.float32, "16-mixed": torch.float32,
-               "bf16-true": torch.bfloat16}
+               "bf16-true": torch.bfloat16, "transformer-engine": torch.bfloat16}
 
 
 @dataclass(frozen=True)

@@ -168,3 +168,12 @@ def test_lora_target_module_missing_from_model_is_a_config_error(
     result = run_entrypoint("--spec", "spec.json", timeout=TIMEOUT_S)
     assert result.code == 2, result.output
     assert "spec.model.lora.target_modules" in result.stderr and "q_proj" in result.stderr, result.output
+
+
+def test_every_precision_has_a_load_dtype_for_hf_weights() -> None:
+    from typing import get_args
+
+    from jobgen.spec import Precision
+    from jobgen.train.hf import _LOAD_DTYPE
+
+    assert set(get_args(Precision)) == set(_LOAD_DTYPE)
