@@ -78,12 +78,12 @@ def plain_worker(spec_path: Path, run_dir: Path, warmup: int, out: Path) -> None
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
+    from jobgen.jobdir import load_resolved_spec
     from jobgen.train.data import ByteTextDataModule
     from jobgen.train.model import LitGPT, lr_factor
-    from jobgen.train.resolved import load_resolved_spec
     from jobgen.train.sources import discover_sources
 
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     spec, t = resolved.spec, resolved.spec.trainer
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

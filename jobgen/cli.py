@@ -12,16 +12,16 @@ from typing import Any
 import click
 import yaml
 
-from jobgen import __version__
-from jobgen.errors import ConfigError, JobgenError, NotSupportedError
+from jobgen import __version__, api
+from jobgen.backends.base import LogOptions, SubmitOptions
+from jobgen.errors import ConfigError, JobgenError
 from jobgen.load import (
     list_profile_names,
     load_profile,
     load_profile_doc,
     load_spec,
-    search_dirs,
 )
-from jobgen.plan import JobPlan, backend_module, plan
+from jobgen.plan import JobPlan
 
 _DEBUG = {"on": bool(os.environ.get("JOBGEN_DEBUG"))}
 
@@ -69,27 +69,12 @@ def cli(debug: bool) -> None:
 
 
 def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> JobPlan:
-    spec = load_spec(spec_path, overrides)
-    profile = load_profile(profile_name, profiles_dir)
-    dirs = search_dirs("templates", templates_dir)
-    if not dirs:
-        raise ConfigError("no templates directory found", hint="pass --templates-dir or set JOBGEN_HOME")
-    return plan(spec, profile, dirs[0], spec_source=spec_path, profile_source=profile_name)
+    return api.plan_job(spec_path, profile_name, overrides=overrides, profiles_dir=profiles_dir, templates=templates_dir)
 
 
 def _warn(job_plan: JobPlan) -> None:
     for warning in job_plan.warnings:
         click.echo(f"warning: {warning}", err=True)
-
-
-def _memory_warning(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, job_plan: JobPlan) -> None:
-    """stderr warning when the spec's strategy is estimated not to fit the GPUs (jobgen.estimate); files are unchanged."""
-    from jobgen.estimate import fit_warning
-
-    text = fit_warning(load_spec(spec_path, overrides), load_profile(profile_name, profiles_dir),
-                       job_plan.world.num_nodes, job_plan.world.devices_per_node)
-    if text:
-        click.echo(f"warning: {text}", err=True)
 
 
 _sweep_option = click.option(
@@ -141,40 +126,28 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
       jobgen render --all --prune --commit
       jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
     """
-    if all_jobs or check or prune or commit_flag or sweeps:
-        from jobgen import gitops
+    from jobgen import gitops
 
-        if to_stdout and (all_jobs or check or prune or commit_flag):
-            raise ConfigError("--stdout cannot be combined with --all, --check, --prune or --commit", hint="drop --stdout")
-        if prune and not all_jobs:
-            raise ConfigError("--prune needs --all (stale jobs are those jobgen.yaml no longer lists)", hint="jobgen render --all --prune")
-        if check and commit_flag:
-            raise ConfigError("--check and --commit exclude each other", hint="--check only compares; --commit writes and commits")
-        out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
-        rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs, project=project, overrides=overrides,
-                                       sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
-        if to_stdout:
-            for job in rendered.jobs:
-                click.echo(str(job.plan), nl=False)
-            return 0
-        return gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=click.echo)
-    if spec is None or profile is None:
-        raise ConfigError("give a SPEC file and --profile, or --all", hint="e.g. jobgen render examples/quickstart.yaml --profile slurm-a100")
-    if project is not None:
-        raise ConfigError("--project only goes with --all", hint="drop --project, or use --all")
-    job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
-    _warn(job_plan)
-    _memory_warning(spec, profile, overrides, profiles_dir, job_plan)
+    if to_stdout and (all_jobs or check or prune or commit_flag):
+        raise ConfigError("--stdout cannot be combined with --all, --check, --prune or --commit", hint="drop --stdout")
+    if prune and not all_jobs:
+        raise ConfigError("--prune needs --all (stale jobs are those jobgen.yaml no longer lists)", hint="jobgen render --all --prune")
+    if check and commit_flag:
+        raise ConfigError("--check and --commit exclude each other", hint="--check only compares; --commit writes and commits")
+    out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
+    rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs, project=project, overrides=overrides,
+                                   sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
     if to_stdout:
-        click.echo(str(job_plan), nl=False)
-        return
-    job_dir = Path(out) / job_plan.job_subdir
-    for path in job_plan.write(job_dir):
-        click.echo(f"wrote {path}")
-    w = job_plan.world
-    click.echo(f"{job_plan.scheduler}: {w.num_nodes} node(s) x {w.devices_per_node} rank(s) = world size {w.world_size}; "
-               f"submit with: cd {job_dir} && {' '.join(job_plan.submit_argv)}")
-    return None
+        for job in rendered.jobs:
+            _warn(job.plan)
+            click.echo(str(job.plan), nl=False)
+        return 0
+    code = gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=click.echo)
+    if len(rendered.jobs) == 1 and not all_jobs and not check:
+        job_plan = rendered.jobs[0].plan
+        job_dir = Path(out) / job_plan.job_subdir
+        click.echo(f"{job_plan.scheduler}: {job_plan.world.describe()}; submit with: jobgen submit {job_dir}")
+    return code
 
 
 @cli.command()
@@ -260,126 +233,46 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
       jobgen submit examples/quickstart.yaml --profile k8s-h100 --dry-run=server
       jobgen submit manifests/k8s-h100/quickstart --context prod --replace
     """
-    from jobgen.backends.base import Submission
-
+    options = SubmitOptions(runs_dir=Path(runs_dir), test_only=test_only, force=force, dry_run=dry_run == "server",
+                            replace=replace, context=k8s_context, namespace=k8s_namespace, kubeconfig=kubeconfig)
+    target_or_plan: str | JobPlan = target
     if Path(target).is_dir():
         if overrides or profile:
             raise ConfigError(
                 f"{target} is a rendered job directory: --set and --profile apply to spec files",
                 hint="change the spec and re-render (jobgen render SPEC --profile P), then submit the directory",
             )
-        job_dir = Path(target)
-        if any((job_dir / name).is_file() for name in ("pytorchjob.yaml", "trainjob.yaml")):
-            _submit_k8s(job_dir, None, dry_run=dry_run, replace=replace, context=k8s_context, namespace=k8s_namespace,
-                        kubeconfig=kubeconfig, test_only=test_only, force=force, profiles_dir=profiles_dir)
-            return
-        if not (job_dir / "job.sbatch").is_file():
-            raise NotSupportedError(
-                f"submitting {target} is not supported: only rendered SLURM (job.sbatch) and Kubernetes (pytorchjob.yaml, "
-                "trainjob.yaml) job directories can be submitted as is",
-                hint="submit the spec file with --profile, or use the scheduler's own command shown in the file header",
-            )
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        job_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
-        _warn(job_plan)
-        if job_plan.scheduler == "local":
-            if test_only:
-                raise NotSupportedError("--test-only is a SLURM pre-flight", hint="use `jobgen validate SPEC --profile local` to check a local run")
-            job_dir = Path(runs_dir) / job_plan.job_name
-            job_plan.write(job_dir)
-            handle = backend_module("local").submit(job_plan, job_dir.resolve())
-            click.echo(f"handle: {handle}")
-            return
-        job_dir = Path(out) / job_plan.job_subdir
-        job_plan.write(job_dir)
-        click.echo(f"rendered {job_dir}")
-        if job_plan.scheduler == "kubernetes":
-            _submit_k8s(job_dir, load_profile(profile, profiles_dir), dry_run=dry_run, replace=replace, context=k8s_context,
-                        namespace=k8s_namespace, kubeconfig=kubeconfig, test_only=test_only, force=force, profiles_dir=profiles_dir)
-            return
-    for given, option in ((dry_run, "--dry-run"), (replace, "--replace"), (k8s_context, "--context"),
-                          (k8s_namespace, "--namespace"), (kubeconfig, "--kubeconfig")):
-        if given:
-            raise ConfigError(f"{option} is a Kubernetes option; {target} is a SLURM job",
-                              hint="SLURM's pre-flight is --test-only" if option == "--dry-run" else f"drop {option}")
-    slurm = backend_module("slurm")
-    handle = slurm.submit_dir(job_dir, runs_dir=Path(runs_dir), test_only=test_only, force=force, out=click.echo)
-    if handle is None:
-        click.echo("sbatch --test-only: the request is valid; nothing was queued")
+        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
+        _warn(target_or_plan)
+    result = api.submit(target_or_plan, options, out=out, echo=click.echo)
+    if result.handle is None:
+        click.echo("validated: the scheduler accepts the job; nothing was queued or created")
         return
-    record = Submission.load(job_dir / slurm.SUBMISSION_FILE)
-    click.echo(f"submitted {handle}")
-    click.echo(f"  run dir: {record.run_dir}\n  log:     {record.log_file}")
-    click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
-
-
-def _submit_k8s(job_dir: Path, profile_obj: Any, *, dry_run: str | None, replace: bool, context: str | None,
-                namespace: str | None, kubeconfig: str | None, test_only: bool, force: bool, profiles_dir: str | None) -> None:
-    """Submit a rendered Kubernetes job directory: context/namespace/kubeconfig from the flags,
-    then $JOBGEN_K8S_CONTEXT/$JOBGEN_K8S_NAMESPACE, then the profile (for a directory: the one
-    its spec.json names, when it can be found)."""
-    for given, option, instead in ((test_only, "--test-only", "--dry-run=server"), (force, "--force", "--replace")):
-        if given:
-            raise ConfigError(f"{option} is a SLURM option", hint=f"for Kubernetes use {instead}")
-    k8s = backend_module("kubernetes")
-    if profile_obj is None:
-        try:
-            named = json.loads((job_dir / "spec.json").read_text(encoding="utf-8")).get("profile")
-            profile_obj = load_profile(named, profiles_dir) if named else None
-        except (OSError, ValueError, JobgenError):
-            profile_obj = None
-            click.echo(f"jobgen: the profile named in {job_dir / 'spec.json'} was not found; using the kubeconfig's context", err=True)
-    settings = profile_obj.kubernetes if profile_obj is not None and profile_obj.kubernetes is not None else None
-    context, namespace = k8s.resolve_target(context=context, namespace=namespace,
-                                            profile_context=settings.context if settings else None)
-    result = k8s.submit_dir(job_dir, context=context, namespace=namespace,
-                            kubeconfig=kubeconfig or (settings.kubeconfig if settings else None),
-                            dry_run=dry_run == "server", replace=replace, out=click.echo)
-    if result.action == "dry-run":
-        click.echo("dry run: the API server accepts every object; nothing was created")
-        return
-    if result.action == "unchanged":
-        click.echo(f"unchanged {result.handle}: it already exists with identical inputs; nothing was submitted")
-    else:
-        click.echo(f"{result.action} {result.handle}")
-    click.echo(f"  follow:  jobgen logs -f {result.handle}   status: jobgen status {result.handle}   stop: jobgen cancel {result.handle}")
-
-
-def _job(job: str) -> tuple[Any, Any]:
-    """A handle or a job directory with a submission record -> (backend module, handle)."""
-    from jobgen.backends.base import SUBMISSION_FILE, JobHandle, Submission
-
-    if "://" in job:
-        handle = JobHandle.parse(job)
-    elif Path(job).is_dir():
-        handle = JobHandle.parse(Submission.load(Path(job) / SUBMISSION_FILE).handle)
-    else:
-        raise ConfigError(
-            f"{job!r} is neither a job handle nor a job directory",
-            hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>) "
-            "or the rendered job directory",
-        )
-    if handle.scheme == "k8s":
-        return backend_module("kubernetes"), handle
-    if handle.scheme != "slurm":
-        raise NotSupportedError(
-            f"status, logs and cancel are not supported for {handle.scheme}:// jobs yet",
-            hint="local runs are in the foreground: their run directory holds summary.json and logs/",
-        )
-    return backend_module("slurm"), handle
+    handle = result.handle
+    verb = {"unchanged": f"unchanged {handle}: it already exists with identical inputs; nothing was submitted"}.get(
+        result.action, f"{result.action} {handle}")
+    click.echo(verb)
+    if result.record is not None and result.action == "submitted":
+        click.echo(f"  run dir: {result.record.run_dir}" + (f"\n  log:     {result.record.log_file}" if result.record.log_file else ""))
+    if result.action != "completed":
+        click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
 
 
 _job_argument = click.argument("job", metavar="JOB")
+_output_option = click.option("--output", "-o", "output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                              help="text for people; json for machines (one object, stable keys).")
 
 
 @cli.command()
 @_job_argument
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (state, source, details).")
-def status(job: str, as_json: bool) -> None:
-    """Show the state of JOB (a handle like slurm://<cluster>/<jobid> or k8s://<context>/<ns>/<name>,
-    or a submitted job directory).
+@_output_option
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json (kept for scripts).")
+def status(job: str, output: str, as_json: bool) -> None:
+    """Show the state of JOB (a handle like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>
+    or local://<run dir>, or a submitted job directory).
 
     \b
     SLURM: squeue while the job is queued or running; afterwards sacct when the
@@ -387,10 +280,10 @@ def status(job: str, as_json: bool) -> None:
     no source knows the job (never a guess).
     Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
     FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
+    local: COMPLETED once the run directory holds summary.json.
     """
-    backend, handle = _job(job)
-    st = backend.status(handle)
-    if as_json:
+    st = api.status(job)
+    if output == "json" or as_json:
         click.echo(json.dumps({"handle": str(st.handle), "state": st.state, "source": st.source, "details": st.details}, sort_keys=True))
         return
     details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
@@ -414,22 +307,8 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None) -> None:
       jobgen logs --rank 3 manifests/slurm-a100/quickstart
       jobgen logs -f --replica worker-0 k8s://prod/training/quickstart
     """
-    backend, handle = _job(job)
-    if handle.scheme == "k8s":
-        if rank is not None:
-            raise ConfigError("--rank is for SLURM jobs", hint="for Kubernetes pick a pod with --replica master-0 / worker-N")
-        try:
-            backend.logs(handle, replica=replica or "master-0", follow=follow, out=click.echo)
-        except KeyboardInterrupt:
-            click.echo("", err=True)
-        return
-    if replica is not None:
-        raise ConfigError("--replica is for Kubernetes jobs", hint="for SLURM pick a rank with --rank N (or --rank all)")
-    rank = rank or "0"
-    if rank != "all" and not rank.isdigit():
-        raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
     try:
-        backend.logs(handle, rank=None if rank == "all" else int(rank), follow=follow, out=click.echo)
+        api.logs(job, LogOptions(follow=follow, rank=rank, replica=replica), click.echo)
     except KeyboardInterrupt:
         click.echo("", err=True)
 
@@ -440,9 +319,8 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None) -> None:
 def cancel(job: str, wait_s: float) -> None:
     """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue;
     Kubernetes: delete with foreground propagation, so the pods go before the job)."""
-    backend, handle = _job(job)
-    st = backend.cancel(handle, wait_s=wait_s, out=click.echo)
-    click.echo(f"{handle}  {st.state}")
+    st = api.cancel(job, wait_s=wait_s, echo=click.echo)
+    click.echo(f"{st.handle}  {st.state}")
 
 
 @cli.command()
@@ -467,17 +345,16 @@ def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profile
     if profile is not None:
         job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
         _warn(job_plan)
-        t, w = loaded.trainer, job_plan.world
+        w = job_plan.world
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
-                   f"global batch {t.micro_batch_size * t.gradient_accumulation_steps * w.world_size} sequences "
-                   f"(micro {t.micro_batch_size} x accumulation {t.gradient_accumulation_steps} x world size {w.world_size})")
+                   f"global batch {w.global_batch_size} sequences "
+                   f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size})")
 
 
 @cli.command("plan")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
-@click.option("--output", "output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table for people; json for machines (stable keys, byte counts; see README).")
+@_output_option
 @_set_option
 @_profiles_dir_option
 def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...], profiles_dir: str | None) -> None:

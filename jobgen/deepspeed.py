@@ -12,6 +12,7 @@ from typing import Any
 
 from jobgen.errors import DeepSpeedConfigError, PlanError, did_you_mean
 from jobgen.render import pretty_json
+from jobgen.rules import World
 from jobgen.spec import TrainingSpec
 
 #: Bucket sizes in elements (DeepSpeed's defaults are 5e8; 2e8 halves the communication
@@ -39,8 +40,9 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
 })  # fmt: skip
 
 
-def deepspeed_config(spec: TrainingSpec, world_size: int) -> dict[str, Any]:
-    """Build the DeepSpeed config for ``spec`` at ``world_size`` ranks.
+def deepspeed_config(spec: TrainingSpec, world: World) -> dict[str, Any]:
+    """Build the DeepSpeed config for ``spec`` on ``world`` (its ``global_batch_size`` is
+    DeepSpeed's ``train_batch_size``).
 
     Raises:
         PlanError: the strategy is not DeepSpeed, or the batch keys would not be consistent.
@@ -50,7 +52,7 @@ def deepspeed_config(spec: TrainingSpec, world_size: int) -> dict[str, Any]:
     stage = t.deepspeed_stage
     if stage is None:
         raise PlanError(f"strategy {t.strategy!r} is not a DeepSpeed strategy")
-    train_batch = t.micro_batch_size * t.gradient_accumulation_steps * world_size
+    train_batch = world.global_batch_size
     if t.global_batch_size is not None and t.global_batch_size != train_batch:
         raise PlanError(
             f"DeepSpeed train_batch_size would be {train_batch} but global_batch_size is {t.global_batch_size}"

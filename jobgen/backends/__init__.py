@@ -1,4 +1,39 @@
-"""Scheduler backends: ``plan(ctx) -> JobPlan`` (pure) and ``submit(plan, ...)``.
+"""Scheduler backends behind one interface (:class:`jobgen.backends.base.Backend`).
 
-Backends are imported lazily through :data:`jobgen.plan.BACKENDS`.
+A new backend is one module with a ``Backend`` subclass plus one entry in :data:`BACKENDS`.
+Modules are imported only when used (TorchX-style lazy table), so rendering a SLURM script
+never imports the Kubernetes client, and nothing here imports torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from jobgen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jobgen.backends.base import Backend
+
+#: scheduler name -> ``module:class`` of its backend.
+BACKENDS: dict[str, str] = {
+    "local": "jobgen.backends.local:LocalBackend",
+    "slurm": "jobgen.backends.slurm:SlurmBackend",
+    "kubernetes": "jobgen.backends.kubernetes:KubernetesBackend",
+}
+
+_INSTANCES: dict[str, Backend] = {}
+
+
+def get_backend(scheduler: str) -> Backend:
+    """The backend for ``scheduler`` (imported on first use, then cached).
+
+    Raises:
+        ConfigError: no backend has that name.
+    """
+    if scheduler not in _INSTANCES:
+        if scheduler not in BACKENDS:
+            raise ConfigError(f"no backend for scheduler {scheduler!r}", hint=f"one of: {', '.join(BACKENDS)}")
+        module, _, cls = BACKENDS[scheduler].partition(":")
+        _INSTANCES[scheduler] = getattr(importlib.import_module(module), cls)()
+    return _INSTANCES[scheduler]

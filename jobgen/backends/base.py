@@ -1,71 +1,159 @@
-"""What every backend shares: the Backend protocol, job handles, and the common files."""
+"""What every backend shares: the :class:`Backend` interface, options and results, job
+status, the scheduler-command runner, and the files every job directory gets."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import subprocess
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from jobgen import __version__, deepspeed
-from jobgen.errors import ConfigError, SubmitError
+from jobgen.errors import ConfigError, NotSupportedError, SubmitError
+from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, Submission
 from jobgen.nccl import nccl_env
-from jobgen.plan import JobPlan, PlanContext, resolved_spec_doc
+from jobgen.plan import JobPlan, PlanContext
 from jobgen.render import render_template
 
-SPEC_FILE = "spec.json"
-DS_CONFIG_FILE = "ds_config.json"
-
-
-#: The submission record written into a job directory (runtime state, not a rendered file:
-#: GitOps repos ignore it, e.g. ``manifests/**/.jobgen-submission.json`` in .gitignore).
-SUBMISSION_FILE = ".jobgen-submission.json"
-
-
-class Backend(Protocol):
-    """A scheduler backend module (slurm, kubernetes, local)."""
-
-    def plan(self, ctx: PlanContext) -> JobPlan:
-        """Turn validated inputs into a JobPlan. Pure: no subprocess, network, clock."""
-        ...
-
-    def submit(self, plan: JobPlan, job_dir: Path) -> JobHandle:
-        """Submit a written plan from ``job_dir``; never mutates ``plan``."""
-        ...
-
-
-_HANDLE_RE = re.compile(r"^(slurm|k8s|local)://(.+)$")
+Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class JobHandle:
-    """A submitted job as a URI: ``slurm://<cluster>/<jobid>``, ``k8s://<context>/<ns>/<name>``,
-    ``local://<run dir>``."""
+class SubmitOptions:
+    """How to submit. Each backend names the options it takes in ``Backend.submit_options``;
+    a set option the backend does not take is refused (:meth:`Backend.check_options`).
 
-    scheme: str
-    path: str
+    Attributes:
+        runs_dir: where run directories go (``<runs_dir>/<job name>``; SLURM: must be shared
+            by the nodes). Local and SLURM.
+        test_only: SLURM: ``sbatch --test-only`` (validate, estimate a start, queue nothing).
+        force: SLURM: submit although the same job directory has a job pending or running.
+        dry_run: Kubernetes: server-side dry run of every object; nothing is created.
+        replace: Kubernetes: delete a job of the same name with other inputs and create this one.
+        context: Kubernetes: kubeconfig context.
+        namespace: Kubernetes: namespace (default: the manifest's).
+        kubeconfig: Kubernetes: kubeconfig file.
+    """
 
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.path}"
+    runs_dir: Path = Path("runs")
+    test_only: bool = False
+    force: bool = False
+    dry_run: bool = False
+    replace: bool = False
+    context: str | None = None
+    namespace: str | None = None
+    kubeconfig: str | None = None
 
-    @classmethod
-    def parse(cls, text: str) -> JobHandle:
-        """Parse a handle URI.
+
+#: option attribute -> how the CLI spells it (for errors).
+OPTION_FLAGS = {"test_only": "--test-only", "force": "--force", "dry_run": "--dry-run", "replace": "--replace",
+                "context": "--context", "namespace": "--namespace", "kubeconfig": "--kubeconfig",
+                "rank": "--rank", "replica": "--replica"}
+
+
+#: option -> what the other scheduler calls the same idea (validate only; overwrite; pick a process).
+OPTION_COUNTERPARTS = {"test_only": "--dry-run=server", "dry_run": "--test-only", "force": "--replace", "replace": "--force",
+                       "rank": "--replica", "replica": "--rank"}
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """Which output to show: ``follow`` until the job ends; SLURM: ``rank`` (a global rank
+    number or ``all``); Kubernetes: ``replica`` (``master-0``, ``worker-N``, ``node-N``)."""
+
+    follow: bool = False
+    rank: str | None = None
+    replica: str | None = None
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """What :meth:`Backend.submit` did.
+
+    Attributes:
+        action: ``submitted`` (queued), ``created`` / ``replaced`` / ``unchanged``
+            (Kubernetes), ``validated`` (a test-only or dry run: nothing queued) or
+            ``completed`` (a local run that finished).
+        handle: the job (None when nothing was queued).
+        record: the submission record written (None when nothing was queued).
+        lines: what the scheduler said (test-only / dry-run answers).
+    """
+
+    action: str
+    handle: JobHandle | None
+    record: Submission | None = None
+    lines: tuple[str, ...] = ()
+
+
+class Backend(ABC):
+    """A scheduler backend: the same five operations for local, SLURM and Kubernetes.
+
+    ``plan`` is pure; ``submit`` consumes a written job directory (what is committed is what
+    runs) and never changes it beyond the submission record; ``status``/``logs``/``cancel``
+    take the handle ``submit`` returned.
+    """
+
+    #: Scheduler name (the profile's ``scheduler``; key of :data:`jobgen.backends.BACKENDS`).
+    name: str = ""
+    #: Handle scheme (``slurm``, ``k8s``, ``local``).
+    scheme: str = ""
+    #: Templates the plan renders (their hashes are planning inputs).
+    templates: tuple[str, ...] = ()
+    #: :class:`SubmitOptions` fields this backend takes besides ``runs_dir``.
+    submit_options: frozenset[str] = frozenset()
+    #: :class:`LogOptions` fields this backend takes besides ``follow``.
+    log_options: frozenset[str] = frozenset()
+
+    @abstractmethod
+    def plan(self, ctx: PlanContext) -> JobPlan:
+        """Turn validated inputs into a JobPlan. Pure: no subprocess, network, clock."""
+
+    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
+        """Where ``jobgen submit SPEC`` writes the plan before submitting: ``<out>/<profile>/<job name>``."""
+        return out / plan.job_subdir
+
+    @abstractmethod
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print) -> SubmitResult:
+        """Submit the rendered job directory ``job_dir`` with the steps its plan lists.
 
         Raises:
-            ConfigError: not of the form ``slurm://...``, ``k8s://...`` or ``local://...``.
+            ConfigError: ``job_dir`` is not a job directory for this backend.
+            SubmitError: the scheduler refused or failed (its message is shown).
         """
-        match = _HANDLE_RE.match(text)
-        if not match:
-            raise ConfigError(
-                f"{text!r} is not a job handle",
-                hint="handles look like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name> or local://<run dir>",
-            )
-        return cls(match.group(1), match.group(2))
+
+    @abstractmethod
+    def status(self, handle: JobHandle) -> JobStatus:
+        """The job's state as the scheduler reports it (``UNKNOWN`` when nobody knows it)."""
+
+    @abstractmethod
+    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+        """Print the job's output (rank zero's by default)."""
+
+    @abstractmethod
+    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+        """Stop the job and wait up to ``wait_s`` until every rank has stopped."""
+
+    def check_options(self, options: SubmitOptions | LogOptions) -> None:
+        """Refuse options this backend does not take (set to a non-default value).
+
+        Raises:
+            ConfigError: naming the option, the backend, and what to use instead.
+        """
+        allowed = self.submit_options if isinstance(options, SubmitOptions) else self.log_options
+        default = type(options)()
+        for name, flag in OPTION_FLAGS.items():
+            if hasattr(options, name) and getattr(options, name) != getattr(default, name) and name not in allowed:
+                takes = ", ".join(OPTION_FLAGS[o] for o in sorted(allowed)) or "none"
+                instead = OPTION_COUNTERPARTS.get(name)
+                hint = f"for {self.name} use {instead}" if instead and instead.split("=")[0] in takes else f"drop {flag}"
+                raise ConfigError(f"{flag} does not apply to {self.name} jobs", hint=f"{hint} ({self.name} takes: {takes})")
+
+
+def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:
+    """The error for an operation a backend does not offer."""
+    return NotSupportedError(f"{what} is not supported for {backend} jobs", hint=hint)
 
 
 @dataclass(frozen=True)
@@ -102,74 +190,6 @@ FINISHED_STATES = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Submission:
-    """What ``jobgen submit`` recorded: enough for status/logs/cancel from a handle or a job dir.
-
-    Attributes:
-        handle: the job handle (URI string).
-        job_dir: absolute path of the rendered job directory.
-        run_dir: absolute path of the run directory (checkpoints, metrics, summary.json).
-        log_file: absolute path of the scheduler's output file (``%j`` expanded), or ``None``.
-        argv: the submit command that ran (in ``job_dir``).
-        inputs_sha256: the rendered files' input hash (from their header).
-    """
-
-    handle: str
-    job_dir: str
-    run_dir: str
-    log_file: str | None
-    argv: tuple[str, ...]
-    inputs_sha256: str | None = None
-
-    def save(self) -> Path:
-        """Write the record into the job dir and the user's state index; returns the job dir's file."""
-        text = json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-        targets = [Path(self.job_dir) / SUBMISSION_FILE, state_record_path(JobHandle.parse(self.handle))]
-        for target in targets:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, target)
-        return targets[0]
-
-    @classmethod
-    def load(cls, path: Path) -> Submission:
-        """Read a record written by :meth:`save`.
-
-        Raises:
-            ConfigError: the file is missing or not a submission record.
-        """
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            data["argv"] = tuple(data["argv"])
-            return cls(**data)
-        except FileNotFoundError:
-            raise ConfigError(f"no submission recorded at {path}", hint="submit the job first: jobgen submit <job dir>") from None
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ConfigError(f"{path} is not a jobgen submission record ({exc})", hint="re-submit the job, or delete the file") from None
-
-
-def state_dir() -> Path:
-    """Where jobgen keeps submission records: ``$JOBGEN_STATE_DIR``, else
-    ``$XDG_STATE_HOME/jobgen``, else ``~/.local/state/jobgen`` (XDG Base Directory spec)."""
-    if os.environ.get("JOBGEN_STATE_DIR"):
-        return Path(os.environ["JOBGEN_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "jobgen"
-
-
-def state_record_path(handle: JobHandle) -> Path:
-    """The state-index file for ``handle`` (``<state dir>/<scheme>/<path, '/' -> '__'>.json``)."""
-    return state_dir() / handle.scheme / (handle.path.replace("/", "__") + ".json")
-
-
-def find_submission(handle: JobHandle) -> Submission | None:
-    """The recorded submission of ``handle`` from the state index, or ``None``."""
-    path = state_record_path(handle)
-    return Submission.load(path) if path.is_file() else None
-
-
 def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
                 timeout_s: float = 60.0, what: str = "command") -> subprocess.CompletedProcess[str]:
     """Run a scheduler command (argv list, never a shell) and return it when it exits 0.
@@ -202,8 +222,9 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
         ds_name = DS_CONFIG_FILE
-        files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world.world_size))))
-    files.append((SPEC_FILE, resolved_spec_doc(ctx, deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)))
+        files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
+    resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)
+    files.append((SPEC_FILE, resolved.dumps()))
     return sorted(files)
 
 

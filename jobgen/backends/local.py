@@ -12,69 +12,150 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jobgen
-from jobgen.backends.base import SPEC_FILE, JobHandle, common_files, job_env
-from jobgen.errors import SubmitError
-from jobgen.plan import JobPlan, PlanContext
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
+from jobgen.errors import ConfigError, SubmitError
+from jobgen.jobdir import SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.plan import Command, JobPlan, PlanContext
 
-SUMMARY_FILE = "summary.json"
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
 
 
 def omp_threads(ctx: PlanContext) -> int:
     """OMP_NUM_THREADS per rank: the profile's setting, else CPU cores / ranks (>= 1)."""
-    return ctx.profile.local.omp_threads_per_process or max(1, ctx.profile.cpus_per_node // ctx.world.devices_per_node)
+    return ctx.profile.local.omp_threads_per_process or ctx.world.cpus_per_rank
 
 
-def plan(ctx: PlanContext) -> JobPlan:
-    """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command line.
-
-    The command runs in the job directory (the run directory for ``jobgen submit``); a bare
-    ``python`` (no ``local.python`` in the profile) means the interpreter running jobgen.
-    """
+def launch_command(ctx: PlanContext) -> Command:
+    """The torchrun command line and its environment; ``python`` (no ``local.python`` in the
+    profile) means the interpreter running jobgen."""
     argv = (
         ctx.profile.local.python or "python", "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(ctx.world.devices_per_node),
         "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".",
     )
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(omp_threads(ctx))}
-    return JobPlan(
-        scheduler="local",
-        profile=ctx.profile.name,
-        job_name=ctx.spec.name,
-        files=tuple(common_files(ctx)),
-        submit_argv=argv,
-        world=ctx.world,
-        inputs_sha256=ctx.inputs_sha256,
-        env=tuple(sorted(env.items())),
-    )
+    return Command(argv, tuple(sorted(env.items())))
 
 
-def submit(plan: JobPlan, job_dir: Path) -> JobHandle:
-    """Run the written plan in ``job_dir`` in the foreground and wait for it.
+class LocalBackend(Backend):
+    """The embedded default: the job runs in the foreground on this machine; its job directory
+    is its run directory (``<runs dir>/<job name>``)."""
+
+    name = "local"
+    scheme = "local"
+
+    def plan(self, ctx: PlanContext) -> JobPlan:
+        """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command."""
+        return JobPlan(
+            scheduler="local",
+            profile=ctx.profile.name,
+            job_name=ctx.spec.name,
+            files=tuple(common_files(ctx)),
+            submit_steps=(launch_command(ctx),),
+            world=ctx.world,
+            inputs_sha256=ctx.inputs_sha256,
+        )
+
+    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
+        """A local job is written into its run directory, ``<runs dir>/<job name>``."""
+        return options.runs_dir / plan.job_name
+
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None,
+               runner: Runner | None = None) -> SubmitResult:
+        """Run the job in ``job_dir`` in the foreground with the command its plan lists, and wait.
+
+        ``plan``: the plan just written there (``jobgen submit SPEC``); without it (a job
+        directory) the command is planned again from the directory's spec.json and the profile
+        it names, and refused when the inputs differ. ``runner`` (tests) replaces starting the
+        process: it gets ``(argv, cwd, env)`` and returns the exit code.
+
+        Raises:
+            ConfigError: ``job_dir`` is not a local job directory.
+            SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
+        """
+        self.check_options(options)
+        job_dir = job_dir.resolve()
+        resolved = read_resolved_spec(job_dir)
+        if resolved.launch.scheduler != "local":
+            raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for a local run",
+                              hint="submit it with its own profile, or render the spec with --profile local")
+        command = (plan or _replan(job_dir, resolved)).submit_steps[0]
+        assert isinstance(command, Command)
+        handle = JobHandle("local", str(job_dir))
+        argv = list(command.argv)
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        env = os.environ.copy()
+        env.update(command.env)
+        package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        record = Submission(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
+                            inputs_sha256=resolved.inputs_sha256)
+        record.save()
+        out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
+        out("jobgen: $ " + " ".join(argv))
+        code = (runner or _run_foreground)(argv, job_dir, env)
+        if code != 0:
+            raise SubmitError(
+                f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {job_dir})",
+                hint="the rank-zero error is printed above; rerun with the same command to resume from the last checkpoint",
+            )
+        if (job_dir / SUMMARY_FILE).is_file():
+            out(f"jobgen: run directory {job_dir} (summary: {SUMMARY_FILE}, checkpoints/, logs/)")
+        return SubmitResult("completed", handle, record)
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        """COMPLETED when the run directory holds ``summary.json`` (written when training ends),
+        else UNKNOWN: a local run lives in the foreground of the shell that started it."""
+        run_dir = Path(handle.path)
+        if (run_dir / SUMMARY_FILE).is_file():
+            return JobStatus(handle, "COMPLETED", "summary.json", {"run_dir": str(run_dir)})
+        reason = "no summary.json: the run is still in the foreground, was interrupted, or failed (see its terminal)"
+        return JobStatus(handle, "UNKNOWN", "none", {"run_dir": str(run_dir), "reason": reason})
+
+    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+        """Not offered: a local run prints to the terminal that started it."""
+        raise not_supported("local", "logs", f"its metrics are in {handle.path}/logs/ (CSV) and summary.json")
+
+    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+        """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
+        raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
+
+
+Runner = Callable[[list[str], Path, dict[str, str]], int]
+
+
+def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
+    """The plan of a written local job directory, made again from its spec.json and the profile
+    it names (through the lookup order).
 
     Raises:
-        SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
+        ConfigError: the profile is not found, or the plan's inputs differ from the directory's.
     """
-    argv = list(plan.submit_argv)
-    if argv[0] == "python":
-        argv[0] = sys.executable
-    env = os.environ.copy()
-    env.update(plan.env)
-    package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    print(f"jobgen: {plan.world.world_size} rank(s) on this machine, run directory {job_dir}", flush=True)
-    print("jobgen: $ " + " ".join(argv), flush=True)
+    from jobgen.load import load_profile, search_dirs
+    from jobgen.plan import plan
+
+    job_plan = plan(resolved.spec, load_profile(resolved.profile), search_dirs("templates")[0])
+    if job_plan.inputs_sha256 != resolved.inputs_sha256:
+        raise ConfigError(f"{job_dir} was rendered from other inputs than profile {resolved.profile!r} gives now",
+                          hint="run the spec instead: jobgen submit SPEC --profile local")
+    return job_plan
+
+
+def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Start ``argv`` in its own process group and wait; Ctrl-C stops the whole group."""
     try:
-        proc = subprocess.Popen(argv, cwd=job_dir, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True)
     except OSError as exc:
         raise SubmitError(f"cannot start {argv[0]}: {exc}", hint="install jobgen[train] (torch, lightning)") from None
     try:
-        code = proc.wait()
+        return proc.wait()
     except KeyboardInterrupt:
         print("\njobgen: interrupted; stopping every rank ...", file=sys.stderr, flush=True)
         _stop_group(proc)
@@ -82,15 +163,6 @@ def submit(plan: JobPlan, job_dir: Path) -> JobHandle:
     finally:
         if proc.poll() is None:
             _stop_group(proc)
-    if code != 0:
-        raise SubmitError(
-            f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {job_dir})",
-            hint="the rank-zero error is printed above; rerun with the same command to resume from the last checkpoint",
-        )
-    summary = job_dir / SUMMARY_FILE
-    if summary.is_file():
-        print(f"jobgen: run directory {job_dir} (summary: {summary.name}, checkpoints/, logs/)")
-    return JobHandle("local", str(job_dir))
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

@@ -19,23 +19,26 @@ from typing import Any
 
 from jobgen.backends.base import (
     FINISHED_STATES,
-    SPEC_FILE,
-    SUBMISSION_FILE,
-    JobHandle,
+    Backend,
+    Echo,
     JobStatus,
-    Submission,
+    LogOptions,
+    SubmitOptions,
+    SubmitResult,
     common_files,
-    find_submission,
     job_env,
     render_job_template,
     run_command,
 )
 from jobgen.errors import ConfigError, PlanError, SubmitError
-from jobgen.plan import JobPlan, PlanContext, World
+from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, Submission, find_submission, read_resolved_spec
+from jobgen.plan import Command, JobPlan, PlanContext
 from jobgen.render import ShellText
+from jobgen.rules import World
 
 TEMPLATE = "slurm/job.sbatch.j2"
-SBATCH_FILE = "job.sbatch"
+#: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
+RUNS_DIR_PLACEHOLDER = "<runs dir>"
 
 
 def run_dir_name(job_name: str) -> str:
@@ -176,7 +179,7 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
             (:func:`check_site`, :func:`check_directives`).
     """
     p, s, w = ctx.profile, ctx.profile.slurm_settings, ctx.world
-    minutes = ctx.spec.resources.time_limit_min or s.time_limit_min
+    minutes = ctx.world.time_limit_min or s.time_limit_min
     if s.max_time_limit_min is not None and minutes > s.max_time_limit_min:
         raise PlanError(
             f"You set a time limit of {minutes} min, but partition {s.partition or '(default)'} of profile "
@@ -184,19 +187,12 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
             location=f"{ctx.spec_source}: resources.time_limit_min",
             hint=f"Set `resources.time_limit_min` to at most {s.max_time_limit_min}; the job resumes after a requeue.",
         )
-    cpus_per_task = p.cpus_per_node // w.devices_per_node
-    if cpus_per_task < 1:
-        raise PlanError(
-            f"{w.devices_per_node} ranks per node but nodes of profile {p.name!r} have {p.cpus_per_node} CPUs.",
-            location=f"{ctx.profile_source}: cpus_per_node",
-            hint="Give each rank at least one CPU: lower devices_per_node or raise cpus_per_node.",
-        )
     check_site(ctx)
     out: list[tuple[str, str | None]] = [
         ("job-name", ctx.spec.name),
         ("nodes", str(w.num_nodes)),
         ("ntasks-per-node", str(w.devices_per_node)),
-        ("cpus-per-task", str(cpus_per_task)),
+        ("cpus-per-task", str(w.cpus_per_rank)),
         ("mem", f"{int(p.mem_gib_per_node * 1024)}M"),
         ("time", format_time_limit(minutes)),
     ]
@@ -259,7 +255,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         directives=sbatch_directives(ctx),
         modules=list(s.modules),
         env=job_env(ctx),
-        omp_threads=max(1, ctx.profile.cpus_per_node // ctx.world.devices_per_node),
+        omp_threads=ctx.world.cpus_per_rank,
         master_port=s.master_port,
         run_name=run_dir_name(ctx.spec.name),
         srun_options=srun_options(ctx),
@@ -272,16 +268,20 @@ def plan(ctx: PlanContext) -> JobPlan:
         profile=ctx.profile.name,
         job_name=ctx.spec.name,
         files=tuple(sorted(files)),
-        submit_argv=("sbatch", "--parsable", SBATCH_FILE),
+        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name)),),
         world=ctx.world,
         inputs_sha256=ctx.inputs_sha256,
     )
 
 
-def submit(plan: JobPlan, job_dir: Path, *, runs_dir: Path | None = None, test_only: bool = False,
-           force: bool = False) -> JobHandle | None:
-    """Submit a written plan from ``job_dir`` (see :func:`submit_dir`)."""
-    return submit_dir(job_dir, runs_dir=runs_dir or Path("runs"), test_only=test_only, force=force)
+def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False) -> Command:
+    """The command ``jobgen submit`` runs in the job directory: ``sbatch --parsable`` with the
+    run directory ``<runs_dir>/<run_name>`` as the job's working directory (``--chdir``, so
+    ``#SBATCH --output=slurm-%j.out`` lands there and a committed job directory stays clean)
+    and ``JOBGEN_RUN_DIR=<runs_dir>`` for the script. The plan shows it with
+    :data:`RUNS_DIR_PLACEHOLDER`; submit fills in the real directory."""
+    argv = ["sbatch", "--parsable"] + (["--test-only"] if test_only else []) + [f"--chdir={runs_dir}/{run_name}", SBATCH_FILE]
+    return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),))
 
 
 def read_job_dir(job_dir: Path) -> dict[str, Any]:
@@ -290,23 +290,16 @@ def read_job_dir(job_dir: Path) -> dict[str, Any]:
     Returns ``{"job_name", "cluster", "inputs_sha256"}``.
 
     Raises:
-        ConfigError: the directory holds no ``job.sbatch`` / ``spec.json`` written by jobgen.
+        ConfigError: the directory holds no ``job.sbatch`` / valid ``spec.json`` written by jobgen.
     """
-    sbatch, spec = job_dir / SBATCH_FILE, job_dir / SPEC_FILE
-    if not sbatch.is_file() or not spec.is_file():
+    if not (job_dir / SBATCH_FILE).is_file():
         raise ConfigError(
             f"{job_dir} is not a rendered SLURM job directory (needs {SBATCH_FILE} and {SPEC_FILE})",
             hint="render it first: jobgen render SPEC --profile <slurm profile>",
         )
-    try:
-        doc = json.loads(spec.read_text(encoding="utf-8"))
-        return {
-            "job_name": doc["spec"]["name"],
-            "cluster": doc["launch"].get("cluster") or "default",
-            "inputs_sha256": doc.get("inputs_sha256"),
-        }
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{spec} is not a jobgen spec.json ({exc})", hint="re-render the job directory") from None
+    resolved = read_resolved_spec(job_dir)
+    return {"job_name": resolved.spec.name, "cluster": resolved.launch.cluster or "default",
+            "inputs_sha256": resolved.inputs_sha256}
 
 
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
@@ -347,13 +340,9 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "or submit a second copy with --force",
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = ["sbatch", "--parsable"]
-    if test_only:
-        argv.append("--test-only")
-    # --chdir: the job runs in its run directory, so `#SBATCH --output=slurm-%j.out` lands there.
-    argv += [f"--chdir={run_dir}", SBATCH_FILE]
-    proc_env = {**os.environ, **(env or {}), "JOBGEN_RUN_DIR": str(runs_dir.resolve())}
-    proc = run_command(argv, cwd=job_dir, env=proc_env, what="sbatch")
+    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only)
+    argv = list(command.argv)
+    proc = run_command(argv, cwd=job_dir, env={**os.environ, **(env or {}), **dict(command.env)}, what="sbatch")
     if test_only:
         out((proc.stderr or proc.stdout).strip())
         return None
@@ -560,3 +549,45 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], Non
         time.sleep(2.0)
         state = status(handle)
     return state
+
+
+class SlurmBackend(Backend):
+    """SLURM through its client commands (sbatch, squeue, sacct, scancel, scontrol)."""
+
+    name = "slurm"
+    scheme = "slurm"
+    templates = (TEMPLATE,)
+    submit_options = frozenset({"test_only", "force"})
+    log_options = frozenset({"rank"})
+
+    def plan(self, ctx: PlanContext) -> JobPlan:
+        """See :func:`plan`."""
+        return plan(ctx)
+
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
+        """``sbatch`` the directory (see :func:`submit_dir`); ``test_only``: nothing is queued."""
+        self.check_options(options)
+        handle = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out)
+        if handle is None:
+            return SubmitResult("validated", None)
+        return SubmitResult("submitted", handle, Submission.load(job_dir / SUBMISSION_FILE))
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        """See :func:`status`."""
+        return status(handle)
+
+    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+        """Rank ``options.rank``'s lines (default 0; ``all``: the whole file); see :func:`logs`.
+
+        Raises:
+            ConfigError: the rank is neither a number nor ``all``.
+        """
+        self.check_options(options)
+        rank = options.rank or "0"
+        if rank != "all" and not rank.isdigit():
+            raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
+        logs(handle, rank=None if rank == "all" else int(rank), follow=options.follow, out=out)
+
+    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+        """See :func:`cancel`."""
+        return cancel(handle, wait_s=wait_s, out=out)

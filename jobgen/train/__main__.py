@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.jobdir import load_resolved_spec
 from jobgen.spec import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
-from jobgen.train.resolved import check_runtime_support, load_resolved_spec
+from jobgen.train.resolved import check_runtime_support
 from jobgen.train.sources import SplitLayout, TextSources, check_enough_bytes, discover_sources, split_layout
 
 PROG = "python -m jobgen.train"
@@ -97,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     args = parse_args(argv)
     try:
-        resolved, unknown = load_resolved_spec(args.spec)
-        if unknown:
-            keys = ", ".join(unknown)
-            print(f"{PROG}: warning: {args.spec}: ignoring unknown keys {keys}", file=sys.stderr)
+        resolved = load_resolved_spec(args.spec)
         check_runtime_support(resolved)
         spec = resolved.spec
         sources, layout = check_data(spec)

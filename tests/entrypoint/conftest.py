@@ -64,27 +64,19 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_doc(spec: dict[str, Any], **launch: Any) -> dict[str, Any]:
-    """A resolved spec document as the planner writes it (spec validated by TrainingSpec)."""
+    """A resolved spec document built through the job directory's contract (spec validated by
+    TrainingSpec; ``launch`` overrides the local 1 x 2 CPU defaults unvalidated, so a test can
+    write a bad value and check the entrypoint refuses it)."""
+    from jobgen import __version__
+    from jobgen.jobdir import LaunchSpec, ResolvedSpec
     from jobgen.spec import TrainingSpec
 
-    validated = TrainingSpec.model_validate(spec).model_dump(mode="json")
-    return {
-        "jobgen_version": "0.1.0",
-        "inputs_sha256": "0" * 64,
-        "profile": "local",
-        "spec": validated,
-        "launch": {
-            "scheduler": "local",
-            "accelerator": "cpu",
-            "num_nodes": 1,
-            "devices_per_node": 2,
-            "world_size": 2,
-            "deepspeed_config": None,
-            "requeue_signal": None,
-            "gpu_type": None,
-            **launch,
-        },
-    }
+    defaults = {"scheduler": "local", "accelerator": "cpu", "num_nodes": 1, "devices_per_node": 2, "world_size": 2}
+    doc = ResolvedSpec.model_construct(
+        jobgen_version=__version__, inputs_sha256="0" * 64, profile="local", spec=TrainingSpec.model_validate(spec),
+        launch=LaunchSpec.model_construct(**(defaults | launch)),
+    )
+    return doc.model_dump(mode="json")
 
 
 @pytest.fixture

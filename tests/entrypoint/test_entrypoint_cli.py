@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from jobgen.errors import ConfigError
+from jobgen.jobdir import ResolvedSpec, load_resolved_spec
+from jobgen.rules import World
 from jobgen.spec import TrainingSpec
-from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config, load_resolved_spec
+from jobgen.train.resolved import load_deepspeed_config
 
 ERROR_PREFIX = "python -m jobgen.train: error:"
 
@@ -29,7 +31,7 @@ def _assert_clean_error(result: Any, *fragments: str) -> None:
 
 
 def test_missing_spec_file(run_entrypoint) -> None:
-    _assert_clean_error(run_entrypoint("--spec", "nope.json"), "nope.json", "cannot read the spec file")
+    _assert_clean_error(run_entrypoint("--spec", "nope.json"), "nope.json", "cannot read the resolved spec")
 
 
 def test_spec_file_that_is_not_json(run_entrypoint, tmp_path: Path) -> None:
@@ -75,13 +77,13 @@ def test_hand_edited_deepspeed_config_is_checked(run_entrypoint, write_spec, tmp
 def test_fsdp_hybrid_shard_on_cpu_is_refused(run_entrypoint, write_spec) -> None:
     write_spec({"trainer": {"strategy": "fsdp", "fsdp_sharding_strategy": "HYBRID_SHARD"}})
     _assert_clean_error(
-        run_entrypoint("--spec", "spec.json"), "spec.trainer.fsdp_sharding_strategy", "'HYBRID_SHARD' on CPU"
+        run_entrypoint("--spec", "spec.json"), "spec.trainer.fsdp_sharding_strategy", "'HYBRID_SHARD'`, but this node has no GPUs"
     )
 
 
 def test_fp16_on_cpu_is_refused(run_entrypoint, write_spec) -> None:
     write_spec({"trainer": {"precision": "16-mixed"}})
-    _assert_clean_error(run_entrypoint("--spec", "spec.json"), "'16-mixed'", "cannot run on CPU")
+    _assert_clean_error(run_entrypoint("--spec", "spec.json"), "'16-mixed'", "fp16 needs a CUDA GPU")
 
 
 def test_data_paths_matching_nothing(run_entrypoint, write_spec) -> None:
@@ -105,13 +107,16 @@ def test_missing_spec_argument_is_a_usage_error(run_entrypoint) -> None:
     assert "--spec" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_unknown_keys_are_ignored_with_a_warning(resolved_doc, tiny_spec, tmp_path: Path) -> None:
-    doc = resolved_doc(tiny_spec, master_port=29500)
-    doc["planner_note"] = "x"
+@pytest.mark.parametrize(("where", "path"), [("top", "planner_note"), ("launch", "launch.master_port")])
+def test_unknown_keys_are_refused_with_the_path(resolved_doc, tiny_spec, tmp_path: Path, where: str, path: str) -> None:
+    """spec.json is the job directory's contract (extra="forbid"): a key this jobgen does not
+    write is an error naming the file and field, never silently dropped."""
+    doc = resolved_doc(tiny_spec)
+    (doc if where == "top" else doc["launch"])[path.rpartition(".")[2]] = "x"
     (tmp_path / "spec.json").write_text(json.dumps(doc))
-    resolved, unknown = load_resolved_spec(tmp_path / "spec.json")
-    assert unknown == ["planner_note", "launch.master_port"]
-    assert resolved.launch.world_size == 2
+    with pytest.raises(ConfigError, match="Extra inputs are not permitted") as info:
+        load_resolved_spec(tmp_path / "spec.json")
+    assert info.value.location == f"{tmp_path / 'spec.json'}: {path}" and "re-render" in (info.value.hint or "")
 
 
 def test_unknown_requeue_signal_is_rejected(resolved_doc, tiny_spec, tmp_path: Path) -> None:
@@ -136,7 +141,7 @@ def _write_deepspeed_job(
     (job / "spec.json").write_text(
         json.dumps(resolved_doc(spec, accelerator="gpu", deepspeed_config="ds_config.json"))
     )
-    resolved, _ = load_resolved_spec(job / "spec.json")
+    resolved = load_resolved_spec(job / "spec.json")
     return job / "spec.json", resolved
 
 
@@ -145,7 +150,7 @@ def test_rendered_deepspeed_config_is_passed_through_without_accumulation(
 ) -> None:
     from jobgen.deepspeed import deepspeed_config
 
-    rendered = deepspeed_config(TrainingSpec.model_validate(deepspeed_spec), world_size=2)
+    rendered = deepspeed_config(spec := TrainingSpec.model_validate(deepspeed_spec), World(1, 2, "cpu", micro_batch_size=spec.trainer.micro_batch_size, gradient_accumulation_steps=spec.trainer.gradient_accumulation_steps))
     spec_path, resolved = _write_deepspeed_job(tmp_path, resolved_doc, deepspeed_spec, rendered)
     ds_path, config = load_deepspeed_config(resolved, spec_path)
     assert ds_path == tmp_path / "job" / "ds_config.json"  # relative to the spec file, not the cwd

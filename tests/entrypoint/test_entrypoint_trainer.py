@@ -13,18 +13,19 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
+from jobgen.jobdir import load_resolved_spec
+from jobgen.rules import World
 from jobgen.train import data as data_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step
 from jobgen.train.model import Block, LitGPT
-from jobgen.train.resolved import load_resolved_spec
 from jobgen.train.run import RunPaths, build_strategy, build_trainer
 from jobgen.train.sources import discover_sources
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
 
 
 def _build(spec_path: Path, tmp_path: Path):
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     return build_trainer(resolved, spec_path, RunPaths(tmp_path / "run"), Throughput(1))
 
 
@@ -53,7 +54,7 @@ def test_trainer_counts_intervals_in_optimizer_steps(write_spec, tmp_path: Path)
 
 def test_single_process_uses_no_process_group(write_spec, tmp_path: Path) -> None:
     spec_path = write_spec(devices_per_node=1, world_size=1)
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     assert build_strategy(resolved, spec_path) == "auto"
 
 
@@ -92,7 +93,7 @@ def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
     spec_path = write_spec(
         {"trainer": {"strategy": "fsdp", "fsdp_sharding_strategy": "SHARD_GRAD_OP"}}, accelerator="gpu"
     )
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     fsdp = build_strategy(resolved, spec_path)
     assert isinstance(fsdp, FSDPStrategy)
     assert fsdp.sharding_strategy.name == "SHARD_GRAD_OP"
@@ -101,7 +102,7 @@ def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
     assert fsdp._state_dict_type == "sharded"
 
     ddp_path = write_spec(filename="ddp.json", accelerator="gpu")
-    resolved, _ = load_resolved_spec(ddp_path)
+    resolved = load_resolved_spec(ddp_path)
     ddp = build_strategy(resolved, ddp_path)
     assert isinstance(ddp, DDPStrategy) and ddp._process_group_backend == "nccl"
     assert ddp._ddp_kwargs == {"static_graph": False, "gradient_as_bucket_view": False}
@@ -109,27 +110,27 @@ def test_gpu_strategies_are_lightnings_own(write_spec, tmp_path: Path) -> None:
     tuned_path = write_spec(
         {"trainer": {"ddp_static_graph": True, "ddp_gradient_as_bucket_view": True}}, filename="tuned.json", accelerator="gpu"
     )
-    resolved, _ = load_resolved_spec(tuned_path)
+    resolved = load_resolved_spec(tuned_path)
     assert build_strategy(resolved, tuned_path)._ddp_kwargs == {"static_graph": True, "gradient_as_bucket_view": True}
 
     full_path = write_spec(
         {"trainer": {"strategy": "fsdp", "fsdp_state_dict_type": "full"}}, filename="full.json", accelerator="gpu"
     )
-    resolved, _ = load_resolved_spec(full_path)
+    resolved = load_resolved_spec(full_path)
     assert build_strategy(resolved, full_path)._state_dict_type == "full"
 
 
 def test_fp8_is_refused_on_cpu_and_without_transformer_engine(write_spec) -> None:
-    from jobgen.errors import NotSupportedError
+    from jobgen.errors import PlanError  # the rules' one error class, at plan time and on the node
     from jobgen.train.resolved import check_runtime_support
 
-    cpu, _ = load_resolved_spec(write_spec({"trainer": {"precision": "transformer-engine"}}, filename="cpu.json"))
-    with pytest.raises(NotSupportedError, match="cannot run on CPU"):
+    cpu = load_resolved_spec(write_spec({"trainer": {"precision": "transformer-engine"}}, filename="cpu.json"))
+    with pytest.raises(PlanError, match="this node has no GPUs; Transformer Engine's fp8"):
         check_runtime_support(cpu)
     gpu_path = write_spec({"trainer": {"precision": "transformer-engine"}}, filename="gpu.json", accelerator="gpu")
-    gpu, _ = load_resolved_spec(gpu_path)
+    gpu = load_resolved_spec(gpu_path)
     if importlib.util.find_spec("transformer_engine") is None:
-        with pytest.raises(NotSupportedError, match="needs NVIDIA Transformer Engine") as info:
+        with pytest.raises(PlanError, match="NVIDIA Transformer Engine is not installed") as info:
             check_runtime_support(gpu)
         assert "transformer-engine[pytorch]" in info.value.hint
     else:
@@ -156,7 +157,7 @@ def test_deepspeed_strategy_reads_the_rendered_config(write_spec, tmp_path: Path
         accelerator="gpu",
         deepspeed_config="ds_config.json",
     )
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     strategy = build_strategy(resolved, spec_path)
     assert isinstance(strategy, DeepSpeedStrategy)
     assert strategy.config["zero_optimization"] == {"stage": 3}
@@ -165,13 +166,13 @@ def test_deepspeed_strategy_reads_the_rendered_config(write_spec, tmp_path: Path
 
 def test_fsdp_activation_checkpointing_wraps_each_block(write_spec, tmp_path: Path) -> None:
     spec_path = write_spec({"trainer": {"strategy": "fsdp", "activation_checkpointing": True}})
-    resolved, _ = load_resolved_spec(spec_path)
+    resolved = load_resolved_spec(spec_path)
     strategy = build_strategy(resolved, spec_path)
     assert isinstance(strategy, CPUFSDPStrategy)
     policy = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
     assert policy._module_classes == {Block}
     off = write_spec({"trainer": {"strategy": "fsdp"}}, filename="off.json")
-    resolved, _ = load_resolved_spec(off)
+    resolved = load_resolved_spec(off)
     assert build_strategy(resolved, off)._activation_checkpointing_kwargs == {}
 
 
@@ -190,7 +191,7 @@ def test_deepspeed_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: 
     from jobgen.spec import TrainingSpec
 
     (tmp_path / "ds_config.json").write_text(
-        dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}), 2))
+        dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}), World(1, 2, "cpu", micro_batch_size=4)))
     )
     spec_path = write_spec({"trainer": {"strategy": "deepspeed_stage_3"}}, deepspeed_config="ds_config.json")
     trainer, _, _ = _build(spec_path, tmp_path)  # stock DeepSpeedStrategy refuses CPU in setup_environment

@@ -126,6 +126,11 @@ def test_local_submit_trains_and_resumes(run_cli, tmp_path):
     assert first.code == 0, first.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
     assert summary["global_step"] == 6 and summary["world_size"] == 2
-    assert "handle: local://" in first.stdout
+    handle = f"local://{(tmp_path / 'runs' / 'tiny').resolve()}"
+    assert f"completed {handle}" in first.stdout
+    state = run_cli("status", handle, "-o", "json", cwd=tmp_path)
+    assert json.loads(state.stdout)["state"] == "COMPLETED", state.stderr
+    # The same run through its job directory (the run directory holds the submission record).
+    assert json.loads(run_cli("status", str(tmp_path / "runs" / "tiny"), "-o", "json", cwd=tmp_path).stdout)["state"] == "COMPLETED"
     again = run_cli("submit", str(spec), "--profile", "local", cwd=tmp_path, timeout=300)
     assert again.code == 0 and "run already complete at step 6" in again.stdout

@@ -9,9 +9,16 @@ import pytest
 from jobgen.deepspeed import deepspeed_config
 from jobgen.errors import PlanError
 from jobgen.load import validate
+from jobgen.rules import World
 from jobgen.spec import TrainingSpec
 
 ds_config = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed not installed (pip install -e .[train])")
+
+def _world(spec: TrainingSpec, world_size: int) -> World:
+    """``world_size`` ranks on one node with the spec's batch arithmetic."""
+    t = spec.trainer
+    return World(1, world_size, "cpu", micro_batch_size=t.micro_batch_size, gradient_accumulation_steps=t.gradient_accumulation_steps)
+
 
 CASES = [
     {"strategy": "deepspeed_stage_1"},
@@ -25,7 +32,7 @@ CASES = [
 @pytest.mark.parametrize(("trainer", "world_size"), list(itertools.product(CASES, [1, 8, 16])))
 def test_deepspeed_accepts_rendered_config(monkeypatch, trainer, world_size):
     spec = validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")
-    config = deepspeed_config(spec, world_size)
+    config = deepspeed_config(spec, _world(spec, world_size))
     # DeepSpeedConfig asks deepspeed.comm for rank and world size (1 when not initialised);
     # give it the target world size so its batch assertion checks what the cluster will run.
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
@@ -42,7 +49,7 @@ def test_deepspeed_rejects_a_wrong_world_size(monkeypatch):
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: 4)
     with pytest.raises(AssertionError, match="train_batch_size"):
-        ds_config.DeepSpeedConfig(deepspeed_config(spec, 8))
+        ds_config.DeepSpeedConfig(deepspeed_config(spec, _world(spec, 8)))
 
 
 @pytest.mark.parametrize(
@@ -65,7 +72,7 @@ def test_jobgen_rejects_what_deepspeed_misses(trainer, message):
 
 def test_not_a_deepspeed_strategy():
     with pytest.raises(PlanError):
-        deepspeed_config(validate(TrainingSpec, {"name": "x"}, "<test>"), 1)
+        deepspeed_config(spec := validate(TrainingSpec, {"name": "x"}, "<test>"), _world(spec, 1))
 
 
 @pytest.mark.parametrize(
@@ -105,5 +112,5 @@ def test_check_deepspeed_config_accepts_what_jobgen_renders_and_offload_none():
 
     for trainer in CASES:
         spec = validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")
-        check_deepspeed_config(deepspeed_config(spec, 8), "ds.json")
+        check_deepspeed_config(deepspeed_config(spec, _world(spec, 8)), "ds.json")
     check_deepspeed_config({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}}, "ds.json")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobgen.backends.kubernetes import MAX_NAME
+from jobgen.backends.k8s_manifest import MAX_NAME
 from jobgen.errors import ConfigError
 from jobgen.gitops import (
     Project,

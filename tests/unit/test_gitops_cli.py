@@ -212,7 +212,7 @@ def test_prune_through_the_cli(run_cli, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["render"], "give a SPEC file and --profile, or --all"),
+        (["render"], "give a SPEC file (with --profile) or --all"),
         (["render", "--all", "examples/quickstart.yaml"], "SPEC cannot be combined with --all"),
         (["render", "--all", "--set", "trainer.max_steps=1"], "--set cannot be combined with --all"),
         (["render", "--all", "--out", "elsewhere"], "--out cannot be combined with --all"),

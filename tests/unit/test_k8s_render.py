@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen.backends import kubernetes as k8s
+from jobgen import jobdir
+from jobgen.backends import k8s_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec, validate
 from jobgen.plan import plan
@@ -30,8 +31,8 @@ def render(tmp_path: Path, kubernetes: dict[str, Any] | None = None, spec: dict[
     profile = load_profile(str(profile_file(tmp_path, kubernetes, **top)))
     training = validate(TrainingSpec, {"name": "job", **(spec or {})}, "<spec>")
     job_plan = plan(training, profile, TEMPLATES, spec_source="spec.yaml", profile_source="site.yaml")
-    manifest = k8s.TRAINJOB_FILE if profile.kubernetes.job_api == "trainjob" else k8s.MANIFEST_FILE
-    docs = k8s.parse_manifest(job_plan.file(manifest), manifest)
+    manifest = jobdir.TRAINJOB_FILE if profile.kubernetes.job_api == "trainjob" else jobdir.PYTORCHJOB_FILE
+    docs = k8s_manifest.parse_manifest(job_plan.file(manifest), manifest)
     return job_plan, docs
 
 
@@ -150,11 +151,11 @@ def test_adversarial_env_values_round_trip_without_kubelet_expansion(tmp_path):
 def test_dns_1035_names_are_kept_or_derived_with_a_hash(tmp_path):
     job_plan, (config_map, job) = render(tmp_path, spec={"name": "My Job_v2!"})
     name = job["metadata"]["name"]
-    assert name.startswith("my-job-v2-") and len(name) <= k8s.MAX_NAME and job_plan.warnings
+    assert name.startswith("my-job-v2-") and len(name) <= k8s_manifest.MAX_NAME and job_plan.warnings
     assert config_map["metadata"]["name"] == f"{name}-config"
     long = "a" * 80
-    assert k8s.k8s_name(long)[0] != k8s.k8s_name("a" * 81)[0]
-    assert len(k8s.k8s_name(long)[0]) <= k8s.MAX_NAME
+    assert k8s_manifest.k8s_name(long)[0] != k8s_manifest.k8s_name("a" * 81)[0]
+    assert len(k8s_manifest.k8s_name(long)[0]) <= k8s_manifest.MAX_NAME
 
 
 def test_deterministic(tmp_path):
@@ -171,7 +172,7 @@ def test_trainjob_output_references_the_runtime_and_carries_the_same_pod_setting
                                                     "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}}},
                                          spec={"resources": {"nodes": 2}})
     assert dict(job_plan.files).keys() >= {"trainjob.yaml", "kustomization.yaml", "spec.json"} and "pytorchjob.yaml" not in dict(job_plan.files)
-    assert k8s.manifest_file(job_plan) == "trainjob.yaml"
+    assert k8s_manifest.manifest_file(job_plan) == "trainjob.yaml"
     assert '"trainjob.yaml"' in job_plan.file("kustomization.yaml")
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "torch-distributed"}

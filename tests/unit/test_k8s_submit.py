@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from jobgen.backends import k8s_api, k8s_manifest
 from jobgen.backends import kubernetes as k8s
-from jobgen.backends.base import JobHandle
 from jobgen.errors import ConfigError, SubmitError
+from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
@@ -31,7 +32,7 @@ class FakeStream:
         self.released = True
 
 
-class FakeCluster(k8s.Cluster):
+class FakeCluster(k8s_api.Cluster):
     """Objects by path in a dict; POST/GET/PUT/DELETE like the API server (no validation)."""
 
     def __init__(self, *, prune: str | None = None, version: tuple[int, int] = (1, 30)):
@@ -54,7 +55,7 @@ class FakeCluster(k8s.Cluster):
                 obj["spec"].pop(self.prune, None)
             key = f"{path}/{obj['metadata']['name']}"
             if key in self.objects:
-                raise k8s.ApiError("exists", status=409, reason="AlreadyExists")
+                raise k8s_api.ApiError("exists", status=409, reason="AlreadyExists")
             if ("dryRun", "All") not in query:
                 self.uid += 1
                 obj["metadata"]["uid"] = f"uid-{self.uid}"
@@ -64,13 +65,13 @@ class FakeCluster(k8s.Cluster):
         if method == "GET":
             if path in self.objects:
                 return copy.deepcopy(self.objects[path])
-            raise k8s.ApiError("not found", status=404, reason="NotFound")
+            raise k8s_api.ApiError("not found", status=404, reason="NotFound")
         if method == "PUT":
             self.objects[path] = copy.deepcopy(body)
             return body
         if method == "DELETE":
             if path not in self.objects:
-                raise k8s.ApiError("not found", status=404, reason="NotFound")
+                raise k8s_api.ApiError("not found", status=404, reason="NotFound")
             del self.objects[path]
             return {}
         raise AssertionError(method)
@@ -121,7 +122,7 @@ def test_create_then_identical_resubmit_is_a_no_op(job_dir, fake):
     again = k8s.submit_dir(directory, out=lambda _: None)
     assert again.action == "unchanged" and [c[0] for c in fake.calls] == ["GET"]
     record = json.loads((directory / ".jobgen-submission.json").read_text())
-    assert record["handle"] == str(first.handle) and "pytorchjobs.kubeflow.org/v1" in record["argv"]
+    assert record["handle"] == str(first.handle) and record["kind"] == "pytorchjobs.kubeflow.org/v1" and "argv" not in record
 
 
 def test_changed_inputs_are_refused_unless_replace(job_dir, fake):
@@ -139,7 +140,7 @@ def test_changed_inputs_are_refused_unless_replace(job_dir, fake):
 
 def test_dry_run_persists_nothing_and_checks_a_pod_per_replica(job_dir, fake):
     result = k8s.submit_dir(job_dir("resources.nodes=3"), dry_run=True, out=lambda _: None)
-    assert result.action == "dry-run" and not fake.objects
+    assert result.action == "validated" and not fake.objects
     posted = [c[1] for c in fake.calls if c[0] == "POST"]
     assert posted == ["/api/v1/namespaces/training/configmaps", "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs",
                       "/api/v1/namespaces/training/pods", "/api/v1/namespaces/training/pods"]
@@ -222,16 +223,16 @@ def test_logs_before_the_pod_exists(job_dir, fake):
 
 
 @pytest.mark.parametrize(("kind", "replica", "expected"), [
-    (k8s.PYTORCHJOB, "master-0", ("job-master-0", None, "pytorch")),
-    (k8s.PYTORCHJOB, "worker-12", ("job-worker-12", None, "pytorch")),
-    (k8s.TRAINJOB, "node-1", (None, "jobset.sigs.k8s.io/jobset-name=job,jobset.sigs.k8s.io/replicatedjob-name=node,"
+    (k8s_manifest.PYTORCHJOB, "master-0", ("job-master-0", None, "pytorch")),
+    (k8s_manifest.PYTORCHJOB, "worker-12", ("job-worker-12", None, "pytorch")),
+    (k8s_manifest.TRAINJOB, "node-1", (None, "jobset.sigs.k8s.io/jobset-name=job,jobset.sigs.k8s.io/replicatedjob-name=node,"
                                     "batch.kubernetes.io/job-completion-index=1", "node")),
 ])
 def test_replica_selector(kind, replica, expected):
     assert k8s.replica_selector(kind, "job", replica) == expected
 
 
-@pytest.mark.parametrize(("kind", "replica"), [(k8s.PYTORCHJOB, "node-0"), (k8s.TRAINJOB, "master-0"), (k8s.PYTORCHJOB, "worker")])
+@pytest.mark.parametrize(("kind", "replica"), [(k8s_manifest.PYTORCHJOB, "node-0"), (k8s_manifest.TRAINJOB, "master-0"), (k8s_manifest.PYTORCHJOB, "worker")])
 def test_replica_selector_rejects(kind, replica):
     with pytest.raises(ConfigError, match="is not a replica"):
         k8s.replica_selector(kind, "job", replica)

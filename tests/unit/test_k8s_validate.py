@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 from jobgen import k8s_validate as kv
-from jobgen.backends import kubernetes as k8s
+from jobgen.backends import k8s_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
@@ -24,7 +24,7 @@ pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not insta
 @pytest.fixture(scope="module")
 def docs():
     job_plan = plan(load_spec(EXAMPLES / "gpt2-350m-zero3.yaml"), load_profile("k8s-h100", PROFILES), TEMPLATES)
-    return k8s.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
+    return k8s_manifest.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
 
 
 def problems_after(docs, mutate) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen.backends.base import JobHandle
 from jobgen.backends.slurm import check_directives, filter_rank, job_id, run_dir_name
 from jobgen.errors import ConfigError, PlanError
+from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, validate
 from jobgen.plan import World, plan
 from jobgen.profiles import ClusterProfile

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jobgen.backends import k8s_api, k8s_manifest
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import PlanError, SubmitError
 from jobgen.k8s_validate import validate_manifest
@@ -73,7 +74,7 @@ def test_cli_dry_run_server(k8s_lab, tmp_path):
     out = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "gpt2-124m-fsdp.yaml"), "-p", "k8s-a100", "--dry-run=server")
     assert out.returncode == 0, out.stderr
     assert "Pod gpt2-124m-fsdp-worker-0 (from the PyTorchJob's pod template): valid" in out.stdout
-    assert "nothing was created" in out.stdout
+    assert "nothing was queued or created" in out.stdout
 
 
 def _mutations() -> list[tuple[str, Any, bool]]:
@@ -101,8 +102,8 @@ def test_offline_validation_rejects_everything_the_server_rejects(k8s_lab, tmp_p
     the Pod dry run, unknown fields by the pruning check) — none that offline validation let through."""
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     job_plan = plan(load_spec(EXAMPLES / "gpt2-124m-fsdp.yaml"), load_profile("k8s-h100", PROFILES), TEMPLATES)
-    docs = k8s.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
-    cluster = k8s.connect("jobgen-lab", str(k8s_lab.kubeconfig))
+    docs = k8s_manifest.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
+    cluster = k8s_api.connect("jobgen-lab", str(k8s_lab.kubeconfig))
     table = []
     for name, mutate, server_rejects in _mutations():
         bad = copy.deepcopy(docs)
@@ -110,7 +111,7 @@ def test_offline_validation_rejects_everything_the_server_rejects(k8s_lab, tmp_p
         with pytest.raises(PlanError):
             validate_manifest(bad, source=name)
         try:
-            k8s.server_dry_run(cluster, k8s.PYTORCHJOB, tuple(bad), out=lambda _: None)
+            k8s.server_dry_run(cluster, k8s_manifest.PYTORCHJOB, tuple(bad), out=lambda _: None)
             verdict = "accepted"
         except SubmitError as exc:
             verdict = "rejected: " + exc.message.splitlines()[0][:160]
@@ -133,7 +134,7 @@ def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     assert status == 200
     job_dir = tmp_path / "manifests" / "k8s-h100" / "quickstart"
     spec_json = json.loads((job_dir / "spec.json").read_text())
-    assert job["metadata"]["annotations"][k8s.INPUTS_ANNOTATION] == spec_json["inputs_sha256"]
+    assert job["metadata"]["annotations"][k8s_manifest.INPUTS_ANNOTATION] == spec_json["inputs_sha256"]
     assert job["spec"]["nprocPerNode"] == "8"
     replicas = {role: r["replicas"] for role, r in job["spec"]["pytorchReplicaSpecs"].items()}
     assert replicas == {"Master": 1, "Worker": 1}
@@ -161,7 +162,7 @@ def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     assert replaced.returncode == 0 and f"replaced {handle}" in replaced.stdout, replaced.stdout + replaced.stderr
     new_job = _job(k8s_lab, "quickstart")[1]
     assert new_job["metadata"]["uid"] != job["metadata"]["uid"]
-    assert new_job["metadata"]["annotations"][k8s.INPUTS_ANNOTATION] == json.loads((job_dir / "spec.json").read_text())["inputs_sha256"]
+    assert new_job["metadata"]["annotations"][k8s_manifest.INPUTS_ANNOTATION] == json.loads((job_dir / "spec.json").read_text())["inputs_sha256"]
 
     st = cli(k8s_lab, tmp_path, "status", handle, "--json")
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "SUBMITTED", st.stdout + st.stderr
@@ -218,7 +219,7 @@ def test_unknown_context_is_bad_input_listing_the_known_ones(k8s_lab, tmp_path):
 # --------------------------------------------------------------------------- the optional 1.36 CRD level
 
 
-def _strict_dry_run(cluster: k8s.Cluster, kind: k8s.K8sKind, job: dict[str, Any]) -> dict[str, Any]:
+def _strict_dry_run(cluster: k8s_api.Cluster, kind: k8s_manifest.K8sKind, job: dict[str, Any]) -> dict[str, Any]:
     query = [("dryRun", "All"), ("fieldValidation", "Strict")]
     return cluster.request("POST", f"/apis/{kind.group}/{kind.version}/namespaces/training/{kind.plural}", query=query, body=job)
 
@@ -235,14 +236,14 @@ def test_crd_server_accepts_every_shipped_job_with_strict_fields_and_cel(k8s_lab
     """PyTorchJob and TrainJob of every shipped k8s profile x example, against the 1.36 CRD
     server with fieldValidation=Strict (unknown fields are errors there, CEL rules run)."""
     assert k8s_lab.crd_server_crds.get("trainjobs.trainer.kubeflow.org") == "installed", k8s_lab.crd_server_crds
-    cluster = k8s.connect(k8s_crd_server, str(k8s_lab.kubeconfig))
+    cluster = k8s_api.connect(k8s_crd_server, str(k8s_lab.kubeconfig))
     assert cluster.server_version is not None and cluster.server_version >= (1, 36) and cluster.field_validation
     for profile in K8S_PROFILES:
         for example in sorted(EXAMPLES.glob("*.yaml")):
-            for profile_ref, kind in ((profile, k8s.PYTORCHJOB), (str(_trainjob_profile(tmp_path, profile)), k8s.TRAINJOB)):
+            for profile_ref, kind in ((profile, k8s_manifest.PYTORCHJOB), (str(_trainjob_profile(tmp_path, profile)), k8s_manifest.TRAINJOB)):
                 job_plan = plan(load_spec(example), load_profile(profile_ref, PROFILES), TEMPLATES)
                 assert not [w for w in job_plan.warnings if "skipped" in w], job_plan.warnings
-                job = k8s.parse_manifest(job_plan.file(kind.manifest), kind.manifest)[1]
+                job = k8s_manifest.parse_manifest(job_plan.file(kind.manifest), kind.manifest)[1]
                 returned = _strict_dry_run(cluster, kind, job)
                 assert k8s.pruned_paths(job, returned) == [], (profile, example.name, kind.kind)
 
@@ -250,8 +251,8 @@ def test_crd_server_accepts_every_shipped_job_with_strict_fields_and_cel(k8s_lab
 def test_crd_server_and_offline_validation_agree_on_bad_trainjobs(k8s_lab, k8s_crd_server, tmp_path):
     job_plan = plan(load_spec(EXAMPLES / "gpt2-124m-fsdp.yaml"), load_profile(str(_trainjob_profile(tmp_path, "k8s-h100")), PROFILES),
                     TEMPLATES)
-    docs = k8s.parse_manifest(job_plan.file("trainjob.yaml"), "trainjob.yaml")
-    cluster = k8s.connect(k8s_crd_server, str(k8s_lab.kubeconfig))
+    docs = k8s_manifest.parse_manifest(job_plan.file("trainjob.yaml"), "trainjob.yaml")
+    cluster = k8s_api.connect(k8s_crd_server, str(k8s_lab.kubeconfig))
     cases = [  # (name, mutate, what the server says, does offline validation reject it?)
         ("misspelt trainer field", lambda j: j["spec"]["trainer"].__setitem__("numProcPerNod", 2), 'unknown field "spec.trainer.numProcPerNod"', True),
         ("name over 63 chars", lambda j: j["metadata"].__setitem__("name", "t" * 64), "metadata.name must be no more than 63 characters", True),
@@ -264,7 +265,7 @@ def test_crd_server_and_offline_validation_agree_on_bad_trainjobs(k8s_lab, k8s_c
         bad = copy.deepcopy(docs)
         mutate(bad[1])
         with pytest.raises(SubmitError) as info:
-            _strict_dry_run(cluster, k8s.TRAINJOB, bad[1])
+            _strict_dry_run(cluster, k8s_manifest.TRAINJOB, bad[1])
         assert server_says in info.value.message, info.value.message
         try:
             validate_manifest(bad, source=name)

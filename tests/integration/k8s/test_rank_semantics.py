@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen.backends import kubernetes as k8s
+from jobgen.backends import k8s_manifest
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
 from tests.conftest import REPO, TEMPLATES
@@ -100,7 +100,7 @@ def kubelet_expand(text: str, env: dict[str, str]) -> str:
 
 def _render(tmp_path: Path, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
     job_plan = plan(load_spec(_spec(tmp_path)), load_profile(str(_cpu_profile(tmp_path, port))), TEMPLATES)
-    config_map, job = k8s.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
+    config_map, job = k8s_manifest.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")
     return config_map, job
 
 
@@ -153,7 +153,7 @@ def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         env |= operator_env(job, role, index, master_addr="127.0.0.1")
         argv = [kubelet_expand(a, env) for a in container["command"]]
-        argv = [a.replace(k8s.CONFIG_MOUNT, str(config)).replace(k8s.RUN_ROOT, str(runs)) for a in argv]
+        argv = [a.replace(k8s_manifest.CONFIG_MOUNT, str(config)).replace(k8s_manifest.RUN_ROOT, str(runs)) for a in argv]
         base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
         process_env = {**base, **env, "PYTHONPATH": os.pathsep.join([str(observer), str(REPO)]),
                        "JOBGEN_RANKS_DIR": str(ranks_dir), "JOBGEN_POD": pod}

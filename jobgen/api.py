@@ -1,0 +1,117 @@
+"""jobgen's Python API: what the ``jobgen`` command line wraps, with typed results.
+
+    from jobgen import api
+
+    job_plan = api.plan_job("examples/quickstart.yaml", "slurm-a100", overrides=["resources.nodes=2"])
+    print(job_plan)                                   # every file and the exact submit steps
+    api.render(job_plan, "manifests")                 # manifests/slurm-a100/quickstart/
+    result = api.submit("manifests/slurm-a100/quickstart", api.SubmitOptions(runs_dir=Path("/shared/runs")))
+    api.status(str(result.handle)).state             # PENDING, RUNNING, COMPLETED, ... or UNKNOWN
+    api.logs(str(result.handle), api.LogOptions(follow=True))
+    api.cancel(str(result.handle))
+
+Every operation goes through the backend the profile (or the job directory's spec.json, or the
+handle's scheme) names, via one interface (:class:`jobgen.backends.base.Backend`); nothing
+here branches on the scheduler. Errors are :class:`jobgen.errors.JobgenError` subclasses with a
+location and a hint. Planning and rendering never import torch or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from jobgen.backends import get_backend
+from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
+from jobgen.errors import ConfigError
+from jobgen.jobdir import JobHandle, read_resolved_spec, resolve_job
+from jobgen.load import load_profile, load_spec, search_dirs
+from jobgen.plan import JobPlan, plan
+
+if TYPE_CHECKING:
+    from jobgen.profiles import ClusterProfile
+    from jobgen.spec import TrainingSpec
+
+__all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "load",
+           "logs", "plan_job", "render", "status", "submit", "templates_dir"]
+
+PathLike = str | os.PathLike[str]
+
+
+def templates_dir(override: PathLike | None = None) -> Path:
+    """The templates directory through the lookup order (flag > $JOBGEN_HOME > ./templates > packaged).
+
+    Raises:
+        ConfigError: none exists.
+    """
+    dirs = search_dirs("templates", override)
+    if not dirs:
+        raise ConfigError("no templates directory found", hint="pass --templates-dir or set JOBGEN_HOME")
+    return dirs[0]
+
+
+def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
+         profiles_dir: PathLike | None = None) -> tuple[TrainingSpec, ClusterProfile]:
+    """Load and validate a spec file (with ``--set``-style overrides) and a profile (name or path).
+
+    Raises:
+        ConfigError: with the file and JSON path of the first problem.
+    """
+    return load_spec(spec_path, overrides), load_profile(profile, profiles_dir)
+
+
+def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
+             profiles_dir: PathLike | None = None, templates: PathLike | None = None) -> JobPlan:
+    """Plan ``spec_path`` on ``profile``: the files and the submit steps (pure).
+
+    Raises:
+        ConfigError, PlanError: bad input, or a spec that does not fit the profile.
+    """
+    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir)
+    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile)
+
+
+def render(job_plan: JobPlan, out: PathLike = "manifests") -> list[Path]:
+    """Write the plan's files under ``<out>/<profile>/<job name>/``; returns the paths written.
+    (``jobgen render`` also compares, diffs and commits: :mod:`jobgen.gitops`.)"""
+    return job_plan.write(Path(out) / job_plan.job_subdir)
+
+
+def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, out: PathLike = "manifests",
+           echo: Echo = print) -> SubmitResult:
+    """Submit a plan (written first: local runs into ``<runs dir>/<job name>``, clusters into
+    ``<out>/<profile>/<job name>``) or an already rendered job directory, as its backend does.
+
+    Raises:
+        ConfigError: an option the backend does not take; a directory that is not a job directory.
+        SubmitError: the scheduler refused or failed.
+    """
+    options = options or SubmitOptions()
+    if isinstance(target, JobPlan):
+        backend = get_backend(target.scheduler)
+        backend.check_options(options)
+        job_dir = backend.job_dir(target, Path(out), options)
+        target.write(job_dir)
+        return backend.submit(job_dir, options, echo, plan=target)
+    job_dir = Path(target)
+    backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
+    return backend.submit(job_dir, options, echo)
+
+
+def status(job: str) -> JobStatus:
+    """The state of ``job`` (a handle URI or a submitted job directory)."""
+    handle, _ = resolve_job(job)
+    return get_backend(handle.scheduler).status(handle)
+
+
+def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> None:
+    """Print ``job``'s output through ``echo`` (rank zero's by default)."""
+    handle, _ = resolve_job(job)
+    get_backend(handle.scheduler).logs(handle, options or LogOptions(), echo)
+
+
+def cancel(job: str, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:
+    """Cancel ``job`` and wait up to ``wait_s`` seconds until every rank has stopped."""
+    handle, _ = resolve_job(job)
+    return get_backend(handle.scheduler).cancel(handle, wait_s=wait_s, out=echo)

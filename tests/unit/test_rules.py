@@ -1,0 +1,69 @@
+"""The rules that tie a spec to a world: one wording at plan time and on the node, and the
+numbers World derives once."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobgen.errors import PlanError
+from jobgen.load import load_profile, validate
+from jobgen.plan import plan
+from jobgen.rules import World, resolve_world
+from jobgen.spec import TrainingSpec
+from tests.conftest import PROFILES, TEMPLATES
+
+#: Every CPU refusal: (trainer/model overrides, the field it is reported at).
+CPU_REFUSALS = [
+    ({"trainer": {"precision": "16-mixed"}}, "trainer.precision"),
+    ({"trainer": {"precision": "transformer-engine"}}, "trainer.precision"),
+    ({"trainer": {"strategy": "fsdp", "fsdp_state_dict_type": "full"}}, "trainer.fsdp_state_dict_type"),
+    ({"trainer": {"strategy": "fsdp", "fsdp_sharding_strategy": "HYBRID_SHARD"}}, "trainer.fsdp_sharding_strategy"),
+    ({"model": {"preset": None, "hf_path": "/models/llama", "load_in_4bit": True, "lora": {"r": 8}},
+      "data": {"format": "jsonl", "paths": ["/data/x.jsonl"], "tokenizer_path": "/models/llama"}}, "model.load_in_4bit"),
+]
+
+
+def _spec(doc: dict) -> TrainingSpec:
+    return validate(TrainingSpec, {"name": "x", **doc}, "<test>")
+
+
+@pytest.mark.parametrize(("doc", "field"), CPU_REFUSALS)
+def test_plan_and_entrypoint_refuse_with_the_same_words(doc, field):
+    """The planner (profile local) and the entrypoint (a spec.json on a CPU node) raise the same
+    error class with the same message, differing only in where: the profile or this node."""
+    from jobgen.train.resolved import check_runtime_support
+
+    spec = _spec(doc)
+    profile = load_profile("local", PROFILES)
+    with pytest.raises(PlanError) as at_plan:
+        plan(spec, profile, TEMPLATES, spec_source="spec.yaml")
+    assert at_plan.value.location == f"spec.yaml: {field}" and at_plan.value.hint
+
+    from jobgen.jobdir import LaunchSpec, ResolvedSpec
+
+    resolved = ResolvedSpec(jobgen_version="0", inputs_sha256="0", profile="local", spec=spec,
+                            launch=LaunchSpec(scheduler="local", accelerator="cpu", num_nodes=1, devices_per_node=2, world_size=2))
+    with pytest.raises(PlanError) as on_node:
+        check_runtime_support(resolved)
+    assert on_node.value.location == f"spec.{field}"
+    assert on_node.value.message == at_plan.value.message.replace("profile 'local'", "this node")
+    assert on_node.value.hint == at_plan.value.hint
+
+
+def test_world_derives_every_number_once():
+    spec = _spec({"trainer": {"micro_batch_size": 3, "gradient_accumulation_steps": 5}, "resources": {"nodes": 2}})
+    profile = load_profile("slurm-a100", PROFILES)
+    world = resolve_world(spec, profile)
+    assert world.world_size == 2 * profile.gpus_per_node
+    assert world.global_batch_size == 3 * 5 * world.world_size
+    assert world.cpus_per_rank == profile.cpus_per_node // profile.gpus_per_node
+    assert world.time_limit_min == profile.slurm_settings.time_limit_min
+    timed = resolve_world(_spec({"resources": {"time_limit_min": 17}}), profile)
+    assert timed.time_limit_min == 17
+    assert World(1, 2, "cpu").global_batch_size == 2
+
+
+def test_bf16_on_a_pre_ampere_gpu_is_refused_at_plan_time(tmp_path):
+    profile = load_profile("slurm-a100", PROFILES).model_copy(update={"gpu_type": "V100", "name": "v100"})
+    with pytest.raises(PlanError, match=r"V100 GPUs \(compute capability 7.0\); bf16 needs Ampere"):
+        plan(_spec({"trainer": {"precision": "bf16-mixed"}}), profile, TEMPLATES)
