@@ -150,7 +150,9 @@ def test_rendered_deepspeed_config_is_passed_through_without_accumulation(
 ) -> None:
     from jobgen.deepspeed import deepspeed_config
 
-    rendered = deepspeed_config(spec := TrainingSpec.model_validate(deepspeed_spec), World(1, 2, "cpu", micro_batch_size=spec.trainer.micro_batch_size, gradient_accumulation_steps=spec.trainer.gradient_accumulation_steps))
+    rendered = deepspeed_config(spec := TrainingSpec.model_validate(deepspeed_spec),
+                                World(1, 2, "cpu", micro_batch_size=spec.trainer.micro_batch_size,
+                                      gradient_accumulation_steps=spec.trainer.gradient_accumulation_steps))
     spec_path, resolved = _write_deepspeed_job(tmp_path, resolved_doc, deepspeed_spec, rendered)
     ds_path, config = load_deepspeed_config(resolved, spec_path)
     assert ds_path == tmp_path / "job" / "ds_config.json"  # relative to the spec file, not the cwd

@@ -191,7 +191,8 @@ def test_deepspeed_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: 
     from jobgen.spec import TrainingSpec
 
     (tmp_path / "ds_config.json").write_text(
-        dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}), World(1, 2, "cpu", micro_batch_size=4)))
+        dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}),
+                                World(1, 2, "cpu", micro_batch_size=4)))
     )
     spec_path = write_spec({"trainer": {"strategy": "deepspeed_stage_3"}}, deepspeed_config="ds_config.json")
     trainer, _, _ = _build(spec_path, tmp_path)  # stock DeepSpeedStrategy refuses CPU in setup_environment
