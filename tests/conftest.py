@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from jobgen.k8s_validate import PACKAGED_CRDS_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "templates"
 PROFILES = REPO / "cluster_profiles"
 EXAMPLES = REPO / "examples"
-CRDS = Path(os.environ.get("JOBGEN_CRDS_DIR", REPO.parent / "shared" / "crds"))
+#: The Kubeflow CRDs packaged with jobgen (what offline validation reads by default).
+CRDS = PACKAGED_CRDS_DIR
 
 #: Values that break naive quoting (submitit's adversarial fixture, extended): spaces,
 #: quotes, command substitution, `'; echo x`, backslashes, globs, a leading dash.
