@@ -11,9 +11,9 @@ import yaml
 from jobgen.k8s_validate import strict
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES
+from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES, require
 
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[dev])")
+jsonschema = require("jsonschema", "jsonschema not installed (pip install -e .[dev])")
 CRD_FILE = CRDS / "training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
 
 

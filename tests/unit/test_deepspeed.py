@@ -10,8 +10,9 @@ from jobgen.deepspeed import deepspeed_config
 from jobgen.errors import PlanError
 from jobgen.load import validate
 from jobgen.spec import TrainingSpec
+from tests.conftest import require
 
-ds_config = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed not installed (pip install -e .[train])")
+ds_config = require("deepspeed.runtime.config", "deepspeed not installed (pip install -e .[train])")
 
 CASES = [
     {"strategy": "deepspeed_stage_1"},

@@ -15,9 +15,9 @@ from jobgen.backends import kubernetes as k8s
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES
+from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES, require
 
-pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed (pip install -e .[k8s])")
+require("kubernetes_validate", "kubernetes-validate not installed (pip install -e .[k8s])")
 
 
 @pytest.fixture(scope="module")
