@@ -27,7 +27,7 @@ SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "jobgen", "templates", "c
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The jobgen wheel built from a copy of this tree."""
-    require("setuptools", "building the wheel without isolation needs setuptools (pip install -e '.[dev]')")
+    require("setuptools.command.bdist_wheel", "building the wheel without isolation needs setuptools>=70.1 (pip install -e '.[dev]')")
     src = tmp_path_factory.mktemp("src")
     for name in SOURCES:
         if (REPO / name).is_dir():
