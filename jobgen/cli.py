@@ -43,7 +43,7 @@ def _set_crds_dir(ctx: click.Context, param: click.Parameter, value: str | None)
 
 _crds_dir_option = click.option(
     "--crds-dir", type=click.Path(file_okay=False), default=None, expose_value=False, is_eager=True, callback=_set_crds_dir,
-    help="Kubernetes: directory of CRDs for offline validation (default: $JOBGEN_CRDS_DIR, else ../shared/crds).",
+    help="Kubernetes: directory of CRDs for offline validation (default: $JOBGEN_CRDS_DIR, else jobgen's packaged Kubeflow CRDs).",
 )
 _templates_dir_option = click.option(
     "--templates-dir", type=click.Path(file_okay=False), default=None,

@@ -21,10 +21,11 @@ Four checks, weakest dependency first (each names the source of its rules):
 4. **Core objects** (kubernetes-validate, strict): the ConfigMap, and each replica's pod template
    as a core/v1 ``PodTemplate`` of the profile's Kubernetes version.
 
-CRDs are read from ``--crds-dir`` / ``$JOBGEN_CRDS_DIR``, else ``../shared/crds`` next to the
-working directory or next to jobgen's source tree. A check whose input is missing (no CRDs, no
-kubernetes-validate) is skipped and the plan says so; a failing check raises :class:`PlanError`.
-Schemas are loaded once per process.
+CRDs are read from ``--crds-dir`` / ``$JOBGEN_CRDS_DIR``, else from the copies packaged with
+jobgen (:data:`PACKAGED_CRDS_DIR`: training-operator v1.9.4 and v1.9.3, Trainer v2.3.0; source
+and licence in its PROVENANCE.txt). A check whose input is missing (a CRDs directory without the
+kind's CRD, no jsonschema, no kubernetes-validate) is skipped and the plan says so; a failing
+check raises :class:`PlanError`. Schemas are loaded once per process.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ _IANA_SVC_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 #: requests = limits): ``IsOvercommitAllowed`` in pkg/apis/core/helper.
 _OVERCOMMIT = frozenset({"cpu", "memory", "ephemeral-storage"})
 
-_SELF_DIR = Path(__file__).resolve().parent
+#: The Kubeflow CRDs shipped inside the package (package data, see setup.cfg).
+PACKAGED_CRDS_DIR = Path(__file__).resolve().parent / "_crds"
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,9 @@ class Report:
 # --------------------------------------------------------------------------- where the CRDs are
 
 
-def crds_dir() -> Path | None:
-    """The CRDs directory: ``$JOBGEN_CRDS_DIR`` (the ``--crds-dir`` flag sets it), else the first
-    existing ``../shared/crds`` next to the working directory or jobgen's source tree; None
-    when none exists.
+def crds_dir() -> Path:
+    """The CRDs directory: ``$JOBGEN_CRDS_DIR`` (the ``--crds-dir`` flag sets it), else the copies
+    packaged with jobgen (:data:`PACKAGED_CRDS_DIR`).
 
     Raises:
         ConfigError: ``$JOBGEN_CRDS_DIR`` is set but is not a directory.
@@ -91,12 +92,9 @@ def crds_dir() -> Path | None:
         path = Path(configured)
         if not path.is_dir():
             raise ConfigError(f"{ENV_CRDS_DIR}={configured} is not a directory",
-                              hint="point it (or --crds-dir) at a directory of CRD YAML files, e.g. ../shared/crds")
+                              hint=f"point it (or --crds-dir) at a directory of CRD YAML files, or unset it to use jobgen's own ({PACKAGED_CRDS_DIR})")
         return path
-    for candidate in (Path.cwd().parent / "shared" / "crds", _SELF_DIR.parent.parent / "shared" / "crds"):
-        if candidate.is_dir():
-            return candidate
-    return None
+    return PACKAGED_CRDS_DIR
 
 
 def crd_file(kind: str, directory: Path) -> Path | None:
@@ -146,7 +144,7 @@ def _crd_validator(path: str, mtime_ns: int, version: str) -> Any:
         schema = dict(served["schema"]["openAPIV3Schema"])
     except (KeyError, TypeError, StopIteration):
         raise ConfigError(f"{path} is not a CRD serving version {version} with an openAPIV3Schema",
-                          hint=f"point {ENV_CRDS_DIR} / --crds-dir at the Kubeflow CRDs (e.g. ../shared/crds)") from None
+                          hint=f"point {ENV_CRDS_DIR} / --crds-dir at the Kubeflow CRDs, or unset it to use jobgen's own ({PACKAGED_CRDS_DIR})") from None
     schema = strict(schema)
     schema["properties"] = {**schema.get("properties", {}), "metadata": {"type": "object"}}
     return jsonschema.Draft7Validator(schema)
@@ -477,10 +475,9 @@ def validate_manifest(docs: list[dict[str, Any]], *, source: str, k8s_version: s
         if jsonschema is None:
             continue
         directory = crds_dir()
-        path = crd_file(kind, directory) if directory else None
+        path = crd_file(kind, directory)
         if path is None:
-            where = f"in {directory}" if directory else f"(no CRDs directory: set {ENV_CRDS_DIR} or --crds-dir, or put them in ../shared/crds)"
-            skipped.append(f"{kind} CRD schema: no {CRD_FILES[kind][0]}_{CRD_FILES[kind][1]}.yaml {where}")
+            skipped.append(f"{kind} CRD schema: no {CRD_FILES[kind][0]}_{CRD_FILES[kind][1]}.yaml in {directory}")
         else:
             validator = _crd_validator(str(path), path.stat().st_mtime_ns, CRD_FILES[kind][3])
             problems += [(label, p) for p in _schema_problems(validator, job, "", f"{path.parent.name}/{path.name} (strict)")]

@@ -1,20 +1,28 @@
-"""Shared fixtures: repository paths, a CLI runner that goes through ``jobgen.cli.main``."""
+"""Shared fixtures: repository paths, a CLI runner that goes through ``jobgen.cli.main``, and the
+one rule for a missing prerequisite (:func:`skip_or_fail`, :func:`require`): skip with the
+reason on a developer's machine, fail under CI."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
+
+from jobgen.k8s_validate import PACKAGED_CRDS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "templates"
 PROFILES = REPO / "cluster_profiles"
 EXAMPLES = REPO / "examples"
-CRDS = Path(os.environ.get("JOBGEN_CRDS_DIR", REPO.parent / "shared" / "crds"))
+#: The Kubeflow CRDs packaged with jobgen (what offline validation reads by default).
+CRDS = PACKAGED_CRDS_DIR
 
 #: Values that break naive quoting (submitit's adversarial fixture, extended): spaces,
 #: quotes, command substitution, `'; echo x`, backslashes, globs, a leading dash.
@@ -31,6 +39,37 @@ ADVERSARIAL = [
     "-dash",
     "semi;colon&amp|pipe",
 ]
+
+
+#: Values of ``$CI`` that do not mean "running under CI".
+_NOT_CI = frozenset({"", "0", "false", "no"})
+
+
+def under_ci() -> bool:
+    """True when ``$CI`` is set to anything but empty, ``0``, ``false`` or ``no`` (CI services set
+    ``CI=true``; CI runs ``.ci/run`` so, as root, with every extra installed)."""
+    return os.environ.get("CI", "").strip().lower() not in _NOT_CI
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test (or the module, when called at import time) for a missing prerequisite —
+    a package, a tool, a lab the machine cannot host — with ``reason``; under CI
+    (:func:`under_ci`), where every prerequisite is installed, fail with ``reason`` instead, so a
+    broken CI environment cannot pass by skipping. Explicit opt-outs (``JOBGEN_SKIP_*=1``)
+    call ``pytest.skip`` themselves and skip everywhere."""
+    if under_ci():
+        pytest.fail(f"{reason} [CI is set: a missing prerequisite fails instead of skipping]", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require(module: str, reason: str | None = None) -> ModuleType:
+    """Import and return ``module`` (dotted name); when it cannot be imported, :func:`skip_or_fail`
+    with ``reason`` (default: "<module> is not installed") and the import error. Use instead of
+    ``pytest.importorskip``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        skip_or_fail(f"{reason or f'{module} is not installed'} ({type(exc).__name__}: {exc})")
 
 
 @dataclass

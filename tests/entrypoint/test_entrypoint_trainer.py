@@ -22,6 +22,7 @@ from jobgen.train.model import Block, LitGPT
 from jobgen.train.run import RunPaths, build_strategy, build_trainer
 from jobgen.train.sources import discover_sources
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
+from tests.conftest import require
 
 
 def _build(spec_path: Path, tmp_path: Path):
@@ -147,7 +148,7 @@ def test_fsdp_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path)
 
 
 def test_deepspeed_strategy_reads_the_rendered_config(write_spec, tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
+    require("deepspeed", "deepspeed not installed (pip install -e .[train])")
     (tmp_path / "ds_config.json").write_text(
         '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, '
         '"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}'
@@ -186,7 +187,7 @@ def test_activation_checkpointing_needs_fsdp() -> None:
 
 
 def test_deepspeed_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
+    require("deepspeed", "deepspeed not installed (pip install -e .[train])")
     from jobgen.deepspeed import deepspeed_config, dumps
     from jobgen.spec import TrainingSpec
 

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 
-pytest.importorskip("torch")
+require("torch", "torch not installed (pip install torch==2.13.0, README)")
 
 TOLERANCE = 0.25
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("peft")
-tokenizers = pytest.importorskip("tokenizers")
+from tests.conftest import require
+
+transformers = require("transformers", "transformers not installed (pip install -e .[train])")
+require("peft", "peft not installed (pip install -e .[train])")
+tokenizers = require("tokenizers", "tokenizers not installed (pip install -e .[train], with transformers)")
 
 TIMEOUT_S = 300
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128

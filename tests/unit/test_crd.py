@@ -11,11 +11,10 @@ import yaml
 from jobgen.k8s_validate import strict
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES
+from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES, require
 
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[dev])")
+jsonschema = require("jsonschema", "jsonschema not installed (pip install -e .[dev])")
 CRD_FILE = CRDS / "training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
-pytestmark = pytest.mark.skipif(not CRD_FILE.is_file(), reason=f"PyTorchJob CRD not found at {CRD_FILE} (set JOBGEN_CRDS_DIR)")
 
 
 @pytest.fixture(scope="module")

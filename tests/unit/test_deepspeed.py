@@ -11,8 +11,9 @@ from jobgen.errors import PlanError
 from jobgen.load import validate
 from jobgen.rules import World
 from jobgen.spec import TrainingSpec
+from tests.conftest import require
 
-ds_config = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed not installed (pip install -e .[train])")
+ds_config = require("deepspeed.runtime.config", "deepspeed not installed (pip install -e .[train])")
 
 def _world(spec: TrainingSpec, world_size: int) -> World:
     """``world_size`` ranks on one node with the spec's batch arithmetic."""

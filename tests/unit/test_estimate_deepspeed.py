@@ -26,9 +26,10 @@ from __future__ import annotations
 import pytest
 
 from jobgen import estimate as E
+from tests.conftest import require
 
-zero12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
-zero3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+zero12 = require("deepspeed.runtime.zero.stage_1_and_2", "deepspeed not installed (pip install -e .[train])")
+zero3 = require("deepspeed.runtime.zero.stage3", "deepspeed not installed (pip install -e .[train])")
 
 #: (n_layer, n_head, d_model, block_size): GPT-2 124M, GPT-2 1.5B, a 6.5B shape.
 SHAPES = [(12, 12, 768, 1024), (48, 25, 1600, 1024), (32, 32, 4096, 4096)]

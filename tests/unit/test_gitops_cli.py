@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, write
+from tests.conftest import REPO, skip_or_fail, write
 
 QUICKSTART_SWEEP = ("--sweep", "trainer.learning_rate=1e-4,3e-4", "--sweep", "trainer.micro_batch_size=4,8")
 
@@ -258,10 +258,10 @@ def _kubectl() -> str | None:
     return os.environ.get("JOBGEN_KUBECTL") or shutil.which("kubectl")
 
 
-@pytest.mark.skipif(_kubectl() is None, reason="kubectl not installed (Debian: apt-get install kubernetes-client; .ci/run installs it)")
 @pytest.mark.parametrize("target", ["manifests/k8s-h100", "manifests", "manifests/k8s-h100/quickstart"])
 def test_kubectl_kustomize_builds_the_committed_manifests(target):
-    proc = subprocess.run([_kubectl(), "kustomize", str(REPO / target)], capture_output=True, text=True, timeout=120)
+    kubectl = _kubectl() or skip_or_fail("kubectl not installed (Debian: apt-get install kubernetes-client; .ci/run installs it)")
+    proc = subprocess.run([kubectl, "kustomize", str(REPO / target)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     index = yaml.safe_load((REPO / "manifests" / "index.yaml").read_text())

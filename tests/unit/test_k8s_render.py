@@ -16,7 +16,7 @@ from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec, validate
 from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
-from tests.conftest import ADVERSARIAL, CRDS, EXAMPLES, PROFILES, TEMPLATES, write
+from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, write
 
 
 def profile_file(tmp_path: Path, kubernetes: dict[str, Any] | None = None, name: str = "site", **top: Any) -> Path:
@@ -187,8 +187,7 @@ def test_trainjob_output_references_the_runtime_and_carries_the_same_pod_setting
     pod_spec = patch["template"]["spec"]["template"]["spec"]
     assert [v["name"] for v in pod_spec["volumes"]] == ["dshm", "jobgen-config", "runs"]
     assert pod_spec["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
-    if (CRDS / "trainer-v2.3.0").is_dir():
-        assert not [w for w in job_plan.warnings if "TrainJob CRD schema" in w]
+    assert not [w for w in job_plan.warnings if "TrainJob CRD schema" in w]
 
 
 @pytest.mark.parametrize("field", ["priority_class", "scheduler_name"])
@@ -257,5 +256,4 @@ def test_shipped_profiles_render_every_example_without_skipped_checks():
     for profile in ("k8s-a100", "k8s-h100"):
         for example in sorted(EXAMPLES.glob("*.yaml")):
             job_plan = plan(load_spec(example), load_profile(profile, PROFILES), TEMPLATES)
-            if CRDS.is_dir():
-                assert not [w for w in job_plan.warnings if "skipped" in w], (profile, example.name, job_plan.warnings)
+            assert not [w for w in job_plan.warnings if "skipped" in w], (profile, example.name, job_plan.warnings)

@@ -15,10 +15,9 @@ from jobgen.backends import k8s_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES
+from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES, require
 
-needs_crds = pytest.mark.skipif(not (CRDS / "training-operator-v1.9.4").is_dir(), reason=f"no CRDs at {CRDS} (set JOBGEN_CRDS_DIR)")
-pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed (pip install -e .[k8s])")
+require("kubernetes_validate", "kubernetes-validate not installed (pip install -e .[k8s])")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,6 @@ def test_rendered_manifest_passes(docs):
     assert any("admission rules" in c for c in report.checked) and any("kubernetes-validate" in c for c in report.checked)
 
 
-@needs_crds
 @pytest.mark.parametrize(("mutate", "path"), [
     (lambda j: j["spec"].__setitem__("nprocsPerNode", "8"), "spec: Additional properties are not allowed ('nprocsPerNode'"),
     (lambda j: j["spec"]["runPolicy"].__setitem__("backofLimit", 3), "spec.runPolicy: Additional properties are not allowed ('backofLimit'"),
@@ -108,6 +106,21 @@ def test_strict_keeps_preserve_unknown_fields_open():
     assert out["additionalProperties"] is False and "additionalProperties" not in out["properties"]["a"]
 
 
+def test_crds_default_to_the_packaged_copies_and_every_check_runs(monkeypatch, docs):
+    monkeypatch.delenv(kv.ENV_CRDS_DIR, raising=False)
+    assert kv.crds_dir() == CRDS == REPO / "jobgen" / "_crds"
+    report = kv.validate_manifest(docs, source="x")
+    assert report.warnings == ()
+    assert "PyTorchJob CRD schema (training-operator-v1.9.4, strict)" in report.checked
+
+
+def test_cli_render_from_a_directory_with_nothing_beside_it_validates_against_packaged_crds(run_cli, tmp_path, monkeypatch):
+    monkeypatch.delenv(kv.ENV_CRDS_DIR, raising=False)
+    out = run_cli("render", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-h100", "--stdout", cwd=tmp_path)
+    assert out.code == 0, out.stderr
+    assert "kind: PyTorchJob" in out.stdout and "offline validation skipped" not in out.stderr
+
+
 def test_missing_crds_skip_with_a_clear_reason_and_render_still_works(tmp_path, monkeypatch, docs):
     monkeypatch.setenv(kv.ENV_CRDS_DIR, str(tmp_path))
     report = kv.validate_manifest(docs, source="x")
@@ -149,7 +162,6 @@ def test_old_kubernetes_versions_use_the_oldest_bundled_schema(docs):
     assert any("checked against 1.25 instead of 1.20" in s for s in report.skipped)
 
 
-@needs_crds
 def test_trainjob_rules_and_crd():
     job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "x" * 70},
            "spec": {"runtimeRef": {"name": "torch-distributed"},

@@ -1,13 +1,14 @@
 """The ``k8s_lab`` fixture: a real kube-apiserver 1.20 (+ etcd, + the garbage collector) on
 this machine, built from Debian's source package and cached (see kubelab.py).
 
-Skips, with the reason, where the machine can't host it: ``JOBGEN_SKIP_K8S_LAB=1``, not Linux,
-not root (apt-get, /var/cache), no Debian mirror or source package, packages that cannot be
-installed. A build or start-up failure on a machine that can host it is an error (with the
-build log or daemon log tails), not a skip. ``JOBGEN_K8S_CACHE`` moves the build cache,
+Skips, with the reason, where the machine can't host it: not Linux, not root (apt-get,
+/var/cache), no Debian mirror or source package, packages that cannot be installed; under CI
+(``$CI`` set, see tests/conftest.py ``skip_or_fail``) each of those fails instead.
+``JOBGEN_SKIP_K8S_LAB=1`` skips it everywhere. A build or start-up failure on a machine that
+can host it is an error (with the build log or daemon log tails), not a skip. ``JOBGEN_K8S_CACHE`` moves the build cache,
 ``JOBGEN_K8S_LAB_ROOT`` keeps the lab's files (logs, kubeconfig) in a directory of your choice.
 The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
-does not build, or with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
+does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from kubelab import K8sLab, LabUnavailable, cache_dir, default_crds_dir, ensure_binaries, ensure_crd_server  # noqa: E402
+from kubelab import K8sLab, LabUnavailable, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
+
+from tests.conftest import skip_or_fail  # noqa: E402
 
 MARKER = "k8s_lab"
 
@@ -35,29 +38,27 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def lab_skip_reason() -> str | None:
+def lab_unavailable_reason() -> str | None:
     """Why this machine can't host the lab (None: it can try)."""
-    if os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1":
-        return "JOBGEN_SKIP_K8S_LAB=1"
     if not sys.platform.startswith("linux"):
         return f"the Kubernetes lab builds Linux binaries from Debian packages (platform: {sys.platform})"
     if os.geteuid() != 0:
         return f"the Kubernetes lab needs root (apt-get, {cache_dir()}); running as uid {os.geteuid()}"
-    if not (default_crds_dir() / "training-operator-v1.9.4").is_dir():
-        return f"no Kubeflow CRDs at {default_crds_dir()} (set JOBGEN_CRDS_DIR)"
     return None
 
 
 @pytest.fixture(scope="session")
 def k8s_build() -> dict[str, Any]:
     """The cached (or freshly built) binaries' stamp: versions, ``build_s``, ``cached``."""
-    reason = lab_skip_reason()
+    if os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1":
+        pytest.skip("JOBGEN_SKIP_K8S_LAB=1")
+    reason = lab_unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     try:
         info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:
-        pytest.skip(f"the Kubernetes lab cannot be built here: {exc}")
+        skip_or_fail(f"the Kubernetes lab cannot be built here: {exc}")
     state = "cached" if info["cached"] else "built"
     print(f"\nk8s lab binaries {state}: kube {info['kube_version']} (source {info['source_version']}, reflect2 "
           f"{info['reflect2_version']}, go {info['go_version']}), etcd {info.get('etcd_version')}; build took {info['build_s']} s "
@@ -93,13 +94,14 @@ def k8s_lab(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
 def k8s_crd_server(k8s_lab: K8sLab) -> str:
     """The optional 1.36 CRD level: Debian sid's apiextensions-apiserver started next to the lab
     (strict field validation, CEL, the Trainer v2 CRDs); returns its kubeconfig context. Skips
-    with the reason when it does not build (sid moves; ``JOBGEN_SKIP_K8S_CRD_SERVER=1`` skips it)."""
+    with the reason when it does not build (sid moves), fails then under CI;
+    ``JOBGEN_SKIP_K8S_CRD_SERVER=1`` skips it everywhere."""
     if os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") == "1":
         pytest.skip("JOBGEN_SKIP_K8S_CRD_SERVER=1")
     try:
         info = ensure_crd_server(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:
-        pytest.skip(str(exc))
+        skip_or_fail(str(exc))
     print(f"\napiextensions-apiserver {info['package_version']} ({info['go']}, {info['packages']} Debian sid packages) "
           f"{'cached' if info['cached'] else 'built'}; build took {info['build_s']} s (compile {info['compile_s']} s)", file=sys.stderr)
     context = k8s_lab.start_crd_server(info["binary"])

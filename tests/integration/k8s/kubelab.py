@@ -4,7 +4,7 @@
 etcd + kube-apiserver 1.20 (+ kube-controller-manager running only the garbage collector and
 the namespace controller, so foreground deletion and namespace deletion finish) on 127.0.0.1,
 static token auth (group system:masters), RBAC, a self-signed serving certificate, and the
-Kubeflow CRDs from ../shared/crds installed. There is no kubelet and no scheduler: pods are
+Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
 accepted but never run. The recipe is in ../shared/docs/LAB-NOTES.md ("A real Kubernetes API
 server on one machine"):
 
@@ -193,9 +193,10 @@ def cache_dir() -> Path:
 
 
 def default_crds_dir() -> Path:
-    """``$JOBGEN_CRDS_DIR``, else ``../shared/crds`` next to the repository."""
+    """``$JOBGEN_CRDS_DIR``, else the CRDs packaged in the repository's ``jobgen/_crds/`` (the
+    path of ``jobgen.k8s_validate.PACKAGED_CRDS_DIR``, spelt out: this module imports no jobgen)."""
     configured = os.environ.get("JOBGEN_CRDS_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[3].parent / "shared" / "crds"
+    return Path(configured) if configured else Path(__file__).resolve().parents[3] / "jobgen" / "_crds"
 
 
 # --------------------------------------------------------------------------- apt (private configuration)

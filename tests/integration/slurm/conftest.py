@@ -1,8 +1,9 @@
 """The ``slurm_lab`` fixture: a real 2-node SLURM cluster on this machine (see lab.py).
 
-Skips, with the reason, where the machine can't host it: not root, ``JOBGEN_SKIP_SLURM_LAB=1``,
-no unshare/nsenter/ip, or the SLURM packages can't be installed. Any other failure to come up
-is an error (with the daemons' log tails), not a skip. ``JOBGEN_SLURM_LAB_ACCOUNTING=1`` adds
+Skips, with the reason, where the machine can't host it: not Linux, not root, no
+unshare/nsenter/ip, or the SLURM packages can't be installed; under CI (``$CI`` set, see
+tests/conftest.py ``skip_or_fail``) each of those fails instead. ``JOBGEN_SKIP_SLURM_LAB=1``
+skips it everywhere. Any other failure to come up is an error (with the daemons' log tails). ``JOBGEN_SLURM_LAB_ACCOUNTING=1`` adds
 slurmdbd + MariaDB (plain ``sacct``, ``sacct --json``). ``JOBGEN_SLURM_LAB_ROOT`` puts the lab's
 files in a directory of your choice (kept after the run, for reading logs); the fixture owns
 the lab there: it restarts one left running under that root and stops it at the end.
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-
 
 from lab import LabInstallError, SlurmLab  # noqa: E402
 
+from tests.conftest import skip_or_fail  # noqa: E402
+
 MARKER = "slurm_lab"
 
 
@@ -33,10 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def lab_skip_reason() -> str | None:
+def lab_unavailable_reason() -> str | None:
     """Why this machine can't host the lab (None: it can try)."""
-    if os.environ.get("JOBGEN_SKIP_SLURM_LAB") == "1":
-        return "JOBGEN_SKIP_SLURM_LAB=1"
     if not sys.platform.startswith("linux"):
         return f"the SLURM lab needs Linux network namespaces (platform: {sys.platform})"
     if os.geteuid() != 0:
@@ -53,16 +54,18 @@ def lab_skip_reason() -> str | None:
 @pytest.fixture(scope="session")
 def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
     """An up SlurmLab (controller, node1, node2; partition ``lab``) for the whole session."""
-    reason = lab_skip_reason()
+    if os.environ.get("JOBGEN_SKIP_SLURM_LAB") == "1":
+        pytest.skip("JOBGEN_SKIP_SLURM_LAB=1")
+    reason = lab_unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     configured = os.environ.get("JOBGEN_SLURM_LAB_ROOT")
     root = Path(configured) if configured else tmp_path_factory.mktemp("slurm-lab")
     lab = SlurmLab(root, accounting=os.environ.get("JOBGEN_SLURM_LAB_ACCOUNTING") == "1")
     try:
         lab.up()
     except LabInstallError as exc:
-        pytest.skip(f"SLURM packages could not be installed: {exc}")
+        skip_or_fail(f"SLURM packages could not be installed: {exc}")
     except BaseException:
         print(f"SLURM lab failed to come up under {root}; daemon logs:\n{lab.log_tails(40)}",
               file=sys.stderr)
