@@ -379,10 +379,10 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
     """
     from jobgen.estimate import plan_memory
-    from jobgen.plan import check_fit, resolve_world
+    from jobgen.rules import check_fit, resolve_precision, resolve_world
 
-    loaded = load_spec(spec, overrides)
     prof = load_profile(profile, profiles_dir)
+    loaded = resolve_precision(load_spec(spec, overrides), prof)
     world = resolve_world(loaded, prof, spec)
     check_fit(loaded, prof, world, spec)
     mp = plan_memory(loaded, prof, world.num_nodes, world.devices_per_node)

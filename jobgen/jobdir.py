@@ -179,6 +179,12 @@ class ResolvedSpec(BaseModel):
     spec: TrainingSpec = Field(description="What to train.")
     launch: LaunchSpec = Field(description="Where it runs.")
 
+    @model_validator(mode="after")
+    def _precision_resolved(self) -> ResolvedSpec:
+        if self.spec.trainer.precision == "auto":
+            raise ValueError("spec.trainer.precision is 'auto': the planner resolves it from the profile before writing spec.json")
+        return self
+
     def dumps(self) -> str:
         """The file's text: deterministic JSON (field order, 2-space indent, final newline)."""
         from jobgen.render import pretty_json

@@ -22,7 +22,7 @@ from jobgen import __version__
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
-from jobgen.rules import World, check_fit, resolve_world
+from jobgen.rules import World, check_fit, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
 __all__ = ["ApiRequest", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
@@ -158,7 +158,8 @@ def plan(
     spec_source: str = "<spec>",
     profile_source: str = "<profile>",
 ) -> JobPlan:
-    """Plan ``spec`` on ``profile``: resolve the world, run the rules, render the files.
+    """Plan ``spec`` on ``profile``: resolve ``precision: auto`` and the world, run the rules,
+    render the files.
 
     Pure: the same inputs give an equal JobPlan with byte-identical files.
 
@@ -168,6 +169,7 @@ def plan(
     """
     from jobgen.backends import get_backend
 
+    spec = resolve_precision(spec, profile)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
     backend = get_backend(profile.scheduler)

@@ -35,7 +35,7 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 Strategy = Literal["ddp", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
-Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed", "transformer-engine"]
+Precision = Literal["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "transformer-engine"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
 
@@ -293,8 +293,10 @@ class TrainerSpec(_Model):
     ddp_gradient_as_bucket_view: bool = False
     """DDP: gradients are views into the all-reduce buckets (saves one gradient-sized copy of
     memory; torch ``DistributedDataParallel(gradient_as_bucket_view)``)."""
-    precision: Precision = "bf16-mixed"
-    """Numeric precision, in Lightning's names. bf16 needs Ampere or newer GPUs;
+    precision: Precision = "auto"
+    """Numeric precision, in Lightning's names. ``auto`` is resolved at plan time from the
+    profile (spec.json records the result): Ampere or newer GPUs -> ``bf16-mixed``, older GPUs
+    -> ``16-mixed``, CPU -> ``32-true``. bf16 needs Ampere or newer GPUs;
     ``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs
     Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."""
     micro_batch_size: int = Field(default=8, ge=1)

@@ -41,7 +41,9 @@ def test_plan_and_entrypoint_refuse_with_the_same_words(doc, field):
 
     from jobgen.jobdir import LaunchSpec, ResolvedSpec
 
-    resolved = ResolvedSpec(jobgen_version="0", inputs_sha256="0", profile="local", spec=spec,
+    from jobgen.rules import resolve_precision
+
+    resolved = ResolvedSpec(jobgen_version="0", inputs_sha256="0", profile="local", spec=resolve_precision(spec, profile),
                             launch=LaunchSpec(scheduler="local", accelerator="cpu", num_nodes=1, devices_per_node=2, world_size=2))
     with pytest.raises(PlanError) as on_node:
         check_runtime_support(resolved)
@@ -67,3 +69,46 @@ def test_bf16_on_a_pre_ampere_gpu_is_refused_at_plan_time(tmp_path):
     profile = load_profile("slurm-a100", PROFILES).model_copy(update={"gpu_type": "V100", "name": "v100"})
     with pytest.raises(PlanError, match=r"V100 GPUs \(compute capability 7.0\); bf16 needs Ampere"):
         plan(_spec({"trainer": {"precision": "bf16-mixed"}}), profile, TEMPLATES)
+
+
+@pytest.mark.parametrize(("profile", "expected"), [("slurm-a100", "bf16-mixed"), ("k8s-h100", "bf16-mixed"), ("local", "32-true")])
+def test_precision_auto_resolves_from_the_profile_and_spec_json_records_it(profile, expected):
+    import json
+
+    prof = load_profile(profile, PROFILES)
+    job_plan = plan(_spec({"trainer": {"precision": "auto"}}), prof, TEMPLATES)
+    assert json.loads(job_plan.file("spec.json"))["spec"]["trainer"]["precision"] == expected
+
+
+def test_precision_auto_on_pre_ampere_gpus_is_fp16():
+    from jobgen.rules import resolve_precision
+
+    v100 = load_profile("slurm-a100", PROFILES).model_copy(update={"gpu_type": "V100"})
+    assert resolve_precision(_spec({}), v100).trainer.precision == "16-mixed"
+    assert resolve_precision(_spec({"trainer": {"precision": "32-true"}}), v100).trainer.precision == "32-true"
+
+
+def test_a_spec_json_with_precision_auto_is_refused(tmp_path):
+    from jobgen.errors import ConfigError
+    from jobgen.jobdir import load_resolved_spec
+
+    job_plan = plan(_spec({"trainer": {"precision": "32-true"}}), load_profile("local", PROFILES), TEMPLATES)
+    path = tmp_path / "spec.json"
+    path.write_text(job_plan.file("spec.json").replace('"32-true"', '"auto"'))
+    with pytest.raises(ConfigError, match="resolves it from the profile"):
+        load_resolved_spec(path)
+
+
+@pytest.mark.parametrize(("flags", "warned"), [("fpu sse avx2", True), ("fpu avx2 avx512_bf16", False), ("fpu amx_bf16", False)])
+def test_local_bf16_warning_follows_the_cpu_flags(tmp_path, flags, warned):
+    from jobgen.backends.local import bf16_emulation_warning
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    text = bf16_emulation_warning("bf16-mixed", "cpu", cpuinfo)
+    assert (text is not None) == warned
+    if warned:
+        assert "--set trainer.precision=auto" in text and "25x" in text
+    assert bf16_emulation_warning("32-true", "cpu", cpuinfo) is None
+    assert bf16_emulation_warning("bf16-mixed", "gpu", cpuinfo) is None
+    assert bf16_emulation_warning("bf16-mixed", "cpu", tmp_path / "missing") is None
