@@ -40,7 +40,6 @@ def test_plan_and_entrypoint_refuse_with_the_same_words(doc, field):
     assert at_plan.value.location == f"spec.yaml: {field}" and at_plan.value.hint
 
     from jobgen.jobdir import LaunchSpec, ResolvedSpec
-
     from jobgen.rules import resolve_precision
 
     resolved = ResolvedSpec(jobgen_version="0", inputs_sha256="0", profile="local", spec=resolve_precision(spec, profile),
