@@ -1,0 +1,99 @@
+"""`str(plan)` shows exactly what submit does: for each backend, submit runs through a fake
+runner that records every command or API request, and the record must equal the plan's
+submit steps (placeholders filled in)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobgen import api
+from jobgen.backends import get_backend
+from jobgen.backends import kubernetes as k8s
+from jobgen.backends.base import SubmitOptions
+from jobgen.plan import ApiRequest, Command
+from tests.conftest import EXAMPLES
+from tests.unit.test_k8s_submit import FakeCluster
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+
+
+def test_slurm_submit_runs_the_planned_sbatch_command(tmp_path, monkeypatch):
+    from jobgen.backends import slurm
+
+    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu")
+    job_dir = tmp_path / "manifests" / "slurm-cpu" / "quickstart"
+    api.render(job_plan, tmp_path / "manifests")
+    ran: list[tuple[list[str], Path | None, dict[str, str]]] = []
+
+    def fake_run(argv, *, cwd=None, env=None, timeout_s=60.0, what="command"):
+        ran.append((list(argv), cwd, dict(env or {})))
+        return subprocess.CompletedProcess(argv, 0, stdout="4242\n", stderr="")
+
+    monkeypatch.setattr(slurm, "run_command", fake_run)
+    runs = tmp_path / "runs"
+    result = get_backend("slurm").submit(job_dir, SubmitOptions(runs_dir=runs))
+    assert str(result.handle).endswith("/4242") and result.action == "submitted"
+    (step,) = job_plan.submit_steps
+    assert isinstance(step, Command)
+    filled = [arg.replace(slurm.RUNS_DIR_PLACEHOLDER, str(runs.resolve())) for arg in step.argv]
+    argv, cwd, env = ran[0]
+    assert argv == filled and cwd == job_dir.resolve()
+    for key, value in step.env:
+        assert env[key] == value.replace(slurm.RUNS_DIR_PLACEHOLDER, str(runs.resolve()))
+    assert str(step) in str(job_plan)  # what `render --stdout` prints
+    assert result.record is not None and list(result.record.argv or ()) == argv
+
+
+def test_kubernetes_submit_makes_the_planned_api_requests(tmp_path, monkeypatch):
+    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "k8s-h100", overrides=["resources.nodes=2"])
+    api.render(job_plan, tmp_path / "manifests")
+    cluster = FakeCluster()
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
+    result = get_backend("kubernetes").submit(tmp_path / "manifests" / job_plan.job_subdir, SubmitOptions(), lambda _: None)
+    assert result.action == "created"
+    made = [(method, path, tuple(q for q in query if q[0] != "fieldValidation")) for method, path, query in cluster.calls
+            if path != "/version"]
+    planned = [(s.method, s.path, s.query) for s in job_plan.submit_steps if isinstance(s, ApiRequest) and not s.when.startswith("--replace")]
+    assert made == planned
+    assert all(str(s) in str(job_plan) for s in job_plan.submit_steps)
+
+
+def test_local_submit_runs_the_planned_command(tmp_path):
+    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "local")
+    ran: list[tuple[list[str], Path, dict[str, str]]] = []
+
+    def runner(argv, cwd, env):
+        ran.append((argv, cwd, env))
+        return 0
+
+    options = SubmitOptions(runs_dir=tmp_path / "runs")
+    backend = get_backend("local")
+    job_dir = backend.job_dir(job_plan, tmp_path, options)
+    job_plan.write(job_dir)
+    result = backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=runner)
+    (step,) = job_plan.submit_steps
+    argv, cwd, env = ran[0]
+    assert argv == [sys.executable if a == "python" else a for a in step.argv] and cwd == job_dir.resolve()
+    assert all(env[k] == v for k, v in step.env)
+    assert result.action == "completed" and str(result.handle) == f"local://{job_dir.resolve()}"
+    # A written local job directory re-plans the same command (refused when its inputs differ).
+    ran.clear()
+    backend.submit(job_dir, options, lambda _: None, runner=runner)
+    assert ran[0][0] == argv
+
+
+def test_an_option_of_another_scheduler_is_refused_with_its_counterpart():
+    from jobgen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--test-only does not apply to kubernetes") as info:
+        get_backend("kubernetes").check_options(SubmitOptions(test_only=True))
+    assert "--dry-run=server" in (info.value.hint or "")
+    with pytest.raises(ConfigError, match="--replace does not apply to slurm"):
+        get_backend("slurm").check_options(SubmitOptions(replace=True))
