@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
+from jobgen.train.checkpoints import save_checkpoint_atomically
 from jobgen.train.measure import mfu, peak_memory
 
 
@@ -229,7 +230,8 @@ class RequeueOnSignal(Callback):
     cluster in CI). Here the handler only records the signal. At every optimizer step the ranks
     agree whether any of them got it by the step before (an asynchronous all-reduce of one flag
     in a gloo group, read one step later: no device sync, no wait; nothing with one process); if
-    so, all ranks save ``hpc_ckpt_<n>.ckpt`` together, global rank 0 runs
+    so, all ranks save ``hpc_ckpt_<n>.ckpt`` together (written under a hidden name, renamed when
+    complete: :func:`jobgen.train.checkpoints.save_checkpoint_atomically`), global rank 0 runs
     ``scontrol requeue <job id>``, and training stops. ``resume: auto`` picks the checkpoint up
     when SLURM starts the job again (SLURM_RESTART_COUNT 1, 2, ...).
 
@@ -339,7 +341,7 @@ class RequeueOnSignal(Callback):
             print(f"requeue: {name} received; saving a checkpoint at step {step} on all ranks", flush=True)
         path = self.next_checkpoint_path() if trainer.is_global_zero else None
         path = trainer.strategy.broadcast(path, src=0)
-        trainer.save_checkpoint(path)
+        save_checkpoint_atomically(trainer, path)  # a kill during the save leaves no half checkpoint to resume
         ok = True
         if trainer.is_global_zero:
             argv = [*self.requeue_command, self.job_id]

@@ -4,22 +4,30 @@ Checkpoints live in ``<run_dir>/checkpoints``: ``step-<global step>.ckpt`` every
 steps and at the end, ``last.ckpt``, and ``hpc_ckpt_<n>.ckpt`` written by
 :class:`jobgen.train.callbacks.RequeueOnSignal` when SLURM signals a job before its time limit or
 pre-emption. A checkpoint is a file, or a directory for
-sharded strategies (FSDP sharded state dict, DeepSpeed).
+sharded strategies (FSDP sharded state dict, DeepSpeed). Checkpoints are written under a hidden
+name (``.<name>.partial``) and renamed when complete; names starting with a dot are never resumed
+from.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.trainer.states import TrainerFn
 
 STEP_FILENAME = "step-{step:08d}"
-"""ModelCheckpoint filename template of the step checkpoints (``.ckpt`` is appended)."""
+"""Name template of the step checkpoints (``.ckpt`` is appended)."""
+LAST_NAME = "last.ckpt"
+"""The checkpoint rewritten after every step checkpoint."""
 
 _STEP_NAME_RE = re.compile(r"step-(\d+)(?:-v\d+)?\.ckpt")
 # Files inside a checkpoint directory that hold the trainer state (with "global_step"):
@@ -99,24 +107,209 @@ def newest_checkpoint(ckpt_dir: Path) -> FoundCheckpoint | None:
     return found[0] if found else None
 
 
-class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that also saves when training reaches ``max_steps``.
+def _remove_path(path: Path) -> None:
+    """Delete a checkpoint file, directory or symlink; nothing if absent."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
-    Stock ModelCheckpoint with ``every_n_train_steps`` saves only on multiples of N, so a run
-    whose ``max_steps`` is not a multiple would end with an older ``last.ckpt`` and a resumed
-    job would repeat steps. Relies on ModelCheckpoint's internal save helpers (Lightning 2.6).
+
+def _move_into_place(partial: Path, final: Path) -> None:
+    """Rename a finished checkpoint (file or directory) to its final name.
+
+    A file replaces a file in one atomic ``os.replace``. A directory (sharded checkpoint) cannot
+    replace another one atomically: the old one is first renamed to a hidden name, so a reader
+    finds the old checkpoint, for an instant none, or the new one, never a half-written one.
     """
+    if partial.is_file() and not (final.is_dir() and not final.is_symlink()):
+        os.replace(partial, final)
+        return
+    aside = final.with_name(f".{final.name}.old")
+    _remove_path(aside)
+    if final.exists() or final.is_symlink():
+        os.replace(final, aside)
+    os.replace(partial, final)
+    _remove_path(aside)
+
+
+def save_checkpoint_atomically(trainer: Trainer, path: Path) -> None:
+    """``trainer.save_checkpoint`` to ``.<name>.partial``, then renamed to ``path`` (collective).
+
+    Every rank must call this, as :meth:`lightning.pytorch.Trainer.save_checkpoint` requires (it
+    ends with a barrier); the strategy decides who writes what: global rank zero the whole file
+    under DDP and full state dicts, every rank its shard under FSDP sharded state dicts and
+    DeepSpeed (a directory). Global rank zero then renames the result. A job killed during the
+    save leaves only the hidden partial, which :func:`find_checkpoints` skips and the next save
+    to the same name clears; never a truncated checkpoint under a name that resume picks.
+    Sharded checkpoints need a directory all nodes share, as resuming from them does.
+    """
+    partial = path.with_name(f".{path.name}.partial")
+    if trainer.is_global_zero:
+        _remove_path(partial)
+    trainer.strategy.barrier("jobgen-checkpoint-partial")
+    trainer.save_checkpoint(partial, weights_only=False)
+    if trainer.is_global_zero:
+        _move_into_place(partial, path)
+    trainer.strategy.barrier("jobgen-checkpoint-renamed")
+
+
+class StepCheckpoint(Checkpoint):
+    """Saves ``step-<global step>.ckpt`` every ``every_n_steps`` optimizer steps and at
+    ``max_steps``, keeps the newest ``keep_last_k`` of them, and rewrites ``last.ckpt`` after each.
+
+    Lightning's ``ModelCheckpoint(every_n_train_steps=N)`` saves on multiples of N only, so a run
+    whose ``max_steps`` is not a multiple would end with an older ``last.ckpt`` and a resumed job
+    would repeat steps. This callback uses public Lightning API only: the base class for custom
+    checkpoint callbacks (``lightning.pytorch.callbacks.Checkpoint``: the Trainer then adds no
+    ModelCheckpoint of its own and runs this callback after the others, as it runs ModelCheckpoint),
+    the callback hooks, :meth:`Trainer.save_checkpoint` (through
+    :func:`save_checkpoint_atomically`), ``Strategy.remove_checkpoint`` (global rank zero deletes)
+    and ``Strategy.barrier``. Its decisions depend only on the global step and the checkpointed
+    state, the same on every rank.
+
+    It writes the files the ModelCheckpoint subclass it replaces wrote (``ModelCheckpoint(
+    every_n_train_steps=N, save_top_k=k, monitor="step", mode="max", save_last=True,
+    enable_version_counter=False)`` plus a save at ``max_steps``; Lightning 2.6,
+    ``lightning/pytorch/callbacks/model_checkpoint.py``):
+
+    * at optimizer step ``s`` with ``s % every_n_steps == 0`` or ``s == max_steps``, once per step,
+      only in ``fit`` and not in the sanity check: ``step-<s>.ckpt``, then ``last.ckpt``;
+    * retention (ModelCheckpoint's top k of the monitored ``step``, mode ``max``): of the step
+      checkpoints this run saved and those the checkpoint it resumed from had kept in the same
+      directory, the newest ``keep_last_k`` stay; an older one is deleted after the new one is
+      written, unless it is the checkpoint the run resumed from or lies outside ``dirpath``
+      (``ModelCheckpoint._should_remove_checkpoint``); files it never kept are left alone;
+    * when training ends without any save in this process (a requeue before the first interval),
+      ``last.ckpt`` is written at the end (``ModelCheckpoint.on_train_end``, ``save_last=True``).
+
+    Where it differs from Lightning 2.6's ModelCheckpoint, deliberately:
+
+    * a resumed run does not save again at the step it resumed from: with gradient accumulation
+      ModelCheckpoint did, after the first micro batch, in the middle of an accumulation window;
+    * a save step that ends a Lightning epoch is saved at that step: ModelCheckpoint with a
+      monitor deferred it to the next validation end, a later step unless validation ran then;
+    * a smaller ``keep_last_k`` on resume deletes down to the new k (ModelCheckpoint kept all);
+    * each file or directory is written under a hidden name and renamed into place.
+
+    ``state_dict`` has ModelCheckpoint's keys and ``state_key`` is the one the ModelCheckpoint
+    subclass had, so a run resumes across this change, either way, with its retention state.
+
+    Args:
+        dirpath: the checkpoint directory (``<run_dir>/checkpoints``).
+        every_n_steps: optimizer steps between step checkpoints.
+        keep_last_k: step checkpoints to keep (newest first); ``last.ckpt`` is kept in addition.
+    """
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int, keep_last_k: int):
+        if every_n_steps < 1 or keep_last_k < 1:
+            raise ValueError(f"every_n_steps and keep_last_k must be >= 1, got {every_n_steps} and {keep_last_k}")
+        # Resolved as ModelCheckpoint resolves it: checkpointed state is matched against it.
+        self.dirpath = os.path.realpath(os.path.expanduser(dirpath))
+        self.every_n_steps = every_n_steps
+        self.keep_last_k = keep_last_k
+        self.kept: dict[str, int] = {}
+        """The step checkpoints kept: path -> global step."""
+        self.best_model_path = ""
+        """The newest kept step checkpoint (ModelCheckpoint's name: best by the monitored step)."""
+        self.last_model_path = ""
+        """``<dirpath>/last.ckpt`` once written."""
+        self._last_saved_step: int | None = None
+        self._saved_in_this_process = False
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint: the ModelCheckpoint subclass's key
+        (``Callback._generate_state_key`` of its monitor, mode and triggers), kept so that
+        checkpoints written before and after this class replaced it restore each other's state."""
+        triggers = {"monitor": "step", "mode": "max", "every_n_train_steps": self.every_n_steps}
+        return "StepCheckpoint" + repr({**triggers, "every_n_epochs": 0, "train_time_interval": None})
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Training starts (or resumes) at a step that needs no new checkpoint."""
+        self._last_saved_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Save every N steps (stock behaviour) and once more at ``max_steps``."""
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if (
-            trainer.max_steps > 0
-            and trainer.global_step >= trainer.max_steps
-            and not self._should_skip_saving_checkpoint(trainer)
-        ):
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        """After an optimizer step that is a multiple of ``every_n_steps`` or ``max_steps``: save."""
+        step = trainer.global_step
+        if step == self._last_saved_step or trainer.fast_dev_run or trainer.sanity_checking:
+            return  # also every micro batch but the last of an accumulation window
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps):
+            self._save_step(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write ``last.ckpt`` if this process has saved nothing (training stopped early)."""
+        if not self._saved_in_this_process:
+            self._save_last(trainer)
+
+    def _save_step(self, trainer: Trainer) -> None:
+        step = trainer.global_step
+        path = os.path.join(self.dirpath, STEP_FILENAME.format(step=step) + ".ckpt")
+        self.kept[path] = step
+        dropped = []
+        while len(self.kept) > self.keep_last_k:
+            oldest = min(self.kept, key=self.kept.__getitem__)
+            del self.kept[oldest]
+            dropped.append(oldest)
+        # Set before saving: the checkpoint carries the state that includes itself.
+        self.best_model_path = max(self.kept, key=self.kept.__getitem__)
+        self.last_model_path = os.path.join(self.dirpath, LAST_NAME)
+        save_checkpoint_atomically(trainer, Path(path))
+        self._mark_saved(trainer)
+        for old in dropped:
+            if self._may_remove(trainer, old, path):
+                trainer.strategy.remove_checkpoint(old)
+        self._save_last(trainer)
+
+    def _save_last(self, trainer: Trainer) -> None:
+        self.last_model_path = os.path.join(self.dirpath, LAST_NAME)
+        save_checkpoint_atomically(trainer, Path(self.last_model_path))
+        self._mark_saved(trainer)
+
+    def _mark_saved(self, trainer: Trainer) -> None:
+        self._last_saved_step = trainer.global_step
+        self._saved_in_this_process = True
+
+    def _may_remove(self, trainer: Trainer, old: str, new: str) -> bool:
+        """Not the file just written, not the one resumed from, and inside ``dirpath``."""
+        old_real = os.path.realpath(old)
+        if old_real == os.path.realpath(new):
+            return False
+        if trainer.ckpt_path is not None and old_real == os.path.realpath(trainer.ckpt_path):
+            return False
+        return Path(self.dirpath) in Path(old_real).parents
+
+    def state_dict(self) -> dict[str, Any]:
+        """ModelCheckpoint's state (Lightning 2.6 ``ModelCheckpoint.state_dict``) for ``step``, mode ``max``."""
+        scores = {path: torch.tensor(step) for path, step in self.kept.items()}
+        kth = min(self.kept, key=self.kept.__getitem__) if len(self.kept) >= self.keep_last_k else ""
+        best = scores.get(self.best_model_path)
+        return {
+            "monitor": "step",
+            "best_model_score": best,
+            "best_model_path": self.best_model_path,
+            "current_score": best,
+            "dirpath": self.dirpath,
+            "best_k_models": scores,
+            "kth_best_model_path": kth,
+            "kth_value": scores[kth] if kth else torch.tensor(-torch.inf),
+            "last_model_path": self.last_model_path,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the kept checkpoints, if they were kept in this ``dirpath`` (as ModelCheckpoint does)."""
+        saved_dir = state_dict.get("dirpath", self.dirpath)
+        if saved_dir == self.dirpath:
+            self.kept = {str(path): int(step) for path, step in state_dict.get("best_k_models", {}).items()}
+            self.last_model_path = state_dict.get("last_model_path", self.last_model_path)
+        else:
+            warnings.warn(
+                f"the checkpoint kept its step checkpoints in {saved_dir!r}, this run keeps them in "
+                f"{self.dirpath!r}: those in {saved_dir!r} are not counted towards keep_last_k",
+                stacklevel=2,
+            )
+        self.best_model_path = state_dict.get("best_model_path", "")

@@ -38,7 +38,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStr
 from jobgen.errors import ConfigError
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
-from jobgen.train.checkpoints import STEP_FILENAME, FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
@@ -51,8 +51,6 @@ _QUIET_WARNINGS = (
     r".*does not have many workers.*",
     # The data module continues at global_step x samples_per_step, so mid-epoch resume is exact.
     r".*resuming from a checkpoint that ended before the epoch ended.*",
-    # Resuming writes into the same checkpoint directory on purpose.
-    r".*Checkpoint directory .* exists and is not empty.*",
     # FSDP sharded checkpoints: torch's own deprecation notice, and the intended overwrite of last.ckpt.
     r".*Please use DTensor instead and we are deprecating ShardedTensor.*",
     r".*Detected an existing checkpoint in .*, overwriting since self.overwrite=True.*",
@@ -174,15 +172,7 @@ def build_trainer(
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
     checkpoint = StepCheckpoint(
-        dirpath=paths.checkpoints,
-        filename=STEP_FILENAME,
-        auto_insert_metric_name=False,
-        every_n_train_steps=spec.checkpoint.every_n_steps,
-        save_top_k=spec.checkpoint.keep_last_k,
-        monitor="step",
-        mode="max",
-        save_last=True,
-        enable_version_counter=False,
+        paths.checkpoints, every_n_steps=spec.checkpoint.every_n_steps, keep_last_k=spec.checkpoint.keep_last_k
     )
     callbacks: list[Callback] = [checkpoint, throughput]
     gradient_clip_val = t.gradient_clip_val

@@ -15,6 +15,13 @@ Stock Lightning refuses both on CPU (LAB-NOTES "Training stack on CPU"):
 Everything else (sharding, ZeRO partitioning and offload, checkpointing, precision) is left to
 Lightning and the engines. Use sharded state-dict checkpoints with FSDP on CPU: gathering a
 full state dict segfaults there (LAB-NOTES).
+
+Two of the overrides are private Lightning methods, as no public hook wraps the model or calls
+``deepspeed.initialize``: ``FSDPStrategy._setup_model`` and
+``DeepSpeedStrategy._setup_model_and_optimizer`` (lightning/pytorch/strategies/fsdp.py and
+deepspeed.py, Lightning 2.6). tests/entrypoint/test_lightning_api.py pins them, their parameters,
+that Lightning still calls them, and the FSDPStrategy attributes read here (``kwargs``,
+``cpu_offload``, ``sharding_strategy``, ``mixed_precision_config``); setup.cfg bounds lightning.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ class CPUFSDPStrategy(FSDPStrategy):
     """
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        """Wrap ``model`` in FSDP on the CPU, then let Lightning finish its set-up."""
+        """Wrap ``model`` in FSDP on the CPU, then let Lightning finish its set-up.
+
+        Overrides the private ``FSDPStrategy._setup_model`` (called from ``FSDPStrategy.setup``),
+        which wraps with ``device_id=root_device.index`` (``None`` on CPU) unless the model is
+        already wrapped; the parent then applies activation checkpointing.
+        """
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
@@ -74,6 +86,10 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         self, model: nn.Module, optimizer: Any, lr_scheduler: Any = None
     ) -> tuple[Any, Any]:
         """``deepspeed.initialize`` as in the parent, with ``device_rank`` = the local rank.
+
+        Overrides the private ``DeepSpeedStrategy._setup_model_and_optimizer`` (called from
+        ``DeepSpeedStrategy._initialize_deepspeed_train`` and ``_setup_model_and_optimizers``),
+        which passes ``device_rank=root_device.index`` (``None`` on CPU).
 
         Returns:
             the ``DeepSpeedEngine`` and DeepSpeed's wrapped optimizer.

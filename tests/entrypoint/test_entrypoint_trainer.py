@@ -46,7 +46,10 @@ def test_trainer_counts_intervals_in_optimizer_steps(write_spec, tmp_path: Path)
     assert trainer.num_devices == 2 and trainer.num_nodes == 1
     assert isinstance(checkpoint, StepCheckpoint)
     assert Path(checkpoint.dirpath) == (tmp_path / "run" / "checkpoints").resolve()
-    assert checkpoint.save_top_k == 2 and checkpoint.monitor == "step"
+    assert checkpoint.keep_last_k == 2 and checkpoint.every_n_steps == 10
+    # The checkpoint callback Lightning knows (a Checkpoint): no default ModelCheckpoint is added,
+    # and it runs after the other callbacks, as ModelCheckpoint did.
+    assert trainer.checkpoint_callbacks == [checkpoint] and trainer.callbacks[-1] is checkpoint
     assert Path(logger.root_dir) == tmp_path / "run" / "logs"
     # pytest captures stdout (not a TTY): one line per log interval instead of a progress bar
     assert any(isinstance(cb, LineProgress) for cb in trainer.callbacks)
