@@ -382,10 +382,19 @@ def _squeue(jid: str) -> dict[str, Any] | None:
     return jobs[0] if jobs else None
 
 
+#: State flags that squeue's one-word state shows instead of the base state, in the order
+#: SLURM's job_state_string() checks them (src/common/slurm_protocol_defs.c).
+_SHOWN_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
 def _flag(value: Any) -> str:
-    """squeue/sacct JSON state fields are a string (22.05) or a list of flags (23.02+)."""
+    """squeue/sacct JSON state fields are a string (22.05) or a list of flags (23.02+): the base
+    state plus flags, e.g. ``["CANCELLED", "COMPLETING"]`` while the ranks stop, which squeue
+    (and 22.05's JSON) shows as COMPLETING; so a flag from that list wins over the base state."""
     if isinstance(value, list):
-        return value[0] if value else "UNKNOWN"
+        shown = [flag for flag in _SHOWN_FLAGS if flag in value]
+        return shown[0] if shown else value[0] if value else "UNKNOWN"
     return str(value)
 
 

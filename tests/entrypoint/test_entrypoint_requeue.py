@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.entrypoint.conftest import REPO, child_env
+from tests.ports import ATTEMPTS, address_in_use, next_port
 
 TIMEOUT_S = 240
 
@@ -30,12 +31,6 @@ SCONTROL = """#!/bin/sh
 echo "$@" >> "$FAKE_SCONTROL_LOG"
 exit "${FAKE_SCONTROL_RC:-0}"
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _srun_env(tmp_path: Path, rank: int, ntasks: int, port: int, scontrol_rc: int) -> dict[str, str]:
@@ -58,31 +53,59 @@ def _srun_env(tmp_path: Path, rank: int, ntasks: int, port: int, scontrol_rc: in
 
 
 def _launch(tmp_path: Path, spec: Path, ntasks: int, scontrol_rc: int = 0) -> list[tuple[subprocess.Popen, Path]]:
-    """Start ``ntasks`` ranks as srun would (one per node); rank i writes to out-<i>.txt."""
-    port = _free_port()
-    procs = []
-    for rank in range(ntasks):
-        out = tmp_path / f"out-{rank}.txt"
-        with open(out, "w") as fh:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "jobgen.train", "--spec", str(spec), "--run-dir", str(tmp_path / "run")],
-                cwd=REPO, env=_srun_env(tmp_path, rank, ntasks, port, scontrol_rc),
-                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        procs.append((proc, out))
-    return procs
+    """Start ``ntasks`` ranks as srun would (one per node); rank i writes to out-<i>.txt.
+
+    Every rank must get MASTER_PORT before rank 0's TCPStore binds it, so the port cannot be
+    picked by the listener; it comes from tests/ports.py (below the ephemeral range, a stretch
+    of its own per test process), and when rank 0 still finds it taken (EADDRINUSE) every rank
+    is stopped and started again on the next port. Returns once training has begun (a
+    ``step N/`` line from rank 0) or a rank has exited for another reason.
+    """
+    for _ in range(ATTEMPTS):
+        port = next_port()
+        procs = []
+        for rank in range(ntasks):
+            out = tmp_path / f"out-{rank}.txt"
+            with open(out, "w") as fh:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "jobgen.train", "--spec", str(spec), "--run-dir", str(tmp_path / "run")],
+                    cwd=REPO, env=_srun_env(tmp_path, rank, ntasks, port, scontrol_rc),
+                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
+            procs.append((proc, out))
+        if not _lost_the_port(procs):
+            return procs
+        _kill(procs)
+    pytest.fail(f"rank 0 found each of {ATTEMPTS} ports taken (EADDRINUSE)")
+
+
+def _lost_the_port(procs: list[tuple[subprocess.Popen, Path]]) -> bool:
+    """Wait until rank 0 trains or a rank exits; True when a rank exited because the port was taken."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if re.search(r"(?m)^step \d+/", procs[0][1].read_text()):
+            return False
+        if any(p.poll() is not None for p, _ in procs):
+            return any(p.poll() not in (None, 0) and address_in_use(out.read_text()) for p, out in procs)
+        time.sleep(0.1)
+    return False  # the caller's own waits report the hang
+
+
+def _kill(procs: list[tuple[subprocess.Popen, Path]]) -> None:
+    for proc, _ in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _wait(procs: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     codes = []
-    for proc, out in procs:
+    for proc, _ in procs:
         try:
             codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                if other.poll() is None:
-                    os.killpg(other.pid, signal.SIGKILL)
+            _kill(procs)
             logs = "\n".join(f"--- {o.name} ---\n{o.read_text()[-3000:]}" for _, o in procs)
             pytest.fail(f"ranks still running after {timeout} s (deadlock?)\n{logs}")
     return codes

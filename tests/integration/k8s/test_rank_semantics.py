@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from jobgen.backends import k8s_manifest
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
 from tests.conftest import REPO, TEMPLATES, require
+from tests.ports import ATTEMPTS, address_in_use, next_port
 
 torch_run = require("torch.distributed.run", "torch not installed (pip install -e .[train])")
 require("lightning", "lightning not installed (pip install -e .[train])")
@@ -46,12 +46,6 @@ if os.environ.get("TORCHELASTIC_RUN_ID") and "LOCAL_RANK" in os.environ:
     with open(os.path.join(os.environ["JOBGEN_RANKS_DIR"], f"{os.getpid()}.json"), "w") as fh:
         json.dump({k: os.environ.get(k) for k in keys}, fh)
 '''
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_profile(tmp_path: Path, port: int) -> Path:
@@ -131,7 +125,34 @@ def test_torchrun_reads_the_operators_master_address(tmp_path):
 
 
 def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_path):
-    port = _free_port()
+    # Both pods' torchrun need the master port up front (the master's agent binds it), so the
+    # listener cannot pick it: ports come from tests/ports.py, and when the master still finds
+    # its port taken (EADDRINUSE) both pods are stopped and started again on the next one.
+    for attempt in range(ATTEMPTS):
+        root = tmp_path / f"attempt-{attempt}"
+        root.mkdir()
+        procs, lost_port = _run_pods(root, next_port())
+        if not lost_port:
+            break
+    else:
+        pytest.fail(f"the master found each of {ATTEMPTS} ports taken (EADDRINUSE)")
+    output = _logs(root, procs)
+    assert [proc.returncode for _, _, proc in procs] == [0, 0], output
+    assert not address_in_use(output), output
+    views = [json.loads(p.read_text()) for p in sorted((root / "ranks").glob("*.json"))]
+    assert len(views) == 4, views
+    assert sorted(int(v["RANK"]) for v in views) == [0, 1, 2, 3]
+    assert {v["WORLD_SIZE"] for v in views} == {"4"}
+    by_pod = {pod: sorted(int(v["RANK"]) for v in views if v["JOBGEN_POD"] == pod) for pod, _, _ in procs}
+    assert by_pod == {"master-0": [0, 1], "worker-0": [2, 3]}
+    assert sorted(int(v["LOCAL_RANK"]) for v in views) == [0, 0, 1, 1]
+    summary = json.loads((root / "runs" / "rank-check" / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["global_step"] == 6, summary
+
+
+def _run_pods(tmp_path: Path, port: int) -> tuple[list[tuple[str, Any, Any]], bool]:
+    """Run the two pods to the end with master port ``port``; returns them and whether the master
+    exited because the port was taken (then the worker is stopped at once, not left waiting)."""
     config_map, job = _render(tmp_path, port)
     runs = tmp_path / "runs"  # one RWX volume for both pods
     ranks_dir = tmp_path / "ranks"
@@ -161,28 +182,23 @@ def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_
         procs.append((pod, log, subprocess.Popen(argv, cwd=tmp_path / pod, env=process_env, stdout=log, stderr=subprocess.STDOUT,
                                                  start_new_session=True)))
     deadline = time.monotonic() + 420
+    master = procs[0][2]
+    lost_port = False
     try:
-        for _, _, proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for _, _, proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the two pods hung (rendezvous never completed?)\n" + _logs(tmp_path, procs))
+        while any(proc.poll() is None for _, _, proc in procs):
+            if master.poll() not in (None, 0) and address_in_use((tmp_path / "master-0.log").read_text()):
+                lost_port = True
+                break
+            if time.monotonic() > deadline:
+                pytest.fail("the two pods hung (rendezvous never completed?)\n" + _logs(tmp_path, procs))
+            time.sleep(0.2)
     finally:
-        for _, log, _ in procs:
+        for _, log, proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             log.close()
-    output = _logs(tmp_path, procs)
-    assert [proc.returncode for _, _, proc in procs] == [0, 0], output
-    assert "EADDRINUSE" not in output and "Address already in use" not in output, output
-    views = [json.loads(p.read_text()) for p in sorted(ranks_dir.glob("*.json"))]
-    assert len(views) == 4, views
-    assert sorted(int(v["RANK"]) for v in views) == [0, 1, 2, 3]
-    assert {v["WORLD_SIZE"] for v in views} == {"4"}
-    by_pod = {pod: sorted(int(v["RANK"]) for v in views if v["JOBGEN_POD"] == pod) for pod, _, _ in procs}
-    assert by_pod == {"master-0": [0, 1], "worker-0": [2, 3]}
-    assert sorted(int(v["LOCAL_RANK"]) for v in views) == [0, 0, 1, 1]
-    summary = json.loads((runs / "rank-check" / "summary.json").read_text())
-    assert summary["world_size"] == 4 and summary["global_step"] == 6, summary
+    return procs, lost_port
 
 
 def _logs(tmp_path: Path, procs: list[tuple[str, Any, Any]]) -> str:

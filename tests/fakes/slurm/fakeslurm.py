@@ -1,0 +1,195 @@
+"""Fake SLURM client commands (sbatch, squeue, sacct, scancel, scontrol) for offline tests.
+
+Run as a program (``fakeslurm.py PROG ARGS...``, through the wrappers :class:`FakeSlurm` puts
+on PATH) it plays one client command: it appends ``{"prog", "argv", "cwd", ...}`` to the
+``calls`` of the JSON state file named by ``$FAKE_SLURM_STATE`` and answers with the next
+response queued for that command (``responses[<command>]``, a list; the last one repeats).
+``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``. A command with no
+response queued exits 97 and says so, so an unexpected call fails the test instead of passing
+silently.
+
+Imported, it gives the tests :class:`FakeSlurm` and builders for the documents real SLURM
+prints: ``squeue --json`` in the 22.05 shape (``job_state`` a string, ``exit_code`` a wait(2)
+status, plain numbers) and the 23.02+ shape (``job_state`` a list of base state + flags,
+numbers as ``{"set", "infinite", "number"}`` objects, ``exit_code`` an object), and
+``sacct --parsable2`` rows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+PROGRAMS = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
+NOT_CONFIGURED_RC = 97
+
+
+# --------------------------------------------------------------------------- the fake programs
+
+
+def _command_key(prog: str, args: list[str]) -> str:
+    return "sacct -c" if prog == "sacct" and "-c" in args else prog
+
+
+def _call_record(prog: str, args: list[str]) -> dict[str, Any]:
+    call: dict[str, Any] = {"prog": prog, "argv": args, "cwd": os.getcwd()}
+    if prog == "sbatch":
+        # what real sbatch would see: the script (read relative to the cwd), the --chdir target,
+        # and the environment it exports to the job
+        script = Path(args[-1]) if args else None
+        call["script_exists"] = bool(script and script.is_file())
+        chdir = next((a.split("=", 1)[1] for a in args if a.startswith("--chdir=")), None)
+        call["chdir_exists"] = bool(chdir and Path(chdir).is_dir())
+        call["env"] = {k: os.environ[k] for k in ("JOBGEN_RUN_DIR",) if k in os.environ}
+    return call
+
+
+def main(argv: list[str]) -> int:
+    prog, args = argv[0], argv[1:]
+    call = _call_record(prog, args)
+    state_path = Path(os.environ["FAKE_SLURM_STATE"])
+    with open(f"{state_path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(state_path.read_text())
+        state["calls"].append(call)
+        queue = state["responses"].get(_command_key(prog, args)) or []
+        response = queue.pop(0) if len(queue) > 1 else (queue[0] if queue else None)
+        tmp = state_path.with_name(state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, state_path)
+    if response is None:
+        sys.stderr.write(f"fakeslurm: no response queued for {_command_key(prog, args)!r} (argv {args})\n")
+        return NOT_CONFIGURED_RC
+    if prog == "sbatch" and not call["script_exists"]:
+        sys.stderr.write(f"sbatch: error: Unable to open file {args[-1] if args else ''}\n")
+        return 1
+    if "json" in response:
+        sys.stdout.write(json.dumps(response["json"], indent=2) + "\n")
+    sys.stdout.write(response.get("stdout", ""))
+    sys.stderr.write(response.get("stderr", ""))
+    return int(response.get("rc", 0))
+
+
+# --------------------------------------------------------------------------- test side
+
+
+class FakeSlurm:
+    """The fake commands installed under ``root``: ``env`` puts them first on PATH."""
+
+    def __init__(self, root: Path):
+        self.bin = root / "fake-slurm-bin"
+        self.state = root / "fake-slurm-state.json"
+        self.bin.mkdir(parents=True)
+        for prog in PROGRAMS:
+            wrapper = self.bin / prog
+            wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(__file__)} {prog} \"$@\"\n")
+            wrapper.chmod(0o755)
+        self.state.write_text(json.dumps({"responses": {}, "calls": []}))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Only the fakes and the base system on PATH: a real SLURM client is never reached."""
+        return {"PATH": f"{self.bin}{os.pathsep}/usr/bin{os.pathsep}/bin", "FAKE_SLURM_STATE": str(self.state)}
+
+    def _update(self, change: Any) -> None:
+        state = json.loads(self.state.read_text())
+        change(state)
+        self.state.write_text(json.dumps(state, indent=1))
+
+    def respond(self, command: str, *responses: dict[str, Any]) -> None:
+        """Queue ``responses`` for ``command`` (``"sbatch"``, ``"sacct -c"``, ...), replacing any left."""
+        self._update(lambda s: s["responses"].__setitem__(command, list(responses)))
+
+    def calls(self, prog: str | None = None) -> list[dict[str, Any]]:
+        calls = json.loads(self.state.read_text())["calls"]
+        return [c for c in calls if prog is None or c["prog"] == prog]
+
+    def argvs(self, prog: str | None = None) -> list[list[str]]:
+        """Every argv received, program name first, in call order."""
+        return [[c["prog"], *c["argv"]] for c in self.calls(prog)]
+
+    def forget_calls(self) -> None:
+        self._update(lambda s: s.__setitem__("calls", []))
+
+
+def reply(stdout: str = "", stderr: str = "", rc: int = 0) -> dict[str, Any]:
+    return {"stdout": stdout, "stderr": stderr, "rc": rc}
+
+
+def json_reply(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"json": doc, "rc": 0}
+
+
+#: What squeue prints (exit 1) for a job id the controller does not know (any more).
+SQUEUE_INVALID_JOB = reply(stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1)
+#: sacct without slurmdbd.
+SACCT_NO_ACCOUNTING = reply(stderr="sacct: error: Slurm accounting storage is disabled\n", rc=1)
+
+
+def _number(value: int | None) -> dict[str, Any]:
+    """A 23.02+ ``*_NO_VAL`` number object."""
+    return {"set": value is not None, "infinite": False, "number": 0 if value is None else value}
+
+
+def squeue_22_05(job_id: int, state: str, *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
+                 restarts: int = 0, exit_status: int = 0) -> dict[str, Any]:
+    """``squeue --json`` of SLURM 22.05 (openapi/v0.0.38 shape) holding one job.
+
+    ``exit_status`` is the raw wait(2) status 22.05 prints (exit code << 8 | signal)."""
+    return {
+        "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
+                 "Slurm": {"version": {"major": 22, "micro": 9, "minor": 5}, "release": "22.05.9"}},
+        "errors": [],
+        "jobs": [{
+            "account": "", "array_job_id": 0, "array_task_id": None, "batch_flag": True, "cluster": "cpu",
+            "command": "/home/u/job.sbatch", "cpus": 2, "end_time": 1700003600, "exit_code": exit_status,
+            "job_id": job_id, "job_state": state, "name": name, "node_count": 2, "nodes": nodes, "partition": "lab",
+            "restart_cnt": restarts, "start_time": 1700000000, "state_description": "", "state_reason": reason,
+            "submit_time": 1699999990, "time_limit": 30, "user_name": "u",
+        }],
+    }
+
+
+def squeue_24_05(job_id: int, states: list[str], *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
+                 restarts: int = 0, return_code: int | None = 0, signal: int | None = None) -> dict[str, Any]:
+    """``squeue --json`` of SLURM 23.02 - 24.x (data_parser v0.0.39 - v0.0.41 shape) holding one
+    job; ``states`` is ``job_state`` as SLURM lists it: the base state, then any flags."""
+    return {
+        "jobs": [{
+            "account": "", "array_job_id": _number(0), "array_task_id": _number(None), "batch_flag": True, "cluster": "cpu",
+            "command": "/home/u/job.sbatch", "cpus": _number(2), "end_time": _number(1700003600),
+            "exit_code": {"status": ["SUCCESS" if not return_code and signal is None else "ERROR"],
+                          "return_code": _number(return_code), "signal": {"id": _number(signal), "name": ""}},
+            "job_id": job_id, "job_state": states, "name": name, "node_count": _number(2), "nodes": nodes, "partition": "lab",
+            "restart_cnt": restarts, "start_time": _number(1700000000), "state_description": "", "state_reason": reason,
+            "submit_time": _number(1699999990), "time_limit": _number(30), "user_name": "u",
+        }],
+        "last_backfill": _number(1700000100), "last_update": _number(1700000200),
+        "meta": {"plugin": {"type": "", "name": "", "data_parser": "data_parser/v0.0.41", "accounting_storage": ""},
+                 "client": {"source": "/dev/pts/0", "user": "u", "group": "u"},
+                 "command": ["squeue", "--json"],
+                 "slurm": {"version": {"major": "24", "micro": "3", "minor": "05"}, "release": "24.05.3", "cluster": "cpu"}},
+        "warnings": [],
+        "errors": [],
+    }
+
+
+def squeue_empty() -> dict[str, Any]:
+    """``squeue --json`` that knows no such job (exit 0, no jobs)."""
+    doc = squeue_24_05(0, ["PENDING"])
+    doc["jobs"] = []
+    return doc
+
+
+def sacct_rows(*rows: tuple[str, ...]) -> dict[str, Any]:
+    """``sacct --noheader --parsable2 --format=JobID,State,ExitCode,NodeList,Elapsed,JobName``."""
+    return reply(stdout="".join("|".join(row) + "\n" for row in rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,406 @@
+"""`jobgen submit/status/logs/cancel` against fake SLURM client commands, without a cluster.
+
+The fakes (tests/fakes/slurm/fakeslurm.py) sit first on PATH, answer with documents in the
+shapes real SLURM prints (``squeue --json`` of 22.05 and of 23.02+, ``sacct --parsable2``
+rows of accounting and of the job-completion log) and record every argv they receive; each
+test asserts that list exactly, so a changed command line fails here before it fails on a
+cluster. Everything goes through the CLI in a subprocess and is checked through what a user
+sees: exit codes, output, the submission record and the log file it names. The real-cluster
+counterpart is tests/integration/slurm/test_jobgen_on_lab.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobgen.load import load_profile, load_spec
+from tests.conftest import EXAMPLES, PROFILES
+from tests.fakes.slurm.fakeslurm import (
+    NOT_CONFIGURED_RC,
+    SACCT_NO_ACCOUNTING,
+    SQUEUE_INVALID_JOB,
+    FakeSlurm,
+    json_reply,
+    reply,
+    sacct_rows,
+    squeue_22_05,
+    squeue_24_05,
+    squeue_empty,
+)
+
+SPEC = EXAMPLES / "quickstart.yaml"
+PROFILE = "slurm-cpu"
+JOB_NAME = load_spec(SPEC).name
+CLUSTER = load_profile(PROFILE, PROFILES).slurm_settings.cluster
+HANDLE = f"slurm://{CLUSTER}/123"
+SQUEUE_123 = ["squeue", "--json", "--states=all", "--jobs", "123"]
+SACCT_FORMAT = "--format=JobID,State,ExitCode,NodeList,Elapsed,JobName"
+SACCT_123 = ["sacct", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
+JOBCOMP_123 = ["sacct", "-c", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
+
+#: The same job state in both squeue --json shapes (22.05: a string; 23.02+: base state + flags).
+SHAPES = ["22.05", "24.05"]
+
+
+def squeue_doc(shape: str, state: str, flags: tuple[str, ...] = (), **fields) -> dict:
+    """One job in ``shape``; ``flags`` are the 23.02+ state flags, which 22.05 folds into the
+    one word squeue prints (job_state_string(): COMPLETING before CONFIGURING, REQUEUED, ...)."""
+    if shape == "22.05":
+        return squeue_22_05(123, flags[0] if flags else state, **fields)
+    return squeue_24_05(123, [state, *flags], **fields)
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch) -> FakeSlurm:
+    fake = FakeSlurm(tmp_path)
+    for key, value in fake.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    return fake
+
+
+@pytest.fixture
+def submit(run_cli, tmp_path):
+    """``jobgen submit examples/quickstart.yaml --profile slurm-cpu`` into tmp_path."""
+
+    def _submit(*extra: str):
+        return run_cli("submit", str(SPEC), "--profile", PROFILE, "--profiles-dir", str(PROFILES), "--out", str(tmp_path / "manifests"),
+                       "--runs-dir", str(tmp_path / "runs"), *extra, cwd=tmp_path)
+
+    return _submit
+
+
+def job_dir(tmp_path: Path) -> Path:
+    return (tmp_path / "manifests" / PROFILE / JOB_NAME).resolve()
+
+
+def run_dir(tmp_path: Path) -> Path:
+    return (tmp_path / "runs" / JOB_NAME).resolve()
+
+
+def sbatch_argv(tmp_path: Path, *extra: str) -> list[str]:
+    return ["sbatch", "--parsable", *extra, f"--chdir={run_dir(tmp_path)}", "job.sbatch"]
+
+
+# --------------------------------------------------------------------------- submit
+
+
+@pytest.mark.parametrize("parsable", ["123\n", f"123;{CLUSTER}\n"], ids=["jobid", "jobid;cluster"])
+def test_submit_runs_sbatch_parsable_in_the_job_dir_and_records_the_submission(slurm, submit, tmp_path, parsable):
+    slurm.respond("sbatch", reply(parsable))
+    result = submit()
+    assert result.code == 0, result.stderr
+    assert f"submitted {HANDLE}\n" in result.stdout
+    assert slurm.argvs() == [sbatch_argv(tmp_path)]  # no squeue: nothing was submitted from here before
+    call = slurm.calls("sbatch")[0]
+    assert call["cwd"] == str(job_dir(tmp_path)) and call["script_exists"]
+    assert call["chdir_exists"], "the run directory (sbatch --chdir) must exist before the job starts"
+    assert call["env"] == {"JOBGEN_RUN_DIR": str((tmp_path / "runs").resolve())}
+    log = run_dir(tmp_path) / "slurm-123.out"
+    assert f"  log:     {log}\n" in result.stdout
+    record = json.loads((job_dir(tmp_path) / ".jobgen-submission.json").read_text())
+    assert record["handle"] == HANDLE
+    assert (record["job_dir"], record["run_dir"], record["log_file"]) == (str(job_dir(tmp_path)), str(run_dir(tmp_path)), str(log))
+    assert record["argv"] == sbatch_argv(tmp_path)
+    assert record["inputs_sha256"] == json.loads((job_dir(tmp_path) / "spec.json").read_text())["inputs_sha256"]
+    # the user's state index holds the same record, so a bare handle finds the log later
+    assert json.loads((tmp_path / "state" / "slurm" / f"{CLUSTER}__123.json").read_text()) == record
+
+
+def test_submit_a_rendered_job_directory_as_is(slurm, submit, run_cli, tmp_path):
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    slurm.respond("squeue", json_reply(squeue_22_05(123, "COMPLETED")))
+    slurm.respond("sbatch", reply("124\n"))
+    slurm.forget_calls()
+    result = run_cli("submit", str(job_dir(tmp_path)), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert result.code == 0, result.stderr
+    assert f"submitted slurm://{CLUSTER}/124\n" in result.stdout
+    assert slurm.argvs() == [SQUEUE_123, sbatch_argv(tmp_path)]
+    assert slurm.calls("sbatch")[0]["cwd"] == str(job_dir(tmp_path))
+
+
+def test_test_only_asks_slurm_and_records_nothing(slurm, submit, tmp_path):
+    answer = "sbatch: Job 124 to start at 2025-01-01T10:00:00 using 2 processors on nodes node[1-2] in partition lab"
+    slurm.respond("sbatch", reply(stderr=answer + "\n"))
+    result = submit("--test-only")
+    assert result.code == 0, result.stderr
+    assert answer + "\n" in result.stdout and "nothing was queued" in result.stdout
+    assert slurm.argvs() == [sbatch_argv(tmp_path, "--test-only")]
+    assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
+    assert not (tmp_path / "state").exists()
+
+
+def test_sbatch_refusal_exits_1_with_slurms_message_and_records_nothing(slurm, submit, tmp_path):
+    slurm.respond("sbatch", reply(stderr="sbatch: error: Batch job submission failed: Invalid partition name specified\n", rc=1))
+    result = submit()
+    assert result.code == 1
+    assert "sbatch failed (exit 1)" in result.stderr and "Invalid partition name specified" in result.stderr and "hint:" in result.stderr
+    assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
+
+
+def test_sbatch_output_that_is_not_a_job_id_is_an_error_not_a_handle(slurm, submit, tmp_path):
+    slurm.respond("sbatch", reply("Submitted batch job 123\n"))  # a site wrapper that drops --parsable
+    result = submit()
+    assert result.code == 1 and "not a job id" in result.stderr, result.stderr
+    assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
+
+
+ACTIVE = [
+    ("22.05", "PENDING", ()),
+    ("22.05", "RUNNING", ()),
+    ("24.05", "PENDING", ()),
+    ("24.05", "RUNNING", ()),
+    # a job whose ranks are still stopping: squeue prints COMPLETING in every version
+    ("22.05", "COMPLETED", ("COMPLETING",)),
+    ("24.05", "COMPLETED", ("COMPLETING",)),
+]
+
+
+@pytest.mark.parametrize(("shape", "state", "flags"), ACTIVE, ids=[f"{s}-{'+'.join((b, *f))}" for s, b, f in ACTIVE])
+def test_resubmitting_while_the_job_is_queued_or_running_is_refused_unless_forced(slurm, submit, tmp_path, shape, state, flags):
+    slurm.respond("sbatch", reply("123\n"), reply("124\n"))
+    assert submit().code == 0
+    slurm.respond("squeue", json_reply(squeue_doc(shape, state, flags)))
+    refused = submit()
+    shown = flags[0] if flags else state
+    assert refused.code == 1
+    assert f"was already submitted as {HANDLE}, which is {shown}" in refused.stderr, refused.stderr
+    assert "--force" in refused.stderr
+    assert slurm.argvs() == [sbatch_argv(tmp_path), SQUEUE_123]
+    forced = submit("--force")
+    assert forced.code == 0, forced.stderr
+    assert f"submitted slurm://{CLUSTER}/124\n" in forced.stdout
+    assert slurm.argvs() == [sbatch_argv(tmp_path), SQUEUE_123, sbatch_argv(tmp_path)]  # --force asks nobody
+    assert json.loads((job_dir(tmp_path) / ".jobgen-submission.json").read_text())["handle"] == f"slurm://{CLUSTER}/124"
+
+
+def test_resubmitting_after_the_job_ended_needs_no_force(slurm, submit, tmp_path):
+    slurm.respond("sbatch", reply("123\n"), reply("124\n"))
+    assert submit().code == 0
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)  # past MinJobAge: only accounting remembers it
+    slurm.respond("sacct", sacct_rows(("123", "COMPLETED", "0:0", "node[1-2]", "00:10:01", JOB_NAME)))
+    again = submit()
+    assert again.code == 0, again.stderr
+    assert f"submitted slurm://{CLUSTER}/124\n" in again.stdout
+    assert slurm.argvs() == [sbatch_argv(tmp_path), SQUEUE_123, SACCT_123, sbatch_argv(tmp_path)]
+
+
+# --------------------------------------------------------------------------- status
+
+
+def status_json(run_cli, job: str = HANDLE) -> dict:
+    result = run_cli("status", "--json", job)
+    assert result.code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("state", "reason"), [("PENDING", "Resources"), ("RUNNING", "None")])
+def test_status_from_squeue_in_both_json_shapes(slurm, run_cli, shape, state, reason):
+    slurm.respond("squeue", json_reply(squeue_doc(shape, state, reason=reason, restarts=1)))
+    details = {"name": JOB_NAME, "nodes": "node[1-2]", "reason": reason, "restarts": "1"}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details}
+    plain = run_cli("status", HANDLE)
+    assert plain.code == 0
+    shown = f"name {JOB_NAME}, nodes node[1-2], " + ("" if reason == "None" else f"reason {reason}, ") + "restarts 1"  # "None": no reason
+    assert plain.stdout == f"{HANDLE}  {state}  (squeue; {shown})\n"
+    assert slurm.argvs() == [SQUEUE_123, SQUEUE_123]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_status_of_a_job_whose_ranks_are_still_stopping_is_completing(slurm, run_cli, shape):
+    """squeue prints COMPLETING while the ranks of a cancelled job stop; 23.02+ JSON lists it as
+    a flag after the base state (["CANCELLED", "COMPLETING"]), 22.05 as the state itself."""
+    slurm.respond("squeue", json_reply(squeue_doc(shape, "CANCELLED", ("COMPLETING",))))
+    assert status_json(run_cli)["state"] == "COMPLETING"
+
+
+def test_status_of_a_finished_job_still_in_squeue_22_05_decodes_the_wait_status(slurm, run_cli):
+    slurm.respond("squeue", json_reply(squeue_22_05(123, "FAILED", reason="NonZeroExitCode", exit_status=1 << 8)))
+    got = status_json(run_cli)
+    assert (got["state"], got["source"], got["details"]["exit_code"]) == ("FAILED", "squeue", "1:0")
+
+
+def test_status_of_a_finished_job_still_in_squeue_24_05(slurm, run_cli):
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["FAILED"], reason="NonZeroExitCode", return_code=1)))
+    got = status_json(run_cli)
+    assert (got["state"], got["source"], got["details"]["reason"]) == ("FAILED", "squeue", "NonZeroExitCode")
+
+
+#: How a controller says it does not know the job: squeue's error exit, or an empty list.
+GONE = [SQUEUE_INVALID_JOB, json_reply(squeue_empty())]
+
+
+@pytest.mark.parametrize("gone", GONE, ids=["invalid-job-id", "no-jobs"])
+def test_status_after_squeue_forgot_the_job_comes_from_accounting(slurm, run_cli, gone):
+    slurm.respond("squeue", gone)
+    slurm.respond("sacct", sacct_rows(
+        ("123", "CANCELLED by 1000", "0:15", "node[1-2]", "00:00:42", JOB_NAME),
+        ("123.batch", "CANCELLED", "0:15", "node1", "00:00:43", "batch"),
+        ("123.0", "CANCELLED", "0:15", "node[1-2]", "00:00:41", "python"),
+    ))
+    details = {"exit_code": "0:15", "nodes": "node[1-2]", "elapsed": "00:00:42", "name": JOB_NAME}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": "CANCELLED", "source": "sacct", "details": details}
+    assert slurm.argvs() == [SQUEUE_123, SACCT_123]
+
+
+@pytest.mark.parametrize("accounting", [SACCT_NO_ACCOUNTING, reply("")], ids=["accounting-disabled", "accounting-forgot"])
+def test_status_falls_back_to_the_job_completion_log(slurm, run_cli, accounting):
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", accounting)
+    slurm.respond("sacct -c", sacct_rows(("123", "TIMEOUT", "0:0", "node[1-2]", "00:30:02", JOB_NAME)))
+    details = {"exit_code": "0:0", "nodes": "node[1-2]", "elapsed": "00:30:02", "name": JOB_NAME}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": "TIMEOUT", "source": "jobcomp", "details": details}
+    assert slurm.argvs() == [SQUEUE_123, SACCT_123, JOBCOMP_123]
+
+
+@pytest.mark.parametrize("jobcomp", [reply(""), reply(stderr="sacct: error: no job completion log\n", rc=1),
+                                     sacct_rows(("123", "job name with", "spaces", "", "", ""))],
+                         ids=["empty", "no-log", "garbled-row"])
+def test_status_is_unknown_when_no_source_knows_the_job(slurm, run_cli, jobcomp):
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("sacct -c", jobcomp)
+    got = status_json(run_cli)
+    assert (got["handle"], got["state"], got["source"]) == (HANDLE, "UNKNOWN", "none"), got
+    assert slurm.argvs() == [SQUEUE_123, SACCT_123, JOBCOMP_123]
+
+
+def test_status_when_the_controller_does_not_answer_is_an_error_not_unknown(slurm, run_cli):
+    slurm.respond("squeue", reply(stderr="slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n", rc=1))
+    result = run_cli("status", HANDLE)
+    assert result.code == 1 and "Unable to contact slurm controller" in result.stderr
+    assert slurm.argvs() == [SQUEUE_123]
+
+
+def test_status_of_a_job_directory_uses_its_submission_record(slurm, submit, run_cli, tmp_path):
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["RUNNING"])))
+    assert status_json(run_cli, str(job_dir(tmp_path)))["handle"] == HANDLE
+    assert slurm.argvs()[-1] == SQUEUE_123
+
+
+# --------------------------------------------------------------------------- logs
+
+#: srun --label output of a 12-rank job: labels are right-aligned to the widest rank.
+LOG = """\
+jobgen: job 123 on 12 node(s), restart 0, master node1:29500
+ 0: step 10/600 loss 5.10
+ 1: step 10/600 loss 5.11
+11: step 10/600 loss 5.12
+ 0: step 20/600 loss 4.90
+11: Traceback (most recent call last):
+srun: error: node12: task 11: Exited with exit code 1
+ 0: last words without a newline"""
+
+
+@pytest.fixture
+def submitted(slurm, submit, tmp_path) -> Path:
+    """A submitted job whose log file (named by the record) holds LOG; the fakes' calls reset."""
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    slurm.forget_calls()
+    log = run_dir(tmp_path) / "slurm-123.out"
+    log.write_text(LOG)
+    return log
+
+
+@pytest.mark.parametrize(("rank", "expected"), [
+    (None, ["jobgen: job 123 on 12 node(s), restart 0, master node1:29500", "step 10/600 loss 5.10", "step 20/600 loss 4.90",
+            "srun: error: node12: task 11: Exited with exit code 1", "last words without a newline"]),
+    ("1", ["jobgen: job 123 on 12 node(s), restart 0, master node1:29500", "step 10/600 loss 5.11",
+           "srun: error: node12: task 11: Exited with exit code 1"]),
+    ("11", ["jobgen: job 123 on 12 node(s), restart 0, master node1:29500", "step 10/600 loss 5.12", "Traceback (most recent call last):",
+            "srun: error: node12: task 11: Exited with exit code 1"]),
+    ("all", LOG.splitlines()),
+], ids=["default-rank-0", "rank-1", "rank-11", "all"])
+def test_logs_filters_the_label_prefixes_of_one_rank(slurm, run_cli, submitted, tmp_path, rank, expected):
+    for job in (HANDLE, str(job_dir(tmp_path))):
+        result = run_cli("logs", *(["--rank", rank] if rank else []), job)
+        assert result.code == 0, result.stderr
+        assert result.stdout.splitlines() == expected
+    assert slurm.argvs() == []  # the record names the file: SLURM is not asked
+
+
+def test_logs_follow_of_an_ended_job_prints_everything_and_returns(slurm, run_cli, submitted):
+    slurm.respond("squeue", json_reply(squeue_22_05(123, "COMPLETED")))
+    result = run_cli("logs", "-f", "--rank", "all", HANDLE, timeout=30)
+    assert result.code == 0, result.stderr
+    assert result.stdout.splitlines() == LOG.splitlines()
+    assert slurm.argvs() == [SQUEUE_123]
+
+
+def test_logs_before_the_job_started_says_so(slurm, run_cli, submitted):
+    submitted.unlink()
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["PENDING"], reason="Priority")))
+    result = run_cli("logs", HANDLE)
+    assert result.code == 0, result.stderr
+    assert result.stdout == f"jobgen: {HANDLE} is PENDING; no output yet in {submitted} (jobgen logs -f waits for it)\n"
+    assert slurm.argvs() == [SQUEUE_123]
+
+
+def test_logs_of_an_ended_job_without_its_file_is_an_error(slurm, run_cli, submitted):
+    submitted.unlink()
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["FAILED"], return_code=1)))
+    result = run_cli("logs", HANDLE)
+    assert result.code == 2 and f"is FAILED but its output file {submitted} does not exist" in result.stderr, result.stderr
+
+
+def test_logs_without_a_record_asks_scontrol_for_the_file(slurm, run_cli, tmp_path):
+    log = tmp_path / "elsewhere" / "slurm-123.out"
+    log.parent.mkdir()
+    log.write_text(" 0: hello\n 1: other rank\n")
+    slurm.respond("scontrol", reply(f"JobId=123 JobName={JOB_NAME}\n   WorkDir={log.parent}\n   StdErr={log}\n   StdIn=/dev/null\n   StdOut={log}\n"))
+    result = run_cli("logs", HANDLE)
+    assert result.code == 0, result.stderr
+    assert result.stdout == "hello\n"
+    assert slurm.argvs() == [["scontrol", "show", "job", "123"]]
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cancel_runs_scancel_then_waits_while_the_ranks_stop(slurm, run_cli, shape):
+    slurm.respond("scancel", reply())
+    slurm.respond("squeue", json_reply(squeue_doc(shape, "CANCELLED", ("COMPLETING",))), json_reply(squeue_doc(shape, "CANCELLED")))
+    result = run_cli("cancel", HANDLE)
+    assert result.code == 0, result.stderr
+    assert result.stdout == f"jobgen: {HANDLE} is COMPLETING; waiting for its processes to stop ...\n{HANDLE}  CANCELLED\n"
+    assert slurm.argvs() == [["scancel", "123"], SQUEUE_123, SQUEUE_123]
+
+
+def test_cancel_of_a_job_that_left_squeue_ends_with_accounting(slurm, run_cli):
+    slurm.respond("scancel", reply())
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", sacct_rows(("123", "CANCELLED by 1000", "0:15", "node1", "00:00:05", JOB_NAME)))
+    result = run_cli("cancel", HANDLE)
+    assert result.code == 0, result.stderr
+    assert result.stdout == f"{HANDLE}  CANCELLED\n"
+    assert slurm.argvs() == [["scancel", "123"], SQUEUE_123, SACCT_123]
+
+
+def test_cancel_fails_when_scancel_does(slurm, run_cli):
+    slurm.respond("scancel", reply(stderr="scancel: error: Kill job error on job id 123: Access/permission denied\n", rc=1))
+    result = run_cli("cancel", HANDLE)
+    assert result.code == 1 and "Access/permission denied" in result.stderr
+    assert slurm.argvs() == [["scancel", "123"]]
+
+
+def test_cancel_gives_up_after_wait_s(slurm, run_cli):
+    slurm.respond("scancel", reply())
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["RUNNING"])))
+    result = run_cli("cancel", "--wait-s", "0", HANDLE)
+    assert result.code == 1 and f"{HANDLE} is still RUNNING 0 s after scancel" in result.stderr, result.stderr
+    assert slurm.argvs() == [["scancel", "123"], SQUEUE_123]
+
+
+def test_an_unexpected_slurm_command_fails_the_fake_loudly(slurm, run_cli):
+    """The fakes answer only what a test queued: jobgen asking something else shows up as an error."""
+    result = run_cli("status", HANDLE)
+    assert result.code == 1 and f"exit {NOT_CONFIGURED_RC}" in result.stderr and "no response queued for 'squeue'" in result.stderr
