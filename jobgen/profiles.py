@@ -154,10 +154,12 @@ class SlurmSettings(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: str | None = Field(default=None, description="Taint key the toleration matches; ``null`` (with ``operator: Exists``): every taint key.")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Exists", description="``Exists``: any value of the taint matches; ``Equal``: the taint's value must equal ``value``.")
+    value: str | None = Field(default=None, description="Taint value to match with ``operator: Equal``; ``null`` with ``Exists``.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match (``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``); ``null``: every effect.")
 
 
 #: DNS-1123 subdomain (core/v1 object names: Secret, ConfigMap, PVC, ServiceAccount, PriorityClass).
