@@ -8,7 +8,6 @@ cluster/submit failures, see ARCHITECTURE.md "Errors").
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 
 EXIT_BAD_INPUT = 2
@@ -66,6 +65,8 @@ class SubmitError(JobgenError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """Return ``"did you mean 'x'?"`` for the closest of ``choices``, or ``None``."""
+    import difflib  # only on an error path: keeps difflib (and heapq) off every render
+
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}?" if close else None
 

@@ -173,6 +173,20 @@ def _k8s_schema_dir(version: str | None) -> tuple[Any, str, str | None]:
     return resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{full}-local-strict", use, note
 
 
+@functools.lru_cache(maxsize=4)
+def _core_definitions(version: str | None) -> tuple[Any, Any, str, str | None]:
+    """kubernetes-validate's strict schema directory for ``version``, a registry holding its
+    ``_definitions.json`` (1.8 MB of JSON: parsed once per process and version, shared by every
+    core/v1 validator), the Kubernetes version used, and a version note."""
+    import json
+
+    from referencing import Registry, Resource
+
+    directory, used, note = _k8s_schema_dir(version)
+    definitions = json.loads((directory / "_definitions.json").read_text(encoding="utf-8"))
+    return directory, Resource.from_contents(definitions) @ Registry(), used, note
+
+
 @functools.lru_cache(maxsize=16)
 def _core_validator(version: str | None, schema_file: str) -> tuple[Any, str, str | None]:
     """A Draft 2020-12 validator for one kubernetes-validate strict schema file (e.g.
@@ -180,10 +194,9 @@ def _core_validator(version: str | None, schema_file: str) -> tuple[Any, str, st
     import json
 
     import jsonschema
-    from referencing import Registry, Resource
+    from referencing import Resource
 
-    directory, used, note = _k8s_schema_dir(version)
-    definitions = json.loads((directory / "_definitions.json").read_text(encoding="utf-8"))
+    directory, definitions, used, note = _core_definitions(version)
     if schema_file == "objectmeta":
         schema: dict[str, Any] = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -192,8 +205,7 @@ def _core_validator(version: str | None, schema_file: str) -> tuple[Any, str, st
         }
     else:
         schema = json.loads((directory / schema_file).read_text(encoding="utf-8"))
-    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
-    return jsonschema.Draft202012Validator(schema, registry=registry), used, note
+    return jsonschema.Draft202012Validator(schema, registry=Resource.from_contents(schema) @ definitions), used, note
 
 
 # --------------------------------------------------------------------------- problems

@@ -37,7 +37,7 @@ _K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _shell_safe_all(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -49,12 +49,11 @@ def _shell_safe_all(values: tuple[str, ...]) -> tuple[str, ...]:
 class ContainerSettings(_Model):
     """Container to run each SLURM task in."""
 
-    runtime: Literal["none", "pyxis", "apptainer"] = "none"
-    """``pyxis`` (srun --container-image, NVIDIA enroot) or ``apptainer`` (apptainer exec --nv)."""
-    image: str | None = None
-    """Image reference (pyxis: ``nvcr.io#nvidia/pytorch:24.05-py3``; apptainer: a .sif path)."""
-    mounts: tuple[str, ...] = ()
-    """Bind mounts ``src:dst[:flags]`` (pyxis --container-mounts, apptainer --bind)."""
+    runtime: Literal["none", "pyxis", "apptainer"] = Field(default="none", description=(
+        "``pyxis`` (srun --container-image, NVIDIA enroot) or ``apptainer`` (apptainer exec --nv)."
+    ))
+    image: str | None = Field(default=None, description="Image reference (pyxis: ``nvcr.io#nvidia/pytorch:24.05-py3``; apptainer: a .sif path).")
+    mounts: tuple[str, ...] = Field(default=(), description="Bind mounts ``src:dst[:flags]`` (pyxis --container-mounts, apptainer --bind).")
 
     @field_validator("image")
     @classmethod
@@ -80,58 +79,51 @@ class ContainerSettings(_Model):
 class SlurmSettings(_Model):
     """SLURM site conventions (sbatch directives and the srun launch line)."""
 
-    cluster: str = "default"
-    """Cluster name used in job handles ``slurm://<cluster>/<jobid>``."""
-    partition: str | None = None
-    """``--partition``; ``null``: the site's default partition."""
-    account: str | None = None
-    """``--account`` to charge."""
-    qos: str | None = None
-    """``--qos``."""
-    time_limit_min: int = Field(default=60, ge=1)
-    """Default wall-clock limit in minutes (``--time``); a spec may ask for a different one."""
-    max_time_limit_min: int | None = Field(default=None, ge=1)
-    """The partition's MaxTime in minutes, checked at plan time; ``null``: not checked."""
-    version: str | None = None
-    """The site's SLURM version (``MAJOR.MINOR``, e.g. ``"22.05"``, from ``sbatch --version``);
-    checked against the GPU request style at plan time; ``null``: assume a current SLURM."""
-    gpu_request_style: Literal["gres", "gpus-per-node", "gpus-per-task"] = "gres"
-    """How GPUs are requested: ``--gres=gpu[:type]:N`` (all versions), ``--gpus-per-node``
-    (SLURM >= 19.05, select/cons_tres) or ``--gpus-per-task=1`` (SLURM >= 19.05; jobgen adds the
-    explicit ``--ntasks`` SLURM requires with it)."""
-    gres_gpu_type: str | None = None
-    """GPU type in the GRES string, e.g. ``a100`` -> ``--gres=gpu:a100:8``; ``null``: untyped."""
-    constraint: str | None = None
-    """``--constraint`` feature expression, e.g. ``a100&ib``."""
-    exclusive: bool = True
-    """``--exclusive``: no other job shares the nodes."""
-    modules: tuple[str, ...] = ()
-    """Environment modules loaded before launch (``module load <m>``)."""
-    container: ContainerSettings = ContainerSettings()
-    """Container runtime and image for the tasks."""
-    requeue: bool = True
-    """``--requeue``: the job may be requeued after pre-emption or a node failure."""
-    requeue_signal: _SIGNALS = "USR2"
-    """Signal SLURM sends ``signal_grace_s`` before the time limit; Lightning's SLURMEnvironment
-    catches it, saves an HPC checkpoint and requeues. USR2, not USR1: NCCL may catch SIGUSR1
-    (NVIDIA/nccl#704; submitit defaults to USR2 for the same reason)."""
-    signal_grace_s: int = Field(default=120, ge=10, le=3600)
-    """Seconds between the signal and the time limit (``--signal=<SIG>@<grace_s>``). SLURM may
-    send it up to 60 s early (sbatch(1)), so leave room for one checkpoint save."""
-    signal_target: Literal["tasks", "batch"] = "tasks"
-    """Who receives the signal: ``tasks`` (``--signal=SIG@T``: every rank; Lightning catches it) or
-    ``batch`` (``--signal=B:SIG@T``: only the batch shell, which forwards it to srun and so to the
-    ranks; for sites whose wrappers or containers do not pass signals to steps)."""
-    master_port: int = Field(default=29500, ge=1024, le=65535)
-    """Rendezvous port on the first node (Lightning's default derives it from the job id and
-    collides across jobs)."""
-    python: str = "python"
-    """Python interpreter on the compute nodes (with jobgen[train] installed)."""
-    extra_srun_args: tuple[str, ...] = ()
-    """Extra arguments for ``srun``, each quoted as one argument."""
-    extra_sbatch_args: tuple[str, ...] = ()
-    """Extra ``#SBATCH`` lines as ``--option=value`` or ``--flag`` (e.g. ``--reservation=big``);
-    options jobgen derives from the world (nodes, tasks, GPUs) are refused at plan time."""
+    cluster: str = Field(default="default", description="Cluster name used in job handles ``slurm://<cluster>/<jobid>``.")
+    partition: str | None = Field(default=None, description="``--partition``; ``null``: the site's default partition.")
+    account: str | None = Field(default=None, description="``--account`` to charge.")
+    qos: str | None = Field(default=None, description="``--qos``.")
+    time_limit_min: int = Field(default=60, ge=1, description="Default wall-clock limit in minutes (``--time``); a spec may ask for a different one.")
+    max_time_limit_min: int | None = Field(default=None, ge=1, description="The partition's MaxTime in minutes, checked at plan time; ``null``: not checked.")
+    version: str | None = Field(default=None, description=(
+        "The site's SLURM version (``MAJOR.MINOR``, e.g. ``\"22.05\"``, from ``sbatch --version``);\n"
+        "checked against the GPU request style at plan time; ``null``: assume a current SLURM."
+    ))
+    gpu_request_style: Literal["gres", "gpus-per-node", "gpus-per-task"] = Field(default="gres", description=(
+        "How GPUs are requested: ``--gres=gpu[:type]:N`` (all versions), ``--gpus-per-node``\n"
+        "(SLURM >= 19.05, select/cons_tres) or ``--gpus-per-task=1`` (SLURM >= 19.05; jobgen adds the\n"
+        "explicit ``--ntasks`` SLURM requires with it)."
+    ))
+    gres_gpu_type: str | None = Field(default=None, description="GPU type in the GRES string, e.g. ``a100`` -> ``--gres=gpu:a100:8``; ``null``: untyped.")
+    constraint: str | None = Field(default=None, description="``--constraint`` feature expression, e.g. ``a100&ib``.")
+    exclusive: bool = Field(default=True, description="``--exclusive``: no other job shares the nodes.")
+    modules: tuple[str, ...] = Field(default=(), description="Environment modules loaded before launch (``module load <m>``).")
+    container: ContainerSettings = Field(default=ContainerSettings(), description="Container runtime and image for the tasks.")
+    requeue: bool = Field(default=True, description="``--requeue``: the job may be requeued after pre-emption or a node failure.")
+    requeue_signal: _SIGNALS = Field(default="USR2", description=(
+        "Signal SLURM sends ``signal_grace_s`` before the time limit; Lightning's SLURMEnvironment\n"
+        "catches it, saves an HPC checkpoint and requeues. USR2, not USR1: NCCL may catch SIGUSR1\n"
+        "(NVIDIA/nccl#704; submitit defaults to USR2 for the same reason)."
+    ))
+    signal_grace_s: int = Field(default=120, ge=10, le=3600, description=(
+        "Seconds between the signal and the time limit (``--signal=<SIG>@<grace_s>``). SLURM may\n"
+        "send it up to 60 s early (sbatch(1)), so leave room for one checkpoint save."
+    ))
+    signal_target: Literal["tasks", "batch"] = Field(default="tasks", description=(
+        "Who receives the signal: ``tasks`` (``--signal=SIG@T``: every rank; Lightning catches it) or\n"
+        "``batch`` (``--signal=B:SIG@T``: only the batch shell, which forwards it to srun and so to the\n"
+        "ranks; for sites whose wrappers or containers do not pass signals to steps)."
+    ))
+    master_port: int = Field(default=29500, ge=1024, le=65535, description=(
+        "Rendezvous port on the first node (Lightning's default derives it from the job id and\n"
+        "collides across jobs)."
+    ))
+    python: str = Field(default="python", description="Python interpreter on the compute nodes (with jobgen[train] installed).")
+    extra_srun_args: tuple[str, ...] = Field(default=(), description="Extra arguments for ``srun``, each quoted as one argument.")
+    extra_sbatch_args: tuple[str, ...] = Field(default=(), description=(
+        "Extra ``#SBATCH`` lines as ``--option=value`` or ``--flag`` (e.g. ``--reservation=big``);\n"
+        "options jobgen derives from the world (nodes, tasks, GPUs) are refused at plan time."
+    ))
 
     @field_validator("version")
     @classmethod
@@ -162,10 +154,12 @@ class SlurmSettings(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: str | None = Field(default=None, description="Taint key the toleration matches; ``null`` (with ``operator: Exists``): every taint key.")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Exists", description="``Exists``: any value of the taint matches; ``Equal``: the taint's value must equal ``value``.")
+    value: str | None = Field(default=None, description="Taint value to match with ``operator: Equal``; ``null`` with ``Exists``.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match (``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``); ``null``: every effect.")
 
 
 #: DNS-1123 subdomain (core/v1 object names: Secret, ConfigMap, PVC, ServiceAccount, PriorityClass).
@@ -189,12 +183,9 @@ class SecretRef(_Model):
     """One key of a Kubernetes Secret (core/v1 SecretKeySelector). jobgen writes
     ``valueFrom.secretKeyRef`` into the pods; the secret's value never appears in a manifest."""
 
-    secret: str
-    """Name of the Secret in the job's namespace."""
-    key: str
-    """Key inside the Secret."""
-    optional: bool = False
-    """Start the pods even when the Secret or key is missing (the variable is then unset)."""
+    secret: str = Field(description="Name of the Secret in the job's namespace.")
+    key: str = Field(description="Key inside the Secret.")
+    optional: bool = Field(default=False, description="Start the pods even when the Secret or key is missing (the variable is then unset).")
 
     @field_validator("secret")
     @classmethod
@@ -212,84 +203,85 @@ class SecretRef(_Model):
 class KubernetesSettings(_Model):
     """Kubernetes (Kubeflow PyTorchJob or Trainer v2 TrainJob) conventions."""
 
-    context: str | None = None
-    """kubeconfig context for submission; ``null``: the current context (``--context`` and
-    ``$JOBGEN_K8S_CONTEXT`` override it)."""
-    kubeconfig: str | None = None
-    """kubeconfig file for submission; ``null``: ``$KUBECONFIG``, else ``~/.kube/config``."""
-    namespace: str = "default"
-    """Namespace of the job and its ConfigMap."""
-    job_api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
-    """What to render: a Kubeflow training-operator ``PyTorchJob`` (kubeflow.org/v1) or a
-    Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1) that references
-    ``trainer_runtime``."""
-    trainer_runtime: str = "torch-distributed"
-    """TrainJob only: the ClusterTrainingRuntime it references (the runtime must run torchrun)."""
-    version: str | None = None
-    """The cluster's Kubernetes version (``MAJOR.MINOR``, e.g. ``"1.30"``): the core/v1 schema
-    that pod templates are checked against at render time; ``null``: the newest schema
-    kubernetes-validate bundles."""
-    image: str
-    """Container image with jobgen[train] installed (runs ``python -m jobgen.train``)."""
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    """Pod imagePullPolicy."""
-    image_pull_secrets: tuple[str, ...] = ()
-    """Names of docker-registry Secrets for pulling the image (pod imagePullSecrets)."""
-    node_selector: dict[str, str] = {}
-    """Pod nodeSelector labels."""
-    tolerations: tuple[Toleration, ...] = ()
-    """Pod tolerations (e.g. for the nvidia.com/gpu taint)."""
-    affinity: dict[str, Any] = {}
-    """Pod affinity, a core/v1 ``Affinity`` written as given (nodeAffinity, podAffinity,
-    podAntiAffinity); checked against the core/v1 schema at render time."""
-    priority_class: str | None = None
-    """Pod priorityClassName (PyTorchJob; with Volcano also the PodGroup's priority class)."""
-    service_account: str | None = None
-    """Pod serviceAccountName."""
-    queue_label: str | None = None
-    """Kueue LocalQueue name (label ``kueue.x-k8s.io/queue-name`` on the job)."""
-    scheduler_name: str | None = None
-    """Pod schedulerName, e.g. ``volcano`` for gang scheduling (PyTorchJob only); ``null``:
-    the cluster's default scheduler."""
-    volcano_queue: str | None = None
-    """Volcano queue (``runPolicy.schedulingPolicy.queue``); needs ``scheduler_name: volcano``."""
-    shm_size_gib: float = Field(default=16.0, gt=0)
-    """Size of the memory-backed /dev/shm emptyDir in GiB (DataLoader workers and NCCL need it);
-    it counts against the pod's memory limit."""
-    cpu_limit: float | None = Field(default=None, gt=0)
-    """CPU limit per pod in cores (the request is ``cpus_per_node``; requests must not exceed
-    limits); ``null``: no CPU limit."""
-    mem_request_gib: float | None = Field(default=None, gt=0)
-    """Memory request per pod in GiB (the limit is ``mem_gib_per_node``); ``null``: equal to the limit."""
-    rdma_resource: str | None = None
-    """Extended resource that gives a pod its RDMA devices, e.g. ``rdma/ib`` (k8s-rdma-shared-dev-plugin),
-    ``nvidia.com/hostdev`` or ``vpc.amazonaws.com/efa``; requested on fabrics infiniband, roce and
-    efa, where the container also gets the IPC_LOCK capability (pinned memory)."""
-    rdma_devices: int = Field(default=1, ge=1, le=64)
-    """How many ``rdma_resource`` devices each pod requests."""
-    extra_resources: dict[str, int] = {}
-    """Further extended resources per pod, e.g. ``{example.com/fpga: 1}`` (requests = limits, as
-    Kubernetes requires for extended resources)."""
-    secret_env: dict[str, SecretRef] = {}
-    """Environment variables taken from Secrets: ``NAME: {secret: <Secret name>, key: <key>}``
-    (written as ``valueFrom.secretKeyRef``; never a value)."""
-    runs_volume_claim: str | None = None
-    """PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be
-    ReadWriteMany for multi-pod jobs. ``null``: an emptyDir, lost when a pod is replaced."""
-    backoff_limit: int = Field(default=3, ge=0)
-    """PyTorchJob ``runPolicy.backoffLimit``: pod restarts before the job is marked failed."""
-    clean_pod_policy: Literal["None", "Running", "All"] = "None"
-    """PyTorchJob ``runPolicy.cleanPodPolicy``: which pods to delete when the job ends."""
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
-    """PyTorchJob ``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this many
-    seconds; ``null``: keep it."""
-    time_limit_min: int | None = Field(default=None, ge=1)
-    """Default wall-clock limit in minutes (``activeDeadlineSeconds``); the spec's
-    ``resources.time_limit_min`` wins; ``null``: no limit."""
-    master_port: int = Field(default=23456, ge=1024, le=65535)
-    """Rendezvous port of the Master pod (PyTorchJob's default)."""
-    python: str = "python"
-    """Python interpreter in the image."""
+    context: str | None = Field(default=None, description=(
+        "kubeconfig context for submission; ``null``: the current context (``--context`` and\n"
+        "``$JOBGEN_K8S_CONTEXT`` override it)."
+    ))
+    kubeconfig: str | None = Field(default=None, description="kubeconfig file for submission; ``null``: ``$KUBECONFIG``, else ``~/.kube/config``.")
+    namespace: str = Field(default="default", description="Namespace of the job and its ConfigMap.")
+    job_api: Literal["pytorchjob", "trainjob"] = Field(default="pytorchjob", description=(
+        "What to render: a Kubeflow training-operator ``PyTorchJob`` (kubeflow.org/v1) or a\n"
+        "Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1) that references\n"
+        "``trainer_runtime``."
+    ))
+    trainer_runtime: str = Field(default="torch-distributed", description=(
+        "TrainJob only: the ClusterTrainingRuntime it references (the runtime must run torchrun)."
+    ))
+    version: str | None = Field(default=None, description=(
+        "The cluster's Kubernetes version (``MAJOR.MINOR``, e.g. ``\"1.30\"``): the core/v1 schema\n"
+        "that pod templates are checked against at render time; ``null``: the newest schema\n"
+        "kubernetes-validate bundles."
+    ))
+    image: str = Field(description="Container image with jobgen[train] installed (runs ``python -m jobgen.train``).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(default="IfNotPresent", description="Pod imagePullPolicy.")
+    image_pull_secrets: tuple[str, ...] = Field(default=(), description="Names of docker-registry Secrets for pulling the image (pod imagePullSecrets).")
+    node_selector: dict[str, str] = Field(default={}, description="Pod nodeSelector labels.")
+    tolerations: tuple[Toleration, ...] = Field(default=(), description="Pod tolerations (e.g. for the nvidia.com/gpu taint).")
+    affinity: dict[str, Any] = Field(default={}, description=(
+        "Pod affinity, a core/v1 ``Affinity`` written as given (nodeAffinity, podAffinity,\n"
+        "podAntiAffinity); checked against the core/v1 schema at render time."
+    ))
+    priority_class: str | None = Field(default=None, description="Pod priorityClassName (PyTorchJob; with Volcano also the PodGroup's priority class).")
+    service_account: str | None = Field(default=None, description="Pod serviceAccountName.")
+    queue_label: str | None = Field(default=None, description="Kueue LocalQueue name (label ``kueue.x-k8s.io/queue-name`` on the job).")
+    scheduler_name: str | None = Field(default=None, description=(
+        "Pod schedulerName, e.g. ``volcano`` for gang scheduling (PyTorchJob only); ``null``:\n"
+        "the cluster's default scheduler."
+    ))
+    volcano_queue: str | None = Field(default=None, description="Volcano queue (``runPolicy.schedulingPolicy.queue``); needs ``scheduler_name: volcano``.")
+    shm_size_gib: float = Field(default=16.0, gt=0, description=(
+        "Size of the memory-backed /dev/shm emptyDir in GiB (DataLoader workers and NCCL need it);\n"
+        "it counts against the pod's memory limit."
+    ))
+    cpu_limit: float | None = Field(default=None, gt=0, description=(
+        "CPU limit per pod in cores (the request is ``cpus_per_node``; requests must not exceed\n"
+        "limits); ``null``: no CPU limit."
+    ))
+    mem_request_gib: float | None = Field(default=None, gt=0, description=(
+        "Memory request per pod in GiB (the limit is ``mem_gib_per_node``); ``null``: equal to the limit."
+    ))
+    rdma_resource: str | None = Field(default=None, description=(
+        "Extended resource that gives a pod its RDMA devices, e.g. ``rdma/ib`` (k8s-rdma-shared-dev-plugin),\n"
+        "``nvidia.com/hostdev`` or ``vpc.amazonaws.com/efa``; requested on fabrics infiniband, roce and\n"
+        "efa, where the container also gets the IPC_LOCK capability (pinned memory)."
+    ))
+    rdma_devices: int = Field(default=1, ge=1, le=64, description="How many ``rdma_resource`` devices each pod requests.")
+    extra_resources: dict[str, int] = Field(default={}, description=(
+        "Further extended resources per pod, e.g. ``{example.com/fpga: 1}`` (requests = limits, as\n"
+        "Kubernetes requires for extended resources)."
+    ))
+    secret_env: dict[str, SecretRef] = Field(default={}, description=(
+        "Environment variables taken from Secrets: ``NAME: {secret: <Secret name>, key: <key>}``\n"
+        "(written as ``valueFrom.secretKeyRef``; never a value)."
+    ))
+    runs_volume_claim: str | None = Field(default=None, description=(
+        "PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be\n"
+        "ReadWriteMany for multi-pod jobs. ``null``: an emptyDir, lost when a pod is replaced."
+    ))
+    backoff_limit: int = Field(default=3, ge=0, description="PyTorchJob ``runPolicy.backoffLimit``: pod restarts before the job is marked failed.")
+    clean_pod_policy: Literal["None", "Running", "All"] = Field(default="None", description=(
+        "PyTorchJob ``runPolicy.cleanPodPolicy``: which pods to delete when the job ends."
+    ))
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, description=(
+        "PyTorchJob ``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this many\n"
+        "seconds; ``null``: keep it."
+    ))
+    time_limit_min: int | None = Field(default=None, ge=1, description=(
+        "Default wall-clock limit in minutes (``activeDeadlineSeconds``); the spec's\n"
+        "``resources.time_limit_min`` wins; ``null``: no limit."
+    ))
+    master_port: int = Field(default=23456, ge=1024, le=65535, description="Rendezvous port of the Master pod (PyTorchJob's default).")
+    python: str = Field(default="python", description="Python interpreter in the image.")
 
     @field_validator("namespace")
     @classmethod
@@ -370,47 +362,29 @@ class KubernetesSettings(_Model):
 class LocalSettings(_Model):
     """The embedded default: the entrypoint under torchrun on this machine."""
 
-    omp_threads_per_process: int | None = Field(default=None, ge=1)
-    """OMP_NUM_THREADS per rank; ``null``: CPU cores / processes (at least 1)."""
-    python: str | None = None
-    """Interpreter for the ranks; ``null``: the one running jobgen."""
+    omp_threads_per_process: int | None = Field(default=None, ge=1, description="OMP_NUM_THREADS per rank; ``null``: CPU cores / processes (at least 1).")
+    python: str | None = Field(default=None, description="Interpreter for the ranks; ``null``: the one running jobgen.")
 
 
 class ClusterProfile(_Model):
     """A cluster: scheduler, node shape (GPUs, CPUs, memory), network fabric, site settings."""
 
-    name: str = Field(min_length=1)
-    """Profile name (set from the file name by the loader)."""
-    description: str = ""
-    """One line shown by ``jobgen profiles list``."""
-    scheduler: Scheduler
-    """Where jobs go: ``slurm``, ``kubernetes`` or ``local`` (this machine)."""
-    max_nodes: int = Field(default=1, ge=1)
-    """Most nodes a job may use."""
-    default_nodes: int = Field(default=1, ge=1)
-    """Nodes a job gets when its spec does not say."""
-    gpus_per_node: int = Field(default=0, ge=0, le=64)
-    """GPUs per node; 0 for CPU-only clusters (then ``cpu_processes_per_node`` ranks run)."""
-    cpu_processes_per_node: int = Field(default=1, ge=1)
-    """Ranks per node on CPU-only clusters (``gpus_per_node: 0``), gloo backend."""
-    gpu_type: GpuType | None = None
-    """GPU model; decides which precisions are allowed (bf16 needs Ampere+)."""
-    gpu_mem_gib: float | None = Field(default=None, gt=0)
-    """Memory per GPU in GiB."""
-    cpus_per_node: int = Field(default=2, ge=1)
-    """CPU cores per node available to the job."""
-    mem_gib_per_node: float = Field(default=8.0, gt=0)
-    """Host memory per node available to the job, in GiB."""
-    network_fabric: Fabric = "tcp"
-    """Inter-node network; selects the NCCL environment preset (see jobgen.nccl)."""
-    env: dict[str, str] = {}
-    """Extra environment variables for every rank (the spec's env wins on conflicts)."""
-    slurm: SlurmSettings | None = None
-    """SLURM settings (used when ``scheduler: slurm``)."""
-    kubernetes: KubernetesSettings | None = None
-    """Kubernetes settings (required when ``scheduler: kubernetes``)."""
-    local: LocalSettings = LocalSettings()
-    """Local-run settings (used when ``scheduler: local``)."""
+    name: str = Field(min_length=1, description="Profile name (set from the file name by the loader).")
+    description: str = Field(default="", description="One line shown by ``jobgen profiles list``.")
+    scheduler: Scheduler = Field(description="Where jobs go: ``slurm``, ``kubernetes`` or ``local`` (this machine).")
+    max_nodes: int = Field(default=1, ge=1, description="Most nodes a job may use.")
+    default_nodes: int = Field(default=1, ge=1, description="Nodes a job gets when its spec does not say.")
+    gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs per node; 0 for CPU-only clusters (then ``cpu_processes_per_node`` ranks run).")
+    cpu_processes_per_node: int = Field(default=1, ge=1, description="Ranks per node on CPU-only clusters (``gpus_per_node: 0``), gloo backend.")
+    gpu_type: GpuType | None = Field(default=None, description="GPU model; decides which precisions are allowed (bf16 needs Ampere+).")
+    gpu_mem_gib: float | None = Field(default=None, gt=0, description="Memory per GPU in GiB.")
+    cpus_per_node: int = Field(default=2, ge=1, description="CPU cores per node available to the job.")
+    mem_gib_per_node: float = Field(default=8.0, gt=0, description="Host memory per node available to the job, in GiB.")
+    network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.nccl).")
+    env: dict[str, str] = Field(default={}, description="Extra environment variables for every rank (the spec's env wins on conflicts).")
+    slurm: SlurmSettings | None = Field(default=None, description="SLURM settings (used when ``scheduler: slurm``).")
+    kubernetes: KubernetesSettings | None = Field(default=None, description="Kubernetes settings (required when ``scheduler: kubernetes``).")
+    local: LocalSettings = Field(default=LocalSettings(), description="Local-run settings (used when ``scheduler: local``).")
 
     @field_validator("env")
     @classmethod

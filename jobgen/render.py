@@ -156,6 +156,19 @@ def render_template(templates_dir: Path, template: str, **context: Any) -> str:
         raise ConfigError(f"template {template!r} uses an undefined variable: {exc.message}", location=str(templates_dir / template)) from None
 
 
+@functools.lru_cache(maxsize=64)
+def _referenced_templates(templates_dir: str, source: str) -> tuple[str | None, ...]:
+    """Names ``source`` includes, imports or extends (None for one Jinja cannot resolve statically).
+
+    Cached by the source text, so a template several others include (``kubernetes/_pod.yaml.j2``)
+    is parsed once per process, and an edited template is parsed again.
+
+    Raises:
+        jinja2.TemplateSyntaxError: ``source`` does not parse.
+    """
+    return tuple(jinja2.meta.find_referenced_templates(environment(templates_dir).parse(source)))
+
+
 @functools.lru_cache(maxsize=32)
 def template_sha256(templates_dir: str, template: str) -> str:
     """sha256 (hex) of ``template`` and every template it includes, imports or extends.
@@ -177,7 +190,7 @@ def template_sha256(templates_dir: str, template: str) -> str:
             continue
         with _template_errors(templates_dir, name):
             source, _, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
-            refs = list(jinja2.meta.find_referenced_templates(env.parse(source)))
+            refs = _referenced_templates(templates_dir, source)
         sources[name] = source.replace("\r\n", "\n")
         if None in refs:  # dynamic reference: cover the whole directory
             pending.extend(env.list_templates())

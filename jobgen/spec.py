@@ -64,20 +64,18 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class LoraSpec(_Model):
     """LoRA adapters (Hugging Face peft) on a Hugging Face model: only the adapters train."""
 
-    r: int = Field(default=8, ge=1, le=4096)
-    """Rank of each adapter (the inner dimension of the A: in x r and B: r x out matrices)."""
-    alpha: float = Field(default=16.0, gt=0.0)
-    """LoRA scaling numerator: the adapter output is multiplied by ``alpha / r``."""
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Dropout probability on the adapter input."""
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-    """Names (last name component) of the Linear modules that get adapters, e.g. ``q_proj``."""
+    r: int = Field(default=8, ge=1, le=4096, description="Rank of each adapter (the inner dimension of the A: in x r and B: r x out matrices).")
+    alpha: float = Field(default=16.0, gt=0.0, description="LoRA scaling numerator: the adapter output is multiplied by ``alpha / r``.")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout probability on the adapter input.")
+    target_modules: tuple[str, ...] = Field(default=("q_proj", "v_proj"), description=(
+        "Names (last name component) of the Linear modules that get adapters, e.g. ``q_proj``."
+    ))
 
     @field_validator("target_modules")
     @classmethod
@@ -107,27 +105,24 @@ class ModelSpec(_Model):
     sequence length, default 512).
     """
 
-    preset: Literal["tiny", "mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"] | None = "tiny"
-    """Size preset (see MODEL_PRESETS); ``null`` when all four sizes are given explicitly."""
-    n_layer: int | None = Field(default=None, ge=1, le=256)
-    """Number of transformer blocks."""
-    n_head: int | None = Field(default=None, ge=1, le=256)
-    """Attention heads per block; must divide d_model."""
-    d_model: int | None = Field(default=None, ge=8, le=65536)
-    """Embedding / residual width (features)."""
-    block_size: int = Field(ge=8, le=131072)
-    """Context length in tokens (bytes for the GPT; training sequence length for ``hf_path``)."""
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Dropout probability on attention and MLP outputs."""
-    hf_path: str | None = None
-    """Local directory of a Hugging Face causal LM (``config.json`` + weights, as written by
-    ``save_pretrained``); loaded with ``local_files_only=True`` (never downloads). Excludes
-    ``preset`` and the GPT sizes."""
-    lora: LoraSpec | None = None
-    """LoRA adapters for the ``hf_path`` model (peft); ``null``: full fine-tuning."""
-    load_in_4bit: bool = False
-    """QLoRA: load the ``hf_path`` model in 4-bit NF4 (bitsandbytes) and train LoRA adapters on
-    it. Needs ``lora`` and CUDA GPUs (refused on CPU profiles)."""
+    preset: Literal["tiny", "mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"] | None = Field(default="tiny", description=(
+        "Size preset (see MODEL_PRESETS); ``null`` when all four sizes are given explicitly."
+    ))
+    n_layer: int | None = Field(default=None, ge=1, le=256, description="Number of transformer blocks.")
+    n_head: int | None = Field(default=None, ge=1, le=256, description="Attention heads per block; must divide d_model.")
+    d_model: int | None = Field(default=None, ge=8, le=65536, description="Embedding / residual width (features).")
+    block_size: int = Field(ge=8, le=131072, description="Context length in tokens (bytes for the GPT; training sequence length for ``hf_path``).")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout probability on attention and MLP outputs.")
+    hf_path: str | None = Field(default=None, description=(
+        "Local directory of a Hugging Face causal LM (``config.json`` + weights, as written by\n"
+        "``save_pretrained``); loaded with ``local_files_only=True`` (never downloads). Excludes\n"
+        "``preset`` and the GPT sizes."
+    ))
+    lora: LoraSpec | None = Field(default=None, description="LoRA adapters for the ``hf_path`` model (peft); ``null``: full fine-tuning.")
+    load_in_4bit: bool = Field(default=False, description=(
+        "QLoRA: load the ``hf_path`` model in 4-bit NF4 (bitsandbytes) and train LoRA adapters on\n"
+        "it. Needs ``lora`` and CUDA GPUs (refused on CPU profiles)."
+    ))
 
     @model_validator(mode="before")
     @classmethod
@@ -217,30 +212,37 @@ class DataSpec(_Model):
     tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
     Nothing is ever downloaded."""
 
-    paths: tuple[str, ...] = ()
-    """Local files, directories (read recursively) or glob patterns. ``text``: any files; empty:
-    the Python standard library source of the running interpreter (``*.py``, site-packages
-    excluded). ``tokens``: ``*.bin`` files; ``jsonl``: ``*.jsonl`` files (required for both)."""
-    val_fraction: float = Field(default=0.05, gt=0.0, le=0.5)
-    """Fraction held out for validation, deterministic: whole byte blocks (``text``), the last
-    tokens of the stream (``tokens``), every ``round(1/val_fraction)``-th record (``jsonl``)."""
-    max_bytes: int | None = Field(default=None, ge=4096)
-    """``text`` only: upper bound on bytes read from ``paths`` (files in sorted order); ``null``:
-    no bound."""
-    format: Literal["text", "tokens", "jsonl"] = "text"
-    """``text``: raw bytes (built-in GPT only). ``tokens``: flat little-endian token ids
-    (``uint16``/``uint32``), memory-mapped. ``jsonl``: one JSON object per line with
-    ``instruction``, optional ``input`` and ``output`` (alpaca); prompt tokens are masked out of
-    the loss."""
-    token_dtype: Literal["uint16", "uint32"] | None = None
-    """``tokens``: element type of the ``.bin`` files; ``null``: read ``dtype`` from the sidecar
-    ``meta.json`` next to the files."""
-    vocab_size: int | None = Field(default=None, ge=1)
-    """``tokens``: vocabulary the files were encoded with (checked <= the model's vocabulary);
-    ``null``: ``vocab_size`` of the sidecar ``meta.json``, if any. Token ids are checked too."""
-    tokenizer_path: str | None = None
-    """``jsonl``: local directory of a Hugging Face tokenizer (``save_pretrained`` output),
-    loaded with ``local_files_only=True``; ``null``: ``model.hf_path``."""
+    paths: tuple[str, ...] = Field(default=(), description=(
+        "Local files, directories (read recursively) or glob patterns. ``text``: any files; empty:\n"
+        "the Python standard library source of the running interpreter (``*.py``, site-packages\n"
+        "excluded). ``tokens``: ``*.bin`` files; ``jsonl``: ``*.jsonl`` files (required for both)."
+    ))
+    val_fraction: float = Field(default=0.05, gt=0.0, le=0.5, description=(
+        "Fraction held out for validation, deterministic: whole byte blocks (``text``), the last\n"
+        "tokens of the stream (``tokens``), every ``round(1/val_fraction)``-th record (``jsonl``)."
+    ))
+    max_bytes: int | None = Field(default=None, ge=4096, description=(
+        "``text`` only: upper bound on bytes read from ``paths`` (files in sorted order); ``null``:\n"
+        "no bound."
+    ))
+    format: Literal["text", "tokens", "jsonl"] = Field(default="text", description=(
+        "``text``: raw bytes (built-in GPT only). ``tokens``: flat little-endian token ids\n"
+        "(``uint16``/``uint32``), memory-mapped. ``jsonl``: one JSON object per line with\n"
+        "``instruction``, optional ``input`` and ``output`` (alpaca); prompt tokens are masked out of\n"
+        "the loss."
+    ))
+    token_dtype: Literal["uint16", "uint32"] | None = Field(default=None, description=(
+        "``tokens``: element type of the ``.bin`` files; ``null``: read ``dtype`` from the sidecar\n"
+        "``meta.json`` next to the files."
+    ))
+    vocab_size: int | None = Field(default=None, ge=1, description=(
+        "``tokens``: vocabulary the files were encoded with (checked <= the model's vocabulary);\n"
+        "``null``: ``vocab_size`` of the sidecar ``meta.json``, if any. Token ids are checked too."
+    ))
+    tokenizer_path: str | None = Field(default=None, description=(
+        "``jsonl``: local directory of a Hugging Face tokenizer (``save_pretrained`` output),\n"
+        "loaded with ``local_files_only=True``; ``null``: ``model.hf_path``."
+    ))
 
     @field_validator("paths")
     @classmethod
@@ -270,64 +272,59 @@ class DataSpec(_Model):
 class TrainerSpec(_Model):
     """How to train: strategy, precision, batch arithmetic, optimisation and logging."""
 
-    strategy: Strategy = "ddp"
-    """Distributed strategy: ``ddp``, ``fsdp`` or DeepSpeed ZeRO ``deepspeed_stage_1/2/3``."""
-    offload_optimizer: OffloadDevice = "none"
-    """DeepSpeed: where optimizer states live (``cpu`` or ``nvme``; nvme needs stage 3)."""
-    offload_params: OffloadDevice = "none"
-    """Parameter offload: DeepSpeed stage 3 (``cpu``/``nvme``) or FSDP (``cpu``)."""
-    nvme_path: str | None = None
-    """Local NVMe directory for ``nvme`` offload (required when either offload is nvme)."""
-    fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD"
-    """FSDP sharding strategy (used only when ``strategy: fsdp``)."""
-    activation_checkpointing: bool = False
-    """FSDP: recompute each transformer block's activations in the backward pass instead of
-    keeping them (less memory, about one extra forward pass of compute). ``strategy: fsdp`` only."""
-    fsdp_state_dict_type: Literal["sharded", "full"] = "sharded"
-    """FSDP checkpoints: ``sharded`` (a directory, one shard per rank: fast, no gather) or
-    ``full`` (one file gathered on rank 0: portable, slow and memory-hungry for large models;
-    GPU only: gathering a full state dict segfaults on CPU ranks, LAB-NOTES)."""
-    ddp_static_graph: bool = False
-    """DDP: the set of parameters that get gradients is the same every step (lets DDP skip
-    unused-parameter search and overlap better; torch ``DistributedDataParallel(static_graph)``)."""
-    ddp_gradient_as_bucket_view: bool = False
-    """DDP: gradients are views into the all-reduce buckets (saves one gradient-sized copy of
-    memory; torch ``DistributedDataParallel(gradient_as_bucket_view)``)."""
-    precision: Precision = "auto"
-    """Numeric precision, in Lightning's names. ``auto`` is resolved at plan time from the
-    profile (spec.json records the result): Ampere or newer GPUs -> ``bf16-mixed``, older GPUs
-    -> ``16-mixed``, CPU -> ``32-true``. bf16 needs Ampere or newer GPUs;
-    ``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs
-    Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."""
-    micro_batch_size: int = Field(default=8, ge=1)
-    """Sequences per device (per data-parallel rank) per forward/backward pass."""
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    """Micro batches accumulated before each optimizer step."""
-    global_batch_size: int | None = Field(default=None, ge=1)
-    """Sequences per optimizer step over all ranks. When given it must equal
-    micro_batch_size x gradient_accumulation_steps x world size (checked at plan time)."""
-    max_steps: int = Field(default=1000, ge=1)
-    """Optimizer steps to train for."""
-    learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0)
-    """Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%."""
-    warmup_steps: int = Field(default=50, ge=0)
-    """Linear warmup length in optimizer steps."""
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    """AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings)."""
-    gradient_clip_val: float | None = Field(default=1.0, gt=0.0)
-    """Clip the global gradient norm to this value; ``null`` disables clipping."""
-    seed: int = Field(default=1337, ge=0, le=2**32 - 1)
-    """Seed for model initialisation and data order (same seed -> same run)."""
-    val_check_interval: int = Field(default=100, ge=1)
-    """Validate every N optimizer steps (and once at the end)."""
-    limit_val_batches: int = Field(default=20, ge=1)
-    """Validation micro batches per rank per validation run."""
-    log_every_n_steps: int = Field(default=10, ge=1)
-    """Write metrics (loss, learning rate, tokens/s, samples/s, MFU on GPUs, peak memory) every
-    N optimizer steps."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files (``<run_dir>/logs/version_<n>/tensorboard/``) beside
-    the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."""
+    strategy: Strategy = Field(default="ddp", description="Distributed strategy: ``ddp``, ``fsdp`` or DeepSpeed ZeRO ``deepspeed_stage_1/2/3``.")
+    offload_optimizer: OffloadDevice = Field(default="none", description="DeepSpeed: where optimizer states live (``cpu`` or ``nvme``; nvme needs stage 3).")
+    offload_params: OffloadDevice = Field(default="none", description="Parameter offload: DeepSpeed stage 3 (``cpu``/``nvme``) or FSDP (``cpu``).")
+    nvme_path: str | None = Field(default=None, description="Local NVMe directory for ``nvme`` offload (required when either offload is nvme).")
+    fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = Field(default="FULL_SHARD", description=(
+        "FSDP sharding strategy (used only when ``strategy: fsdp``)."
+    ))
+    activation_checkpointing: bool = Field(default=False, description=(
+        "FSDP: recompute each transformer block's activations in the backward pass instead of\n"
+        "keeping them (less memory, about one extra forward pass of compute). ``strategy: fsdp`` only."
+    ))
+    fsdp_state_dict_type: Literal["sharded", "full"] = Field(default="sharded", description=(
+        "FSDP checkpoints: ``sharded`` (a directory, one shard per rank: fast, no gather) or\n"
+        "``full`` (one file gathered on rank 0: portable, slow and memory-hungry for large models;\n"
+        "GPU only: gathering a full state dict segfaults on CPU ranks, LAB-NOTES)."
+    ))
+    ddp_static_graph: bool = Field(default=False, description=(
+        "DDP: the set of parameters that get gradients is the same every step (lets DDP skip\n"
+        "unused-parameter search and overlap better; torch ``DistributedDataParallel(static_graph)``)."
+    ))
+    ddp_gradient_as_bucket_view: bool = Field(default=False, description=(
+        "DDP: gradients are views into the all-reduce buckets (saves one gradient-sized copy of\n"
+        "memory; torch ``DistributedDataParallel(gradient_as_bucket_view)``)."
+    ))
+    precision: Precision = Field(default="auto", description=(
+        "Numeric precision, in Lightning's names. ``auto`` is resolved at plan time from the\n"
+        "profile (spec.json records the result): Ampere or newer GPUs -> ``bf16-mixed``, older GPUs\n"
+        "-> ``16-mixed``, CPU -> ``32-true``. bf16 needs Ampere or newer GPUs;\n"
+        "``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs\n"
+        "Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."
+    ))
+    micro_batch_size: int = Field(default=8, ge=1, description="Sequences per device (per data-parallel rank) per forward/backward pass.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro batches accumulated before each optimizer step.")
+    global_batch_size: int | None = Field(default=None, ge=1, description=(
+        "Sequences per optimizer step over all ranks. When given it must equal\n"
+        "micro_batch_size x gradient_accumulation_steps x world size (checked at plan time)."
+    ))
+    max_steps: int = Field(default=1000, ge=1, description="Optimizer steps to train for.")
+    learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0, description="Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%.")
+    warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in optimizer steps.")
+    weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
+    gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description="Clip the global gradient norm to this value; ``null`` disables clipping.")
+    seed: int = Field(default=1337, ge=0, le=2**32 - 1, description="Seed for model initialisation and data order (same seed -> same run).")
+    val_check_interval: int = Field(default=100, ge=1, description="Validate every N optimizer steps (and once at the end).")
+    limit_val_batches: int = Field(default=20, ge=1, description="Validation micro batches per rank per validation run.")
+    log_every_n_steps: int = Field(default=10, ge=1, description=(
+        "Write metrics (loss, learning rate, tokens/s, samples/s, MFU on GPUs, peak memory) every\n"
+        "N optimizer steps."
+    ))
+    tensorboard: bool = Field(default=False, description=(
+        "Also write TensorBoard event files (``<run_dir>/logs/version_<n>/tensorboard/``) beside\n"
+        "the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."
+    ))
 
     @field_validator("nvme_path")
     @classmethod
@@ -396,43 +393,34 @@ class TrainerSpec(_Model):
 class ResourcesSpec(_Model):
     """How much of the cluster the job asks for; unset fields take the profile's defaults."""
 
-    nodes: int | None = Field(default=None, ge=1)
-    """Number of nodes (SLURM nodes, Kubernetes pods). Default: the profile's default_nodes."""
-    devices_per_node: int | None = Field(default=None, ge=1)
-    """Processes (GPUs) per node. Default: all GPUs of a node (or the profile's CPU processes)."""
-    time_limit_min: int | None = Field(default=None, ge=1)
-    """Wall-clock limit in minutes. Default: the profile's time limit."""
+    nodes: int | None = Field(default=None, ge=1, description="Number of nodes (SLURM nodes, Kubernetes pods). Default: the profile's default_nodes.")
+    devices_per_node: int | None = Field(default=None, ge=1, description=(
+        "Processes (GPUs) per node. Default: all GPUs of a node (or the profile's CPU processes)."
+    ))
+    time_limit_min: int | None = Field(default=None, ge=1, description="Wall-clock limit in minutes. Default: the profile's time limit.")
 
 
 class CheckpointSpec(_Model):
     """Checkpointing and resume."""
 
-    every_n_steps: int = Field(default=100, ge=1)
-    """Save a checkpoint every N optimizer steps (plus ``last.ckpt`` and one at the end)."""
-    keep_last_k: int = Field(default=2, ge=1)
-    """Step checkpoints to keep (newest first); ``last.ckpt`` is kept in addition."""
-    resume: Literal["auto", "never"] = "auto"
-    """``auto``: continue from the newest checkpoint in the run directory when one exists
-    (what a requeued job needs); ``never``: always start from step 0."""
+    every_n_steps: int = Field(default=100, ge=1, description="Save a checkpoint every N optimizer steps (plus ``last.ckpt`` and one at the end).")
+    keep_last_k: int = Field(default=2, ge=1, description="Step checkpoints to keep (newest first); ``last.ckpt`` is kept in addition.")
+    resume: Literal["auto", "never"] = Field(default="auto", description=(
+        "``auto``: continue from the newest checkpoint in the run directory when one exists\n"
+        "(what a requeued job needs); ``never``: always start from step 0."
+    ))
 
 
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
-    name: str = Field(min_length=1, max_length=128)
-    """Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``."""
-    model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}))
-    """The model to train."""
-    data: DataSpec = DataSpec()
-    """The training text."""
-    trainer: TrainerSpec = TrainerSpec()
-    """Strategy, precision, batch sizes, optimisation."""
-    resources: ResourcesSpec = ResourcesSpec()
-    """Nodes, devices per node and time limit."""
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    """Checkpoint cadence and resume behaviour."""
-    env: dict[str, str] = {}
-    """Extra environment variables for every rank (set after the profile's env)."""
+    name: str = Field(min_length=1, max_length=128, description="Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``.")
+    model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}), description="The model to train.")
+    data: DataSpec = Field(default=DataSpec(), description="The training text.")
+    trainer: TrainerSpec = Field(default=TrainerSpec(), description="Strategy, precision, batch sizes, optimisation.")
+    resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Nodes, devices per node and time limit.")
+    checkpoint: CheckpointSpec = Field(default=CheckpointSpec(), description="Checkpoint cadence and resume behaviour.")
+    env: dict[str, str] = Field(default={}, description="Extra environment variables for every rank (set after the profile's env).")
 
     @field_validator("name")
     @classmethod

@@ -162,6 +162,16 @@ def test_old_kubernetes_versions_use_the_oldest_bundled_schema(docs):
     assert any("checked against 1.25 instead of 1.20" in s for s in report.skipped)
 
 
+def test_core_definitions_are_read_once_for_all_core_validators(docs):
+    """kubernetes-validate's _definitions.json (1.8 MB) is parsed once per version, not once per
+    schema file: the ObjectMeta, ConfigMap and PodTemplate validators share it."""
+    kv._core_validator.cache_clear()
+    kv._core_definitions.cache_clear()
+    kv.validate_manifest(docs, source="x", k8s_version="1.30")
+    assert kv._core_validator.cache_info().misses == 3
+    assert kv._core_definitions.cache_info().misses == 1
+
+
 def test_trainjob_rules_and_crd():
     job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "x" * 70},
            "spec": {"runtimeRef": {"name": "torch-distributed"},

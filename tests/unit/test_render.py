@@ -60,3 +60,22 @@ def test_strict_undefined(tmp_path):
 def test_missing_template(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         render_template(tmp_path, "nope.j2")
+
+
+def test_a_template_included_twice_is_parsed_once_for_the_hash(tmp_path):
+    """Hashing two templates that both include a third parses the third once (the Kubernetes
+    backend hashes pytorchjob and trainjob, which both include _pod); an edit is parsed again."""
+    from jobgen.render import _referenced_templates, template_sha256
+
+    (tmp_path / "_shared.j2").write_text("shared\n")
+    (tmp_path / "a.j2").write_text('a {% include "_shared.j2" %}\n')
+    (tmp_path / "b.j2").write_text('b {% include "_shared.j2" %}\n')
+    _referenced_templates.cache_clear()
+    first = template_sha256(str(tmp_path), "a.j2"), template_sha256(str(tmp_path), "b.j2")
+    assert _referenced_templates.cache_info().misses == 3
+    assert first[0] != first[1]
+    (tmp_path / "_shared.j2").write_text('edited {% include "_leaf.j2" %}\n')
+    (tmp_path / "_leaf.j2").write_text("leaf\n")
+    template_sha256.cache_clear()
+    assert template_sha256(str(tmp_path), "a.j2") != first[0]
+    assert _referenced_templates.cache_info().misses == 5  # the edited _shared.j2, and _leaf.j2 once

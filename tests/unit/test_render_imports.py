@@ -1,0 +1,58 @@
+"""What a render imports (behaviour, not timing; `python benchmarks/render.py` times it).
+
+A SLURM render needs jinja2, yaml, click and pydantic; the training stack, the Kubernetes client
+and the offline validators must stay off its path. A Kubernetes render loads the validators
+(it validates every manifest offline) but still neither the client nor the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import EXAMPLES, REPO
+
+TRAINING_STACK = ("torch", "lightning", "deepspeed", "numpy", "transformers", "peft")
+VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
+#: jobgen modules a SLURM render has no use for.
+OFF_THE_SLURM_PATH = ("jobgen.k8s_validate", "jobgen.backends.kubernetes", "jobgen.gitops", "jobgen.train")
+
+
+def modules_after_render(profile: str) -> set[str]:
+    """Names in sys.modules after ``jobgen render examples/quickstart.yaml -p PROFILE --stdout`` run
+    through ``jobgen.cli.main`` in a fresh interpreter."""
+    code = (
+        "import json, sys\n"
+        "from jobgen.cli import main\n"
+        "try:\n"
+        f"    main(['render', {str(EXAMPLES / 'quickstart.yaml')!r}, '--profile', {profile!r}, '--stdout'])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print('MODULES', json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("MODULES "))
+    return set(json.loads(line[len("MODULES "):]))
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` (packages or modules) are loaded, submodules counted."""
+    return sorted(n for n in names if any(m == n or m.startswith(n + ".") for m in modules))
+
+
+def test_slurm_render_imports_neither_training_stack_nor_kubernetes_nor_validators():
+    modules = modules_after_render("slurm-a100")
+    assert loaded(modules, (*TRAINING_STACK, "kubernetes", *VALIDATORS, *OFF_THE_SLURM_PATH)) == []
+
+
+def test_kubernetes_render_loads_the_validators_but_not_the_client_or_training_stack():
+    pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[k8s])")
+    modules = modules_after_render("k8s-h100")
+    assert loaded(modules, (*TRAINING_STACK, "kubernetes")) == []
+    assert "jsonschema" in modules and "jobgen.k8s_validate" in modules
