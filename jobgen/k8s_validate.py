@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import ConfigError, PlanError
+from jobgen.k8s_names import DNS1035_LABEL, is_dns1035_label, is_dns1123_label, is_port_name
 
 #: Which CRD file holds each kind: (group, plural, preferred sub-directory, served version).
 CRD_FILES: dict[str, tuple[str, str, str, str]] = {
@@ -51,11 +52,8 @@ ENV_CRDS_DIR = "JOBGEN_CRDS_DIR"
 #: Variables the Trainer v2 torch plugin sets and refuses in ``spec.trainer.env``
 #: (constants.TorchRunReservedEnvNames).
 TRAINER_RESERVED_ENV = frozenset({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"})
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: IsEnvVarName (apimachinery): what every server version accepts (1.30+ may relax it).
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_IANA_SVC_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 #: Resources Kubernetes lets a pod overcommit; every other one is "extended" (whole units,
 #: requests = limits): ``IsOvercommitAllowed`` in pkg/apis/core/helper.
 _OVERCOMMIT = frozenset({"cpu", "memory", "ephemeral-storage"})
@@ -246,7 +244,7 @@ def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[Problem]:
     src = "training-operator PyTorchJob webhook"
     out: list[Problem] = []
     name = str(job.get("metadata", {}).get("name", ""))
-    if not _DNS1035.match(name) or len(name) > 63:
+    if not is_dns1035_label(name):
         out.append(Problem("metadata.name", f"{name!r} is not a DNS-1035 label (a-z first, then a-z 0-9 '-', <= 63 chars)", src))
     spec = job.get("spec") or {}
     specs = spec.get("pytorchReplicaSpecs")
@@ -281,7 +279,7 @@ def trainjob_rule_problems(job: dict[str, Any]) -> list[Problem]:
     plugin's reserved environment variables."""
     out: list[Problem] = []
     name = str(job.get("metadata", {}).get("name", ""))
-    if not _DNS1035.match(name):
+    if not DNS1035_LABEL.match(name):
         out.append(Problem("metadata.name", "metadata.name must match RFC 1035 DNS label format", "TrainJob CRD x-kubernetes-validations"))
     if len(name) > 63:
         out.append(Problem("metadata.name", "metadata.name must be no more than 63 characters", "TrainJob CRD x-kubernetes-validations"))
@@ -342,7 +340,7 @@ def pod_problems(pod_spec: dict[str, Any], prefix: str) -> list[Problem]:
     volumes = pod_spec.get("volumes") or []
     names = [v.get("name") for v in volumes]
     for i, name in enumerate(names):
-        if not isinstance(name, str) or not _DNS1123_LABEL.match(name) or len(name) > 63:
+        if not is_dns1123_label(name):
             out.append(Problem(f"{prefix}.volumes[{i}].name", f"{name!r} is not a DNS-1123 label", src))
         elif names.index(name) != i:
             out.append(Problem(f"{prefix}.volumes[{i}].name", f"duplicate volume name {name!r}", src))
@@ -354,7 +352,7 @@ def pod_problems(pod_spec: dict[str, Any], prefix: str) -> list[Problem]:
         for ci, container in enumerate(pod_spec.get(group) or []):
             where = f"{prefix}.{group}[{ci}]"
             cname = container.get("name")
-            if not isinstance(cname, str) or not _DNS1123_LABEL.match(cname) or len(cname) > 63:
+            if not is_dns1123_label(cname):
                 out.append(Problem(f"{where}.name", f"{cname!r} is not a DNS-1123 label", src))
             elif cname in seen:
                 out.append(Problem(f"{where}.name", f"duplicate container name {cname!r}", src))
@@ -373,8 +371,7 @@ def pod_problems(pod_spec: dict[str, Any], prefix: str) -> list[Problem]:
                                        "(letters, digits, '_', '-', '.'; not starting with a digit)", src))
             for pi, port in enumerate(container.get("ports") or []):
                 pname = port.get("name")
-                if pname is not None and (len(str(pname)) > 15 or not _IANA_SVC_NAME.match(str(pname)) or "--" in str(pname)
-                                          or not re.search(r"[a-z]", str(pname))):
+                if pname is not None and (not is_port_name(str(pname)) or not re.search(r"[a-z]", str(pname))):
                     out.append(Problem(f"{where}.ports[{pi}].name", f"{pname!r} is not an IANA service name (<= 15 chars, a-z 0-9 '-')", src))
                 number = port.get("containerPort")
                 if not isinstance(number, int) or not 1 <= number <= 65535:

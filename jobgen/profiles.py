@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from jobgen.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.spec import ENV_KEY_RE, check_env, check_shell_safe
 
 Scheduler = Literal["slurm", "kubernetes", "local"]
@@ -33,7 +34,6 @@ GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
 }
 
 _SIGNALS = Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"]
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class _Model(BaseModel):
@@ -163,7 +163,6 @@ class Toleration(_Model):
 
 
 #: DNS-1123 subdomain (core/v1 object names: Secret, ConfigMap, PVC, ServiceAccount, PriorityClass).
-_DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: Keys of a Secret or ConfigMap (apimachinery IsConfigMapKey).
 _CONFIG_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 #: A label value (apimachinery IsValidLabelValue): <= 63 chars, alphanumeric at both ends.
@@ -173,7 +172,7 @@ _RESOURCE_NAME_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 
 
 def _dns_subdomain(value: str, what: str) -> str:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN_RE.match(value):
+    if not is_dns1123_subdomain(value):
         raise ValueError(f"{what} {value!r} is not a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.', <= 253 chars), "
                          "which Kubernetes requires for object names")
     return value
@@ -286,7 +285,7 @@ class KubernetesSettings(_Model):
     @field_validator("namespace")
     @classmethod
     def _dns_label(cls, value: str) -> str:
-        if not _K8S_NAME_RE.match(value) or len(value) > 63:
+        if not is_dns1123_label(value):
             raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lowercase a-z, 0-9, '-', <= 63 chars)")
         return value
 

@@ -38,6 +38,7 @@ from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import DS_CONFIG_FILE, KUSTOMIZATION_FILE, PYTORCHJOB_FILE, SPEC_FILE, TRAINJOB_FILE, generated_header
+from jobgen.k8s_names import DNS1035_LABEL
 from jobgen.plan import ApiRequest, JobPlan, PlanContext
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
@@ -46,7 +47,6 @@ TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"
 TEMPLATES = (TEMPLATE, TRAINJOB_TEMPLATE)
 CONFIG_MOUNT = "/etc/jobgen"
 RUN_ROOT = "/workspace/runs"
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest job name that leaves room for the operator's pod and Service names
 #: (``<name>-worker-<index>``) inside the 63-character DNS label limit.
 MAX_NAME = 48
@@ -104,7 +104,7 @@ def k8s_name(name: str) -> tuple[str, bool]:
     and the plan warns. A name with no letter or digit a-z/0-9 at all derives ``job-<hash>``
     (see :func:`object_name`, which refuses it for rendering).
     """
-    if _DNS1035.match(name) and len(name) <= MAX_NAME:
+    if DNS1035_LABEL.match(name) and len(name) <= MAX_NAME:
         return name, False
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     slug = re.sub(r"^[^a-z]+", "", slug)[: MAX_NAME - 9].rstrip("-") or "job"

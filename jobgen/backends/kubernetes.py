@@ -32,6 +32,7 @@ from jobgen.backends.k8s_manifest import (
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
 from jobgen.errors import ConfigError, SubmitError
+from jobgen.k8s_names import is_dns1123_label
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
 from jobgen.plan import JobPlan, PlanContext
 
@@ -109,8 +110,7 @@ def parse_handle(handle: JobHandle) -> tuple[str, str, str]:
         ConfigError: not a k8s handle, or namespace/name are not DNS labels.
     """
     parts = handle.path.rsplit("/", 2)
-    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    if handle.scheme != "k8s" or len(parts) != 3 or not parts[0] or not label.match(parts[1]) or not label.match(parts[2]):
+    if handle.scheme != "k8s" or len(parts) != 3 or not parts[0] or not is_dns1123_label(parts[1]) or not is_dns1123_label(parts[2]):
         raise ConfigError(f"{handle} is not a Kubernetes job handle", hint="Kubernetes handles look like k8s://<context>/<namespace>/<name>")
     return parts[0], parts[1], parts[2]
 

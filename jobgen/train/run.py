@@ -36,6 +36,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
 from jobgen.errors import ConfigError
+from jobgen.jobdir import write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
@@ -234,13 +235,6 @@ def _tensorboard_logger(paths: RunPaths, version: int | str) -> Logger:
         ) from None
 
 
-def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _describe_resume(resolved: ResolvedSpec, paths: RunPaths) -> FoundCheckpoint | None:
     if resolved.spec.checkpoint.resume == "never":
         if paths.checkpoints.is_dir() and any(paths.checkpoints.iterdir()):
@@ -363,7 +357,7 @@ def train(
                 "inputs_sha256": resolved.inputs_sha256,
                 "profile": resolved.profile,
             }
-            _atomic_write_json(paths.summary, summary)
+            write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)
             _plot_curves(logger, paths)
         trainer.strategy.barrier("jobgen-summary")  # all ranks leave together

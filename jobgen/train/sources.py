@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobgen.errors import ConfigError
+from jobgen.jobdir import write_atomic
 
 SPLIT_BLOCK_BYTES = 64 * 1024
 """Size of the whole blocks the train/val split is made of (bytes)."""
@@ -233,12 +234,6 @@ def _manifest_inputs(sources: TextSources, val_fraction: float) -> dict:
     }
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def bins_are_current(data_dir: Path, sources: TextSources, val_fraction: float) -> bool:
     """Whether ``data_dir`` already holds train/val bins built from exactly these inputs.
 
@@ -307,5 +302,5 @@ def build_bins(data_dir: Path, sources: TextSources, val_fraction: float) -> Spl
         "train_bytes": layout.train_bytes,
         "val_bytes": layout.val_bytes,
     }
-    _atomic_write_text(data_dir / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    write_atomic(data_dir / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     return layout

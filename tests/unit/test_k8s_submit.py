@@ -32,8 +32,22 @@ class FakeStream:
         self.released = True
 
 
+#: Query values the real API server accepts (anything else is 400 BadRequest): dryRun
+#: (apimachinery DryRun: only "All"), fieldValidation (Strict/Warn/Ignore, 1.25+).
+_QUERY_VALUES = {"dryRun": {"All"}, "fieldValidation": {"Strict", "Warn", "Ignore"}}
+_PROPAGATION = {"Foreground", "Background", "Orphan"}
+
+
+def _bad_request(message: str) -> k8s_api.ApiError:
+    return k8s_api.ApiError(message, status=400, reason="BadRequest")
+
+
 class FakeCluster(k8s_api.Cluster):
-    """Objects by path in a dict; POST/GET/PUT/DELETE like the API server (no validation)."""
+    """Objects by path in a dict; POST/GET/PUT/DELETE like the API server, refusing what the
+    real one refuses and our submit relies on: unknown dryRun/fieldValidation values, a
+    DeleteOptions body that is not one (wrong kind, unknown propagationPolicy), an object
+    whose namespace differs from the request path's, and a PUT with a stale resourceVersion
+    (409 Conflict). ``deletes`` records each DELETE's propagation policy."""
 
     def __init__(self, *, prune: str | None = None, version: tuple[int, int] = (1, 30)):
         super().__init__(api=None, context="fake")
@@ -43,10 +57,29 @@ class FakeCluster(k8s_api.Cluster):
         self._version = version
         self.logs: list[list[bytes]] = []
         self.uid = 0
+        self.deletes: list[str | None] = []
+
+    def _check(self, method: str, path: str, query: tuple[tuple[str, str], ...], body: Any) -> None:
+        for key, value in query:
+            if key in _QUERY_VALUES and value not in _QUERY_VALUES[key]:
+                raise _bad_request(f"invalid {key} value {value!r}")
+        if method in ("POST", "PUT") and isinstance(body, dict):
+            namespace = (body.get("metadata") or {}).get("namespace")
+            if "/namespaces/" in path and namespace is not None and path.split("/namespaces/")[1].split("/")[0] != namespace:
+                raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        if method == "DELETE" and body is not None:
+            if body.get("kind") != "DeleteOptions" or body.get("propagationPolicy", "Background") not in _PROPAGATION:
+                raise _bad_request(f"invalid DeleteOptions: {body!r}")
+        if method == "PUT" and path in self.objects:
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            current = self.objects[path].get("metadata", {}).get("resourceVersion")
+            if sent is not None and sent != current:
+                raise k8s_api.ApiError("the object has been modified", status=409, reason="Conflict")
 
     def request(self, method, path, *, query=None, body=None, timeout=30.0, stream=False):
         query = tuple(query or ())
         self.calls.append((method, path, query))
+        self._check(method, path, query, body)
         if path.endswith("/log"):
             return FakeStream(self.logs.pop(0))
         if method == "POST":
@@ -67,9 +100,13 @@ class FakeCluster(k8s_api.Cluster):
                 return copy.deepcopy(self.objects[path])
             raise k8s_api.ApiError("not found", status=404, reason="NotFound")
         if method == "PUT":
-            self.objects[path] = copy.deepcopy(body)
-            return body
+            obj = copy.deepcopy(body)
+            self.uid += 1
+            obj.setdefault("metadata", {})["resourceVersion"] = str(self.uid)
+            self.objects[path] = obj
+            return copy.deepcopy(obj)
         if method == "DELETE":
+            self.deletes.append((body or {}).get("propagationPolicy"))
             if path not in self.objects:
                 raise k8s_api.ApiError("not found", status=404, reason="NotFound")
             del self.objects[path]
@@ -249,3 +286,33 @@ def test_cli_unknown_kubeconfig_is_bad_input(run_cli, tmp_path):
     out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--out", str(tmp_path),
                   "--kubeconfig", str(tmp_path / "nope"))
     assert out.code == 2 and "cannot read kubeconfig" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_fake_refuses_what_the_api_server_refuses():
+    """The fake is only useful if it fails like the server where submit relies on the server."""
+    cluster = FakeCluster()
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "training"}}
+    with pytest.raises(k8s_api.ApiError, match="invalid dryRun"):
+        cluster.request("POST", "/api/v1/namespaces/training/configmaps", query=[("dryRun", "true")], body=cm)
+    with pytest.raises(k8s_api.ApiError, match="invalid fieldValidation"):
+        cluster.request("POST", "/api/v1/namespaces/training/configmaps", query=[("fieldValidation", "strict")], body=cm)
+    with pytest.raises(k8s_api.ApiError, match="namespace of the provided object"):
+        cluster.request("POST", "/api/v1/namespaces/other/configmaps", body=cm)
+    created = cluster.request("POST", "/api/v1/namespaces/training/configmaps", body=cm)
+    stale = {**created, "metadata": {**created["metadata"], "resourceVersion": "stale"}}
+    with pytest.raises(k8s_api.ApiError, match="modified") as info:
+        cluster.request("PUT", "/api/v1/namespaces/training/configmaps/c", body=stale)
+    assert info.value.status == 409
+    with pytest.raises(k8s_api.ApiError, match="invalid DeleteOptions"):
+        cluster.request("DELETE", "/api/v1/namespaces/training/configmaps/c", body={"propagationPolicy": "Foreground"})
+
+
+def test_replace_deletes_in_the_foreground_and_owner_update_is_not_stale(job_dir, fake):
+    """--replace deletes the old job with propagationPolicy Foreground (its pods go first), and
+    the ConfigMap owner update sends the resourceVersion it just read (a stale one is 409)."""
+    k8s.submit_dir(job_dir(), out=lambda _: None)
+    fake.objects[JOB]["spec"]["runPolicy"] = {"changed": True}
+    fake.objects[JOB]["metadata"]["annotations"][k8s_manifest.INPUTS_ANNOTATION] = "0" * 64
+    result = k8s.submit_dir(job_dir(), replace=True, out=lambda _: None)
+    assert result.action == "replaced" and fake.deletes == ["Foreground"]
+    assert fake.objects[CM]["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
