@@ -32,8 +32,8 @@ from jobgen.backends.k8s_manifest import (
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.k8s_names import is_dns1123_label
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
+from jobgen.k8s_names import is_dns1123_label
 from jobgen.plan import JobPlan, PlanContext
 
 # --------------------------------------------------------------------------- the job directory

@@ -145,7 +145,7 @@ class LocalBackend(Backend):
         else UNKNOWN: a local run lives in the foreground of the shell that started it."""
         run_dir = Path(handle.path)
         if (run_dir / SUMMARY_FILE).is_file():
-            return JobStatus(handle, "COMPLETED", "summary.json", {"run_dir": str(run_dir)})
+            return JobStatus(handle, "COMPLETED", SUMMARY_FILE, {"run_dir": str(run_dir)})
         reason = "no summary.json: the run is still in the foreground, was interrupted, or failed (see its terminal)"
         return JobStatus(handle, "UNKNOWN", "none", {"run_dir": str(run_dir), "reason": reason})
 

@@ -31,7 +31,7 @@ from jobgen.backends.base import (
     run_command,
 )
 from jobgen.errors import ConfigError, PlanError, SubmitError
-from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, ResolvedSpec, Submission, find_submission, read_resolved_spec
 from jobgen.plan import Command, JobPlan, PlanContext
 from jobgen.render import ShellText
 from jobgen.rules import World
@@ -284,10 +284,9 @@ def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False) -> 
     return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),))
 
 
-def read_job_dir(job_dir: Path) -> dict[str, Any]:
-    """The facts ``submit`` needs from a rendered SLURM job directory (its ``spec.json``).
-
-    Returns ``{"job_name", "cluster", "inputs_sha256"}``.
+def read_job_dir(job_dir: Path) -> ResolvedSpec:
+    """The resolved spec of a rendered SLURM job directory (what ``submit`` needs: the job
+    name, the cluster for the handle, the inputs hash).
 
     Raises:
         ConfigError: the directory holds no ``job.sbatch`` / valid ``spec.json`` written by jobgen.
@@ -297,9 +296,7 @@ def read_job_dir(job_dir: Path) -> dict[str, Any]:
             f"{job_dir} is not a rendered SLURM job directory (needs {SBATCH_FILE} and {SPEC_FILE})",
             hint="render it first: jobgen render SPEC --profile <slurm profile>",
         )
-    resolved = read_resolved_spec(job_dir)
-    return {"job_name": resolved.spec.name, "cluster": resolved.launch.cluster or "default",
-            "inputs_sha256": resolved.inputs_sha256}
+    return read_resolved_spec(job_dir)
 
 
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
@@ -320,8 +317,8 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
     """
     job_dir = job_dir.resolve()
-    facts = read_job_dir(job_dir)
-    run_dir = runs_dir.resolve() / run_dir_name(facts["job_name"])
+    resolved = read_job_dir(job_dir)
+    run_dir = runs_dir.resolve() / run_dir_name(resolved.spec.name)
     for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
         if char in str(run_dir):
             raise ConfigError(
@@ -349,10 +346,10 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     jid = proc.stdout.strip().split(";")[0]  # --parsable: "<jobid>[;<cluster>]"
     if not jid.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{facts['cluster']}/{jid}")
+    handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
     Submission(
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{jid}.out"),
-        argv=tuple(argv), inputs_sha256=facts["inputs_sha256"],
+        argv=tuple(argv), inputs_sha256=resolved.inputs_sha256,
     ).save()
     return handle
 

@@ -36,7 +36,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import write_atomic
+from jobgen.jobdir import SUMMARY_FILE, write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
@@ -100,7 +100,7 @@ class RunPaths:
     @property
     def summary(self) -> Path:
         """``<run_dir>/summary.json``."""
-        return self.run_dir / "summary.json"
+        return self.run_dir / SUMMARY_FILE
 
     @property
     def curves(self) -> Path:
