@@ -27,6 +27,10 @@ The estimate is a conservative sum: parameters + gradients + optimizer states + 
 with ``set_to_none`` appear during backward while activations are being freed). Usable memory
 is also a little below the nominal ``gpu_mem_gib`` (``torch.cuda.mem_get_info``), which the
 overhead term is meant to absorb.
+
+Size: one module above ~500 lines on purpose: the layouts (DDP, FSDP variants, ZeRO 1-3 with
+offload), their formulas and the recommender that ranks them share one set of terms; split
+apart, each formula would be read without the others it is compared against.
 """
 
 from __future__ import annotations

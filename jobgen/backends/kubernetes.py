@@ -2,6 +2,10 @@
 with the official ``kubernetes`` client, then status, logs and cancel by handle
 (``k8s://<context>/<namespace>/<name>``). Planning lives in :mod:`jobgen.backends.k8s_manifest`,
 the API client in :mod:`jobgen.backends.k8s_api`.
+
+Size: above ~500 lines on purpose: submit, status, logs and cancel share the lookups of one job
+(:func:`_find`, :func:`_get_job`, the foreground delete and its wait); split apart, each half
+would import the other's internals.
 """
 
 from __future__ import annotations
