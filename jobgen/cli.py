@@ -326,29 +326,46 @@ def cancel(job: str, wait_s: float) -> None:
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--profile", "-p", default=None, help="Also check the spec against this profile (devices, nodes, batch, precision).")
+@_output_option
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
-def validate(spec: str, profile: str | None, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
+def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, ...], profiles_dir: str | None,
+             templates_dir: str | None) -> None:
     """Check SPEC (and, with --profile, that it fits the cluster) without writing anything.
 
     \b
     Example:
       jobgen validate examples/quickstart.yaml --profile slurm-h100
+      jobgen validate examples/quickstart.yaml -p local -o json
     """
     loaded = load_spec(spec, overrides)
-    model = (f"Hugging Face model {loaded.model.hf_path}" if loaded.model.hf_path is not None
-             else f"model {loaded.model.n_params / 1e6:.1f}M parameters")
-    click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
-               f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
+    doc: dict[str, Any] = {"spec": spec, "name": loaded.name, "strategy": loaded.trainer.strategy,
+                           "precision": loaded.trainer.precision,
+                           "model": loaded.model.hf_path if loaded.model.hf_path is not None else "gpt",
+                           "n_params": None if loaded.model.hf_path is not None else loaded.model.n_params}
+    job_plan = None
     if profile is not None:
         job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
         _warn(job_plan)
         w = job_plan.world
+        doc |= {"profile": job_plan.profile, "precision": json.loads(job_plan.file("spec.json"))["spec"]["trainer"]["precision"],
+                "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
+                "global_batch_size": w.global_batch_size, "warnings": list(job_plan.warnings)}
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    model = (f"Hugging Face model {loaded.model.hf_path}" if loaded.model.hf_path is not None
+             else f"model {loaded.model.n_params / 1e6:.1f}M parameters")
+    click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
+               f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
+    if job_plan is not None:
+        w = job_plan.world
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
                    f"global batch {w.global_batch_size} sequences "
-                   f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size})")
+                   f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size}), "
+                   f"precision {doc['precision']}")
 
 
 @cli.command("plan")
@@ -440,26 +457,41 @@ def profiles() -> None:
 
 
 @profiles.command("list")
+@_output_option
 @_profiles_dir_option
-def profiles_list(profiles_dir: str | None) -> None:
+def profiles_list(output: str, profiles_dir: str | None) -> None:
     """List every profile visible through the lookup order, with its scheduler and nodes."""
+    rows = []
     for name in list_profile_names(profiles_dir):
         try:
             p = load_profile(name, profiles_dir)
         except JobgenError as exc:
-            click.echo(f"{name:16} (invalid: {exc.message.splitlines()[0]})")
+            rows.append({"name": name, "error": exc.message.splitlines()[0]})
             continue
-        shape = f"{p.gpus_per_node}x {p.gpu_type}" if p.gpus_per_node else f"{p.cpu_processes_per_node} CPU rank(s)"
-        click.echo(f"{name:16} {p.scheduler:10} up to {p.max_nodes} node(s) of {shape:14} {p.description}")
+        rows.append({"name": name, "scheduler": p.scheduler, "max_nodes": p.max_nodes, "gpus_per_node": p.gpus_per_node,
+                     "gpu_type": p.gpu_type, "cpu_processes_per_node": p.cpu_processes_per_node, "description": p.description})
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    for row in rows:
+        if "error" in row:
+            click.echo(f"{row['name']:16} (invalid: {row['error']})")
+            continue
+        shape = f"{row['gpus_per_node']}x {row['gpu_type']}" if row["gpus_per_node"] else f"{row['cpu_processes_per_node']} CPU rank(s)"
+        click.echo(f"{row['name']:16} {row['scheduler']:10} up to {row['max_nodes']} node(s) of {shape:14} {row['description']}")
 
 
 @profiles.command("show")
 @click.argument("name")
+@_output_option
 @_profiles_dir_option
-def profiles_show(name: str, profiles_dir: str | None) -> None:
-    """Show profile NAME as YAML, with `extends:` resolved and defaults filled in."""
+def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
+    """Show profile NAME as YAML (-o json: JSON), with `extends:` resolved and defaults filled in."""
     _, path = load_profile_doc(name, profiles_dir)
     resolved = load_profile(name, profiles_dir).model_dump(mode="json")
+    if output == "json":
+        click.echo(json.dumps(resolved, indent=2, sort_keys=True))
+        return
     click.echo(f"# {path}")
     click.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
 

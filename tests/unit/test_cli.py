@@ -134,3 +134,17 @@ def test_local_submit_trains_and_resumes(run_cli, tmp_path):
     assert json.loads(run_cli("status", str(tmp_path / "runs" / "tiny"), "-o", "json", cwd=tmp_path).stdout)["state"] == "COMPLETED"
     again = run_cli("submit", str(spec), "--profile", "local", cwd=tmp_path, timeout=300)
     assert again.code == 0 and "run already complete at step 6" in again.stdout
+
+
+def test_read_commands_take_output_json(run_cli):
+    """validate, plan, profiles list/show and status share one -o/--output json option."""
+    valid = json.loads(run_cli("validate", str(EXAMPLES / "quickstart.yaml"), "-p", "slurm-a100", "-o", "json").stdout)
+    assert valid["precision"] == "bf16-mixed" and valid["world_size"] == 8 and valid["global_batch_size"] == 8 * 16
+    cpu = json.loads(run_cli("validate", str(EXAMPLES / "quickstart.yaml"), "-p", "local", "--output", "json").stdout)
+    assert cpu["precision"] == "32-true"
+    listed = json.loads(run_cli("profiles", "list", "-o", "json").stdout)
+    assert {p["name"] for p in listed} >= {"local", "slurm-a100", "k8s-h100"}
+    shown = json.loads(run_cli("profiles", "show", "slurm-a100", "-o", "json").stdout)
+    assert shown["name"] == "slurm-a100" and shown["scheduler"] == "slurm"
+    planned = json.loads(run_cli("plan", str(EXAMPLES / "quickstart.yaml"), "-p", "slurm-a100", "-o", "json").stdout)
+    assert planned["profile"] == "slurm-a100"
