@@ -37,9 +37,18 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobgen import __version__
-from jobgen.backends.k8s_manifest import MAX_NAME, k8s_name, kustomization_yaml, manifest_file
 from jobgen.errors import EXIT_RUNTIME, ConfigError, JobgenError
-from jobgen.jobdir import EXECUTABLE_FILES, GENERATED_MARK, JOB_FILES, KUSTOMIZATION_FILE, is_generated, is_job_dir, write_atomic
+from jobgen.jobdir import (
+    EXECUTABLE_FILES,
+    GENERATED_MARK,
+    JOB_FILES,
+    KUSTOMIZATION_FILE,
+    MAX_NAME,
+    is_generated,
+    is_job_dir,
+    kustomization_yaml,
+    write_atomic,
+)
 from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
 from jobgen.plan import JobPlan, plan
 from jobgen.profiles import ClusterProfile
@@ -186,8 +195,7 @@ def sweep_job_names(base: str, points: Sequence[Sequence[tuple[str, str]]]) -> l
     spell its value faithfully (``FULL_SHARD`` -> ``full-shard``, ``-1`` -> ``1``: never a
     silently mangled name), when another value of the same key gives the same token (``0.5``
     and ``0p5``), when two points would otherwise get the same name, or when the name is longer
-    than 48 characters (the DNS-1035 budget of :func:`~jobgen.backends.kubernetes.k8s_name`;
-    the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names.
+    than :data:`~jobgen.jobdir.MAX_NAME` (48) characters (the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names.
     A name depends on its point, and on the other values of the grid only when two values of
     one key share a token.
 
@@ -375,17 +383,13 @@ def load_project(path: str | os.PathLike[str] | None = None) -> LoadedProject:
 
 @dataclass(frozen=True)
 class RenderedJob:
-    """One planned job: its plan plus where it came from (for the index, messages and commits).
-
-    ``k8s_id``: ``(namespace, object name)`` of its PyTorchJob for Kubernetes profiles, else None.
-    """
+    """One planned job: its plan plus where it came from (for the index, messages and commits)."""
 
     entry: str
     spec: str
     overrides: tuple[str, ...]
     sweep: tuple[tuple[str, str], ...]
     plan: JobPlan
-    k8s_id: tuple[str, str] | None = None
 
     @property
     def subdir(self) -> str:
@@ -476,8 +480,7 @@ def _plan_spec(
         profile = profile_cache[profile_name]
         for point, spec in specs:
             job_plan = plan(spec, profile, templates, spec_source=spec_label, profile_source=profile_name)
-            k8s_id = (profile.kubernetes.namespace, k8s_name(spec.name)[0]) if profile.kubernetes and profile.scheduler == "kubernetes" else None
-            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), point, job_plan, k8s_id))
+            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), point, job_plan))
     return jobs
 
 
@@ -568,36 +571,36 @@ def _indent(text: str, pad: str) -> str:
 
 
 def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> dict[str, str]:
-    """``index.yaml``, ``<profile>/kustomization.yaml`` per Kubernetes profile and (optionally)
-    the top-level ``kustomization.yaml``."""
+    """``index.yaml``, ``<profile>/kustomization.yaml`` per profile of applied jobs (those whose
+    plan lists ``apply_files``: Kubernetes) and (optionally) the top-level ``kustomization.yaml``."""
     files = {INDEX_FILE: index_yaml(jobs)}
-    k8s = [j for j in jobs if j.k8s_id is not None]
+    applied = [j for j in jobs if j.plan.apply_files]
     by_profile: dict[str, list[RenderedJob]] = {}
-    for job in k8s:
+    for job in applied:
         by_profile.setdefault(job.plan.profile, []).append(job)
     for profile, members in sorted(by_profile.items()):
         _check_unique_objects(members, where, f"{profile}/{KUSTOMIZATION_FILE}")
         header = (f"{GENERATED_MARK} {__version__} from {PROJECT_FILE} (profile {profile}); re-render with `jobgen render --all`.\n"
                   f"# apply: kubectl apply -k <this directory>")
-        files[f"{profile}/{KUSTOMIZATION_FILE}"] = kustomization_yaml(header, [f"{j.plan.job_name}/{manifest_file(j.plan)}" for j in members])
-    if k8s and project.top_level_kustomization:
-        _check_unique_objects(k8s, where, KUSTOMIZATION_FILE, top_level=True)
+        files[f"{profile}/{KUSTOMIZATION_FILE}"] = kustomization_yaml(header, [f"{j.plan.job_name}/{f}" for j in members for f in j.plan.apply_files])
+    if applied and project.top_level_kustomization:
+        _check_unique_objects(applied, where, KUSTOMIZATION_FILE, top_level=True)
         header = (f"{GENERATED_MARK} {__version__} from {PROJECT_FILE} (every Kubernetes profile); re-render with `jobgen render --all`.\n"
                   f"# apply: kubectl apply -k <this directory>")
-        files[KUSTOMIZATION_FILE] = kustomization_yaml(header, [f"{j.subdir}/{manifest_file(j.plan)}" for j in k8s])
+        files[KUSTOMIZATION_FILE] = kustomization_yaml(header, [f"{j.subdir}/{f}" for j in applied for f in j.plan.apply_files])
     return files
 
 
 def _check_unique_objects(jobs: Sequence[RenderedJob], where: str, kustomization: str, top_level: bool = False) -> None:
     seen: dict[tuple[str, str], RenderedJob] = {}
     for job in jobs:
-        if job.k8s_id is None:
+        obj = job.plan.cluster_object
+        if obj is None:
             continue
-        other = seen.setdefault(job.k8s_id, job)
+        other = seen.setdefault(obj.key, job)
         if other is not job:
-            namespace, name = job.k8s_id
             raise ConfigError(
-                f"{other.subdir} and {job.subdir} both define PyTorchJob {name!r} in namespace {namespace!r}; "
+                f"{other.subdir} and {job.subdir} both define {obj.kind} {obj.name!r} in namespace {obj.namespace!r}; "
                 f"{kustomization} would not build (kustomize refuses duplicate objects)",
                 location=where,
                 hint=("give one job another name (set: [name=...]) or its profile another kubernetes.namespace, "

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobgen.backends.k8s_manifest import MAX_NAME
 from jobgen.errors import ConfigError
 from jobgen.gitops import (
     Project,
@@ -29,6 +28,7 @@ from jobgen.gitops import (
     sweep_points,
     unified_diff,
 )
+from jobgen.jobdir import MAX_NAME
 from jobgen.render import environment, template_sha256
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write
 
