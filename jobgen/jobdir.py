@@ -49,6 +49,8 @@ KUSTOMIZATION_FILE = "kustomization.yaml"
 SUBMISSION_FILE = ".jobgen-submission.json"
 #: Written by the entrypoint into the run directory when training ends.
 SUMMARY_FILE = "summary.json"
+#: At the root of a project render (``jobgen render --all``): every job of the project.
+INDEX_FILE = "index.yaml"
 
 #: Files the planner writes into a job directory; stale ones from an earlier render are removed.
 OWNED_FILES = frozenset({SBATCH_FILE, PYTORCHJOB_FILE, TRAINJOB_FILE, SPEC_FILE, DS_CONFIG_FILE})
