@@ -22,20 +22,24 @@ PROJECT_FILE = "jobgen.yaml"
 
 
 class _ProjectModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # Descriptions as Field(description=...): use_attribute_docstrings would parse this file's
+    # source at import, and every render imports this module (through jobgen.gitops).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ProjectJob(_ProjectModel):
     """One entry of ``jobs:``: a spec rendered for one or more profiles."""
 
-    spec: str = Field(min_length=1)
-    """Training spec file, relative to the directory of ``jobgen.yaml``."""
-    profiles: tuple[str, ...] = Field(min_length=1)
-    """Cluster profiles to render the spec for (names as in ``jobgen profiles list``)."""
-    overrides: tuple[str, ...] = Field(default=(), alias="set")
-    """Spec overrides, exactly like ``--set key.path=value`` (value parsed as YAML)."""
-    sweep: tuple[str, ...] | dict[str, tuple[str | bool | int | float, ...]] = ()
-    """Sweep axes, like ``--sweep``: ``key.path=v1,v2`` strings or a mapping of key path to a list of values; one job per point of the grid."""
+    spec: str = Field(min_length=1, description="Training spec file, relative to the directory of ``jobgen.yaml``.")
+    profiles: tuple[str, ...] = Field(
+        min_length=1, description="Cluster profiles to render the spec for (names as in ``jobgen profiles list``).")
+    overrides: tuple[str, ...] = Field(
+        default=(), alias="set", description="Spec overrides, exactly like ``--set key.path=value`` (value parsed as YAML).")
+    sweep: tuple[str, ...] | dict[str, tuple[str | bool | int | float, ...]] = Field(
+        default=(),
+        description="Sweep axes, like ``--sweep``: ``key.path=v1,v2`` strings or a mapping of key path to a list of values; "
+        "one job per point of the grid.",
+    )
 
     @field_validator("profiles")
     @classmethod
@@ -70,18 +74,23 @@ class Project(_ProjectModel):
 
     jobgen_schema_kind: ClassVar[str] = "project"
 
-    out: str = "manifests"
-    """Output root, relative to ``jobgen.yaml``: jobs go to ``<out>/<profile>/<job>/``."""
-    profiles_dir: str | None = None
-    """Directory searched first for profiles, relative to ``jobgen.yaml``; ``null``: ``$JOBGEN_HOME``,
-    then ``cluster_profiles/`` next to ``jobgen.yaml``, then the packaged ones."""
-    templates_dir: str | None = None
-    """Directory of the templates, relative to ``jobgen.yaml``; ``null``: ``$JOBGEN_HOME``, then
-    ``templates/`` next to ``jobgen.yaml``, then the packaged ones."""
-    top_level_kustomization: bool = True
-    """Write ``<out>/kustomization.yaml`` over every Kubernetes profile (needs object names unique across them); per-profile ones are always written."""
-    jobs: tuple[ProjectJob, ...]
-    """The specs to render, each for its profiles."""
+    out: str = Field(default="manifests", description="Output root, relative to ``jobgen.yaml``: jobs go to ``<out>/<profile>/<job>/``.")
+    profiles_dir: str | None = Field(
+        default=None,
+        description="Directory searched first for profiles, relative to ``jobgen.yaml``; ``null``: ``$JOBGEN_HOME``,\n"
+        "then ``cluster_profiles/`` next to ``jobgen.yaml``, then the packaged ones.",
+    )
+    templates_dir: str | None = Field(
+        default=None,
+        description="Directory of the templates, relative to ``jobgen.yaml``; ``null``: ``$JOBGEN_HOME``, then\n"
+        "``templates/`` next to ``jobgen.yaml``, then the packaged ones.",
+    )
+    top_level_kustomization: bool = Field(
+        default=True,
+        description="Write ``<out>/kustomization.yaml`` over every Kubernetes profile (needs object names unique across them); "
+        "per-profile ones are always written.",
+    )
+    jobs: tuple[ProjectJob, ...] = Field(description="The specs to render, each for its profiles.")
 
     @field_validator("jobs")
     @classmethod

@@ -50,7 +50,7 @@ def test_every_field_has_a_description(model):
     assert not undocumented, f"{model.__name__}: give {undocumented} a Field(description=...)"
 
 
-@pytest.mark.parametrize("model", public_models(spec, profiles), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", public_models(spec, profiles, project), ids=lambda m: m.__name__)
 def test_render_path_models_do_not_parse_their_source(model):
     """use_attribute_docstrings makes pydantic read and parse the class source at import (about half
     the import time of jobgen.spec + jobgen.profiles); descriptions are Field(description=...) instead."""
