@@ -24,7 +24,7 @@ from jobgen.errors import ConfigError, JobgenError
 from jobgen.git import commit
 from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
 from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
-from jobgen.plan import plan
+from jobgen.plan import ClusterObject, plan
 from jobgen.profiles import ClusterProfile
 from jobgen.project import PROJECT_FILE, LoadedProject, Project, load_project
 from jobgen.spec import TrainingSpec
@@ -204,15 +204,22 @@ def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> di
 
 
 def _check_unique_objects(jobs: Sequence[RenderedJob], where: str, kustomization: str, top_level: bool = False) -> None:
-    seen: dict[tuple[str, str], RenderedJob] = {}
+    """Refuse two jobs under one kustomization whose cluster objects share a key (see
+    :class:`~jobgen.plan.ClusterObject`).
+
+    Raises:
+        ConfigError: naming both job directories, the object and how to separate them.
+    """
+    seen: dict[tuple[str, str], tuple[RenderedJob, ClusterObject]] = {}
     for job in jobs:
         obj = job.plan.cluster_object
         if obj is None:
             continue
-        other = seen.setdefault(obj.key, job)
+        other, other_obj = seen.setdefault(obj.key, (job, obj))
         if other is not job:
+            what = f"{obj.kind} {obj.name!r}" if other_obj.kind == obj.kind else f"objects named {obj.name!r} ({other_obj.kind}, {obj.kind})"
             raise ConfigError(
-                f"{other.subdir} and {job.subdir} both define {obj.kind} {obj.name!r} in namespace {obj.namespace!r}; "
+                f"{other.subdir} and {job.subdir} both define {what} in namespace {obj.namespace!r}; "
                 f"{kustomization} would not build (kustomize refuses duplicate objects)",
                 location=where,
                 hint=("give one job another name (set: [name=...]) or its profile another kubernetes.namespace, "
