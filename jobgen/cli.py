@@ -505,8 +505,8 @@ def schema(kind: str) -> None:
     Example (VS Code YAML extension):
       jobgen schema spec > spec.schema.json
     """
-    from jobgen.gitops import Project
     from jobgen.profiles import ClusterProfile
+    from jobgen.project import Project
     from jobgen.spec import TrainingSpec
 
     model = {"spec": TrainingSpec, "profile": ClusterProfile, "project": Project}[kind]

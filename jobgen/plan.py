@@ -25,7 +25,7 @@ from jobgen.render import template_sha256
 from jobgen.rules import World, check_fit, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
-__all__ = ["ApiRequest", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
+__all__ = ["ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,22 @@ SubmitStep = Command | ApiRequest
 
 
 @dataclass(frozen=True)
+class ClusterObject:
+    """The object a job creates in its cluster (Kubernetes: the PyTorchJob or TrainJob), for
+    GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``: what must be unique among jobs applied together (the objects
+        that come with a job are named after it, so two kinds of one name collide too)."""
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
 class JobPlan:
     """Everything submit will write and do, computed without side effects.
 
@@ -76,6 +92,11 @@ class JobPlan:
         world: nodes x devices per node and the numbers derived from them.
         inputs_sha256: hash of the resolved spec + profile + templates (named in every file header).
         warnings: non-fatal findings to show the user.
+        apply_files: the files (names in ``files``) an aggregating kustomization lists for this
+            job (GitOps' per-profile and top-level ``kustomization.yaml``); empty for jobs that
+            are not applied to a cluster (SLURM, local).
+        cluster_object: what the job creates in its cluster, when it is applied (see
+            ``apply_files``); None otherwise.
     """
 
     scheduler: str
@@ -86,6 +107,8 @@ class JobPlan:
     world: World
     inputs_sha256: str
     warnings: tuple[str, ...] = ()
+    apply_files: tuple[str, ...] = ()
+    cluster_object: ClusterObject | None = None
 
     @property
     def job_subdir(self) -> Path:

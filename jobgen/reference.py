@@ -57,7 +57,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
 
 def reference() -> str:
     """The Markdown reference: one table for the training spec, one for cluster profiles."""
-    from jobgen.gitops import Project, ProjectJob
+    from jobgen.project import Project, ProjectJob
 
     parts = []
     for title, model in (("Training spec (`examples/*.yaml`)", TrainingSpec), ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile),

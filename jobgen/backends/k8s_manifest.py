@@ -27,7 +27,6 @@ and the client are imported only when used.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +36,18 @@ import yaml
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import ConfigError, PlanError
-from jobgen.jobdir import DS_CONFIG_FILE, KUSTOMIZATION_FILE, PYTORCHJOB_FILE, SPEC_FILE, TRAINJOB_FILE, generated_header
+from jobgen.jobdir import (
+    DS_CONFIG_FILE,
+    KUSTOMIZATION_FILE,
+    MAX_NAME,
+    PYTORCHJOB_FILE,
+    SPEC_FILE,
+    TRAINJOB_FILE,
+    generated_header,
+    kustomization_yaml,
+)
 from jobgen.k8s_names import DNS1035_LABEL
-from jobgen.plan import ApiRequest, JobPlan, PlanContext
+from jobgen.plan import ApiRequest, ClusterObject, JobPlan, PlanContext
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
 TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"
@@ -47,9 +55,6 @@ TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"
 TEMPLATES = (TEMPLATE, TRAINJOB_TEMPLATE)
 CONFIG_MOUNT = "/etc/jobgen"
 RUN_ROOT = "/workspace/runs"
-#: Longest job name that leaves room for the operator's pod and Service names
-#: (``<name>-worker-<index>``) inside the 63-character DNS label limit.
-MAX_NAME = 48
 #: Annotation holding the sha256 of the inputs: how ``submit`` tells an identical re-submit
 #: from a changed one. (A label value cannot hold 64 characters.)
 INPUTS_ANNOTATION = "jobgen.dev/inputs-sha256"
@@ -98,7 +103,7 @@ KINDS = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 def k8s_name(name: str) -> tuple[str, bool]:
     """A DNS-1035 object name for job ``name``; ``(name, derived)``.
 
-    A valid name of at most 48 characters is used as is. Otherwise a name is derived, never
+    A valid name of at most :data:`~jobgen.jobdir.MAX_NAME` (48) characters is used as is. Otherwise a name is derived, never
     silently: lowercase, runs of other characters -> '-', truncated, plus ``-`` and the first
     8 hex digits of sha256(name) so distinct names stay distinct; ``derived`` is then True
     and the plan warns. A name with no letter or digit a-z/0-9 at all derives ``job-<hash>``
@@ -136,26 +141,6 @@ def object_name(ctx: PlanContext) -> tuple[str, tuple[str, ...]]:
 def config_map_name(name: str) -> str:
     """The ConfigMap that carries ``spec.json`` (and ``ds_config.json``) for job ``name``."""
     return f"{name}-config"
-
-
-def manifest_file(job_plan: JobPlan) -> str:
-    """The manifest a Kubernetes plan writes: ``pytorchjob.yaml`` or ``trainjob.yaml`` (what an
-    aggregated kustomization must list for that job)."""
-    names = {name for name, _ in job_plan.files}
-    return TRAINJOB_FILE if TRAINJOB_FILE in names else PYTORCHJOB_FILE
-
-
-def kustomization_yaml(header: str, resources: list[str]) -> str:
-    """A kustomize ``Kustomization`` listing ``resources`` (relative file paths, kept in the
-    given order), after ``header`` (comment lines, each starting with ``#``).
-
-    Only ``resources`` with file paths: kubectl 1.20 (Debian 12's kubernetes-client, kustomize
-    v2.0.3) rejects directories there, and newer kustomize deprecates ``bases``. Paths are
-    JSON-quoted (JSON is YAML), so any job name survives.
-    """
-    lines = [*header.splitlines(), "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:"]
-    lines += [f"  - {json.dumps(r, ensure_ascii=False)}" for r in resources]
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- API paths
@@ -436,6 +421,8 @@ def plan(ctx: PlanContext) -> JobPlan:
         world=w,
         inputs_sha256=ctx.inputs_sha256,
         warnings=warnings,
+        apply_files=(kind.manifest,),
+        cluster_object=ClusterObject(kind.kind, k.namespace, name),
     )
 
 

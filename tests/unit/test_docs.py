@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from jobgen import gitops, profiles, spec
+from jobgen import profiles, project, spec
 from jobgen.reference import splice
 from tests.conftest import REPO
 
@@ -43,14 +43,14 @@ def public_models(*modules) -> list[type[BaseModel]]:
             if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__ and not name.startswith("_")]
 
 
-@pytest.mark.parametrize("model", public_models(spec, profiles, gitops), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", public_models(spec, profiles, project), ids=lambda m: m.__name__)
 def test_every_field_has_a_description(model):
     """Descriptions feed the README reference and `jobgen schema`: a new field must say what it means."""
     undocumented = [name for name, field in model.model_fields.items() if not (field.description or "").strip()]
     assert not undocumented, f"{model.__name__}: give {undocumented} a Field(description=...)"
 
 
-@pytest.mark.parametrize("model", public_models(spec, profiles), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", public_models(spec, profiles, project), ids=lambda m: m.__name__)
 def test_render_path_models_do_not_parse_their_source(model):
     """use_attribute_docstrings makes pydantic read and parse the class source at import (about half
     the import time of jobgen.spec + jobgen.profiles); descriptions are Field(description=...) instead."""

@@ -14,22 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobgen.backends.k8s_manifest import MAX_NAME
 from jobgen.errors import ConfigError
-from jobgen.gitops import (
-    Project,
-    ProjectJob,
-    apply,
-    compare,
-    load_project,
-    parse_sweep,
-    plan_project,
-    plan_single,
-    sweep_job_names,
-    sweep_points,
-    unified_diff,
-)
+from jobgen.gitops import plan_project, plan_single
+from jobgen.jobdir import MAX_NAME
+from jobgen.project import Project, ProjectJob, load_project
 from jobgen.render import environment, template_sha256
+from jobgen.sweeps import parse_sweep, sweep_job_names, sweep_points
+from jobgen.sync import apply, compare, unified_diff
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -194,6 +185,23 @@ def test_kubernetes_object_clash_across_profiles_is_caught_before_writing(tmp_pa
     write(project, "top_level_kustomization: false\n" + project.read_text())
     render = plan_project(load_project(project))
     assert "kustomization.yaml" not in render.files and "k8s-a100/kustomization.yaml" in render.files
+
+
+def test_a_pytorchjob_and_a_trainjob_of_one_name_and_namespace_clash_too(tmp_path):
+    project = make_project(tmp_path, "jobs:\n  - spec: examples/quickstart.yaml\n    profiles: [k8s-h100, k8s-v2]\n")
+    write(tmp_path / "cluster_profiles" / "k8s-v2.yaml", "extends: k8s-h100\nkubernetes:\n  job_api: trainjob\n  priority_class: null\n")
+    with pytest.raises(ConfigError, match=r"k8s-h100/quickstart and k8s-v2/quickstart both define objects named 'quickstart' "
+                                          r"\(PyTorchJob, TrainJob\) in namespace 'training'"):
+        plan_project(load_project(project))
+
+
+def test_only_jobs_applied_to_a_cluster_are_aggregated(tmp_path):
+    dirs = {"profiles_dir": str(PROFILES), "templates_dir": str(TEMPLATES)}
+    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", out=tmp_path, **dirs).jobs
+    assert job.plan.apply_files == () and job.plan.cluster_object is None
+    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", out=tmp_path, **dirs).jobs
+    assert job.plan.apply_files == ("pytorchjob.yaml",) and set(job.plan.apply_files) <= dict(job.plan.files).keys()
+    assert (job.plan.cluster_object.kind, job.plan.cluster_object.key) == ("PyTorchJob", ("training", "quickstart"))
 
 
 # --------------------------------------------------------------------------- render, compare, apply

@@ -172,7 +172,7 @@ def test_trainjob_output_references_the_runtime_and_carries_the_same_pod_setting
                                                     "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}}},
                                          spec={"resources": {"nodes": 2}})
     assert dict(job_plan.files).keys() >= {"trainjob.yaml", "kustomization.yaml", "spec.json"} and "pytorchjob.yaml" not in dict(job_plan.files)
-    assert k8s_manifest.manifest_file(job_plan) == "trainjob.yaml"
+    assert job_plan.apply_files == ("trainjob.yaml",) and job_plan.cluster_object.kind == "TrainJob"
     assert '"trainjob.yaml"' in job_plan.file("kustomization.yaml")
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "torch-distributed"}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen.gitops import compare, load_project, plan_project, unified_diff
+from jobgen.gitops import plan_project
+from jobgen.project import load_project
+from jobgen.sync import compare, unified_diff
 from tests.conftest import PROFILES, REPO, TEMPLATES
 
 MANIFESTS = REPO / "manifests"
