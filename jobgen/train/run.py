@@ -217,7 +217,11 @@ def build_trainer(
         callbacks=callbacks,
         plugins=plugins or None,
         enable_progress_bar=show_bar,
-        default_root_dir=paths.checkpoints,
+        # The run directory, not checkpoints/: under SLURM, Lightning turns ckpt_path=None into
+        # the newest hpc_ckpt_<n>.ckpt in default_root_dir (checkpoint_connector._parse_ckpt_path),
+        # so `resume: never` would resume anyway and the final validate() would load stale weights.
+        # jobgen chooses what to resume from itself (newest_checkpoint, RequeueOnSignal's files).
+        default_root_dir=paths.run_dir,
     )
     return trainer, checkpoint, logger
 

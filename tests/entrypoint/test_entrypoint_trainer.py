@@ -267,3 +267,21 @@ def test_samples_continue_across_epoch_boundaries(tmp_path: Path, monkeypatch) -
     seen = torch.cat(recorder.inputs)
     assert seen.shape == (48, 16)
     torch.testing.assert_close(seen, torch.stack(expected))
+
+
+def test_lightning_does_not_swap_in_an_hpc_checkpoint_under_slurm(write_spec, tmp_path: Path, monkeypatch) -> None:
+    """Under SLURM Lightning replaces ckpt_path=None by the newest hpc_ckpt_<n>.ckpt in
+    default_root_dir; jobgen's hpc checkpoints live in checkpoints/, and jobgen decides what to
+    resume from, so with `resume: never` (and for the final validate) nothing may be swapped in."""
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "job", "SLURM_JOB_ID": "42", "SLURM_NODELIST": "n1",
+                       "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    trainer, checkpoint, _ = _build(write_spec(), tmp_path)
+    hpc = Path(checkpoint.dirpath) / "hpc_ckpt_1.ckpt"
+    hpc.parent.mkdir(parents=True, exist_ok=True)
+    hpc.write_bytes(b"x")
+    connector = trainer._checkpoint_connector  # Lightning-internal; pinned by test_lightning_api's version bound
+    assert connector._parse_ckpt_path(TrainerFn.VALIDATING, None, model_provided=True, model_connected=True) is None
+    assert connector._parse_ckpt_path(TrainerFn.FITTING, None, model_provided=True, model_connected=True) is None
