@@ -19,6 +19,7 @@ from pathlib import Path
 import pydantic_core
 
 from jobgen import __version__
+from jobgen.environment import check_job_env
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
@@ -181,8 +182,8 @@ def plan(
     spec_source: str = "<spec>",
     profile_source: str = "<profile>",
 ) -> JobPlan:
-    """Plan ``spec`` on ``profile``: resolve ``precision: auto`` and the world, run the rules,
-    render the files.
+    """Plan ``spec`` on ``profile``: resolve ``precision: auto`` and the world, run the rules
+    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`), render the files.
 
     Pure: the same inputs give an equal JobPlan with byte-identical files.
 
@@ -198,6 +199,7 @@ def plan(
     backend = get_backend(profile.scheduler)
     templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates))
     ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
+    check_job_env(ctx)
     job_plan = backend.plan(ctx)
     if profile.gpus_per_node:  # the memory estimate is for GPUs; every render route shows it
         from jobgen.estimate import fit_warning

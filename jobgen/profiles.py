@@ -261,7 +261,8 @@ class KubernetesSettings(_Model):
     ))
     secret_env: dict[str, SecretRef] = Field(default={}, description=(
         "Environment variables taken from Secrets: ``NAME: {secret: <Secret name>, key: <key>}``\n"
-        "(written as ``valueFrom.secretKeyRef``; never a value)."
+        "(written as ``valueFrom.secretKeyRef``; never a value). Every name in a spec's ``secrets``\n"
+        "must be mapped here."
     ))
     runs_volume_claim: str | None = Field(default=None, description=(
         "PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be\n"
@@ -380,7 +381,11 @@ class ClusterProfile(_Model):
     cpus_per_node: int = Field(default=2, ge=1, description="CPU cores per node available to the job.")
     mem_gib_per_node: float = Field(default=8.0, gt=0, description="Host memory per node available to the job, in GiB.")
     network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.nccl).")
-    env: dict[str, str] = Field(default={}, description="Extra environment variables for every rank (the spec's env wins on conflicts).")
+    env: dict[str, str] = Field(default={}, description=(
+        "Extra environment variables for every rank (the spec's env wins on conflicts). Values are\n"
+        "written into the rendered files, so names that look like credentials are refused: use the\n"
+        "spec's ``secrets`` (and, on Kubernetes, ``kubernetes.secret_env``)."
+    ))
     slurm: SlurmSettings | None = Field(default=None, description="SLURM settings (used when ``scheduler: slurm``).")
     kubernetes: KubernetesSettings | None = Field(default=None, description="Kubernetes settings (required when ``scheduler: kubernetes``).")
     local: LocalSettings = Field(default=LocalSettings(), description="Local-run settings (used when ``scheduler: local``).")

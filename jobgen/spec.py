@@ -420,7 +420,20 @@ class TrainingSpec(_Model):
     trainer: TrainerSpec = Field(default=TrainerSpec(), description="Strategy, precision, batch sizes, optimisation.")
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Nodes, devices per node and time limit.")
     checkpoint: CheckpointSpec = Field(default=CheckpointSpec(), description="Checkpoint cadence and resume behaviour.")
-    env: dict[str, str] = Field(default={}, description="Extra environment variables for every rank (set after the profile's env).")
+    env: dict[str, str] = Field(default={}, description=(
+        "Extra environment variables for every rank (set after the profile's env). Values are\n"
+        "written into the rendered files, so names that look like credentials (``*TOKEN*``,\n"
+        "``*SECRET*``, ``*PASSWORD*``, ``*_API_KEY``, ...) are refused: use ``secrets``."
+    ))
+    secrets: tuple[str, ...] = Field(default=(), description=(
+        "Names (never values) of environment variables that hold credentials, e.g.\n"
+        "``[WANDB_API_KEY, HF_TOKEN]``; every rank gets them, no rendered file holds them. SLURM and\n"
+        "local: ``jobgen submit`` takes each value from the environment it runs in and refuses\n"
+        "(exit 2, nothing submitted) when one is unset; sbatch passes them to the job (its default\n"
+        "``--export=ALL``; a profile's ``--export`` must keep them) and job.sbatch stops before\n"
+        "``srun`` when one is missing. Kubernetes: each name must be mapped to a Secret by the\n"
+        "profile's ``kubernetes.secret_env``."
+    ))
 
     @field_validator("name")
     @classmethod
@@ -436,6 +449,24 @@ class TrainingSpec(_Model):
     @classmethod
     def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env(value)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not ENV_KEY_RE.match(name):
+                raise ValueError(f"environment variable name {name!r} is not a valid name ([A-Za-z_][A-Za-z0-9_]*); "
+                                 "secrets lists names only, never values")
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # left out while empty: specs without secrets keep the spec.json (and hashes) they had
+        data = handler(self)
+        return data if self.secrets else {k: v for k, v in data.items() if k != "secrets"}
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:

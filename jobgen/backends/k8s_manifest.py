@@ -35,6 +35,7 @@ import yaml
 
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
+from jobgen.environment import launcher_owned
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import (
     DS_CONFIG_FILE,
@@ -64,17 +65,6 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "jobgen"}
 PORT_NAME = "pytorchjob-port"
 #: What the Trainer v2 ``torch-distributed`` runtime calls its replicated job and container.
 TRAINJOB_NODE = "node"
-
-#: Environment the launchers own: the training-operator (envvar.go, master.go) sets these in
-#: every pod, torchrun sets RANK/LOCAL_RANK/WORLD_SIZE for each process, and the Trainer's torch
-#: plugin rejects PET_* in a TrainJob. A value from a profile or spec would break rank semantics.
-LAUNCHER_ENV = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-    "GROUP_RANK", "PYTHONUNBUFFERED",
-})
-_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "CREDENTIAL", "CREDENTIALS"})
-_SECRET_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_SECRET_KEY", "_PRIVATE_KEY", "_AUTH_KEY")
-
 
 @dataclass(frozen=True)
 class K8sKind:
@@ -175,13 +165,6 @@ def _kubelet_literal(value: str) -> str:
     return value.replace("$(", "$$(")
 
 
-def looks_secret(name: str) -> bool:
-    """True for variable names that usually hold credentials (``HF_TOKEN``, ``WANDB_API_KEY``,
-    ``DB_PASSWORD``); ``TOKENIZERS_PARALLELISM`` is not one (whole ``_``-separated words only)."""
-    upper = name.upper()
-    return bool(_SECRET_WORDS & set(upper.split("_"))) or upper.endswith(_SECRET_SUFFIXES)
-
-
 def check_settings(ctx: PlanContext) -> None:
     """Plan-time checks of a Kubernetes profile against the job.
 
@@ -189,8 +172,9 @@ def check_settings(ctx: PlanContext) -> None:
     - requests <= limits for every resource (core/v1 validation of a Pod rejects it otherwise):
       ``cpus_per_node`` (request) vs ``kubernetes.cpu_limit``, ``kubernetes.mem_request_gib``
       vs ``mem_gib_per_node`` (limit); the memory-backed /dev/shm counts against the limit.
-    - no secret values: an ``env`` entry whose name looks like a credential (``*_TOKEN``,
-      ``*_API_KEY``, ``*PASSWORD*``) must come from ``kubernetes.secret_env`` instead.
+    - no secret values: an ``env`` entry whose name looks like a credential is refused for
+      every scheduler by :func:`jobgen.environment.check_job_env` (hint: ``kubernetes.secret_env``),
+      which also requires every name of the spec's ``secrets`` in ``kubernetes.secret_env``.
     - launcher variables (MASTER_ADDR, RANK, WORLD_SIZE, PET_*, ...) are set by the operator and
       torchrun; a profile/spec value would override them and break rank semantics.
     - TrainJob: only pod fields the v2.3.0 CRD lets a ``runtimePatches`` entry set.
@@ -223,15 +207,7 @@ def check_settings(ctx: PlanContext) -> None:
         )
     for source, env, field in ((where, p.env, "env"), (ctx.spec_source, ctx.spec.env, "env")):
         for name in env:
-            if looks_secret(name):
-                raise PlanError(
-                    f"`{field}.{name}` looks like a credential; its value would be written into the manifest and the ConfigMap "
-                    "(and committed under manifests/).",
-                    location=f"{source}: {field}.{name}",
-                    hint=f"Create a Secret in the cluster and reference it from the profile: kubernetes.secret_env: "
-                    f"{{{name}: {{secret: <Secret name>, key: <key>}}}}; remove {name} from {field}.",
-                )
-            if name in LAUNCHER_ENV or name.startswith(("PET_", "TORCHELASTIC_")):
+            if launcher_owned(name):
                 raise PlanError(
                     f"`{field}.{name}` is set by the launcher (training-operator / Trainer / torchrun) in every pod; "
                     "overriding it breaks rank semantics (every process would see the same rank or world size).",
@@ -245,7 +221,7 @@ def check_settings(ctx: PlanContext) -> None:
                     hint=f"Remove {name} from {field} (the Secret reference stays).",
                 )
     for name in k.secret_env:
-        if name in LAUNCHER_ENV or name.startswith(("PET_", "TORCHELASTIC_")):
+        if launcher_owned(name):
             raise PlanError(f"`kubernetes.secret_env.{name}` names a launcher variable", location=f"{where}: kubernetes.secret_env.{name}",
                             hint=f"Pick another variable name than {name}.")
     if k.job_api == "trainjob":

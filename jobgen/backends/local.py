@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jobgen
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
+from jobgen.environment import check_present
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
 from jobgen.plan import Command, JobPlan, PlanContext
@@ -99,10 +100,12 @@ class LocalBackend(Backend):
         ``plan``: the plan just written there (``jobgen submit SPEC``); without it (a job
         directory) the command is planned again from the directory's spec.json and the profile
         it names, and refused when the inputs differ. ``runner`` (tests) replaces starting the
-        process: it gets ``(argv, cwd, env)`` and returns the exit code.
+        process: it gets ``(argv, cwd, env)`` and returns the exit code. torchrun inherits this
+        process's environment, which carries the spec's ``secrets`` (checked before the start).
 
         Raises:
-            ConfigError: ``job_dir`` is not a local job directory.
+            ConfigError: ``job_dir`` is not a local job directory, or a secret of the spec is not
+                set in this environment (nothing is started).
             SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
         """
         self.check_options(options)
@@ -121,6 +124,8 @@ class LocalBackend(Backend):
         if argv[0] == "python":
             argv[0] = sys.executable
         env = os.environ.copy()
+        # the spec's secrets reach torchrun (and every rank) through this inherited environment only
+        check_present(resolved.spec.secrets, env, location=f"{job_dir / SPEC_FILE}: spec.secrets")
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)

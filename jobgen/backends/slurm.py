@@ -30,6 +30,7 @@ from jobgen.backends.base import (
     render_job_template,
     run_command,
 )
+from jobgen.environment import check_present, export_problem, unexported
 from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, ResolvedSpec, Submission, find_submission, read_resolved_spec
 from jobgen.plan import Command, JobPlan, PlanContext
@@ -85,6 +86,8 @@ def check_site(ctx: PlanContext) -> None:
       --tres-per-task used without either --gpus or -n/--ntasks is not allowed", SLURM 23.11),
       so jobgen always adds ``--ntasks`` with it.
     - The requeue signal must come before the time limit: ``signal_grace_s`` < ``--time``.
+    - An ``--export`` in the extra sbatch/srun arguments must pass the spec's ``secrets`` on
+      (``ALL`` or naming them) and carry no credential value (:func:`jobgen.environment.export_problem`).
 
     Raises:
         PlanError: with the field to change, in Lightning's "You set X, but Y" style.
@@ -120,6 +123,14 @@ def check_site(ctx: PlanContext) -> None:
                 hint=f"Remove {arg}: jobgen runs srun with the batch allocation ({w.num_nodes} node(s) x "
                 f"{w.devices_per_node} task(s)); change `resources.nodes` / `resources.devices_per_node` instead.",
             )
+    for field, args in (("extra_sbatch_args", s.extra_sbatch_args), ("extra_srun_args", s.extra_srun_args)):
+        for i, arg in enumerate(args):
+            value = arg.removeprefix("--export=") if arg.startswith("--export=") else \
+                args[i + 1] if arg == "--export" and i + 1 < len(args) else None
+            if value is not None:
+                problem = export_problem(value, ctx.spec.secrets)
+                if problem:
+                    raise PlanError(problem[0], location=f"{where}.{field}", hint=problem[1])
     minutes = ctx.spec.resources.time_limit_min or s.time_limit_min
     if s.requeue and s.signal_grace_s >= minutes * 60:
         raise PlanError(
@@ -255,6 +266,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         directives=sbatch_directives(ctx),
         modules=list(s.modules),
         env=job_env(ctx),
+        secrets=list(ctx.spec.secrets),
         omp_threads=ctx.world.cpus_per_rank,
         master_port=s.master_port,
         run_name=run_dir_name(ctx.spec.name),
@@ -286,7 +298,7 @@ def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False) -> 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
     """The resolved spec of a rendered SLURM job directory (what ``submit`` needs: the job
-    name, the cluster for the handle, the inputs hash).
+    name, the cluster for the handle, the inputs hash, the secret names).
 
     Raises:
         ConfigError: the directory holds no ``job.sbatch`` / valid ``spec.json`` written by jobgen.
@@ -299,6 +311,29 @@ def read_job_dir(job_dir: Path) -> ResolvedSpec:
     return read_resolved_spec(job_dir)
 
 
+def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, str]) -> None:
+    """Before sbatch: every secret of the spec is set in ``environ`` (the environment sbatch
+    gets, which it exports to the job) and ``$SBATCH_EXPORT``, which overrides the script's
+    ``#SBATCH --export`` (sbatch(1): environment variables beat script directives), passes
+    them on.
+
+    Raises:
+        ConfigError: a secret is unset or empty, or ``$SBATCH_EXPORT`` drops one.
+    """
+    check_present(secrets, environ, location=f"{job_dir / SPEC_FILE}: spec.secrets")
+    export = environ.get("SBATCH_EXPORT")
+    dropped = unexported(export, secrets) if export is not None else []
+    if dropped:
+        raise ConfigError(
+            f"SBATCH_EXPORT={export} is set in this environment, so sbatch would not pass the spec's secrets "
+            f"{', '.join(dropped)} to the job (it exports only what SBATCH_EXPORT names, and it overrides job.sbatch's "
+            "directives). Nothing was submitted.",
+            location="environment: SBATCH_EXPORT",
+            hint=f"unset SBATCH_EXPORT (sbatch then exports everything), or set SBATCH_EXPORT=ALL, or add the names: "
+            f"SBATCH_EXPORT={','.join([*(e for e in export.split(',') if e and e not in ('NONE', 'NIL')), *dropped])}",
+        )
+
+
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
                env: dict[str, str] | None = None, out: Callable[[str], None] = print) -> JobHandle | None:
     """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
@@ -306,18 +341,22 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
     created first) and the job's working directory (``--chdir``), so SLURM's output goes to
     ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. ``env`` adds
-    variables for sbatch (which exports the submitting environment to the job). ``test_only``
+    variables for sbatch (which exports the submitting environment to the job, the spec's
+    ``secrets`` included: checked first, :func:`check_secrets`). ``test_only``
     runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
     queued), passes SLURM's answer to ``out`` and returns ``None``.
 
     Raises:
-        ConfigError: ``job_dir`` is not a rendered SLURM job; the run dir path contains ``%`` or
-            a backslash (SLURM's output filename patterns cannot carry them).
+        ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set
+            (nothing is submitted); the run dir path contains ``%`` or a backslash (SLURM's output
+            filename patterns cannot carry them).
         SubmitError: the same job directory has a job still pending or running (without
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
     """
     job_dir = job_dir.resolve()
     resolved = read_job_dir(job_dir)
+    environ = {**os.environ, **(env or {})}
+    check_secrets(job_dir, resolved.spec.secrets, environ)
     run_dir = runs_dir.resolve() / run_dir_name(resolved.spec.name)
     for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
         if char in str(run_dir):
@@ -339,7 +378,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     run_dir.mkdir(parents=True, exist_ok=True)
     command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only)
     argv = list(command.argv)
-    proc = run_command(argv, cwd=job_dir, env={**os.environ, **(env or {}), **dict(command.env)}, what="sbatch")
+    proc = run_command(argv, cwd=job_dir, env={**environ, **dict(command.env)}, what="sbatch")
     if test_only:
         out((proc.stderr or proc.stdout).strip())
         return None

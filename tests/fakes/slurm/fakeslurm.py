@@ -45,7 +45,9 @@ def _call_record(prog: str, args: list[str]) -> dict[str, Any]:
         call["script_exists"] = bool(script and script.is_file())
         chdir = next((a.split("=", 1)[1] for a in args if a.startswith("--chdir=")), None)
         call["chdir_exists"] = bool(chdir and Path(chdir).is_dir())
-        call["env"] = {k: os.environ[k] for k in ("JOBGEN_RUN_DIR",) if k in os.environ}
+        # (plus the variables a test names in $FAKE_SLURM_RECORD_ENV, comma-separated)
+        names = ("JOBGEN_RUN_DIR", *os.environ.get("FAKE_SLURM_RECORD_ENV", "").split(","))
+        call["env"] = {k: os.environ[k] for k in names if k and k in os.environ}
     return call
 
 
