@@ -530,12 +530,16 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
     fits the rank's memory (and, with offload, the node's host memory). When nothing fits,
     ``chosen`` is ``None`` and ``suggestions`` say what would: more nodes, a smaller micro batch,
-    activation checkpointing, offload.
+    activation checkpointing, offload. ``precision: auto`` is resolved for the profile first
+    (:func:`jobgen.rules.resolve_precision`).
 
     Raises:
         NotSupportedError: ``model.hf_path`` is set (only the built-in GPT's shape is known
             without reading the model's files).
     """
+    from jobgen.rules import resolve_precision
+
+    spec = resolve_precision(spec, profile)
     if spec.model.hf_path is not None:
         raise NotSupportedError(
             "jobgen plan estimates the built-in GPT only; a Hugging Face model's size is in its "
