@@ -59,7 +59,7 @@ def test_shipped_profile_x_example_passes_offline_and_server_dry_run(k8s_lab, pr
     job_plan.write(tmp_path / "job")
     lines: list[str] = []
     result = k8s.submit_dir(tmp_path / "job", context="jobgen-lab", kubeconfig=str(k8s_lab.kubeconfig), dry_run=True, out=lines.append)
-    assert result.action == "dry-run" and result.handle is None
+    assert result.action == "validated" and result.handle is None
     checked = [line for line in result.lines if line.endswith("valid (no pruned fields)")]
     roles = ["master"] + (["worker"] if job_plan.world.num_nodes > 1 else [])
     expected = 2 + len(roles)  # ConfigMap, PyTorchJob, one Pod per replica type
