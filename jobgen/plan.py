@@ -33,13 +33,17 @@ __all__ = ["ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext", "
 class Command:
     """A command submit runs: ``argv`` (never through a shell) with ``env`` added to the
     environment, in the job directory. Placeholders in ``<angle brackets>`` are filled in at
-    submit time (e.g. ``<runs dir>``: ``jobgen submit --runs-dir``)."""
+    submit time (e.g. ``<runs dir>``: ``jobgen submit --runs-dir``). ``inherits``: variables
+    the command takes from the submitting environment (the spec's ``secrets``; checked before it
+    runs, never written into a file)."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    inherits: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return "".join(f"{key}={shlex.quote(value)} " for key, value in self.env) + shlex.join(self.argv)
+        text = "".join(f"{key}={shlex.quote(value)} " for key, value in self.env) + shlex.join(self.argv)
+        return text + (f"   # from your environment: {', '.join(self.inherits)}" if self.inherits else "")
 
 
 @dataclass(frozen=True)

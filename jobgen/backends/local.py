@@ -40,7 +40,7 @@ def launch_command(ctx: PlanContext) -> Command:
         "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".",
     )
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(omp_threads(ctx))}
-    return Command(argv, tuple(sorted(env.items())))
+    return Command(argv, tuple(sorted(env.items())), ctx.spec.secrets)
 
 
 #: CPU flags (Linux /proc/cpuinfo) of native bf16 matmuls: AVX512-BF16 and AMX-BF16.

@@ -280,20 +280,21 @@ def plan(ctx: PlanContext) -> JobPlan:
         profile=ctx.profile.name,
         job_name=ctx.spec.name,
         files=tuple(sorted(files)),
-        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name)),),
+        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name), secrets=ctx.spec.secrets),),
         world=ctx.world,
         inputs_sha256=ctx.inputs_sha256,
     )
 
 
-def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False) -> Command:
+def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False, secrets: tuple[str, ...] = ()) -> Command:
     """The command ``jobgen submit`` runs in the job directory: ``sbatch --parsable`` with the
     run directory ``<runs_dir>/<run_name>`` as the job's working directory (``--chdir``, so
     ``#SBATCH --output=slurm-%j.out`` lands there and a committed job directory stays clean)
     and ``JOBGEN_RUN_DIR=<runs_dir>`` for the script. The plan shows it with
-    :data:`RUNS_DIR_PLACEHOLDER`; submit fills in the real directory."""
+    :data:`RUNS_DIR_PLACEHOLDER`; submit fills in the real directory. sbatch exports the
+    submitting environment to the job, which carries the spec's ``secrets``."""
     argv = ["sbatch", "--parsable"] + (["--test-only"] if test_only else []) + [f"--chdir={runs_dir}/{run_name}", SBATCH_FILE]
-    return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),))
+    return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),), secrets)
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -376,7 +377,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "or submit a second copy with --force",
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only)
+    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets)
     argv = list(command.argv)
     proc = run_command(argv, cwd=job_dir, env={**environ, **dict(command.env)}, what="sbatch")
     if test_only:

@@ -97,3 +97,22 @@ def test_an_option_of_another_scheduler_is_refused_with_its_counterpart():
     assert "--dry-run=server" in (info.value.hint or "")
     with pytest.raises(ConfigError, match="--replace does not apply to slurm"):
         get_backend("slurm").check_options(SubmitOptions(replace=True))
+
+
+def test_the_plan_names_the_secrets_submit_takes_from_the_environment(tmp_path, monkeypatch):
+    """Secrets are passed by name: the plan shows which variables submit reads from the
+    submitting environment, and their values appear in no planned file or step."""
+    from jobgen.backends import slurm
+
+    monkeypatch.setenv("WANDB_API_KEY", "marker-value-123")
+    for profile in ("slurm-cpu", "local"):
+        job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", profile, overrides=["secrets=[WANDB_API_KEY]"])
+        (step,) = job_plan.submit_steps
+        assert isinstance(step, Command) and step.inherits == ("WANDB_API_KEY",)
+        assert "from your environment: WANDB_API_KEY" in str(job_plan) and "marker-value-123" not in str(job_plan)
+    ran = []
+    monkeypatch.setattr(slurm, "run_command", lambda argv, **kw: ran.append(kw["env"]) or subprocess.CompletedProcess(argv, 0, "7\n", ""))
+    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu", overrides=["secrets=[WANDB_API_KEY]"])
+    api.render(job_plan, tmp_path / "m")
+    get_backend("slurm").submit(tmp_path / "m" / job_plan.job_subdir, SubmitOptions(runs_dir=tmp_path / "runs"))
+    assert ran[0]["WANDB_API_KEY"] == "marker-value-123"
