@@ -1,14 +1,11 @@
-"""SLURM backend: plans an sbatch script (launch contract in ARCHITECTURE.md).
-
-Launch contract: ``--ntasks-per-node`` = devices per node and ``srun python -m jobgen.train``
-so that Lightning's SLURMEnvironment sees ``SLURM_NTASKS_PER_NODE == devices`` and
-``SLURM_NNODES == num_nodes`` (it raises otherwise); ``#SBATCH --signal=<SIG>@<grace_s>`` +
-``--requeue`` for pre-emption; an explicit MASTER_PORT.
+"""SLURM backend: submit a rendered job directory with ``sbatch --parsable``, then status
+(squeue, accounting, the job-completion log), logs (``srun --label`` prefixes) and cancel by
+handle (``slurm://<cluster>/<jobid>``). The batch script is planned in
+:mod:`jobgen.backends.slurm_script`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,276 +22,13 @@ from jobgen.backends.base import (
     LogOptions,
     SubmitOptions,
     SubmitResult,
-    common_files,
-    job_env,
-    render_job_template,
     run_command,
 )
-from jobgen.environment import check_present, export_problem, unexported
-from jobgen.errors import ConfigError, PlanError, SubmitError
+from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
+from jobgen.environment import check_present, unexported
+from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, ResolvedSpec, Submission, find_submission, read_resolved_spec
-from jobgen.plan import Command, JobPlan, PlanContext
-from jobgen.render import ShellText
-from jobgen.rules import World
-
-TEMPLATE = "slurm/job.sbatch.j2"
-#: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
-RUNS_DIR_PLACEHOLDER = "<runs dir>"
-
-
-def run_dir_name(job_name: str) -> str:
-    """The run directory's name for ``job_name``: the name itself, unless it holds ``%`` or a
-    backslash, which SLURM's output filename patterns cannot carry (sbatch(1): ``%`` expands,
-    ``\\`` is dropped and disables expansion); then those become ``_`` plus a short hash of the
-    name, so two such names never share a run directory."""
-    if "%" not in job_name and "\\" not in job_name:
-        return job_name
-    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
-    return job_name.replace("%", "_").replace("\\", "_") + "-" + digest
-
-
-def format_time_limit(minutes: int) -> str:
-    """Minutes -> SLURM ``--time`` value ``[D-]HH:MM:00`` (sbatch(1), "-t, --time")."""
-    days, rest = divmod(minutes, 24 * 60)
-    hours, mins = divmod(rest, 60)
-    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
-
-
-#: Options jobgen derives from the world and the profile; ``extra_sbatch_args`` may not set them.
-DERIVED_SBATCH_OPTIONS = frozenset({
-    "job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "mem", "time", "gres", "gpus",
-    "gpus-per-node", "gpus-per-task", "signal", "requeue", "no-requeue", "open-mode", "output",
-})
-#: srun options that change the task layout Lightning checks (``-N``, ``-n`` are their short forms).
-LAYOUT_SRUN_OPTIONS = {"--nodes": "num_nodes", "-N": "num_nodes", "--ntasks-per-node": "devices", "--ntasks": "devices", "-n": "devices"}
-
-
-def _version(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")[:2]
-    return int(major), int(minor)
-
-
-def check_site(ctx: PlanContext) -> None:
-    """Plan-time checks of the profile's SLURM site settings against the job's world.
-
-    Rules and their sources:
-    - Lightning's SLURMEnvironment raises at startup unless ``--ntasks-per-node`` == ``devices``
-      and ``--nodes`` == ``num_nodes`` (lightning/fabric/plugins/environments/slurm.py): jobgen
-      derives both; extra srun/sbatch arguments may not change them.
-    - ``--gpus-per-node`` / ``--gpus-per-task`` exist from SLURM 19.05 (select/cons_tres);
-      ``--gpus-per-task`` is refused without an explicit ``--ntasks`` ("--gpus-per-task or
-      --tres-per-task used without either --gpus or -n/--ntasks is not allowed", SLURM 23.11),
-      so jobgen always adds ``--ntasks`` with it.
-    - The requeue signal must come before the time limit: ``signal_grace_s`` < ``--time``.
-    - An ``--export`` in the extra sbatch/srun arguments must pass the spec's ``secrets`` on
-      (``ALL`` or naming them) and carry no credential value (:func:`jobgen.environment.export_problem`).
-
-    Raises:
-        PlanError: with the field to change, in Lightning's "You set X, but Y" style.
-    """
-    s, w = ctx.profile.slurm_settings, ctx.world
-    where = f"{ctx.profile_source}: slurm"
-    if w.accelerator == "gpu" and s.gpu_request_style != "gres" and s.version and _version(s.version) < (19, 5):
-        raise PlanError(
-            f"You set `slurm.gpu_request_style: {s.gpu_request_style}`, but the site runs SLURM {s.version}; "
-            f"--{s.gpu_request_style} needs SLURM 19.05 or newer (select/cons_tres).",
-            location=f"{where}.gpu_request_style",
-            hint="Use `gpu_request_style: gres` (--gres=gpu:<type>:<n> works on every SLURM version).",
-        )
-    for arg in s.extra_sbatch_args:
-        option = arg[2:].split("=", 1)[0]
-        if option in DERIVED_SBATCH_OPTIONS:
-            raise PlanError(
-                _layout_message(option, arg.partition("=")[2], w, "extra_sbatch_args")
-                or f"You set `slurm.extra_sbatch_args: {arg}`, but jobgen derives --{option} from the spec and profile.",
-                location=f"{where}.extra_sbatch_args",
-                hint=f"Remove {arg}; set the spec's resources / the profile's fields instead (jobgen writes --{option} itself).",
-            )
-    for i, arg in enumerate(s.extra_srun_args):
-        name, _, value = arg.partition("=")
-        if name in LAYOUT_SRUN_OPTIONS or (name in {"-N", "-n"} and not value):
-            if not value and i + 1 < len(s.extra_srun_args):
-                value = s.extra_srun_args[i + 1]
-            raise PlanError(
-                _layout_message(name.lstrip("-"), value, w, "extra_srun_args")
-                or f"You set `slurm.extra_srun_args: {arg}`, but srun takes the task layout from the allocation jobgen "
-                "writes; setting it again can only break Lightning's devices/num_nodes check.",
-                location=f"{where}.extra_srun_args",
-                hint=f"Remove {arg}: jobgen runs srun with the batch allocation ({w.num_nodes} node(s) x "
-                f"{w.devices_per_node} task(s)); change `resources.nodes` / `resources.devices_per_node` instead.",
-            )
-    for field, args in (("extra_sbatch_args", s.extra_sbatch_args), ("extra_srun_args", s.extra_srun_args)):
-        for i, arg in enumerate(args):
-            value = arg.removeprefix("--export=") if arg.startswith("--export=") else \
-                args[i + 1] if arg == "--export" and i + 1 < len(args) else None
-            if value is not None:
-                problem = export_problem(value, ctx.spec.secrets)
-                if problem:
-                    raise PlanError(problem[0], location=f"{where}.{field}", hint=problem[1])
-    minutes = ctx.spec.resources.time_limit_min or s.time_limit_min
-    if s.requeue and s.signal_grace_s >= minutes * 60:
-        raise PlanError(
-            f"You set `slurm.signal_grace_s: {s.signal_grace_s}`, but the time limit is {minutes} min "
-            f"({minutes * 60} s): SIG{s.requeue_signal} would arrive before training starts.",
-            location=f"{where}.signal_grace_s",
-            hint=f"Raise the time limit above {s.signal_grace_s // 60 + 1} min or lower signal_grace_s.",
-        )
-
-
-def _layout_message(option: str, value: str, w: World, field: str) -> str | None:
-    """Lightning's own wording for a task layout that disagrees with the Trainer's."""
-    if option in {"ntasks-per-node"} and value and value != str(w.devices_per_node):
-        return (f"You set `slurm.{field}: --ntasks-per-node={value}`, but the job runs Trainer(devices="
-                f"{w.devices_per_node}); Lightning's SLURMEnvironment requires --ntasks-per-node == devices "
-                "and stops every rank at startup otherwise.")
-    if option in {"nodes", "N"} and value and value != str(w.num_nodes):
-        return (f"You set `slurm.{field}: --nodes={value}`, but the job runs Trainer(num_nodes={w.num_nodes}); "
-                "Lightning's SLURMEnvironment requires --nodes == num_nodes and stops every rank at startup otherwise.")
-    if option in {"ntasks", "n"} and value and value != str(w.world_size):
-        return (f"You set `slurm.{field}: --ntasks={value}`, but the world size is {w.world_size} "
-                f"({w.num_nodes} node(s) x {w.devices_per_node}); SLURM would start {value} rank(s).")
-    return None
-
-
-def check_directives(directives: list[tuple[str, str | None]], world: World, version: str | None) -> None:
-    """Check a finished ``#SBATCH`` option list for combinations SLURM rejects at submit time.
-
-    Raises:
-        PlanError: ``--gpus-per-task`` without ``--ntasks`` (refused by SLURM >= 21.08 and,
-            without ``--gpus``, by 23.11: see :func:`check_site`), or ``--ntasks-per-node`` /
-            ``--nodes`` that disagree with ``world`` (Lightning's SLURMEnvironment check).
-    """
-    opts = dict(directives)
-    if "gpus-per-task" in opts and "ntasks" not in opts:
-        raise PlanError(
-            f"The job requests --gpus-per-task={opts['gpus-per-task']} without --ntasks"
-            + (f" on SLURM {version}" if version else "")
-            + "; sbatch refuses it ('--gpus-per-task or --tres-per-task used without either --gpus or -n/--ntasks is not allowed').",
-            location="slurm.gpu_request_style",
-            hint=f"Add --ntasks={world.world_size}, or use `gpu_request_style: gres`.",
-        )
-    if opts.get("ntasks-per-node") != str(world.devices_per_node):
-        raise PlanError(f"--ntasks-per-node={opts.get('ntasks-per-node')} but Trainer(devices={world.devices_per_node})",
-                        hint="jobgen must write --ntasks-per-node == devices (Lightning's SLURMEnvironment check)")
-    if opts.get("nodes") != str(world.num_nodes):
-        raise PlanError(f"--nodes={opts.get('nodes')} but Trainer(num_nodes={world.num_nodes})",
-                        hint="jobgen must write --nodes == num_nodes (Lightning's SLURMEnvironment check)")
-
-
-def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
-    """``(option, value)`` pairs for ``#SBATCH`` lines, in a stable order; value None: a flag.
-
-    Raises:
-        PlanError: the time limit exceeds the partition's MaxTime, the CPU/memory split
-            leaves a rank with no core, or a site setting breaks the launch contract
-            (:func:`check_site`, :func:`check_directives`).
-    """
-    p, s, w = ctx.profile, ctx.profile.slurm_settings, ctx.world
-    minutes = ctx.world.time_limit_min or s.time_limit_min
-    if s.max_time_limit_min is not None and minutes > s.max_time_limit_min:
-        raise PlanError(
-            f"You set a time limit of {minutes} min, but partition {s.partition or '(default)'} of profile "
-            f"{p.name!r} allows {s.max_time_limit_min} min (`slurm.max_time_limit_min`).",
-            location=f"{ctx.spec_source}: resources.time_limit_min",
-            hint=f"Set `resources.time_limit_min` to at most {s.max_time_limit_min}; the job resumes after a requeue.",
-        )
-    check_site(ctx)
-    out: list[tuple[str, str | None]] = [
-        ("job-name", ctx.spec.name),
-        ("nodes", str(w.num_nodes)),
-        ("ntasks-per-node", str(w.devices_per_node)),
-        ("cpus-per-task", str(w.cpus_per_rank)),
-        ("mem", f"{int(p.mem_gib_per_node * 1024)}M"),
-        ("time", format_time_limit(minutes)),
-    ]
-    if w.accelerator == "gpu":
-        if s.gpu_request_style == "gres":
-            typed = f"{s.gres_gpu_type}:" if s.gres_gpu_type else ""
-            out.append(("gres", f"gpu:{typed}{w.devices_per_node}"))
-        elif s.gpu_request_style == "gpus-per-node":
-            out.append(("gpus-per-node", f"{s.gres_gpu_type}:{w.devices_per_node}" if s.gres_gpu_type else str(w.devices_per_node)))
-        else:
-            out.append(("ntasks", str(w.world_size)))
-            out.append(("gpus-per-task", f"{s.gres_gpu_type}:1" if s.gres_gpu_type else "1"))
-    for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("constraint", s.constraint)):
-        if value:
-            out.append((option, value))
-    if s.exclusive:
-        out.append(("exclusive", None))
-    if s.requeue:
-        out.append(("requeue", None))
-        target = "B:" if s.signal_target == "batch" else ""
-        out.append(("signal", f"{target}{s.requeue_signal}@{s.signal_grace_s}"))
-    out.append(("open-mode", "append"))
-    out.append(("output", "slurm-%j.out"))
-    for arg in s.extra_sbatch_args:
-        option, eq, value = arg[2:].partition("=")
-        out.append((option, value if eq else None))
-    check_directives(out, w, s.version)
-    return out
-
-
-def launch_argv(ctx: PlanContext) -> list[str]:
-    """The per-task command after ``srun``: container wrapper (if any) + the entrypoint."""
-    s = ctx.profile.slurm_settings
-    entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
-    if s.container.runtime == "apptainer":
-        bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
-        return ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]
-    return entry
-
-
-def srun_options(ctx: PlanContext) -> list[str]:
-    """Options for ``srun`` itself (pyxis container flags, the profile's extra arguments)."""
-    s = ctx.profile.slurm_settings
-    # --label prefixes every line with the task's global rank ("0: ..."): `jobgen logs --rank N` filters on it.
-    opts = ["--kill-on-bad-exit=1", "--label"]
-    if s.container.runtime == "pyxis":
-        opts.append(f"--container-image={s.container.image}")
-        if s.container.mounts:
-            opts.append(f"--container-mounts={','.join(s.container.mounts)}")
-    return opts + list(s.extra_srun_args)
-
-
-def plan(ctx: PlanContext) -> JobPlan:
-    """Plan an sbatch job: ``job.sbatch`` + ``spec.json`` (+ ``ds_config.json``)."""
-    s = ctx.profile.slurm_settings
-    files = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None, cluster=s.cluster)
-    script = render_job_template(
-        ctx,
-        TEMPLATE,
-        directives=sbatch_directives(ctx),
-        modules=list(s.modules),
-        env=job_env(ctx),
-        secrets=list(ctx.spec.secrets),
-        omp_threads=ctx.world.cpus_per_rank,
-        master_port=s.master_port,
-        run_name=run_dir_name(ctx.spec.name),
-        srun_options=srun_options(ctx),
-        launch=launch_argv(ctx),
-        forward_signal=s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
-    )
-    files.append((SBATCH_FILE, script))
-    return JobPlan(
-        scheduler="slurm",
-        profile=ctx.profile.name,
-        job_name=ctx.spec.name,
-        files=tuple(sorted(files)),
-        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name), secrets=ctx.spec.secrets),),
-        world=ctx.world,
-        inputs_sha256=ctx.inputs_sha256,
-    )
-
-
-def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False, secrets: tuple[str, ...] = ()) -> Command:
-    """The command ``jobgen submit`` runs in the job directory: ``sbatch --parsable`` with the
-    run directory ``<runs_dir>/<run_name>`` as the job's working directory (``--chdir``, so
-    ``#SBATCH --output=slurm-%j.out`` lands there and a committed job directory stays clean)
-    and ``JOBGEN_RUN_DIR=<runs_dir>`` for the script. The plan shows it with
-    :data:`RUNS_DIR_PLACEHOLDER`; submit fills in the real directory. sbatch exports the
-    submitting environment to the job, which carries the spec's ``secrets``."""
-    argv = ["sbatch", "--parsable"] + (["--test-only"] if test_only else []) + [f"--chdir={runs_dir}/{run_name}", SBATCH_FILE]
-    return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),), secrets)
+from jobgen.plan import JobPlan, PlanContext
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -607,7 +341,7 @@ class SlurmBackend(Backend):
     log_options = frozenset({"rank"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`plan`."""
+        """See :func:`jobgen.backends.slurm_script.plan`."""
         return plan(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.backends.slurm import run_dir_name
+from jobgen.backends.slurm_script import run_dir_name
 from jobgen.errors import ConfigError
 from jobgen.load import load_profile, validate
 from jobgen.plan import plan

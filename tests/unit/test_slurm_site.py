@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen.backends.slurm import check_directives, filter_rank, job_id, run_dir_name
+from jobgen.backends.slurm import filter_rank, job_id
+from jobgen.backends.slurm_script import check_directives, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, validate

@@ -26,6 +26,7 @@ def _state(tmp_path, monkeypatch):
 
 def test_slurm_submit_runs_the_planned_sbatch_command(tmp_path, monkeypatch):
     from jobgen.backends import slurm
+    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
 
     job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu")
     job_dir = tmp_path / "manifests" / "slurm-cpu" / "quickstart"
@@ -42,11 +43,11 @@ def test_slurm_submit_runs_the_planned_sbatch_command(tmp_path, monkeypatch):
     assert str(result.handle).endswith("/4242") and result.action == "submitted"
     (step,) = job_plan.submit_steps
     assert isinstance(step, Command)
-    filled = [arg.replace(slurm.RUNS_DIR_PLACEHOLDER, str(runs.resolve())) for arg in step.argv]
+    filled = [arg.replace(RUNS_DIR_PLACEHOLDER, str(runs.resolve())) for arg in step.argv]
     argv, cwd, env = ran[0]
     assert argv == filled and cwd == job_dir.resolve()
     for key, value in step.env:
-        assert env[key] == value.replace(slurm.RUNS_DIR_PLACEHOLDER, str(runs.resolve()))
+        assert env[key] == value.replace(RUNS_DIR_PLACEHOLDER, str(runs.resolve()))
     assert str(step) in str(job_plan)  # what `render --stdout` prints
     assert result.record is not None and list(result.record.argv or ()) == argv
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from lab import run_slurm, wait_for
 
-from jobgen.backends.slurm import run_dir_name
+from jobgen.backends.slurm_script import run_dir_name
 from tests.conftest import ADVERSARIAL, REPO
 
 pytestmark = pytest.mark.slurm_lab
