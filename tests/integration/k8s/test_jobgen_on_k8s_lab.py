@@ -66,7 +66,7 @@ def test_shipped_profile_x_example_passes_offline_and_server_dry_run(k8s_lab, pr
     assert len(checked) == expected, result.lines
     for role in roles:
         assert any(f"-{role}-0 (from the PyTorchJob's pod template)" in line for line in checked)
-    name = k8s.k8s_name(job_plan.job_name)[0]
+    name = k8s_manifest.k8s_name(job_plan.job_name)[0]
     assert get(k8s_lab, f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}")[0] == 404  # dry run persisted nothing
 
 
