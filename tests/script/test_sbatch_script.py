@@ -142,12 +142,13 @@ exit 3
 """
 
 
-def test_batch_signal_form_forwards_the_signal_to_srun_and_returns_its_status(tmp_path):
-    """--signal=B:USR2@T signals only the batch shell; the script must pass it on to srun
-    (which forwards it to every rank) and still exit with srun's status."""
+def start_batch_signal_job(tmp_path: Path, name: str, scontrol: str | None = None) -> tuple[subprocess.Popen[str], Path]:
+    """Render a slurm-cpu job with ``signal_target: batch`` and start its script under bash with
+    the SIGNAL_SRUN stand-in (and ``scontrol``, when given); returns the process and the stubs'
+    output directory."""
     base = load_profile("slurm-cpu", PROFILES).model_dump()
     base["slurm"]["signal_target"] = "batch"
-    job_plan = plan(validate(TrainingSpec, {"name": "sig"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
+    job_plan = plan(validate(TrainingSpec, {"name": name}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
     script = job_plan.file("job.sbatch")
     assert "#SBATCH --signal=B:USR2@60" in script
     work = tmp_path / "w"
@@ -155,11 +156,20 @@ def test_batch_signal_form_forwards_the_signal_to_srun_and_returns_its_status(tm
     (work / "job.sbatch").write_text(script)
     bin_dir = stub_bin(tmp_path)
     (bin_dir / "srun").write_text(SIGNAL_SRUN)
+    if scontrol is not None:
+        (bin_dir / "scontrol").write_text(scontrol)
     out = tmp_path / "out"
     out.mkdir()
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_SUBMIT_DIR": str(work),
            "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "HOME": str(tmp_path)}
     proc = subprocess.Popen(["bash", str(work / "job.sbatch")], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, out
+
+
+def test_batch_signal_form_forwards_the_signal_to_srun_and_returns_its_status(tmp_path):
+    """--signal=B:USR2@T signals only the batch shell; the script must pass it on to srun
+    (which forwards it to every rank) and still exit with srun's status."""
+    proc, out = start_batch_signal_job(tmp_path, "sig")
     for _ in range(100):
         if (out / "srun.started").exists():
             break
@@ -183,20 +193,7 @@ def test_batch_signal_that_arrives_before_srun_has_started_still_reaches_srun(tm
     starts close to its limit). The batch shell must already trap it while it prepares the launch
     (here: while `scontrol show hostnames` runs), remember it, and pass it on once srun runs;
     without the trap bash's default action for SIGUSR2 kills the batch shell and srun never runs."""
-    base = load_profile("slurm-cpu", PROFILES).model_dump()
-    base["slurm"]["signal_target"] = "batch"
-    job_plan = plan(validate(TrainingSpec, {"name": "early"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
-    work = tmp_path / "w"
-    work.mkdir()
-    (work / "job.sbatch").write_text(job_plan.file("job.sbatch"))
-    bin_dir = stub_bin(tmp_path)
-    (bin_dir / "srun").write_text(SIGNAL_SRUN)
-    (bin_dir / "scontrol").write_text(HOLDING_SCONTROL)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_SUBMIT_DIR": str(work),
-           "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "8", "SLURM_JOB_NUM_NODES": "1", "HOME": str(tmp_path)}
-    proc = subprocess.Popen(["bash", str(work / "job.sbatch")], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, out = start_batch_signal_job(tmp_path, "early", scontrol=HOLDING_SCONTROL)
     for _ in range(500):
         if (out / "scontrol.started").exists():
             break
