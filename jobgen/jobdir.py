@@ -215,12 +215,13 @@ class ResolvedSpec(BaseModel):
 
     @property
     def world(self) -> World:
-        """The launch's :class:`World` with the spec's batch arithmetic."""
+        """The launch's :class:`World` with the spec's batch arithmetic (world size, global
+        batch). CPUs per rank and the time limit are not recorded in spec.json (the scheduler
+        enforces them), so those two keep World's defaults here."""
         t = self.spec.trainer
         return World(num_nodes=self.launch.num_nodes, devices_per_node=self.launch.devices_per_node,
                      accelerator=self.launch.accelerator, micro_batch_size=t.micro_batch_size,
-                     gradient_accumulation_steps=t.gradient_accumulation_steps,
-                     time_limit_min=self.spec.resources.time_limit_min)
+                     gradient_accumulation_steps=t.gradient_accumulation_steps)
 
 
 def load_resolved_spec(path: Path) -> ResolvedSpec:

@@ -97,8 +97,6 @@ class Backend(ABC):
 
     #: Scheduler name (the profile's ``scheduler``; key of :data:`jobgen.backends.BACKENDS`).
     name: str = ""
-    #: Handle scheme (``slurm``, ``k8s``, ``local``).
-    scheme: str = ""
     #: Templates the plan renders (their hashes are planning inputs).
     templates: tuple[str, ...] = ()
     #: :class:`SubmitOptions` fields this backend takes besides ``runs_dir``.

@@ -584,7 +584,6 @@ class KubernetesBackend(Backend):
     """Kubeflow PyTorchJob / Trainer v2 TrainJob through the Kubernetes API."""
 
     name = "kubernetes"
-    scheme = "k8s"
     templates = TEMPLATES
     submit_options = frozenset({"dry_run", "replace", "context", "namespace", "kubeconfig"})
     log_options = frozenset({"replica"})

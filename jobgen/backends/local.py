@@ -75,7 +75,6 @@ class LocalBackend(Backend):
     is its run directory (``<runs dir>/<job name>``)."""
 
     name = "local"
-    scheme = "local"
 
     def plan(self, ctx: PlanContext) -> JobPlan:
         """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command."""

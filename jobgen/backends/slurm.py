@@ -335,7 +335,6 @@ class SlurmBackend(Backend):
     """SLURM through its client commands (sbatch, squeue, sacct, scancel, scontrol)."""
 
     name = "slurm"
-    scheme = "slurm"
     templates = (TEMPLATE,)
     submit_options = frozenset({"test_only", "force"})
     log_options = frozenset({"rank"})
