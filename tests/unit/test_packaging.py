@@ -60,7 +60,7 @@ def test_installed_wheel_validates_against_its_packaged_crds(wheel, tmp_path):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:  # a pure-Python wheel installs by unpacking
         zf.extractall(site)
-    elsewhere = tmp_path / "elsewhere"  # no templates/, cluster_profiles/ or ../shared beside it
+    elsewhere = tmp_path / "elsewhere"  # no templates/, cluster_profiles/ or CRDs beside it
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("JOBGEN_CRDS_DIR", "JOBGEN_HOME", "JOBGEN_DEBUG")}
     env["PYTHONPATH"] = str(site)

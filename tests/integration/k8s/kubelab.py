@@ -5,7 +5,7 @@ etcd + kube-apiserver 1.20 (+ kube-controller-manager running only the garbage c
 the namespace controller, so foreground deletion and namespace deletion finish) on 127.0.0.1,
 static token auth (group system:masters), RBAC, a self-signed serving certificate, and the
 Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
-accepted but never run. The recipe is in ../shared/docs/LAB-NOTES.md ("A real Kubernetes API
+accepted but never run. The recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API
 server on one machine"):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
