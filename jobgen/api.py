@@ -101,17 +101,17 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
 
 def status(job: str) -> JobStatus:
     """The state of ``job`` (a handle URI or a submitted job directory)."""
-    handle, _ = resolve_job(job)
+    handle = resolve_job(job)
     return get_backend(handle.scheduler).status(handle)
 
 
 def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> None:
     """Print ``job``'s output through ``echo`` (rank zero's by default)."""
-    handle, _ = resolve_job(job)
+    handle = resolve_job(job)
     get_backend(handle.scheduler).logs(handle, options or LogOptions(), echo)
 
 
 def cancel(job: str, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:
     """Cancel ``job`` and wait up to ``wait_s`` seconds until every rank has stopped."""
-    handle, _ = resolve_job(job)
+    handle = resolve_job(job)
     return get_backend(handle.scheduler).cancel(handle, wait_s=wait_s, out=echo)

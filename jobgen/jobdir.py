@@ -382,18 +382,16 @@ def find_submission(handle: JobHandle) -> Submission | None:
     return Submission.load(path) if path.is_file() else None
 
 
-def resolve_job(job: str) -> tuple[JobHandle, Submission | None]:
-    """A handle URI or a submitted job directory -> ``(handle, its record or None)``.
+def resolve_job(job: str) -> JobHandle:
+    """A handle URI, or a submitted job directory (its submission record names the handle).
 
     Raises:
         ConfigError: neither a handle nor a directory with a submission record.
     """
     if "://" in job:
-        handle = JobHandle.parse(job)
-        return handle, find_submission(handle)
+        return JobHandle.parse(job)
     if Path(job).is_dir():
-        record = Submission.load(Path(job) / SUBMISSION_FILE)
-        return JobHandle.parse(record.handle), record
+        return JobHandle.parse(Submission.load(Path(job) / SUBMISSION_FILE).handle)
     raise ConfigError(
         f"{job!r} is neither a job handle nor a job directory",
         hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>, "
