@@ -7,6 +7,11 @@ Prints:
        - ``jobgen render examples/quickstart.yaml -p slurm-a100 --stdout``,
        - ``jobgen render examples/quickstart.yaml -p k8s-h100 --stdout`` (offline validation runs:
          the benchmark stops if any check is skipped, e.g. for want of the CRDs),
+       - the Kubernetes render with jobgen's cache off (``JOBGEN_CACHE_DIR=off``: the CRDs parsed from
+         YAML and the templates compiled in every run),
+       - two lower bounds no render can beat while its inputs are pydantic models: the floor plus
+         ``import jobgen.spec, jobgen.profiles`` (pydantic and the spec/profile models, no render),
+         and that plus ``import jsonschema`` (the Kubernetes render's schema validator),
      run interleaved (A B C D A B C D ...) so machine load hits all of them alike, and the two
      render/floor ratios against their targets: SLURM <= 1.8x, Kubernetes <= 3.0x. Beside the wall
      time, the children's CPU time (user + system), which other processes on a busy machine
@@ -18,10 +23,12 @@ Prints:
      deepspeed, kubernetes, jsonschema, ...) each render imports.
   4. in-process time per job for planning 1,000 spec variants. Target: <= 50 us per variant.
 
-Bytecode: every child runs with ``PYTHONPYCACHEPREFIX`` set to a fresh temporary directory and
-without ``PYTHONDONTWRITEBYTECODE``, so the discarded warm-up round compiles every module once
-and the timed rounds all read cached bytecode (jobgen's and the libraries' alike), as an
-installed jobgen does.
+Bytecode and jobgen's cache: every child runs with ``PYTHONPYCACHEPREFIX`` and
+``JOBGEN_CACHE_DIR`` set to fresh temporary directories and without ``PYTHONDONTWRITEBYTECODE``,
+so the discarded warm-up round compiles every module once and fills jobgen's cache of derived
+data (jobgen/cache.py: parsed CRD schemas, compiled templates), and the timed rounds read them,
+as an installed jobgen does from the second render on. Each timed render renders a different
+spec (``--set trainer.seed=<round>``), so nothing a render produces can come from a cache.
 
 Usage: python benchmarks/render.py [--runs 15] [--variants 1000] [--repo PATH] [--baseline PATH] [--crds-dir DIR]
 (``--repo`` times another checkout of jobgen with this same harness; ``--baseline`` adds one.)
@@ -45,6 +52,8 @@ HERE = Path(__file__).resolve().parent.parent
 #: Modules a render must not need; a SLURM render imports none of them.
 HEAVY = ("torch", "lightning", "deepspeed", "numpy", "kubernetes", "kubernetes_validate", "jsonschema", "referencing")
 FLOOR = "import jinja2, yaml, click"
+#: The floor plus jobgen's validated input models (pydantic): what any render imports and builds.
+MODELS_BOUND = FLOOR + ", jobgen.spec, jobgen.profiles"
 #: Cold render time / floor, at most.
 TARGETS = {"slurm": 1.8, "k8s": 3.0}
 
@@ -58,12 +67,14 @@ class Command:
     env: dict[str, str]
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    #: A render: each round renders a different spec (``--set trainer.seed=<round>``).
+    vary: bool = False
 
 
 def child_env(repo: Path, pycache: Path, crds: Path | None) -> dict[str, str]:
     """Environment of every timed child: ``repo`` first on the path, cached bytecode, the CRDs."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "JOBGEN_DEBUG")}
-    env.update(PYTHONPATH=str(repo), PYTHONPYCACHEPREFIX=str(pycache))
+    env.update(PYTHONPATH=str(repo), PYTHONPYCACHEPREFIX=str(pycache), JOBGEN_CACHE_DIR=str(pycache.parent / "jobgen-cache"))
     if crds is not None:
         env["JOBGEN_CRDS_DIR"] = str(crds)
     return env
@@ -91,7 +102,8 @@ def time_interleaved(cmds: dict[str, Command], runs: int, cwd: Path) -> None:
         for cmd in cmds.values():
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            subprocess.run(cmd.argv, cwd=cwd, env=cmd.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            argv = [*cmd.argv, "--set", f"trainer.seed={1000 + i}"] if cmd.vary else cmd.argv
+            subprocess.run(argv, cwd=cwd, env=cmd.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wall = time.perf_counter() - start
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if i:
@@ -170,10 +182,9 @@ def cpu_model() -> str:
 
 
 def default_crds(repo: Path) -> Path | None:
-    """``$JOBGEN_CRDS_DIR``, else the first ``../shared/crds`` next to ``repo`` or this checkout."""
-    if os.environ.get("JOBGEN_CRDS_DIR"):
-        return Path(os.environ["JOBGEN_CRDS_DIR"])
-    return next((c for c in (repo.parent / "shared" / "crds", HERE.parent / "shared" / "crds") if c.is_dir()), None)
+    """``$JOBGEN_CRDS_DIR``, else ``None``: the CRDs packaged with the checkout under test."""
+    del repo
+    return Path(os.environ["JOBGEN_CRDS_DIR"]) if os.environ.get("JOBGEN_CRDS_DIR") else None
 
 
 def main() -> None:
@@ -184,7 +195,7 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=HERE, help="checkout of jobgen to time (default: this one)")
     parser.add_argument("--baseline", type=Path, default=None, help="a second checkout whose renders run in the same rounds")
     parser.add_argument("--crds-dir", type=Path, default=None,
-                        help="CRDs for the Kubernetes render's offline validation (default: $JOBGEN_CRDS_DIR, else ../shared/crds)")
+                        help="CRDs for the Kubernetes render's offline validation (default: $JOBGEN_CRDS_DIR, else the checkout's packaged copies)")
     args = parser.parse_args()
     repo = args.repo.resolve()
     crds = args.crds_dir or default_crds(repo)
@@ -198,14 +209,18 @@ def main() -> None:
         cmds = {
             "bare": Command("python -c pass", [sys.executable, "-c", "pass"], env),
             "floor": Command(f'floor: python -c "{FLOOR}"', [sys.executable, "-c", FLOOR], env),
-            "slurm": Command("jobgen render quickstart -p slurm-a100 --stdout", render_argv(repo, "slurm-a100"), env),
-            "k8s": Command("jobgen render quickstart -p k8s-h100 --stdout", render_argv(repo, "k8s-h100"), env),
+            "slurm": Command("jobgen render quickstart -p slurm-a100 --stdout", render_argv(repo, "slurm-a100"), env, vary=True),
+            "k8s": Command("jobgen render quickstart -p k8s-h100 --stdout", render_argv(repo, "k8s-h100"), env, vary=True),
+            "k8s-nocache": Command("  the same, JOBGEN_CACHE_DIR=off", render_argv(repo, "k8s-h100"),
+                                   {**env, "JOBGEN_CACHE_DIR": "off"}, vary=True),
+            "models": Command("bound: floor + jobgen.spec, jobgen.profiles", [sys.executable, "-c", MODELS_BOUND], env),
+            "models+jsonschema": Command("bound: the same + jsonschema", [sys.executable, "-c", MODELS_BOUND + ", jsonschema"], env),
         }
         if args.baseline is not None:
             baseline = args.baseline.resolve()
             benv = child_env(baseline, Path(tmp) / "pycache", crds)
-            cmds["slurm@baseline"] = Command("  the same, --baseline checkout", render_argv(baseline, "slurm-a100"), benv)
-            cmds["k8s@baseline"] = Command("  the same, --baseline checkout", render_argv(baseline, "k8s-h100"), benv)
+            cmds["slurm@baseline"] = Command("  the same, --baseline checkout", render_argv(baseline, "slurm-a100"), benv, vary=True)
+            cmds["k8s@baseline"] = Command("  the same, --baseline checkout", render_argv(baseline, "k8s-h100"), benv, vary=True)
         for cmd in cmds.values():
             check(cmd, cwd)
         where = {key: subprocess.run([sys.executable, "-c", "import jobgen; print(jobgen.__file__)"], env=cmds[key].env, cwd=cwd,
@@ -213,14 +228,15 @@ def main() -> None:
         load_before = os.getloadavg()
         time_interleaved(cmds, args.runs, cwd)
         load_after = os.getloadavg()
-        tops = {key: importtime_top(cmd, cwd, args.importtime_runs) for key, cmd in cmds.items() if key != "bare"} if args.importtime_runs else {}
+        tops = {key: importtime_top(cmd, cwd, args.importtime_runs) for key, cmd in cmds.items()
+                if key in ("floor", "slurm", "k8s")} if args.importtime_runs else {}
         floor_mods = imported_modules(FLOOR, env, cwd)
         slurm_mods = imported_modules(render_probe(repo, "slurm-a100"), env, cwd)
         k8s_mods = imported_modules(render_probe(repo, "k8s-h100"), env, cwd)
 
     print(f"jobgen: {where['slurm']}" + (f"; --baseline: {where['slurm@baseline']}" if "slurm@baseline" in where else ""))
     print(f"python {sys.version.split()[0]} ({sys.executable}); CPU {cpu_model()}, {os.cpu_count()} logical cores; "
-          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; CRDs {crds}")
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; CRDs {crds or 'packaged'}")
     print(f"\ncold start: {args.runs} runs of each, interleaved, fresh interpreter each, bytecode cached "
           "(the Kubernetes render validates offline)")
     print(f"  {'command':48} {'wall median':>11} {'min':>8} {'vs floor':>8}   {'CPU median':>10} {'vs floor':>8}")

@@ -44,6 +44,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from jobgen import __version__
+from jobgen.cache import cached_json, content_key
 from jobgen.errors import ConfigError, PlanError
 from jobgen.k8s_names import DNS1035_LABEL, is_dns1035_label, is_dns1123_label, is_port_name
 
@@ -116,6 +118,11 @@ def crd_file(kind: str, directory: Path) -> Path | None:
 # --------------------------------------------------------------------------- schemas (cached)
 
 
+#: Names the rules :func:`strict` and :func:`_crd_validator` apply to a CRD's schema; part of the
+#: cache key of the derived schema, so change it whenever they change.
+STRICT_RULES = "additionalProperties-false-unless-preserved;metadata-open;v1"
+
+
 def strict(schema: Any) -> Any:
     """Copy of an openAPIV3Schema in which every object that lists ``properties`` rejects other
     keys (``additionalProperties: false``), unless it says ``x-kubernetes-preserve-unknown-fields``
@@ -133,23 +140,33 @@ def strict(schema: Any) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _crd_validator(path: str, mtime_ns: int, version: str) -> Any:
-    """A jsonschema validator for ``version`` of the CRD at ``path`` (strict, see :func:`strict`)."""
+    """A jsonschema validator for ``version`` of the CRD at ``path`` (strict, see :func:`strict`).
+
+    The strict schema is derived from the file's bytes alone, so it is kept in :mod:`jobgen.cache`
+    (keyed by their sha256 and ``version``): parsing the CRD YAML is most of a cold Kubernetes
+    render's time, and the packaged CRDs never change between renders.
+    """
     del mtime_ns  # part of the cache key only
     import jsonschema
-    import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(path, encoding="utf-8") as fh:
-        crd = yaml.load(fh, Loader=loader)
-    try:
-        served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
-        schema = dict(served["schema"]["openAPIV3Schema"])
-    except (KeyError, TypeError, StopIteration):
-        raise ConfigError(f"{path} is not a CRD serving version {version} with an openAPIV3Schema",
-                          hint=f"point {ENV_CRDS_DIR} / --crds-dir at the Kubeflow CRDs, or unset it to use jobgen's own ({PACKAGED_CRDS_DIR})") from None
-    schema = strict(schema)
-    schema["properties"] = {**schema.get("properties", {}), "metadata": {"type": "object"}}
-    return jsonschema.Draft7Validator(schema)
+    raw = Path(path).read_bytes()
+
+    def derive() -> dict[str, Any]:
+        import yaml
+
+        crd = yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        try:
+            served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+            schema = dict(served["schema"]["openAPIV3Schema"])
+        except (KeyError, TypeError, StopIteration):
+            raise ConfigError(f"{path} is not a CRD serving version {version} with an openAPIV3Schema",
+                              hint=f"point {ENV_CRDS_DIR} / --crds-dir at the Kubeflow CRDs, or unset it to use jobgen's own ({PACKAGED_CRDS_DIR})") from None
+        schema = strict(schema)
+        schema["properties"] = {**schema.get("properties", {}), "metadata": {"type": "object"}}
+        return schema
+
+    key = content_key(raw, version, STRICT_RULES, __version__)
+    return jsonschema.Draft7Validator(cached_json("crd-schema", key, derive))
 
 
 def _k8s_schema_dir(version: str | None) -> tuple[Any, str, str | None]:

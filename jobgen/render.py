@@ -29,6 +29,7 @@ import jinja2
 import jinja2.meta
 import pydantic_core
 
+from jobgen.cache import cached_json, content_key, template_bytecode_cache
 from jobgen.errors import ConfigError
 
 _UNSAFE = re.compile(r"[\n\r\x00]")
@@ -120,6 +121,7 @@ def environment(templates_dir: str) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
         auto_reload=False,  # templates do not change during one process; skips a stat per render
+        bytecode_cache=template_bytecode_cache(),  # compiled templates, checked against their source
     )
     env.filters["sh"] = sh_quote
     env.filters["sh_argv"] = sh_argv
@@ -161,12 +163,16 @@ def _referenced_templates(templates_dir: str, source: str) -> tuple[str | None, 
     """Names ``source`` includes, imports or extends (None for one Jinja cannot resolve statically).
 
     Cached by the source text, so a template several others include (``kubernetes/_pod.yaml.j2``)
-    is parsed once per process, and an edited template is parsed again.
+    is parsed once per process, and across processes in :mod:`jobgen.cache` (keyed by the
+    source and the Jinja version): an edited template is parsed again.
 
     Raises:
         jinja2.TemplateSyntaxError: ``source`` does not parse.
     """
-    return tuple(jinja2.meta.find_referenced_templates(environment(templates_dir).parse(source)))
+    def parse() -> list[str | None]:
+        return list(jinja2.meta.find_referenced_templates(environment(templates_dir).parse(source)))
+
+    return tuple(cached_json("template-refs", content_key(jinja2.__version__, source), parse))
 
 
 @functools.lru_cache(maxsize=32)

@@ -8,6 +8,7 @@ import importlib
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +19,9 @@ import pytest
 from jobgen.k8s_validate import PACKAGED_CRDS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
+# jobgen's cache of derived data (jobgen/cache.py) goes to a directory of this test session, not
+# the user's ~/.cache; subprocesses inherit it. Tests of the cache set their own.
+os.environ.setdefault("JOBGEN_CACHE_DIR", tempfile.mkdtemp(prefix="jobgen-test-cache-"))
 TEMPLATES = REPO / "templates"
 PROFILES = REPO / "cluster_profiles"
 EXAMPLES = REPO / "examples"
