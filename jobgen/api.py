@@ -32,6 +32,7 @@ from jobgen.plan import JobPlan, plan
 if TYPE_CHECKING:
     from jobgen.profiles import ClusterProfile
     from jobgen.spec import TrainingSpec
+    from jobgen.triage import Triage
 
 __all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "load",
            "logs", "plan_job", "render", "status", "submit", "templates_dir"]
@@ -109,6 +110,13 @@ def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> Non
     """Print ``job``'s output through ``echo`` (rank zero's by default)."""
     handle = resolve_job(job)
     get_backend(handle.scheduler).logs(handle, options or LogOptions(), echo)
+
+
+def first_error(job: str) -> Triage:
+    """Every rank's (or pod's) first failure in ``job``'s output, earliest first
+    (:mod:`jobgen.triage`); ``.first`` is the one that explains the failure."""
+    handle = resolve_job(job)
+    return get_backend(handle.scheduler).first_error(handle)
 
 
 def cancel(job: str, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:

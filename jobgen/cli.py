@@ -26,7 +26,9 @@ from jobgen.load import (
     load_profile_doc,
     load_spec,
 )
+from jobgen.jobdir import resolve_job
 from jobgen.plan import JobPlan
+from jobgen.triage import format_triage
 
 _DEBUG = {"on": bool(os.environ.get("JOBGEN_DEBUG"))}
 
@@ -302,16 +304,40 @@ def status(job: str, output: str, as_json: bool) -> None:
               help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
-def logs(job: str, follow: bool, rank: str | None, replica: str | None) -> None:
+@click.option("--first-error", is_flag=True,
+              help="Read every rank's (SLURM) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
+                   "node, traceback or NCCL error, then the others in order.")
+@_output_option
+def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
     """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
     Master pod's output (Kubernetes), by default.
+
+    With --first-error, triage a failed job: when one rank fails, the others fail after it, and
+    the earliest failure (Kubernetes: by the kubelet's timestamps; SLURM: by its place in srun's
+    output, which is the order of arrival) is the one that explains the job's end.
 
     \b
     Example:
       jobgen logs -f slurm://lab/42
       jobgen logs --rank 3 manifests/slurm-a100/quickstart
       jobgen logs -f --replica worker-0 k8s://prod/training/quickstart
+      jobgen logs --first-error slurm://lab/42
     """
+    if first_error:
+        if follow or rank is not None or replica is not None:
+            raise ConfigError("--first-error reads every rank's output; it does not combine with --follow, --rank or --replica",
+                              hint="drop those options, or drop --first-error")
+        found, handle = api.first_error(job), str(resolve_job(job))
+        if output == "json":
+            click.echo(json.dumps({"handle": handle, "ordered_by": found.ordered_by,
+                                   "first": None if found.first is None else found.first.to_json(),
+                                   "failures": [f.to_json() for f in found.failures], "srun_exits": list(found.exits)}, indent=2))
+        else:
+            for line in format_triage(found, handle):
+                click.echo(line)
+        return
+    if output == "json":
+        raise ConfigError("logs -o json applies to --first-error only", hint="add --first-error, or drop -o json")
     try:
         api.logs(job, LogOptions(follow=follow, rank=rank, replica=replica), click.echo)
     except KeyboardInterrupt:

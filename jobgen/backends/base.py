@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__, deepspeed
 from jobgen.errors import ConfigError, NotSupportedError, SubmitError
@@ -16,6 +16,9 @@ from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, Submission
 from jobgen.nccl import nccl_env
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.render import render_template
+
+if TYPE_CHECKING:
+    from jobgen.triage import Triage
 
 Echo = Callable[[str], None]
 
@@ -132,6 +135,15 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Stop the job and wait up to ``wait_s`` until every rank has stopped."""
+
+    def first_error(self, handle: JobHandle) -> Triage:
+        """Every rank's first failure in the job's output, earliest first (:mod:`jobgen.triage`).
+
+        Raises:
+            NotSupportedError: this backend keeps no output jobgen can read.
+        """
+        raise not_supported(self.name, "jobgen logs --first-error",
+                            "read the output where it was written (a local run prints to the terminal that started it)")
 
     def check_options(self, options: SubmitOptions | LogOptions) -> None:
         """Refuse options this backend does not take (set to a non-default value).

@@ -39,6 +39,7 @@ from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
 from jobgen.k8s_names import is_dns1123_label
 from jobgen.plan import JobPlan, PlanContext
+from jobgen.triage import LogLine, Triage, parse_rfc3339, triage
 
 # --------------------------------------------------------------------------- the job directory
 
@@ -555,6 +556,38 @@ def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, 
         time.sleep(poll_s)
 
 
+def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
+    """Each pod's first failure, earliest first, from every pod of the job (current and
+    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line).
+
+    Raises:
+        ConfigError: no such job.
+        SubmitError: the API server cannot be reached or refuses the request.
+    """
+    cluster, kind, namespace, name, job = _find(handle, kubeconfig)
+    if job is None:
+        raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
+    selector = f"jobset.sigs.k8s.io/jobset-name={name}" if kind is TRAINJOB else f"training.kubeflow.org/job-name={name}"
+    container = TRAINJOB_NODE if kind is TRAINJOB else "pytorch"
+    pods = cluster.request("GET", core_path(namespace, "pods"), query=[("labelSelector", selector)]).get("items") or []
+    lines: list[LogLine] = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        pod_name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not _container_started(pod, container):
+            continue
+        response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log",
+                                   query=[("container", container), ("timestamps", "true")], timeout=60.0, stream=True)  # type: ignore[arg-type]
+        try:
+            for position, line in enumerate(iter_lines(response.stream(64 * 1024))):
+                stamp, _, text = line.partition(" ")
+                when = parse_rfc3339(stamp)
+                lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
+        finally:
+            response.release_conn()
+    return triage(lines)
+
+
 def cancel(handle: JobHandle, *, wait_s: float = 120.0, kubeconfig: str | None = None,
            out: Callable[[str], None] = print) -> JobStatus:
     """Delete the job with foreground propagation (its pods are deleted first, then the job) and
@@ -620,6 +653,10 @@ class KubernetesBackend(Backend):
         """The pod of ``options.replica`` (default ``master-0``, where rank zero runs); see :func:`logs`."""
         self.check_options(options)
         logs(handle, replica=options.replica or "master-0", follow=options.follow, out=out)
+
+    def first_error(self, handle: JobHandle) -> Triage:
+        """See :func:`first_error`."""
+        return first_error(handle)
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """See :func:`cancel`."""

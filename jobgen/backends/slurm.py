@@ -29,6 +29,7 @@ from jobgen.environment import check_present, unexported
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, ResolvedSpec, Submission, find_submission, read_resolved_spec
 from jobgen.plan import JobPlan, PlanContext
+from jobgen.triage import LogLine, Triage, triage
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -265,6 +266,33 @@ def log_file(handle: JobHandle) -> Path:
     return Path(match.group(1))
 
 
+def first_error(handle: JobHandle) -> Triage:
+    """Each rank's first failure in the job's output file, earliest first.
+
+    The file is one stream: srun writes the ranks' lines in the order they arrive, each with its
+    ``--label`` task number (= global rank), so the order in the file is the order of failure;
+    ``srun: error: <node>: task N: ...`` lines name each failed task's node.
+
+    Raises:
+        ConfigError: no log file is known for the job, or it does not exist (yet).
+    """
+    path = log_file(handle)
+    if not path.is_file():
+        raise ConfigError(f"{handle}: its output file {path} does not exist (yet)",
+                          hint="check `jobgen status`: a PENDING job has written nothing")
+    lines = []
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        for position, raw in enumerate(fh):
+            text = raw.rstrip("\n")
+            match = _LABEL_RE.match(text)
+            if match is None:
+                lines.append(LogLine("batch script", None, None, position, None, text))
+            else:
+                rank = int(match.group(1))
+                lines.append(LogLine(f"rank {rank}", rank, None, position, None, match.group(2)))
+    return triage(lines)
+
+
 def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_s: float = 1.0,
          out: Callable[[str], None] = print) -> None:
     """Print the job's output (rank ``rank``'s lines, or all with ``None``); with ``follow``,
@@ -366,6 +394,10 @@ class SlurmBackend(Backend):
         if rank != "all" and not rank.isdigit():
             raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
         logs(handle, rank=None if rank == "all" else int(rank), follow=options.follow, out=out)
+
+    def first_error(self, handle: JobHandle) -> Triage:
+        """See :func:`first_error`."""
+        return first_error(handle)
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """See :func:`cancel`."""

@@ -55,7 +55,8 @@ class FakeCluster(k8s_api.Cluster):
         self.calls: list[tuple[str, str, tuple[tuple[str, str], ...]]] = []
         self.prune = prune
         self._version = version
-        self.logs: list[list[bytes]] = []
+        #: Log chunks: a list answers the log requests in turn; a dict answers by log path.
+        self.logs: list[list[bytes]] | dict[str, list[bytes]] = []
         self.uid = 0
         self.deletes: list[str | None] = []
 
@@ -81,7 +82,7 @@ class FakeCluster(k8s_api.Cluster):
         self.calls.append((method, path, query))
         self._check(method, path, query, body)
         if path.endswith("/log"):
-            return FakeStream(self.logs.pop(0))
+            return FakeStream(self.logs.pop(0) if isinstance(self.logs, list) else self.logs[path])
         if method == "POST":
             obj = copy.deepcopy(body)
             if self.prune and obj.get("kind") == "PyTorchJob":
@@ -98,6 +99,13 @@ class FakeCluster(k8s_api.Cluster):
         if method == "GET":
             if path in self.objects:
                 return copy.deepcopy(self.objects[path])
+            selector = dict(query).get("labelSelector")
+            if selector is not None:  # a list: the objects below ``path`` whose labels all match
+                wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+                items = [copy.deepcopy(obj) for key, obj in sorted(self.objects.items())
+                         if key.rsplit("/", 1)[0] == path
+                         and all((obj.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
+                return {"kind": "List", "items": items}
             raise k8s_api.ApiError("not found", status=404, reason="NotFound")
         if method == "PUT":
             obj = copy.deepcopy(body)
@@ -316,3 +324,32 @@ def test_replace_deletes_in_the_foreground_and_owner_update_is_not_stale(job_dir
     result = k8s.submit_dir(job_dir(), replace=True, out=lambda _: None)
     assert result.action == "replaced" and fake.deletes == ["Foreground"]
     assert fake.objects[CM]["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
+
+
+def _failed_pod(name: str, node: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "quickstart"}},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "pytorch", "state": {"terminated": {"exitCode": 1}}}]}}
+
+
+def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    pods = "/api/v1/namespaces/training/pods"
+    fake.objects[f"{pods}/quickstart-master-0"] = _failed_pod("quickstart-master-0", "gpu-a")
+    fake.objects[f"{pods}/quickstart-worker-0"] = _failed_pod("quickstart-worker-0", "gpu-b")
+    fake.objects[f"{pods}/other-master-0"] = {**_failed_pod("other-master-0", "gpu-c"),
+                                              "metadata": {"name": "other-master-0", "labels": {"training.kubeflow.org/job-name": "other"}}}
+    fake.logs = {
+        f"{pods}/quickstart-master-0/log": [b"2026-11-23T07:00:01.000000001Z step 10\n",
+                                             b"2026-11-23T07:00:09.1Z Traceback (most recent call last):\n"
+                                             b"2026-11-23T07:00:09.2Z RuntimeError: Connection closed by peer\n"],
+        f"{pods}/quickstart-worker-0/log": [b"2026-11-23T07:00:08.5Z Traceback (most recent call last):\n"
+                                             b"2026-11-23T07:00:08.5Z   File \"model.py\", line 3\n"
+                                             b"2026-11-23T07:00:08.6Z ZeroDivisionError: division by zero\n"],
+    }
+    result = k8s.first_error(handle)
+    assert result.ordered_by == "timestamp"
+    assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-worker-0", "gpu-b"), ("pod quickstart-master-0", "gpu-a")]
+    assert result.first.headline == "ZeroDivisionError: division by zero"
+    log_calls = [c for c in fake.calls if c[1].endswith("/log")]
+    assert len(log_calls) == 2 and all(("timestamps", "true") in c[2] and ("container", "pytorch") in c[2] for c in log_calls)

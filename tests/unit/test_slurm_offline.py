@@ -362,6 +362,46 @@ def test_logs_without_a_record_asks_scontrol_for_the_file(slurm, run_cli, tmp_pa
     assert slurm.argvs() == [["scontrol", "show", "job", "123"]]
 
 
+#: A 2-rank job in which rank 1 raised and rank 0 failed after it (srun --label, arrival order).
+FAILED_LOG = """\
+jobgen: job 123 on 2 node(s), restart 0, master node1:29500
+ 0: step 10/600 loss 5.10
+ 1: step 10/600 loss 5.11
+ 1: Traceback (most recent call last):
+ 1:   File "/home/u/model.py", line 40, in training_step
+ 1: ValueError: NaN labels in batch 17
+ 0: Traceback (most recent call last):
+ 0:   File "/torch/distributed/c10d.py", line 9, in all_reduce
+ 0: RuntimeError: Connection closed by peer
+srun: error: node2: task 1: Exited with exit code 1
+srun: error: node1: task 0: Exited with exit code 1
+"""
+
+
+def test_logs_first_error_names_the_rank_that_failed_first_and_its_node(slurm, run_cli, submitted, tmp_path):
+    submitted.write_text(FAILED_LOG)
+    result = run_cli("logs", "--first-error", str(job_dir(tmp_path)))
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "first failure: rank 1 on node2 (traceback; first in the job's output of 2 failed source(s))"
+    assert lines[1] == "  ValueError: NaN labels in batch 17"
+    assert "  | Traceback (most recent call last):" in lines
+    assert "  rank 0 on node1: RuntimeError: Connection closed by peer" in lines
+    doc = json.loads(run_cli("logs", "--first-error", "-o", "json", HANDLE).stdout)
+    assert doc["handle"] == HANDLE and doc["ordered_by"] == "position"
+    assert (doc["first"]["rank"], doc["first"]["node"], doc["first"]["kind"]) == (1, "node2", "traceback")
+    assert [f["rank"] for f in doc["failures"]] == [1, 0]
+    assert slurm.argvs() == []  # the submission record names the file
+
+
+def test_logs_first_error_refuses_options_that_pick_one_rank(slurm, run_cli, submitted):
+    for extra in (["--rank", "1"], ["-f"]):
+        result = run_cli("logs", "--first-error", *extra, HANDLE)
+        assert result.code == 2 and "does not combine with --follow, --rank or --replica" in result.stderr, result.stderr
+    result = run_cli("logs", "-o", "json", HANDLE)
+    assert result.code == 2 and "applies to --first-error only" in result.stderr
+
+
 # --------------------------------------------------------------------------- cancel
 
 

@@ -1,0 +1,238 @@
+"""First-failure triage of a distributed job's output (``jobgen logs --first-error``).
+
+When one rank of a multi-node job fails, every other rank fails soon after (a closed
+connection, a collective that times out, the launcher killing its peers), and the job's output
+holds N tracebacks. The one that explains the failure is the earliest. This module finds each
+rank's first failure in its output and orders them:
+
+- by timestamp when every failure has one (Kubernetes pod logs read with ``timestamps=true``:
+  the kubelet's RFC 3339 receive time of each line);
+- else by position in the merged stream (SLURM's one output file: srun writes the ranks' lines
+  in the order they arrive, ``srun --label`` naming each line's task).
+
+A failure is, per source (a rank, or a pod when ranks are not labelled):
+
+- a Python traceback (``Traceback (most recent call last):`` up to the exception line),
+- an NCCL error line (``NCCL WARN``, ``ncclSystemError`` and the other ``nccl*Error`` codes,
+  ``ProcessGroupNCCL``'s watchdog timeout), or
+- the entrypoint's own one-line error (``python -m jobgen.train: error: ...``).
+
+Pure: no I/O. The backends read the output and pass lines in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+TRACEBACK_START = "Traceback (most recent call last):"
+#: NCCL failures as NCCL and torch's ProcessGroupNCCL print them.
+NCCL_ERROR_RE = re.compile(
+    r"NCCL WARN|NCCL ERROR|\bnccl(?:System|Internal|InvalidUsage|Invalid|UnhandledCuda|Remote)Error\b"
+    r"|ProcessGroupNCCL.*(?:[Tt]imeout|[Ww]atchdog caught)|DistBackendError"
+)
+#: The bundled entrypoint's one-line error (jobgen.train.__main__: ``<prog>: error: ...``).
+ENTRYPOINT_ERROR_RE = re.compile(r"^python -m jobgen\.train: error: ")
+#: ``srun: error: <node>: task <N>: ...`` / ``tasks <N>-<M>: ...``: which node a task ran on.
+SRUN_TASK_RE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.*)$")
+#: Lines of context kept after an NCCL or entrypoint error line.
+CONTEXT_LINES = 3
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a job's output.
+
+    Attributes:
+        source: who wrote it: ``rank 3`` (a labelled SLURM task), ``pod worker-0``.
+        rank: the global rank when the source is one rank, else ``None``.
+        node: the node it ran on when known.
+        position: its index in the stream it came from (orders lines without timestamps).
+        timestamp: when it was written/received, if the output carries times.
+        text: the line without its label or timestamp.
+    """
+
+    source: str
+    rank: int | None
+    node: str | None
+    position: int
+    timestamp: datetime | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One source's first failure.
+
+    Attributes:
+        source, rank, node: as in :class:`LogLine` (``node`` completed from srun's task lines).
+        kind: ``traceback``, ``nccl`` or ``error`` (the entrypoint's one-line error).
+        headline: the line that says what failed (the exception line of a traceback).
+        lines: the traceback, or the error line with a little context.
+        position, timestamp: of the failure's first line.
+    """
+
+    source: str
+    rank: int | None
+    node: str | None
+    kind: str
+    headline: str
+    lines: tuple[str, ...]
+    position: int
+    timestamp: datetime | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready dict (timestamp as ISO 8601)."""
+        return {"source": self.source, "rank": self.rank, "node": self.node, "kind": self.kind,
+                "headline": self.headline, "timestamp": None if self.timestamp is None else self.timestamp.isoformat(),
+                "lines": list(self.lines)}
+
+
+@dataclass(frozen=True)
+class Triage:
+    """Every source's first failure, earliest first, and how they were ordered.
+
+    Attributes:
+        failures: one per failed source, ``failures[0]`` the first.
+        ordered_by: ``timestamp`` or ``position`` (see the module docstring).
+        exits: srun's per-task exit lines (``node: task N: Exited with exit code 1``).
+    """
+
+    failures: tuple[Failure, ...]
+    ordered_by: str
+    exits: tuple[str, ...] = field(default=())
+
+    @property
+    def first(self) -> Failure | None:
+        """The earliest failure, or ``None`` when the output shows none."""
+        return self.failures[0] if self.failures else None
+
+
+def _traceback_end(texts: list[str], start: int) -> int:
+    """Index of the exception line of the traceback starting at ``start`` (chained tracebacks
+    included: "During handling of the above exception ..." continues it)."""
+    i = start + 1
+    while i < len(texts):
+        text = texts[i]
+        if text.startswith((" ", "\t")) or not text.strip():
+            i += 1
+            continue
+        # the exception line; a chained traceback may follow it
+        j = i + 1
+        while j < len(texts) and not texts[j].strip():
+            j += 1
+        if j + 2 < len(texts) and texts[j].startswith(("During handling of the above exception", "The above exception was the direct cause")):
+            k = j + 1
+            while k < len(texts) and not texts[k].strip():
+                k += 1
+            if k < len(texts) and texts[k].startswith(TRACEBACK_START):
+                i = k + 1
+                continue
+        return i
+    return len(texts) - 1
+
+
+def _first_failure(lines: list[LogLine]) -> Failure | None:
+    texts = [line.text for line in lines]
+    for i, text in enumerate(texts):
+        kind = None
+        if text.startswith(TRACEBACK_START):
+            end = _traceback_end(texts, i)
+            body = tuple(texts[i:end + 1])
+            headline = texts[end] if end > i else text
+            kind = "traceback"
+        elif ENTRYPOINT_ERROR_RE.search(text):
+            kind, headline, body = "error", text, tuple(texts[i:i + 1 + CONTEXT_LINES])
+        elif NCCL_ERROR_RE.search(text):
+            kind, headline, body = "nccl", text, tuple(texts[i:i + 1 + CONTEXT_LINES])
+        if kind is not None:
+            first = lines[i]
+            return Failure(first.source, first.rank, first.node, kind, headline.strip(), body, first.position, first.timestamp)
+    return None
+
+
+def _task_nodes(lines: Iterable[LogLine]) -> tuple[dict[int, str], tuple[str, ...]]:
+    """Task -> node from srun's ``srun: error: <node>: task N: ...`` lines, and those lines."""
+    nodes: dict[int, str] = {}
+    exits: list[str] = []
+    for line in lines:
+        match = SRUN_TASK_RE.match(line.text)
+        if match is None:
+            continue
+        exits.append(line.text.removeprefix("srun: error: "))
+        for part in match.group("tasks").split(","):
+            low, _, high = part.partition("-")
+            for task in range(int(low), int(high or low) + 1):
+                nodes.setdefault(task, match.group("node"))
+    return nodes, tuple(exits)
+
+
+def triage(lines: Iterable[LogLine]) -> Triage:
+    """Each source's first failure in ``lines``, earliest first (see the module docstring).
+
+    Args:
+        lines: the job's output, any number of sources interleaved or one after another;
+            ``position`` orders lines within a stream.
+
+    Returns:
+        the failures; ``Triage.first`` is ``None`` when no line looks like a failure.
+    """
+    every = list(lines)
+    nodes, exits = _task_nodes(every)
+    by_source: dict[str, list[LogLine]] = {}
+    for line in every:
+        if line.rank is not None or line.source.startswith("pod "):
+            by_source.setdefault(line.source, []).append(line)
+    failures = []
+    for source_lines in by_source.values():
+        source_lines.sort(key=lambda line: line.position)
+        found = _first_failure(source_lines)
+        if found is not None and found.node is None and found.rank is not None and found.rank in nodes:
+            found = Failure(found.source, found.rank, nodes[found.rank], found.kind, found.headline, found.lines,
+                            found.position, found.timestamp)
+        if found is not None:
+            failures.append(found)
+    timed = bool(failures) and all(f.timestamp is not None for f in failures)
+    if timed:
+        failures.sort(key=lambda f: (f.timestamp, f.position, f.source))
+    else:
+        failures.sort(key=lambda f: (f.position, f.source))
+    return Triage(tuple(failures), "timestamp" if timed else "position", exits)
+
+
+def parse_rfc3339(text: str) -> datetime | None:
+    """A Kubernetes log timestamp (``2026-11-23T07:01:02.123456789Z``) as an aware datetime
+    (nanoseconds cut to microseconds), or ``None`` when ``text`` is not one."""
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", text)
+    if match is None:
+        return None
+    fraction = (match.group(2) or "0")[:6].ljust(6, "0")
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    try:
+        return datetime.fromisoformat(f"{match.group(1)}.{fraction}{zone}")
+    except ValueError:
+        return None
+
+
+def format_triage(result: Triage, handle: str) -> list[str]:
+    """Human-readable lines: the first failure with its traceback, then the others in one line each."""
+    first = result.first
+    if first is None:
+        lines = [f"{handle}: no rank's output shows a traceback, an NCCL error or an entrypoint error"]
+        return lines + [f"  srun: {e}" for e in result.exits]
+    where = first.source + (f" on {first.node}" if first.node else "")
+    when = f" at {first.timestamp.isoformat()}" if first.timestamp else ""
+    order = "earliest timestamp" if result.ordered_by == "timestamp" else "first in the job's output"
+    lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s))",
+             f"  {first.headline}", ""]
+    lines += [f"  | {text}" for text in first.lines]
+    if len(result.failures) > 1:
+        lines += ["", "then:"]
+        for other in result.failures[1:]:
+            node = f" on {other.node}" if other.node else ""
+            lines.append(f"  {other.source}{node}: {other.headline}")
+    if result.exits:
+        lines += ["", "srun:"] + [f"  {e}" for e in result.exits]
+    return lines

@@ -1,0 +1,135 @@
+"""jobgen.triage: each rank's first failure, the earliest first (`jobgen logs --first-error`)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from jobgen.triage import LogLine, format_triage, parse_rfc3339, triage
+
+#: A 2-node job in which rank 1 raised; rank 0 then failed in the next collective, and srun
+#: reported both tasks (the merged srun --label stream, in the order srun wrote it).
+SRUN_LOG = """\
+jobgen: job 77 on 2 node(s), restart 0, master node1:29500
+0: step 10/100 loss 5.10
+1: step 10/100 loss 5.11
+1: Traceback (most recent call last):
+1:   File "/work/user/model.py", line 40, in training_step
+1:     loss = self.loss(batch)
+1:            ^^^^^^^^^^^^^^^^
+1: ValueError: batch 17 has NaN labels
+0: Traceback (most recent call last):
+0:   File "/usr/lib/python3/site-packages/torch/distributed/c10d.py", line 9, in all_reduce
+0:     work.wait()
+0: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.213.7.12]:41522
+srun: error: node2: task 1: Exited with exit code 1
+srun: error: node1: task 0: Exited with exit code 1
+"""
+
+
+def srun_lines(text: str) -> list[LogLine]:
+    lines = []
+    for position, line in enumerate(text.splitlines()):
+        label, sep, rest = line.partition(": ")
+        if sep and label.strip().isdigit():
+            lines.append(LogLine(f"rank {int(label)}", int(label), None, position, None, rest))
+        else:
+            lines.append(LogLine("batch script", None, None, position, None, line))
+    return lines
+
+
+def test_the_rank_that_raised_first_is_first_with_its_node_and_traceback():
+    result = triage(srun_lines(SRUN_LOG))
+    first = result.first
+    assert first is not None
+    assert (first.rank, first.node, first.kind) == (1, "node2", "traceback")
+    assert first.headline == "ValueError: batch 17 has NaN labels"
+    assert first.lines[0] == "Traceback (most recent call last):" and first.lines[-1] == first.headline
+    assert [f.rank for f in result.failures] == [1, 0]
+    assert result.failures[1].node == "node1" and "Connection closed by peer" in result.failures[1].headline
+    assert result.ordered_by == "position"
+    assert result.exits == ("node2: task 1: Exited with exit code 1", "node1: task 0: Exited with exit code 1")
+
+
+def test_order_in_the_stream_decides_not_the_rank_number():
+    swapped = SRUN_LOG.replace("ValueError: batch 17", "ValueError: batch 18")
+    lines = srun_lines(swapped)
+    # move rank 0's traceback before rank 1's: now rank 0 failed first
+    rank0 = [line for line in lines if line.rank == 0 and line.position >= 8]
+    others = [line for line in lines if line not in rank0]
+    reordered = [LogLine(x.source, x.rank, x.node, i, x.timestamp, x.text) for i, x in enumerate(others[:3] + rank0 + others[3:])]
+    assert triage(reordered).first.rank == 0
+
+
+def test_a_chained_traceback_ends_at_its_last_exception_line():
+    text = """\
+0: Traceback (most recent call last):
+0:   File "a.py", line 1, in f
+0: KeyError: 'x'
+0:
+0: During handling of the above exception, another exception occurred:
+0:
+0: Traceback (most recent call last):
+0:   File "a.py", line 3, in g
+0: RuntimeError: lookup failed
+0: step 11 after the error
+"""
+    first = triage(srun_lines(text)).first
+    assert first.headline == "RuntimeError: lookup failed"
+    assert first.lines[-1] == "RuntimeError: lookup failed" and "KeyError: 'x'" in first.lines
+
+
+def test_nccl_errors_and_the_entrypoints_one_line_error_are_failures():
+    text = """\
+0: node1:123:456 [0] NCCL INFO Channel 00/02
+1: node2:789:790 [1] NCCL WARN NET/IB : Got completion with error 12, opcode 0
+1: more context
+0: python -m jobgen.train: error: spec.data.paths: no files match 'missing/*.txt'; hint: check the paths
+"""
+    result = triage(srun_lines(text))
+    assert [(f.rank, f.kind) for f in result.failures] == [(1, "nccl"), (0, "error")]
+    assert "NCCL WARN" in result.first.headline and result.first.lines[1] == "more context"
+    assert "NCCL INFO" not in " ".join(f.headline for f in result.failures)
+
+
+def test_timestamps_order_pods_when_every_failure_has_one():
+    def pod(name, position, stamp, text, node="n1"):
+        return LogLine(f"pod {name}", None, node, position, parse_rfc3339(stamp), text)
+
+    lines = [
+        pod("job-master-0", 0, "2026-11-23T07:00:05.000000002Z", "Traceback (most recent call last):"),
+        pod("job-master-0", 1, "2026-11-23T07:00:05.000000003Z", "RuntimeError: peer closed"),
+        pod("job-worker-0", 0, "2026-11-23T07:00:04.5Z", "Traceback (most recent call last):", node="n2"),
+        pod("job-worker-0", 1, "2026-11-23T07:00:04.6Z", "ZeroDivisionError: division by zero", node="n2"),
+    ]
+    result = triage(lines)
+    assert result.ordered_by == "timestamp"
+    assert result.first.source == "pod job-worker-0" and result.first.node == "n2"
+    assert result.first.timestamp == datetime(2026, 11, 23, 7, 0, 4, 500000, tzinfo=timezone.utc)
+    # one failure without a time: positions decide, and the report says so
+    untimed = [lines[0], lines[1], LogLine("pod job-worker-0", None, "n2", 5, None, "Traceback (most recent call last):"),
+               LogLine("pod job-worker-0", None, "n2", 6, None, "ZeroDivisionError: division by zero")]
+    assert triage(untimed).ordered_by == "position" and triage(untimed).first.source == "pod job-master-0"
+
+
+def test_rfc3339_parsing():
+    assert parse_rfc3339("2026-11-23T07:01:02.123456789Z") == datetime(2026, 11, 23, 7, 1, 2, 123456, tzinfo=timezone.utc)
+    assert parse_rfc3339("2026-11-23T07:01:02+02:00").utcoffset().total_seconds() == 7200
+    assert parse_rfc3339("step") is None and parse_rfc3339("2026-13-40T99:00:00Z") is None
+
+
+def test_output_without_a_failure_says_so():
+    result = triage(srun_lines("0: step 1\n1: step 1\n"))
+    assert result.first is None and result.failures == ()
+    assert "no rank's output shows" in format_triage(result, "slurm://c/1")[0]
+
+
+def test_the_report_leads_with_the_first_failure():
+    text = "\n".join(format_triage(triage(srun_lines(SRUN_LOG)), "slurm://c/77"))
+    assert text.startswith("first failure: rank 1 on node2 (traceback; first in the job's output of 2 failed source(s))")
+    assert "  | ValueError: batch 17 has NaN labels" in text
+    assert "rank 0 on node1: RuntimeError" in text.split("then:")[1]
+
+
+def test_local_jobs_say_first_error_is_not_theirs(run_cli, tmp_path):
+    result = run_cli("logs", "--first-error", f"local://{tmp_path}")
+    assert result.code == 2 and "not supported for local jobs" in result.stderr and "hint:" in result.stderr
