@@ -291,10 +291,12 @@ def status(job: str, output: str, as_json: bool) -> None:
     """
     st = api.status(job)
     if output == "json" or as_json:
-        click.echo(json.dumps({"handle": str(st.handle), "state": st.state, "source": st.source, "details": st.details}, sort_keys=True))
+        click.echo(json.dumps(st.to_json(), sort_keys=True))
         return
     details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
+    if st.usage is not None:
+        click.echo(f"  usage: {st.usage.describe()}")
 
 
 @cli.command()

@@ -29,9 +29,18 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from jobgen.errors import ConfigError, json_path
 from jobgen.rules import World
@@ -171,6 +180,8 @@ class LaunchSpec(BaseModel):
         default=None, description="SLURM: the signal (name without ``SIG``) that asks the job to checkpoint and requeue.")
     gpu_type: str | None = Field(default=None, description="GPU model (decides bf16/fp8 support on the node).")
     cluster: str | None = Field(default=None, description="SLURM cluster name from the profile (used in job handles).")
+    gpu_hour_price: float | None = Field(default=None, ge=0, description=(
+        "The profile's price of one GPU-hour (cost = GPU-hours x price); left out of the file when unset."))
 
     @field_validator("requeue_signal")
     @classmethod
@@ -178,6 +189,12 @@ class LaunchSpec(BaseModel):
         if value is not None and not isinstance(getattr(signal, "SIG" + value, None), signal.Signals):
             raise ValueError(f"unknown signal {value!r}; give a name without 'SIG', e.g. 'USR1' or 'USR2'")
         return value
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # left out while unset: profiles without a price keep the spec.json (and hashes) they had
+        data = handler(self)
+        return data if self.gpu_hour_price is not None else {k: v for k, v in data.items() if k != "gpu_hour_price"}
 
     @model_validator(mode="after")
     def _world_size_is_product(self) -> LaunchSpec:

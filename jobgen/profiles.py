@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from jobgen.k8s_names import is_dns1123_label, is_dns1123_subdomain
-from jobgen.spec import ENV_KEY_RE, check_env, check_shell_safe
+from jobgen.spec import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
 
 Scheduler = Literal["slurm", "kubernetes", "local"]
 Fabric = Literal["infiniband", "roce", "efa", "tcp"]
@@ -366,6 +366,10 @@ class LocalSettings(_Model):
     python: str | None = Field(default=None, description="Interpreter for the ranks; ``null``: the one running jobgen.")
 
 
+#: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.
+_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None}
+
+
 class ClusterProfile(_Model):
     """A cluster: scheduler, node shape (GPUs, CPUs, memory), network fabric, site settings."""
 
@@ -378,6 +382,10 @@ class ClusterProfile(_Model):
     cpu_processes_per_node: int = Field(default=1, ge=1, description="Ranks per node on CPU-only clusters (``gpus_per_node: 0``), gloo backend.")
     gpu_type: GpuType | None = Field(default=None, description="GPU model; decides which precisions are allowed (bf16 needs Ampere+).")
     gpu_mem_gib: float | None = Field(default=None, gt=0, description="Memory per GPU in GiB.")
+    gpu_hour_price: float | None = Field(default=None, ge=0, description=(
+        "Price of one GPU-hour on this cluster (any currency; jobgen only multiplies): ``status``, ``ls`` and\n"
+        "summary.json then show cost = GPU-hours x price. ``null``: no cost shown. GPU profiles only."
+    ))
     cpus_per_node: int = Field(default=2, ge=1, description="CPU cores per node available to the job.")
     mem_gib_per_node: float = Field(default=8.0, gt=0, description="Host memory per node available to the job, in GiB.")
     network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.nccl).")
@@ -395,6 +403,12 @@ class ClusterProfile(_Model):
     def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env(value)
 
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Fields added after profiles were in use are left out while at their defaults, so the
+        # inputs hash (and every rendered file) of a profile without them stays as it was.
+        return _omit_defaults(handler(self), _PROFILE_OPTIONAL_FIELDS)
+
     @model_validator(mode="after")
     def _consistent(self) -> ClusterProfile:
         if self.default_nodes > self.max_nodes:
@@ -405,6 +419,8 @@ class ClusterProfile(_Model):
             raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
         if self.scheduler == "local" and self.max_nodes != 1:
             raise ValueError("scheduler 'local' runs on this machine: max_nodes must be 1")
+        if self.gpu_hour_price is not None and self.gpus_per_node == 0:
+            raise ValueError("gpu_hour_price prices GPU-hours, and this profile has no GPUs (gpus_per_node: 0); remove it")
         return self
 
     @property

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__, deepspeed
-from jobgen.errors import ConfigError, NotSupportedError, SubmitError
-from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, Submission
+from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
+from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
 from jobgen.nccl import nccl_env
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.render import render_template
+from jobgen.usage import Usage
 
 if TYPE_CHECKING:
     from jobgen.triage import Triage
@@ -161,6 +162,19 @@ class Backend(ABC):
                 raise ConfigError(f"{flag} does not apply to {self.name} jobs", hint=f"{hint} ({self.name} takes: {takes})")
 
 
+def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
+    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of the job directory
+    ``handle`` was submitted from, per its submission record; ``None`` when there is no record
+    or the directory is gone or unreadable."""
+    record = find_submission(handle)
+    if record is None:
+        return None
+    try:
+        return read_resolved_spec(Path(record.job_dir)).launch
+    except JobgenError:
+        return None
+
+
 def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:
     """The error for an operation a backend does not offer."""
     return NotSupportedError(f"{what} is not supported for {backend} jobs", hint=hint)
@@ -179,12 +193,20 @@ class JobStatus:
         source: where the state came from: ``squeue``, ``sacct`` (accounting), ``jobcomp``
             (the job-completion log), ``kube-apiserver``, or ``none``.
         details: further facts (nodes, reason, exit code, restarts, elapsed), all strings.
+        usage: the GPU-hours (CPU-hours on CPU clusters) the job used so far, from the same
+            source as the state (:mod:`jobgen.usage`); ``None`` when that source does not say.
     """
 
     handle: JobHandle
     state: str
     source: str
     details: dict[str, str] = field(default_factory=dict)
+    usage: Usage | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict with stable keys (``jobgen status -o json``, ``jobgen ls -o json``)."""
+        return {"handle": str(self.handle), "state": self.state, "source": self.source, "details": self.details,
+                "usage": None if self.usage is None else self.usage.to_json()}
 
     @property
     def finished(self) -> bool:

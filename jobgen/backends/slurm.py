@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,25 @@ from jobgen.backends.base import (
     LogOptions,
     SubmitOptions,
     SubmitResult,
+    recorded_launch,
     run_command,
 )
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
 from jobgen.environment import check_present, unexported
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, ResolvedSpec, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir import (
+    SBATCH_FILE,
+    SPEC_FILE,
+    SUBMISSION_FILE,
+    JobHandle,
+    ResolvedSpec,
+    Submission,
+    find_submission,
+    read_resolved_spec,
+)
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.triage import LogLine, Triage, triage
+from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -171,12 +183,13 @@ def _flag(value: Any) -> str:
 
 
 #: sacct columns jobgen reads; JobName last, so a name containing "|" survives the split.
-_SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Elapsed,JobName"
+_SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Elapsed,ElapsedRaw,Start,End,AllocTRES,NCPUS,JobName"
+_SACCT_COLUMNS = _SACCT_FORMAT.count(",") + 1
 
 
-def _sacct(jid: str) -> tuple[str, str, dict[str, str]] | None:
-    """``(state, source, details)`` from accounting (``sacct``, needs slurmdbd), else from the
-    job-completion log (``sacct -c``, JobCompType=jobcomp/filetxt), else None.
+def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage | None] | None:
+    """``(state, source, details, usage)`` from accounting (``sacct``, needs slurmdbd), else
+    from the job-completion log (``sacct -c``, JobCompType=jobcomp/filetxt), else None.
 
     Parsable text, not ``--json``: on SLURM 22.05 ``sacct --json`` reports exit code 0 for
     jobs that exited non-zero, while ``ExitCode`` in the text output is right.
@@ -188,12 +201,56 @@ def _sacct(jid: str) -> tuple[str, str, dict[str, str]] | None:
         except SubmitError:
             continue  # no slurmdbd: "accounting storage is disabled"; try the completion log
         rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
-        row = rows[-1] + [""] * 6 if rows else []
+        row = rows[-1] + [""] * _SACCT_COLUMNS if rows else []
         # jobcomp/filetxt records are space-separated key=value pairs: a job name with spaces
         # garbles sacct -c's parse; an unreadable state means "this source does not know".
         if row and re.fullmatch(r"[A-Z_]+", (row[1].split() or [""])[0]):
-            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(rows[-1][5:])}
-            return row[1].split()[0], source, details
+            name = "|".join(rows[-1][_SACCT_COLUMNS - 1:])
+            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": name}
+            return row[1].split()[0], source, details, _sacct_usage(row, source, handle)
+    return None
+
+
+def _sacct_usage(row: list[str], source: str, handle: JobHandle) -> Usage | None:
+    """Usage from one sacct row (:data:`_SACCT_FORMAT`): AllocTRES' GPUs, else its CPUs, else
+    NCPUS, x ElapsedRaw. The job-completion log keeps no GRES: when it shows none and the job
+    directory asked for GPUs, those are counted, and the source says so."""
+    elapsed = row[5]
+    if not elapsed.isdigit():
+        return None
+    tres = parse_tres(row[8])
+    start, end = from_iso(row[6], local=True), from_iso(row[7], local=True)
+    launch = recorded_launch(handle)
+    price = launch.gpu_hour_price if launch is not None else None
+    if "gpu" in tres:
+        return Usage("gpu", tres["gpu"], float(elapsed), f"{source} AllocTRES x ElapsedRaw", start, end, price)
+    if launch is not None and launch.accelerator == "gpu":
+        gpus = launch.num_nodes * launch.devices_per_node
+        return Usage("gpu", gpus, float(elapsed), f"{source} ElapsedRaw x the {gpus} GPUs the job directory requested "
+                     "(the job-completion log keeps no GRES)" if source == "jobcomp" else f"{source} ElapsedRaw x requested GPUs",
+                     start, end, price)
+    cpus = tres.get("cpu") or (int(row[9]) if row[9].isdigit() else None)
+    if cpus is None:
+        return None
+    return Usage("cpu", cpus, float(elapsed), f"{source} {'AllocTRES' if 'cpu' in tres else 'NCPUS'} x ElapsedRaw", start, end)
+
+
+def _squeue_usage(job: dict[str, Any], state: str, handle: JobHandle) -> Usage | None:
+    """Usage from a ``squeue --json`` job: ``tres_alloc_str`` (set once resources are
+    allocated) x (end or now - start)."""
+    tres = parse_tres(str(job.get("tres_alloc_str") or ""))
+    start = from_epoch(job.get("start_time"))
+    if not tres or start is None:
+        return None
+    # end_time of a job that still runs is its time limit, not an end
+    end = from_epoch(job.get("end_time")) if state in FINISHED_STATES else None
+    elapsed = span_seconds(start, end, datetime.now(timezone.utc))
+    launch = recorded_launch(handle)
+    price = launch.gpu_hour_price if launch is not None else None
+    if "gpu" in tres:
+        return Usage("gpu", tres["gpu"], elapsed, "squeue tres_alloc_str", start, end, price)
+    if "cpu" in tres:
+        return Usage("cpu", tres["cpu"], elapsed, "squeue tres_alloc_str", start, end)
     return None
 
 
@@ -219,8 +276,8 @@ def status(handle: JobHandle) -> JobStatus:
         state = _flag(job.get("job_state"))
         if state in FINISHED_STATES and isinstance(raw_exit, int):
             details["exit_code"] = f"{raw_exit >> 8}:{raw_exit & 0x7F}"  # a wait(2) status on 22.05
-        return JobStatus(handle, state, "squeue", details)
-    found = _sacct(jid)
+        return JobStatus(handle, state, "squeue", details, _squeue_usage(job, state, handle))
+    found = _sacct(jid, handle)
     if found is not None:
         return JobStatus(handle, *found)
     return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})

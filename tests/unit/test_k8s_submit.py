@@ -353,3 +353,25 @@ def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir,
     assert result.first.headline == "ZeroDivisionError: division by zero"
     log_calls = [c for c in fake.calls if c[1].endswith("/log")]
     assert len(log_calls) == 2 and all(("timestamps", "true") in c[2] and ("container", "pytorch") in c[2] for c in log_calls)
+
+
+def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    pods = "/api/v1/namespaces/training/pods"
+    for name, started, finished in (("quickstart-master-0", "2026-11-23T06:00:00Z", "2026-11-23T07:30:00Z"),
+                                    ("quickstart-worker-0", "2026-11-23T06:00:30Z", "2026-11-23T07:00:30Z")):
+        fake.objects[f"{pods}/{name}"] = {
+            "metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "quickstart"}},
+            "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "90"}}}]},
+            "status": {"containerStatuses": [{"name": "pytorch", "state": {"terminated": {"startedAt": started, "finishedAt": finished}}}]},
+        }
+    usage = k8s.status(handle).usage
+    assert (usage.device_kind, usage.devices) == ("gpu", 16)
+    assert usage.device_hours == 8 * 1.5 + 8 * 1.0  # each pod's own run time x its GPUs
+    assert usage.elapsed_s == 90 * 60 and usage.end is not None
+    assert usage.to_json()["gpu_hours"] == 20.0
+
+
+def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    assert k8s.status(handle).usage is None

@@ -37,7 +37,7 @@ JOB_NAME = load_spec(SPEC).name
 CLUSTER = load_profile(PROFILE, PROFILES).slurm_settings.cluster
 HANDLE = f"slurm://{CLUSTER}/123"
 SQUEUE_123 = ["squeue", "--json", "--states=all", "--jobs", "123"]
-SACCT_FORMAT = "--format=JobID,State,ExitCode,NodeList,Elapsed,JobName"
+SACCT_FORMAT = "--format=JobID,State,ExitCode,NodeList,Elapsed,ElapsedRaw,Start,End,AllocTRES,NCPUS,JobName"
 SACCT_123 = ["sacct", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
 JOBCOMP_123 = ["sacct", "-c", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
 
@@ -182,7 +182,7 @@ def test_resubmitting_after_the_job_ended_needs_no_force(slurm, submit, tmp_path
     slurm.respond("sbatch", reply("123\n"), reply("124\n"))
     assert submit().code == 0
     slurm.respond("squeue", SQUEUE_INVALID_JOB)  # past MinJobAge: only accounting remembers it
-    slurm.respond("sacct", sacct_rows(("123", "COMPLETED", "0:0", "node[1-2]", "00:10:01", JOB_NAME)))
+    slurm.respond("sacct", sacct_rows(row("123", "COMPLETED", "0:0", "node[1-2]", "00:10:01", JOB_NAME)))
     again = submit()
     assert again.code == 0, again.stderr
     assert f"submitted slurm://{CLUSTER}/124\n" in again.stdout
@@ -190,6 +190,12 @@ def test_resubmitting_after_the_job_ended_needs_no_force(slurm, submit, tmp_path
 
 
 # --------------------------------------------------------------------------- status
+
+
+def row(jid: str, state: str, exit_code: str, nodes: str, elapsed: str, name: str, *, raw: str = "", start: str = "",
+        end: str = "", tres: str = "", ncpus: str = "") -> tuple[str, ...]:
+    """One sacct row in SACCT_FORMAT's column order (JobName last)."""
+    return (jid, state, exit_code, nodes, elapsed, raw, start, end, tres, ncpus, name)
 
 
 def status_json(run_cli, job: str = HANDLE) -> dict:
@@ -201,9 +207,9 @@ def status_json(run_cli, job: str = HANDLE) -> dict:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize(("state", "reason"), [("PENDING", "Resources"), ("RUNNING", "None")])
 def test_status_from_squeue_in_both_json_shapes(slurm, run_cli, shape, state, reason):
-    slurm.respond("squeue", json_reply(squeue_doc(shape, state, reason=reason, restarts=1)))
+    slurm.respond("squeue", json_reply(squeue_doc(shape, state, reason=reason, restarts=1)))  # nothing allocated yet: no usage
     details = {"name": JOB_NAME, "nodes": "node[1-2]", "reason": reason, "restarts": "1"}
-    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details, "usage": None}
     plain = run_cli("status", HANDLE)
     assert plain.code == 0
     shown = f"name {JOB_NAME}, nodes node[1-2], " + ("" if reason == "None" else f"reason {reason}, ") + "restarts 1"  # "None": no reason
@@ -231,6 +237,54 @@ def test_status_of_a_finished_job_still_in_squeue_24_05(slurm, run_cli):
     assert (got["state"], got["source"], got["details"]["reason"]) == ("FAILED", "squeue", "NonZeroExitCode")
 
 
+def _gpu_job_dir(tmp_path: Path, price: float | None) -> Path:
+    """A job directory rendered for a 2-node x 4-GPU SLURM profile (with ``price`` per
+    GPU-hour), recorded as submitted under HANDLE."""
+    from jobgen import api
+    from jobgen.jobdir import Submission
+
+    profiles = tmp_path / "gpu-profiles"
+    profiles.mkdir()
+    price_line = "" if price is None else f"gpu_hour_price: {price}\n"
+    (profiles / "gpus.yaml").write_text(f"extends: slurm-a100\ngpus_per_node: 4\n{price_line}slurm: {{cluster: {CLUSTER}}}\n")
+    job_plan = api.plan_job(SPEC, "gpus", overrides=["resources.nodes=2"], profiles_dir=profiles)
+    directory = api.render(job_plan, tmp_path / "gpu-manifests")[0].parent
+    Submission(handle=HANDLE, job_dir=str(directory), run_dir=str(tmp_path / "runs" / JOB_NAME)).save()
+    return directory
+
+
+def test_gpu_hours_and_cost_of_a_finished_job_from_squeue(slurm, run_cli, tmp_path):
+    _gpu_job_dir(tmp_path, price=2.5)
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["COMPLETED"], tres_alloc="cpu=64,mem=512G,node=2,billing=64,gres/gpu=8,gres/gpu:a100=8",
+                                                    start=1700000000, end=1700005400)))
+    usage = status_json(run_cli)["usage"]
+    assert (usage["device_kind"], usage["devices"], usage["elapsed_s"]) == ("gpu", 8, 5400.0)
+    assert usage["gpu_hours"] == 12.0 and usage["cost"] == 30.0  # 8 GPUs x 1.5 h x 2.5
+    assert usage["start"] == "2023-11-14T22:13:20+00:00" and usage["end"] == "2023-11-14T23:43:20+00:00"
+    plain = run_cli("status", HANDLE).stdout.splitlines()
+    assert plain[1] == "  usage: 8 GPUs x 1.50 h = 12.000 GPU-hours, cost 30.00 (squeue tres_alloc_str)"
+
+
+def test_a_running_job_counts_to_now_not_to_its_time_limit(slurm, run_cli):
+    import time
+
+    started = int(time.time()) - 600
+    slurm.respond("squeue", json_reply(squeue_22_05(123, "RUNNING", tres_alloc="cpu=2,node=2,billing=2", start=started, end=started + 1800)))
+    usage = status_json(run_cli)["usage"]
+    assert usage["end"] is None and 600 <= usage["elapsed_s"] < 900, usage
+    assert usage["cost"] is None  # CPU-hours carry no price
+
+
+def test_gpu_jobs_in_the_job_completion_log_count_the_gpus_their_job_directory_asked_for(slurm, run_cli, tmp_path):
+    _gpu_job_dir(tmp_path, price=None)
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("sacct -c", sacct_rows(row("123", "COMPLETED", "0:0", "node[1-2]", "01:00:00", JOB_NAME, raw="3600", ncpus="64")))
+    usage = status_json(run_cli)["usage"]
+    assert (usage["device_kind"], usage["devices"], usage["gpu_hours"]) == ("gpu", 8, 8.0)
+    assert "the 8 GPUs the job directory requested" in usage["source"]
+
+
 #: How a controller says it does not know the job: squeue's error exit, or an empty list.
 GONE = [SQUEUE_INVALID_JOB, json_reply(squeue_empty())]
 
@@ -239,12 +293,18 @@ GONE = [SQUEUE_INVALID_JOB, json_reply(squeue_empty())]
 def test_status_after_squeue_forgot_the_job_comes_from_accounting(slurm, run_cli, gone):
     slurm.respond("squeue", gone)
     slurm.respond("sacct", sacct_rows(
-        ("123", "CANCELLED by 1000", "0:15", "node[1-2]", "00:00:42", JOB_NAME),
-        ("123.batch", "CANCELLED", "0:15", "node1", "00:00:43", "batch"),
-        ("123.0", "CANCELLED", "0:15", "node[1-2]", "00:00:41", "python"),
+        row("123", "CANCELLED by 1000", "0:15", "node[1-2]", "00:00:42", JOB_NAME, raw="42", start="2026-11-23T06:00:00",
+            end="2026-11-23T06:00:42", tres="billing=4,cpu=4,mem=16000M,node=2", ncpus="4"),
+        row("123.batch", "CANCELLED", "0:15", "node1", "00:00:43", "batch", raw="43", tres="cpu=2,mem=8000M,node=1", ncpus="2"),
+        row("123.0", "CANCELLED", "0:15", "node[1-2]", "00:00:41", "python", raw="41", tres="cpu=4,mem=16000M,node=2", ncpus="4"),
     ))
     details = {"exit_code": "0:15", "nodes": "node[1-2]", "elapsed": "00:00:42", "name": JOB_NAME}
-    assert status_json(run_cli) == {"handle": HANDLE, "state": "CANCELLED", "source": "sacct", "details": details}
+    got = status_json(run_cli)
+    assert {k: got[k] for k in ("handle", "state", "source", "details")} == {
+        "handle": HANDLE, "state": "CANCELLED", "source": "sacct", "details": details}
+    usage = got["usage"]
+    assert (usage["device_kind"], usage["devices"], usage["elapsed_s"], usage["source"]) == ("cpu", 4, 42.0, "sacct AllocTRES x ElapsedRaw")
+    assert usage["cpu_hours"] == round(4 * 42 / 3600, 6) and usage["cost"] is None
     assert slurm.argvs() == [SQUEUE_123, SACCT_123]
 
 
@@ -252,14 +312,19 @@ def test_status_after_squeue_forgot_the_job_comes_from_accounting(slurm, run_cli
 def test_status_falls_back_to_the_job_completion_log(slurm, run_cli, accounting):
     slurm.respond("squeue", SQUEUE_INVALID_JOB)
     slurm.respond("sacct", accounting)
-    slurm.respond("sacct -c", sacct_rows(("123", "TIMEOUT", "0:0", "node[1-2]", "00:30:02", JOB_NAME)))
+    # what the lab's 22.05 job-completion log answers: no TRES, NCPUS and ElapsedRaw only
+    slurm.respond("sacct -c", sacct_rows(row("123", "TIMEOUT", "0:0", "node[1-2]", "00:30:02", JOB_NAME, raw="1802",
+                                             start="2026-11-23T06:00:00", end="2026-11-23T06:30:02", ncpus="2")))
     details = {"exit_code": "0:0", "nodes": "node[1-2]", "elapsed": "00:30:02", "name": JOB_NAME}
-    assert status_json(run_cli) == {"handle": HANDLE, "state": "TIMEOUT", "source": "jobcomp", "details": details}
+    got = status_json(run_cli)
+    assert {k: got[k] for k in ("handle", "state", "source", "details")} == {
+        "handle": HANDLE, "state": "TIMEOUT", "source": "jobcomp", "details": details}
+    assert (got["usage"]["devices"], got["usage"]["elapsed_s"], got["usage"]["source"]) == (2, 1802.0, "jobcomp NCPUS x ElapsedRaw")
     assert slurm.argvs() == [SQUEUE_123, SACCT_123, JOBCOMP_123]
 
 
 @pytest.mark.parametrize("jobcomp", [reply(""), reply(stderr="sacct: error: no job completion log\n", rc=1),
-                                     sacct_rows(("123", "job name with", "spaces", "", "", ""))],
+                                     sacct_rows(row("123", "job name with", "spaces", "", "", ""))],
                          ids=["empty", "no-log", "garbled-row"])
 def test_status_is_unknown_when_no_source_knows_the_job(slurm, run_cli, jobcomp):
     slurm.respond("squeue", SQUEUE_INVALID_JOB)
@@ -418,7 +483,7 @@ def test_cancel_runs_scancel_then_waits_while_the_ranks_stop(slurm, run_cli, sha
 def test_cancel_of_a_job_that_left_squeue_ends_with_accounting(slurm, run_cli):
     slurm.respond("scancel", reply())
     slurm.respond("squeue", SQUEUE_INVALID_JOB)
-    slurm.respond("sacct", sacct_rows(("123", "CANCELLED by 1000", "0:15", "node1", "00:00:05", JOB_NAME)))
+    slurm.respond("sacct", sacct_rows(row("123", "CANCELLED by 1000", "0:15", "node1", "00:00:05", JOB_NAME)))
     result = run_cli("cancel", HANDLE)
     assert result.code == 0, result.stderr
     assert result.stdout == f"{HANDLE}  CANCELLED\n"

@@ -139,37 +139,42 @@ def _number(value: int | None) -> dict[str, Any]:
 
 
 def squeue_22_05(job_id: int, state: str, *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
-                 restarts: int = 0, exit_status: int = 0) -> dict[str, Any]:
+                 restarts: int = 0, exit_status: int = 0, tres_alloc: str = "", start: int = 1700000000,
+                 end: int = 1700003600) -> dict[str, Any]:
     """``squeue --json`` of SLURM 22.05 (openapi/v0.0.38 shape) holding one job.
 
-    ``exit_status`` is the raw wait(2) status 22.05 prints (exit code << 8 | signal)."""
+    ``exit_status`` is the raw wait(2) status 22.05 prints (exit code << 8 | signal);
+    ``tres_alloc`` the allocation (``cpu=2,node=2,billing=2``; empty until resources are
+    allocated, as on the lab's 22.05), ``start``/``end`` epoch seconds (0: unset)."""
     return {
         "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
                  "Slurm": {"version": {"major": 22, "micro": 9, "minor": 5}, "release": "22.05.9"}},
         "errors": [],
         "jobs": [{
             "account": "", "array_job_id": 0, "array_task_id": None, "batch_flag": True, "cluster": "cpu",
-            "command": "/home/u/job.sbatch", "cpus": 2, "end_time": 1700003600, "exit_code": exit_status,
+            "command": "/home/u/job.sbatch", "cpus": 2, "end_time": end, "exit_code": exit_status,
             "job_id": job_id, "job_state": state, "name": name, "node_count": 2, "nodes": nodes, "partition": "lab",
-            "restart_cnt": restarts, "start_time": 1700000000, "state_description": "", "state_reason": reason,
-            "submit_time": 1699999990, "time_limit": 30, "user_name": "u",
+            "restart_cnt": restarts, "start_time": start, "state_description": "", "state_reason": reason,
+            "submit_time": 1699999990, "time_limit": 30, "user_name": "u", "tres_alloc_str": tres_alloc,
         }],
     }
 
 
 def squeue_24_05(job_id: int, states: list[str], *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
-                 restarts: int = 0, return_code: int | None = 0, signal: int | None = None) -> dict[str, Any]:
+                 restarts: int = 0, return_code: int | None = 0, signal: int | None = None, tres_alloc: str = "",
+                 start: int = 1700000000, end: int = 1700003600) -> dict[str, Any]:
     """``squeue --json`` of SLURM 23.02 - 24.x (data_parser v0.0.39 - v0.0.41 shape) holding one
-    job; ``states`` is ``job_state`` as SLURM lists it: the base state, then any flags."""
+    job; ``states`` is ``job_state`` as SLURM lists it: the base state, then any flags; times
+    are ``{"set", "infinite", "number"}`` objects there."""
     return {
         "jobs": [{
             "account": "", "array_job_id": _number(0), "array_task_id": _number(None), "batch_flag": True, "cluster": "cpu",
-            "command": "/home/u/job.sbatch", "cpus": _number(2), "end_time": _number(1700003600),
+            "command": "/home/u/job.sbatch", "cpus": _number(2), "end_time": _number(end or None),
             "exit_code": {"status": ["SUCCESS" if not return_code and signal is None else "ERROR"],
                           "return_code": _number(return_code), "signal": {"id": _number(signal), "name": ""}},
             "job_id": job_id, "job_state": states, "name": name, "node_count": _number(2), "nodes": nodes, "partition": "lab",
-            "restart_cnt": restarts, "start_time": _number(1700000000), "state_description": "", "state_reason": reason,
-            "submit_time": _number(1699999990), "time_limit": _number(30), "user_name": "u",
+            "restart_cnt": restarts, "start_time": _number(start or None), "state_description": "", "state_reason": reason,
+            "submit_time": _number(1699999990), "time_limit": _number(30), "user_name": "u", "tres_alloc_str": tres_alloc,
         }],
         "last_backfill": _number(1700000100), "last_update": _number(1700000200),
         "meta": {"plugin": {"type": "", "name": "", "data_parser": "data_parser/v0.0.41", "accounting_storage": ""},
@@ -189,7 +194,7 @@ def squeue_empty() -> dict[str, Any]:
 
 
 def sacct_rows(*rows: tuple[str, ...]) -> dict[str, Any]:
-    """``sacct --noheader --parsable2 --format=JobID,State,ExitCode,NodeList,Elapsed,JobName``."""
+    """``sacct --noheader --parsable2 --format=JobID,State,ExitCode,NodeList,Elapsed,ElapsedRaw,Start,End,AllocTRES,NCPUS,JobName``."""
     return reply(stdout="".join("|".join(row) + "\n" for row in rows))
 
 
