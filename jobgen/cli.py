@@ -378,19 +378,31 @@ def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, 
                            "precision": loaded.trainer.precision,
                            "model": loaded.model.hf_path if loaded.model.hf_path is not None else "gpt",
                            "n_params": None if loaded.model.hf_path is not None else loaded.model.n_params}
+    if loaded.entrypoint is not None:
+        doc |= {"model": None, "n_params": None, "entrypoint": loaded.entrypoint.model_dump()}
     job_plan = None
+    checked: list[str] = []
     if profile is not None:
         job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
         _warn(job_plan)
         w = job_plan.world
-        doc |= {"profile": job_plan.profile, "precision": json.loads(job_plan.file("spec.json"))["spec"]["trainer"]["precision"],
+        resolved = read_plan_spec(job_plan)
+        doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
                 "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
                 "global_batch_size": w.global_batch_size, "warnings": list(job_plan.warnings)}
+        if loaded.entrypoint is not None:
+            checked = _check_command(resolved.spec, job_plan, spec)
+            doc["checked"] = checked
+    elif loaded.entrypoint is not None:
+        checked = _check_command(loaded, None, spec)
+        doc["checked"] = checked
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     model = (f"Hugging Face model {loaded.model.hf_path}" if loaded.model.hf_path is not None
              else f"model {loaded.model.n_params / 1e6:.1f}M parameters")
+    if loaded.entrypoint is not None:
+        model = "command mode: " + ", ".join(checked)
     click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
                f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
     if job_plan is not None:
@@ -399,6 +411,29 @@ def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, 
                    f"global batch {w.global_batch_size} sequences "
                    f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size}), "
                    f"precision {doc['precision']}")
+
+
+def read_plan_spec(job_plan: JobPlan) -> Any:
+    """The :class:`~jobgen.jobdir.ResolvedSpec` a plan writes as spec.json."""
+    from jobgen.jobdir import SPEC_FILE, ResolvedSpec
+
+    return ResolvedSpec.model_validate_json(job_plan.file(SPEC_FILE))
+
+
+def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> list[str]:
+    """``jobgen validate`` of a command-mode spec, from the working directory (where `jobgen
+    submit` will run the ranks): the script exists / the module is importable, and with a
+    profile, LightningCLI ``--config`` files agree with the world. Kubernetes runs the script
+    from the image, which cannot be looked into here: only said so. Returns what was checked."""
+    from jobgen.command import check_config_files, check_entrypoint_exists
+
+    if job_plan is not None and job_plan.scheduler == "kubernetes":
+        return ["entrypoint not checked: on Kubernetes it runs from the image's working directory"]
+    work_dir = Path.cwd()
+    checked = [check_entrypoint_exists(spec, work_dir, spec_source)]
+    if job_plan is not None:
+        checked += [f"LightningCLI config {path}" for path in check_config_files(spec, job_plan.world, work_dir, spec_source)]
+    return checked
 
 
 @cli.command("plan")
@@ -433,6 +468,13 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
 
     prof = load_profile(profile, profiles_dir)
     loaded = resolve_precision(load_spec(spec, overrides), prof)
+    if loaded.entrypoint is not None:
+        raise ConfigError(
+            f"{spec} runs your own entrypoint (command mode): jobgen does not know its model, so it cannot estimate memory",
+            location=f"{spec}: entrypoint",
+            hint="estimate with a spec of the same shape for the built-in GPT (model.n_layer, n_head, d_model, block_size), "
+            "or drop entrypoint",
+        )
     world = resolve_world(loaded, prof, spec)
     check_fit(loaded, prof, world, spec)
     mp = plan_memory(loaded, prof, world.num_nodes, world.devices_per_node)

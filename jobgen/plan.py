@@ -19,6 +19,7 @@ from pathlib import Path
 import pydantic_core
 
 from jobgen import __version__
+from jobgen.command import check_trainer_args
 from jobgen.environment import check_job_env
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
@@ -26,24 +27,45 @@ from jobgen.render import template_sha256
 from jobgen.rules import World, check_fit, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
-__all__ = ["ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
+__all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
+
+
+#: Placeholder in a planned command for the directory ``jobgen submit`` runs in (command mode:
+#: where the user's script runs); submit fills it in.
+SUBMIT_DIR_PLACEHOLDER = "<submit dir>"
+#: Placeholder in a planned local command for the job (= run) directory, made absolute at submit.
+JOB_DIR_PLACEHOLDER = "<job dir>"
 
 
 @dataclass(frozen=True)
 class Command:
     """A command submit runs: ``argv`` (never through a shell) with ``env`` added to the
-    environment, in the job directory. Placeholders in ``<angle brackets>`` are filled in at
-    submit time (e.g. ``<runs dir>``: ``jobgen submit --runs-dir``). ``inherits``: variables
-    the command takes from the submitting environment (the spec's ``secrets``; checked before it
-    runs, never written into a file)."""
+    environment, in ``cwd`` (``None``: the job directory). Placeholders in ``<angle brackets>``
+    are filled in at submit time (e.g. ``<runs dir>``: ``jobgen submit --runs-dir``;
+    :data:`SUBMIT_DIR_PLACEHOLDER`). ``inherits``: variables the command takes from the
+    submitting environment (the spec's ``secrets``; checked before it runs, never written into a
+    file)."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     inherits: tuple[str, ...] = ()
+    cwd: str | None = None
 
     def __str__(self) -> str:
-        text = "".join(f"{key}={shlex.quote(value)} " for key, value in self.env) + shlex.join(self.argv)
+        text = f"cd {shlex.quote(self.cwd)} && " if self.cwd is not None else ""
+        text += "".join(f"{key}={shlex.quote(value)} " for key, value in self.env) + shlex.join(self.argv)
         return text + (f"   # from your environment: {', '.join(self.inherits)}" if self.inherits else "")
+
+    def filled(self, placeholders: dict[str, str]) -> Command:
+        """This command with each placeholder (key) replaced by its value in argv, env and cwd."""
+
+        def fill(text: str) -> str:
+            for key, value in placeholders.items():
+                text = text.replace(key, value)
+            return text
+
+        return Command(tuple(fill(a) for a in self.argv), tuple((k, fill(v)) for k, v in self.env), self.inherits,
+                       None if self.cwd is None else fill(self.cwd))
 
 
 @dataclass(frozen=True)
@@ -201,12 +223,13 @@ def plan(
     spec = resolve_precision(spec, profile)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
+    check_trainer_args(spec, world, spec_source)
     backend = get_backend(profile.scheduler)
     templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates))
     ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
     check_job_env(ctx)
     job_plan = backend.plan(ctx)
-    if profile.gpus_per_node:  # the memory estimate is for GPUs; every render route shows it
+    if profile.gpus_per_node and spec.entrypoint is None:  # the estimate is of the built-in model on GPUs
         from jobgen.estimate import fit_warning
 
         text = fit_warning(spec, profile, world.num_nodes, world.devices_per_node)

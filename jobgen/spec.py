@@ -411,6 +411,85 @@ class CheckpointSpec(_Model):
     ))
 
 
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+#: TrainerSpec fields that still apply in command mode (``entrypoint`` set): they decide the
+#: world, the DeepSpeed config and the ``--trainer.*`` arguments of a LightningCLI script.
+#: Every other trainer field configures the built-in entrypoint only.
+COMMAND_TRAINER_FIELDS = frozenset({
+    "strategy", "precision", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
+    "offload_optimizer", "offload_params", "nvme_path", "gradient_clip_val",
+})
+#: TrainingSpec sections that configure the built-in entrypoint only (refused in command mode).
+BUILTIN_SECTIONS = ("model", "data", "checkpoint")
+
+
+class EntrypointSpec(_Model):
+    """Command mode: run your own training script under jobgen's launch contracts instead of
+    the bundled ``python -m jobgen.train``. Give ``module`` or ``script``.
+
+    The ranks run in the directory ``jobgen submit`` runs in (local and SLURM; on SLURM it must
+    be on a filesystem the nodes share) or in the image's working directory (Kubernetes), so a
+    relative ``script`` and relative paths in ``args`` resolve there. Each rank finds its world
+    in MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK (``init_process_group("env://")``
+    works on every backend); DeepSpeed specs get ``PL_DEEPSPEED_CONFIG_PATH`` (the rendered
+    ``ds_config.json``, an absolute path on the node).
+    """
+
+    module: str | None = Field(default=None, description=(
+        "Python module to run as ``python -m MODULE`` (e.g. ``pkg.train``); importable on the\n"
+        "nodes (``jobgen validate`` checks it is importable here)."
+    ))
+    script: str | None = Field(default=None, description=(
+        "Python script to run as ``python SCRIPT``, relative to the ranks' working directory (the\n"
+        "directory ``jobgen submit`` runs in; Kubernetes: the image's working directory) or absolute."
+    ))
+    args: tuple[str, ...] = Field(default=(), description=(
+        "Arguments after the module/script, each passed as one argument (quoted by jobgen; no\n"
+        "newlines), e.g. ``[fit, --config, configs/train.yaml]``."
+    ))
+    lightning_cli: bool = Field(default=False, description=(
+        "The script is a LightningCLI script: jobgen appends ``--trainer.num_nodes``,\n"
+        "``--trainer.devices``, ``--trainer.accelerator``, ``--trainer.strategy`` and\n"
+        "``--trainer.precision`` from the world, and ``jobgen validate`` refuses a ``--config`` file\n"
+        "whose ``trainer:`` section contradicts them."
+    ))
+
+    @field_validator("module")
+    @classmethod
+    def _module_name(cls, value: str | None) -> str | None:
+        if value is not None and not _MODULE_RE.match(value):
+            raise ValueError(f"{value!r} is not a Python module name (dotted identifiers, e.g. pkg.train)")
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        check_shell_safe(value)
+        if not value.strip() or value.startswith("-"):
+            raise ValueError(f"script {value!r} must be a file path (not empty, not starting with '-')")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args_shell_safe(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            check_shell_safe(arg)
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> EntrypointSpec:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give exactly one of module (python -m MODULE) or script (python SCRIPT)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
@@ -424,6 +503,12 @@ class TrainingSpec(_Model):
         "Extra environment variables for every rank (set after the profile's env). Values are\n"
         "written into the rendered files, so names that look like credentials (``*TOKEN*``,\n"
         "``*SECRET*``, ``*PASSWORD*``, ``*_API_KEY``, ...) are refused: use ``secrets``."
+    ))
+    entrypoint: EntrypointSpec | None = Field(default=None, description=(
+        "Command mode: run your own script (``module`` or ``script`` + ``args``) under jobgen's\n"
+        "launchers instead of the built-in entrypoint; ``model``, ``data``, ``checkpoint`` and the\n"
+        "trainer's optimisation fields do not apply then (refused when set). ``null``: the built-in\n"
+        "entrypoint (``python -m jobgen.train``)."
     ))
     secrets: tuple[str, ...] = Field(default=(), description=(
         "Names (never values) of environment variables that hold credentials, e.g.\n"
@@ -466,7 +551,28 @@ class TrainingSpec(_Model):
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         # left out while empty: specs without secrets keep the spec.json (and hashes) they had
         data = handler(self)
+        if self.entrypoint is None:  # left out while unset, like secrets
+            data = {k: v for k, v in data.items() if k != "entrypoint"}
+        else:  # command mode: only what applies (spec.json reads back without "explicitly set" refusals)
+            data = {k: v for k, v in data.items() if k not in BUILTIN_SECTIONS}
+            data["trainer"] = {k: v for k, v in data["trainer"].items() if k in COMMAND_TRAINER_FIELDS}
         return data if self.secrets else {k: v for k, v in data.items() if k != "secrets"}
+
+    @model_validator(mode="after")
+    def _command_mode(self) -> TrainingSpec:
+        if self.entrypoint is None:
+            return self
+        target = f"module {self.entrypoint.module}" if self.entrypoint.module else f"script {self.entrypoint.script}"
+        given = [name for name in BUILTIN_SECTIONS if name in self.model_fields_set]
+        given += [f"trainer.{name}" for name in sorted(self.trainer.model_fields_set - COMMAND_TRAINER_FIELDS)]
+        if given:
+            raise ValueError(
+                f"entrypoint is set (command mode: your {target} trains), so {', '.join(given)} would do nothing: "
+                "they configure the built-in entrypoint only. Remove them and configure your script through "
+                "entrypoint.args (e.g. [fit, --config, train.yaml]); what still applies: resources, trainer."
+                f"{{{','.join(sorted(COMMAND_TRAINER_FIELDS))}}}, env, secrets"
+            )
+        return self
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:

@@ -35,6 +35,7 @@ import yaml
 
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
+from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import launcher_owned
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import (
@@ -256,8 +257,14 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
     if kind is PYTORCHJOB:
         # The operator sets MASTER_ADDR/MASTER_PORT, torchrun reads only --master-addr/PET_MASTER_ADDR.
         launcher += ["--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
-    command = [*launcher, "-m", "jobgen.train", "--spec", f"{CONFIG_MOUNT}/{SPEC_FILE}", "--run-dir", run_dir]
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(max(1, p.cpus_per_node // w.devices_per_node))}
+    if ctx.spec.entrypoint is None:
+        command = [*launcher, "-m", "jobgen.train", "--spec", f"{CONFIG_MOUNT}/{SPEC_FILE}", "--run-dir", run_dir]
+    else:  # command mode: torchrun runs the user's module/script in the image's working directory
+        command = [*launcher, *(_kubelet_literal(arg) for arg in target_argv(ctx.spec, w))]
+        env[RUN_DIR_ENV] = run_dir
+        if ctx.spec.trainer.deepspeed_stage is not None:
+            env[DEEPSPEED_CONFIG_ENV] = f"{CONFIG_MOUNT}/{DS_CONFIG_FILE}"
     env = {key: _kubelet_literal(value) for key, value in sorted(env.items())}
     secret_env = [(key, {"name": ref.secret, "key": ref.key, **({"optional": True} if ref.optional else {})})
                   for key, ref in sorted(k.secret_env.items())]

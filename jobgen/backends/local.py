@@ -17,10 +17,11 @@ from pathlib import Path
 
 import jobgen
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
+from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
-from jobgen.plan import Command, JobPlan, PlanContext
+from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -33,14 +34,24 @@ def omp_threads(ctx: PlanContext) -> int:
 
 def launch_command(ctx: PlanContext) -> Command:
     """The torchrun command line and its environment; ``python`` (no ``local.python`` in the
-    profile) means the interpreter running jobgen."""
-    argv = (
-        ctx.profile.local.python or "python", "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(ctx.world.devices_per_node),
-        "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".",
-    )
+    profile) means the interpreter running jobgen.
+
+    Command mode (``entrypoint``): torchrun runs the user's module/script (:func:`jobgen.command.target_argv`)
+    in the directory ``jobgen submit`` runs in (:data:`~jobgen.plan.SUBMIT_DIR_PLACEHOLDER`);
+    torchrun gives each rank MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK. A DeepSpeed spec
+    adds ``PL_DEEPSPEED_CONFIG_PATH=<job dir>/ds_config.json`` (absolute once submit fills it in).
+    """
+    launcher = (ctx.profile.local.python or "python", "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(ctx.world.devices_per_node))
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(omp_threads(ctx))}
-    return Command(argv, tuple(sorted(env.items())), ctx.spec.secrets)
+    if ctx.spec.entrypoint is None:
+        argv = (*launcher, "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".")
+        return Command(argv, tuple(sorted(env.items())), ctx.spec.secrets)
+    if ctx.spec.trainer.deepspeed_stage is not None:
+        env[DEEPSPEED_CONFIG_ENV] = f"{JOB_DIR_PLACEHOLDER}/{DS_CONFIG_FILE}"
+    env[RUN_DIR_ENV] = JOB_DIR_PLACEHOLDER
+    argv = (*launcher, *target_argv(ctx.spec, ctx.world))
+    return Command(argv, tuple(sorted(env.items())), ctx.spec.secrets, cwd=SUBMIT_DIR_PLACEHOLDER)
 
 
 #: CPU flags (Linux /proc/cpuinfo) of native bf16 matmuls: AVX512-BF16 and AMX-BF16.
@@ -118,6 +129,8 @@ class LocalBackend(Backend):
             out(f"jobgen: warning: {slow}")
         command = (plan or _replan(job_dir, resolved)).submit_steps[0]
         assert isinstance(command, Command)
+        command = command.filled({JOB_DIR_PLACEHOLDER: str(job_dir), SUBMIT_DIR_PLACEHOLDER: str(Path.cwd())})
+        cwd = Path(command.cwd) if command.cwd is not None else job_dir
         handle = JobHandle("local", str(job_dir))
         argv = list(command.argv)
         if argv[0] == "python":
@@ -133,11 +146,11 @@ class LocalBackend(Backend):
                             inputs_sha256=resolved.inputs_sha256)
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
-        out("jobgen: $ " + " ".join(argv))
-        code = (runner or _run_foreground)(argv, job_dir, env)
+        out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
+        code = (runner or _run_foreground)(argv, cwd, env)
         if code != 0:
             raise SubmitError(
-                f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {job_dir})",
+                f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})",
                 hint="the rank-zero error is printed above; rerun with the same command to resume from the last checkpoint",
             )
         if (job_dir / SUMMARY_FILE).is_file():

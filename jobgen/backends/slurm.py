@@ -124,7 +124,9 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "or submit a second copy with --force",
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets)
+    workdir = str(Path.cwd()) if resolved.spec.entrypoint is not None else None  # command mode: the ranks run here
+    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
+                             workdir=workdir)
     argv = list(command.argv)
     proc = run_command(argv, cwd=job_dir, env={**environ, **dict(command.env)}, what="sbatch")
     if test_only:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 
 from jobgen.backends.base import common_files, job_env, render_job_template
+from jobgen.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.environment import export_problem
 from jobgen.errors import PlanError
-from jobgen.jobdir import SBATCH_FILE, SPEC_FILE
-from jobgen.plan import Command, JobPlan, PlanContext
+from jobgen.jobdir import DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.render import ShellText
 from jobgen.rules import World
 
@@ -216,13 +217,54 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     return out
 
 
+def task_setup(deepspeed: bool) -> str:
+    """Command mode: the shell code each srun task runs before ``exec``-ing the user's command.
+
+    srun starts one task per device but sets only SLURM_* variables; a plain torch script's
+    ``init_process_group("env://")`` needs RANK and WORLD_SIZE (and MASTER_ADDR/PORT, which
+    job.sbatch exports). So each task exports RANK=SLURM_PROCID, WORLD_SIZE=SLURM_NTASKS,
+    LOCAL_RANK=SLURM_LOCALID and NODE_RANK=SLURM_NODEID: always from SLURM, which launched the
+    task (a RANK inherited from the submitting shell would be the same in every task). It then
+    changes to the directory ``jobgen submit`` ran in (``JOBGEN_WORKDIR``; by hand: the submit
+    directory) and, for DeepSpeed, points ``PL_DEEPSPEED_CONFIG_PATH`` at the job's ds_config.json.
+    ``set -eu``: a missing SLURM variable stops the task instead of exporting an empty rank.
+    """
+    lines = [
+        "set -eu",
+        f'cd "${{{WORKDIR_ENV}:-${{SLURM_SUBMIT_DIR}}}}"',
+        'export RANK="${SLURM_PROCID}" WORLD_SIZE="${SLURM_NTASKS}" LOCAL_RANK="${SLURM_LOCALID}" NODE_RANK="${SLURM_NODEID}"',
+    ]
+    if deepspeed:
+        lines.append(f'export {DEEPSPEED_CONFIG_ENV}="${{JOB_DIR}}/{DS_CONFIG_FILE}"')
+    lines.append('exec "$@"')
+    return "; ".join(lines)
+
+
+def _double_quoted(text: str) -> ShellText:
+    """``text`` as one double-quoted shell word with ``\\ " $ ` `` escaped (the same word
+    single quotes would give; shellcheck reads ``$`` inside single quotes as a mistake, SC2016)."""
+    for char in ("\\", '"', "$", "`"):
+        text = text.replace(char, "\\" + char)
+    return ShellText(f'"{text}"')
+
+
 def launch_argv(ctx: PlanContext) -> list[str]:
-    """The per-task command after ``srun``: container wrapper (if any) + the entrypoint."""
+    """The per-task command after ``srun``: container wrapper (if any) + the entrypoint.
+
+    Command mode (``entrypoint``): ``bash -c <task_setup> jobgen-task`` first (see
+    :func:`task_setup`), then the interpreter and :func:`jobgen.command.target_argv`.
+    """
     s = ctx.profile.slurm_settings
-    entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
+    if ctx.spec.entrypoint is None:
+        entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
+    else:
+        entry = [s.python, *target_argv(ctx.spec, ctx.world)]
     if s.container.runtime == "apptainer":
         bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
-        return ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]
+        entry = ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]
+    if ctx.spec.entrypoint is not None:
+        setup = _double_quoted(task_setup(ctx.spec.trainer.deepspeed_stage is not None))
+        entry = ["bash", "-c", setup, "jobgen-task", *entry]
     return entry
 
 
@@ -262,18 +304,22 @@ def plan(ctx: PlanContext) -> JobPlan:
         profile=ctx.profile.name,
         job_name=ctx.spec.name,
         files=tuple(sorted(files)),
-        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name), secrets=ctx.spec.secrets),),
+        submit_steps=(sbatch_command(RUNS_DIR_PLACEHOLDER, run_dir_name(ctx.spec.name), secrets=ctx.spec.secrets,
+                                     workdir=SUBMIT_DIR_PLACEHOLDER if ctx.spec.entrypoint is not None else None),),
         world=ctx.world,
         inputs_sha256=ctx.inputs_sha256,
     )
 
 
-def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False, secrets: tuple[str, ...] = ()) -> Command:
+def sbatch_command(runs_dir: str, run_name: str, *, test_only: bool = False, secrets: tuple[str, ...] = (),
+                   workdir: str | None = None) -> Command:
     """The command ``jobgen submit`` runs in the job directory: ``sbatch --parsable`` with the
     run directory ``<runs_dir>/<run_name>`` as the job's working directory (``--chdir``, so
     ``#SBATCH --output=slurm-%j.out`` lands there and a committed job directory stays clean)
     and ``JOBGEN_RUN_DIR=<runs_dir>`` for the script. The plan shows it with
     :data:`RUNS_DIR_PLACEHOLDER`; submit fills in the real directory. sbatch exports the
-    submitting environment to the job, which carries the spec's ``secrets``."""
+    submitting environment to the job, which carries the spec's ``secrets``. Command mode:
+    ``workdir`` (the directory submit runs in) goes to the tasks as ``JOBGEN_WORKDIR``."""
     argv = ["sbatch", "--parsable"] + (["--test-only"] if test_only else []) + [f"--chdir={runs_dir}/{run_name}", SBATCH_FILE]
-    return Command(tuple(argv), (("JOBGEN_RUN_DIR", runs_dir),), secrets)
+    env = (("JOBGEN_RUN_DIR", runs_dir),) + (((WORKDIR_ENV, workdir),) if workdir is not None else ())
+    return Command(tuple(argv), env, secrets)

@@ -28,6 +28,14 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
         ConfigError: a DeepSpeed strategy without ``launch.deepspeed_config``.
     """
     launch = resolved.launch
+    if resolved.spec.entrypoint is not None:
+        e = resolved.spec.entrypoint
+        raise ConfigError(
+            f"this job runs its own entrypoint ({'module ' + e.module if e.module else 'script ' + str(e.script)}), "
+            "not python -m jobgen.train",
+            location="spec.entrypoint",
+            hint="submit the job directory with `jobgen submit DIR` (it launches the entrypoint), or remove entrypoint",
+        )
     try:
         check_support(resolved.spec, launch.accelerator, launch.gpu_type, where="this node", on_node=True)
     except PlanError as exc:

@@ -249,3 +249,117 @@ def test_secrets_script_passes_bash_n_and_shellcheck(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(secrets_script())
     lint_bash(script)
+
+
+# --------------------------------------------------------------------------- command mode
+
+#: srun stand-in that really starts the tasks: one process per task of the allocation
+#: (SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE), each with the variables SLURM gives a task
+#: (srun(1) "OUTPUT ENVIRONMENT VARIABLES": SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID,
+#: SLURM_NTASKS) and nothing else a launcher would set; waits for all, exits with the worst status.
+TASK_SRUN = """#!/bin/bash
+while [ "$#" -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done   # srun's own --options
+per_node="${SLURM_NTASKS_PER_NODE}"
+ntasks=$(( SLURM_JOB_NUM_NODES * per_node ))
+pids=()
+for (( i = 0; i < ntasks; i++ )); do
+    SLURM_PROCID=$i SLURM_LOCALID=$(( i % per_node )) SLURM_NODEID=$(( i / per_node )) SLURM_NTASKS=$ntasks "$@" &
+    pids+=("$!")
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit "$status"
+"""
+
+#: "python" stand-in that records what a task sees (its environment and working directory).
+TASK_PYTHON_ENV = """#!/bin/bash
+{ env -0; printf 'PWD_SEEN=%s\\0' "$(pwd)"; printf 'ARGV_SEEN=%s\\0' "$*"; } > "$STUB_OUT/task-${SLURM_PROCID}.env"
+"""
+
+
+def command_job(tmp_path: Path, spec_doc: dict, port: int | None = None) -> tuple[str, Path]:
+    """The job.sbatch of a command-mode spec on slurm-cpu (2 nodes x 1 task) and a bin directory
+    with the task-starting srun, a scontrol that names this machine, and module."""
+    base = load_profile("slurm-cpu", PROFILES).model_dump()
+    if port is not None:
+        base["slurm"]["master_port"] = port
+    job_plan = plan(validate(TrainingSpec, spec_doc, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
+    bin_dir = stub_bin(tmp_path)
+    (bin_dir / "srun").write_text(TASK_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
+    return job_plan.file("job.sbatch"), bin_dir
+
+
+def run_command_job(script: str, tmp_path: Path, bin_dir: Path, workdir: Path, extra_env: dict[str, str] | None = None,
+                    timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    work = tmp_path / "job dir"
+    work.mkdir()
+    (work / "job.sbatch").write_text(script)
+    (tmp_path / "out").mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(tmp_path / "out"), "SLURM_SUBMIT_DIR": str(work),
+           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "1",
+           "HOME": str(tmp_path), "JOBGEN_WORKDIR": str(workdir), **(extra_env or {})}
+    return subprocess.run(["bash", str(work / "job.sbatch")], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_command_mode_tasks_get_rank_world_and_local_rank_from_slurm(tmp_path):
+    """Each srun task exports RANK=SLURM_PROCID, WORLD_SIZE=SLURM_NTASKS, LOCAL_RANK=SLURM_LOCALID,
+    NODE_RANK=SLURM_NODEID (a RANK the batch environment carried is replaced), runs in
+    JOBGEN_WORKDIR, and gets the DeepSpeed config's absolute path and every argument intact."""
+    odd = "it's a \"$(touch PWNED)\" `x` \\ value"
+    spec = {"name": "cmd-env", "entrypoint": {"script": "train me.py", "args": ["--note", odd]},
+            "trainer": {"strategy": "deepspeed_stage_2"}}
+    script, bin_dir = command_job(tmp_path, spec)
+    (bin_dir / "python").write_text(TASK_PYTHON_ENV)
+    (bin_dir / "python").chmod(0o755)
+    workdir = tmp_path / "my project"
+    workdir.mkdir()
+    proc = run_command_job(script, tmp_path, bin_dir, workdir, {"RANK": "7", "WORLD_SIZE": "99"})
+    assert proc.returncode == 0, proc.stderr
+    job_dir = tmp_path / "job dir"
+    for rank in (0, 1):
+        raw = (tmp_path / "out" / f"task-{rank}.env").read_bytes().decode().split("\0")
+        env = dict(item.split("=", 1) for item in raw if "=" in item)
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == (str(rank), "2", "0", str(rank))
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+        assert env["PWD_SEEN"] == str(workdir)
+        assert env["PL_DEEPSPEED_CONFIG_PATH"] == f"{job_dir}/ds_config.json"
+        assert env["ARGV_SEEN"] == f"train me.py --note {odd}"
+    assert not list(tmp_path.rglob("PWNED")), "an argument was executed"
+
+
+def test_command_mode_plain_torch_ddp_script_runs_under_the_srun_launch(tmp_path):
+    """The shipped plain-torch example under the rendered job.sbatch with an srun that starts two
+    real tasks: init_process_group("env://") finds the world from the exported variables, and the
+    all-reduce and DDP steps agree across ranks."""
+    import sys
+
+    from tests.conftest import REPO
+    from tests.ports import ATTEMPTS, address_in_use, next_port
+
+    require_torch = pytest.importorskip("torch", reason="torch not installed (pip install -e .[train])")
+    assert require_torch
+    spec = {"name": "cmd-ddp", "entrypoint": {"script": "examples/scripts/ddp_allreduce.py", "args": ["--steps", "2"]}}
+    for attempt in range(ATTEMPTS):
+        attempt_dir = tmp_path / str(attempt)
+        attempt_dir.mkdir()
+        script, bin_dir = command_job(attempt_dir, spec, port=next_port())
+        (bin_dir / "python").write_text(f"#!/bin/bash\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        (bin_dir / "python").chmod(0o755)
+        proc = run_command_job(script, attempt_dir, bin_dir, REPO, {"OMP_NUM_THREADS": "1"})
+        if proc.returncode == 0 or not address_in_use(proc.stdout + proc.stderr):
+            break
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"ddp: rank {rank} of world size 2, local rank 0, node rank {rank}, master 127.0.0.1:" in proc.stdout
+        assert f"ddp: rank {rank} all_reduce(sum of rank+1) = 3 (expected 3)" in proc.stdout
+        assert f"ddp: rank {rank} 2 step(s), weights in sync across ranks: True" in proc.stdout
+
+
+def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
+    spec = {"name": "cmd-lint", "entrypoint": {"module": "pkg.train", "args": ["fit", "--config", "a b.yaml"], "lightning_cli": True},
+            "trainer": {"strategy": "deepspeed_stage_3"}}
+    script, _ = command_job(tmp_path, spec)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    lint_bash(path)

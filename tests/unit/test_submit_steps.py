@@ -117,3 +117,72 @@ def test_the_plan_names_the_secrets_submit_takes_from_the_environment(tmp_path, 
     api.render(job_plan, tmp_path / "m")
     get_backend("slurm").submit(tmp_path / "m" / job_plan.job_subdir, SubmitOptions(runs_dir=tmp_path / "runs"))
     assert ran[0]["WANDB_API_KEY"] == "marker-value-123"
+
+
+# --------------------------------------------------------------------------- command mode (spec entrypoint)
+
+
+def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tmp_path, monkeypatch):
+    """The planned torchrun command with its placeholders filled: cwd = where submit runs,
+    RUN_DIR and PL_DEEPSPEED_CONFIG_PATH absolute in the job directory."""
+    from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    job_plan = api.plan_job(EXAMPLES / "command-ddp.yaml", "local", overrides=["trainer.strategy=deepspeed_stage_2"])
+    ran: list[tuple[list[str], Path, dict[str, str]]] = []
+    options = SubmitOptions(runs_dir=tmp_path / "runs")
+    backend = get_backend("local")
+    job_dir = backend.job_dir(job_plan, tmp_path, options)
+    job_plan.write(job_dir)
+    backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda a, c, e: ran.append((a, c, e)) or 0)
+    (step,) = job_plan.submit_steps
+    assert isinstance(step, Command) and step.cwd == SUBMIT_DIR_PLACEHOLDER
+    argv, cwd, env = ran[0]
+    assert argv == [sys.executable if a == "python" else a for a in step.argv] and cwd == project
+    fill = {JOB_DIR_PLACEHOLDER: str(job_dir.resolve()), SUBMIT_DIR_PLACEHOLDER: str(project)}
+    assert all(env[k] == step.filled(fill).env[i][1] for i, (k, _) in enumerate(step.env))
+    assert env["PL_DEEPSPEED_CONFIG_PATH"] == str(job_dir.resolve() / "ds_config.json")
+    assert (job_dir / "ds_config.json").is_file() and env["RUN_DIR"] == str(job_dir.resolve())
+    assert str(step) in str(job_plan)
+    ran.clear()  # a written command-mode job directory re-plans the same command
+    backend.submit(job_dir, options, lambda _: None, runner=lambda a, c, e: ran.append((a, c, e)) or 0)
+    assert ran[0][0] == argv and ran[0][1] == project
+
+
+def test_command_mode_slurm_submit_passes_the_submit_dir(tmp_path, monkeypatch):
+    from jobgen.backends import slurm
+    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
+    from jobgen.plan import SUBMIT_DIR_PLACEHOLDER
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    job_plan = api.plan_job(EXAMPLES / "command-ddp.yaml", "slurm-cpu", overrides=["resources.devices_per_node=1"])
+    api.render(job_plan, tmp_path / "manifests")
+    ran = []
+    monkeypatch.setattr(slurm, "run_command", lambda argv, **kw: ran.append((list(argv), kw["env"])) or
+                        subprocess.CompletedProcess(argv, 0, "11\n", ""))
+    runs = tmp_path / "runs"
+    get_backend("slurm").submit(tmp_path / "manifests" / job_plan.job_subdir, SubmitOptions(runs_dir=runs))
+    (step,) = job_plan.submit_steps
+    filled = step.filled({RUNS_DIR_PLACEHOLDER: str(runs.resolve()), SUBMIT_DIR_PLACEHOLDER: str(project)})
+    argv, env = ran[0]
+    assert argv == list(filled.argv)
+    assert all(env[k] == v for k, v in filled.env) and env["JOBGEN_WORKDIR"] == str(project)
+    assert str(step) in str(job_plan)
+
+
+def test_command_mode_kubernetes_submit_makes_the_planned_api_requests(tmp_path, monkeypatch):
+    job_plan = api.plan_job(EXAMPLES / "command-lightning-cli.yaml", "k8s-h100", overrides=["resources.nodes=2"])
+    api.render(job_plan, tmp_path / "manifests")
+    cluster = FakeCluster()
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
+    result = get_backend("kubernetes").submit(tmp_path / "manifests" / job_plan.job_subdir, SubmitOptions(), lambda _: None)
+    assert result.action == "created"
+    made = [(method, path, tuple(q for q in query if q[0] != "fieldValidation")) for method, path, query in cluster.calls
+            if path != "/version"]
+    planned = [(s.method, s.path, s.query) for s in job_plan.submit_steps if isinstance(s, ApiRequest) and not s.when.startswith("--replace")]
+    assert made == planned
+    assert "examples/scripts/lightning_cli.py" in job_plan.file("pytorchjob.yaml")
