@@ -14,7 +14,7 @@ import hashlib
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.environment import export_problem
 from jobgen.errors import PlanError
-from jobgen.jobdir import SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE
 from jobgen.plan import Command, JobPlan, PlanContext
 from jobgen.render import ShellText
 from jobgen.rules import World
@@ -216,10 +216,28 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     return out
 
 
+def code_env_prefix(ctx: PlanContext) -> list[str]:
+    """For a spec with a ``code`` section that is snapshotted: ``env PYTHONPATH=...`` ahead of the
+    entrypoint, putting ``$JOBGEN_CODE_DIR`` (the snapshot ``jobgen submit`` exported to the job;
+    a requeued job keeps it) plus ``code.python_path`` first on every rank's PYTHONPATH, and
+    leaving PYTHONPATH as it is when the variable is unset (``sbatch job.sbatch`` by hand).
+    ``[]`` otherwise, so the scripts of specs without ``code`` stay as they were (their ranks
+    still get the snapshot first: submit exports PYTHONPATH, and the entrypoint re-checks).
+
+    The word is trusted shell text in double quotes: the variables expand without splitting, and
+    ``python_path`` holds only ``[A-Za-z0-9._/-]`` (checked by the spec)."""
+    code = ctx.spec.code
+    if code is None or not code.snapshot:
+        return []
+    suffix = f"/{code.python_path}" if code.python_path else ""
+    return ["env", ShellText(f'"PYTHONPATH=${{{CODE_DIR_ENV}:+${{{CODE_DIR_ENV}}}{suffix}${{PYTHONPATH:+:}}}}${{PYTHONPATH:-}}"')]
+
+
 def launch_argv(ctx: PlanContext) -> list[str]:
     """The per-task command after ``srun``: container wrapper (if any) + the entrypoint."""
     s = ctx.profile.slurm_settings
     entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
+    entry = code_env_prefix(ctx) + entry
     if s.container.runtime == "apptainer":
         bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
         return ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]
