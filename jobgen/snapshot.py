@@ -172,10 +172,9 @@ def check_clean(repo: CodeRepo, *, allow_dirty: bool) -> None:
     shown = ", ".join(f"{c.status.strip()} {c.path}" for c in repo.changes[:SHOWN_CHANGES])
     more = f" and {len(repo.changes) - SHOWN_CHANGES} more" if len(repo.changes) > SHOWN_CHANGES else ""
     raise ConfigError(
-        f"{repo.top} has {len(repo.changes)} uncommitted change(s) the job would not run: {shown}{more} "
+        f"the git work tree {repo.top} has {len(repo.changes)} uncommitted change(s) the job would not run: {shown}{more} "
         "(M modified, D deleted, ?? untracked). The job runs a snapshot of the committed tree "
         f"({repo.commit[:12]}). Nothing was submitted.",
-        location=f"code: {repo.top}",
         hint="commit them (git add -A && git commit), or submit with --allow-dirty to copy the working tree's changed "
         "files over the snapshot (their git diff and its sha256 are recorded)",
     )
