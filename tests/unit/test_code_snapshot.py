@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from jobgen import api, jobdir
-from jobgen.backends import get_backend
-from jobgen.backends import k8s_manifest
+from jobgen.backends import get_backend, k8s_manifest
 from jobgen.backends.base import SubmitOptions
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
@@ -271,7 +270,7 @@ def test_job_sbatch_puts_the_snapshot_first_on_every_ranks_pythonpath(tmp_path, 
 
 
 def test_job_sbatch_of_a_spec_without_code_is_unchanged():
-    assert _sbatch({}) .count("JOBGEN_CODE_DIR") == 0
+    assert _sbatch({}).count("JOBGEN_CODE_DIR") == 0
     assert "PYTHONPATH=${JOBGEN_CODE_DIR:+${JOBGEN_CODE_DIR}${PYTHONPATH:+:}}" in _sbatch({"code": {}})
 
 
