@@ -70,7 +70,8 @@ def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | 
         ConfigError, PlanError: bad input, or a spec that does not fit the profile.
     """
     spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir)
-    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile)
+    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile,
+                spec_file=str(spec_path))
 
 
 def render(job_plan: JobPlan, out: PathLike = "manifests") -> list[Path]:
@@ -83,6 +84,8 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
            echo: Echo = print) -> SubmitResult:
     """Submit a plan (written first: local runs into ``<runs dir>/<job name>``, clusters into
     ``<out>/<profile>/<job name>``) or an already rendered job directory, as its backend does.
+    SLURM and local: the code is snapshotted first (:mod:`jobgen.snapshot`; the repository
+    holding the plan's spec file, or for a job directory the one holding the directory).
 
     Raises:
         ConfigError: an option the backend does not take; a directory that is not a job directory.

@@ -203,6 +203,9 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @click.option("--dry-run", "dry_run", type=click.Choice(["server"]), default=None, is_flag=False, flag_value="server",
               help="Kubernetes: `--dry-run=server`: the API server validates the job, its ConfigMap and a Pod from each "
                    "replica's template (dryRun=All, strict fields where supported); nothing is created.")
+@click.option("--allow-dirty", is_flag=True,
+              help="SLURM/local: snapshot the code although its git work tree has uncommitted changes; they are copied "
+                   "over the committed tree and their git diff + sha256 recorded.")
 @click.option("--replace", is_flag=True, help="Kubernetes: when the job exists with other inputs, delete it (and its pods) and create this one.")
 @click.option("--context", "k8s_context", default=None, help="Kubernetes: kubeconfig context (default: $JOBGEN_K8S_CONTEXT, the profile's, the current one).")
 @click.option("--namespace", "-n", "k8s_namespace", default=None, help="Kubernetes: namespace (default: $JOBGEN_K8S_NAMESPACE, else the manifest's).")
@@ -213,7 +216,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @_templates_dir_option
 @_crds_dir_option
 def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool, dry_run: str | None,
-           replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
+           allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
     """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
@@ -228,6 +231,9 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
       k8s://<context>/<namespace>/<name>. The same inputs again: nothing changes;
       other inputs: refused unless --replace.
     A rendered job directory (e.g. committed under manifests/) is submitted as is.
+    SLURM and local: the code (the git repository holding the spec, or the spec's
+    `code.repo`) is snapshotted into <runs-dir>/<job name>/code/<commit>/ and put
+    first on every rank's PYTHONPATH; uncommitted changes are refused unless --allow-dirty.
     Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
     start over with --set checkpoint.resume=never, or a new --set name=...
@@ -241,7 +247,8 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
       jobgen submit manifests/k8s-h100/quickstart --context prod --replace
     """
     options = SubmitOptions(runs_dir=Path(runs_dir), test_only=test_only, force=force, dry_run=dry_run == "server",
-                            replace=replace, context=k8s_context, namespace=k8s_namespace, kubeconfig=kubeconfig)
+                            replace=replace, context=k8s_context, namespace=k8s_namespace, kubeconfig=kubeconfig,
+                            allow_dirty=allow_dirty)
     target_or_plan: str | JobPlan = target
     if Path(target).is_dir():
         if overrides or profile:

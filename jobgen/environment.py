@@ -53,7 +53,7 @@ LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
 #: Further names jobgen's own launch sets (job.sbatch, the local run): a secret of that name
 #: would be overwritten before any rank starts. SLURM_* comes from SLURM itself.
 JOBGEN_SET_ENV = frozenset({"OMP_NUM_THREADS", "JOB_DIR", "RUN_DIR", "JOBGEN_JOB_DIR", "JOBGEN_RUN_DIR", "PYTHONPATH",
-                            "SLURM_EXPORT_ENV", "JOBGEN_WORKDIR", "PL_DEEPSPEED_CONFIG_PATH"})
+                            "SLURM_EXPORT_ENV", "JOBGEN_WORKDIR", "PL_DEEPSPEED_CONFIG_PATH", "JOBGEN_CODE_DIR"})
 _JOBGEN_SET_PREFIXES = ("SLURM_",)
 
 #: Where a literal ``env`` value ends up, per scheduler and per file the field comes from.

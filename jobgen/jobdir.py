@@ -16,7 +16,11 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
 - ``.jobgen-submission.json`` — :class:`Submission`, written by ``jobgen submit`` (runtime
   state, not a rendered file: GitOps repos ignore it).
 
-A run directory holds ``summary.json`` (:data:`SUMMARY_FILE`) at the end of training.
+A run directory holds ``summary.json`` (:data:`SUMMARY_FILE`) at the end of training and, for
+SLURM and local runs whose code was snapshotted at submit, ``code/<snapshot id>/`` (see
+:data:`CODE_SUBDIR`): the committed tree of the user's repository plus :data:`CODE_INFO_FILE`
+(:class:`CodeSnapshot`), whose path reaches the ranks as ``$JOBGEN_CODE_DIR``
+(:data:`CODE_DIR_ENV`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,15 @@ KUSTOMIZATION_FILE = "kustomization.yaml"
 SUBMISSION_FILE = ".jobgen-submission.json"
 #: Written by the entrypoint into the run directory when training ends.
 SUMMARY_FILE = "summary.json"
+#: The code snapshots of a run: ``<run dir>/code/<commit>[-dirty-<diff sha256, 12 hex>]/``.
+CODE_SUBDIR = "code"
+#: In a code snapshot's root: :class:`CodeSnapshot` (what the snapshot is; read by the entrypoint).
+CODE_INFO_FILE = ".jobgen-code.json"
+#: In a code snapshot's root, when taken with ``--allow-dirty``: the ``git diff`` copied over the commit.
+CODE_DIFF_FILE = ".jobgen-code.diff"
+#: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
+#: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
+CODE_DIR_ENV = "JOBGEN_CODE_DIR"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
 
@@ -294,6 +307,52 @@ def read_resolved_spec(job_dir: Path) -> ResolvedSpec:
     return load_resolved_spec(path)
 
 
+# --------------------------------------------------------------------------- code snapshots
+
+
+class CodeSnapshot(BaseModel):
+    """What a code snapshot holds (:data:`CODE_INFO_FILE` in its root; also in the submission
+    record and ``summary.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    commit: str = Field(description="The commit the snapshot was taken from (full id).")
+    dirty: bool = Field(default=False, description="True when uncommitted changes were copied over it (``--allow-dirty``).")
+    diff_sha256: str | None = Field(default=None, description=(
+        "sha256 of the ``git diff`` (binary, against the commit) of those changes, kept as "
+        f"``{CODE_DIFF_FILE}`` in the snapshot; None when clean."))
+    repo: str = Field(description="Where the code came from: the work tree's absolute path (SLURM, local) or the git URL (Kubernetes).")
+    python_path: str = Field(default="", description="Sub-directory of the snapshot put first on PYTHONPATH (empty: its root).")
+
+    def dumps(self) -> str:
+        """The info file's text: sorted-key JSON, final newline."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    def import_dir(self, root: Path) -> Path:
+        """The directory of snapshot ``root`` that goes first on PYTHONPATH."""
+        return root / self.python_path if self.python_path else root
+
+
+def read_code_snapshot(root: Path) -> CodeSnapshot:
+    """The :class:`CodeSnapshot` of the snapshot directory ``root`` (``$JOBGEN_CODE_DIR``).
+
+    Raises:
+        ConfigError: ``root`` holds no readable, valid :data:`CODE_INFO_FILE`.
+    """
+    path = root / CODE_INFO_FILE
+    try:
+        return CodeSnapshot.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"${CODE_DIR_ENV}={root} is not a code snapshot: it has no {CODE_INFO_FILE}",
+            location=f"environment: {CODE_DIR_ENV}",
+            hint="the run directory must be on a filesystem every node shares (SLURM: --runs-dir); submit again with jobgen submit",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a jobgen code snapshot record ({exc})", location=f"environment: {CODE_DIR_ENV}",
+                          hint="submit again with jobgen submit (it takes a fresh snapshot)") from None
+
+
 # --------------------------------------------------------------------------- handles
 
 #: Handle scheme -> the scheduler (backend table key) it belongs to.
@@ -355,6 +414,9 @@ class Submission(BaseModel):
         default=None, description="The command submit ran, in job_dir (SLURM: sbatch ...); None when submit used an API.")
     kind: str | None = Field(default=None, description="Kubernetes: the job's resource (plural.group/version).")
     kubeconfig: str | None = Field(default=None, description="Kubernetes: the kubeconfig file used, when not the default.")
+    code_dir: str | None = Field(default=None, description=(
+        f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
+    code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")
 
     def save(self) -> Path:
         """Write the record into the job dir and the state index; returns the job dir's file."""

@@ -21,6 +21,7 @@ import pydantic_core
 from jobgen import __version__
 from jobgen.command import check_trainer_args
 from jobgen.environment import check_job_env
+from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
@@ -124,6 +125,10 @@ class JobPlan:
             are not applied to a cluster (SLURM, local).
         cluster_object: what the job creates in its cluster, when it is applied (see
             ``apply_files``); None otherwise.
+        spec_file: the spec file the plan was made from, as given (:func:`jobgen.api.plan_job`);
+            ``jobgen submit`` snapshots the git repository holding it (``code.repo`` is relative
+            to it, :mod:`jobgen.snapshot`). None when unknown (a spec built in Python). Not a file
+            and not an input of the hash: where a spec lies does not change what is rendered.
     """
 
     scheduler: str
@@ -136,6 +141,7 @@ class JobPlan:
     warnings: tuple[str, ...] = ()
     apply_files: tuple[str, ...] = ()
     cluster_object: ClusterObject | None = None
+    spec_file: str | None = None
 
     @property
     def job_subdir(self) -> Path:
@@ -208,11 +214,13 @@ def plan(
     *,
     spec_source: str = "<spec>",
     profile_source: str = "<profile>",
+    spec_file: str | None = None,
 ) -> JobPlan:
     """Plan ``spec`` on ``profile``: resolve ``precision: auto`` and the world, run the rules
     (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`), render the files.
 
-    Pure: the same inputs give an equal JobPlan with byte-identical files.
+    Pure: the same inputs give an equal JobPlan with byte-identical files. ``spec_file`` (the
+    spec's path, when it came from one) is only carried to submit (:attr:`JobPlan.spec_file`).
 
     Raises:
         PlanError: spec and profile do not fit together (message in Lightning's style).
@@ -228,6 +236,7 @@ def plan(
     templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates))
     ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
     check_job_env(ctx)
+    check_code(spec, profile, spec_source)
     job_plan = backend.plan(ctx)
     if profile.gpus_per_node and spec.entrypoint is None:  # the estimate is of the built-in model on GPUs
         from jobgen.estimate import fit_warning
@@ -235,5 +244,22 @@ def plan(
         text = fit_warning(spec, profile, world.num_nodes, world.devices_per_node)
         if text:
             job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, text))
-    return job_plan
+    return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan
+
+
+def check_code(spec: TrainingSpec, profile: ClusterProfile, spec_source: str) -> None:
+    """Plan-time rule for ``code``: ``code.git`` (an init container's checkout) is a Kubernetes
+    option; SLURM and local runs snapshot the local repository at submit.
+
+    Raises:
+        PlanError: ``code.git`` on a SLURM or local profile.
+    """
+    code = spec.code
+    if code is not None and code.git is not None and profile.scheduler != "kubernetes":
+        raise PlanError(
+            f"You set `code.git`, but profile {profile.name!r} runs on {profile.scheduler}: an init container's checkout "
+            "is a Kubernetes option; SLURM and local jobs run a snapshot of the local repository that `jobgen submit` takes.",
+            location=f"{spec_source}: code.git",
+            hint="Remove code.git (set code.repo to the repository, relative to the spec file), or use a Kubernetes profile.",
+        )
 

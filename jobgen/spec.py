@@ -490,6 +490,86 @@ class EntrypointSpec(_Model):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
+#: A full git commit id (SHA-1: 40 hex digits; SHA-256 repositories: 64).
+_COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+#: ``code.python_path``: a plain relative directory (it is placed into job.sbatch as shell text).
+_SUBDIR_RE = re.compile(r"^[A-Za-z0-9._/-]*$")
+
+
+class CodeGitSource(_Model):
+    """Kubernetes: the code as one commit of a git repository, checked out in every pod before
+    torchrun starts (the profile's image needs ``git`` and ``sh``)."""
+
+    url: str = Field(min_length=1, description=(
+        "URL every pod fetches (``https://...`` or ``ssh://...``); credentials are not\n"
+        "written here (a public repository, or a URL the cluster's git setup can read)."
+    ))
+    ref: str = Field(description=(
+        "The commit to check out: its full 40-hex id (64 for SHA-256 repositories), never a branch\n"
+        "or tag (they move: a restarted pod would run other code). ``git rev-parse HEAD`` prints it."
+    ))
+
+    @field_validator("url")
+    @classmethod
+    def _shell_safe(cls, value: str) -> str:
+        return check_shell_safe(value)
+
+    @field_validator("ref")
+    @classmethod
+    def _full_commit(cls, value: str) -> str:
+        if not _COMMIT_RE.match(value):
+            raise ValueError(
+                f"ref {value!r} is not a full commit id: a branch or tag moves, so a restarted pod would run other "
+                "code; give the 40-hex commit (git rev-parse <branch>, e.g. git rev-parse HEAD)"
+            )
+        return value
+
+
+class CodeSpec(_Model):
+    """The user's code, shipped as an immutable snapshot (ARCHITECTURE.md, "User code").
+
+    SLURM and local: at submit, ``git archive HEAD`` of the repository holding ``repo`` is
+    extracted into ``<run dir>/code/<commit>/`` and put first on every rank's PYTHONPATH.
+    Kubernetes: the image is the code, or ``git`` (every pod checks out one commit).
+    Without a ``code`` section, a spec that runs the user's code (an ``entrypoint``, or a
+    ``class_path`` model or data module) snapshots the repository holding the spec file (none
+    when the spec is not in a git work tree); one of the built-in models and data does not.
+    """
+
+    repo: str = Field(default=".", min_length=1, description=(
+        "A directory in the git work tree to snapshot, relative to the spec file; the whole\n"
+        "repository holding it is snapshotted (its committed tree, ``git archive HEAD``)."
+    ))
+    python_path: str = Field(default="", description=(
+        "Sub-directory of the repository put first on PYTHONPATH, e.g. ``src``; empty: the\n"
+        "repository root."
+    ))
+    snapshot: bool = Field(default=True, description=(
+        "``false``: no snapshot; the ranks import the code found when they start (as before)."
+    ))
+    git: CodeGitSource | None = Field(default=None, description=(
+        "Kubernetes only: every pod checks out this commit into an emptyDir volume before torchrun\n"
+        "starts and puts it first on PYTHONPATH (PyTorchJob and TrainJob). ``null``: the image is\n"
+        "the code (pin it by digest, ``image: repo@sha256:...``)."
+    ))
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_shell_safe(cls, value: str) -> str:
+        return check_shell_safe(value)
+
+    @field_validator("python_path")
+    @classmethod
+    def _relative_subdir(cls, value: str) -> str:
+        parts = value.split("/")
+        if not _SUBDIR_RE.match(value) or value.startswith("/") or ".." in parts:
+            raise ValueError(
+                f"python_path {value!r} must be a sub-directory of the repository: relative, without '..', of letters, "
+                "digits and . _ - / only (e.g. src)"
+            )
+        return "/".join(p for p in parts if p not in ("", "."))
+
+
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
@@ -518,6 +598,12 @@ class TrainingSpec(_Model):
         "``--export=ALL``; a profile's ``--export`` must keep them) and job.sbatch stops before\n"
         "``srun`` when one is missing. Kubernetes: each name must be mapped to a Secret by the\n"
         "profile's ``kubernetes.secret_env``."
+    ))
+    code: CodeSpec | None = Field(default=None, description=(
+        "The user's code as an immutable snapshot (see CodeSpec); ``null``: for a spec that runs the\n"
+        "user's code (``entrypoint``, or a ``class_path`` model/data), the git repository holding the\n"
+        "spec file, snapshotted at submit (none when the spec is not in one); for the built-in models\n"
+        "and data, no snapshot."
     ))
 
     @field_validator("name")
@@ -556,7 +642,8 @@ class TrainingSpec(_Model):
         else:  # command mode: only what applies (spec.json reads back without "explicitly set" refusals)
             data = {k: v for k, v in data.items() if k not in BUILTIN_SECTIONS}
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k in COMMAND_TRAINER_FIELDS}
-        return data if self.secrets else {k: v for k, v in data.items() if k != "secrets"}
+        omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None)) if empty}
+        return {k: v for k, v in data.items() if k not in omit}
 
     @model_validator(mode="after")
     def _command_mode(self) -> TrainingSpec:
@@ -573,6 +660,13 @@ class TrainingSpec(_Model):
                 f"{{{','.join(sorted(COMMAND_TRAINER_FIELDS))}}}, env, secrets"
             )
         return self
+
+    @property
+    def runs_user_code(self) -> bool:
+        """Whether the job runs the user's code (an ``entrypoint``, or a ``class_path`` model or
+        data module) rather than only jobgen's built-in models and data: such specs are
+        snapshotted at submit by default (:mod:`jobgen.snapshot`)."""
+        return self.entrypoint is not None
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:

@@ -39,6 +39,9 @@ class SubmitOptions:
         context: Kubernetes: kubeconfig context.
         namespace: Kubernetes: namespace (default: the manifest's).
         kubeconfig: Kubernetes: kubeconfig file.
+        allow_dirty: SLURM and local: snapshot the code although its git work tree has
+            uncommitted changes; the changed files are copied over the committed tree and their
+            ``git diff`` and its sha256 recorded (:mod:`jobgen.snapshot`).
     """
 
     runs_dir: Path = Path("runs")
@@ -49,12 +52,13 @@ class SubmitOptions:
     context: str | None = None
     namespace: str | None = None
     kubeconfig: str | None = None
+    allow_dirty: bool = False
 
 
 #: option attribute -> how the CLI spells it (for errors).
 OPTION_FLAGS = {"test_only": "--test-only", "force": "--force", "dry_run": "--dry-run", "replace": "--replace",
                 "context": "--context", "namespace": "--namespace", "kubeconfig": "--kubeconfig",
-                "rank": "--rank", "replica": "--replica"}
+                "rank": "--rank", "replica": "--replica", "allow_dirty": "--allow-dirty"}
 
 
 #: option -> what the other scheduler calls the same idea (validate only; overwrite; pick a process).

@@ -27,6 +27,7 @@ and the client are imported only when used.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,12 +40,15 @@ from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import launcher_owned
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import (
+    CODE_DIR_ENV,
+    CODE_INFO_FILE,
     DS_CONFIG_FILE,
     KUSTOMIZATION_FILE,
     MAX_NAME,
     PYTORCHJOB_FILE,
     SPEC_FILE,
     TRAINJOB_FILE,
+    CodeSnapshot,
     generated_header,
     kustomization_yaml,
 )
@@ -66,6 +70,30 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "jobgen"}
 PORT_NAME = "pytorchjob-port"
 #: What the Trainer v2 ``torch-distributed`` runtime calls its replicated job and container.
 TRAINJOB_NODE = "node"
+#: ``code.git``: where the checked-out commits live in every pod (an emptyDir volume).
+CODE_MOUNT = "/jobgen-code"
+CODE_VOLUME = "jobgen-code"
+#: ``code.git``: the container's command runs this (``sh -c SCRIPT jobgen-code <torchrun argv>``)
+#: before exec'ing torchrun. Every value arrives through the environment (never spliced into the
+#: text); no ``$(`` (the kubelet would expand it). A fetch by commit id needs a server that allows
+#: it (GitHub, GitLab, Gitea do); otherwise every branch and tag is fetched. The checkout is
+#: verified against the commit, its ``.git`` removed, and it is renamed into place only when
+#: complete, so a restarted container reuses it.
+CHECKOUT_SCRIPT = "\n".join([
+    "set -eu",
+    'dest="$JOBGEN_CODE_DIR"',
+    f'if [ ! -f "$dest/{CODE_INFO_FILE}" ]; then',
+    '  rm -rf "$dest.tmp" && git init -q "$dest.tmp" && cd "$dest.tmp"',
+    '  git fetch -q --depth 1 "$JOBGEN_CODE_URL" "$JOBGEN_CODE_REF" || '
+    "git fetch -q \"$JOBGEN_CODE_URL\" '+refs/heads/*:refs/remotes/origin/*' '+refs/tags/*:refs/tags/*'",
+    '  git -c advice.detachedHead=false checkout -q "$JOBGEN_CODE_REF"',
+    '  test "`git rev-parse HEAD`" = "$JOBGEN_CODE_REF"',
+    f'  rm -rf .git && printf \'%s\\n\' "$JOBGEN_CODE_INFO" > {CODE_INFO_FILE}',
+    '  cd / && mv "$dest.tmp" "$dest"',
+    "fi",
+    'echo "jobgen: code $JOBGEN_CODE_REF from $JOBGEN_CODE_URL in $dest"',
+    'exec "$@"',
+])
 
 @dataclass(frozen=True)
 class K8sKind:
@@ -265,6 +293,10 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
         env[RUN_DIR_ENV] = run_dir
         if ctx.spec.trainer.deepspeed_stage is not None:
             env[DEEPSPEED_CONFIG_ENV] = f"{CONFIG_MOUNT}/{DS_CONFIG_FILE}"
+    code = git_code(ctx)
+    if code is not None:
+        command = ["sh", "-c", CHECKOUT_SCRIPT, "jobgen-code", *command]
+        env |= code
     env = {key: _kubelet_literal(value) for key, value in sorted(env.items())}
     secret_env = [(key, {"name": ref.secret, "key": ref.key, **({"optional": True} if ref.optional else {})})
                   for key, ref in sorted(k.secret_env.items())]
@@ -294,6 +326,9 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
         {"configMap": {"name": config_map_name(name)}, "name": "jobgen-config"},
         runs,
     ]
+    if code is not None:
+        mounts.append({"mountPath": CODE_MOUNT, "name": CODE_VOLUME})
+        volumes.append({"emptyDir": {}, "name": CODE_VOLUME})
     return {
         "image": k.image,
         "image_pull_policy": k.image_pull_policy,
@@ -315,6 +350,39 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
         "affinity": k.affinity,
         "image_pull_secrets": list(k.image_pull_secrets),
     }
+
+
+def git_code(ctx: PlanContext) -> dict[str, str] | None:
+    """``code.git``: the environment that makes the container's command (:data:`CHECKOUT_SCRIPT`)
+    check out ``code.git.ref`` into ``<CODE_MOUNT>/<ref>`` (an emptyDir volume) and puts it
+    (plus ``code.python_path``) first on PYTHONPATH, ahead of a PYTHONPATH from ``env``;
+    ``JOBGEN_CODE_INFO`` is the :class:`~jobgen.jobdir.CodeSnapshot` the entrypoint reads back
+    for summary.json. None when the spec has no ``code.git`` (the image is the code)."""
+    code = ctx.spec.code
+    if code is None or not code.snapshot or code.git is None:
+        return None
+    root = f"{CODE_MOUNT}/{code.git.ref}"
+    info = CodeSnapshot(commit=code.git.ref, repo=code.git.url, python_path=code.python_path)
+    first = f"{root}/{code.python_path}" if code.python_path else root
+    rest = job_env(ctx).get("PYTHONPATH")
+    return {
+        CODE_DIR_ENV: root,
+        "JOBGEN_CODE_URL": code.git.url,
+        "JOBGEN_CODE_REF": code.git.ref,
+        "JOBGEN_CODE_INFO": json.dumps(info.model_dump(mode="json"), sort_keys=True),
+        "PYTHONPATH": f"{first}:{rest}" if rest else first,
+    }
+
+
+def image_warning(ctx: PlanContext) -> str | None:
+    """The warning for a job whose code is the image (no ``code.git``) when the profile's image is
+    not pinned by digest: a tag can move, so a restarted pod could run other code."""
+    code, image = ctx.spec.code, (ctx.profile.kubernetes.image if ctx.profile.kubernetes else "")
+    if (code is not None and (not code.snapshot or code.git is not None)) or "@sha256:" in image:
+        return None
+    return (f"the image is the code on Kubernetes, and image {image!r} is not pinned by digest: a tag can move, so a "
+            "restarted pod could run other code; pin it (image: <repo>@sha256:<digest>), or ship the code as a commit with "
+            "code.git: {url, ref}, or set code.snapshot: false")
 
 
 def run_policy(ctx: PlanContext) -> dict[str, Any]:
@@ -386,6 +454,9 @@ def plan(ctx: PlanContext) -> JobPlan:
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
                                             k8s_version=k.version, profile_source=ctx.profile_source)
     warnings += report.warnings
+    unpinned = image_warning(ctx)
+    if unpinned:
+        warnings += (unpinned,)
     rdma_fabric = ctx.profile.network_fabric in ("infiniband", "roce", "efa")
     if rdma_fabric and w.accelerator == "gpu" and not k.rdma_resource:
         warnings += (f"network_fabric {ctx.profile.network_fabric} but no kubernetes.rdma_resource: pods get IPC_LOCK but no RDMA "

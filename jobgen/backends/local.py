@@ -20,8 +20,9 @@ from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOpt
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
+from jobgen.snapshot import pythonpath, snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -86,6 +87,7 @@ class LocalBackend(Backend):
     is its run directory (``<runs dir>/<job name>``)."""
 
     name = "local"
+    submit_options = frozenset({"allow_dirty"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
         """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command."""
@@ -113,9 +115,14 @@ class LocalBackend(Backend):
         process: it gets ``(argv, cwd, env)`` and returns the exit code. torchrun inherits this
         process's environment, which carries the spec's ``secrets`` (checked before the start).
 
+        The code is snapshotted first (:mod:`jobgen.snapshot`: the git repository holding the
+        plan's spec file, else the one holding ``job_dir``) into ``<run dir>/code/<id>/``, which
+        goes first on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
+
         Raises:
-            ConfigError: ``job_dir`` is not a local job directory, or a secret of the spec is not
-                set in this environment (nothing is started).
+            ConfigError: ``job_dir`` is not a local job directory, a secret of the spec is not
+                set in this environment, or the code's git work tree has uncommitted changes
+                (without ``options.allow_dirty``); nothing is started.
             SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
         """
         self.check_options(options)
@@ -127,7 +134,8 @@ class LocalBackend(Backend):
         slow = bf16_emulation_warning(resolved.spec.trainer.precision, resolved.launch.accelerator)
         if slow:
             out(f"jobgen: warning: {slow}")
-        command = (plan or _replan(job_dir, resolved)).submit_steps[0]
+        job_plan = plan or _replan(job_dir, resolved)
+        command = job_plan.submit_steps[0]
         assert isinstance(command, Command)
         command = command.filled({JOB_DIR_PLACEHOLDER: str(job_dir), SUBMIT_DIR_PLACEHOLDER: str(Path.cwd())})
         cwd = Path(command.cwd) if command.cwd is not None else job_dir
@@ -141,9 +149,17 @@ class LocalBackend(Backend):
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        env.pop(CODE_DIR_ENV, None)
+        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
+        code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
+                            allow_dirty=options.allow_dirty, out=out)
+        if code is not None:  # the snapshot first, ahead of jobgen itself
+            env[CODE_DIR_ENV] = str(code[0])
+            env["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), env["PYTHONPATH"])
         env.setdefault("PYTHONUNBUFFERED", "1")
         record = Submission(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
-                            inputs_sha256=resolved.inputs_sha256)
+                            inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
+                            code=code[1] if code else None)
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))

@@ -30,6 +30,7 @@ from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_co
 from jobgen.environment import check_present, unexported
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import (
+    CODE_DIR_ENV,
     SBATCH_FILE,
     SPEC_FILE,
     SUBMISSION_FILE,
@@ -42,6 +43,7 @@ from jobgen.jobdir import (
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.triage import LogLine, Triage, triage
 from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
+from jobgen.snapshot import pythonpath, snapshot_for
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -83,7 +85,8 @@ def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, st
 
 
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
-               env: dict[str, str] | None = None, out: Callable[[str], None] = print) -> JobHandle | None:
+               env: dict[str, str] | None = None, out: Callable[[str], None] = print, spec_file: Path | None = None,
+               allow_dirty: bool = False) -> JobHandle | None:
     """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
 
     The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
@@ -94,10 +97,18 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
     queued), passes SLURM's answer to ``out`` and returns ``None``.
 
+    Before sbatch the code is snapshotted (:mod:`jobgen.snapshot`: the git repository holding
+    ``spec_file``, or without one the repository holding ``job_dir``) into
+    ``<run dir>/code/<id>/``; sbatch gets ``JOBGEN_CODE_DIR=<snapshot>`` and PYTHONPATH with the
+    snapshot first, and exports both to the job. A requeued job keeps the environment it was
+    submitted with, so it runs the same snapshot; job.sbatch (for a spec with ``code``) and the
+    entrypoint put it first on PYTHONPATH again. ``test_only`` only checks the work tree.
+
     Raises:
         ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set
             (nothing is submitted); the run dir path contains ``%`` or a backslash (SLURM's output
-            filename patterns cannot carry them).
+            filename patterns cannot carry them); the code's work tree has uncommitted changes
+            (without ``allow_dirty``) or ``$SBATCH_EXPORT`` would drop the snapshot's variables.
         SubmitError: the same job directory has a job still pending or running (without
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
     """
@@ -124,6 +135,13 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "or submit a second copy with --force",
             )
     run_dir.mkdir(parents=True, exist_ok=True)
+    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
+                        out=out, check_only=test_only)
+    environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
+    if code is not None:
+        check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
+        environ[CODE_DIR_ENV] = str(code[0])
+        environ["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), environ.get("PYTHONPATH"))
     workdir = str(Path.cwd()) if resolved.spec.entrypoint is not None else None  # command mode: the ranks run here
     command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
                              workdir=workdir)
@@ -138,9 +156,29 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
     Submission(
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{jid}.out"),
-        argv=tuple(argv), inputs_sha256=resolved.inputs_sha256,
+        argv=tuple(argv), inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
+        code=code[1] if code else None,
     ).save()
     return handle
+
+
+def check_code_export(environ: dict[str, str], names: tuple[str, ...]) -> None:
+    """Before the snapshot: ``$SBATCH_EXPORT`` (which overrides job.sbatch's directives) passes
+    ``names``, the variables that carry the snapshot (``JOBGEN_CODE_DIR``, ``PYTHONPATH``), to the job.
+
+    Raises:
+        ConfigError: ``$SBATCH_EXPORT`` drops one (the job would import whatever code it finds).
+    """
+    export = environ.get("SBATCH_EXPORT")
+    dropped = unexported(export, names) if export is not None else []
+    if dropped:
+        raise ConfigError(
+            f"SBATCH_EXPORT={export} is set in this environment, so sbatch would not pass {', '.join(dropped)} (the code "
+            "snapshot) to the job. Nothing was submitted.",
+            location="environment: SBATCH_EXPORT",
+            hint="unset SBATCH_EXPORT (sbatch then exports everything), set SBATCH_EXPORT=ALL, or add the names: "
+            f"SBATCH_EXPORT={','.join([*(e for e in export.split(',') if e and e not in ('NONE', 'NIL')), *dropped])}",
+        )
 
 
 def job_id(handle: JobHandle) -> str:
@@ -423,7 +461,7 @@ class SlurmBackend(Backend):
 
     name = "slurm"
     templates = (TEMPLATE,)
-    submit_options = frozenset({"test_only", "force"})
+    submit_options = frozenset({"test_only", "force", "allow_dirty"})
     log_options = frozenset({"rank"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
@@ -433,7 +471,9 @@ class SlurmBackend(Backend):
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
         """``sbatch`` the directory (see :func:`submit_dir`); ``test_only``: nothing is queued."""
         self.check_options(options)
-        handle = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out)
+        handle = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out,
+                            spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None,
+                            allow_dirty=options.allow_dirty)
         if handle is None:
             return SubmitResult("validated", None)
         return SubmitResult("submitted", handle, Submission.load(job_dir / SUBMISSION_FILE))

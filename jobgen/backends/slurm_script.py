@@ -15,7 +15,7 @@ from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.environment import export_problem
 from jobgen.errors import PlanError
-from jobgen.jobdir import DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
 from jobgen.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.render import ShellText
 from jobgen.rules import World
@@ -248,6 +248,23 @@ def _double_quoted(text: str) -> ShellText:
     return ShellText(f'"{text}"')
 
 
+def code_env_prefix(ctx: PlanContext) -> list[str]:
+    """For a spec with a ``code`` section that is snapshotted: ``env PYTHONPATH=...`` ahead of the
+    entrypoint, putting ``$JOBGEN_CODE_DIR`` (the snapshot ``jobgen submit`` exported to the job;
+    a requeued job keeps it) plus ``code.python_path`` first on every rank's PYTHONPATH, and
+    leaving PYTHONPATH as it is when the variable is unset (``sbatch job.sbatch`` by hand).
+    ``[]`` otherwise, so the scripts of specs without ``code`` stay as they were (their ranks
+    still get the snapshot first: submit exports PYTHONPATH, and the entrypoint re-checks).
+
+    The word is trusted shell text in double quotes: the variables expand without splitting, and
+    ``python_path`` holds only ``[A-Za-z0-9._/-]`` (checked by the spec)."""
+    code = ctx.spec.code
+    if code is None or not code.snapshot:
+        return []
+    suffix = f"/{code.python_path}" if code.python_path else ""
+    return ["env", ShellText(f'"PYTHONPATH=${{{CODE_DIR_ENV}:+${{{CODE_DIR_ENV}}}{suffix}${{PYTHONPATH:+:}}}}${{PYTHONPATH:-}}"')]
+
+
 def launch_argv(ctx: PlanContext) -> list[str]:
     """The per-task command after ``srun``: container wrapper (if any) + the entrypoint.
 
@@ -259,6 +276,7 @@ def launch_argv(ctx: PlanContext) -> list[str]:
         entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
     else:
         entry = [s.python, *target_argv(ctx.spec, ctx.world)]
+    entry = code_env_prefix(ctx) + entry
     if s.container.runtime == "apptainer":
         bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
         entry = ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]

@@ -22,6 +22,10 @@ does not read; the kubelet expands ``$(VAR)``)::
 
 (A Trainer v2 TrainJob sets PET_MASTER_ADDR/PET_MASTER_PORT too: there the flags are omitted.)
 
+Code snapshot: when ``$JOBGEN_CODE_DIR`` names the snapshot ``jobgen submit`` took
+(``<run dir>/code/<commit>/``), its import directory goes first on ``sys.path`` and PYTHONPATH
+before anything else is read, and ``summary.json`` records what it is (``code``).
+
 Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
 data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a
 restarted job continues from the newest checkpoint there.
@@ -34,12 +38,15 @@ line on stderr; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
-from jobgen.jobdir import load_resolved_spec
+from jobgen.jobdir import CODE_DIR_ENV, load_resolved_spec, read_code_snapshot
 from jobgen.spec import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support
@@ -93,11 +100,33 @@ def check_data(spec: TrainingSpec) -> tuple[TextSources | TokenFiles | Instructi
     return sources, layout
 
 
+def use_code_snapshot(environ: MutableMapping[str, str] = os.environ, path: list[str] = sys.path) -> dict[str, Any] | None:
+    """Put the code snapshot named by ``$JOBGEN_CODE_DIR`` first on ``path`` (``sys.path``) and
+    on ``PYTHONPATH`` (for processes this rank starts); returns its record plus ``dir`` for
+    ``summary.json``, or None when the variable is unset.
+
+    Raises:
+        ConfigError: the variable names no snapshot (e.g. a run directory the node cannot see).
+    """
+    root = environ.get(CODE_DIR_ENV)
+    if not root:
+        return None
+    info = read_code_snapshot(Path(root))
+    first = str(info.import_dir(Path(root)))
+    if not path or path[0] != first:
+        path.insert(0, first)
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if rest[:1] != [first]:
+        environ["PYTHONPATH"] = os.pathsep.join([first, *rest])
+    return {**info.model_dump(mode="json"), "dir": root}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the entrypoint; returns the process exit code (never raises, except with --debug)."""
     started = time.time()
     args = parse_args(argv)
     try:
+        code = use_code_snapshot()
         resolved = load_resolved_spec(args.spec)
         check_runtime_support(resolved)
         spec = resolved.spec
@@ -106,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from jobgen.train.run import train  # torch + Lightning: only once the input is known good
 
-        return train(resolved, args.spec.resolve(), run_dir, sources, layout, started)
+        return train(resolved, args.spec.resolve(), run_dir, sources, layout, started, code=code)
     except JobgenError as exc:
         if exc.location and exc.location.startswith(("spec.", "launch.")):
             exc.location = f"{args.spec}: {exc.location}"  # name the file, as the planner's errors do

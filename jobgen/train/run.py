@@ -9,7 +9,8 @@ Run directory layout (``<run_dir>``)::
     checkpoints/step-<N>.ckpt, last.ckpt       step checkpoints; hpc_ckpt_<n>.ckpt on SLURM requeue
     logs/version_<n>/metrics.csv               CSV metrics, one version per (re)start
     logs/version_<n>/tensorboard/              TensorBoard events (``trainer.tensorboard: true``)
-    summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints
+    summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints, code
+    code/<commit>[-dirty-<sha>]/               the code snapshot jobgen submit took (SLURM, local; $JOBGEN_CODE_DIR)
     curves.png                                 loss and tokens/s over steps, all versions (rank zero, at the end)
 """
 
@@ -263,6 +264,7 @@ def train(
     sources: DataSources,
     layout: SplitLayout | None,
     started: float,
+    code: dict[str, Any] | None = None,
 ) -> int:
     """Train to ``spec.trainer.max_steps``, run a final validation, write ``summary.json``.
 
@@ -274,6 +276,8 @@ def train(
         layout: the byte split of ``text`` sources (already checked to hold a window each);
             ``None`` for the other formats.
         started: ``time.time()`` when the process started (for the wall time).
+        code: the code snapshot this rank runs (its :class:`~jobgen.jobdir.CodeSnapshot` record
+            plus ``dir``), recorded in ``summary.json`` as ``code``; None: no snapshot.
 
     Returns:
         the process exit code: 0 when training reached ``max_steps`` (or had already).
@@ -360,6 +364,8 @@ def train(
                 "jobgen_version": resolved.jobgen_version,
                 "inputs_sha256": resolved.inputs_sha256,
                 "profile": resolved.profile,
+                # The code snapshot (commit, dirty, diff_sha256, repo, python_path, dir) or null.
+                "code": code,
             }
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)

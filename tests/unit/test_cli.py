@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,7 +95,8 @@ def test_validate_reports_fit(run_cli):
 
 def test_submit_to_slurm_without_sbatch_renders_then_fails_clearly(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
-    result = run_cli("submit", QUICKSTART, "--profile", "slurm-a100", cwd=tmp_path)
+    spec = write(tmp_path / "quickstart.yaml", Path(QUICKSTART).read_text())  # outside a git work tree: no code snapshot
+    result = run_cli("submit", str(spec), "--profile", "slurm-a100", cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
     assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()

@@ -64,10 +64,13 @@ def slurm(tmp_path, monkeypatch) -> FakeSlurm:
 
 @pytest.fixture
 def submit(run_cli, tmp_path):
-    """``jobgen submit examples/quickstart.yaml --profile slurm-cpu`` into tmp_path."""
+    """``jobgen submit examples/quickstart.yaml --profile slurm-cpu`` into tmp_path (a copy of the
+    spec outside any git work tree: no code snapshot here, tests/unit/test_code_snapshot.py has them)."""
+    spec = tmp_path / SPEC.name
+    spec.write_text(SPEC.read_text())
 
     def _submit(*extra: str):
-        return run_cli("submit", str(SPEC), "--profile", PROFILE, "--profiles-dir", str(PROFILES), "--out", str(tmp_path / "manifests"),
+        return run_cli("submit", str(spec), "--profile", PROFILE, "--profiles-dir", str(PROFILES), "--out", str(tmp_path / "manifests"),
                        "--runs-dir", str(tmp_path / "runs"), *extra, cwd=tmp_path)
 
     return _submit

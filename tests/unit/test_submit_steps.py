@@ -67,7 +67,9 @@ def test_kubernetes_submit_makes_the_planned_api_requests(tmp_path, monkeypatch)
 
 
 def test_local_submit_runs_the_planned_command(tmp_path):
-    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "local")
+    spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no code snapshot (see test_code_snapshot.py)
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
+    job_plan = api.plan_job(spec, "local")
     ran: list[tuple[list[str], Path, dict[str, str]]] = []
 
     def runner(argv, cwd, env):

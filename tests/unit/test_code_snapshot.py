@@ -1,0 +1,391 @@
+"""Code shipped as an immutable snapshot (jobgen/snapshot.py, ARCHITECTURE.md "User code").
+
+A temporary git repository holds a package and the spec. Submitting (local through
+LocalBackend's ``runner=``, SLURM through the fake client commands of tests/fakes/slurm) must
+leave ``<run dir>/code/<commit>/`` holding the committed content — not an edit made after
+submit — first on every rank's PYTHONPATH, recorded in the submission record; a dirty work
+tree is refused (exit 2, hint) unless ``--allow-dirty``, which records the diff's sha256.
+job.sbatch is run under bash with stubs; the Kubernetes checkout renders, validates offline,
+and its script is run for real against a ``file://`` repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobgen import api, jobdir
+from jobgen.backends import get_backend, k8s_manifest
+from jobgen.backends.base import SubmitOptions
+from jobgen.errors import ConfigError, PlanError
+from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
+from jobgen.load import load_profile, load_spec, validate
+from jobgen.plan import plan
+from jobgen.spec import TrainingSpec
+from tests.conftest import PROFILES, TEMPLATES, lint_bash, write
+from tests.fakes.slurm.fakeslurm import FakeSlurm, reply
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, env={**os.environ, **GIT_ENV}, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("JOBGEN_CODE_DIR", raising=False)
+    monkeypatch.delenv("SBATCH_EXPORT", raising=False)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """``proj/``: a git repository with ``src/mypkg`` (VALUE = 1) and ``jobs/train.yaml``
+    (``code: {python_path: src}``), all committed."""
+    root = tmp_path / "proj"
+    write(root / "src" / "mypkg" / "__init__.py", "VALUE = 1\n")
+    write(root / "jobs" / "train.yaml", "name: snap\ncode: {python_path: src}\n")
+    write(root / ".gitignore", "runs/\n")
+    git(root.parent, "init", "-q", str(root))
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "code")
+    return root
+
+
+def local_submit(spec: Path, tmp_path: Path, *, allow_dirty: bool = False, runner=None):
+    """``jobgen submit SPEC --profile local`` through the API with a fake runner; returns
+    ``(result, job_dir, calls)``."""
+    calls: list[tuple[list[str], Path, dict[str, str]]] = []
+
+    def record(argv, cwd, env):
+        calls.append((argv, cwd, env))
+        return runner(argv, cwd, env) if runner else 0
+
+    job_plan = api.plan_job(spec, "local")
+    options = SubmitOptions(runs_dir=tmp_path / "runs", allow_dirty=allow_dirty)
+    backend = get_backend("local")
+    job_dir = backend.job_dir(job_plan, tmp_path, options)
+    job_plan.write(job_dir)
+    result = backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=record)
+    return result, job_dir.resolve(), calls
+
+
+# --------------------------------------------------------------------------- local
+
+
+def test_local_snapshot_holds_the_commit_and_comes_first_on_pythonpath(repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(repo / "src"))  # the working tree is importable too: the snapshot must win
+    head = git(repo, "rev-parse", "HEAD")
+
+    def edit_then_import(argv, cwd, env):
+        (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 2\n")  # an edit after submit
+        proc = subprocess.run([sys.executable, "-c", "import mypkg; print(mypkg.VALUE, mypkg.__file__)"], env=env,
+                              capture_output=True, text=True, check=True)
+        (tmp_path / "imported").write_text(proc.stdout)
+        return 0
+
+    result, job_dir, calls = local_submit(repo / "jobs" / "train.yaml", tmp_path, runner=edit_then_import)
+    snapshot = job_dir / "code" / head
+    assert (snapshot / "src" / "mypkg" / "__init__.py").read_text() == "VALUE = 1\n"
+    value, path = (tmp_path / "imported").read_text().split()
+    assert value == "1" and Path(path).is_relative_to(snapshot), "the rank imported the working tree, not the snapshot"
+    env = calls[0][2]
+    assert env["JOBGEN_CODE_DIR"] == str(snapshot)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(snapshot / "src")
+    info = read_code_snapshot(snapshot)
+    assert info == CodeSnapshot(commit=head, dirty=False, diff_sha256=None, repo=str(repo.resolve()), python_path="src")
+    record = Submission.load(job_dir / SUBMISSION_FILE)
+    assert record == result.record and record.code == info and record.code_dir == str(snapshot)
+    # A second submit of the same commit reuses the (immutable) snapshot.
+    git(repo, "checkout", "-q", "--", ".")
+    again, _, calls = local_submit(repo / "jobs" / "train.yaml", tmp_path)
+    assert again.record.code_dir == str(snapshot) and calls[0][2]["JOBGEN_CODE_DIR"] == str(snapshot)
+
+
+@pytest.mark.parametrize("change", ["modified", "untracked", "deleted"])
+def test_local_refuses_a_dirty_tree_and_nothing_runs(repo, tmp_path, run_cli, change):
+    if change == "modified":
+        (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 3\n")
+    elif change == "untracked":
+        write(repo / "src" / "mypkg" / "new.py", "X = 1\n")
+    else:
+        (repo / "src" / "mypkg" / "__init__.py").unlink()
+    with pytest.raises(ConfigError, match="uncommitted change") as info:
+        local_submit(repo / "jobs" / "train.yaml", tmp_path)
+    assert info.value.exit_code == 2 and "--allow-dirty" in (info.value.hint or "")
+    assert not (tmp_path / "runs" / "snap" / "code").exists() and not (tmp_path / "runs" / "snap" / SUBMISSION_FILE).exists()
+    result = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "local", "--runs-dir", str(tmp_path / "runs"))
+    assert result.code == 2 and "uncommitted change" in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_edits_to_the_spec_file_and_the_rendered_files_are_not_code(repo, tmp_path):
+    (repo / "jobs" / "train.yaml").write_text("name: snap\ncode: {python_path: src}\ntrainer: {max_steps: 70}\n")
+    # a run directory inside the repository (not ignored) is not code either
+    result, job_dir, _ = local_submit(repo / "jobs" / "train.yaml", repo / "out")
+    assert result.record.code is not None and not result.record.code.dirty
+
+
+def test_allow_dirty_copies_the_changes_and_records_the_diff(repo, tmp_path):
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 4\n")
+    write(repo / "src" / "mypkg" / "extra.py", "EXTRA = True\n")
+    result, job_dir, calls = local_submit(repo / "jobs" / "train.yaml", tmp_path, allow_dirty=True)
+    info = result.record.code
+    assert info.dirty and info.commit == head
+    snapshot = Path(result.record.code_dir)
+    assert snapshot == job_dir / "code" / f"{head}-dirty-{info.diff_sha256[:12]}"
+    assert (snapshot / "src" / "mypkg" / "__init__.py").read_text() == "VALUE = 4\n"
+    assert (snapshot / "src" / "mypkg" / "extra.py").read_text() == "EXTRA = True\n"
+    patch = (snapshot / CODE_DIFF_FILE).read_bytes()
+    assert hashlib.sha256(patch).hexdigest() == info.diff_sha256
+    assert b"+VALUE = 4" in patch and b"+EXTRA = True" in patch
+    assert read_code_snapshot(snapshot) == info == Submission.load(job_dir / SUBMISSION_FILE).code
+    assert git(repo, "status", "--porcelain") != "" and "extra.py" not in git(repo, "diff", "--cached", "--name-only")  # index untouched
+
+
+def test_a_spec_of_user_code_outside_git_takes_no_snapshot_and_says_so_once(tmp_path):
+    spec = write(tmp_path / "loose" / "train.yaml", "name: loose\nentrypoint: {module: mypkg.train}\n")
+    said: list[str] = []
+    job_plan = api.plan_job(spec, "local")
+    options = SubmitOptions(runs_dir=tmp_path / "runs")
+    backend = get_backend("local")
+    job_dir = backend.job_dir(job_plan, tmp_path, options)
+    job_plan.write(job_dir)
+    calls = []
+    result = backend.submit(job_dir, options, said.append, plan=job_plan, runner=lambda a, c, e: calls.append(e) or 0)
+    assert result.record.code is None and "JOBGEN_CODE_DIR" not in calls[0]
+    assert len([line for line in said if "no code snapshot" in line]) == 1
+
+
+def test_a_spec_of_the_builtin_model_takes_no_snapshot_even_in_a_dirty_repository(repo, tmp_path):
+    """The quick start from a jobgen checkout with local edits: jobgen's installed code runs,
+    there is no user code to snapshot, and nothing is refused or said."""
+    spec = write(repo / "jobs" / "builtin.yaml", "name: builtin\n")
+    write(repo / "src" / "mypkg" / "__init__.py", "VALUE = 99\n")  # uncommitted
+    result, _, calls = local_submit(spec, tmp_path)
+    assert result.record.code is None and "JOBGEN_CODE_DIR" not in calls[0][2]
+    assert not (tmp_path / "runs" / "builtin" / "code").exists()
+
+
+def test_code_that_names_no_repository_is_an_error(tmp_path):
+    spec = write(tmp_path / "loose" / "train.yaml", "name: loose\ncode: {python_path: src}\n")
+    with pytest.raises(ConfigError, match="not in a git work tree"):
+        local_submit(spec, tmp_path)
+
+
+def test_snapshot_false_takes_none(repo, tmp_path):
+    (repo / "jobs" / "train.yaml").write_text("name: snap\ncode: {snapshot: false}\n")
+    (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 5\n")  # dirty, but nothing is snapshotted
+    result, _, calls = local_submit(repo / "jobs" / "train.yaml", tmp_path)
+    assert result.record.code is None and "JOBGEN_CODE_DIR" not in calls[0][2]
+
+
+# --------------------------------------------------------------------------- SLURM (offline fakes)
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch) -> FakeSlurm:
+    fake = FakeSlurm(tmp_path)
+    for key, value in fake.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("FAKE_SLURM_RECORD_ENV", "JOBGEN_CODE_DIR,PYTHONPATH")
+    return fake
+
+
+def slurm_submit(run_cli, spec: Path, tmp_path: Path, *extra: str):
+    return run_cli("submit", str(spec), "--profile", "slurm-cpu", "--profiles-dir", str(PROFILES), "--out", str(tmp_path / "manifests"),
+                   "--runs-dir", str(tmp_path / "runs"), *extra, cwd=tmp_path)
+
+
+def test_slurm_submit_exports_the_snapshot_to_sbatch_and_records_it(repo, tmp_path, run_cli, slurm):
+    head = git(repo, "rev-parse", "HEAD")
+    slurm.respond("sbatch", reply("123\n"))
+    result = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path)
+    assert result.code == 0, result.stderr
+    snapshot = (tmp_path / "runs" / "snap" / "code" / head).resolve()
+    assert f"snapshot {snapshot}" in result.stdout
+    (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 9\n")  # edited while the job is queued
+    assert (snapshot / "src" / "mypkg" / "__init__.py").read_text() == "VALUE = 1\n"
+    env = slurm.calls("sbatch")[0]["env"]
+    assert env["JOBGEN_CODE_DIR"] == str(snapshot)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(snapshot / "src")  # first, ahead of the submitting shell's
+    record = json.loads((tmp_path / "manifests" / "slurm-cpu" / "snap" / SUBMISSION_FILE).read_text())
+    assert record["code_dir"] == str(snapshot)
+    assert record["code"] == {"commit": head, "dirty": False, "python_path": "src", "repo": str(repo.resolve())}
+    assert Submission.model_validate(record).code == read_code_snapshot(snapshot)
+
+
+def test_slurm_dirty_tree_is_refused_before_sbatch_unless_allow_dirty(repo, tmp_path, run_cli, slurm):
+    (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 8\n")
+    slurm.respond("sbatch", reply("124\n"))
+    refused = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path)
+    assert refused.code == 2 and "uncommitted change" in refused.stderr and "M src/mypkg/__init__.py" in refused.stderr
+    assert "hint:" in refused.stderr and "--allow-dirty" in refused.stderr
+    assert slurm.calls("sbatch") == []
+    accepted = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path, "--allow-dirty")
+    assert accepted.code == 0, accepted.stderr
+    record = json.loads((tmp_path / "manifests" / "slurm-cpu" / "snap" / SUBMISSION_FILE).read_text())
+    snapshot = Path(record["code_dir"])
+    assert record["code"]["dirty"] is True
+    assert record["code"]["diff_sha256"] == hashlib.sha256((snapshot / CODE_DIFF_FILE).read_bytes()).hexdigest()
+    assert (snapshot / "src" / "mypkg" / "__init__.py").read_text() == "VALUE = 8\n"
+    assert slurm.calls("sbatch")[0]["env"]["JOBGEN_CODE_DIR"] == str(snapshot)
+
+
+def test_sbatch_export_that_drops_the_snapshot_is_refused(repo, tmp_path, run_cli, slurm, monkeypatch):
+    monkeypatch.setenv("SBATCH_EXPORT", "NONE")
+    result = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path)
+    assert result.code == 2 and "JOBGEN_CODE_DIR" in result.stderr and slurm.calls("sbatch") == []
+
+
+def test_allow_dirty_is_refused_on_kubernetes():
+    with pytest.raises(ConfigError, match="--allow-dirty does not apply to kubernetes"):
+        get_backend("kubernetes").check_options(SubmitOptions(allow_dirty=True))
+
+
+# --------------------------------------------------------------------------- job.sbatch under bash
+
+
+def _sbatch(spec: dict) -> str:
+    training = validate(TrainingSpec, {"name": "j", **spec}, "<test>")
+    return plan(training, load_profile("slurm-cpu", PROFILES), TEMPLATES).file("job.sbatch")
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"JOBGEN_CODE_DIR": "/runs/a b/code/c0ffee", "PYTHONPATH": "/site/lib"}, "PYTHONPATH=/runs/a b/code/c0ffee/src:/site/lib"),
+    ({"JOBGEN_CODE_DIR": "/runs/a b/code/c0ffee"}, "PYTHONPATH=/runs/a b/code/c0ffee/src"),
+    ({"PYTHONPATH": "/site/lib"}, "PYTHONPATH=/site/lib"),  # `sbatch job.sbatch` by hand: no snapshot
+], ids=["snapshot-first", "snapshot-only", "unset"])
+def test_job_sbatch_puts_the_snapshot_first_on_every_ranks_pythonpath(tmp_path, extra, expected):
+    from tests.script.test_sbatch_script import run_sbatch
+
+    script = _sbatch({"code": {"python_path": "src"}})
+    path = write(tmp_path / "job.sbatch", script)
+    lint_bash(path)
+    argv, _, _ = run_sbatch(script, tmp_path, extra)
+    start = argv.index("env")
+    assert argv[start + 1] == expected and argv[start + 2:start + 4] == ["python", "-m"]
+
+
+def test_job_sbatch_of_a_spec_without_code_is_unchanged():
+    assert _sbatch({}).count("JOBGEN_CODE_DIR") == 0
+    assert "PYTHONPATH=${JOBGEN_CODE_DIR:+${JOBGEN_CODE_DIR}${PYTHONPATH:+:}}" in _sbatch({"code": {}})
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+REF = "0123456789abcdef0123456789abcdef01234567"
+GIT_CODE = {"code": {"python_path": "src", "git": {"url": "https://git.example.com/team/proj.git", "ref": REF}}}
+
+
+def k8s_render(tmp_path: Path, job_api: str, spec: dict, image: str | None = None):
+    doc = {"extends": str(PROFILES / "k8s-a100.yaml"), "kubernetes": {"job_api": job_api, **({"image": image} if image else {})}}
+    if job_api == "trainjob":
+        doc["kubernetes"]["trainer_runtime"] = "torch-distributed"
+    profile = load_profile(str(write(tmp_path / f"{job_api}.yaml", yaml.safe_dump(doc))))
+    job_plan = plan(validate(TrainingSpec, {"name": "job", **spec}, "<spec>"), profile, TEMPLATES, spec_source="spec.yaml")
+    manifest = jobdir.TRAINJOB_FILE if job_api == "trainjob" else jobdir.PYTORCHJOB_FILE
+    return job_plan, k8s_manifest.parse_manifest(job_plan.file(manifest), manifest)
+
+
+@pytest.mark.parametrize("job_api", ["pytorchjob", "trainjob"])
+def test_code_git_checks_out_the_commit_in_every_pod(tmp_path, job_api):
+    job_plan, (_, job) = k8s_render(tmp_path, job_api, GIT_CODE)
+    assert not [w for w in job_plan.warnings if "skipped" in w or "not pinned" in w], job_plan.warnings
+    if job_api == "pytorchjob":
+        pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        c = pod["containers"][0]
+        command, env, mounts, volumes = c["command"], c["env"], c["volumeMounts"], pod["volumes"]
+    else:
+        trainer = job["spec"]["trainer"]
+        patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = patch["template"]["spec"]["template"]["spec"]
+        command, env, mounts, volumes = trainer["command"], trainer["env"], pod["containers"][0]["volumeMounts"], pod["volumes"]
+    assert command[:4] == ["sh", "-c", k8s_manifest.CHECKOUT_SCRIPT, "jobgen-code"]
+    assert command[4:7] == ["python", "-m", "torch.distributed.run"] and "jobgen.train" in command
+    values = {e["name"]: e.get("value") for e in env}
+    root = f"/jobgen-code/{REF}"
+    assert values["JOBGEN_CODE_DIR"] == root and values["PYTHONPATH"] == f"{root}/src"
+    assert values["JOBGEN_CODE_REF"] == REF and values["JOBGEN_CODE_URL"] == GIT_CODE["code"]["git"]["url"]
+    assert CodeSnapshot.model_validate_json(values["JOBGEN_CODE_INFO"]).commit == REF
+    assert {"mountPath": "/jobgen-code", "name": "jobgen-code"} in mounts and {"emptyDir": {}, "name": "jobgen-code"} in volumes
+
+
+def test_a_branch_ref_is_refused_with_the_fix(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: job\ncode: {git: {url: 'https://git.example.com/p.git', ref: main}}\n")
+    with pytest.raises(ConfigError, match="not a full commit id") as info:
+        load_spec(spec)
+    assert "code.git.ref" in str(info.value) and "git rev-parse" in str(info.value)
+
+
+def test_code_git_is_refused_on_slurm():
+    with pytest.raises(PlanError, match="Kubernetes option"):
+        _sbatch(GIT_CODE)
+
+
+def test_the_image_is_the_code_unless_pinned_by_digest(tmp_path):
+    job_plan, _ = k8s_render(tmp_path, "pytorchjob", {})
+    assert any("not pinned by digest" in w for w in job_plan.warnings)
+    pinned, _ = k8s_render(tmp_path, "pytorchjob", {}, image="ghcr.io/example/train@sha256:" + "a" * 64)
+    assert not any("not pinned" in w for w in pinned.warnings)
+
+
+def test_the_checkout_script_fetches_exactly_the_commit(repo, tmp_path):
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "src" / "mypkg" / "__init__.py").write_text("VALUE = 7\n")
+    git(repo, "commit", "-q", "-am", "later")  # the branch moves on; the job keeps its commit
+    info = CodeSnapshot(commit=head, repo=f"file://{repo}", python_path="src")
+    dest = tmp_path / "mount" / head
+    dest.parent.mkdir()
+    env = {**os.environ, "JOBGEN_CODE_DIR": str(dest), "JOBGEN_CODE_URL": f"file://{repo}", "JOBGEN_CODE_REF": head,
+           "JOBGEN_CODE_INFO": json.dumps(info.model_dump(mode="json"))}
+    argv = ["sh", "-c", k8s_manifest.CHECKOUT_SCRIPT, "jobgen-code", "cat", str(dest / "src" / "mypkg" / "__init__.py")]
+    for _ in range(2):  # a restarted container reuses the checkout
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.endswith("VALUE = 1\n")
+    assert read_code_snapshot(dest) == info and not (dest / ".git").exists()
+
+
+# --------------------------------------------------------------------------- entrypoint, records, spec
+
+
+def test_the_entrypoint_puts_the_snapshot_first_and_returns_its_record(tmp_path):
+    from jobgen.train.__main__ import use_code_snapshot
+
+    root = tmp_path / "code" / ("c" * 40)
+    root.mkdir(parents=True)
+    info = CodeSnapshot(commit="c" * 40, repo="/r", python_path="src")
+    (root / CODE_INFO_FILE).write_text(info.dumps())
+    environ, path = {"JOBGEN_CODE_DIR": str(root), "PYTHONPATH": "/x"}, ["/first"]
+    record = use_code_snapshot(environ, path)
+    assert path[0] == str(root / "src") and environ["PYTHONPATH"] == f"{root / 'src'}{os.pathsep}/x"
+    assert record == {**info.model_dump(mode="json"), "dir": str(root)}
+    assert use_code_snapshot({}, []) is None
+    with pytest.raises(ConfigError, match="not a code snapshot"):
+        use_code_snapshot({"JOBGEN_CODE_DIR": str(tmp_path)}, [])
+
+
+def test_the_submission_record_round_trips_with_its_code(tmp_path):
+    info = CodeSnapshot(commit="d" * 40, dirty=True, diff_sha256="e" * 64, repo="/r", python_path="")
+    record = Submission(handle="local:///run", job_dir=str(tmp_path / "job"), run_dir=str(tmp_path / "job"),
+                        code_dir=str(tmp_path / "job" / "code" / "x"), code=info)
+    assert Submission.load(record.save()) == record
+
+
+@pytest.mark.parametrize("bad", ["../up", "/abs", "a b", "src/../..", "x;y"])
+def test_python_path_is_a_plain_subdirectory(bad):
+    with pytest.raises(ConfigError, match="python_path"):
+        validate(TrainingSpec, {"name": "j", "code": {"python_path": bad}}, "<test>")
