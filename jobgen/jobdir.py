@@ -29,9 +29,18 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from jobgen.errors import ConfigError, json_path
 from jobgen.rules import World
@@ -171,6 +180,15 @@ class LaunchSpec(BaseModel):
         default=None, description="SLURM: the signal (name without ``SIG``) that asks the job to checkpoint and requeue.")
     gpu_type: str | None = Field(default=None, description="GPU model (decides bf16/fp8 support on the node).")
     cluster: str | None = Field(default=None, description="SLURM cluster name from the profile (used in job handles).")
+    min_nodes: int | None = Field(default=None, ge=1, description=(
+        "Elastic jobs only: the fewest nodes torchrun may train on (``num_nodes`` is then the most, and\n"
+        "``world_size`` the world at that maximum); the entrypoint reads the real count from torchrun."))
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # min_nodes is left out while None: fixed-size jobs keep the spec.json (and hashes) they had
+        data = handler(self)
+        return data if self.min_nodes is not None else {k: v for k, v in data.items() if k != "min_nodes"}
 
     @field_validator("requeue_signal")
     @classmethod
@@ -181,6 +199,8 @@ class LaunchSpec(BaseModel):
 
     @model_validator(mode="after")
     def _world_size_is_product(self) -> LaunchSpec:
+        if self.min_nodes is not None and self.min_nodes > self.num_nodes:
+            raise ValueError(f"min_nodes={self.min_nodes} is above num_nodes={self.num_nodes} (the elastic maximum)")
         if self.world_size != self.num_nodes * self.devices_per_node:
             raise ValueError(
                 f"world_size={self.world_size} but num_nodes x devices_per_node = "
@@ -221,7 +241,7 @@ class ResolvedSpec(BaseModel):
         t = self.spec.trainer
         return World(num_nodes=self.launch.num_nodes, devices_per_node=self.launch.devices_per_node,
                      accelerator=self.launch.accelerator, micro_batch_size=t.micro_batch_size,
-                     gradient_accumulation_steps=t.gradient_accumulation_steps)
+                     gradient_accumulation_steps=t.gradient_accumulation_steps, min_nodes=self.launch.min_nodes)
 
 
 def load_resolved_spec(path: Path) -> ResolvedSpec:

@@ -22,6 +22,7 @@ from typing import Any
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
 from jobgen.backends.k8s_manifest import (
+    ELASTIC_TEMPLATE,
     INPUTS_ANNOTATION,
     PYTORCHJOB,
     RUN_ROOT,
@@ -39,6 +40,7 @@ from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
 from jobgen.k8s_names import is_dns1123_label
 from jobgen.plan import JobPlan, PlanContext
+from jobgen.rules import World
 from jobgen.triage import LogLine, Triage, parse_rfc3339, triage
 
 # --------------------------------------------------------------------------- the job directory
@@ -618,6 +620,12 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     templates = TEMPLATES
+
+    def templates_for(self, world: World) -> tuple[str, ...]:
+        """The fixed-size templates, plus the elastic PyTorchJob's for an elastic world (so fixed
+        jobs keep their inputs hash)."""
+        return (*TEMPLATES, ELASTIC_TEMPLATE) if world.elastic else TEMPLATES
+
     submit_options = frozenset({"dry_run", "replace", "context", "namespace", "kubeconfig"})
     log_options = frozenset({"replica"})
 

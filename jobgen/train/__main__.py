@@ -22,6 +22,13 @@ does not read; the kubelet expands ``$(VAR)``)::
 
 (A Trainer v2 TrainJob sets PET_MASTER_ADDR/PET_MASTER_PORT too: there the flags are omitted.)
 
+Elastic PyTorchJob (``resources.nodes: "min:max"``), Worker pods only, a c10d rendezvous on
+worker 0 (the operator sets PET_RDZV_ENDPOINT); the node count is whatever torchrun admitted,
+and the entrypoint passes Trainer(num_nodes = WORLD_SIZE / processes per node)::
+
+    python -m torch.distributed.run --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=$(PET_RDZV_ENDPOINT) --max-restarts=3 -m jobgen.train --spec ...
+
 Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
 data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a
 restarted job continues from the newest checkpoint there.
@@ -34,6 +41,7 @@ line on stderr; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,7 +50,7 @@ from jobgen.errors import EXIT_RUNTIME, JobgenError
 from jobgen.jobdir import load_resolved_spec
 from jobgen.spec import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
-from jobgen.train.resolved import check_runtime_support
+from jobgen.train.resolved import check_runtime_support, runtime_world
 from jobgen.train.sources import SplitLayout, TextSources, check_enough_bytes, discover_sources, split_layout
 
 PROG = "python -m jobgen.train"
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolved = load_resolved_spec(args.spec)
         check_runtime_support(resolved)
+        resolved = runtime_world(resolved, os.environ)  # elastic: the node count torchrun formed
         spec = resolved.spec
         sources, layout = check_data(spec)
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
