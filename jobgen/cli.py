@@ -397,6 +397,8 @@ def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, 
         doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
                 "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
                 "global_batch_size": w.global_batch_size, "warnings": list(job_plan.warnings)}
+        if w.elastic:  # num_nodes / world_size / global_batch_size are then the values at the maximum
+            doc["min_nodes"] = w.min_nodes
         if loaded.entrypoint is not None:
             checked = _check_command(resolved.spec, job_plan, spec)
             doc["checked"] = checked
@@ -414,6 +416,12 @@ def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, 
                f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
     if job_plan is not None:
         w = job_plan.world
+        if w.elastic:
+            per_node = w.micro_batch_size * w.gradient_accumulation_steps * w.devices_per_node
+            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch "
+                       f"{per_node * w.fewest_nodes}..{w.global_batch_size} sequences (micro {w.micro_batch_size} x accumulation "
+                       f"{w.gradient_accumulation_steps} x world size), precision {doc['precision']}")
+            return
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
                    f"global batch {w.global_batch_size} sequences "
                    f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size}), "
@@ -484,7 +492,7 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
         )
     world = resolve_world(loaded, prof, spec)
     check_fit(loaded, prof, world, spec)
-    mp = plan_memory(loaded, prof, world.num_nodes, world.devices_per_node)
+    mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node)  # elastic: the smallest world (largest shards)
     if output == "json":
         click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json()}, indent=2, sort_keys=True))
     else:

@@ -195,6 +195,9 @@ class LaunchSpec(BaseModel):
     cluster: str | None = Field(default=None, description="SLURM cluster name from the profile (used in job handles).")
     gpu_hour_price: float | None = Field(default=None, ge=0, description=(
         "The profile's price of one GPU-hour (cost = GPU-hours x price); left out of the file when unset."))
+    min_nodes: int | None = Field(default=None, ge=1, description=(
+        "Elastic jobs only: the fewest nodes torchrun may train on (``num_nodes`` is then the most, and\n"
+        "``world_size`` the world at that maximum); the entrypoint reads the real count from torchrun."))
 
     @field_validator("requeue_signal")
     @classmethod
@@ -205,12 +208,14 @@ class LaunchSpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # left out while unset: profiles without a price keep the spec.json (and hashes) they had
-        data = handler(self)
-        return data if self.gpu_hour_price is not None else {k: v for k, v in data.items() if k != "gpu_hour_price"}
+        # Left out while unset, so jobs without them keep the spec.json (and hashes) they had:
+        # the price (profiles without one) and min_nodes (fixed-size jobs).
+        return {k: v for k, v in handler(self).items() if not (k in ("gpu_hour_price", "min_nodes") and v is None)}
 
     @model_validator(mode="after")
     def _world_size_is_product(self) -> LaunchSpec:
+        if self.min_nodes is not None and self.min_nodes > self.num_nodes:
+            raise ValueError(f"min_nodes={self.min_nodes} is above num_nodes={self.num_nodes} (the elastic maximum)")
         if self.world_size != self.num_nodes * self.devices_per_node:
             raise ValueError(
                 f"world_size={self.world_size} but num_nodes x devices_per_node = "
@@ -251,7 +256,7 @@ class ResolvedSpec(BaseModel):
         t = self.spec.trainer
         return World(num_nodes=self.launch.num_nodes, devices_per_node=self.launch.devices_per_node,
                      accelerator=self.launch.accelerator, micro_batch_size=t.micro_batch_size,
-                     gradient_accumulation_steps=t.gradient_accumulation_steps)
+                     gradient_accumulation_steps=t.gradient_accumulation_steps, min_nodes=self.launch.min_nodes)
 
 
 def load_resolved_spec(path: Path) -> ResolvedSpec:

@@ -6,7 +6,11 @@ Four checks, weakest dependency first (each names the source of its rules):
 1. **Operator admission rules** (no dependency): the training-operator's PyTorchJob webhook
    (v1.9, ``pkg/webhooks/pytorch/pytorchjob_webhook.go`` + ``pkg/webhooks/utils``): the name is a
    DNS-1035 label, only ``Master``/``Worker`` replicas, Master replicas = 1, Worker replicas >= 1,
-   every replica has a container named ``pytorch`` and every container an image. For a TrainJob,
+   every replica has a container named ``pytorch`` and every container an image; with an
+   ``elasticPolicy`` a Worker replica spec is required and ``elasticPolicy.nProcPerNode`` may not
+   be used with ``spec.nprocPerNode``. An elastic job is also checked against what the operator
+   and torchrun do with it (:func:`elastic_problems`: the node range, the replicas, the
+   rendezvous backend, and the torchrun flags the operator does not inject). For a TrainJob,
    the v2.3.0 CRD's CEL rules on ``metadata.name`` (DNS-1035, <= 63) and the Trainer torch
    plugin's rule that ``spec.trainer.env`` holds no ``PET_*`` variable it sets itself.
 2. **Pod rules the API server enforces** beyond any schema (k8s.io/kubernetes
@@ -289,9 +293,112 @@ def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[Problem]:
                 out.append(Problem(f"{where}.template.spec.containers[{i}].image", "must be set", src))
         if containers and not any((c or {}).get("name") == "pytorch" for c in containers):
             out.append(Problem(f"{where}.template.spec.containers", "must have a container named 'pytorch'", src))
-    elastic = spec.get("elasticPolicy") or {}
-    if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
-        out.append(Problem("spec.elasticPolicy.nProcPerNode", "must not be used with spec.nprocPerNode", src))
+    if "elasticPolicy" in spec and spec["elasticPolicy"] is not None:
+        elastic = spec["elasticPolicy"] or {}
+        if "Worker" not in specs:
+            out.append(Problem("spec.pytorchReplicaSpecs.Worker", "must be configured if elastic policy is used", src))
+        if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
+            out.append(Problem("spec.elasticPolicy.nProcPerNode", "must not be used with spec.nprocPerNode", src))
+        out += elastic_problems(job)
+    return out
+
+
+#: torchrun flags (either spelling) that :func:`elastic_problems` compares with the elasticPolicy.
+_TORCHRUN_FLAGS = {"nnodes": "--nnodes", "nproc-per-node": "--nproc-per-node", "rdzv-backend": "--rdzv-backend",
+                   "max-restarts": "--max-restarts"}
+
+
+def _torchrun_flags(command: list[Any]) -> dict[str, str] | None:
+    """``{flag name: value}`` of the torchrun options in ``command`` (``--flag=value`` or
+    ``--flag value``, ``_`` or ``-`` spelling) before the training module/script; None when the
+    command does not run torchrun (``torchrun`` or ``python -m torch.distributed.run``)."""
+    argv = [str(a) for a in command]
+    if "torch.distributed.run" in argv:
+        start = argv.index("torch.distributed.run") + 1
+    elif argv and argv[0].rsplit("/", 1)[-1] == "torchrun":
+        start = 1
+    else:
+        return None
+    flags: dict[str, str] = {}
+    i = start
+    while i < len(argv) and argv[i].startswith("--"):
+        key, eq, value = argv[i][2:].partition("=")
+        key = key.replace("_", "-")
+        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            value, i = argv[i + 1], i + 1
+        flags[key] = value
+        i += 1
+    return flags
+
+
+def elastic_problems(job: dict[str, Any]) -> list[Problem]:
+    """What an elastic PyTorchJob needs beyond the webhook, from what the training-operator
+    (v1.9, ``pkg/controller.v1/pytorch/elastic.go``, ``envvar.go``) and torchrun do with it:
+
+    - ``minReplicas`` >= 1 and ``maxReplicas`` >= ``minReplicas`` (the CRD's field description;
+      torchrun stops: "min_nodes must be > 0 and <= max_nodes").
+    - Worker replicas within [minReplicas, maxReplicas]: fewer pods never reach the minimum,
+      more wait outside a full rendezvous (jobgen renders Worker = maxReplicas).
+    - no Master: with a Master the operator injects a fixed world (WORLD_SIZE, RANK, MASTER_ADDR
+      for Master + Workers) and the Master pod joins the rendezvous as one more node.
+    - ``rdzvBackend`` c10d (the operator's default): ``static`` is not elastic and ``etcd`` /
+      ``etcd-v2`` need an etcd server the job does not bring.
+    - the Worker's torchrun: without a Master the operator sets no PET_NPROC_PER_NODE, so the
+      command must pass ``--nproc-per-node`` = ``spec.nprocPerNode`` (torchrun starts one process
+      per pod otherwise), and ``--nproc-per-node`` must equal the pod's ``nvidia.com/gpu``;
+      ``--nnodes``, ``--rdzv-backend`` and ``--max-restarts``, when given, must match the policy
+      (a flag overrides the PET_* variable the operator derives from it).
+    """
+    src_op = "training-operator v1.9 elastic PyTorchJob"
+    src_run = "torchrun (torch.distributed.run)"
+    spec = job.get("spec") or {}
+    policy = spec.get("elasticPolicy") or {}
+    replicas = spec.get("pytorchReplicaSpecs") or {}
+    out: list[Problem] = []
+    low, high = policy.get("minReplicas"), policy.get("maxReplicas")
+    if isinstance(low, int) and low < 1:
+        out.append(Problem("spec.elasticPolicy.minReplicas", f"must be at least 1 (got {low}): min_nodes must be > 0", src_run))
+    if isinstance(low, int) and isinstance(high, int) and high < low:
+        out.append(Problem("spec.elasticPolicy.maxReplicas", f"{high} is smaller than minReplicas {low}: "
+                           "min_nodes must be > 0 and <= max_nodes", src_run))
+    worker = replicas.get("Worker") or {}
+    count = worker.get("replicas")
+    if isinstance(count, int) and isinstance(low, int) and isinstance(high, int) and not low <= count <= high:
+        out.append(Problem("spec.pytorchReplicaSpecs.Worker.replicas", f"{count} is outside the elastic range "
+                           f"[{low}, {high}]: fewer pods never reach minReplicas, more wait outside a full rendezvous", src_op))
+    if "Master" in replicas:
+        out.append(Problem("spec.pytorchReplicaSpecs.Master", "an elastic job runs Worker replicas only: with a Master the "
+                           "operator injects a fixed WORLD_SIZE/RANK and the Master joins the rendezvous as an extra node", src_op))
+    backend = policy.get("rdzvBackend", "c10d")
+    if backend != "c10d":
+        out.append(Problem("spec.elasticPolicy.rdzvBackend", f"{backend!r}: use c10d (static is not elastic; etcd and etcd-v2 "
+                           "need an etcd server the job does not bring)", src_run))
+    nproc = spec.get("nprocPerNode")
+    for ci, container in enumerate(((worker.get("template") or {}).get("spec") or {}).get("containers") or []):
+        if (container or {}).get("name") != "pytorch":
+            continue
+        where = f"spec.pytorchReplicaSpecs.Worker.template.spec.containers[{ci}]"
+        flags = _torchrun_flags((container.get("command") or []) + (container.get("args") or []))
+        if flags is None:
+            continue
+        expected = {"nnodes": f"{low}:{high}" if isinstance(low, int) and isinstance(high, int) else None,
+                    "rdzv-backend": backend, "max-restarts": None if policy.get("maxRestarts") is None else str(policy["maxRestarts"])}
+        for key, want in expected.items():
+            if key in flags and want is not None and flags[key] != want:
+                out.append(Problem(f"{where}.command", f"torchrun {_TORCHRUN_FLAGS[key]}={flags[key]} but the elasticPolicy "
+                                   f"gives {want} (the flag overrides the operator's PET_* variable)", src_run))
+        if policy.get("nProcPerNode") is None:
+            if "nproc-per-node" not in flags:
+                out.append(Problem(f"{where}.command", "torchrun needs --nproc-per-node: without a Master the operator sets no "
+                                   "PET_NPROC_PER_NODE, and torchrun would start one process per pod", src_op))
+            elif nproc is not None and flags["nproc-per-node"] != str(nproc):
+                out.append(Problem(f"{where}.command", f"torchrun --nproc-per-node={flags['nproc-per-node']} but spec.nprocPerNode "
+                                   f"is {nproc!r}", src_op))
+        gpus = ((container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+        launched = flags.get("nproc-per-node", str(policy.get("nProcPerNode", "")))
+        if gpus is not None and launched.isdigit() and str(gpus) != launched:
+            out.append(Problem(f"{where}.resources.limits.nvidia.com/gpu", f"{gpus} GPU(s) per pod but torchrun starts "
+                               f"{launched} process(es) per pod (one per GPU)", src_run))
     return out
 
 

@@ -9,6 +9,7 @@ and a hint.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,24 @@ M = TypeVar("M", bound=BaseModel)
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 MAX_EXTENDS_DEPTH = 16
+
+
+#: YAML 1.1 base-60 ("sexagesimal") numbers: PyYAML reads ``2:4`` as 124 and ``1:30.5`` as 90.5.
+_BASE60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads YAML 1.1 base-60 numbers as strings: ``nodes: 2:4`` is the elastic
+    range "2:4", not the integer 124 (YAML 1.2 dropped base 60; no jobgen field means it)."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is yaml.ScalarNode and implicit[0] and isinstance(value, str) and _BASE60.fullmatch(value):
+            return "tag:yaml.org,2002:str"
+        return super().resolve(kind, value, implicit)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 # --------------------------------------------------------------------------- lookup
@@ -116,7 +135,7 @@ def parse_yaml(text: str, source: str) -> dict[str, Any]:
         ConfigError: invalid YAML, or a top level that is not a mapping.
     """
     try:
-        doc = yaml.safe_load(text)
+        doc = _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -157,7 +176,7 @@ def apply_overrides(doc: Mapping[str, Any], overrides: Sequence[str], source: st
         if any(not p for p in parts):
             raise ConfigError(f"override key {key!r} has an empty segment", location=source, hint="e.g. --set trainer.max_steps=200")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node: dict[str, Any] = result

@@ -202,7 +202,7 @@ class PlanContext:
         launch = LaunchSpec(scheduler=self.profile.scheduler, accelerator=w.accelerator, num_nodes=w.num_nodes,
                             devices_per_node=w.devices_per_node, world_size=w.world_size, deepspeed_config=deepspeed_config,
                             requeue_signal=requeue_signal, gpu_type=self.profile.gpu_type, cluster=cluster,
-                            gpu_hour_price=self.profile.gpu_hour_price)
+                            gpu_hour_price=self.profile.gpu_hour_price, min_nodes=w.min_nodes)
         return ResolvedSpec(jobgen_version=__version__, inputs_sha256=self.inputs_sha256, profile=self.profile.name,
                             spec=self.spec, launch=launch)
 
@@ -233,7 +233,7 @@ def plan(
     check_fit(spec, profile, world, spec_source)
     check_trainer_args(spec, world, spec_source)
     backend = get_backend(profile.scheduler)
-    templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates))
+    templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates_for(world)))
     ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
     check_job_env(ctx)
     check_code(spec, profile, spec_source)
@@ -241,7 +241,8 @@ def plan(
     if profile.gpus_per_node and spec.entrypoint is None:  # the estimate is of the built-in model on GPUs
         from jobgen.estimate import fit_warning
 
-        text = fit_warning(spec, profile, world.num_nodes, world.devices_per_node)
+        # elastic: the smallest world, where FSDP/ZeRO shards (and so each GPU's share) are largest
+        text = fit_warning(spec, profile, world.fewest_nodes, world.devices_per_node)
         if text:
             job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, text))
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan

@@ -21,6 +21,10 @@ START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
 
 def _type_name(annotation: typing.Any) -> str:
+    args = typing.get_args(annotation)
+    if any(typing.get_origin(a) is typing.Annotated for a in args):  # a union of constrained types: their base types
+        bases = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args]
+        return " \\| ".join("None" if a is type(None) else _type_name(a) for a in bases)
     text = str(annotation).replace("typing.", "").replace("jobgen.spec.", "").replace("jobgen.profiles.", "")
     if isinstance(annotation, type):
         text = annotation.__name__

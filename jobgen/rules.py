@@ -9,6 +9,8 @@ and re-checked by the entrypoint on every node, with the same words and one erro
   entrypoint calls it again with the resolved spec's launch facts, so a job directory edited
   after rendering is refused before any rank starts.
 - :func:`check_batch` is the batch arithmetic (DeepSpeed's ``train_batch_size`` rule).
+- :func:`check_elastic` refuses what an elastic world (``resources.nodes: "min:max"``) cannot
+  run; :func:`elastic_nodes` is the node count torchrun formed, read by the entrypoint.
 
 Everything raises :class:`jobgen.errors.PlanError` (exit 2) with the file + field path and a
 hint. Torch-free and cheap to import.
@@ -17,6 +19,7 @@ hint. Torch-free and cheap to import.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -44,6 +47,10 @@ class World:
             ``--cpus-per-task`` and every backend's ``OMP_NUM_THREADS`` default.
         time_limit_min: wall-clock limit in minutes (the spec's ``resources.time_limit_min``,
             else the scheduler's default from the profile); ``None``: no limit.
+        min_nodes: elastic worlds only (``resources.nodes: "min:max"``): the fewest nodes the
+            job trains on; ``num_nodes`` is then the most (the pods requested, the Worker
+            replicas, torchrun's ``--nnodes=min_nodes:num_nodes``), and ``world_size`` /
+            ``global_batch_size`` are the values at that maximum. ``None``: a fixed world.
     """
 
     num_nodes: int
@@ -53,6 +60,18 @@ class World:
     gradient_accumulation_steps: int = 1
     cpus_per_rank: int = 1
     time_limit_min: int | None = None
+    min_nodes: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the node count may change while the job runs (an elastic range)."""
+        return self.min_nodes is not None
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The smallest world's node count: ``min_nodes`` when elastic, else ``num_nodes``. Memory
+        per GPU is largest there (FSDP and ZeRO partition states over fewer ranks)."""
+        return self.num_nodes if self.min_nodes is None else self.min_nodes
 
     @property
     def world_size(self) -> int:
@@ -66,7 +85,11 @@ class World:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
 
     def describe(self) -> str:
-        """``"2 node(s) x 4 gpu rank(s) = world size 8"``."""
+        """``"2 node(s) x 4 gpu rank(s) = world size 8"``; elastic: ``"2..4 node(s) x 4 gpu
+        rank(s) = world size 8..16 (elastic)"``."""
+        if self.min_nodes is not None:
+            return (f"{self.min_nodes}..{self.num_nodes} node(s) x {self.devices_per_node} {self.accelerator} rank(s) = "
+                    f"world size {self.min_nodes * self.devices_per_node}..{self.world_size} (elastic)")
         return (f"{self.num_nodes} node(s) x {self.devices_per_node} {self.accelerator} rank(s) = "
                 f"world size {self.world_size}")
 
@@ -109,7 +132,11 @@ def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str 
         PlanError: more devices per node than the node has, more nodes than the profile allows,
             or more ranks per node than CPU cores (every rank needs one).
     """
-    nodes = spec.resources.nodes or profile.default_nodes
+    given = spec.resources.nodes
+    node_range = spec.resources.node_range  # (min, max) of an elastic range; nodes is then max
+    min_nodes, nodes = node_range if node_range else (None, given if isinstance(given, int) else profile.default_nodes)
+    if min_nodes is not None:
+        check_elastic_scheduler(profile, min_nodes, nodes, spec_source)
     devices = spec.resources.devices_per_node or profile.devices_per_node
     what = "GPUs" if profile.gpus_per_node else "CPU processes"
     key = "gpus_per_node" if profile.gpus_per_node else "cpu_processes_per_node"
@@ -121,8 +148,9 @@ def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str 
             hint=f"Set `resources.devices_per_node` to at most {profile.devices_per_node}, or pick a profile with bigger nodes.",
         )
     if nodes > profile.max_nodes:
+        shown = f'"{given}"' if node_range else str(nodes)
         raise PlanError(
-            f"You set `resources.nodes={nodes}`, but profile {profile.name!r} allows at most "
+            f"You set `resources.nodes={shown}`, but profile {profile.name!r} allows at most "
             f"{profile.max_nodes} node(s) (`max_nodes: {profile.max_nodes}`).",
             location=f"{spec_source}: resources.nodes",
             hint=f"Set `resources.nodes` to at most {profile.max_nodes}, or use a profile for a bigger cluster.",
@@ -142,6 +170,7 @@ def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str 
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         cpus_per_rank=profile.cpus_per_node // devices,
         time_limit_min=spec.resources.time_limit_min or scheduler_time_limit_min(profile),
+        min_nodes=min_nodes,
     )
 
 
@@ -153,6 +182,9 @@ def check_batch(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -
     """
     t = spec.trainer
     product = world.global_batch_size
+    if world.elastic:
+        check_elastic(spec, world, spec_source)
+        return
     if t.global_batch_size is None or t.global_batch_size == product:
         return
     per_step = t.micro_batch_size * world.world_size
@@ -168,6 +200,125 @@ def check_batch(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -
         location=f"{spec_source}: trainer.global_batch_size",
         hint=f"{hint}, or remove global_batch_size to accept {product}.",
     )
+
+
+def check_elastic(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -> None:
+    """What an elastic world (``resources.nodes: "min:max"``) cannot train, whatever the
+    scheduler; the planner and the entrypoint check it in the same words.
+
+    The global batch is micro x accumulation x world size, and the world size changes with the
+    nodes torchrun admits, so:
+    - ``trainer.global_batch_size`` is refused: it cannot hold for every node count in the range.
+    - DeepSpeed strategies are refused: ``ds_config.json`` fixes ``train_batch_size`` for one
+      world size (DeepSpeed checks train_batch_size == micro x accumulation x world size at
+      start-up and stops every rank otherwise), and a ZeRO checkpoint is partitioned for the
+      data-parallel degree that wrote it (resuming on another needs DeepSpeed's universal
+      checkpoint conversion, which jobgen does not run).
+
+    Raises:
+        PlanError: located at ``spec_source: <field>`` with a hint.
+    """
+    if not world.elastic:
+        return
+    t = spec.trainer
+    low, high = world.fewest_nodes * world.devices_per_node, world.world_size
+    if t.global_batch_size is not None:
+        per_node = t.micro_batch_size * t.gradient_accumulation_steps * world.devices_per_node
+        raise PlanError(
+            f"You set `trainer.global_batch_size={t.global_batch_size}` with the elastic range `resources.nodes: "
+            f"\"{world.fewest_nodes}:{world.num_nodes}\"`, but the global batch is micro_batch_size ({t.micro_batch_size}) x "
+            f"gradient_accumulation_steps ({t.gradient_accumulation_steps}) x world size, and the world size is "
+            f"{low}..{high} as nodes join and leave: {per_node * world.fewest_nodes}..{per_node * world.num_nodes} sequences per step.",
+            location=f"{spec_source}: trainer.global_batch_size",
+            hint="Remove trainer.global_batch_size (the batch then scales with the world), or give a fixed node count "
+                 f"(e.g. resources.nodes: {world.num_nodes}) to keep it.",
+        )
+    if t.deepspeed_stage is not None:
+        raise PlanError(
+            f"You set `trainer.strategy={t.strategy!r}` with the elastic range `resources.nodes: "
+            f"\"{world.fewest_nodes}:{world.num_nodes}\"`, but DeepSpeed fixes train_batch_size = micro x accumulation x "
+            f"world size in ds_config.json for one world size (it stops every rank when the world differs) and "
+            "partitions ZeRO checkpoints for the world that wrote them.",
+            location=f"{spec_source}: trainer.strategy",
+            hint="Use `trainer.strategy: fsdp` (its sharded checkpoints load on another world size) or `ddp` for an "
+                 f"elastic job, or a fixed node count (e.g. resources.nodes: {world.num_nodes}) for DeepSpeed.",
+        )
+
+
+def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: int, spec_source: str = "<spec>") -> None:
+    """An elastic range needs a launcher that admits nodes while the job runs: the
+    training-operator's PyTorchJob ``elasticPolicy`` (kubeflow.org/v1). Refused, at plan time:
+    - SLURM: an allocation has a fixed node count (``--nodes``; Lightning's SLURMEnvironment
+      checks ``SLURM_NNODES == num_nodes`` on every rank).
+    - local: one machine.
+    - Kubernetes ``job_api: trainjob``: Trainer v2.3.0's TrainJob and runtime CRDs have no
+      elastic policy (``spec.trainer.numNodes`` is one integer).
+
+    :func:`resolve_world` calls it for every range, before the range is checked against the
+    profile's ``max_nodes``.
+
+    Raises:
+        PlanError: located at ``spec_source: resources.nodes`` with the fix.
+    """
+    given = f"`resources.nodes: \"{min_nodes}:{max_nodes}\"`"
+    where = f"{spec_source}: resources.nodes"
+    if profile.scheduler == "slurm":
+        raise PlanError(
+            f"You set the elastic range {given}, but profile {profile.name!r} is a SLURM cluster: an allocation has a "
+            "fixed node count (sbatch --nodes), and Lightning's SLURMEnvironment stops every rank unless SLURM_NNODES "
+            "equals num_nodes.",
+            location=where,
+            hint=f"Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic "
+                 "ranges run as Kubernetes PyTorchJobs.",
+        )
+    if profile.scheduler == "local":
+        raise PlanError(
+            f"You set the elastic range {given}, but profile {profile.name!r} runs on this one machine.",
+            location=where,
+            hint="Remove resources.nodes for a local run (or --set resources.nodes=1).",
+        )
+    k = profile.kubernetes
+    if k is not None and k.job_api == "trainjob":
+        raise PlanError(
+            f"You set the elastic range {given}, but profile {profile.name!r} renders a Trainer v2 TrainJob "
+            "(`kubernetes.job_api: trainjob`), which has no elastic policy: the Trainer v2.3.0 CRDs take one fixed "
+            "spec.trainer.numNodes.",
+            location=where,
+            hint=f"Give a fixed count (e.g. --set resources.nodes={max_nodes}), or use a profile with "
+                 "`kubernetes.job_api: pytorchjob` (its elasticPolicy runs the range).",
+        )
+
+
+def elastic_nodes(world: World, environ: Mapping[str, str]) -> int:
+    """The node count torchrun's rendezvous formed for an elastic world: its WORLD_SIZE
+    (every process gets it) over the processes per node. Lightning's TorchElasticEnvironment
+    stops every rank unless Trainer(devices x num_nodes) equals WORLD_SIZE, so the entrypoint
+    passes this, not the planned maximum.
+
+    Raises:
+        PlanError: WORLD_SIZE is missing (not started by torchrun), not a multiple of the
+            processes per node, or outside the planned range.
+    """
+    raw = environ.get("WORLD_SIZE", "")
+    span = f"{world.fewest_nodes}..{world.num_nodes}"
+    if not raw.isdigit():
+        raise PlanError(
+            f"the job is elastic (resources.nodes {world.fewest_nodes}:{world.num_nodes}) but WORLD_SIZE is {raw or 'unset'}: "
+            "the entrypoint was not started by torchrun.",
+            location="launch.min_nodes",
+            hint="Launch it with torchrun --nnodes=MIN:MAX (the rendered PyTorchJob's command does).",
+        )
+    size = int(raw)
+    nodes, rest = divmod(size, world.devices_per_node)
+    if rest or not world.fewest_nodes <= nodes <= world.num_nodes:
+        raise PlanError(
+            f"torchrun formed a world of {size} process(es), but the job was planned for {span} node(s) x "
+            f"{world.devices_per_node} process(es).",
+            location="launch.devices_per_node",
+            hint=f"Run torchrun with --nnodes={world.fewest_nodes}:{world.num_nodes} --nproc-per-node={world.devices_per_node}, "
+                 "as the rendered command does.",
+        )
+    return nodes
 
 
 def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | None, *, where: str,
@@ -245,8 +396,8 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
 
 
 def check_fit(spec: TrainingSpec, profile: ClusterProfile, world: World, spec_source: str = "<spec>") -> None:
-    """Plan-time checks tying the spec to the profile: :func:`check_batch` and
-    :func:`check_support` for the profile's accelerator and GPU type.
+    """Plan-time checks tying the spec to the profile: :func:`check_batch` (with
+    :func:`check_elastic`) and :func:`check_support` for the profile's accelerator and GPU type.
 
     Raises:
         PlanError: see those functions; the location names ``spec_source``.

@@ -8,7 +8,7 @@ A spec is loaded from YAML by :mod:`jobgen.load` and validated here (pydantic v2
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -390,14 +390,51 @@ class TrainerSpec(_Model):
         return int(self.strategy[-1]) if self.strategy.startswith("deepspeed") else None
 
 
+_NODE_RANGE = re.compile(r"\s*([0-9]+)\s*(?::\s*([0-9]+)\s*)?")
+
+
 class ResourcesSpec(_Model):
     """How much of the cluster the job asks for; unset fields take the profile's defaults."""
 
-    nodes: int | None = Field(default=None, ge=1, description="Number of nodes (SLURM nodes, Kubernetes pods). Default: the profile's default_nodes.")
+    nodes: Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=r"^[0-9]+:[0-9]+$")] | None = Field(default=None, description=(
+        "Number of nodes (SLURM nodes, Kubernetes pods), or an elastic range ``\"min:max\"`` (e.g.\n"
+        "``\"2:4\"``) for a Kubernetes PyTorchJob with an ``elasticPolicy`` (torchrun\n"
+        "``--nnodes=min:max``; refused on SLURM, local and TrainJob profiles). jobgen reads an\n"
+        "unquoted 2:4 as the range, not as YAML 1.1's base-60 number 124; quote it for other YAML\n"
+        "tools. A range whose ends are equal is that fixed count. Default: the profile's default_nodes."
+    ))
     devices_per_node: int | None = Field(default=None, ge=1, description=(
         "Processes (GPUs) per node. Default: all GPUs of a node (or the profile's CPU processes)."
     ))
     time_limit_min: int | None = Field(default=None, ge=1, description="Wall-clock limit in minutes. Default: the profile's time limit.")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_count_or_range(cls, value: Any) -> int | str | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise ValueError(f"nodes must be at least 1 (got {value})")
+            return value
+        match = _NODE_RANGE.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError(f"{value!r} is neither a node count (e.g. 2) nor an elastic range \"min:max\" (e.g. \"2:4\")")
+        low = int(match[1])
+        high = int(match[2]) if match[2] is not None else low
+        if low < 1:
+            raise ValueError(f"the elastic range {value!r} starts below 1 node; give at least 1 as the minimum")
+        if low > high:
+            raise ValueError(f"the elastic range {value!r} has its minimum ({low}) above its maximum ({high}); write \"{high}:{low}\"")
+        return low if low == high else f"{low}:{high}"
+
+    @property
+    def node_range(self) -> tuple[int, int] | None:
+        """``(min, max)`` nodes of an elastic range (``nodes: "2:4"``); ``None`` for a fixed count."""
+        if not isinstance(self.nodes, str):
+            return None
+        low, high = self.nodes.split(":")
+        return int(low), int(high)
 
 
 class CheckpointSpec(_Model):

@@ -19,6 +19,7 @@ from jobgen.render import render_template
 from jobgen.usage import Usage
 
 if TYPE_CHECKING:
+    from jobgen.rules import World
     from jobgen.triage import Triage
 
 Echo = Callable[[str], None]
@@ -111,6 +112,11 @@ class Backend(ABC):
     submit_options: frozenset[str] = frozenset()
     #: :class:`LogOptions` fields this backend takes besides ``follow``.
     log_options: frozenset[str] = frozenset()
+
+    def templates_for(self, world: World) -> tuple[str, ...]:
+        """The templates a plan for ``world`` may render (their hashes are planning inputs):
+        :attr:`templates`, unless a backend renders some only for some worlds."""
+        return self.templates
 
     @abstractmethod
     def plan(self, ctx: PlanContext) -> JobPlan:

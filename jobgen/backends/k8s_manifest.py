@@ -15,6 +15,15 @@ TorchElasticEnvironment (KubeflowEnvironment assumes one process per pod and is 
   127.0.0.1). So the command passes ``--master-addr=$(MASTER_ADDR) --master-port=$(MASTER_PORT)``,
   which the kubelet expands from the container's environment; without it every pod would wait
   for a rendezvous on itself. torchrun then sets each process's RANK/LOCAL_RANK/WORLD_SIZE.
+- Elastic PyTorchJob (``resources.nodes: "min:max"``): Worker replicas only (= max) and
+  ``spec.elasticPolicy`` (minReplicas, maxReplicas, rdzvBackend c10d, maxRestarts). The operator
+  then injects PET_RDZV_ENDPOINT (``<name>-worker-0:<port>``), PET_RDZV_BACKEND, PET_NNODES
+  ("min:max") and PET_MAX_RESTARTS (pkg/controller.v1/pytorch/elastic.go), but neither
+  MASTER_ADDR nor PET_NPROC_PER_NODE: envvar.go sets those only when a Master replica exists.
+  So the command passes torchrun ``--nnodes=min:max --nproc-per-node=<GPUs per pod>
+  --rdzv-backend=c10d --rdzv-endpoint=$(PET_RDZV_ENDPOINT) --max-restarts=<n>``; without
+  ``--nproc-per-node`` torchrun would start one process per pod. The rendezvous (a c10d TCP
+  store) is hosted by worker 0's torchrun agent.
 - TrainJob: the Trainer's torch plugin injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
   PET_MASTER_ADDR and PET_MASTER_PORT (and refuses them in ``spec.trainer.env``), so the command
   is plain ``torchrun -m jobgen.train``; pod settings travel as a ``runtimePatches`` entry.
@@ -57,8 +66,13 @@ from jobgen.plan import ApiRequest, ClusterObject, JobPlan, PlanContext
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
 TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"
-#: Every template this backend may render (all of them feed the inputs hash).
+#: Every template this backend may render for a fixed-size job (all of them feed the inputs hash).
 TEMPLATES = (TEMPLATE, TRAINJOB_TEMPLATE)
+#: The elastic PyTorchJob (``resources.nodes: "min:max"``); feeds the hash of elastic jobs only.
+ELASTIC_TEMPLATE = "kubernetes/pytorchjob-elastic.yaml.j2"
+#: torchrun's rendezvous backend for elastic jobs: c10d (a TCP store in worker 0's agent; the
+#: operator's default; etcd would need an etcd server the job does not bring).
+RDZV_BACKEND = "c10d"
 CONFIG_MOUNT = "/etc/jobgen"
 RUN_ROOT = "/workspace/runs"
 #: Annotation holding the sha256 of the inputs: how ``submit`` tells an identical re-submit
@@ -282,7 +296,12 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
     assert k is not None
     run_dir = f"{RUN_ROOT}/{name}"
     launcher = [_kubelet_literal(k.python), "-m", "torch.distributed.run"]
-    if kind is PYTORCHJOB:
+    if kind is PYTORCHJOB and w.elastic:
+        # No Master: the operator sets PET_RDZV_* and PET_NNODES but not PET_NPROC_PER_NODE (module doc).
+        launcher += [f"--nnodes={w.fewest_nodes}:{w.num_nodes}", f"--nproc-per-node={w.devices_per_node}",
+                     f"--rdzv-backend={RDZV_BACKEND}", "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
+                     f"--max-restarts={k.backoff_limit}"]
+    elif kind is PYTORCHJOB:
         # The operator sets MASTER_ADDR/MASTER_PORT, torchrun reads only --master-addr/PET_MASTER_ADDR.
         launcher += ["--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(max(1, p.cpus_per_node // w.devices_per_node))}
@@ -395,14 +414,24 @@ def run_policy(ctx: PlanContext) -> dict[str, Any]:
     minutes = ctx.spec.resources.time_limit_min or k.time_limit_min
     if minutes:
         policy["activeDeadlineSeconds"] = minutes * 60
-    if k.scheduler_name == "volcano":
-        scheduling: dict[str, Any] = {"minAvailable": ctx.world.num_nodes}
+    if k.scheduler_name == "volcano":  # gang: all pods, or the elastic minimum
+        scheduling: dict[str, Any] = {"minAvailable": ctx.world.fewest_nodes}
         if k.volcano_queue:
             scheduling["queue"] = k.volcano_queue
         if k.priority_class:
             scheduling["priorityClass"] = k.priority_class
         policy["schedulingPolicy"] = scheduling
     return policy
+
+
+def elastic_policy(ctx: PlanContext) -> dict[str, Any]:
+    """PyTorchJob ``spec.elasticPolicy`` for an elastic world, keys in a fixed order: the node
+    range, torchrun's rendezvous backend, and ``maxRestarts`` = ``kubernetes.backoff_limit``
+    (the same failure budget, spent by torchrun's agent restarting the worker group before
+    the pod fails; a node joining or leaving restarts the group without spending it)."""
+    k, w = ctx.profile.kubernetes, ctx.world
+    assert k is not None and w.min_nodes is not None
+    return {"minReplicas": w.min_nodes, "maxReplicas": w.num_nodes, "rdzvBackend": RDZV_BACKEND, "maxRestarts": k.backoff_limit}
 
 
 def plan(ctx: PlanContext) -> JobPlan:
@@ -438,7 +467,11 @@ def plan(ctx: PlanContext) -> JobPlan:
         "config_files": [(fname, body) for fname, body in files if fname in (SPEC_FILE, DS_CONFIG_FILE)],
         "p": pod,
     }
-    if kind is PYTORCHJOB:
+    if kind is PYTORCHJOB and w.elastic:  # Worker only: every pod is alike, the rendezvous assigns node ranks
+        text = render_job_template(ctx, ELASTIC_TEMPLATE, nproc_per_node=str(w.devices_per_node), run_policy=run_policy(ctx),
+                                   roles=[("Worker", w.num_nodes)], elastic_policy=elastic_policy(ctx),
+                                   min_nodes=w.min_nodes, max_nodes=w.num_nodes, **common)
+    elif kind is PYTORCHJOB:
         roles = [("Master", 1)] + ([("Worker", w.num_nodes - 1)] if w.num_nodes > 1 else [])
         text = render_job_template(ctx, TEMPLATE, nproc_per_node=str(w.devices_per_node), run_policy=run_policy(ctx),
                                    roles=roles, **common)
@@ -448,7 +481,7 @@ def plan(ctx: PlanContext) -> JobPlan:
                                    nproc_per_node=w.devices_per_node, active_deadline_s=minutes * 60 if minutes else None,
                                    replicated_job=TRAINJOB_NODE, container=TRAINJOB_NODE, **common)
     docs = parse_manifest(text, kind.manifest)
-    _check_parsed(docs, kind, name, w.num_nodes, dict(files))
+    _check_parsed(docs, kind, name, w.num_nodes, dict(files), min_nodes=w.min_nodes)
     from jobgen import k8s_validate  # lazy: jsonschema and kubernetes-validate stay off other render paths
 
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
@@ -496,9 +529,11 @@ def parse_manifest(text: str, source: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _check_parsed(docs: list[dict[str, Any]], kind: K8sKind, name: str, nodes: int, config_files: dict[str, str]) -> None:
+def _check_parsed(docs: list[dict[str, Any]], kind: K8sKind, name: str, nodes: int, config_files: dict[str, str],
+                  *, min_nodes: int | None = None) -> None:
     """Check the rendered objects' shape before anything is written (a user-edited template can
-    break it): a ConfigMap carrying the files byte for byte, then the job with its replicas."""
+    break it): a ConfigMap carrying the files byte for byte, then the job with its replicas (and,
+    elastic, its elasticPolicy range: ``min_nodes``..``nodes``)."""
     kinds = [d.get("kind") for d in docs]
     if kinds != ["ConfigMap", kind.kind]:
         raise ConfigError(f"the {kind.kind} template must render a ConfigMap and a {kind.kind}, got {kinds}",
@@ -511,6 +546,13 @@ def _check_parsed(docs: list[dict[str, Any]], kind: K8sKind, name: str, nodes: i
     if kind is PYTORCHJOB:
         specs = job["spec"]["pytorchReplicaSpecs"]
         replicas = {role: spec.get("replicas") for role, spec in specs.items()}
+        if min_nodes is not None:
+            policy = job["spec"].get("elasticPolicy") or {}
+            got = (replicas, policy.get("minReplicas"), policy.get("maxReplicas"))
+            if got != ({"Worker": nodes}, min_nodes, nodes):
+                raise ConfigError(f"rendered elastic PyTorchJob has replicas {replicas} and elasticPolicy {policy}, expected Worker "
+                                  f"{nodes} with minReplicas {min_nodes} and maxReplicas {nodes}", hint="check templates/kubernetes/")
+            return
         expected = {"Master": 1, **({"Worker": nodes - 1} if nodes > 1 else {})}
         if replicas != expected:
             raise ConfigError(f"rendered PyTorchJob has replicas {replicas}, expected {expected} (Master 1 + Worker nodes - 1)")

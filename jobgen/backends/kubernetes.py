@@ -24,6 +24,7 @@ from typing import Any
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_launch
 from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
 from jobgen.backends.k8s_manifest import (
+    ELASTIC_TEMPLATE,
     INPUTS_ANNOTATION,
     PYTORCHJOB,
     RUN_ROOT,
@@ -42,6 +43,7 @@ from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission,
 from jobgen.k8s_names import is_dns1123_label
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.k8s_validate import _kubernetes_parse_quantity
+from jobgen.rules import World
 from jobgen.triage import LogLine, Triage, parse_rfc3339, triage
 from jobgen.usage import Usage, from_iso, span_seconds
 
@@ -574,11 +576,12 @@ def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -
     return "UNKNOWN" if job is None else job_state(job)[0]
 
 
-def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, poll_s: float = 2.0,
+def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, poll_s: float = 2.0,
          kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
-    """Print the output of one replica's pod (``master-0`` by default: global rank zero lives
-    there); with ``follow``, wait for the pod to start, stream until the job ends, and attach
-    again after a container restart.
+    """Print the output of one replica's pod (default ``master-0``: global rank zero lives
+    there; ``worker-0`` for an elastic PyTorchJob, which has no Master and whose rendezvous
+    assigns the ranks); with ``follow``, wait for the pod to start, stream until the job ends,
+    and attach again after a container restart.
 
     Raises:
         ConfigError: bad ``replica``; no such job.
@@ -587,6 +590,9 @@ def logs(handle: JobHandle, *, replica: str = "master-0", follow: bool = False, 
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None:
         raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
+    if replica is None:
+        roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        replica = "worker-0" if kind is PYTORCHJOB and roles and "Master" not in roles else "master-0"
     pod_name, selector, container = replica_selector(kind, name, replica)
     announced = ""
     attached = 0
@@ -682,6 +688,12 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     templates = TEMPLATES
+
+    def templates_for(self, world: World) -> tuple[str, ...]:
+        """The fixed-size templates, plus the elastic PyTorchJob's for an elastic world (so fixed
+        jobs keep their inputs hash)."""
+        return (*TEMPLATES, ELASTIC_TEMPLATE) if world.elastic else TEMPLATES
+
     submit_options = frozenset({"dry_run", "replace", "context", "namespace", "kubeconfig"})
     log_options = frozenset({"replica"})
 
@@ -714,9 +726,10 @@ class KubernetesBackend(Backend):
         return status(handle)
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs); see :func:`logs`."""
+        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``worker-0``
+        for an elastic job); see :func:`logs`."""
         self.check_options(options)
-        logs(handle, replica=options.replica or "master-0", follow=options.follow, out=out)
+        logs(handle, replica=options.replica or None, follow=options.follow, out=out)
 
     def first_error(self, handle: JobHandle) -> Triage:
         """See :func:`first_error`."""

@@ -26,6 +26,13 @@ Code snapshot: when ``$JOBGEN_CODE_DIR`` names the snapshot ``jobgen submit`` to
 (``<run dir>/code/<commit>/``), its import directory goes first on ``sys.path`` and PYTHONPATH
 before anything else is read, and ``summary.json`` records what it is (``code``).
 
+Elastic PyTorchJob (``resources.nodes: "min:max"``), Worker pods only, a c10d rendezvous on
+worker 0 (the operator sets PET_RDZV_ENDPOINT); the node count is whatever torchrun admitted,
+and the entrypoint passes Trainer(num_nodes = WORLD_SIZE / processes per node)::
+
+    python -m torch.distributed.run --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=$(PET_RDZV_ENDPOINT) --max-restarts=3 -m jobgen.train --spec ...
+
 Options: ``--run-dir DIR`` (default ``runs/<spec.name>`` in the current directory) holds the
 data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resume: auto`` a
 restarted job continues from the newest checkpoint there.
@@ -49,7 +56,7 @@ from jobgen.errors import EXIT_RUNTIME, JobgenError
 from jobgen.jobdir import CODE_DIR_ENV, load_resolved_spec, read_code_snapshot
 from jobgen.spec import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
-from jobgen.train.resolved import check_runtime_support
+from jobgen.train.resolved import check_runtime_support, runtime_world
 from jobgen.train.sources import SplitLayout, TextSources, check_enough_bytes, discover_sources, split_layout
 
 PROG = "python -m jobgen.train"
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         code = use_code_snapshot()
         resolved = load_resolved_spec(args.spec)
         check_runtime_support(resolved)
+        resolved = runtime_world(resolved, os.environ)  # elastic: the node count torchrun formed
         spec = resolved.spec
         sources, layout = check_data(spec)
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()

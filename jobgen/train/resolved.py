@@ -9,13 +9,14 @@ raises :class:`jobgen.errors.JobgenError` subclasses (exit 2) with the file and 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jobgen.deepspeed import check_deepspeed_config
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
-from jobgen.rules import check_support
+from jobgen.rules import check_elastic, check_support, elastic_nodes
 
 
 def check_runtime_support(resolved: ResolvedSpec) -> None:
@@ -40,6 +41,11 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
         check_support(resolved.spec, launch.accelerator, launch.gpu_type, where="this node", on_node=True)
     except PlanError as exc:
         exc.location = f"spec.{exc.location}"  # the field inside spec.json; main() prefixes the file
+        raise
+    try:
+        check_elastic(resolved.spec, resolved.world, spec_source="")
+    except PlanError as exc:
+        exc.location = f"spec.{(exc.location or '').removeprefix(': ')}"
         raise
     if resolved.spec.trainer.deepspeed_stage is not None and not launch.deepspeed_config:
         raise ConfigError(
@@ -100,3 +106,23 @@ def load_deepspeed_config(resolved: ResolvedSpec, spec_path: Path) -> tuple[Path
         )
     config.pop("gradient_accumulation_steps", None)
     return path, config
+
+
+def runtime_world(resolved: ResolvedSpec, environ: Mapping[str, str]) -> ResolvedSpec:
+    """``resolved`` with the world this process runs in. A fixed world is the planned one. An
+    elastic job's (``launch.min_nodes`` set) is the one torchrun's rendezvous formed, somewhere
+    in ``min_nodes..num_nodes`` (:func:`jobgen.rules.elastic_nodes`: WORLD_SIZE over the
+    processes per node): Lightning's TorchElasticEnvironment stops every rank unless
+    Trainer(devices x num_nodes) equals WORLD_SIZE, and the data module's samples per step and
+    DistributedSampler follow the same count. ``min_nodes`` stays, so the job is still known
+    to be elastic.
+
+    Raises:
+        PlanError: not started by torchrun, or a world outside the planned range.
+    """
+    launch = resolved.launch
+    if launch.min_nodes is None:
+        return resolved
+    nodes = elastic_nodes(resolved.world, environ)
+    launch = launch.model_copy(update={"num_nodes": nodes, "world_size": nodes * launch.devices_per_node})
+    return resolved.model_copy(update={"launch": launch})

@@ -34,13 +34,18 @@ def update_refused(environ: dict[str, str] | os._Environ[str]) -> str | None:
         return (f"UPDATE_GOLDEN=1 refuses to rewrite golden files when CI is set (CI={environ['CI']!r}): in CI the goldens "
                 "are what the output is checked against. Update them locally (unset CI), review the diff and commit it.")
     return None
-CASES = [(p.stem, e) for p in sorted(PROFILES.glob("*.yaml")) for e in sorted(EXAMPLES.glob("*.yaml"))]
+#: Golden-only specs (not shipped examples, so the example-wide tests do not run them): every
+#: profile renders or refuses each, like an example.
+SPECS = Path(__file__).parent / "specs"
+CASES = [(p.stem, e) for p in sorted(PROFILES.glob("*.yaml"))
+         for e in sorted([*EXAMPLES.glob("*.yaml"), *SPECS.glob("*.yaml")])]
 
 
 def render_case(profile: str, example: Path) -> dict[str, str]:
     """Files of the plan, or ``{"error.txt": message}`` when jobgen refuses the combination."""
     try:
-        job_plan = plan(load_spec(example), load_profile(profile, PROFILES), TEMPLATES, spec_source=f"examples/{example.name}")
+        job_plan = plan(load_spec(example), load_profile(profile, PROFILES), TEMPLATES,
+                        spec_source=f"{example.parent.relative_to(REPO)}/{example.name}")
     except JobgenError as exc:
         return {"error.txt": str(exc) + "\n"}
     return dict(job_plan.files)
