@@ -29,9 +29,19 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from jobgen.errors import ConfigError, json_path
 from jobgen.rules import World
@@ -171,6 +181,11 @@ class LaunchSpec(BaseModel):
         default=None, description="SLURM: the signal (name without ``SIG``) that asks the job to checkpoint and requeue.")
     gpu_type: str | None = Field(default=None, description="GPU model (decides bf16/fp8 support on the node).")
     cluster: str | None = Field(default=None, description="SLURM cluster name from the profile (used in job handles).")
+    preflight: bool = Field(default=False, description=(
+        "Run the all-reduce preflight (jobgen.train.preflight) before training (profile ``preflight``\n"
+        "or ``jobgen submit --preflight``)."
+    ))
+    preflight_timeout_s: int = Field(default=60, ge=1, description="Seconds the preflight waits to join, and for its all-reduces.")
 
     @field_validator("requeue_signal")
     @classmethod
@@ -178,6 +193,13 @@ class LaunchSpec(BaseModel):
         if value is not None and not isinstance(getattr(signal, "SIG" + value, None), signal.Signals):
             raise ValueError(f"unknown signal {value!r}; give a name without 'SIG', e.g. 'USR1' or 'USR2'")
         return value
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # left out while at their defaults: jobs without a preflight keep the spec.json they had
+        data = handler(self)
+        defaults = {"preflight": False, "preflight_timeout_s": 60}
+        return {k: v for k, v in data.items() if not (k in defaults and v == defaults[k])}
 
     @model_validator(mode="after")
     def _world_size_is_product(self) -> LaunchSpec:

@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from jobgen.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.spec import ENV_KEY_RE, check_env, check_shell_safe
@@ -389,11 +398,27 @@ class ClusterProfile(_Model):
     slurm: SlurmSettings | None = Field(default=None, description="SLURM settings (used when ``scheduler: slurm``).")
     kubernetes: KubernetesSettings | None = Field(default=None, description="Kubernetes settings (required when ``scheduler: kubernetes``).")
     local: LocalSettings = Field(default=LocalSettings(), description="Local-run settings (used when ``scheduler: local``).")
+    preflight: bool = Field(default=False, description=(
+        "Before training, every rank joins a short all-reduce test (NCCL on GPUs, gloo on CPU) that\n"
+        "prints the bus bandwidth per node and stops the job (exit 1, naming the node) when a node\n"
+        "does not join within ``preflight_timeout_s`` or is far slower than the others\n"
+        "(``jobgen submit --preflight`` turns it on for one submission)."
+    ))
+    preflight_timeout_s: int = Field(default=60, ge=5, le=3600, description=(
+        "Seconds the preflight waits for every rank to join, and again for the all-reduces to finish."
+    ))
 
     @field_validator("env")
     @classmethod
     def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env(value)
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # left out while at their defaults: profiles without them keep their inputs hashes
+        data = handler(self)
+        defaults = {"preflight": False, "preflight_timeout_s": 60}
+        return {k: v for k, v in data.items() if not (k in defaults and v == defaults[k])}
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterProfile:
