@@ -216,3 +216,42 @@ def test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed(hook: Hook, 
     assert requeued["handle"] == "slurm://lab/4242" and requeued["profile"] == "local"
     assert 20 <= requeued["step"] < 400 and requeued["error"] is None
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _notifier(notify: dict[str, Any], environ: dict[str, str] | None = None):
+    from jobgen.jobdir import ResolvedSpec
+    from jobgen.train.notify import Notifier
+
+    resolved = ResolvedSpec.model_validate(resolved_doc({**TINY_YAML, "name": "unit", "notify": notify}
+                                                        | ({"secrets": [TOKEN_ENV]} if environ else {})))
+    return Notifier(resolved.spec.notify, resolved, Path("/runs/unit"), environ or {})
+
+
+def test_a_failed_attempt_is_retried_once(hook: Hook) -> None:
+    hook.statuses = [500]
+    notifier = _notifier({"webhook": {"url": hook.url, "token_env": TOKEN_ENV}}, {TOKEN_ENV: TOKEN})
+    assert notifier.send("started", step=0) is True
+    assert [r["status"] for r in hook.requests] == [500, 200]
+    assert all(r["headers"]["Authorization"] == f"Bearer {TOKEN}" for r in hook.requests)
+
+
+def test_unreachable_webhook_and_failing_command_warn_and_never_raise(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port that refuses connections: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+        notifier = _notifier({"webhook": {"url": url}, "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+                              "timeout_s": 2})
+        began = time.monotonic()
+        assert notifier.send("finished", step=20) is False
+    assert time.monotonic() - began < 15
+    err = capsys.readouterr().err
+    assert "notification 'finished' to the webhook failed twice (cannot reach the URL" in err
+    assert "exited 3" in err and "training is not affected" in err
+
+
+def test_missing_token_is_reported_without_sending(hook: Hook, capsys: pytest.CaptureFixture[str]) -> None:
+    notifier = _notifier({"webhook": {"url": hook.url, "token_env": TOKEN_ENV}}, {"OTHER": "x"})
+    assert notifier.send("started") is False
+    assert not hook.requests and f"${TOKEN_ENV} (token_env) is not set on this node" in capsys.readouterr().err
