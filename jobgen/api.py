@@ -53,23 +53,25 @@ def templates_dir(override: PathLike | None = None) -> Path:
 
 
 def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
-         profiles_dir: PathLike | None = None) -> tuple[TrainingSpec, ClusterProfile]:
-    """Load and validate a spec file (with ``--set``-style overrides) and a profile (name or path).
+         profiles_dir: PathLike | None = None, preflight: bool = False) -> tuple[TrainingSpec, ClusterProfile]:
+    """Load and validate a spec file (with ``--set``-style overrides) and a profile (name or path);
+    ``preflight``: turn the profile's ``preflight`` on (``jobgen submit --preflight``).
 
     Raises:
         ConfigError: with the file and JSON path of the first problem.
     """
-    return load_spec(spec_path, overrides), load_profile(profile, profiles_dir)
+    return load_spec(spec_path, overrides), load_profile(profile, profiles_dir, ["preflight=true"] if preflight else [])
 
 
 def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
-             profiles_dir: PathLike | None = None, templates: PathLike | None = None) -> JobPlan:
-    """Plan ``spec_path`` on ``profile``: the files and the submit steps (pure).
+             profiles_dir: PathLike | None = None, templates: PathLike | None = None, preflight: bool = False) -> JobPlan:
+    """Plan ``spec_path`` on ``profile``: the files and the submit steps (pure); ``preflight``:
+    as if the profile said ``preflight: true``.
 
     Raises:
         ConfigError, PlanError: bad input, or a spec that does not fit the profile.
     """
-    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir)
+    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
     return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile,
                 spec_file=str(spec_path))
 

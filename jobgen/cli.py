@@ -75,8 +75,10 @@ def cli(debug: bool) -> None:
         _DEBUG["on"] = True
 
 
-def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> JobPlan:
-    return api.plan_job(spec_path, profile_name, overrides=overrides, profiles_dir=profiles_dir, templates=templates_dir)
+def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None,
+          preflight: bool = False) -> JobPlan:
+    return api.plan_job(spec_path, profile_name, overrides=overrides, profiles_dir=profiles_dir, templates=templates_dir,
+                        preflight=preflight)
 
 
 def _warn(job_plan: JobPlan) -> None:
@@ -211,12 +213,16 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @click.option("--namespace", "-n", "k8s_namespace", default=None, help="Kubernetes: namespace (default: $JOBGEN_K8S_NAMESPACE, else the manifest's).")
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
               help="Kubernetes: kubeconfig file (default: the profile's, $KUBECONFIG, ~/.kube/config).")
+@click.option("--preflight", is_flag=True,
+              help="Start the job with the all-reduce preflight (bandwidth per node; exit 1 naming a node that does not "
+                   "join or is far slower), as if the profile said `preflight: true`. Spec files only.")
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
 def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
+           preflight: bool,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
     """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
@@ -251,15 +257,16 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
                             allow_dirty=allow_dirty)
     target_or_plan: str | JobPlan = target
     if Path(target).is_dir():
-        if overrides or profile:
+        if overrides or profile or preflight:
             raise ConfigError(
-                f"{target} is a rendered job directory: --set and --profile apply to spec files",
-                hint="change the spec and re-render (jobgen render SPEC --profile P), then submit the directory",
+                f"{target} is a rendered job directory: --set, --profile and --preflight apply to spec files",
+                hint="change the spec (or set `preflight: true` in the profile) and re-render (jobgen render SPEC --profile P), "
+                     "then submit the directory",
             )
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir)
+        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight)
         _warn(target_or_plan)
     result = api.submit(target_or_plan, options, out=out, echo=click.echo)
     if result.handle is None:

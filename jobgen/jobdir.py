@@ -39,6 +39,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
     SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
@@ -198,6 +199,11 @@ class LaunchSpec(BaseModel):
     min_nodes: int | None = Field(default=None, ge=1, description=(
         "Elastic jobs only: the fewest nodes torchrun may train on (``num_nodes`` is then the most, and\n"
         "``world_size`` the world at that maximum); the entrypoint reads the real count from torchrun."))
+    preflight: bool = Field(default=False, description=(
+        "Run the all-reduce preflight (jobgen.train.preflight) before training (profile ``preflight``\n"
+        "or ``jobgen submit --preflight``)."
+    ))
+    preflight_timeout_s: int = Field(default=60, ge=1, description="Seconds the preflight waits to join, and for its all-reduces.")
 
     @field_validator("requeue_signal")
     @classmethod
@@ -207,10 +213,11 @@ class LaunchSpec(BaseModel):
         return value
 
     @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out while unset, so jobs without them keep the spec.json (and hashes) they had:
-        # the price (profiles without one) and min_nodes (fixed-size jobs).
-        return {k: v for k, v in handler(self).items() if not (k in ("gpu_hour_price", "min_nodes") and v is None)}
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # Left out while unset / at their defaults, so jobs without them keep the spec.json (and
+        # hashes) they had: the price (profiles without one), min_nodes (fixed-size jobs), the preflight.
+        defaults = {"gpu_hour_price": None, "min_nodes": None, "preflight": False, "preflight_timeout_s": 60}
+        return {k: v for k, v in handler(self).items() if not (k in defaults and v == defaults[k])}
 
     @model_validator(mode="after")
     def _world_size_is_product(self) -> LaunchSpec:

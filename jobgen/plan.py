@@ -202,7 +202,8 @@ class PlanContext:
         launch = LaunchSpec(scheduler=self.profile.scheduler, accelerator=w.accelerator, num_nodes=w.num_nodes,
                             devices_per_node=w.devices_per_node, world_size=w.world_size, deepspeed_config=deepspeed_config,
                             requeue_signal=requeue_signal, gpu_type=self.profile.gpu_type, cluster=cluster,
-                            gpu_hour_price=self.profile.gpu_hour_price, min_nodes=w.min_nodes)
+                            gpu_hour_price=self.profile.gpu_hour_price, min_nodes=w.min_nodes,
+                            preflight=self.profile.preflight, preflight_timeout_s=self.profile.preflight_timeout_s)
         return ResolvedSpec(jobgen_version=__version__, inputs_sha256=self.inputs_sha256, profile=self.profile.name,
                             spec=self.spec, launch=launch)
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from jobgen.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.spec import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
@@ -367,7 +376,7 @@ class LocalSettings(_Model):
 
 
 #: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.
-_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None}
+_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60}
 
 
 class ClusterProfile(_Model):
@@ -397,6 +406,15 @@ class ClusterProfile(_Model):
     slurm: SlurmSettings | None = Field(default=None, description="SLURM settings (used when ``scheduler: slurm``).")
     kubernetes: KubernetesSettings | None = Field(default=None, description="Kubernetes settings (required when ``scheduler: kubernetes``).")
     local: LocalSettings = Field(default=LocalSettings(), description="Local-run settings (used when ``scheduler: local``).")
+    preflight: bool = Field(default=False, description=(
+        "Before training, every rank joins a short all-reduce test (NCCL on GPUs, gloo on CPU) that\n"
+        "prints the bus bandwidth per node and stops the job (exit 1, naming the node) when a node\n"
+        "does not join within ``preflight_timeout_s`` or is far slower than the others\n"
+        "(``jobgen submit --preflight`` turns it on for one submission)."
+    ))
+    preflight_timeout_s: int = Field(default=60, ge=5, le=3600, description=(
+        "Seconds the preflight waits for every rank to join, and again for the all-reduces to finish."
+    ))
 
     @field_validator("env")
     @classmethod
@@ -404,7 +422,7 @@ class ClusterProfile(_Model):
         return check_env(value)
 
     @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         # Fields added after profiles were in use are left out while at their defaults, so the
         # inputs hash (and every rendered file) of a profile without them stays as it was.
         return _omit_defaults(handler(self), _PROFILE_OPTIONAL_FIELDS)

@@ -607,6 +607,129 @@ class CodeSpec(_Model):
         return "/".join(p for p in parts if p not in ("", "."))
 
 
+NotifyEvent = Literal["started", "requeued", "finished", "failed"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("started", "requeued", "finished", "failed")
+
+#: Query parameter names (whole words, case-insensitive) that carry credentials in a webhook URL:
+#: ``?token=``, ``?api_key=``, ``?apiKey=``, ``?sig=``, ``?X-Amz-Signature=``, ``?access_token=``.
+_URL_SECRET_WORDS = frozenset({
+    "token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "auth", "authorization",
+    "sig", "signature", "credential", "credentials", "session", "code",
+})
+
+
+def _url_secret_params(query: str) -> list[str]:
+    """Names of query parameters in ``query`` whose name looks like a credential."""
+    from urllib.parse import parse_qsl
+
+    found = []
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+        if set(re.split(r"[^a-z0-9]+", words)) & _URL_SECRET_WORDS or name.lower() in _URL_SECRET_WORDS:
+            found.append(name)
+    return found
+
+
+class WebhookSpec(_Model):
+    """An HTTP(S) endpoint that gets each notification as a JSON body (``POST``,
+    ``Content-Type: application/json``). Credentials only by reference: the token is read from
+    an environment variable on the node (``token_env``) and sent as ``Authorization: Bearer``."""
+
+    url: str | None = Field(default=None, description=(
+        "``http://`` or ``https://`` URL the JSON body is POSTed to. Written into spec.json, so it may\n"
+        "not carry a credential: user:password@ and query parameters named like token/key/secret/\n"
+        "sig are refused (use ``token_env``, or ``url_env`` for URLs that are secrets themselves)."
+    ))
+    url_env: str | None = Field(default=None, description=(
+        "Name of an environment variable that holds the URL, for URLs that are credentials\n"
+        "themselves (e.g. Slack incoming webhooks); must also be listed in the spec's ``secrets``.\n"
+        "Exactly one of ``url`` and ``url_env``."
+    ))
+    token_env: str | None = Field(default=None, description=(
+        "Name (never the value) of an environment variable holding a bearer token, sent as\n"
+        "``Authorization: Bearer <token>``; must also be listed in the spec's ``secrets`` so that it\n"
+        "reaches the ranks. ``null``: no Authorization header."
+    ))
+
+    @field_validator("url")
+    @classmethod
+    def _url_without_credentials(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from urllib.parse import urlsplit
+
+        check_shell_safe(value)
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("the URL carries user:password@; it would be written into spec.json. Remove it and "
+                             "put a token in an environment variable named by token_env (listed in secrets)")
+        secret = _url_secret_params(parts.query)
+        if secret:
+            raise ValueError(f"the URL's query parameter(s) {', '.join(secret)} look like a credential; it would be "
+                             "written into spec.json (and committed). Send the token by reference instead: "
+                             "token_env: <VARIABLE> (listed in secrets), or give the whole URL by url_env")
+        return value
+
+    @field_validator("url_env", "token_env")
+    @classmethod
+    def _env_names(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_KEY_RE.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); "
+                             "give the variable's NAME, never its value")
+        return value
+
+    @model_validator(mode="after")
+    def _one_url(self) -> WebhookSpec:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url and url_env")
+        return self
+
+
+class NotifySpec(_Model):
+    """Notifications about the run, sent by global rank zero: a webhook and/or a command, each
+    getting the same JSON body (event, job, handle, step, losses, GPU-hours, time). A failed
+    notification warns on stderr and never fails or stops training."""
+
+    webhook: WebhookSpec | None = Field(default=None, description="POST the JSON body to this URL.")
+    command: tuple[str, ...] | None = Field(default=None, description=(
+        "Run this argv (no shell) on rank zero's node with the JSON body on stdin, e.g.\n"
+        "``[/usr/local/bin/notify-team, --channel, ml]``."
+    ))
+    events: tuple[NotifyEvent, ...] = Field(default=NOTIFY_EVENTS, description=(
+        "Which events to send: ``started`` (each start, also after a requeue), ``requeued`` (the job\n"
+        "checkpointed and requeued itself on SLURM's signal), ``finished`` (max_steps reached),\n"
+        "``failed`` (the entrypoint raised or stopped early)."
+    ))
+    timeout_s: float = Field(default=10.0, gt=0.0, le=120.0, description=(
+        "Seconds one attempt may take (HTTP request or command); a failed attempt is retried once."
+    ))
+
+    @field_validator("command")
+    @classmethod
+    def _command_argv(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None:
+            if not value or not value[0].strip():
+                raise ValueError("command needs at least the program, e.g. [/usr/local/bin/notify-team]")
+            for arg in value:
+                check_shell_safe(arg)
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _some_events(cls, value: tuple[NotifyEvent, ...]) -> tuple[NotifyEvent, ...]:
+        if not value:
+            raise ValueError(f"give at least one event of {', '.join(NOTIFY_EVENTS)} (or remove notify)")
+        return value
+
+    @model_validator(mode="after")
+    def _a_target(self) -> NotifySpec:
+        if self.webhook is None and self.command is None:
+            raise ValueError("notify needs a webhook ({url: ...}) or a command ([argv ...]), or both")
+        return self
+
+
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
@@ -641,6 +764,10 @@ class TrainingSpec(_Model):
         "user's code (``entrypoint``, or a ``class_path`` model/data), the git repository holding the\n"
         "spec file, snapshotted at submit (none when the spec is not in one); for the built-in models\n"
         "and data, no snapshot."
+    ))
+    notify: NotifySpec | None = Field(default=None, description=(
+        "Notifications (webhook and/or command) on started / requeued / finished / failed, sent\n"
+        "by rank zero; ``null``: none."
     ))
 
     @field_validator("name")
@@ -679,7 +806,8 @@ class TrainingSpec(_Model):
         else:  # command mode: only what applies (spec.json reads back without "explicitly set" refusals)
             data = {k: v for k, v in data.items() if k not in BUILTIN_SECTIONS}
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k in COMMAND_TRAINER_FIELDS}
-        omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None)) if empty}
+        omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None),
+                                       ("notify", self.notify is None)) if empty}
         return {k: v for k, v in data.items() if k not in omit}
 
     @model_validator(mode="after")
@@ -704,6 +832,19 @@ class TrainingSpec(_Model):
         data module) rather than only jobgen's built-in models and data: such specs are
         snapshotted at submit by default (:mod:`jobgen.snapshot`)."""
         return self.entrypoint is not None
+
+    @model_validator(mode="after")
+    def _notify_secrets_listed(self) -> TrainingSpec:
+        hook = self.notify.webhook if self.notify is not None else None
+        for field in ("token_env", "url_env"):
+            name = getattr(hook, field, None) if hook is not None else None
+            if name is not None and name not in self.secrets:
+                raise ValueError(
+                    f"notify.webhook.{field} names {name}, which is not in secrets; list it there "
+                    f"(secrets: [{', '.join((*self.secrets, name))}]) so that its value reaches the ranks "
+                    "from your environment (or a Kubernetes Secret) and no file holds it"
+                )
+        return self
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:

@@ -204,7 +204,8 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     from jobgen.load import load_profile, search_dirs
     from jobgen.plan import plan
 
-    job_plan = plan(resolved.spec, load_profile(resolved.profile), search_dirs("templates")[0])
+    preflight = ["preflight=true", f"preflight_timeout_s={resolved.launch.preflight_timeout_s}"] if resolved.launch.preflight else []
+    job_plan = plan(resolved.spec, load_profile(resolved.profile, overrides=preflight), search_dirs("templates")[0])
     if job_plan.inputs_sha256 != resolved.inputs_sha256:
         raise ConfigError(f"{job_dir} was rendered from other inputs than profile {resolved.profile!r} gives now",
                           hint="run the spec instead: jobgen submit SPEC --profile local")

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
-from jobgen.jobdir import CODE_DIR_ENV, load_resolved_spec, read_code_snapshot
+from jobgen.jobdir import CODE_DIR_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
 from jobgen.spec import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world
@@ -132,21 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     """Run the entrypoint; returns the process exit code (never raises, except with --debug)."""
     started = time.time()
     args = parse_args(argv)
+    resolved: ResolvedSpec | None = None
+    run_dir: Path | None = None
     try:
         code = use_code_snapshot()
         resolved = load_resolved_spec(args.spec)
-        check_runtime_support(resolved)
         resolved = runtime_world(resolved, os.environ)  # elastic: the node count torchrun formed
         spec = resolved.spec
-        sources, layout = check_data(spec)
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
+        check_runtime_support(resolved)
+        sources, layout = check_data(spec)
+        if resolved.launch.preflight:  # before Lightning: it then uses the process group this sets up
+            from jobgen.train.preflight import run_preflight
+
+            run_preflight(resolved, run_dir)
 
         from jobgen.train.run import train  # torch + Lightning: only once the input is known good
 
-        return train(resolved, args.spec.resolve(), run_dir, sources, layout, started, code=code)
+        exit_code = train(resolved, args.spec.resolve(), run_dir, sources, layout, started, code=code)
+        if exit_code != 0:
+            _notify_failed(resolved, run_dir, f"training ended with exit code {exit_code} before max_steps")
+        return exit_code
     except JobgenError as exc:
         if exc.location and exc.location.startswith(("spec.", "launch.")):
             exc.location = f"{args.spec}: {exc.location}"  # name the file, as the planner's errors do
+        _notify_failed(resolved, run_dir, one_line(exc))
         if args.debug:
             raise
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
@@ -155,14 +165,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - top level: one line, non-zero exit
+        text = " ".join(str(exc).split())
+        _notify_failed(resolved, run_dir, f"{type(exc).__name__}: {text}")
         if args.debug:
             raise
-        text = " ".join(str(exc).split())
         print(
             f"{PROG}: error: {type(exc).__name__}: {text} (run with --debug for the traceback)",
             file=sys.stderr,
         )
         return EXIT_RUNTIME
+
+
+def _notify_failed(resolved: ResolvedSpec | None, run_dir: Path | None, error: str) -> None:
+    """The ``failed`` notification (rank zero, specs with ``notify:``); never raises."""
+    if resolved is None or resolved.spec.notify is None:
+        return
+    from jobgen.train.notify import notify_failure
+
+    notify_failure(resolved, run_dir, error)
 
 
 def exit_process(code: int) -> None:

@@ -3,13 +3,14 @@ checkpoint-and-requeue on SLURM's pre-emption/time-limit signal."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -263,6 +264,9 @@ class RequeueOnSignal(Callback):
         """The signal arrived on this rank and has not been acted on yet."""
         self.requeued_at_step: int | None = None
         """The global step of the checkpoint written before a successful requeue."""
+        self.on_requeued: Callable[[int], None] | None = None
+        """Called on global rank 0 with the step after ``scontrol requeue`` succeeded (the
+        ``requeued`` notification), before SLURM's SIGTERM is let through."""
         self._checked_step: int | None = None
         self._group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -345,14 +349,19 @@ class RequeueOnSignal(Callback):
         ok = True
         if trainer.is_global_zero:
             argv = [*self.requeue_command, self.job_id]
-            try:
-                result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-                ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                ok, detail = False, str(exc)
-            if ok:
-                print(f"requeue: {' '.join(argv)} done; the next run resumes from {path}", flush=True)
-            else:
+            # A successful requeue makes SLURM SIGTERM every task at once: hold that signal back
+            # on this rank until the requeue is reported (and notified), then let it through.
+            with _held_back(signal.SIGTERM):
+                try:
+                    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+                    ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    ok, detail = False, str(exc)
+                if ok:
+                    print(f"requeue: {' '.join(argv)} done; the next run resumes from {path}", flush=True)
+                    if self.on_requeued is not None:
+                        self.on_requeued(step)
+            if not ok:
                 print(
                     f"requeue: {' '.join(argv)} failed ({detail or 'no output'}); training goes on, "
                     f"{path} stays for a resubmit",
@@ -363,3 +372,17 @@ class RequeueOnSignal(Callback):
         if ok:
             self.requeued_at_step = step
             trainer.should_stop = True
+
+
+@contextlib.contextmanager
+def _held_back(signum: signal.Signals) -> Iterator[None]:
+    """Record ``signum`` instead of handling it inside the block; afterwards restore the handler
+    and, if the signal came, raise it again (main thread only)."""
+    got: list[int] = []
+    previous = signal.signal(signum, lambda number, frame: got.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        if got:
+            signal.raise_signal(signum)

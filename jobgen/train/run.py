@@ -43,6 +43,7 @@ from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOn
 from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
+from jobgen.train.notify import notify_callback, notify_finished
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.sources import SplitLayout
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
@@ -184,6 +185,9 @@ def build_trainer(
     show_bar = sys.stdout.isatty()
     if not show_bar:
         callbacks.append(LineProgress(throughput, t.log_every_n_steps))
+    notify = notify_callback(resolved, paths.run_dir)  # rank zero of a spec with `notify:`
+    if notify is not None:
+        callbacks.append(notify)
     plugins = []
     if launch.scheduler == "slurm" and launch.requeue_signal:
         signum = getattr(signal, "SIG" + launch.requeue_signal)
@@ -194,6 +198,7 @@ def build_trainer(
         if job_id is not None:
             requeue = RequeueOnSignal(signum, paths.checkpoints, job_id)
             requeue.install()
+            requeue.on_requeued = None if notify is None else notify.requeued
             callbacks.append(requeue)
     logger = CSVLogger(save_dir=paths.run_dir, name="logs")
     loggers: list[Logger] = [logger]  # the CSV logger first: trainer.logger, the summary's metrics
@@ -370,6 +375,7 @@ def train(
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)
             _plot_curves(logger, paths)
+            notify_finished(trainer)
         trainer.strategy.barrier("jobgen-summary")  # all ranks leave together
         return 0
     finally:
