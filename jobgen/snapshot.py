@@ -312,6 +312,18 @@ def snapshot_for(spec: TrainingSpec, *, spec_file: Path | None, job_dir: Path, r
     return take(repo, run_dir, allow_dirty=allow_dirty, out=out)
 
 
+def inside_snapshot(path: Path, root: Path, info: CodeSnapshot) -> Path:
+    """``path`` in the snapshot ``root`` when it lies in the work tree the snapshot was taken from
+    (``info.repo``), else ``path`` unchanged. Command mode runs the ranks there: a relative
+    ``script`` (and relative config paths in ``args``) then resolve to the committed copies,
+    not to files the user may edit while the job waits."""
+    try:
+        relative = path.resolve().relative_to(Path(info.repo).resolve())
+    except ValueError:
+        return path
+    return root / relative
+
+
 def pythonpath(first: Path, rest: str | None) -> str:
     """``first`` ahead of an existing PYTHONPATH value (``rest``; empty parts dropped)."""
     return os.pathsep.join([str(first), *(p for p in (rest or "").split(os.pathsep) if p)])

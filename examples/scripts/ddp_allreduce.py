@@ -58,6 +58,10 @@ def main() -> None:
     dist.all_gather(gathered, weights)
     in_sync = all(torch.equal(gathered[0], w) for w in gathered)
     print(f"ddp: rank {rank} {args.steps} step(s), weights in sync across ranks: {in_sync}", flush=True)
+    # DDP's reducer holds the process group: release it first, or the group's teardown at exit can
+    # abort the process ("terminate called without an active exception") after a complete run.
+    del model, optimizer
+    dist.barrier()
     dist.destroy_process_group()
     if value.item() != expected or not in_sync:
         raise SystemExit(1)

@@ -22,7 +22,7 @@ from jobgen.environment import check_present
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.snapshot import pythonpath, snapshot_for
+from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -156,6 +156,8 @@ class LocalBackend(Backend):
         if code is not None:  # the snapshot first, ahead of jobgen itself
             env[CODE_DIR_ENV] = str(code[0])
             env["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), env["PYTHONPATH"])
+            if command.cwd is not None:  # command mode: run the committed script, not the working tree's
+                cwd = inside_snapshot(cwd, code[0], code[1])
         env.setdefault("PYTHONUNBUFFERED", "1")
         record = Submission(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
                             inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,

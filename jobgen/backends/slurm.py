@@ -43,7 +43,7 @@ from jobgen.jobdir import (
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.triage import LogLine, Triage, triage
 from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
-from jobgen.snapshot import pythonpath, snapshot_for
+from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -142,7 +142,9 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
         check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
         environ[CODE_DIR_ENV] = str(code[0])
         environ["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), environ.get("PYTHONPATH"))
-    workdir = str(Path.cwd()) if resolved.spec.entrypoint is not None else None  # command mode: the ranks run here
+    workdir = None
+    if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
+        workdir = str(inside_snapshot(Path.cwd(), code[0], code[1]) if code is not None else Path.cwd())
     command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
                              workdir=workdir)
     argv = list(command.argv)

@@ -38,19 +38,58 @@ def submit(spec: Path, runs: Path, cwd: Path, *sets: str, timeout: float = 180):
     return run_process(argv, cwd, timeout)
 
 
+def project(root: Path, *, git: bool = False) -> Path:
+    """The shipped command-mode examples and their scripts copied to ``root`` (laid out as in the
+    repository), so that a run does not depend on the jobgen checkout being clean (command mode
+    snapshots the git repository holding the spec); ``git``: committed as a repository."""
+    import shutil
+    import subprocess
+
+    for name in ("command-ddp.yaml", "command-lightning-cli.yaml"):
+        (root / "examples").mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "examples" / name, root / "examples" / name)
+    shutil.copytree(REPO / "examples" / "scripts", root / "examples" / "scripts")
+    if git:
+        env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"}
+        (root / ".gitignore").write_text("runs/\n")
+        for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "scripts"]):
+            subprocess.run(["git", *argv], cwd=root, env=env, check=True, capture_output=True)
+    return root
+
+
 def test_plain_torch_ddp_script_with_two_ranks(tmp_path):
-    result = submit(REPO / "examples" / "command-ddp.yaml", tmp_path / "runs", REPO)
+    proj = project(tmp_path / "proj")
+    result = submit(proj / "examples" / "command-ddp.yaml", tmp_path / "runs", proj)
     assert result.code == 0, result.output
     for rank in (0, 1):
         assert f"ddp: rank {rank} of world size 2, local rank {rank}, node rank 0" in result.stdout, result.output
         assert f"ddp: rank {rank} all_reduce(sum of rank+1) = 3 (expected 3)" in result.stdout
         assert f"ddp: rank {rank} 3 step(s), weights in sync across ranks: True" in result.stdout
-    assert f"cwd {REPO}" in result.stdout  # the ranks run where jobgen submit ran
+    assert f"cwd {proj}" in result.stdout  # the ranks run where jobgen submit ran
     assert (tmp_path / "runs" / "command-ddp" / "spec.json").is_file()
 
 
+def test_in_a_git_repository_the_ranks_run_the_committed_script_from_the_snapshot(tmp_path):
+    proj = project(tmp_path / "proj", git=True)
+    script = proj / "examples" / "scripts" / "ddp_allreduce.py"
+    script.write_text(script.read_text() + "\nraise SystemExit('the edited working tree ran')\n")  # uncommitted
+    refused = submit(proj / "examples" / "command-ddp.yaml", tmp_path / "runs", proj)
+    assert refused.code == 2 and "uncommitted" in refused.output, refused.output
+    import subprocess
+
+    subprocess.run(["git", "checkout", "--", "."], cwd=proj, check=True)
+    result = submit(proj / "examples" / "command-ddp.yaml", tmp_path / "runs", proj)
+    assert result.code == 0, result.output
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=proj, check=True, capture_output=True, text=True).stdout.strip()
+    snapshot = (tmp_path / "runs" / "command-ddp" / "code" / commit).resolve()
+    assert f"cwd {snapshot}" in result.stdout, result.output  # the submit directory's copy in the snapshot
+    assert "ddp: rank 1 3 step(s), weights in sync across ranks: True" in result.stdout
+
+
 def test_lightning_cli_script_gets_the_world_from_jobgen(tmp_path):
-    result = submit(REPO / "examples" / "command-lightning-cli.yaml", tmp_path / "runs", REPO)
+    proj = project(tmp_path / "proj")
+    result = submit(proj / "examples" / "command-lightning-cli.yaml", tmp_path / "runs", proj)
     assert result.code == 0, result.output
     for rank in (0, 1):
         assert (f"lightning: global rank {rank} of world size 2, num_nodes 1, devices 2, strategy DDPStrategy, "
