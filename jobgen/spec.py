@@ -780,14 +780,18 @@ class TrainingSpec(_Model):
         return isinstance(self.model, ClassSpec)
 
     def as_smoke(self, steps: int) -> TrainingSpec:
-        """This spec as a smoke run of ``steps`` optimizer steps (``jobgen submit --smoke N``):
-        name ``<name>-smoke``, ``max_steps: steps`` (no epoch bound), validation at most every
-        ``steps`` steps, no checkpoints written or resumed (``smoke: true``, ``resume: never``),
-        jobgen's warmup shortened to fit. Validated again, so the result obeys every rule.
+        """This spec as a smoke run (:meth:`smoke_doc`), validated again.
 
         Raises:
             pydantic.ValidationError: the changed spec breaks a rule (e.g. the name gets too long).
         """
+        return TrainingSpec.model_validate(self.smoke_doc(steps))
+
+    def smoke_doc(self, steps: int) -> dict[str, Any]:
+        """This spec, as a document, changed into a smoke run of ``steps`` optimizer steps
+        (``jobgen submit --smoke N``): name ``<name>-smoke``, ``max_steps: steps`` (no epoch
+        bound), validation at most every ``steps`` steps, no checkpoints written or resumed
+        (``smoke: true``, ``resume: never``), jobgen's warmup shortened to fit."""
         doc = self.model_dump(mode="json")
         t = doc["trainer"]
         t.update(max_steps=steps, max_epochs=None, val_check_interval=min(self.trainer.val_check_interval, steps))
@@ -795,7 +799,7 @@ class TrainingSpec(_Model):
             t["warmup_steps"] = min(self.trainer.warmup_steps, steps - 1)
         doc.update(name=f"{self.name}-smoke", smoke=True)
         doc["checkpoint"] = {**doc["checkpoint"], "resume": "never"}
-        return TrainingSpec.model_validate(doc)
+        return doc
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:

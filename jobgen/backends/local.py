@@ -127,7 +127,10 @@ class LocalBackend(Backend):
         check_present(resolved.spec.secrets, env, location=f"{job_dir / SPEC_FILE}: spec.secrets")
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
+        # so `PYTHONPATH=examples/usercode jobgen submit ...` imports the same code the import check did.
+        user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.setdefault("PYTHONUNBUFFERED", "1")
         record = Submission(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
                             inputs_sha256=resolved.inputs_sha256)

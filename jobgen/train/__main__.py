@@ -51,7 +51,7 @@ PROG = "python -m jobgen.train"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the entrypoint's command line."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Train the GPT described by a jobgen spec file on this rank."
+        prog=PROG, description="Train the model described by a jobgen spec file on this rank."
     )
     parser.add_argument(
         "--spec", required=True, type=Path, help="resolved spec file (spec.json) written by jobgen"
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         resolved = load_resolved_spec(args.spec)
         check_runtime_support(resolved)
         spec = resolved.spec
-        sources, layout = check_data(spec)
+        # a class_path data module is the user's: it finds and checks its own data on every rank
+        sources, layout = (None, None) if spec.user_code else check_data(spec)
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
 
         from jobgen.train.run import train  # torch + Lightning: only once the input is known good
