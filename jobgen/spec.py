@@ -677,7 +677,7 @@ class TrainingSpec(_Model):
         "The training data: jobgen's formats (DataSpec), or your own LightningDataModule as\n"
         "``{class_path, init_args}`` (ClassSpec; needed by, and only with, a ``class_path`` model)."
     ))
-    trainer: TrainerSpec = Field(default=TrainerSpec(), description="Strategy, precision, batch sizes, optimisation.")
+    trainer: TrainerSpec = Field(default=TrainerSpec(), validate_default=True, description="Strategy, precision, batch sizes, optimisation.")
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Nodes, devices per node and time limit.")
     checkpoint: CheckpointSpec = Field(default=CheckpointSpec(), description="Checkpoint cadence and resume behaviour.")
     env: dict[str, str] = Field(default={}, description=(
@@ -722,7 +722,11 @@ class TrainingSpec(_Model):
     @field_validator("trainer", mode="before")
     @classmethod
     def _trainer_fits_model(cls, value: Any, info: ValidationInfo) -> Any:
-        if not isinstance(info.data.get("model"), ClassSpec) or not isinstance(value, dict):
+        if not isinstance(info.data.get("model"), ClassSpec):
+            return value
+        if isinstance(value, TrainerSpec):  # the default (or a model instance): what it would serialise to
+            value = value.model_dump(mode="json", exclude=set(BUILTIN_OPTIMIZER_FIELDS))
+        if not isinstance(value, dict):
             return value
         given = [k for k in BUILTIN_OPTIMIZER_FIELDS if k in value]
         if given:
