@@ -146,7 +146,7 @@ def _parser(cls: type) -> tuple[Any, tuple[str, ...]]:
 
 
 _TYPE_ERROR_RE = re.compile(r'Parser key "' + _KEY + r'\.([^"]+)":\s*(.*)', re.S)
-_REQUIRED_RE = re.compile(r'Key "' + _KEY + r'\.([^"]+)" is required')
+_REQUIRED_RE = re.compile(r'Key "' + _KEY + r'\.([^"]+)" is required|arguments are required: ' + _KEY + r'\.([A-Za-z_0-9]+)')
 
 
 def bind(spec: ClassSpec, base: type, base_name: str, where: str, field: str, *, batch_size: int | None = None) -> BoundClass:
@@ -197,7 +197,7 @@ def bind(spec: ClassSpec, base: type, base_name: str, where: str, field: str, *,
                 hint=f"give {key} a value of the type {spec.class_path}.__init__ declares",
             ) from None
         if (m := _REQUIRED_RE.search(text)) is not None:
-            key = m.group(1)
+            key = m.group(1) or m.group(2)
             raise ConfigError(
                 f"{spec.class_path} needs the argument {key!r} (it has no default)",
                 location=f"{where}{field}.init_args",

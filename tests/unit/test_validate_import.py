@@ -54,7 +54,7 @@ def test_validate_import_failures_exit_2_with_path_and_hint(run_cli, tmp_path, m
     assert result.code == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     first, _, rest = result.stderr.partition("\n")
-    assert first == f"error: {spec}: {field}: {message}", result.stderr
+    assert first.startswith(f"error: {spec}: {field}: ") and message in first, result.stderr
     assert rest.startswith("  hint: ") and hint in rest, result.stderr
 
 
