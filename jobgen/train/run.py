@@ -151,16 +151,22 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     if trainer.strategy == "ddp":
         if launch.world_size == 1:
             return "auto"
+        # find_unused_parameters is passed only when on (torch's default is off), as the FSDP
+        # knobs below only when set: the kwargs of specs without them stay what they were
+        extra = {"find_unused_parameters": True} if trainer.find_unused_parameters else {}
         return DDPStrategy(
             process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl",
             static_graph=trainer.ddp_static_graph,
             gradient_as_bucket_view=trainer.ddp_gradient_as_bucket_view,
-            find_unused_parameters=trainer.find_unused_parameters,
+            **extra,
         )
     if trainer.strategy == "fsdp":
         wrap, checkpointing = _fsdp_policies(resolved)
-        fsdp_kwargs: dict[str, Any] = {"forward_prefetch": trainer.fsdp_forward_prefetch,
-                                       "limit_all_gathers": trainer.fsdp_limit_all_gathers}
+        fsdp_kwargs: dict[str, Any] = {}
+        if trainer.fsdp_forward_prefetch:
+            fsdp_kwargs["forward_prefetch"] = True
+        if not trainer.fsdp_limit_all_gathers:
+            fsdp_kwargs["limit_all_gathers"] = False
         if trainer.fsdp_backward_prefetch is not None:
             from torch.distributed.fsdp import BackwardPrefetch
 
