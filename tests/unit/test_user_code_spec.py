@@ -5,6 +5,7 @@ and hints of every error. Pure: nothing here imports torch or the user's code.""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -181,3 +182,36 @@ def test_smoke_on_a_rendered_directory_is_refused(run_cli, tmp_path):
     result = run_cli("submit", str(tmp_path / "job"), "--smoke", "3")
     assert result.code == 2, result.stderr
     assert "--set, --profile and --smoke apply to spec files" in result.stderr
+
+
+# --------------------------------------------------------------------------- local runs, jobgen plan
+
+
+def test_local_ranks_get_relative_pythonpath_entries_made_absolute(tmp_path, monkeypatch):
+    from jobgen.backends import get_backend
+    from jobgen.backends.base import SubmitOptions
+
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["pkgs/mine", str(tmp_path / "abs")]))
+    job_plan = api.plan_job(write(tmp_path / "s.yaml", USER), "local", profiles_dir=PROFILES)
+    options = SubmitOptions(runs_dir=tmp_path / "runs")
+    backend = get_backend("local")
+    job_dir = backend.job_dir(job_plan, tmp_path, options)
+    job_plan.write(job_dir)
+    ran: list[dict[str, str]] = []
+    backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(env) or 0)
+    entries = ran[0]["PYTHONPATH"].split(os.pathsep)
+    # the ranks run in the run directory: the user's relative entry must still name tmp_path/pkgs/mine
+    assert entries[1:] == [str(tmp_path / "pkgs" / "mine"), str(tmp_path / "abs")]
+
+
+def test_memory_plan_refuses_a_class_path_model(tmp_path):
+    from jobgen.errors import NotSupportedError
+    from jobgen.estimate import fit_warning, plan_memory
+
+    spec, profile = _spec(tmp_path, USER), load_profile("slurm-a100", PROFILES)
+    with pytest.raises(NotSupportedError, match="planning never imports user code") as info:
+        plan_memory(spec, profile, 1, 8)
+    assert info.value.location == "spec: model.class_path"
+    assert fit_warning(spec, profile, 1, 8) is None  # rendering for a GPU profile still works
