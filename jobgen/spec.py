@@ -11,21 +11,21 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic import (
     BaseModel,
-    ValidationError,
     ConfigDict,
     Discriminator,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
     Tag,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: A dotted import path of a class: ``package.module.Class`` (at least one dot, identifiers only).
@@ -442,7 +442,10 @@ class TrainerSpec(_Model):
     learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0, description="Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%.")
     warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in optimizer steps.")
     weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
-    gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description="Clip the global gradient norm (or each value, see ``gradient_clip_algorithm``) to this value; ``null`` disables clipping.")
+    gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description=(
+        "Clip the global gradient norm (or each value, see ``gradient_clip_algorithm``) to this value;\n"
+        "``null`` disables clipping."
+    ))
     gradient_clip_algorithm: Literal["norm", "value"] = Field(default="norm", description=(
         "``norm``: scale all gradients so that their global L2 norm is at most ``gradient_clip_val``;\n"
         "``value``: clamp each gradient element to +-``gradient_clip_val`` (not with DeepSpeed,\n"

@@ -38,9 +38,9 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStr
 from jobgen.errors import ConfigError
 from jobgen.jobdir import SUMMARY_FILE, write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
-from jobgen.train.hf import ParamCounts
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
