@@ -100,3 +100,16 @@ def test_another_librarys_module_trains_on_one_rank_and_smoke_keeps_no_checkpoin
     assert not (smoke_dir / "checkpoints").exists()
     assert json.loads((smoke_dir / "spec.json").read_text())["spec"]["smoke"] is True
     assert (runs / "boring" / "summary.json").is_file()  # the real run's directory is left alone
+
+
+def test_entrypoint_refuses_init_args_the_class_does_not_take(run_entrypoint, resolved_doc, tmp_path: Path) -> None:
+    # what a node sees when its code differs from the submitter's (or spec.json was edited): exit 2, one line
+    spec = {"name": "mine", "model": {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dm": 3}},
+            "data": {"class_path": f"{BORING}.BoringDataModule"}, "trainer": {"precision": "32-true", "max_steps": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps(resolved_doc(spec, devices_per_node=1, world_size=1)))
+    result = run_entrypoint("--spec", "spec.json", timeout=TIMEOUT_S)
+    assert result.code == 2, result.output
+    assert ("python -m jobgen.train: error: spec.json: spec.model.init_args.out_dm: "
+            f"{BORING}.DemoModel takes no argument 'out_dm' (did you mean 'out_dim'?); hint: its arguments: "
+            "learning_rate, out_dim") in result.stderr, result.output
+    assert "Traceback" not in result.stderr
