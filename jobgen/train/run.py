@@ -373,7 +373,7 @@ def train(
                       f"{t.gradient_accumulation_steps} x world size {launch.world_size}")
     trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
     validated = _ValidationTracker()
-    trainer.callbacks.append(validated)
+    trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
 
     rank_zero_print(
         f"jobgen.train: {spec.name}: {model_line}, strategy {t.strategy}, precision {t.precision}\n"
@@ -423,8 +423,8 @@ def train(
                 "total_params": counts.total,
                 "model": spec.model.class_path if spec.user_code else (spec.model.hf_path or "gpt"),
                 "data_format": "class_path" if spec.user_code else spec.data.format,
-                **({"data": spec.data.class_path, "epoch": trainer.current_epoch, "smoke": spec.smoke}
-                   if spec.user_code or spec.smoke else {}),
+                **({"data": spec.data.class_path, "epoch": trainer.current_epoch} if spec.user_code else {}),
+                **({"smoke": True} if spec.smoke else {}),
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),

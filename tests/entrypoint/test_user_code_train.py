@@ -113,3 +113,15 @@ def test_entrypoint_refuses_init_args_the_class_does_not_take(run_entrypoint, re
             f"{BORING}.DemoModel takes no argument 'out_dm' (did you mean 'out_dim'?); hint: its arguments: "
             "learning_rate, out_dim") in result.stderr, result.output
     assert "Traceback" not in result.stderr
+
+
+def test_smoke_run_of_the_builtin_gpt_writes_no_checkpoints(run_entrypoint, write_spec, tmp_path: Path) -> None:
+    write_spec({"name": "tiny-smoke", "smoke": True, "trainer": {"max_steps": 3, "warmup_steps": 1},
+                "checkpoint": {"resume": "never"}}, devices_per_node=1, world_size=1)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a real run's checkpoint is not resumed from
+    (tmp_path / "run" / "checkpoints" / "step-00000020.ckpt").write_bytes(b"not read")
+    result = run_entrypoint("--spec", "spec.json", "--run-dir", str(tmp_path / "run"), timeout=TIMEOUT_S)
+    assert result.code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["global_step"] == 3 and summary["smoke"] is True and summary["resumed_from"] is None
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-00000020.ckpt"]
