@@ -398,14 +398,14 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         return
     if loaded.user_code:
         model = f"model {loaded.model.class_path}, data {loaded.data.class_path}"
-        if import_check:
-            model += ": imported, init_args bound"
     elif loaded.model.hf_path is not None:
         model = f"Hugging Face model {loaded.model.hf_path}"
     else:
         model = f"model {loaded.model.n_params / 1e6:.1f}M parameters"
     click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
                f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
+    if import_check and loaded.user_code:
+        click.echo(f"imported {loaded.model.class_path} and {loaded.data.class_path} here; their init_args fit their signatures")
     if job_plan is not None:
         w = job_plan.world
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "

@@ -79,7 +79,7 @@ def test_validate_import_passes_for_another_librarys_module_with_a_note(run_cli,
 def test_validate_import_of_the_example_package(run_cli):
     result = run_cli("validate", str(EXAMPLES / "usercode.yaml"), "--import", cwd=EXAMPLES / "usercode", timeout=TIMEOUT_S)
     assert result.code == 0, result.stderr
-    assert "tinychar.CharModel" in result.stdout and "imported, init_args bound" in result.stdout
+    assert "imported tinychar.CharModel and tinychar.CharDataModule here; their init_args fit their signatures" in result.stdout
     assert result.stderr == ""  # CharDataModule takes batch_size: no note
 
 
