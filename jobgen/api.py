@@ -53,25 +53,46 @@ def templates_dir(override: PathLike | None = None) -> Path:
 
 
 def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
-         profiles_dir: PathLike | None = None, preflight: bool = False) -> tuple[TrainingSpec, ClusterProfile]:
+         profiles_dir: PathLike | None = None, preflight: bool = False,
+         smoke: int | None = None) -> tuple[TrainingSpec, ClusterProfile]:
     """Load and validate a spec file (with ``--set``-style overrides) and a profile (name or path);
-    ``preflight``: turn the profile's ``preflight`` on (``jobgen submit --preflight``).
+    ``preflight``: turn the profile's ``preflight`` on (``jobgen submit --preflight``); with
+    ``smoke``, the spec as a smoke run of that many steps (:meth:`TrainingSpec.as_smoke`).
 
     Raises:
         ConfigError: with the file and JSON path of the first problem.
     """
-    return load_spec(spec_path, overrides), load_profile(profile, profiles_dir, ["preflight=true"] if preflight else [])
+    spec = load_spec(spec_path, overrides)
+    if smoke is not None:
+        spec = as_smoke(spec, smoke, str(spec_path))
+    return spec, load_profile(profile, profiles_dir, ["preflight=true"] if preflight else [])
+
+
+def as_smoke(spec: TrainingSpec, steps: int, source: str) -> TrainingSpec:
+    """``spec`` as a smoke run of ``steps`` optimizer steps (``--smoke N``), validated.
+
+    Raises:
+        ConfigError: the smoke spec breaks a rule (e.g. ``<name>-smoke`` is too long).
+    """
+    from jobgen.load import validate
+    from jobgen.spec import TrainingSpec
+
+    if steps < 1:
+        raise ConfigError(f"--smoke {steps}: give at least 1 step", location=source, hint="e.g. --smoke 5")
+    return validate(TrainingSpec, spec.smoke_doc(steps), f"{source} (--smoke {steps})")
 
 
 def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
-             profiles_dir: PathLike | None = None, templates: PathLike | None = None, preflight: bool = False) -> JobPlan:
+             profiles_dir: PathLike | None = None, templates: PathLike | None = None, preflight: bool = False,
+             smoke: int | None = None) -> JobPlan:
     """Plan ``spec_path`` on ``profile``: the files and the submit steps (pure); ``preflight``:
-    as if the profile said ``preflight: true``.
+    as if the profile said ``preflight: true``; ``smoke``: plan a smoke run of that many
+    optimizer steps instead (``jobgen submit --smoke N``).
 
     Raises:
         ConfigError, PlanError: bad input, or a spec that does not fit the profile.
     """
-    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight, smoke=smoke)
     return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile,
                 spec_file=str(spec_path))
 

@@ -76,9 +76,9 @@ def cli(debug: bool) -> None:
 
 
 def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None,
-          preflight: bool = False) -> JobPlan:
+          preflight: bool = False, smoke: int | None = None) -> JobPlan:
     return api.plan_job(spec_path, profile_name, overrides=overrides, profiles_dir=profiles_dir, templates=templates_dir,
-                        preflight=preflight)
+                        preflight=preflight, smoke=smoke)
 
 
 def _warn(job_plan: JobPlan) -> None:
@@ -216,13 +216,19 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @click.option("--preflight", is_flag=True,
               help="Start the job with the all-reduce preflight (bandwidth per node; exit 1 naming a node that does not "
                    "join or is far slower), as if the profile said `preflight: true`. Spec files only.")
+@click.option("--smoke", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A cheap first run: N optimizer steps, named <name>-smoke, no checkpoints written or resumed "
+                   "(spec.json records it: smoke: true).")
+@click.option("--no-import-check", "no_import_check", is_flag=True,
+              help="Skip importing the spec's class_path classes in this environment before submitting "
+                   "(for code that exists on the nodes only).")
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
 def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
-           preflight: bool,
+           preflight: bool, smoke: int | None, no_import_check: bool,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
     """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
@@ -240,6 +246,9 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
     SLURM and local: the code (the git repository holding the spec, or the spec's
     `code.repo`) is snapshotted into <runs-dir>/<job name>/code/<commit>/ and put
     first on every rank's PYTHONPATH; uncommitted changes are refused unless --allow-dirty.
+    A spec naming your own classes (model/data class_path) is imported and its
+    init_args checked here first (as `jobgen validate --import`), unless --no-import-check.
+    --smoke N runs N steps as <name>-smoke, keeping no checkpoints: a cheap first run.
     Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
     start over with --set checkpoint.resume=never, or a new --set name=...
@@ -257,17 +266,19 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
                             allow_dirty=allow_dirty)
     target_or_plan: str | JobPlan = target
     if Path(target).is_dir():
-        if overrides or profile or preflight:
+        if overrides or profile or preflight or smoke:
             raise ConfigError(
-                f"{target} is a rendered job directory: --set, --profile and --preflight apply to spec files",
+                f"{target} is a rendered job directory: --set, --profile, --preflight and --smoke apply to spec files",
                 hint="change the spec (or set `preflight: true` in the profile) and re-render (jobgen render SPEC --profile P), "
                      "then submit the directory",
             )
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight)
+        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight, smoke)
         _warn(target_or_plan)
+        if not no_import_check:
+            _import_check(target, overrides)
     result = api.submit(target_or_plan, options, out=out, echo=click.echo)
     if result.handle is None:
         click.echo("validated: the scheduler accepts the job; nothing was queued or created")
@@ -370,28 +381,49 @@ def cancel(job: str, wait_s: float) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
+def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
+    """Import the spec's class_path classes here and bind their init_args (``validate --import``);
+    prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+    from jobgen.user_code import check_user_code
+
+    notes = check_user_code(load_spec(spec, overrides), spec)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    return notes
+
+
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--profile", "-p", default=None, help="Also check the spec against this profile (devices, nodes, batch, precision).")
+@click.option("--import", "import_check", is_flag=True,
+              help="Import the spec's class_path classes in this environment: base classes (LightningModule / "
+                   "LightningDataModule), init_args against their signatures (names and types), FSDP policy classes.")
 @_output_option
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
-def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, ...], profiles_dir: str | None,
-             templates_dir: str | None) -> None:
+def validate(spec: str, profile: str | None, import_check: bool, output: str, overrides: tuple[str, ...],
+             profiles_dir: str | None, templates_dir: str | None) -> None:
     """Check SPEC (and, with --profile, that it fits the cluster) without writing anything.
 
     \b
     Example:
       jobgen validate examples/quickstart.yaml --profile slurm-h100
       jobgen validate examples/quickstart.yaml -p local -o json
+      jobgen validate examples/usercode.yaml -p local --import   # imports tinychar (PYTHONPATH)
     """
     loaded = load_spec(spec, overrides)
+    if loaded.user_code:
+        model_name: str = loaded.model.class_path
+        n_params = None
+    else:
+        model_name = loaded.model.hf_path if loaded.model.hf_path is not None else "gpt"
+        n_params = None if loaded.model.hf_path is not None else loaded.model.n_params
     doc: dict[str, Any] = {"spec": spec, "name": loaded.name, "strategy": loaded.trainer.strategy,
-                           "precision": loaded.trainer.precision,
-                           "model": loaded.model.hf_path if loaded.model.hf_path is not None else "gpt",
-                           "n_params": None if loaded.model.hf_path is not None else loaded.model.n_params}
+                           "precision": loaded.trainer.precision, "model": model_name, "n_params": n_params}
+    if loaded.user_code:
+        doc["data"] = loaded.data.class_path
     if loaded.entrypoint is not None:
         doc |= {"model": None, "n_params": None, "entrypoint": loaded.entrypoint.model_dump()}
     job_plan = None
@@ -412,15 +444,23 @@ def validate(spec: str, profile: str | None, output: str, overrides: tuple[str, 
     elif loaded.entrypoint is not None:
         checked = _check_command(loaded, None, spec)
         doc["checked"] = checked
+    if import_check:
+        doc["import_notes"] = _import_check(spec, overrides)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    model = (f"Hugging Face model {loaded.model.hf_path}" if loaded.model.hf_path is not None
-             else f"model {loaded.model.n_params / 1e6:.1f}M parameters")
     if loaded.entrypoint is not None:
         model = "command mode: " + ", ".join(checked)
+    elif loaded.user_code:
+        model = f"model {loaded.model.class_path}, data {loaded.data.class_path}"
+    elif loaded.model.hf_path is not None:
+        model = f"Hugging Face model {loaded.model.hf_path}"
+    else:
+        model = f"model {loaded.model.n_params / 1e6:.1f}M parameters"
     click.echo(f"{spec}: valid spec {loaded.name!r} ({model}, "
                f"strategy {loaded.trainer.strategy}, precision {loaded.trainer.precision})")
+    if import_check and loaded.user_code:
+        click.echo(f"imported {loaded.model.class_path} and {loaded.data.class_path} here; their init_args fit their signatures")
     if job_plan is not None:
         w = job_plan.world
         if w.elastic:

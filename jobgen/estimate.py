@@ -540,6 +540,14 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     from jobgen.rules import resolve_precision
 
     spec = resolve_precision(spec, profile)
+    if spec.user_code:
+        raise NotSupportedError(
+            "jobgen plan estimates the built-in GPT only; a model.class_path module's size is known only once it "
+            "is built (planning never imports user code)",
+            location="spec: model.class_path",
+            hint="plan a GPT of similar shape instead (--set model='{preset: gpt2-124m}' ...), or measure: the "
+                 "summary.json of a --smoke run has peak_memory_bytes",
+        )
     if spec.model.hf_path is not None:
         raise NotSupportedError(
             "jobgen plan estimates the built-in GPT only; a Hugging Face model's size is in its "
@@ -647,7 +655,7 @@ def fit_warning(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     """A one-line warning when the spec's own layout is estimated not to fit a GPU profile's
     memory; ``None`` on CPU profiles, for Hugging Face models (sized by their config at run
     time; :func:`plan_memory` covers the built-in GPT), or when it fits."""
-    if not profile.gpus_per_node or spec.model.hf_path is not None:
+    if not profile.gpus_per_node or spec.user_code or spec.model.hf_path is not None:
         return None
     mp = plan_memory(spec, profile, num_nodes, devices_per_node)
     row = mp.spec_row

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from jobgen.errors import ConfigError, did_you_mean, json_path
 from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
+from jobgen.spec import BUILTIN_TAG, USER_CLASS_TAG, ClassSpec, TrainingSpec
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -238,17 +238,20 @@ def _config_error(model: type[BaseModel], exc: ValidationError, source: str) -> 
     hints: list[str] = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
-        path = json_path(loc)
+        path = json_path(tuple(part for part in loc if part not in _UNION_TAGS))
         if err["type"] == "extra_forbidden":
             valid = _fields_at(model, loc[:-1])
             suggestion = did_you_mean(str(loc[-1]), valid) if valid else None
             lines.append(f"{path}: unknown key" + (f" ({suggestion})" if suggestion else ""))
             if valid:
-                hints.append(f"valid keys at {json_path(loc[:-1])}: {', '.join(sorted(valid))}")
+                hints.append(f"valid keys at {json_path(tuple(p for p in loc[:-1] if p not in _UNION_TAGS))}: "
+                             f"{', '.join(sorted(valid))}")
+        elif err["type"] == "model_attributes_type" and loc and loc[-1] == USER_CLASS_TAG:
+            lines.append(f"{path}: give a mapping {{class_path: pkg.module.Class, init_args: {{...}}}}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
             given = err.get("input")
-            shown = "" if isinstance(given, (dict, list)) or err["type"] == "missing" else f" (got {given!r:.60})"
+            shown = "" if isinstance(given, (dict, list, BaseModel)) or err["type"] == "missing" else f" (got {given!r:.60})"
             lines.append(f"{path}: {msg}{shown}")
     kind = getattr(model, "jobgen_schema_kind", "spec" if model is TrainingSpec else "profile")
     first_hint = hints[0] if hints else f"see `jobgen schema {kind}` for every field"
@@ -262,6 +265,9 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     for part in loc:
         if isinstance(part, int):
             continue
+        if part in _UNION_TAGS:  # the branch of a model/data union that produced the error
+            current = _UNION_TAGS[part] or current
+            continue
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
             return []
@@ -269,6 +275,12 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         if current is None:
             return []
     return [f.alias or name for name, f in (getattr(current, "model_fields", {}) or {}).items()]
+
+
+#: Union tags of TrainingSpec.model/data (pydantic puts them into error locations): dropped from
+#: the printed path; the user-class tag selects ClassSpec for the valid keys (None: the first model
+#: of the union, the built-in one, which _model_type already picked).
+_UNION_TAGS: dict[str, type[BaseModel] | None] = {USER_CLASS_TAG: ClassSpec, BUILTIN_TAG: None}
 
 
 def _model_type(annotation: Any) -> type[BaseModel] | None:

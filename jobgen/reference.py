@@ -41,10 +41,21 @@ def _nested(annotation: typing.Any) -> type[BaseModel] | None:
     return None
 
 
+def _all_nested(annotation: typing.Any) -> list[type[BaseModel]]:
+    """Every model of a union (``model: ModelSpec | ClassSpec``), in order; [] for none."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found += [m for m in _all_nested(arg) if m not in found]
+    return found
+
+
 def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[BaseModel]]) -> None:
     for name, field in model.model_fields.items():
         path = f"{prefix}{field.alias or name}"
         nested = _nested(field.annotation)
+        alternatives = _all_nested(field.annotation) if nested is not None else []
         if model.__name__ == "ModelSpec" and name in ("n_layer", "n_head", "d_model", "block_size"):
             default = "from `preset`"
         elif field.is_required():
@@ -54,9 +65,12 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
         else:
             default = f"`{field.default!r}`" if field.default is not PydanticUndefined else ""
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
-        out.append(f"| `{path}` | {_type_name(field.annotation) if nested is None else nested.__name__} | {default} | {doc} |")
-        if nested is not None and nested not in seen and typing.get_origin(field.annotation) not in (tuple, list):
-            _rows(nested, f"{path}.", out, seen | {nested})
+        shown = _type_name(field.annotation) if nested is None else " \\| ".join(m.__name__ for m in alternatives)
+        out.append(f"| `{path}` | {shown} | {default} | {doc} |")
+        if nested is not None and typing.get_origin(field.annotation) not in (tuple, list):
+            for alternative in alternatives:  # a union's models each get their rows (ClassSpec after ModelSpec)
+                if alternative not in seen:
+                    _rows(alternative, f"{path}.", out, seen | {alternative})
 
 
 def reference() -> str:

@@ -175,13 +175,24 @@ def resolve_world(spec: TrainingSpec, profile: ClusterProfile, spec_source: str 
 
 
 def check_batch(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -> None:
-    """``trainer.global_batch_size``, when given, must equal micro x accumulation x world size.
+    """``trainer.global_batch_size``, when given, must equal micro x accumulation x world size
+    (with an accumulation schedule the global batch changes by epoch: no single value fits).
 
     Raises:
         PlanError: it does not; the hint gives the accumulation that fits, if one does.
     """
     t = spec.trainer
     product = world.global_batch_size
+    if t.global_batch_size is not None and t.gradient_accumulation_schedule is not None:
+        per_epoch = ", ".join(f"epoch {e}+: {t.micro_batch_size * f * world.world_size}"
+                              for e, f in t.gradient_accumulation_schedule.items())
+        raise PlanError(
+            f"You set `trainer.global_batch_size={t.global_batch_size}` and `trainer.gradient_accumulation_schedule`, "
+            f"whose global batch changes by epoch ({per_epoch} = micro_batch_size {t.micro_batch_size} x accumulation "
+            f"x world size {world.world_size}).",
+            location=f"{spec_source}: trainer.global_batch_size",
+            hint="Remove `trainer.global_batch_size` (the schedule decides the batch), or drop the schedule.",
+        )
     if world.elastic:
         check_elastic(spec, world, spec_source)
         return
@@ -368,7 +379,7 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
                 )
         return
     refusals = (
-        (spec.model.load_in_4bit, "model.load_in_4bit",
+        (getattr(spec.model, "load_in_4bit", False), "model.load_in_4bit",
          "You set `model.load_in_4bit=true` (QLoRA), but {where} has no GPUs; 4-bit quantisation (bitsandbytes) runs on "
          "CUDA GPUs only.",
          "Remove `model.load_in_4bit` (plain LoRA trains on CPU), or render for a GPU profile (and install jobgen[qlora] there)."),

@@ -7,21 +7,29 @@ A spec is loaded from YAML by :mod:`jobgen.load` and validated here (pydantic v2
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    Tag,
+    ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dotted import path of a class: ``package.module.Class`` (at least one dot, identifiers only).
+CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 #: GPT size presets: name -> (n_layer, n_head, d_model, block_size). Byte-level vocabulary
 #: (256), so parameter counts are a little below the GPT-2 models of the same shape.
@@ -83,6 +91,98 @@ class LoraSpec(_Model):
         if not value or any(not name.strip() for name in value):
             raise ValueError("give at least one module name, e.g. [q_proj, v_proj]")
         return value
+
+
+def check_class_path(value: str) -> str:
+    """The shape of a dotted class path (``pkg.mod.Class``); nothing is imported.
+
+    Raises:
+        ValueError: not identifiers joined by dots, or no dot at all.
+    """
+    if not CLASS_PATH_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a dotted class path; give the module and the class, e.g. my_pkg.models.MyModule"
+        )
+    return value
+
+
+def _check_json_value(value: Any, where: str) -> Any:
+    """``value`` with every mapping sorted by key, if it is plain JSON (null, bool, int, finite
+    float, str, list, str-keyed mapping); spec.json must hold it as is."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value!r} is not a finite number (JSON has no NaN or infinity)")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_check_json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise ValueError(f"{where}: key {key!r} is not a string (JSON object keys are strings)")
+        return {k: _check_json_value(value[k], f"{where}.{k}") for k in sorted(value)}
+    raise ValueError(
+        f"{where}: a {type(value).__name__} is not a JSON value; use null, true/false, numbers, strings, lists "
+        "and mappings (quote dates and other YAML types)"
+    )
+
+
+class ClassSpec(_Model):
+    """Your own class, in LightningCLI's convention: ``class_path`` + ``init_args``.
+
+    ``model: {class_path: my_pkg.models.MyModule, init_args: {hidden: 64}}`` names a
+    ``LightningModule``; ``data: {class_path: ..., init_args: {...}}`` a ``LightningDataModule``.
+    Rendering never imports them (only the shape of the path is checked); ``jobgen validate
+    --import`` and ``jobgen submit`` import them and bind ``init_args`` to the class's signature,
+    and the entrypoint instantiates them with jsonargparse (what LightningCLI uses), so nested
+    ``{class_path, init_args}`` values and type checks work as in LightningCLI.
+    """
+
+    class_path: str = Field(description=(
+        "Dotted import path of the class, e.g. ``my_pkg.models.MyModule``; importable on every node\n"
+        "(installed, or on PYTHONPATH)."
+    ))
+    init_args: dict[str, Any] = Field(default={}, description=(
+        "Keyword arguments of the class's ``__init__`` (JSON values; nested ``{class_path,\n"
+        "init_args}`` mappings are instantiated too). A data module whose ``__init__`` takes\n"
+        "``batch_size`` gets ``trainer.micro_batch_size``: leave ``batch_size`` out (or equal to it)."
+    ))
+
+    @field_validator("class_path")
+    @classmethod
+    def _class_path_shape(cls, value: str) -> str:
+        return check_class_path(value)
+
+    @field_validator("init_args")
+    @classmethod
+    def _init_args_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not key.isidentifier():
+                raise ValueError(f"init_args key {key!r} is not a Python argument name")
+        return _check_json_value(value, "init_args")
+
+
+def field_error(model: type[BaseModel], loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """A ValidationError at ``loc`` (a field path below ``model``), for a rule a model validator
+    checks across fields: pydantic prefixes the location like any field error, so the user sees
+    the path of the field to change rather than the spec's root."""
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": message}), loc=loc, input=value)
+    return ValidationError.from_exception_data(model.__name__, [detail])
+
+
+def _user_or_builtin(value: Any) -> str:
+    """Which branch of ``model``/``data`` a value is: a mapping with ``class_path`` is a
+    :class:`ClassSpec`, anything else the built-in spec (so errors come from one branch)."""
+    if isinstance(value, ClassSpec) or (isinstance(value, dict) and "class_path" in value):
+        return USER_CLASS_TAG
+    return BUILTIN_TAG
+
+
+#: Tags of the ``model``/``data`` unions. pydantic puts them into error locations
+#: (``model.<tag>.field``); :mod:`jobgen.load` drops them from the paths it prints.
+USER_CLASS_TAG = "class-path-branch"
+BUILTIN_TAG = "built-in-branch"
 
 
 #: ModelSpec fields that are left out of the serialised spec while at their defaults, so that
@@ -202,7 +302,28 @@ _TRAINER_OPTIONAL_FIELDS = {
     "ddp_gradient_as_bucket_view": False,
     "fsdp_state_dict_type": "sharded",
     "tensorboard": False,
+    "max_epochs": None,
+    "gradient_clip_algorithm": "norm",
+    "gradient_accumulation_schedule": None,
+    "find_unused_parameters": False,
+    "sync_batchnorm": False,
+    "deterministic": False,
+    "benchmark": None,
+    "num_sanity_val_steps": 2,
+    "profiler": None,
+    "fsdp_auto_wrap_policy": None,
+    "fsdp_activation_checkpointing_policy": None,
+    "fsdp_backward_prefetch": None,
+    "fsdp_forward_prefetch": False,
+    "fsdp_limit_all_gathers": True,
 }
+
+#: TrainerSpec fields that are FSDP options (refused with other strategies when not at their defaults).
+_FSDP_ONLY_FIELDS = ("fsdp_auto_wrap_policy", "fsdp_activation_checkpointing_policy", "fsdp_backward_prefetch",
+                     "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
+#: TrainerSpec fields of jobgen's own optimiser (AdamW + warmup + cosine) for the built-in models;
+#: a ``class_path`` model brings its own ``configure_optimizers``.
+BUILTIN_OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "weight_decay")
 
 _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None, "tokenizer_path": None}
 
@@ -309,11 +430,79 @@ class TrainerSpec(_Model):
         "Sequences per optimizer step over all ranks. When given it must equal\n"
         "micro_batch_size x gradient_accumulation_steps x world size (checked at plan time)."
     ))
-    max_steps: int = Field(default=1000, ge=1, description="Optimizer steps to train for.")
+    max_steps: int | None = Field(default=1000, ge=1, description=(
+        "Optimizer steps to train for; ``null`` (with ``max_epochs``): no step bound. With both,\n"
+        "training stops at whichever comes first (Lightning's rule)."
+    ))
+    max_epochs: int | None = Field(default=None, ge=1, description=(
+        "Epochs (passes over a ``class_path`` data module's training loader) to train for; the\n"
+        "alternative to ``max_steps`` (give ``max_steps: null`` to train by epochs only). Needs\n"
+        "``data.class_path``: the built-in data has no epochs of its own."
+    ))
     learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0, description="Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%.")
     warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in optimizer steps.")
     weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
-    gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description="Clip the global gradient norm to this value; ``null`` disables clipping.")
+    gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description=(
+        "Clip the global gradient norm (or each value, see ``gradient_clip_algorithm``) to this value;\n"
+        "``null`` disables clipping."
+    ))
+    gradient_clip_algorithm: Literal["norm", "value"] = Field(default="norm", description=(
+        "``norm``: scale all gradients so that their global L2 norm is at most ``gradient_clip_val``;\n"
+        "``value``: clamp each gradient element to +-``gradient_clip_val`` (not with DeepSpeed,\n"
+        "whose ``gradient_clipping`` is a norm)."
+    ))
+    gradient_accumulation_schedule: dict[int, int] | None = Field(default=None, description=(
+        "Per-epoch accumulation, ``{epoch: micro batches per optimizer step}`` from that epoch on,\n"
+        "e.g. ``{0: 8, 5: 4}`` (Lightning's GradientAccumulationScheduler). Must start at epoch 0;\n"
+        "``gradient_accumulation_steps`` is its epoch-0 value (the world's global batch at the\n"
+        "start). Needs ``data.class_path``; not with DeepSpeed (its batch size is fixed in\n"
+        "ds_config.json) nor with ``global_batch_size`` (the global batch changes by epoch)."
+    ))
+    find_unused_parameters: bool = Field(default=False, description=(
+        "DDP: search the autograd graph for parameters that got no gradient every step (needed by\n"
+        "models that skip parameters in some steps; costs a graph traversal per step). DDP only."
+    ))
+    sync_batchnorm: bool = Field(default=False, description=(
+        "Replace BatchNorm layers by SyncBatchNorm: batch statistics over all ranks (Lightning's\n"
+        "``sync_batchnorm``)."
+    ))
+    deterministic: bool = Field(default=False, description=(
+        "Deterministic algorithms only (``torch.use_deterministic_algorithms``; an op without one\n"
+        "raises). Slower; with CUDA it also needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in ``env``."
+    ))
+    benchmark: bool | None = Field(default=None, description=(
+        "cuDNN autotuning (``torch.backends.cudnn.benchmark``); ``null``: Lightning's default\n"
+        "(off, unless deterministic)."
+    ))
+    num_sanity_val_steps: int = Field(default=2, ge=-1, description=(
+        "Validation micro batches run before training starts, to catch a broken validation step\n"
+        "early (0: none, -1: the whole validation loader)."
+    ))
+    profiler: Literal["simple", "advanced", "pytorch"] | None = Field(default=None, description=(
+        "Lightning profiler: ``simple`` (time per hook), ``advanced`` (cProfile per hook),\n"
+        "``pytorch`` (torch.profiler); reports go to stdout and the log directory. ``null``: none."
+    ))
+    fsdp_auto_wrap_policy: tuple[str, ...] | None = Field(default=None, description=(
+        "FSDP: dotted class paths of the submodules that become FSDP units (each is sharded and\n"
+        "gathered on its own), e.g. ``[my_pkg.models.Block]``. ``null``: jobgen's GPT ``Block`` for\n"
+        "the built-in GPT; the whole model as one unit for a ``class_path`` model."
+    ))
+    fsdp_activation_checkpointing_policy: tuple[str, ...] | None = Field(default=None, description=(
+        "FSDP: dotted class paths of the submodules whose activations are recomputed in the\n"
+        "backward pass. ``null``: with ``activation_checkpointing: true``, jobgen's GPT ``Block``\n"
+        "(built-in GPT only; a ``class_path`` model must name its classes here)."
+    ))
+    fsdp_backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST"] | None = Field(default=None, description=(
+        "FSDP: when to gather the next unit's parameters in the backward pass (``BACKWARD_PRE``:\n"
+        "before the current unit's gradient, more overlap and memory); ``null``: torch's default."
+    ))
+    fsdp_forward_prefetch: bool = Field(default=False, description=(
+        "FSDP: gather the next unit's parameters during the current unit's forward pass (helps\n"
+        "CPU-bound models with a static graph)."
+    ))
+    fsdp_limit_all_gathers: bool = Field(default=True, description=(
+        "FSDP: limit parameter all-gathers in flight (rate limiter; bounds memory). torch's default."
+    ))
     seed: int = Field(default=1337, ge=0, le=2**32 - 1, description="Seed for model initialisation and data order (same seed -> same run).")
     val_check_interval: int = Field(default=100, ge=1, description="Validate every N optimizer steps (and once at the end).")
     limit_val_batches: int = Field(default=20, ge=1, description="Validation micro batches per rank per validation run.")
@@ -330,6 +519,48 @@ class TrainerSpec(_Model):
     @classmethod
     def _nvme_shell_safe(cls, value: str | None) -> str | None:
         return None if value is None else check_shell_safe(value)
+
+    @field_validator("fsdp_auto_wrap_policy", "fsdp_activation_checkpointing_policy")
+    @classmethod
+    def _class_paths(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("give at least one class path, or null for the default")
+        for path in value:
+            check_class_path(path)
+        return tuple(sorted(set(value)))
+
+    @field_validator("gradient_accumulation_schedule")
+    @classmethod
+    def _schedule(cls, value: dict[int, int] | None) -> dict[int, int] | None:
+        if value is None:
+            return None
+        bad = {k: v for k, v in value.items() if k < 0 or v < 1}
+        if bad:
+            raise ValueError(f"epochs must be >= 0 and accumulation factors >= 1, got {bad}")
+        if 0 not in value:
+            raise ValueError(
+                f"the schedule must start at epoch 0 (got epochs {sorted(value)}); e.g. {{0: 8, 5: 4}}"
+            )
+        return dict(sorted(value.items()))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accumulation_from_schedule(cls, data: Any) -> Any:
+        # gradient_accumulation_steps is the schedule's epoch-0 value: one number for the batch rules
+        if isinstance(data, dict) and isinstance(data.get("gradient_accumulation_schedule"), dict):
+            schedule = data["gradient_accumulation_schedule"]
+            first = schedule.get(0, schedule.get("0"))
+            given = data.get("gradient_accumulation_steps")
+            if first is not None and given is not None and given != first:
+                raise ValueError(
+                    f"gradient_accumulation_steps={given!r} but gradient_accumulation_schedule starts with {first!r} "
+                    "at epoch 0; remove gradient_accumulation_steps (the schedule's epoch-0 value is used)"
+                )
+            if first is not None:
+                return {**data, "gradient_accumulation_steps": first}
+        return data
 
     @model_validator(mode="after")
     def _offload_rules(self) -> TrainerSpec:
@@ -374,10 +605,32 @@ class TrainerSpec(_Model):
                 f"precision 'transformer-engine' (fp8) runs with strategy ddp in jobgen (strategy is "
                 f"{self.strategy!r}); use ddp, or bf16-mixed with {self.strategy}"
             )
-        if self.warmup_steps >= self.max_steps:
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} must be smaller than max_steps={self.max_steps}"
             )
+        if self.max_steps is None and self.max_epochs is None:
+            raise ValueError("max_steps is null and max_epochs is not set: give max_steps, max_epochs or both")
+        if self.find_unused_parameters and self.strategy != "ddp":
+            raise ValueError(
+                f"find_unused_parameters is a DDP option (strategy is {self.strategy!r}); remove it or use strategy ddp"
+            )
+        fsdp_set = [k for k in _FSDP_ONLY_FIELDS if getattr(self, k) != _TRAINER_OPTIONAL_FIELDS[k]]
+        if fsdp_set and self.strategy != "fsdp":
+            raise ValueError(
+                f"{', '.join(fsdp_set)}: FSDP option(s) (strategy is {self.strategy!r}); remove them or use strategy fsdp"
+            )
+        if self.deepspeed_stage is not None:
+            if self.gradient_clip_algorithm == "value":
+                raise ValueError(
+                    f"gradient_clip_algorithm 'value' with strategy {self.strategy!r}: DeepSpeed clips by norm only "
+                    "(ds_config gradient_clipping); use gradient_clip_algorithm: norm, or strategy ddp/fsdp"
+                )
+            if self.gradient_accumulation_schedule is not None:
+                raise ValueError(
+                    f"gradient_accumulation_schedule with strategy {self.strategy!r}: DeepSpeed fixes the batch "
+                    "(train_batch_size in ds_config.json) for the whole run; use gradient_accumulation_steps, or ddp/fsdp"
+                )
         return self
 
     @model_serializer(mode="wrap")
@@ -734,9 +987,19 @@ class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
     name: str = Field(min_length=1, max_length=128, description="Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``.")
-    model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}), description="The model to train.")
-    data: DataSpec = Field(default=DataSpec(), description="The training text.")
-    trainer: TrainerSpec = Field(default=TrainerSpec(), description="Strategy, precision, batch sizes, optimisation.")
+    model: Annotated[
+        Annotated[ModelSpec, Tag(BUILTIN_TAG)] | Annotated[ClassSpec, Tag(USER_CLASS_TAG)], Discriminator(_user_or_builtin)
+    ] = Field(default_factory=lambda: ModelSpec.model_validate({}), description=(
+        "The model to train: jobgen's built-in GPT / a Hugging Face model (ModelSpec), or your own\n"
+        "LightningModule as ``{class_path, init_args}`` (ClassSpec)."
+    ))
+    data: Annotated[
+        Annotated[DataSpec, Tag(BUILTIN_TAG)] | Annotated[ClassSpec, Tag(USER_CLASS_TAG)], Discriminator(_user_or_builtin)
+    ] = Field(default=DataSpec(), validate_default=True, description=(
+        "The training data: jobgen's formats (DataSpec), or your own LightningDataModule as\n"
+        "``{class_path, init_args}`` (ClassSpec; needed by, and only with, a ``class_path`` model)."
+    ))
+    trainer: TrainerSpec = Field(default=TrainerSpec(), validate_default=True, description="Strategy, precision, batch sizes, optimisation.")
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Nodes, devices per node and time limit.")
     checkpoint: CheckpointSpec = Field(default=CheckpointSpec(), description="Checkpoint cadence and resume behaviour.")
     env: dict[str, str] = Field(default={}, description=(
@@ -769,6 +1032,49 @@ class TrainingSpec(_Model):
         "Notifications (webhook and/or command) on started / requeued / finished / failed, sent\n"
         "by rank zero; ``null``: none."
     ))
+    smoke: bool = Field(default=False, description=(
+        "A smoke run, set by ``jobgen submit --smoke N`` together with ``trainer.max_steps: N``,\n"
+        "``checkpoint.resume: never`` and the name ``<name>-smoke``: a cheap first run that writes\n"
+        "no checkpoints (and resumes from none)."
+    ))
+
+    @field_validator("data")
+    @classmethod
+    def _data_fits_model(cls, value: DataSpec | ClassSpec, info: ValidationInfo) -> DataSpec | ClassSpec:
+        model = info.data.get("model")
+        if model is None:
+            return value  # the model failed: its error is reported
+        if isinstance(model, ClassSpec) and not isinstance(value, ClassSpec):
+            raise ValueError(
+                f"model.class_path ({model.class_path}) needs data.class_path: jobgen's data formats feed its own "
+                "models' batches; give your LightningDataModule as data: {class_path: ..., init_args: {...}}"
+            )
+        if isinstance(value, ClassSpec) and not isinstance(model, ClassSpec):
+            raise ValueError(
+                f"data.class_path ({value.class_path}) needs model.class_path: the built-in GPT / Hugging Face models "
+                "train on jobgen's data formats only; give your LightningModule as model: {class_path: ...}, or use "
+                "a data format (text, tokens, jsonl)"
+            )
+        return value
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _trainer_fits_model(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(info.data.get("model"), ClassSpec):
+            return value
+        if isinstance(value, TrainerSpec):  # the default (or a model instance): what it would serialise to
+            value = value.model_dump(mode="json", exclude=set(BUILTIN_OPTIMIZER_FIELDS))
+        if not isinstance(value, dict):
+            return value
+        given = [k for k in BUILTIN_OPTIMIZER_FIELDS if k in value]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: jobgen's optimiser settings for its built-in models; a model.class_path "
+                "module brings its own configure_optimizers (and scheduler): remove them and set the learning "
+                "rate in model.init_args"
+            )
+        # No jobgen warmup for a class_path model (its warmup_steps < max_steps rule does not apply).
+        return {**value, "warmup_steps": 0}
 
     @field_validator("name")
     @classmethod
@@ -799,16 +1105,53 @@ class TrainingSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        # left out while empty: specs without secrets keep the spec.json (and hashes) they had
+        # left out while empty/unset/off: specs without them keep the spec.json (and hashes) they had
         data = handler(self)
         if self.entrypoint is None:  # left out while unset, like secrets
             data = {k: v for k, v in data.items() if k != "entrypoint"}
         else:  # command mode: only what applies (spec.json reads back without "explicitly set" refusals)
             data = {k: v for k, v in data.items() if k not in BUILTIN_SECTIONS}
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k in COMMAND_TRAINER_FIELDS}
+        if self.user_code and isinstance(data.get("trainer"), dict):
+            # jobgen's optimiser settings do not apply to a class_path model: not written
+            data["trainer"] = {k: v for k, v in data["trainer"].items() if k not in BUILTIN_OPTIMIZER_FIELDS}
         omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None),
-                                       ("notify", self.notify is None)) if empty}
+                                       ("notify", self.notify is None), ("smoke", not self.smoke)) if empty}
         return {k: v for k, v in data.items() if k not in omit}
+
+    @property
+    def user_code(self) -> bool:
+        """Whether the model (and so the data) is the user's own class (``class_path``)."""
+        return isinstance(self.model, ClassSpec)
+
+    @property
+    def runs_user_code(self) -> bool:
+        """Whether the job runs the user's code (an ``entrypoint``, or a ``class_path`` model or
+        data module) rather than only jobgen's built-in models and data: such specs are
+        snapshotted at submit by default (:mod:`jobgen.snapshot`)."""
+        return self.entrypoint is not None or self.user_code or isinstance(self.data, ClassSpec)
+
+    def as_smoke(self, steps: int) -> TrainingSpec:
+        """This spec as a smoke run (:meth:`smoke_doc`), validated again.
+
+        Raises:
+            pydantic.ValidationError: the changed spec breaks a rule (e.g. the name gets too long).
+        """
+        return TrainingSpec.model_validate(self.smoke_doc(steps))
+
+    def smoke_doc(self, steps: int) -> dict[str, Any]:
+        """This spec, as a document, changed into a smoke run of ``steps`` optimizer steps
+        (``jobgen submit --smoke N``): name ``<name>-smoke``, ``max_steps: steps`` (no epoch
+        bound), validation at most every ``steps`` steps, no checkpoints written or resumed
+        (``smoke: true``, ``resume: never``), jobgen's warmup shortened to fit."""
+        doc = self.model_dump(mode="json")
+        t = doc["trainer"]
+        t.update(max_steps=steps, max_epochs=None, val_check_interval=min(self.trainer.val_check_interval, steps))
+        if not self.user_code:
+            t["warmup_steps"] = min(self.trainer.warmup_steps, steps - 1)
+        doc.update(name=f"{self.name}-smoke", smoke=True)
+        doc["checkpoint"] = {**doc["checkpoint"], "resume": "never"}
+        return doc
 
     @model_validator(mode="after")
     def _command_mode(self) -> TrainingSpec:
@@ -826,13 +1169,6 @@ class TrainingSpec(_Model):
             )
         return self
 
-    @property
-    def runs_user_code(self) -> bool:
-        """Whether the job runs the user's code (an ``entrypoint``, or a ``class_path`` model or
-        data module) rather than only jobgen's built-in models and data: such specs are
-        snapshotted at submit by default (:mod:`jobgen.snapshot`)."""
-        return self.entrypoint is not None
-
     @model_validator(mode="after")
     def _notify_secrets_listed(self) -> TrainingSpec:
         hook = self.notify.webhook if self.notify is not None else None
@@ -848,7 +1184,29 @@ class TrainingSpec(_Model):
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:
-        m, d = self.model, self.data
+        m, d, t = self.model, self.data, self.trainer
+        if self.smoke and self.checkpoint.resume != "never":
+            raise field_error(TrainingSpec, ("checkpoint", "resume"), "smoke: true (a --smoke run) keeps no checkpoints "
+                              "and resumes from none: it needs checkpoint.resume: never", self.checkpoint.resume)
+        if isinstance(d, ClassSpec):
+            batch = d.init_args.get("batch_size")
+            if batch is not None and batch != t.micro_batch_size:
+                raise field_error(TrainingSpec, ("data", "init_args", "batch_size"),
+                    f"{batch!r} but trainer.micro_batch_size is {t.micro_batch_size}: jobgen passes "
+                    "trainer.micro_batch_size to the data module (the global batch is computed from it); "
+                    "remove data.init_args.batch_size and set trainer.micro_batch_size", batch)
+        else:
+            for key in ("max_epochs", "gradient_accumulation_schedule"):
+                if getattr(t, key) is not None:
+                    raise field_error(TrainingSpec, ("trainer", key),
+                        f"{key} needs data.class_path (your LightningDataModule): jobgen's data formats have no "
+                        "epochs of their own; use trainer.max_steps / gradient_accumulation_steps", getattr(t, key))
+        if isinstance(m, ClassSpec):
+            if t.strategy == "fsdp" and t.activation_checkpointing and t.fsdp_activation_checkpointing_policy is None:
+                raise field_error(TrainingSpec, ("trainer", "activation_checkpointing"),
+                    "with model.class_path, name the classes to recompute in trainer.fsdp_activation_checkpointing_policy "
+                    "(the default policy is jobgen's GPT Block)", True)
+            return self
         if m.is_hf and d.format == "text":
             raise ValueError(
                 "model.hf_path with data.format 'text': raw bytes are the built-in GPT's tokens, not the "

@@ -148,7 +148,10 @@ class LocalBackend(Backend):
         check_present(resolved.spec.secrets, env, location=f"{job_dir / SPEC_FILE}: spec.secrets")
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
+        # so `PYTHONPATH=examples/usercode jobgen submit ...` imports the same code the import check did.
+        user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
         spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,

@@ -65,7 +65,7 @@ PROG = "python -m jobgen.train"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the entrypoint's command line."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Train the GPT described by a jobgen spec file on this rank."
+        prog=PROG, description="Train the model described by a jobgen spec file on this rank."
     )
     parser.add_argument(
         "--spec", required=True, type=Path, help="resolved spec file (spec.json) written by jobgen"
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = resolved.spec
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
         check_runtime_support(resolved)
-        sources, layout = check_data(spec)
+        # a class_path data module is the user's: it finds and checks its own data on every rank
+        sources, layout = (None, None) if spec.user_code else check_data(spec)
         if resolved.launch.preflight:  # before Lightning: it then uses the process group this sets up
             from jobgen.train.preflight import run_preflight
 

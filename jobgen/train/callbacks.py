@@ -39,24 +39,40 @@ class Throughput(Callback):
     here FLOPs per token come from the model config and the peak from the profile's
     ``gpu_type`` (:mod:`jobgen.train.measure`).
 
+    A ``class_path`` data module's batches are counted instead (``count_batches_of_world``):
+    samples of a step = the samples in this rank's micro batches since the last step (Lightning's
+    ``extract_batch_size``) x world size, so a per-epoch accumulation schedule or a loader with
+    its own batch size is measured, not assumed; tokens only with ``tokens_per_sample`` (what the
+    data module or model declares), else tokens/s is ``None`` ("n/a").
+
     Args:
-        tokens_per_step: tokens per optimizer step over all ranks.
+        tokens_per_step: tokens per optimizer step over all ranks (``None``: counted or unknown).
         samples_per_step: sequences per optimizer step over all ranks (global batch size).
         flops_per_token: training FLOPs per token (``None``: unknown, no MFU).
         peak_flops_per_s: peak FLOP/s of all ranks together (``None``: unknown, e.g. CPU).
         warmup_steps: optimizer steps at the start of each process left out of the means.
+        count_batches_of_world: count samples from the batches, times this world size.
+        tokens_per_sample: with ``count_batches_of_world``: tokens in one sample, if known.
     """
 
     def __init__(
         self,
-        tokens_per_step: int,
+        tokens_per_step: int | None,
         samples_per_step: int | None = None,
         flops_per_token: int | None = None,
         peak_flops_per_s: float | None = None,
         warmup_steps: int = 1,
+        count_batches_of_world: int | None = None,
+        tokens_per_sample: int | None = None,
     ):
         self.tokens_per_step = tokens_per_step
         self.samples_per_step = samples_per_step
+        self.count_batches_of_world = count_batches_of_world
+        self.tokens_per_sample = tokens_per_sample
+        self._batch_samples: int | None = 0
+        """Samples (this rank) in the micro batches since the last optimizer step; None: uncountable."""
+        self.samples_timed = 0
+        """Samples (all ranks) of the timed steps, when counted."""
         self.flops_per_token = flops_per_token
         self.peak_flops_per_s = peak_flops_per_s
         self.warmup_steps = warmup_steps
@@ -79,17 +95,36 @@ class Throughput(Callback):
 
     @property
     def mean_tokens_per_s(self) -> float | None:
-        """Mean throughput over the timed steps (tokens/s over all ranks), ``None`` if none."""
+        """Mean throughput over the timed steps (tokens/s over all ranks), ``None`` if none or unknown."""
         if self.steps_timed == 0 or self.seconds_timed <= 0:
+            return None
+        if self.count_batches_of_world is not None:
+            rate = self.mean_samples_per_s
+            return None if rate is None or self.tokens_per_sample is None else rate * self.tokens_per_sample
+        if self.tokens_per_step is None:
             return None
         return self.steps_timed * self.tokens_per_step / self.seconds_timed
 
     @property
     def mean_samples_per_s(self) -> float | None:
-        """Mean throughput over the timed steps (sequences/s over all ranks), ``None`` if none."""
-        if self.samples_per_step is None or self.steps_timed == 0 or self.seconds_timed <= 0:
+        """Mean throughput over the timed steps (sequences/s over all ranks), ``None`` if none or unknown."""
+        if self.steps_timed == 0 or self.seconds_timed <= 0:
+            return None
+        if self.count_batches_of_world is not None:
+            return None if self._batch_samples is None else self.samples_timed / self.seconds_timed
+        if self.samples_per_step is None:
             return None
         return self.steps_timed * self.samples_per_step / self.seconds_timed
+
+    def _count_batch(self, batch: Any) -> None:
+        if self._batch_samples is None:
+            return
+        from lightning.pytorch.utilities.data import extract_batch_size
+
+        try:
+            self._batch_samples += extract_batch_size(batch)
+        except Exception:  # noqa: BLE001 - a batch without a tensor: samples/s stays unknown ("n/a")
+            self._batch_samples = None
 
     @property
     def mean_mfu(self) -> float | None:
@@ -110,27 +145,39 @@ class Throughput(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After each optimizer step: time it and log the rates (and peak memory at log intervals)."""
+        if self.count_batches_of_world is not None:
+            self._count_batch(batch)
         step = trainer.global_step
         if self._last_step is None or step == self._last_step:
             return  # still accumulating gradients
         now = time.perf_counter()
         elapsed, steps = now - self._last_time, step - self._last_step
         self._last_step, self._last_time = step, now
+        if self.count_batches_of_world is None:
+            samples = None if self.samples_per_step is None else steps * self.samples_per_step
+            tokens = None if self.tokens_per_step is None else steps * self.tokens_per_step
+        else:
+            samples = None if self._batch_samples is None else self._batch_samples * self.count_batches_of_world
+            tokens = None if samples is None or self.tokens_per_sample is None else samples * self.tokens_per_sample
+            if self._batch_samples is not None:
+                self._batch_samples = 0
         if step % trainer.log_every_n_steps == 0 or step == trainer.max_steps:
             self.peak_memory_bytes, self.peak_memory_kind = peak_memory(pl_module.device)
             pl_module.log("peak_memory_mb", self.peak_memory_bytes / 1e6, on_step=True, on_epoch=False)
         if elapsed <= 0:
             return
-        self.last_tokens_per_s = steps * self.tokens_per_step / elapsed
-        pl_module.log("tokens_per_s", self.last_tokens_per_s, on_step=True, on_epoch=False)
-        if self.samples_per_step is not None:
-            pl_module.log("samples_per_s", steps * self.samples_per_step / elapsed, on_step=True, on_epoch=False)
+        self.last_tokens_per_s = None if tokens is None else tokens / elapsed
+        if self.last_tokens_per_s is not None:
+            pl_module.log("tokens_per_s", self.last_tokens_per_s, on_step=True, on_epoch=False)
+        if samples is not None:
+            pl_module.log("samples_per_s", samples / elapsed, on_step=True, on_epoch=False)
         if (step_mfu := self.last_mfu) is not None:
             pl_module.log("mfu", step_mfu, on_step=True, on_epoch=False)
         if step <= self._start_step + self.warmup_steps:
             return  # start-up steps: allocation, first-call overheads
         self.steps_timed += steps
         self.seconds_timed += elapsed
+        self.samples_timed += samples or 0
         self.seconds_per_step = self.seconds_timed / self.steps_timed
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -177,19 +224,22 @@ class LineProgress(Callback):
             return
         self._printed_step = step
         metrics = trainer.callback_metrics
-        parts = [f"step {step}/{trainer.max_steps}"]
+        bounded = trainer.max_steps > 0
+        parts = [f"step {step}/{trainer.max_steps}" if bounded else f"step {step} (epoch {trainer.current_epoch})"]
         if "train_loss" in metrics:
             parts.append(f"train_loss {float(metrics['train_loss']):.4f}")
         if "lr" in metrics:
             parts.append(f"lr {float(metrics['lr']):.2e}")
         if self.throughput.last_tokens_per_s is not None:
             parts.append(f"{self.throughput.last_tokens_per_s / 1000:.1f}k tok/s")
+        elif self.throughput.count_batches_of_world is not None and self.throughput.mean_samples_per_s is not None:
+            parts.append(f"{self.throughput.mean_samples_per_s:.1f} samples/s")
         if (step_mfu := self.throughput.last_mfu) is not None:
             parts.append(f"mfu {100 * step_mfu:.1f}%")
         if self.throughput.peak_memory_bytes is not None:
             kind = "rss" if self.throughput.peak_memory_kind == "cpu_max_rss" else "gpu"
             parts.append(f"peak mem {self.throughput.peak_memory_bytes / 1e9:.2f} GB {kind}")
-        if self.throughput.seconds_per_step is not None:
+        if self.throughput.seconds_per_step is not None and bounded:
             parts.append(f"eta {_format_eta((trainer.max_steps - step) * self.throughput.seconds_per_step)}")
         print(" | ".join(parts), flush=True)
 

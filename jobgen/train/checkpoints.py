@@ -242,8 +242,12 @@ class StepCheckpoint(Checkpoint):
             self._save_step(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Write ``last.ckpt`` if this process has saved nothing (training stopped early)."""
-        if not self._saved_in_this_process:
+        """Write ``last.ckpt`` if this process has saved nothing (training stopped early); a run
+        that ended by ``max_epochs`` between two intervals saves its final step too."""
+        epochs_done = trainer.max_epochs is not None and trainer.max_epochs > 0 and trainer.current_epoch >= trainer.max_epochs
+        if epochs_done and self._last_saved_step != trainer.global_step and trainer.state.fn == TrainerFn.FITTING:
+            self._save_step(trainer)
+        elif not self._saved_in_this_process:
             self._save_last(trainer)
 
     def _save_step(self, trainer: Trainer) -> None:

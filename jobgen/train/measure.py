@@ -174,7 +174,10 @@ def hf_flops_per_token(model: torch.nn.Module, block_size: int) -> int | None:
 
 def flops_per_token(spec: TrainingSpec, module: torch.nn.Module) -> int | None:
     """Training FLOPs per token for ``spec.model``: :func:`gpt_flops_per_token` for the built-in
-    GPT, :func:`hf_flops_per_token` (of ``module.model``) for a Hugging Face model."""
+    GPT, :func:`hf_flops_per_token` (of ``module.model``) for a Hugging Face model; ``None`` for a
+    ``class_path`` model (its FLOPs are not known from the spec: no MFU is invented)."""
+    if spec.user_code:
+        return None
     if not spec.model.is_hf:
         return gpt_flops_per_token(spec)
     return hf_flops_per_token(module.model, spec.model.block_size)

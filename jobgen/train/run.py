@@ -41,6 +41,7 @@ from jobgen.jobdir import SUMMARY_FILE, write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.model import Block
 from jobgen.train.notify import notify_callback, notify_finished
@@ -71,8 +72,10 @@ class _DropTips(logging.Filter):
         return not str(record.msg).startswith("💡")
 
 
-def _quiet_lightning() -> None:
+def _quiet_lightning(user_code: bool = False) -> None:
     for pattern in _QUIET_WARNINGS:
+        if user_code and "resuming from a checkpoint" in pattern:
+            continue  # a user's loaders restart their epoch on a mid-epoch resume: Lightning's warning stays
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropTips())
 
@@ -110,15 +113,35 @@ class RunPaths:
         return self.run_dir / "curves.png"
 
 
+def _fsdp_policies(resolved: ResolvedSpec) -> tuple[set[type] | None, set[type] | None]:
+    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else jobgen's
+    GPT ``Block`` for the built-in GPT (and no wrapping policy for a ``class_path`` model: the
+    whole model is one FSDP unit)."""
+    t, user = resolved.spec.trainer, resolved.spec.user_code
+    from jobgen.user_code import policy_classes
+
+    if t.fsdp_auto_wrap_policy is not None:
+        wrap: set[type] | None = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
+    else:
+        wrap = None if user else {Block}
+    if t.fsdp_activation_checkpointing_policy is not None:
+        ckpt: set[type] | None = policy_classes(t.fsdp_activation_checkpointing_policy, "spec.",
+                                                "fsdp_activation_checkpointing_policy")
+    else:
+        ckpt = {Block} if t.activation_checkpointing and not user else None
+    return wrap, ckpt
+
+
 def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
 
     ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process),
-    ``static_graph`` / ``gradient_as_bucket_view`` from the spec.
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block`, sharded (or, on GPU, full) state-dict
-    checkpoints,
+    ``static_graph`` / ``gradient_as_bucket_view`` / ``find_unused_parameters`` from the spec.
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block` (or the spec's
+    ``fsdp_auto_wrap_policy`` classes), sharded (or, on GPU, full) state-dict checkpoints,
     activation checkpointing of each :class:`Block` when ``trainer.activation_checkpointing``
-    (:class:`CPUFSDPStrategy` with gloo on CPU).
+    (or of the ``fsdp_activation_checkpointing_policy`` classes), the spec's prefetch and
+    all-gather settings (:class:`CPUFSDPStrategy` with gloo on CPU).
     deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``, the
     one source of DeepSpeed settings (:class:`CPUDeepSpeedStrategy` with gloo on CPU).
 
@@ -130,28 +153,43 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
     if trainer.strategy == "ddp":
         if launch.world_size == 1:
             return "auto"
+        # find_unused_parameters is passed only when on (torch's default is off), as the FSDP
+        # knobs below only when set: the kwargs of specs without them stay what they were
+        extra = {"find_unused_parameters": True} if trainer.find_unused_parameters else {}
         return DDPStrategy(
             process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl",
             static_graph=trainer.ddp_static_graph,
             gradient_as_bucket_view=trainer.ddp_gradient_as_bucket_view,
+            **extra,
         )
     if trainer.strategy == "fsdp":
-        checkpointing = {Block} if trainer.activation_checkpointing else None
+        wrap, checkpointing = _fsdp_policies(resolved)
+        fsdp_kwargs: dict[str, Any] = {}
+        if trainer.fsdp_forward_prefetch:
+            fsdp_kwargs["forward_prefetch"] = True
+        if not trainer.fsdp_limit_all_gathers:
+            fsdp_kwargs["limit_all_gathers"] = False
+        if trainer.fsdp_backward_prefetch is not None:
+            from torch.distributed.fsdp import BackwardPrefetch
+
+            fsdp_kwargs["backward_prefetch"] = BackwardPrefetch[trainer.fsdp_backward_prefetch]
         if launch.accelerator == "cpu":
             # Parameters already live in CPU memory: there is nothing to offload.
             return CPUFSDPStrategy(
                 sharding_strategy=trainer.fsdp_sharding_strategy,
-                auto_wrap_policy={Block},
+                auto_wrap_policy=wrap,
                 activation_checkpointing_policy=checkpointing,
                 state_dict_type="sharded",
                 process_group_backend="gloo",
+                **fsdp_kwargs,
             )
         return FSDPStrategy(
             sharding_strategy=trainer.fsdp_sharding_strategy,
-            auto_wrap_policy={Block},
+            auto_wrap_policy=wrap,
             activation_checkpointing_policy=checkpointing,
             cpu_offload=trainer.offload_params == "cpu",
             state_dict_type=trainer.fsdp_state_dict_type,
+            **fsdp_kwargs,
         )
     _, config = load_deepspeed_config(resolved, spec_path)
     if launch.accelerator == "cpu":
@@ -177,9 +215,16 @@ def build_trainer(
     checkpoint = StepCheckpoint(
         paths.checkpoints, every_n_steps=spec.checkpoint.every_n_steps, keep_last_k=spec.checkpoint.keep_last_k
     )
-    callbacks: list[Callback] = [checkpoint, throughput]
+    # A smoke run (--smoke N) writes no checkpoints: the StepCheckpoint stays out of the Trainer.
+    callbacks: list[Callback] = [throughput] if spec.smoke else [checkpoint, throughput]
+    accumulation: int | None = t.gradient_accumulation_steps
+    if t.gradient_accumulation_schedule is not None:
+        from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+        callbacks.append(GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)))
+        accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
     gradient_clip_val = t.gradient_clip_val
-    if t.strategy == "fsdp" and gradient_clip_val is not None:
+    if t.strategy == "fsdp" and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
         callbacks.append(FSDPGradNormClipping(gradient_clip_val))
         gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
     show_bar = sys.stdout.isatty()
@@ -210,15 +255,23 @@ def build_trainer(
         num_nodes=launch.num_nodes,
         strategy=build_strategy(resolved, spec_path),
         precision=t.precision,
-        max_steps=t.max_steps,
-        max_epochs=-1,
-        accumulate_grad_batches=t.gradient_accumulation_steps,
+        max_steps=-1 if t.max_steps is None else t.max_steps,
+        max_epochs=-1 if t.max_epochs is None else t.max_epochs,
+        accumulate_grad_batches=accumulation or 1,
         gradient_clip_val=gradient_clip_val,
+        gradient_clip_algorithm=t.gradient_clip_algorithm if gradient_clip_val is not None else None,
         val_check_interval=t.val_check_interval * t.gradient_accumulation_steps,
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
         log_every_n_steps=t.log_every_n_steps,
-        reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=t.num_sanity_val_steps,
+        sync_batchnorm=t.sync_batchnorm,
+        deterministic=t.deterministic,
+        benchmark=t.benchmark,
+        profiler=t.profiler,
+        enable_checkpointing=not spec.smoke,
+        # jobgen's data modules rebuild their windows per epoch; a user's loaders are built once.
+        reload_dataloaders_every_n_epochs=0 if spec.user_code else 1,
         logger=loggers,
         callbacks=callbacks,
         plugins=plugins or None,
@@ -266,18 +319,20 @@ def train(
     resolved: ResolvedSpec,
     spec_path: Path,
     run_dir: Path,
-    sources: DataSources,
+    sources: DataSources | None,
     layout: SplitLayout | None,
     started: float,
     code: dict[str, Any] | None = None,
 ) -> int:
-    """Train to ``spec.trainer.max_steps``, run a final validation, write ``summary.json``.
+    """Train to ``spec.trainer.max_steps`` (or ``max_epochs``), run a final validation, write
+    ``summary.json``.
 
     Args:
         resolved: the validated spec file.
         spec_path: where it was read from (DeepSpeed config paths are relative to it).
         run_dir: the run directory (absolute).
-        sources: the training data for ``spec.data.format`` (already checked).
+        sources: the training data for ``spec.data.format`` (already checked); ``None`` for a
+            ``class_path`` data module.
         layout: the byte split of ``text`` sources (already checked to hold a window each);
             ``None`` for the other formats.
         started: ``time.time()`` when the process started (for the wall time).
@@ -290,10 +345,13 @@ def train(
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
     paths = RunPaths(run_dir)
-    _quiet_lightning()
+    _quiet_lightning(spec.user_code)
 
-    resume = _describe_resume(resolved, paths)
-    if resume is not None and resume.global_step is not None and resume.global_step >= t.max_steps:
+    resume = None if spec.smoke else _describe_resume(resolved, paths)
+    if spec.smoke:
+        rank_zero_print(f"smoke run: {t.max_steps} step(s), no checkpoints written or resumed")
+    if (resume is not None and resume.global_step is not None and t.max_steps is not None
+            and resume.global_step >= t.max_steps):
         rank_zero_print(
             f"run already complete at step {resume.global_step} (max_steps={t.max_steps}); "
             f"nothing to do. Summary: {paths.summary}"
@@ -301,24 +359,36 @@ def train(
         return 0
 
     lightning.seed_everything(t.seed, workers=True, verbose=False)
-    module, counts, model_line = build_module(spec, launch.accelerator)
-    datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size)
     peak_flops = peak_flops_per_s(launch.gpu_type, t.precision) if launch.accelerator == "gpu" else None
-    throughput = Throughput(
-        datamodule.tokens_per_step,
-        samples_per_step=datamodule.samples_per_step,
-        flops_per_token=flops_per_token(spec, module),
-        peak_flops_per_s=None if peak_flops is None else peak_flops * launch.world_size,
-    )
+    if spec.user_code:
+        module, datamodule, counts, model_line, data_line, tokens_per_sample = build_user_code(spec)
+        throughput = Throughput(None, count_batches_of_world=launch.world_size, tokens_per_sample=tokens_per_sample)
+        batch_line = (f"samples per optimizer step counted from the batches (micro batch {t.micro_batch_size} x "
+                      f"accumulation {t.gradient_accumulation_steps} x world size {launch.world_size} = "
+                      f"{resolved.world.global_batch_size} when the data module takes batch_size); tokens per sample "
+                      + ("unknown (tokens/s n/a)" if tokens_per_sample is None else f"{tokens_per_sample:,}"))
+    else:
+        assert sources is not None
+        module, counts, model_line = build_module(spec, launch.accelerator)
+        datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size)
+        throughput = Throughput(
+            datamodule.tokens_per_step,
+            samples_per_step=datamodule.samples_per_step,
+            flops_per_token=flops_per_token(spec, module),
+            peak_flops_per_s=None if peak_flops is None else peak_flops * launch.world_size,
+        )
+        batch_line = (f"tokens per optimizer step {datamodule.tokens_per_step:,} "
+                      f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
+                      f"{t.gradient_accumulation_steps} x world size {launch.world_size}")
     trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
+    validated = _ValidationTracker()
+    trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
 
     rank_zero_print(
         f"jobgen.train: {spec.name}: {model_line}, strategy {t.strategy}, precision {t.precision}\n"
         f"  parameters: trainable {counts.trainable:,} / total {counts.total:,}\n"
         f"  world size {launch.world_size} = {launch.num_nodes} node(s) x {launch.devices_per_node} "
-        f"{launch.accelerator} process(es); tokens per optimizer step {datamodule.tokens_per_step:,} "
-        f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
-        f"{t.gradient_accumulation_steps} x world size {launch.world_size}\n"
+        f"{launch.accelerator} process(es); {batch_line}\n"
         f"  data: {data_line}\n"
         f"  run dir: {run_dir}"
     )
@@ -329,10 +399,11 @@ def train(
         if requeue is not None and requeue.requeued_at_step is not None:
             rank_zero_print(f"requeued at step {trainer.global_step}; SLURM will run the job again")
             return 0
-        if trainer.global_step < t.max_steps:
+        epochs_done = t.max_epochs is not None and trainer.current_epoch >= t.max_epochs
+        if t.max_steps is not None and trainer.global_step < t.max_steps and not epochs_done:
             rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
             return 1
-        if module.last_val_step != trainer.global_step:
+        if validated.step != trainer.global_step and _can_validate(module, datamodule):
             trainer.validate(module, datamodule=datamodule, verbose=False)  # val_loss at the final step
         memory_bytes, memory_kind = _peak_memory_all_ranks(trainer)
         if trainer.is_global_zero:
@@ -346,7 +417,7 @@ def train(
                 "wall_time_s": round(time.time() - started, 3),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
                 "samples_per_s_mean": throughput.mean_samples_per_s,
-                "tokens_per_step": datamodule.tokens_per_step,
+                "tokens_per_step": getattr(datamodule, "tokens_per_step", None) if not spec.user_code else None,
                 # Model FLOPs per token (jobgen.train.measure); MFU needs a GPU peak: null on CPU.
                 "flops_per_token": throughput.flops_per_token,
                 "peak_flops_per_s": throughput.peak_flops_per_s,
@@ -359,8 +430,10 @@ def train(
                 "n_params": counts.total,
                 "trainable_params": counts.trainable,
                 "total_params": counts.total,
-                "model": spec.model.hf_path or "gpt",
-                "data_format": spec.data.format,
+                "model": spec.model.class_path if spec.user_code else (spec.model.hf_path or "gpt"),
+                "data_format": "class_path" if spec.user_code else spec.data.format,
+                **({"data": spec.data.class_path, "epoch": trainer.current_epoch} if spec.user_code else {}),
+                **({"smoke": True} if spec.smoke else {}),
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
@@ -380,6 +453,54 @@ def train(
         return 0
     finally:
         _destroy_process_group()
+
+
+class _ValidationTracker(Callback):
+    """Remembers the global step of the latest validation run (the sanity check does not count)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def on_validation_end(self, trainer: Trainer, pl_module: lightning.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.step = trainer.global_step
+
+
+def _can_validate(module: Any, datamodule: Any) -> bool:
+    """Whether a validation run is possible: a ``validation_step`` and a validation loader."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    return is_overridden("validation_step", module) and is_overridden("val_dataloader", datamodule)
+
+
+def build_user_code(spec: Any) -> tuple[Any, Any, ParamCounts, str, str, int | None]:
+    """The user's LightningModule and LightningDataModule (``class_path``), instantiated by
+    jsonargparse (:mod:`jobgen.user_code`); their parameter counts, banner lines and the tokens
+    per sample they declare (``tokens_per_sample`` on the data module, else the module: a
+    positive int, else ``None`` and tokens/s is not reported).
+
+    Raises:
+        ConfigError: see :func:`jobgen.user_code.bind_user_code` (located at ``spec.<field>``).
+    """
+    from jobgen.user_code import bind_user_code
+
+    user = bind_user_code(spec, "spec.")
+    module = user.model.instantiate()
+    datamodule = user.data.instantiate()
+    total = sum(p.numel() for p in module.parameters())
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    counts = ParamCounts(trainable, total, 0)
+    tokens_per_sample = None
+    for owner in (datamodule, module):
+        value = getattr(owner, "tokens_per_sample", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            tokens_per_sample = value
+            break
+    args = ", ".join(f"{k}={v!r}" for k, v in user.model.init_args.items())
+    model_line = f"{spec.model.class_path}({args}) {total / 1e6:.2f}M params"
+    data_args = ", ".join(f"{k}={v!r}" for k, v in user.data.init_args.items())
+    data_line = f"{spec.data.class_path}({data_args})" + "".join(f"\n  note: {n}" for n in user.notes())
+    return module, datamodule, counts, model_line, data_line, tokens_per_sample
 
 
 def _peak_memory_all_ranks(trainer: Trainer) -> tuple[int, str]:
@@ -416,16 +537,21 @@ def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:
         else f"resumed from step {summary['resumed_from_step']}"
     )
     val = summary["val_loss"]
-    unit = "byte" if summary["data_format"] == "text" else "token"
-    val_text = "n/a" if val is None else f"{val:.4f} nats/{unit} ({val / math.log(2):.3f} bits/{unit})"
+    unit = {"text": "byte", "class_path": None}.get(summary["data_format"], "token")
+    if val is None:
+        val_text = "n/a"
+    elif unit is None:  # the user's module logs its own val_loss, in its own units
+        val_text = f"{val:.4f}"
+    else:
+        val_text = f"{val:.4f} nats/{unit} ({val / math.log(2):.3f} bits/{unit})"
     rate = summary["tokens_per_s_mean"]
-    rate_text = "n/a" if rate is None else f"{rate / 1000:.1f}k tok/s"
+    rate_text = "n/a tok/s" if rate is None else f"{rate / 1000:.1f}k tok/s"
     if summary["samples_per_s_mean"] is not None:
         rate_text += f", {summary['samples_per_s_mean']:.1f} samples/s"
     rate_text += ", MFU " + ("n/a" if summary["mfu_mean"] is None else f"{100 * summary['mfu_mean']:.1f}%")
     memory = f"peak memory {summary['peak_memory_bytes'] / 1e9:.2f} GB ({MEMORY_KINDS[summary['peak_memory_kind']]})"
     print(
-        f"done: {summary['name']} at step {summary['global_step']}/{summary['max_steps']} "
+        f"done: {summary['name']} at step {summary['global_step']}/{summary['max_steps'] or '-'} "
         f"({start}) in {summary['wall_time_s']:.1f} s\n"
         f"  val_loss {val_text} | mean {rate_text} over {summary['world_size']} rank(s)\n"
         f"  {memory}\n"

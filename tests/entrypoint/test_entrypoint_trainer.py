@@ -285,3 +285,90 @@ def test_lightning_does_not_swap_in_an_hpc_checkpoint_under_slurm(write_spec, tm
     connector = trainer._checkpoint_connector  # Lightning-internal; pinned by test_lightning_api's version bound
     assert connector._parse_ckpt_path(TrainerFn.VALIDATING, None, model_provided=True, model_connected=True) is None
     assert connector._parse_ckpt_path(TrainerFn.FITTING, None, model_provided=True, model_connected=True) is None
+
+
+# --------------------------------------------------------------------------- user-module options
+
+_USER = {
+    "model": {"class_path": "lightning.pytorch.demos.boring_classes.BoringModel", "preset": None},
+    "data": {"class_path": "lightning.pytorch.demos.boring_classes.BoringDataModule"},
+}
+
+
+def _user_spec(write_spec, trainer: dict, **launch):
+    """A class_path spec (TINY_SPEC's GPT and optimiser fields replaced) written as spec.json."""
+    from tests.entrypoint.conftest import TINY_SPEC
+
+    t = {k: v for k, v in TINY_SPEC["trainer"].items() if k not in ("learning_rate", "warmup_steps")} | trainer
+    import json
+
+    path = write_spec(filename="user.json", **launch)
+    doc = json.loads(path.read_text())
+    doc["spec"]["model"] = {"class_path": _USER["model"]["class_path"], "init_args": {}}
+    doc["spec"]["data"] = {"class_path": _USER["data"]["class_path"], "init_args": {}}
+    doc["spec"]["trainer"] = {k: v for k, v in doc["spec"]["trainer"].items()
+                              if k not in ("learning_rate", "warmup_steps", "weight_decay")} | t
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_trainer_options_for_user_modules_reach_the_trainer(write_spec, tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    spec_path = _user_spec(write_spec, {
+        "max_steps": None, "max_epochs": 3, "gradient_accumulation_schedule": {0: 4, 2: 2}, "gradient_accumulation_steps": 4,
+        "gradient_clip_algorithm": "value",
+        "find_unused_parameters": True, "sync_batchnorm": True, "deterministic": True, "num_sanity_val_steps": 0,
+        "profiler": "simple",
+    })
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        trainer, checkpoint, _ = _build(spec_path, tmp_path)
+        assert torch.are_deterministic_algorithms_enabled()  # Trainer(deterministic=True) sets the torch flag
+    finally:  # a process-wide flag: leave it as the other tests expect
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = benchmark
+    assert trainer.max_steps == -1 and trainer.max_epochs == 3
+    schedulers = [cb for cb in trainer.callbacks if isinstance(cb, GradientAccumulationScheduler)]
+    assert len(schedulers) == 1 and schedulers[0].scheduling == {0: 4, 2: 2}
+    assert trainer.accumulate_grad_batches == 1  # Lightning's rule beside the scheduler
+    assert trainer.gradient_clip_algorithm == "value" and trainer.gradient_clip_val == 1.0
+    assert trainer.strategy._ddp_kwargs["find_unused_parameters"] is True
+    assert trainer._accelerator_connector._layer_sync is not None  # sync_batchnorm: TorchSyncBatchNorm
+    assert trainer.num_sanity_val_steps == 0
+    assert isinstance(trainer.profiler, SimpleProfiler)
+    assert trainer.reload_dataloaders_every_n_epochs == 0  # the user's loaders are built once
+    assert trainer.checkpoint_callbacks == [checkpoint]
+
+
+def test_fsdp_policies_come_from_the_spec_for_a_user_model(write_spec, tmp_path: Path) -> None:
+    spec_path = _user_spec(write_spec, {
+        "strategy": "fsdp", "fsdp_auto_wrap_policy": ["torch.nn.Linear"], "fsdp_activation_checkpointing_policy": ["torch.nn.Linear"],
+        "fsdp_backward_prefetch": "BACKWARD_POST", "fsdp_forward_prefetch": True, "fsdp_limit_all_gathers": False,
+    }, accelerator="gpu")
+    fsdp = build_strategy(load_resolved_spec(spec_path), spec_path)
+    assert fsdp.kwargs["auto_wrap_policy"]._module_classes == {torch.nn.Linear}  # not jobgen's GPT Block
+    assert fsdp._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {torch.nn.Linear}
+    assert fsdp.kwargs["backward_prefetch"].name == "BACKWARD_POST"
+    assert fsdp.kwargs["forward_prefetch"] is True and fsdp.kwargs["limit_all_gathers"] is False
+
+    plain = _user_spec(write_spec, {"strategy": "fsdp"}, accelerator="gpu")
+    fsdp = build_strategy(load_resolved_spec(plain), plain)
+    assert "auto_wrap_policy" not in fsdp.kwargs or fsdp.kwargs["auto_wrap_policy"] is None  # one FSDP unit
+
+
+def test_a_missing_policy_class_is_a_located_error(write_spec, tmp_path: Path) -> None:
+    from jobgen.errors import ConfigError
+
+    spec_path = _user_spec(write_spec, {"strategy": "fsdp", "fsdp_auto_wrap_policy": ["torch.nn.Linearr"]}, accelerator="gpu")
+    with pytest.raises(ConfigError, match=r"'torch.nn' has no attribute 'Linearr' \(did you mean 'Linear'\?\)") as info:
+        build_strategy(load_resolved_spec(spec_path), spec_path)
+    assert info.value.location == "spec.trainer.fsdp_auto_wrap_policy[0]"
+
+
+def test_a_smoke_run_has_no_checkpoint_callback(write_spec, tmp_path: Path) -> None:
+    spec_path = write_spec({"smoke": True, "checkpoint": {"resume": "never"}})
+    trainer, _, _ = _build(spec_path, tmp_path)
+    assert trainer.checkpoint_callbacks == []
+    assert not any(isinstance(cb, StepCheckpoint) for cb in trainer.callbacks)

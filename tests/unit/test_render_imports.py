@@ -25,14 +25,14 @@ OFF_THE_SLURM_PATH = ("jobgen.k8s_validate", "jobgen.backends.k8s_manifest", "jo
                       "jobgen.train")
 
 
-def modules_after_render(profile: str) -> set[str]:
-    """Names in sys.modules after ``jobgen render examples/quickstart.yaml -p PROFILE --stdout`` run
+def modules_after_render(profile: str, example: str = "quickstart.yaml") -> set[str]:
+    """Names in sys.modules after ``jobgen render examples/<example> -p PROFILE --stdout`` run
     through ``jobgen.cli.main`` in a fresh interpreter."""
     code = (
         "import json, sys\n"
         "from jobgen.cli import main\n"
         "try:\n"
-        f"    main(['render', {str(EXAMPLES / 'quickstart.yaml')!r}, '--profile', {profile!r}, '--stdout'])\n"
+        f"    main(['render', {str(EXAMPLES / example)!r}, '--profile', {profile!r}, '--stdout'])\n"
         "except SystemExit as exc:\n"
         "    assert not exc.code, exc.code\n"
         "print('MODULES', json.dumps(sorted(sys.modules)))\n"
@@ -59,3 +59,9 @@ def test_kubernetes_render_loads_the_validators_but_not_the_client_or_training_s
     modules = modules_after_render("k8s-h100")
     assert loaded(modules, (*TRAINING_STACK, "kubernetes")) == []
     assert "jsonschema" in modules and "jobgen.k8s_validate" in modules
+
+
+def test_rendering_a_class_path_spec_imports_neither_user_code_nor_the_training_stack():
+    # examples/usercode.yaml names tinychar.CharModel: rendering checks the path's shape only
+    modules = modules_after_render("slurm-a100", "usercode.yaml")
+    assert loaded(modules, (*TRAINING_STACK, "jsonargparse", "tinychar", "jobgen.user_code", *OFF_THE_SLURM_PATH)) == []

@@ -1,0 +1,107 @@
+"""``jobgen validate --import`` and the import check of ``jobgen submit``: the spec's class_path
+classes are imported in this environment and their init_args bound (jsonargparse); every failure
+exits 2 with the file, the field path and a hint, and no traceback. Each case runs the real CLI
+in a subprocess (``python -m jobgen.cli``, whose working directory is on sys.path: the user
+modules written here are importable from it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import EXAMPLES, REPO, write
+
+BORING = "lightning.pytorch.demos.boring_classes"
+TIMEOUT_S = 180
+
+USER_MODULE = '''\
+from lightning.pytorch import LightningModule
+
+
+class Needs(LightningModule):
+    def __init__(self, width: int, depth: int = 2):
+        super().__init__()
+'''
+
+
+def _spec(tmp_path, model: dict, data: dict | None = None) -> str:
+    doc = {"name": "mine", "model": model, "data": data or {"class_path": f"{BORING}.BoringDataModule"}}
+    return str(write(tmp_path / "spec.yaml", json.dumps(doc)))
+
+
+@pytest.mark.parametrize(("model", "field", "message", "hint"), [
+    ({"class_path": "nosuch_pkg.models.Net"}, "model.class_path",
+     "cannot import 'nosuch_pkg.models.Net': no module named 'nosuch_pkg'", "put its parent directory on PYTHONPATH"),
+    ({"class_path": f"{BORING}.DemoModl"}, "model.class_path",
+     f"'{BORING}' has no attribute 'DemoModl' (did you mean 'DemoModel'?)", "classes there: BoringDataModule"),
+    ({"class_path": f"{BORING}.BoringDataModule"}, "model.class_path",
+     f"{BORING}.BoringDataModule is not a lightning.pytorch.LightningModule subclass", "subclass lightning.pytorch.LightningModule"),
+    ({"class_path": f"{BORING}.DemoModel", "init_args": {"out_dm": 3}}, "model.init_args.out_dm",
+     f"{BORING}.DemoModel takes no argument 'out_dm' (did you mean 'out_dim'?)", "its arguments: learning_rate, out_dim"),
+    ({"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": "ten"}}, "model.init_args.out_dim",
+     "argument 'out_dim': Expected a <class 'int'>. Got value: ten", "give out_dim a value of the type"),
+    ({"class_path": "usermod.Needs", "init_args": {"depth": 3}}, "model.init_args",
+     "usermod.Needs needs the argument 'width' (it has no default)", "add width: <value> under model.init_args"),
+    ({"class_path": "brokenmod.Net"}, "model.class_path",
+     "importing 'brokenmod' for 'brokenmod.Net' raised RuntimeError: no GPU here", "python -c 'import brokenmod'"),
+], ids=["missing-module", "missing-class", "wrong-base", "misspelt-arg", "wrong-type", "missing-required", "import-raises"])
+def test_validate_import_failures_exit_2_with_path_and_hint(run_cli, tmp_path, model, field, message, hint):
+    write(tmp_path / "usermod.py", USER_MODULE)
+    write(tmp_path / "brokenmod.py", "raise RuntimeError('no GPU here')\n")
+    spec = _spec(tmp_path, model)
+    result = run_cli("validate", spec, "--profile", "local", "--import", cwd=tmp_path, timeout=TIMEOUT_S)
+    assert result.code == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    first, _, rest = result.stderr.partition("\n")
+    assert first.startswith(f"error: {spec}: {field}: ") and message in first, result.stderr
+    assert rest.startswith("  hint: ") and hint in rest, result.stderr
+
+
+def test_data_module_of_the_wrong_base_is_refused(run_cli, tmp_path):
+    spec = _spec(tmp_path, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
+    result = run_cli("validate", spec, "--import", cwd=tmp_path, timeout=TIMEOUT_S)
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result.stderr
+
+
+def test_validate_import_passes_for_another_librarys_module_with_a_note(run_cli, tmp_path):
+    spec = _spec(tmp_path, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
+    result = run_cli("validate", spec, "--profile", "local", "--import", "-o", "json", cwd=tmp_path, timeout=TIMEOUT_S)
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["model"] == f"{BORING}.DemoModel" and doc["data"] == f"{BORING}.BoringDataModule"
+    # BoringDataModule takes no batch_size: trainer.micro_batch_size cannot reach it, and the user is told
+    assert doc["import_notes"] and "takes no batch_size" in doc["import_notes"][0]
+    assert "note: " in result.stderr
+
+
+def test_validate_import_of_the_example_package(run_cli):
+    result = run_cli("validate", str(EXAMPLES / "usercode.yaml"), "--import", cwd=EXAMPLES / "usercode", timeout=TIMEOUT_S)
+    assert result.code == 0, result.stderr
+    assert "imported tinychar.CharModel and tinychar.CharDataModule here; their init_args fit their signatures" in result.stdout
+    assert result.stderr == ""  # CharDataModule takes batch_size: no note
+
+
+def test_validate_without_import_never_imports_user_code(run_cli, tmp_path):
+    spec = _spec(tmp_path, {"class_path": "nosuch_pkg.models.Net"})
+    result = run_cli("validate", spec, "--profile", "local", cwd=tmp_path, timeout=TIMEOUT_S)
+    assert result.code == 0, result.stderr  # the shape is valid; importing is --import's job
+
+
+def test_submit_checks_imports_before_anything_runs(run_cli, tmp_path):
+    spec = _spec(tmp_path, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dm": 3}})
+    runs = tmp_path / "runs"
+    result = run_cli("submit", spec, "--profile", "local", "--runs-dir", str(runs), cwd=tmp_path, timeout=TIMEOUT_S)
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert f"{spec}: model.init_args.out_dm: " in result.stderr
+    assert not runs.exists()  # nothing written, nothing started
+
+
+def test_submit_no_import_check_skips_it(run_cli, tmp_path):
+    spec = _spec(tmp_path, {"class_path": "nosuch_pkg.models.Net"})
+    result = run_cli("render", spec, "--profile", "slurm-cpu", "--stdout", cwd=REPO, timeout=TIMEOUT_S)
+    assert result.code == 0, result.stderr  # rendering never imports user code
+    result = run_cli("submit", spec, "--profile", "slurm-cpu", "--no-import-check", "--test-only",
+                     "--out", str(tmp_path / "manifests"), cwd=tmp_path, timeout=TIMEOUT_S)
+    assert "nosuch_pkg" not in result.stderr, result.stderr  # got past the check (to sbatch, absent or not)
