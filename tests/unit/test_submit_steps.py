@@ -132,7 +132,9 @@ def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tm
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
-    job_plan = api.plan_job(EXAMPLES / "command-ddp.yaml", "local", overrides=["trainer.strategy=deepspeed_stage_2"])
+    spec = tmp_path / "command-ddp.yaml"  # outside the jobgen checkout: no snapshot of it (see test_code_snapshot)
+    spec.write_text((EXAMPLES / "command-ddp.yaml").read_text())
+    job_plan = api.plan_job(spec, "local", overrides=["trainer.strategy=deepspeed_stage_2"])
     ran: list[tuple[list[str], Path, dict[str, str]]] = []
     options = SubmitOptions(runs_dir=tmp_path / "runs")
     backend = get_backend("local")
