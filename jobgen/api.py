@@ -19,13 +19,15 @@ location and a hint. Planning and rendering never import torch or the Kubernetes
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
-from jobgen.errors import ConfigError
-from jobgen.jobdir import JobHandle, read_resolved_spec, resolve_job
+from jobgen.errors import ConfigError, JobgenError
+from jobgen.jobdir import JobHandle, Submission, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
 from jobgen.plan import JobPlan, plan
 
@@ -136,6 +138,79 @@ def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> Non
     """Print ``job``'s output through ``echo`` (rank zero's by default)."""
     handle = resolve_job(job)
     get_backend(handle.scheduler).logs(handle, options or LogOptions(), echo)
+
+
+@dataclass(frozen=True)
+class ListedJob:
+    """One row of ``jobgen ls``: a recorded submission and its state refreshed from its backend.
+
+    Attributes:
+        record: what submit recorded (handle, job dir, run dir, time).
+        status: the backend's answer; ``None`` when it could not be asked (``stale`` says why).
+        name: the job name (from the job directory's spec.json), if it is still readable.
+        num_nodes, devices_per_node, accelerator: the world the job directory asked for, if readable.
+        stale: why the state shown is only the record's (the cluster could not be reached, or
+            the job directory is gone), else ``None``.
+    """
+
+    record: Submission
+    status: JobStatus | None
+    name: str | None
+    num_nodes: int | None
+    devices_per_node: int | None
+    accelerator: str | None
+    stale: str | None
+
+    @property
+    def state(self) -> str:
+        """The backend's state, or ``UNREACHABLE`` when it could not be asked (never a guess)."""
+        return self.status.state if self.status is not None else "UNREACHABLE"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict with stable keys (``jobgen ls -o json``)."""
+        handle = JobHandle.parse(self.record.handle)
+        return {
+            "handle": self.record.handle, "cluster": handle.cluster, "scheduler": handle.scheduler, "name": self.name,
+            "state": self.state, "source": None if self.status is None else self.status.source,
+            "num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node, "accelerator": self.accelerator,
+            "submitted_at": self.record.submitted_at, "job_dir": self.record.job_dir, "run_dir": self.record.run_dir,
+            "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
+            "stale": self.stale,
+        }
+
+
+def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
+              progress: Callable[[int, int, str], None] | None = None) -> list[ListedJob]:
+    """Every job submitted from this machine (the state index, newest first), each refreshed
+    from its backend (``status``). A backend that cannot be reached does not stop the listing:
+    that job's row says UNREACHABLE and why (``stale``), never a guessed state.
+
+    Args:
+        cluster: only jobs of this SLURM cluster / Kubernetes context (``local`` for local runs).
+        states: only jobs in one of these states (after the refresh; case-insensitive).
+        progress: called as ``(index, total, handle)`` before each refresh.
+    """
+    records = [r for r in recorded_submissions() if cluster is None or JobHandle.parse(r.handle).cluster == cluster]
+    wanted = {s.upper() for s in states}
+    rows = []
+    for index, record in enumerate(records):
+        handle = JobHandle.parse(record.handle)
+        if progress is not None:
+            progress(index, len(records), record.handle)
+        try:
+            resolved = read_resolved_spec(Path(record.job_dir))
+            name, launch, gone = resolved.spec.name, resolved.launch, None
+        except JobgenError as exc:
+            name, launch, gone = None, None, f"job directory unreadable: {exc.message}"
+        try:
+            status, stale = get_backend(handle.scheduler).status(handle), gone
+        except JobgenError as exc:
+            status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
+        row = ListedJob(record, status, name, launch.num_nodes if launch else None, launch.devices_per_node if launch else None,
+                        launch.accelerator if launch else None, stale)
+        if not wanted or row.state.upper() in wanted:
+            rows.append(row)
+    return rows
 
 
 def first_error(job: str) -> Triage:

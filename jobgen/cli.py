@@ -298,6 +298,66 @@ _output_option = click.option("--output", "-o", "output", type=click.Choice(["te
                               help="text for people; json for machines (one object, stable keys).")
 
 
+@cli.command(name="ls")
+@click.option("--cluster", default=None, metavar="NAME",
+              help="Only jobs of this SLURM cluster or Kubernetes context (`local` for local runs).")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="Only jobs in this state after the refresh (repeatable), e.g. --state RUNNING --state PENDING.")
+@_output_option
+def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
+    """List every job submitted from this machine (newest first), each refreshed from its
+    scheduler: state, nodes x devices, start, elapsed and GPU-hours (CPU-hours on CPU
+    clusters; cost when the profile has gpu_hour_price).
+
+    \b
+    The list comes from jobgen's state index (~/.local/state/jobgen, $JOBGEN_STATE_DIR).
+    A scheduler that cannot be reached shows UNREACHABLE with the reason, and a job its
+    scheduler no longer knows shows UNKNOWN: a state is never guessed.
+
+    \b
+    Example:
+      jobgen ls
+      jobgen ls --cluster jobgenlab --state RUNNING -o json
+    """
+    def progress(index: int, total: int, handle: str) -> None:
+        if total > 3 and sys.stderr.isatty():
+            click.echo(f"\rrefreshing {index + 1}/{total} {handle[:60]:60}", err=True, nl=False)
+
+    rows = api.list_jobs(cluster=cluster, states=states, progress=progress)
+    if sys.stderr.isatty() and len(rows) > 3:
+        click.echo("\r" + " " * 80 + "\r", err=True, nl=False)
+    if output == "json":
+        click.echo(json.dumps([row.to_json() for row in rows], indent=2, sort_keys=True))
+        return
+    if not rows:
+        click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
+        return
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE-HOURS", "COST")]
+    for row in rows:
+        usage = row.status.usage if row.status is not None else None
+        world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
+        started = usage.start.strftime("%Y-%m-%d %H:%M") if usage is not None and usage.start else "-"
+        elapsed = _duration(usage.elapsed_s) if usage is not None and usage.elapsed_s is not None else "-"
+        hours = usage.device_hours if usage is not None else None
+        spent = f"{hours:.3f} {usage.device_kind.upper()}-h" if hours is not None else "-"
+        cost = f"{usage.cost:.2f}" if usage is not None and usage.cost is not None else "-"
+        table.append((row.record.handle, row.name or "-", row.state, world, started, elapsed, spent, cost))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    for row in rows:
+        if row.stale:
+            click.echo(f"note: {row.record.handle}: {row.stale}")
+
+
+def _duration(seconds: float) -> str:
+    """``H:MM:SS`` (days as ``Nd H:MM:SS``)."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {text}" if days else text
+
+
 @cli.command()
 @_job_argument
 @_output_option

@@ -32,6 +32,7 @@ import signal
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -388,6 +389,14 @@ class JobHandle:
         """The backend this handle belongs to (``slurm``, ``kubernetes``, ``local``)."""
         return HANDLE_SCHEMES[self.scheme]
 
+    @property
+    def cluster(self) -> str:
+        """Where the job runs: the SLURM cluster, the Kubernetes context (which may contain
+        ``/``), or ``local``."""
+        if self.scheme == "local":
+            return "local"
+        return self.path.rsplit("/", 2 if self.scheme == "k8s" else 1)[0]
+
     @classmethod
     def parse(cls, text: str) -> JobHandle:
         """Parse a handle URI.
@@ -429,10 +438,15 @@ class Submission(BaseModel):
     code_dir: str | None = Field(default=None, description=(
         f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
     code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")
+    submitted_at: str | None = Field(default=None, description=(
+        "When submit recorded the job (UTC, ISO 8601); set by :meth:`save`. None in records of older versions."))
 
     def save(self) -> Path:
-        """Write the record into the job dir and the state index; returns the job dir's file."""
-        text = json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
+        """Write the record into the job dir and the state index (stamped with ``submitted_at``
+        when it has none); returns the job dir's file."""
+        record = self if self.submitted_at else self.model_copy(
+            update={"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        text = json.dumps(record.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
         target = Path(self.job_dir) / SUBMISSION_FILE
         write_atomic(target, text)
         write_atomic(state_record_path(JobHandle.parse(self.handle)), text)
@@ -465,6 +479,19 @@ def state_dir() -> Path:
 def state_record_path(handle: JobHandle) -> Path:
     """The state-index file for ``handle`` (``<state dir>/<scheme>/<path, '/' -> '__'>.json``)."""
     return state_dir() / handle.scheme / (handle.path.replace("/", "__") + ".json")
+
+
+def recorded_submissions() -> list[Submission]:
+    """Every submission record in the state index (:func:`state_dir`), newest first (records
+    without a time last, by handle). Unreadable files are skipped: the index is a cache of what
+    submit did, and ``jobgen ls`` must list the rest."""
+    records = []
+    for path in sorted(state_dir().glob("*/*.json")):
+        try:
+            records.append(Submission.load(path))
+        except ConfigError:
+            continue
+    return sorted(records, key=lambda r: (r.submitted_at is not None, r.submitted_at or "", r.handle), reverse=True)
 
 
 def find_submission(handle: JobHandle) -> Submission | None:

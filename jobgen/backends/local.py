@@ -8,6 +8,7 @@ its own process group, gets SIGINT forwarded, and the whole group is killed afte
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,10 +20,11 @@ import jobgen
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
-from jobgen.errors import ConfigError, SubmitError
+from jobgen.errors import ConfigError, JobgenError, SubmitError
 from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
+from jobgen.usage import Usage
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -183,7 +185,7 @@ class LocalBackend(Backend):
         else UNKNOWN: a local run lives in the foreground of the shell that started it."""
         run_dir = Path(handle.path)
         if (run_dir / SUMMARY_FILE).is_file():
-            return JobStatus(handle, "COMPLETED", SUMMARY_FILE, {"run_dir": str(run_dir)})
+            return JobStatus(handle, "COMPLETED", SUMMARY_FILE, {"run_dir": str(run_dir)}, _summary_usage(run_dir))
         reason = "no summary.json: the run is still in the foreground, was interrupted, or failed (see its terminal)"
         return JobStatus(handle, "UNKNOWN", "none", {"run_dir": str(run_dir), "reason": reason})
 
@@ -194,6 +196,18 @@ class LocalBackend(Backend):
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
         raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
+
+
+def _summary_usage(run_dir: Path) -> Usage | None:
+    """A finished local run's device time: its ranks (spec.json) x the wall time summary.json
+    records (of the last start; ``None`` when either file is unreadable)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+        launch = read_resolved_spec(run_dir).launch
+        wall = float(summary["wall_time_s"])
+    except (OSError, ValueError, KeyError, TypeError, JobgenError):
+        return None
+    return Usage(launch.accelerator, launch.world_size, wall, f"{SUMMARY_FILE} wall_time_s x ranks", gpu_hour_price=launch.gpu_hour_price)
 
 
 Runner = Callable[[list[str], Path, dict[str, str]], int]
