@@ -439,14 +439,16 @@ class Submission(BaseModel):
         f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
     code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")
     submitted_at: str | None = Field(default=None, description=(
-        "When submit recorded the job (UTC, ISO 8601); set by :meth:`save`. None in records of older versions."))
+        "When submit recorded the job (UTC, ISO 8601; :meth:`now`). None in records of older versions."))
+
+    @classmethod
+    def now(cls, **fields: Any) -> Submission:
+        """A record of a submission made now (``submitted_at``: the current UTC time)."""
+        return cls(**fields, submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def save(self) -> Path:
-        """Write the record into the job dir and the state index (stamped with ``submitted_at``
-        when it has none); returns the job dir's file."""
-        record = self if self.submitted_at else self.model_copy(
-            update={"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        text = json.dumps(record.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
+        """Write the record into the job dir and the state index; returns the job dir's file."""
+        text = json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
         target = Path(self.job_dir) / SUBMISSION_FILE
         write_atomic(target, text)
         write_atomic(state_record_path(JobHandle.parse(self.handle)), text)

@@ -364,7 +364,7 @@ def submit_dir(job_dir: Path, *, context: str | None = None, namespace: str | No
 
 def _record(jd: JobDir, handle: JobHandle, kind: K8sKind, kubeconfig: str | None) -> Submission:
     _, _, name = parse_handle(handle)
-    record = Submission(handle=str(handle), job_dir=str(jd.path), run_dir=f"{RUN_ROOT}/{name} (in the pods)",
+    record = Submission.now(handle=str(handle), job_dir=str(jd.path), run_dir=f"{RUN_ROOT}/{name} (in the pods)",
                         inputs_sha256=jd.inputs_sha256, kind=f"{kind.plural}.{kind.group}/{kind.version}",
                         kubeconfig=kubeconfig)
     record.save()

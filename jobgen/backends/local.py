@@ -164,7 +164,7 @@ class LocalBackend(Backend):
             if command.cwd is not None:  # command mode: run the committed script, not the working tree's
                 cwd = inside_snapshot(cwd, code[0], code[1])
         env.setdefault("PYTHONUNBUFFERED", "1")
-        record = Submission(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
+        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
                             inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
                             code=code[1] if code else None)
         record.save()

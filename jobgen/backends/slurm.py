@@ -156,7 +156,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     if not jid.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
     handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
-    Submission(
+    Submission.now(
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
         code=code[1] if code else None,
