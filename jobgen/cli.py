@@ -20,13 +20,13 @@ import yaml
 from jobgen import __version__, api
 from jobgen.backends.base import LogOptions, SubmitOptions
 from jobgen.errors import ConfigError, JobgenError
+from jobgen.jobdir import resolve_job
 from jobgen.load import (
     list_profile_names,
     load_profile,
     load_profile_doc,
     load_spec,
 )
-from jobgen.jobdir import resolve_job
 from jobgen.plan import JobPlan
 from jobgen.triage import format_triage
 
@@ -344,7 +344,7 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
         table.append((row.record.handle, row.name or "-", row.state, world, started, elapsed, spent, cost))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     for row in rows:
         if row.stale:
             click.echo(f"note: {row.record.handle}: {row.stale}")

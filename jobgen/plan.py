@@ -28,7 +28,8 @@ from jobgen.render import template_sha256
 from jobgen.rules import World, check_fit, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
-__all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext", "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
+__all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
+           "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
 
 
 #: Placeholder in a planned command for the directory ``jobgen submit`` runs in (command mode:

@@ -87,6 +87,18 @@ class Usage:
         return f"{self.devices} {label}s{span} = {hours:.3f} {label}-hours{cost} ({self.source})"
 
 
+#: What the entrypoint can measure of its own device time (summary.json, notifications).
+ENTRYPOINT_SOURCE = ("entrypoint: this run's wall time x ranks (a requeued job's earlier runs are not included; "
+                     "`jobgen status` has the scheduler's figure)")
+
+
+def run_usage(accelerator: str, ranks: int, wall_s: float, gpu_hour_price: float | None = None) -> Usage:
+    """The device time of one run of the entrypoint, as it measures it: ``ranks`` devices (GPUs,
+    or CPU ranks) for ``wall_s`` seconds (see :data:`ENTRYPOINT_SOURCE`)."""
+    kind: DeviceKind = "gpu" if accelerator == "gpu" else "cpu"
+    return Usage(kind, ranks, wall_s, ENTRYPOINT_SOURCE, gpu_hour_price=gpu_hour_price)
+
+
 def parse_tres(text: str) -> dict[str, int]:
     """SLURM's TRES string (``cpu=4,mem=8000M,node=2,billing=4,gres/gpu=8``) as counts of the
     countable resources: ``cpu``, ``node``, ``gpu``. Typed GPU entries (``gres/gpu:a100=8``) are

@@ -15,9 +15,9 @@ import math
 import os
 import re
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,8 @@ from jobgen.backends.k8s_manifest import plan as plan_manifest
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
 from jobgen.k8s_names import is_dns1123_label
-from jobgen.plan import JobPlan, PlanContext
 from jobgen.k8s_validate import _kubernetes_parse_quantity
+from jobgen.plan import JobPlan, PlanContext
 from jobgen.rules import World
 from jobgen.triage import LogLine, Triage, parse_rfc3339, triage
 from jobgen.usage import Usage, from_iso, span_seconds

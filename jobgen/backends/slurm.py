@@ -10,8 +10,8 @@ import json
 import os
 import re
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,9 @@ from jobgen.jobdir import (
     read_resolved_spec,
 )
 from jobgen.plan import JobPlan, PlanContext
+from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 from jobgen.triage import LogLine, Triage, triage
 from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
-from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:

@@ -52,6 +52,7 @@ from lightning.pytorch import Callback
 
 from jobgen import __version__
 from jobgen.spec import NotifySpec
+from jobgen.usage import run_usage
 
 if TYPE_CHECKING:
     from jobgen.jobdir import ResolvedSpec
@@ -131,7 +132,8 @@ class Notifier:
         """The JSON object sent for ``event`` (keys in a fixed order; see the module doc)."""
         launch = self.resolved.launch
         now = time.time()
-        gpu_hours = round(launch.world_size * (now - self.started) / 3600.0, 6) if launch.accelerator == "gpu" else None
+        used = run_usage(launch.accelerator, launch.world_size, now - self.started)
+        gpu_hours = round(used.device_hours or 0.0, 6) if used.device_kind == "gpu" else None
         return {
             "event": event,
             "job": self.resolved.spec.name,

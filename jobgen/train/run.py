@@ -48,6 +48,7 @@ from jobgen.train.notify import notify_callback, notify_finished
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.sources import SplitLayout
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
+from jobgen.usage import run_usage
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
 _QUIET_WARNINGS = (
@@ -415,6 +416,9 @@ def train(
                 "best_checkpoint": checkpoint.best_model_path or None,
                 "last_checkpoint": checkpoint.last_model_path or None,
                 "wall_time_s": round(time.time() - started, 3),
+                # GPU-hours (CPU-hours on CPU) of this run: world size x wall time (jobgen.usage.run_usage)
+                "usage": run_usage(launch.accelerator, trainer.world_size, time.time() - started,
+                                   launch.gpu_hour_price).to_json(),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
                 "samples_per_s_mean": throughput.mean_samples_per_s,
                 "tokens_per_step": getattr(datamodule, "tokens_per_step", None) if not spec.user_code else None,

@@ -42,6 +42,9 @@ def test_two_process_training_checkpoints_and_resumes(run_entrypoint, write_spec
     assert summary["val_loss"] < LN_256 - 1.0, summary  # it learned something (init: ln 256 = 5.55)
     assert summary["tokens_per_step"] == 4 * 64 * 1 * 2
     assert summary["tokens_per_s_mean"] > 0
+    usage = summary["usage"]  # this run's CPU-hours: 2 ranks x its wall time
+    assert (usage["device_kind"], usage["devices"]) == ("cpu", 2) and 0 < usage["elapsed_s"] <= summary["wall_time_s"] + 1
+    assert abs(usage["cpu_hours"] - 2 * usage["elapsed_s"] / 3600) < 1e-5 and usage["cost"] is None
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["last.ckpt", "step-00000010.ckpt", "step-00000020.ckpt"]
     assert Path(summary["last_checkpoint"]) == run_dir / "checkpoints" / "last.ckpt"
