@@ -282,9 +282,9 @@ CODE_GIT_SPEC = """\
 name: code-git
 model: {class_path: tinychar.CharModel, init_args: {d_model: 32, n_layer: 1}}
 data: {class_path: tinychar.CharDataModule, init_args: {block_size: 32}}
-code: {python_path: examples/usercode, git: {url: "https://git.example.com/team/models.git", ref: "%s"}}
+code: {python_path: examples/usercode, git: {url: "https://git.example.com/team/models.git", ref: "0123456789abcdef0123456789abcdef01234567"}}
 resources: {nodes: 2}
-""" % ("0123456789abcdef" * 3)[:40]
+"""
 
 
 def test_code_git_checkout_passes_offline_and_both_servers(k8s_lab, k8s_crd_server, tmp_path):
