@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from jobgen import profiles, project, spec
+from jobgen import profiles, project, spec, spec_model, spec_notify, spec_trainer, spec_user
 from jobgen.reference import splice
 from tests.conftest import REPO
 
@@ -37,20 +37,24 @@ def test_shipped_profiles_are_listed_in_readme():
         assert f"`{profile.stem}`" in README
 
 
+#: The modules the training spec's models are defined in (jobgen.spec re-exports them).
+SPEC_MODULES = (spec, spec_model, spec_trainer, spec_user, spec_notify)
+
+
 def public_models(*modules) -> list[type[BaseModel]]:
     """The pydantic models a module defines (names without a leading underscore)."""
     return [obj for module in modules for name, obj in sorted(vars(module).items())
             if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__ and not name.startswith("_")]
 
 
-@pytest.mark.parametrize("model", public_models(spec, profiles, project), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", public_models(*SPEC_MODULES, profiles, project), ids=lambda m: m.__name__)
 def test_every_field_has_a_description(model):
     """Descriptions feed the README reference and `jobgen schema`: a new field must say what it means."""
     undocumented = [name for name, field in model.model_fields.items() if not (field.description or "").strip()]
     assert not undocumented, f"{model.__name__}: give {undocumented} a Field(description=...)"
 
 
-@pytest.mark.parametrize("model", public_models(spec, profiles, project), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", public_models(*SPEC_MODULES, profiles, project), ids=lambda m: m.__name__)
 def test_render_path_models_do_not_parse_their_source(model):
     """use_attribute_docstrings makes pydantic read and parse the class source at import (about half
     the import time of jobgen.spec + jobgen.profiles); descriptions are Field(description=...) instead."""
