@@ -1,7 +1,10 @@
 """SLURM backend: submit a rendered job directory with ``sbatch --parsable``, then status
 (squeue, accounting, the job-completion log), logs (``srun --label`` prefixes) and cancel by
-handle (``slurm://<cluster>/<jobid>``). The batch script is planned in
-:mod:`jobgen.backends.slurm_script`.
+handle (``slurm://<cluster>/<jobid>``), first-failure triage and GPU-hours from the same
+sources. The batch script is planned in :mod:`jobgen.backends.slurm_script`.
+
+Size: about 500 lines: every operation here reads the same scheduler sources (squeue's two JSON
+shapes, accounting, the job-completion log, the output file), which stay together.
 """
 
 from __future__ import annotations

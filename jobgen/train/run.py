@@ -1,4 +1,5 @@
-"""Build the Lightning Trainer from a resolved spec, train, validate, write ``summary.json``.
+"""Train a resolved spec, validate, write ``summary.json`` (the Trainer itself is built by
+:mod:`jobgen.train.trainer`).
 
 Imported by :mod:`jobgen.train.__main__` only after the spec and data sources were checked,
 so that bad input fails fast without importing torch and Lightning.
@@ -20,11 +21,9 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +31,18 @@ import lightning
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.loggers import CSVLogger, Logger
-from lightning.pytorch.plugins.environments import SLURMEnvironment
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from lightning.pytorch.loggers import CSVLogger
 
-from jobgen.errors import ConfigError
-from jobgen.jobdir import SUMMARY_FILE, write_atomic
+from jobgen.jobdir import write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
-from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
-from jobgen.train.checkpoints import FoundCheckpoint, StepCheckpoint, newest_checkpoint
+from jobgen.train.callbacks import RequeueOnSignal, Throughput
+from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint
 from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
-from jobgen.train.model import Block
-from jobgen.train.notify import notify_callback, notify_finished
-from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
+from jobgen.train.notify import notify_finished
+from jobgen.train.resolved import ResolvedSpec
 from jobgen.train.sources import SplitLayout
-from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
+from jobgen.train.trainer import RunPaths, build_trainer
 from jobgen.usage import run_usage
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
@@ -85,218 +80,6 @@ def rank_zero_print(*args: Any) -> None:
     """``print`` on global rank zero only (flushed: job logs are files)."""
     if rank_zero_only.rank == 0:
         print(*args, flush=True)
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Paths inside a run directory."""
-
-    run_dir: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        """``<run_dir>/checkpoints``: step checkpoints, ``last.ckpt``, ``hpc_ckpt_*.ckpt``."""
-        return self.run_dir / "checkpoints"
-
-    @property
-    def data(self) -> Path:
-        """``<run_dir>/data``: ``train.bin``, ``val.bin``, ``manifest.json``."""
-        return self.run_dir / "data"
-
-    @property
-    def summary(self) -> Path:
-        """``<run_dir>/summary.json``."""
-        return self.run_dir / SUMMARY_FILE
-
-    @property
-    def curves(self) -> Path:
-        """``<run_dir>/curves.png``: loss and tokens/s over optimizer steps."""
-        return self.run_dir / "curves.png"
-
-
-def _fsdp_policies(resolved: ResolvedSpec) -> tuple[set[type] | None, set[type] | None]:
-    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else jobgen's
-    GPT ``Block`` for the built-in GPT (and no wrapping policy for a ``class_path`` model: the
-    whole model is one FSDP unit)."""
-    t, user = resolved.spec.trainer, resolved.spec.user_code
-    from jobgen.user_code import policy_classes
-
-    if t.fsdp_auto_wrap_policy is not None:
-        wrap: set[type] | None = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
-    else:
-        wrap = None if user else {Block}
-    if t.fsdp_activation_checkpointing_policy is not None:
-        ckpt: set[type] | None = policy_classes(t.fsdp_activation_checkpointing_policy, "spec.",
-                                                "fsdp_activation_checkpointing_policy")
-    else:
-        ckpt = {Block} if t.activation_checkpointing and not user else None
-    return wrap, ckpt
-
-
-def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
-    """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
-
-    ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process),
-    ``static_graph`` / ``gradient_as_bucket_view`` / ``find_unused_parameters`` from the spec.
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block` (or the spec's
-    ``fsdp_auto_wrap_policy`` classes), sharded (or, on GPU, full) state-dict checkpoints,
-    activation checkpointing of each :class:`Block` when ``trainer.activation_checkpointing``
-    (or of the ``fsdp_activation_checkpointing_policy`` classes), the spec's prefetch and
-    all-gather settings (:class:`CPUFSDPStrategy` with gloo on CPU).
-    deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``, the
-    one source of DeepSpeed settings (:class:`CPUDeepSpeedStrategy` with gloo on CPU).
-
-    Raises:
-        ConfigError: the DeepSpeed config is unreadable or disagrees with the spec
-            (see :func:`jobgen.train.resolved.load_deepspeed_config`).
-    """
-    trainer, launch = resolved.spec.trainer, resolved.launch
-    if trainer.strategy == "ddp":
-        if launch.world_size == 1:
-            return "auto"
-        # find_unused_parameters is passed only when on (torch's default is off), as the FSDP
-        # knobs below only when set: the kwargs of specs without them stay what they were
-        extra = {"find_unused_parameters": True} if trainer.find_unused_parameters else {}
-        return DDPStrategy(
-            process_group_backend="gloo" if launch.accelerator == "cpu" else "nccl",
-            static_graph=trainer.ddp_static_graph,
-            gradient_as_bucket_view=trainer.ddp_gradient_as_bucket_view,
-            **extra,
-        )
-    if trainer.strategy == "fsdp":
-        wrap, checkpointing = _fsdp_policies(resolved)
-        fsdp_kwargs: dict[str, Any] = {}
-        if trainer.fsdp_forward_prefetch:
-            fsdp_kwargs["forward_prefetch"] = True
-        if not trainer.fsdp_limit_all_gathers:
-            fsdp_kwargs["limit_all_gathers"] = False
-        if trainer.fsdp_backward_prefetch is not None:
-            from torch.distributed.fsdp import BackwardPrefetch
-
-            fsdp_kwargs["backward_prefetch"] = BackwardPrefetch[trainer.fsdp_backward_prefetch]
-        if launch.accelerator == "cpu":
-            # Parameters already live in CPU memory: there is nothing to offload.
-            return CPUFSDPStrategy(
-                sharding_strategy=trainer.fsdp_sharding_strategy,
-                auto_wrap_policy=wrap,
-                activation_checkpointing_policy=checkpointing,
-                state_dict_type="sharded",
-                process_group_backend="gloo",
-                **fsdp_kwargs,
-            )
-        return FSDPStrategy(
-            sharding_strategy=trainer.fsdp_sharding_strategy,
-            auto_wrap_policy=wrap,
-            activation_checkpointing_policy=checkpointing,
-            cpu_offload=trainer.offload_params == "cpu",
-            state_dict_type=trainer.fsdp_state_dict_type,
-            **fsdp_kwargs,
-        )
-    _, config = load_deepspeed_config(resolved, spec_path)
-    if launch.accelerator == "cpu":
-        return CPUDeepSpeedStrategy(config=config, process_group_backend="gloo")
-    return DeepSpeedStrategy(config=config)
-
-
-def build_trainer(
-    resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput
-) -> tuple[Trainer, StepCheckpoint, CSVLogger]:
-    """Create the Trainer (plus its checkpoint callback and CSV logger) for a resolved spec.
-
-    Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
-    micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
-    epochs (``check_val_every_n_epoch=None``). With ``trainer.tensorboard`` a TensorBoardLogger
-    writes into the CSV logger's version directory (``tensorboard/`` below it).
-
-    Raises:
-        ConfigError: ``trainer.tensorboard`` is on but the ``tensorboard`` package is missing.
-    """
-    spec, launch = resolved.spec, resolved.launch
-    t = spec.trainer
-    checkpoint = StepCheckpoint(
-        paths.checkpoints, every_n_steps=spec.checkpoint.every_n_steps, keep_last_k=spec.checkpoint.keep_last_k
-    )
-    # A smoke run (--smoke N) writes no checkpoints: the StepCheckpoint stays out of the Trainer.
-    callbacks: list[Callback] = [throughput] if spec.smoke else [checkpoint, throughput]
-    accumulation: int | None = t.gradient_accumulation_steps
-    if t.gradient_accumulation_schedule is not None:
-        from lightning.pytorch.callbacks import GradientAccumulationScheduler
-
-        callbacks.append(GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)))
-        accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
-    gradient_clip_val = t.gradient_clip_val
-    if t.strategy == "fsdp" and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
-        callbacks.append(FSDPGradNormClipping(gradient_clip_val))
-        gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
-    show_bar = sys.stdout.isatty()
-    if not show_bar:
-        callbacks.append(LineProgress(throughput, t.log_every_n_steps))
-    notify = notify_callback(resolved, paths.run_dir)  # rank zero of a spec with `notify:`
-    if notify is not None:
-        callbacks.append(notify)
-    plugins = []
-    if launch.scheduler == "slurm" and launch.requeue_signal:
-        signum = getattr(signal, "SIG" + launch.requeue_signal)
-        job_id = RequeueOnSignal.slurm_job_id()
-        # Lightning's own auto-requeue saves inside the signal handler, which can deadlock the
-        # ranks (RequeueOnSignal explains); it stays off and RequeueOnSignal does the requeue.
-        plugins.append(SLURMEnvironment(auto_requeue=False, requeue_signal=signum))
-        if job_id is not None:
-            requeue = RequeueOnSignal(signum, paths.checkpoints, job_id)
-            requeue.install()
-            requeue.on_requeued = None if notify is None else notify.requeued
-            callbacks.append(requeue)
-    logger = CSVLogger(save_dir=paths.run_dir, name="logs")
-    loggers: list[Logger] = [logger]  # the CSV logger first: trainer.logger, the summary's metrics
-    if t.tensorboard:
-        loggers.append(_tensorboard_logger(paths, logger.version))
-    trainer = Trainer(
-        accelerator=launch.accelerator,
-        devices=launch.devices_per_node,
-        num_nodes=launch.num_nodes,
-        strategy=build_strategy(resolved, spec_path),
-        precision=t.precision,
-        max_steps=-1 if t.max_steps is None else t.max_steps,
-        max_epochs=-1 if t.max_epochs is None else t.max_epochs,
-        accumulate_grad_batches=accumulation or 1,
-        gradient_clip_val=gradient_clip_val,
-        gradient_clip_algorithm=t.gradient_clip_algorithm if gradient_clip_val is not None else None,
-        val_check_interval=t.val_check_interval * t.gradient_accumulation_steps,
-        check_val_every_n_epoch=None,
-        limit_val_batches=t.limit_val_batches,
-        log_every_n_steps=t.log_every_n_steps,
-        num_sanity_val_steps=t.num_sanity_val_steps,
-        sync_batchnorm=t.sync_batchnorm,
-        deterministic=t.deterministic,
-        benchmark=t.benchmark,
-        profiler=t.profiler,
-        enable_checkpointing=not spec.smoke,
-        # jobgen's data modules rebuild their windows per epoch; a user's loaders are built once.
-        reload_dataloaders_every_n_epochs=0 if spec.user_code else 1,
-        logger=loggers,
-        callbacks=callbacks,
-        plugins=plugins or None,
-        enable_progress_bar=show_bar,
-        # The run directory, not checkpoints/: under SLURM, Lightning turns ckpt_path=None into
-        # the newest hpc_ckpt_<n>.ckpt in default_root_dir (checkpoint_connector._parse_ckpt_path),
-        # so `resume: never` would resume anyway and the final validate() would load stale weights.
-        # jobgen chooses what to resume from itself (newest_checkpoint, RequeueOnSignal's files).
-        default_root_dir=paths.run_dir,
-    )
-    return trainer, checkpoint, logger
-
-
-def _tensorboard_logger(paths: RunPaths, version: int | str) -> Logger:
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    try:
-        return TensorBoardLogger(save_dir=paths.run_dir, name="logs", version=version, sub_dir="tensorboard")
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"trainer.tensorboard is on but TensorBoard cannot be imported ({exc})",
-            location="spec.trainer.tensorboard",
-            hint="pip install tensorboard on every node, or set trainer.tensorboard: false",
-        ) from None
 
 
 def _describe_resume(resolved: ResolvedSpec, paths: RunPaths) -> FoundCheckpoint | None:

@@ -221,7 +221,7 @@ def test_a_checkpoint_subclass_replaces_the_default_model_checkpoint(tmp_path) -
     if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks) or trainer.checkpoint_callback is not checkpoint:
         _fail(
             "a Checkpoint subclass in callbacks no longer stops the Trainer from adding a default ModelCheckpoint",
-            "pass enable_checkpointing=False in jobgen.train.run.build_trainer",
+            "pass enable_checkpointing=False in jobgen.train.trainer.build_trainer",
         )
     if trainer.callbacks[-1] is not checkpoint:
         _fail(
