@@ -19,9 +19,9 @@ from jobgen.train import data as data_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step
 from jobgen.train.model import Block, LitGPT
-from jobgen.train.trainer import RunPaths, build_strategy, build_trainer
 from jobgen.train.sources import discover_sources
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
+from jobgen.train.trainer import RunPaths, build_strategy, build_trainer
 from tests.conftest import require
 
 
