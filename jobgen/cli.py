@@ -445,9 +445,14 @@ def cancel(job: str, wait_s: float) -> None:
 def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
     """Import the spec's class_path classes here and bind their init_args (``validate --import``);
     prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+    from jobgen.snapshot import local_import_dir
     from jobgen.user_code import check_user_code
 
-    notes = check_user_code(load_spec(spec, overrides), spec)
+    loaded = load_spec(spec, overrides)
+    first = local_import_dir(loaded, Path(spec))
+    if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
+        sys.path.insert(0, str(first))
+    notes = check_user_code(loaded, spec)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     return notes

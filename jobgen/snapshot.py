@@ -324,6 +324,19 @@ def inside_snapshot(path: Path, root: Path, info: CodeSnapshot) -> Path:
     return root / relative
 
 
+def local_import_dir(spec: TrainingSpec, spec_file: Path) -> Path | None:
+    """Where the ranks will import the user's code from, in this working tree: the repository's
+    ``code.python_path`` (``jobgen validate --import`` and submit's import check put it first on
+    ``sys.path``, as the snapshot goes first on the ranks' PYTHONPATH). ``None`` when the spec has
+    no ``code`` section with a ``python_path``, or names a git URL (the code is not here)."""
+    code = spec.code
+    if code is None or not code.python_path or code.git is not None:
+        return None
+    start = (spec_file.resolve().parent / code.repo).resolve()
+    top, _ = _toplevel(start) if start.is_dir() else (None, "")
+    return (top or start) / code.python_path
+
+
 def pythonpath(first: Path, rest: str | None) -> str:
     """``first`` ahead of an existing PYTHONPATH value (``rest``; empty parts dropped)."""
     return os.pathsep.join([str(first), *(p for p in (rest or "").split(os.pathsep) if p)])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,11 +28,28 @@ BORING = "lightning.pytorch.demos.boring_classes"
 TIMEOUT_S = 300
 
 
+def example(tmp_path: Path) -> Path:
+    """examples/usercode.yaml and its package committed in a git repository of their own under
+    ``tmp_path`` (laid out as in jobgen's): submit snapshots it and the ranks import tinychar from
+    the snapshot (``code.python_path``), whatever state the jobgen checkout is in."""
+    import shutil
+    import subprocess
+
+    proj = tmp_path / "proj"
+    (proj / "examples").mkdir(parents=True)
+    shutil.copy(EXAMPLE, proj / "examples" / EXAMPLE.name)
+    shutil.copytree(EXAMPLE_PACKAGE, proj / "examples" / EXAMPLE_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    git_env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+               "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tinychar"]):
+        subprocess.run(["git", *argv], cwd=proj, env=git_env, check=True, capture_output=True)
+    return proj / "examples" / EXAMPLE.name
+
+
 def _submit(cwd: Path, *args: str) -> Result:
     import subprocess
 
-    env = child_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLE_PACKAGE), env["PYTHONPATH"]])
+    env = child_env()  # no tinychar on PYTHONPATH: the ranks import it from the code snapshot
     argv = [sys.executable, "-m", "jobgen.cli", "submit", *args]
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     return Result(proc.returncode, proc.stdout, proc.stderr)
@@ -42,7 +60,8 @@ def test_example_package_trains_on_two_ranks_and_resumes(tmp_path: Path) -> None
     common = ("--profile", "local", "--runs-dir", str(runs), "--set", "trainer.val_check_interval=6",
               "--set", "checkpoint.every_n_steps=6", "--set", "trainer.log_every_n_steps=3",
               "--set", "data.init_args.train_samples=512")
-    first = _submit(tmp_path, str(EXAMPLE), *common, "--set", "trainer.max_steps=12")
+    spec_file = example(tmp_path)
+    first = _submit(tmp_path, str(spec_file), *common, "--set", "trainer.max_steps=12")
     assert first.code == 0, first.output
     run_dir = runs / "usercode"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -59,7 +78,9 @@ def test_example_package_trains_on_two_ranks_and_resumes(tmp_path: Path) -> None
     assert spec["model"]["class_path"] == "tinychar.CharModel" and "learning_rate" not in spec["trainer"]
     assert first.stdout.count("step 12/12 |") == 1, first.output  # rank zero prints
 
-    resumed = _submit(tmp_path, str(EXAMPLE), *common, "--set", "trainer.max_steps=18")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=spec_file.parent, check=True, capture_output=True, text=True).stdout.strip()
+    assert summary["code"]["commit"] == commit and summary["code"]["dir"] == str(run_dir / "code" / commit), summary["code"]
+    resumed = _submit(tmp_path, str(spec_file), *common, "--set", "trainer.max_steps=18")
     assert resumed.code == 0, resumed.output
     assert "resume: auto - resuming from" in resumed.stdout and "(step 12)" in resumed.stdout, resumed.output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -132,7 +153,7 @@ def test_smoke_run_of_the_builtin_gpt_writes_no_checkpoints(run_entrypoint, writ
 def test_epochs_and_an_accumulation_schedule_on_one_rank(tmp_path: Path) -> None:
     # 256 windows / micro batch 16 = 16 batches per epoch; epoch 0 accumulates 2 (8 steps), epoch 1 1 (16 steps)
     runs = tmp_path / "runs"
-    result = _submit(tmp_path, str(EXAMPLE), "--profile", "local", "--runs-dir", str(runs), "--set", "resources.devices_per_node=1",
+    result = _submit(tmp_path, str(example(tmp_path)), "--profile", "local", "--runs-dir", str(runs), "--set", "resources.devices_per_node=1",
                      "--set", "trainer.max_steps=null", "--set", "trainer.max_epochs=2", "--set", "trainer.gradient_accumulation_schedule={0: 2, 1: 1}",
                      "--set", "trainer.val_check_interval=100", "--set", "checkpoint.every_n_steps=100",
                      "--set", "data.init_args.train_samples=256")
@@ -146,7 +167,7 @@ def test_epochs_and_an_accumulation_schedule_on_one_rank(tmp_path: Path) -> None
 
 def test_fsdp_with_the_spec_s_policies_trains_on_two_ranks(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    result = _submit(tmp_path, str(EXAMPLE), "--profile", "local", "--runs-dir", str(runs), "--set", "trainer.strategy=fsdp",
+    result = _submit(tmp_path, str(example(tmp_path)), "--profile", "local", "--runs-dir", str(runs), "--set", "trainer.strategy=fsdp",
                      "--set", "trainer.fsdp_auto_wrap_policy=[tinychar.model.Block]",
                      "--set", "trainer.fsdp_activation_checkpointing_policy=[tinychar.model.Block]",
                      "--set", "trainer.max_steps=4", "--set", "trainer.val_check_interval=4", "--set", "checkpoint.every_n_steps=4",
