@@ -24,7 +24,8 @@ The body (:meth:`Notifier.body`), one JSON object::
      "time": "2025-01-31T12:00:00Z", "host": "gpu-017", "run_dir": "/shared/runs/quickstart",
      "profile": "slurm-a100", "restart": 0, "error": null}
 
-``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task: ``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
+``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task:
+``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
 ``null`` on Kubernetes (a pod does not know the kubeconfig context of its handle). ``gpu_hours``:
 GPUs (world size) x the wall time of this process so far, on GPU jobs; ``null`` on CPU. Losses
 are the latest logged values (``null`` before the first). ``error``: one line, ``failed`` only.
