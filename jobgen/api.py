@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.backends import get_backend
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import JobHandle, Submission, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir import JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
 from jobgen.plan import JobPlan, plan
 
@@ -143,6 +143,8 @@ def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> Non
 @dataclass(frozen=True)
 class ListedJob:
     """One row of ``jobgen ls``: a recorded submission and its state refreshed from its backend.
+    A SLURM job array is one row (its state by :func:`jobgen.backends.slurm.array_state`, its
+    tasks in :meth:`tasks`).
 
     Attributes:
         record: what submit recorded (handle, job dir, run dir, time).
@@ -176,7 +178,16 @@ class ListedJob:
             "submitted_at": self.record.submitted_at, "job_dir": self.record.job_dir, "run_dir": self.record.run_dir,
             "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
             "stale": self.stale,
+            **({"tasks": self.tasks()} if self.record.array else {}),
         }
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """A job array's tasks: handle, index, name, state (from the refreshed status; the
+        record's tasks when the scheduler could not be asked: state UNREACHABLE), run dir."""
+        states = {t.handle.array_task: t.state for t in self.status.tasks} if self.status is not None else {}
+        return [{"handle": f"{self.record.handle}_{t.index}", "index": t.index, "name": t.name, "run_dir": t.run_dir,
+                 "state": states.get(t.index, "UNREACHABLE" if self.status is None else "UNKNOWN")}
+                for t in self.record.array or ()]
 
 
 def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
@@ -200,6 +211,9 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
         try:
             resolved = read_resolved_spec(Path(record.job_dir))
             name, launch, gone = resolved.spec.name, resolved.launch, None
+            if record.array:  # a job array is one row, named after the sweep (its tasks are in status.tasks)
+                index = read_array_index(Path(record.job_dir))
+                name = index.name if index is not None else name
         except JobgenError as exc:
             name, launch, gone = None, None, f"job directory unreadable: {exc.message}"
         try:

@@ -288,7 +288,12 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
     verb = {"unchanged": f"unchanged {handle}: it already exists with identical inputs; nothing was submitted"}.get(
         result.action, f"{result.action} {handle}")
     click.echo(verb)
-    if result.record is not None and result.action == "submitted":
+    if result.record is not None and result.action == "submitted" and result.record.array:
+        tasks = result.record.array
+        click.echo(f"  job array of {len(tasks)} task(s), one per sweep point; one task: {handle}_<task>")
+        for task in tasks:
+            click.echo(f"  {handle}_{task.index}  {task.name}  run dir {task.run_dir}  log {task.log_file}")
+    elif result.record is not None and result.action == "submitted":
         click.echo(f"  run dir: {result.record.run_dir}" + (f"\n  log:     {result.record.log_file}" if result.record.log_file else ""))
     if result.action != "completed":
         click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
@@ -342,7 +347,8 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
         hours = usage.device_hours if usage is not None else None
         spent = f"{hours:.3f} {usage.device_kind.upper()}-h" if hours is not None else "-"
         cost = f"{usage.cost:.2f}" if usage is not None and usage.cost is not None else "-"
-        table.append((row.record.handle, row.name or "-", row.state, world, started, elapsed, spent, cost))
+        name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
+        table.append((row.record.handle, name, row.state, world, started, elapsed, spent, cost))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
@@ -383,6 +389,9 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
+    for task in st.tasks:  # a SLURM job array: one line per task
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
+        click.echo(f"  {task.handle}  {task.state}  {task.details.get('name', '')}  ({task.source}{'; ' + shown if shown else ''})")
 
 
 @cli.command()

@@ -14,12 +14,14 @@ names), :mod:`jobgen.sync` (desired state vs disk: compare, diff, apply), :mod:`
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from jobgen import __version__
+from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.git import commit
 from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
@@ -90,6 +92,12 @@ def _plan_spec(
                 exc.location = f"{profile_label(i)}" + (f" > {exc.location}" if exc.location else "")
                 raise
         profile = profile_cache[profile_name]
+        if axes and wants_array(profile):  # the whole grid as one SLURM job array
+            members = [ArrayMember(spec.name, point, spec) for point, spec in specs]
+            job_plan = plan_array(base.name, members, profile, templates, spec_source=spec_label, profile_source=profile_name)
+            grid = tuple((a.key, a.values) for a in axes)
+            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), (), job_plan, grid))
+            continue
         for point, spec in specs:
             job_plan = plan(spec, profile, templates, spec_source=spec_label, profile_source=profile_name)
             jobs.append(RenderedJob(entry, spec_label, tuple(overrides), point, job_plan))
@@ -247,6 +255,9 @@ def index_yaml(jobs: Sequence[RenderedJob]) -> str:
             f"    set: {json.dumps(list(job.overrides), ensure_ascii=False)}",
             f"    sweep: {json.dumps(dict(job.sweep), ensure_ascii=False)}",
         ]
+        if job.array:  # a SLURM job array: the grid it runs, one task per point (array.json names them)
+            lines[-1] = f"    sweep: {json.dumps({k: list(v) for k, v in job.array}, ensure_ascii=False)}"
+            lines.append(f"    array: {math.prod(len(values) for _, values in job.array)}")
     return "\n".join(lines) + "\n"
 
 
@@ -307,7 +318,7 @@ def _command(render: Render, commit_flag: bool, prune: bool) -> str:
     if render.whole_tree:
         return "jobgen render --all" + (" --prune" if prune else "") + (" --commit" if commit_flag else "")
     jobs = render.jobs
-    sweep = "".join(f" --sweep {k}=..." for k, _ in jobs[0].sweep) if jobs and jobs[0].sweep else ""
+    sweep = "".join(f" --sweep {k}=..." for k, _ in (jobs[0].sweep or jobs[0].array)) if jobs else ""
     return f"jobgen render {render.source} --profile {jobs[0].plan.profile if jobs else '?'}{sweep}" + (" --commit" if commit_flag else "")
 
 

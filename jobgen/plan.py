@@ -29,7 +29,7 @@ from jobgen.rules import World, check_fit, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
-           "SubmitStep", "World", "check_fit", "plan", "resolve_world"]
+           "SubmitStep", "World", "check_fit", "fit_warnings", "plan", "plan_context", "resolve_world"]
 
 
 #: Placeholder in a planned command for the directory ``jobgen submit`` runs in (command mode:
@@ -187,13 +187,22 @@ class PlanContext:
     spec_source: str = "<spec>"
     profile_source: str = "<profile>"
     templates: tuple[tuple[str, str], ...] = ()
+    array: tuple[tuple[str, TrainingSpec], ...] = ()
 
     @functools.cached_property
     def inputs_sha256(self) -> str:
         """sha256 of everything the files are made from: the resolved spec, the resolved profile
         (its whole ``extends:`` chain merged) and the templates used (compact JSON,
-        field-definition order). Paths, the clock and the environment are not inputs."""
-        doc = {"spec": self.spec, "profile": self.profile, "templates": dict(self.templates)}
+        field-definition order). Paths, the clock and the environment are not inputs.
+
+        One point of a SLURM job array (``array``: every point's ``(job name, resolved spec)``):
+        the hash of the whole array instead of the one spec, so every file of the array's job
+        directory names the same hash."""
+        if self.array:
+            doc: dict[str, object] = {"array": [{"name": name, "spec": spec} for name, spec in self.array],
+                                      "profile": self.profile, "templates": dict(self.templates)}
+        else:
+            doc = {"spec": self.spec, "profile": self.profile, "templates": dict(self.templates)}
         return hashlib.sha256(pydantic_core.to_json(doc)).hexdigest()
 
     def resolved_spec(self, *, deepspeed_config: str | None = None, requeue_signal: str | None = None,
@@ -207,6 +216,49 @@ class PlanContext:
                             preflight=self.profile.preflight, preflight_timeout_s=self.profile.preflight_timeout_s)
         return ResolvedSpec(jobgen_version=__version__, inputs_sha256=self.inputs_sha256, profile=self.profile.name,
                             spec=self.spec, launch=launch)
+
+
+def plan_context(
+    spec: TrainingSpec,
+    profile: ClusterProfile,
+    templates_dir: Path,
+    *,
+    spec_source: str = "<spec>",
+    profile_source: str = "<profile>",
+    template_names: tuple[str, ...] | None = None,
+) -> PlanContext:
+    """Resolve ``precision: auto`` and the world of ``spec`` on ``profile`` and run the rules
+    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`): the backend's inputs.
+    ``template_names``: the templates the plan renders (default: the backend's
+    :meth:`~jobgen.backends.base.Backend.templates_for` the world).
+
+    Raises:
+        PlanError: spec and profile do not fit together (message in Lightning's style).
+        ConfigError: a template is missing or broken.
+    """
+    from jobgen.backends import get_backend
+
+    spec = resolve_precision(spec, profile)
+    world = resolve_world(spec, profile, spec_source)
+    check_fit(spec, profile, world, spec_source)
+    check_trainer_args(spec, world, spec_source)
+    names = get_backend(profile.scheduler).templates_for(world) if template_names is None else template_names
+    templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(names))
+    ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
+    check_job_env(ctx)
+    check_code(spec, profile, spec_source)
+    return ctx
+
+
+def fit_warnings(ctx: PlanContext) -> tuple[str, ...]:
+    """The memory-fit warning of the built-in model on GPUs (:func:`jobgen.estimate.fit_warning`), if any."""
+    if not ctx.profile.gpus_per_node or ctx.spec.entrypoint is not None:  # the estimate is of the built-in model on GPUs
+        return ()
+    from jobgen.estimate import fit_warning
+
+    # elastic: the smallest world, where FSDP/ZeRO shards (and so each GPU's share) are largest
+    text = fit_warning(ctx.spec, ctx.profile, ctx.world.fewest_nodes, ctx.world.devices_per_node)
+    return (text,) if text else ()
 
 
 def plan(
@@ -230,23 +282,11 @@ def plan(
     """
     from jobgen.backends import get_backend
 
-    spec = resolve_precision(spec, profile)
-    world = resolve_world(spec, profile, spec_source)
-    check_fit(spec, profile, world, spec_source)
-    check_trainer_args(spec, world, spec_source)
-    backend = get_backend(profile.scheduler)
-    templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(backend.templates_for(world)))
-    ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
-    check_job_env(ctx)
-    check_code(spec, profile, spec_source)
-    job_plan = backend.plan(ctx)
-    if profile.gpus_per_node and spec.entrypoint is None:  # the estimate is of the built-in model on GPUs
-        from jobgen.estimate import fit_warning
-
-        # elastic: the smallest world, where FSDP/ZeRO shards (and so each GPU's share) are largest
-        text = fit_warning(spec, profile, world.fewest_nodes, world.devices_per_node)
-        if text:
-            job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, text))
+    ctx = plan_context(spec, profile, templates_dir, spec_source=spec_source, profile_source=profile_source)
+    job_plan = get_backend(profile.scheduler).plan(ctx)
+    warnings = fit_warnings(ctx)
+    if warnings:
+        job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, *warnings))
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan
 
 

@@ -85,6 +85,10 @@ class ContainerSettings(_Model):
         return self
 
 
+#: SlurmSettings fields left out of its serialised form (and the inputs hash) while at these defaults.
+_SLURM_OPTIONAL_FIELDS: dict[str, Any] = {"sweep_as_array": False, "array_parallelism": None}
+
+
 class SlurmSettings(_Model):
     """SLURM site conventions (sbatch directives and the srun launch line)."""
 
@@ -133,6 +137,27 @@ class SlurmSettings(_Model):
         "Extra ``#SBATCH`` lines as ``--option=value`` or ``--flag`` (e.g. ``--reservation=big``);\n"
         "options jobgen derives from the world (nodes, tasks, GPUs) are refused at plan time."
     ))
+    sweep_as_array: bool = Field(default=False, description=(
+        "Render a sweep (``--sweep``, ``sweep:`` in jobgen.yaml) as ONE job array: one job directory\n"
+        "named after the sweep's base name, one ``job.sbatch`` with ``#SBATCH --array=0-<N-1>``, each\n"
+        "task training its own point (``points/<i>/spec.json``) in its own run directory. Every\n"
+        "point must ask for the same resources. ``false``: one job per point."
+    ))
+    array_parallelism: int | None = Field(default=None, ge=1, description=(
+        "With ``sweep_as_array``: at most this many tasks of an array run at once (``--array=0-<N-1>%P``);\n"
+        "``null``: as many as the cluster schedules."
+    ))
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # Left out while at their defaults, so profiles without them keep their inputs hash.
+        return _omit_defaults(handler(self), _SLURM_OPTIONAL_FIELDS)
+
+    @model_validator(mode="after")
+    def _parallelism_needs_array(self) -> SlurmSettings:
+        if self.array_parallelism is not None and not self.sweep_as_array:
+            raise ValueError("array_parallelism limits the tasks of a job array: it needs `sweep_as_array: true`")
+        return self
 
     @field_validator("version")
     @classmethod

@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import EXECUTABLE_FILES, INDEX_FILE, JOB_FILES, KUSTOMIZATION_FILE, is_generated, is_job_dir, write_atomic
+from jobgen.jobdir import (
+    EXECUTABLE_FILES,
+    INDEX_FILE,
+    KUSTOMIZATION_FILE,
+    POINTS_DIR,
+    is_generated,
+    is_job_dir,
+    owned_files,
+    remove_empty_point_dirs,
+    write_atomic,
+)
 from jobgen.plan import JobPlan
 
 # --------------------------------------------------------------------------- desired state
@@ -27,7 +37,8 @@ class RenderedJob:
 
     ``entry``: what listed it (``jobs[i]`` of the project file, or ``command line``); ``spec``:
     the spec path as given; ``overrides``: its ``set``/``--set`` overrides; ``sweep``: its grid
-    point ``((key, value), ...)`` (empty without a sweep).
+    point ``((key, value), ...)`` (empty without a sweep, and for a job array); ``array``: a SLURM
+    job array's grid ``((key, (value, ...)), ...)`` (one task per point; empty otherwise).
     """
 
     entry: str
@@ -35,6 +46,7 @@ class RenderedJob:
     overrides: tuple[str, ...]
     sweep: tuple[tuple[str, str], ...]
     plan: JobPlan
+    array: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def subdir(self) -> str:
@@ -136,14 +148,23 @@ def _read(path: Path) -> bytes | None:
 
 
 def _owned_in_job_dir(directory: Path) -> list[str]:
-    """Names of the files in ``directory`` that jobgen wrote (and may replace or remove)."""
-    if not directory.is_dir():
-        return []
-    names = []
-    for entry in sorted(directory.iterdir()):
-        if entry.is_file() and entry.name in JOB_FILES and (entry.name != KUSTOMIZATION_FILE or is_generated(entry)):
-            names.append(entry.name)
-    return names
+    """Paths (relative to ``directory``) of the files in it that jobgen wrote (and may replace
+    or remove), a job array's ``points/<i>/`` files included (:func:`jobgen.jobdir.owned_files`)."""
+    return owned_files(directory)
+
+
+def _foreign(job_dir: Path, owned: list[str]) -> list[str]:
+    """Entries of ``job_dir`` that jobgen did not write (``points/`` counts only when it holds such files)."""
+    out = []
+    for entry in sorted(job_dir.iterdir()):
+        if entry.name in owned:
+            continue
+        if entry.name == POINTS_DIR and entry.is_dir():
+            inside = sorted(p.relative_to(job_dir).as_posix() for p in entry.rglob("*") if not p.is_dir())
+            out += [rel for rel in inside if rel not in owned]
+            continue
+        out.append(entry.name)
+    return out
 
 
 def compare(render: Render) -> Comparison:
@@ -180,7 +201,7 @@ def compare(render: Render) -> Comparison:
                 owned = _owned_in_job_dir(job_dir)
                 for name in owned:
                     result.changes.append(_removal(out, f"{rel_dir}/{name}", stale_dir=rel_dir))
-                foreign = sorted(p.name for p in job_dir.iterdir() if p.name not in owned)
+                foreign = _foreign(job_dir, owned)
                 if foreign:
                     result.foreign[rel_dir] = foreign
             aggregate = f"{profile_dir.name}/{KUSTOMIZATION_FILE}"
@@ -261,6 +282,8 @@ def apply(comparison: Comparison, *, prune: bool) -> tuple[list[str], list[str]]
         elif change.stale_dir is None or prune:
             path.unlink(missing_ok=True)
             removed.append(change.path)
+            if f"/{POINTS_DIR}/" in change.path:  # a job array's point that is no longer planned
+                remove_empty_point_dirs(path.parent.parent.parent)
     if prune:
         for rel_dir in comparison.stale_dirs:
             for directory in (out / rel_dir, (out / rel_dir).parent):

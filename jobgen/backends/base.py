@@ -205,6 +205,9 @@ class JobStatus:
         details: further facts (nodes, reason, exit code, restarts, elapsed), all strings.
         usage: the GPU-hours (CPU-hours on CPU clusters) the job used so far, from the same
             source as the state (:mod:`jobgen.usage`); ``None`` when that source does not say.
+        tasks: a SLURM job array: each task's status (handle ``slurm://<cluster>/<jobid>_<task>``),
+            by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.array_state`).
+            Empty for any other job.
     """
 
     handle: JobHandle
@@ -212,11 +215,16 @@ class JobStatus:
     source: str
     details: dict[str, str] = field(default_factory=dict)
     usage: Usage | None = None
+    tasks: tuple[JobStatus, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict with stable keys (``jobgen status -o json``, ``jobgen ls -o json``)."""
-        return {"handle": str(self.handle), "state": self.state, "source": self.source, "details": self.details,
-                "usage": None if self.usage is None else self.usage.to_json()}
+        """JSON-ready dict with stable keys (``jobgen status -o json``, ``jobgen ls -o json``);
+        a job array adds ``tasks``: one such dict per task."""
+        doc = {"handle": str(self.handle), "state": self.state, "source": self.source, "details": self.details,
+               "usage": None if self.usage is None else self.usage.to_json()}
+        if self.tasks:
+            doc["tasks"] = [task.to_json() for task in self.tasks]
+        return doc
 
     @property
     def finished(self) -> bool:

@@ -29,6 +29,7 @@ from jobgen.backends.base import (
     recorded_launch,
     run_command,
 )
+from jobgen.backends.slurm_array import task_log_name
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
 from jobgen.environment import check_present, unexported
 from jobgen.errors import ConfigError, SubmitError
@@ -37,10 +38,12 @@ from jobgen.jobdir import (
     SBATCH_FILE,
     SPEC_FILE,
     SUBMISSION_FILE,
+    ArrayTask,
     JobHandle,
     ResolvedSpec,
     Submission,
     find_submission,
+    read_array_index,
     read_resolved_spec,
 )
 from jobgen.plan import JobPlan, PlanContext
@@ -117,9 +120,13 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     """
     job_dir = job_dir.resolve()
     resolved = read_job_dir(job_dir)
+    array = read_array_index(job_dir)
     environ = {**os.environ, **(env or {})}
     check_secrets(job_dir, resolved.spec.secrets, environ)
-    run_dir = runs_dir.resolve() / run_dir_name(resolved.spec.name)
+    # a job array: the array's directory under the runs dir is its working directory (the tasks'
+    # logs, the code snapshot); each task trains in <runs dir>/<its point's name>
+    run_dir = runs_dir.resolve() / run_dir_name(array.name if array is not None else resolved.spec.name)
+    task_dirs = [runs_dir.resolve() / run_dir_name(p.name) for p in array.points] if array is not None else []
     for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
         if char in str(run_dir):
             raise ConfigError(
@@ -138,6 +145,8 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "or submit a second copy with --force",
             )
     run_dir.mkdir(parents=True, exist_ok=True)
+    for task_dir in task_dirs:
+        task_dir.mkdir(parents=True, exist_ok=True)
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
@@ -159,10 +168,15 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     if not jid.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
     handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
+    tasks = None
+    if array is not None:
+        tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
+                                overrides=p.overrides) for p, task_dir in zip(array.points, task_dirs, strict=True))
     Submission.now(
-        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir), log_file=str(run_dir / f"slurm-{jid}.out"),
-        argv=tuple(argv), inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
-        code=code[1] if code else None,
+        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
+        log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
+        argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
+        code_dir=str(code[0]) if code else None, code=code[1] if code else None, array=tasks,
     ).save()
     return handle
 
@@ -187,30 +201,78 @@ def check_code_export(environ: dict[str, str], names: tuple[str, ...]) -> None:
 
 
 def job_id(handle: JobHandle) -> str:
-    """The numeric SLURM job id of ``slurm://<cluster>/<jobid>``.
+    """The SLURM job id of ``slurm://<cluster>/<jobid>``, or ``<jobid>_<task>`` for one task of a
+    job array (the form squeue, sacct, scancel and scontrol take).
 
     Raises:
-        ConfigError: not a SLURM handle, or the id is not a number.
+        ConfigError: not a SLURM handle, or the id is neither a number nor ``<number>_<number>``.
     """
     cluster, _, jid = handle.path.rpartition("/")
-    if handle.scheme != "slurm" or not cluster or not jid.isdigit():
-        raise ConfigError(f"{handle} is not a SLURM job handle", hint="SLURM handles look like slurm://<cluster>/<jobid>")
+    if handle.scheme != "slurm" or not cluster or not re.fullmatch(r"[0-9]+(_[0-9]+)?", jid):
+        raise ConfigError(f"{handle} is not a SLURM job handle",
+                          hint="SLURM handles look like slurm://<cluster>/<jobid> (one task of a job array: slurm://<cluster>/<jobid>_<task>)")
     return jid
 
 
-def _squeue(jid: str) -> dict[str, Any] | None:
-    """The job's record from ``squeue --json`` (states: all), or None when the controller has
-    forgotten it (after MinJobAge)."""
+def _squeue_jobs(jid: str) -> list[dict[str, Any]] | None:
+    """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
+    tasks, or one task), or None when the controller has forgotten it (after MinJobAge)."""
     try:
         proc = run_command(["squeue", "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" in exc.message:
             return None
         raise
-    jobs = [j for j in json.loads(proc.stdout).get("jobs", []) if str(j.get("job_id")) == jid]
+    return list(json.loads(proc.stdout).get("jobs", []))
+
+
+def _squeue(jid: str) -> dict[str, Any] | None:
+    """The job's record from ``squeue --json`` (states: all), or None when the controller has
+    forgotten it (after MinJobAge)."""
+    jobs = [j for j in _squeue_jobs(jid) or [] if str(j.get("job_id")) == jid]
     return jobs[0] if jobs else None
 
 
+def _number(value: Any) -> int | None:
+    """A squeue JSON number: plain (22.05) or ``{"set", "infinite", "number"}`` (23.02+); None when unset."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set") and not value.get("infinite") else None
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if str(value).isdigit() else None
+
+
+def expand_task_ids(text: str) -> list[int]:
+    """Task ids of a SLURM array expression: ``0-3``, ``1,4-5``, ``[2-3]``, ``0-9:2``, with an
+    optional ``%<max running>`` (squeue's ``array_task_string``, sacct's ``<jobid>_[2-3]``)."""
+    ids: list[int] = []
+    for part in text.strip("[]").split("%", 1)[0].split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if match is None:
+            continue
+        first, last, step = int(match.group(1)), int(match.group(2) or match.group(1)), int(match.group(3) or 1)
+        ids += range(first, last + 1, max(step, 1))
+    return ids
+
+
+def _array_records(jobs: list[dict[str, Any]], array_id: str) -> dict[int, dict[str, Any]]:
+    """squeue records of array ``array_id`` by task id: each task SLURM has started (or split
+    off) has its own record (``array_task_id``); the tasks still pending in the array's own
+    record (``array_task_id`` unset) are listed in its ``array_task_string`` and share it."""
+    tasks: dict[int, dict[str, Any]] = {}
+    for job in jobs:
+        if str(_number(job.get("array_job_id"))) != array_id:
+            continue
+        task = _number(job.get("array_task_id"))
+        if task is not None:
+            tasks[task] = job
+        else:
+            for pending in expand_task_ids(str(job.get("array_task_string") or "")):
+                tasks.setdefault(pending, job)
+    return dict(sorted(tasks.items()))
 #: State flags that squeue's one-word state shows instead of the base state, in the order
 #: SLURM's job_state_string() checks them (src/common/slurm_protocol_defs.c).
 _SHOWN_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -299,29 +361,147 @@ def _squeue_usage(job: dict[str, Any], state: str, handle: JobHandle) -> Usage |
     return None
 
 
+def _squeue_status(handle: JobHandle, job: dict[str, Any]) -> JobStatus:
+    details = {
+        "name": str(job.get("name", "")),
+        "nodes": str(job.get("nodes", "")),
+        "reason": str(job.get("state_reason", "")),
+        "restarts": str(job.get("restart_cnt", "")),
+    }
+    raw_exit = job.get("exit_code")
+    state = _flag(job.get("job_state"))
+    if state in FINISHED_STATES and isinstance(raw_exit, int):
+        details["exit_code"] = f"{raw_exit >> 8}:{raw_exit & 0x7F}"  # a wait(2) status on 22.05
+    return JobStatus(handle, state, "squeue", details, _squeue_usage(job, state, handle))
+
+
+#: States of a task that has not ended and is not running yet.
+_WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED"})
+
+
+def array_state(states: Iterable[str]) -> str:
+    """The state of a whole job array from its tasks' states (the rule ``jobgen status`` states):
+
+    - ``UNKNOWN`` when no task is known;
+    - while any task has not ended: ``PENDING`` when every such task waits (PENDING, REQUEUED,
+      held, suspended), else ``RUNNING`` (the array is not finished while one task may still run);
+    - when every task has ended: ``COMPLETED`` if all completed; ``FAILED`` if any ended in
+      failure (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, BOOT_FAIL, DEADLINE, PREEMPTED);
+      otherwise ``CANCELLED`` (some were cancelled, the rest completed).
+    """
+    states = list(states)
+    if not states or all(state == "UNKNOWN" for state in states):
+        return "UNKNOWN"
+    active = [state for state in states if state not in FINISHED_STATES and state != "UNKNOWN"]
+    if active:
+        return "PENDING" if all(state in _WAITING for state in active) else "RUNNING"
+    ended = [state for state in states if state != "UNKNOWN"]
+    if all(state == "COMPLETED" for state in ended) and len(ended) == len(states):
+        return "COMPLETED"
+    if any(state not in {"COMPLETED", "CANCELLED"} for state in ended):
+        return "FAILED"
+    return "CANCELLED" if "CANCELLED" in ended else "UNKNOWN"
+
+
+def _array_usage(tasks: list[JobStatus]) -> Usage | None:
+    """The array's device time: the sum of its tasks' (devices x elapsed), spanning the first start to the last end."""
+    used = [t.usage for t in tasks if t.usage is not None and t.usage.device_hours is not None]
+    if not used:
+        return None
+    starts = [u.start for u in used if u.start is not None]
+    ends = [u.end for u in used if u.end is not None]
+    running = any(t.state not in FINISHED_STATES for t in tasks)
+    start = min(starts) if starts else None
+    end = None if running or not ends else max(ends)
+    elapsed = span_seconds(start, end, datetime.now(timezone.utc)) if start is not None else None
+    seconds = sum((u.device_hours or 0.0) * 3600 for u in used)
+    kind = "gpu" if any(u.device_kind == "gpu" for u in used) else "cpu"
+    return Usage(kind, max(u.devices for u in used), elapsed, f"sum over {len(used)} array task(s) ({used[0].source})", start, end,
+                 used[0].gpu_hour_price, device_seconds=seconds)
+
+
+def _task_handle(handle: JobHandle, array_id: str, task: int) -> JobHandle:
+    return JobHandle(handle.scheme, f"{handle.cluster}/{array_id}_{task}")
+
+
+def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], record: Submission | None) -> JobStatus:
+    """The whole array's status: :func:`array_state` over ``tasks`` (one per task; tasks of the
+    record that no source knows count as UNKNOWN), with the counts in ``details``."""
+    known = {t.handle.array_task: t for t in tasks}
+    names = {t.index: t.name for t in record.array or ()} if record is not None and record.array else {}
+    for index in sorted(set(names) - set(known)):
+        known[index] = JobStatus(_task_handle(handle, array_id, index), "UNKNOWN", "none",
+                                 {"reason": "no source knows this task"})
+    ordered = [known[i] for i in sorted(k for k in known if k is not None)]
+    for i, task in enumerate(ordered):
+        if task.handle.array_task in names:
+            ordered[i] = JobStatus(task.handle, task.state, task.source, {**task.details, "name": names[task.handle.array_task]}, task.usage)
+    counts: dict[str, int] = {}
+    for task in ordered:
+        counts[task.state] = counts.get(task.state, 0) + 1
+    sources = sorted({t.source for t in ordered if t.source != "none"})
+    details = {"tasks": f"{len(ordered)} (" + ", ".join(f"{state} {n}" for state, n in sorted(counts.items())) + ")"}
+    return JobStatus(handle, array_state(t.state for t in ordered), "+".join(sources) or "none", details, _array_usage(ordered),
+                     tuple(ordered))
+
+
+def _sacct_array(array_id: str, handle: JobHandle) -> list[JobStatus]:
+    """The tasks of array ``array_id`` as accounting or the job-completion log list them
+    (``<jobid>_<task>`` rows; ``<jobid>_[2-3]`` for tasks that never started)."""
+    for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
+        argv = ["sacct", *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        try:
+            proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
+        except SubmitError:
+            continue
+        tasks: dict[int, JobStatus] = {}
+        for line in proc.stdout.splitlines():
+            cells = line.split("|")
+            row = cells + [""] * _SACCT_COLUMNS
+            one = re.fullmatch(rf"{array_id}_(\d+)", cells[0])
+            many = re.fullmatch(rf"{array_id}_\[(.+)\]", cells[0])
+            state = (row[1].split() or [""])[0]
+            if not (one or many) or not re.fullmatch(r"[A-Z_]+", state):
+                continue
+            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(cells[_SACCT_COLUMNS - 1:])}
+            for task in [int(one.group(1))] if one else expand_task_ids(many.group(1)):
+                task_handle = _task_handle(handle, array_id, task)
+                tasks[task] = JobStatus(task_handle, state, source, details, _sacct_usage(row, source, task_handle) if one else None)
+        if tasks:
+            return [tasks[i] for i in sorted(tasks)]
+    return []
+
+
 def status(handle: JobHandle) -> JobStatus:
     """The job's state: ``squeue`` while the controller knows it (queued, running, and for
     MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
     (never a guess).
+
+    A job array (``slurm://<cluster>/<jobid>`` of an array): every task's status in ``tasks``
+    and the array's state by :func:`array_state`; one task (``<jobid>_<task>``): that task's.
 
     Raises:
         ConfigError: not a SLURM handle.
         SubmitError: squeue is missing or the controller does not answer.
     """
     jid = job_id(handle)
-    job = _squeue(jid)
-    if job is not None:
-        details = {
-            "name": str(job.get("name", "")),
-            "nodes": str(job.get("nodes", "")),
-            "reason": str(job.get("state_reason", "")),
-            "restarts": str(job.get("restart_cnt", "")),
-        }
-        raw_exit = job.get("exit_code")
-        state = _flag(job.get("job_state"))
-        if state in FINISHED_STATES and isinstance(raw_exit, int):
-            details["exit_code"] = f"{raw_exit >> 8}:{raw_exit & 0x7F}"  # a wait(2) status on 22.05
-        return JobStatus(handle, state, "squeue", details, _squeue_usage(job, state, handle))
+    array_id, _, task = jid.partition("_")
+    record = find_submission(handle)
+    jobs = _squeue_jobs(jid)
+    if jobs is not None:
+        members = _array_records(jobs, array_id)
+        if task:
+            if int(task) in members:
+                return _squeue_status(handle, members[int(task)])
+        elif members:
+            return _array_status(handle, array_id, [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()],
+                                 record)
+        else:
+            plain = [j for j in jobs if str(j.get("job_id")) == jid]
+            if plain:
+                return _squeue_status(handle, plain[0])
+    if not task and record is not None and record.array:
+        return _array_status(handle, array_id, _sacct_array(array_id, handle), record)
     found = _sacct(jid, handle)
     if found is not None:
         return JobStatus(handle, *found)
@@ -347,14 +527,22 @@ def filter_rank(lines: Iterable[str], rank: int | None) -> Iterator[str]:
 
 def log_file(handle: JobHandle) -> Path:
     """The job's SLURM output file: from the submission record, else from ``scontrol show job``.
+    A job array has one per task (``slurm-<jobid>_<task>.out``): name the task.
 
     Raises:
-        ConfigError: no record and the controller does not know the job any more.
+        ConfigError: no record and the controller does not know the job any more; the handle of
+            a whole recorded job array (the hint names its tasks' handles).
     """
-    record = find_submission(handle)
-    if record is not None and record.log_file:
-        return Path(record.log_file)
     jid = job_id(handle)
+    record = find_submission(handle)
+    if record is not None and record.array:
+        if handle.array_task is None:
+            tasks = ", ".join(f"{handle}_{t.index} ({t.name})" for t in record.array[:4]) + (", ..." if len(record.array) > 4 else "")
+            raise ConfigError(f"{handle} is a job array of {len(record.array)} task(s); each task writes its own log",
+                              hint=f"name one task: {tasks} (`jobgen status {handle}` lists them)")
+        return Path(record.task(handle.array_task).log_file)
+    if record is not None and record.log_file and handle.array_task is None:
+        return Path(record.log_file)
     try:
         proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
     except SubmitError:
@@ -448,7 +636,7 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], Non
     Raises:
         SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
     """
-    jid = job_id(handle)
+    jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
     run_command(["scancel", jid], what="scancel", timeout_s=30)
     deadline = time.monotonic() + wait_s
     state = status(handle)

@@ -46,7 +46,7 @@ def format_time_limit(minutes: int) -> str:
 #: Options jobgen derives from the world and the profile; ``extra_sbatch_args`` may not set them.
 DERIVED_SBATCH_OPTIONS = frozenset({
     "job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "mem", "time", "gres", "gpus",
-    "gpus-per-node", "gpus-per-task", "signal", "requeue", "no-requeue", "open-mode", "output",
+    "gpus-per-node", "gpus-per-task", "signal", "requeue", "no-requeue", "open-mode", "output", "array",
 })
 #: srun options that change the task layout Lightning checks (``-N``, ``-n`` are their short forms).
 LAYOUT_SRUN_OPTIONS = {"--nodes": "num_nodes", "-N": "num_nodes", "--ntasks-per-node": "devices", "--ntasks": "devices", "-n": "devices"}
@@ -265,15 +265,18 @@ def code_env_prefix(ctx: PlanContext) -> list[str]:
     return ["env", ShellText(f'"PYTHONPATH=${{{CODE_DIR_ENV}:+${{{CODE_DIR_ENV}}}{suffix}${{PYTHONPATH:+:}}}}${{PYTHONPATH:-}}"')]
 
 
-def launch_argv(ctx: PlanContext) -> list[str]:
-    """The per-task command after ``srun``: container wrapper (if any) + the entrypoint.
+def launch_argv(ctx: PlanContext, spec_path: ShellText | None = None) -> list[str]:
+    """The per-task command after ``srun``: container wrapper (if any) + the entrypoint, which
+    reads ``spec_path`` (shell text; default ``"${JOB_DIR}"/spec.json``; a job array's task reads
+    its point's, :mod:`jobgen.backends.slurm_array`).
 
     Command mode (``entrypoint``): ``bash -c <task_setup> jobgen-task`` first (see
     :func:`task_setup`), then the interpreter and :func:`jobgen.command.target_argv`.
     """
     s = ctx.profile.slurm_settings
     if ctx.spec.entrypoint is None:
-        entry = [s.python, "-m", "jobgen.train", "--spec", ShellText('"${JOB_DIR}"/' + SPEC_FILE), "--run-dir", ShellText('"${RUN_DIR}"')]
+        spec = spec_path if spec_path is not None else ShellText('"${JOB_DIR}"/' + SPEC_FILE)
+        entry = [s.python, "-m", "jobgen.train", "--spec", spec, "--run-dir", ShellText('"${RUN_DIR}"')]
     else:
         entry = [s.python, *target_argv(ctx.spec, ctx.world)]
     entry = code_env_prefix(ctx) + entry

@@ -24,7 +24,8 @@ The body (:meth:`Notifier.body`), one JSON object::
      "time": "2025-01-31T12:00:00Z", "host": "gpu-017", "run_dir": "/shared/runs/quickstart",
      "profile": "slurm-a100", "restart": 0, "error": null}
 
-``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM, ``local://<run dir>`` for a local run,
+``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task:
+``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
 ``null`` on Kubernetes (a pod does not know the kubeconfig context of its handle). ``gpu_hours``:
 GPUs (world size) x the wall time of this process so far, on GPU jobs; ``null`` on CPU. Losses
 are the latest logged values (``null`` before the first). ``error``: one line, ``failed`` only.
@@ -87,6 +88,9 @@ def global_rank(environ: Mapping[str, str] = os.environ) -> int:
 def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
     """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module doc)."""
     launch = resolved.launch
+    if launch.scheduler == "slurm" and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        # one task of a job array: the task's own handle (its SLURM_JOB_ID is not what submit printed)
+        return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
     if launch.scheduler == "slurm" and environ.get("SLURM_JOB_ID"):
         return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_JOB_ID']}"
     if launch.scheduler == "local":

@@ -72,13 +72,50 @@ def test_golden(profile, example):
             pytest.fail(f"{profile}/{example.stem}/{name} differs from golden:\n{diff}")
 
 
+#: Sweeps rendered as one SLURM job array (golden-only profiles in profiles/): (profile, spec, sweeps).
+ARRAY_PROFILES = Path(__file__).parent / "profiles"
+ARRAY_CASES = [("slurm-cpu-array", "quickstart", ("trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"))]
+
+
+def render_array_case(profile: str, example: str, sweeps: tuple[str, ...]) -> dict[str, str]:
+    """Files of the array job directory (relative paths, points/<i>/ included), through GitOps' planner."""
+    from jobgen.gitops import plan_single
+
+    render = plan_single(str(EXAMPLES / f"{example}.yaml"), profile, sweeps=sweeps, out="/nonexistent-out",
+                         profiles_dir=str(ARRAY_PROFILES), templates_dir=str(TEMPLATES))
+    assert len(render.jobs) == 1, "a sweep on an array profile is one job"
+    return dict(render.jobs[0].plan.files)
+
+
+@pytest.mark.parametrize(("profile", "example", "sweeps"), ARRAY_CASES, ids=[f"{p}-{e}" for p, e, _ in ARRAY_CASES])
+def test_array_golden(profile, example, sweeps):
+    got = render_array_case(profile, example, sweeps)
+    case_dir = GOLDEN / profile / f"{example}-sweep"
+    if UPDATE:
+        refused = update_refused(os.environ)
+        if refused:
+            pytest.fail(refused)
+        shutil.rmtree(case_dir, ignore_errors=True)
+        for name, text in got.items():
+            (case_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (case_dir / name).write_text(text)
+    assert case_dir.is_dir(), f"missing golden {case_dir}; run UPDATE_GOLDEN=1 pytest tests/golden and review the diff"
+    expected = {p.relative_to(case_dir).as_posix(): p.read_text() for p in case_dir.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(expected), "different set of files"
+    for name in got:
+        if got[name] != expected[name]:
+            diff = "".join(difflib.unified_diff(expected[name].splitlines(True), got[name].splitlines(True), f"golden/{name}", f"rendered/{name}"))
+            pytest.fail(f"{profile}/{example}-sweep/{name} differs from golden:\n{diff}")
+    assert render_array_case(profile, example, sweeps) == got, "not deterministic"
+
+
 def test_render_is_deterministic():
     for profile, example in CASES:
         assert render_case(profile, example) == render_case(profile, example)
 
 
 def test_no_golden_without_a_case():
-    known = {(p, e.stem) for p, e in CASES}
+    known = {(p, e.stem) for p, e in CASES} | {(p, f"{e}-sweep") for p, e, _ in ARRAY_CASES}
     on_disk = {(d.parent.name, d.name) for d in GOLDEN.glob("*/*") if d.is_dir()}
     assert on_disk <= known, f"stale goldens: {sorted(on_disk - known)}"
 

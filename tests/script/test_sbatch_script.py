@@ -6,6 +6,7 @@ arguments arrive byte-for-byte as single arguments / values, and that nothing in
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -362,4 +363,57 @@ def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
     script, _ = command_job(tmp_path, spec)
     path = tmp_path / "job.sbatch"
     path.write_text(script)
+    lint_bash(path)
+
+
+# --------------------------------------------------------------------------- job arrays
+
+
+def _array_plan(tmp_path: Path):
+    from jobgen.gitops import plan_single
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "slurm-cpu-array.yaml").write_text("extends: slurm-cpu\nslurm: {sweep_as_array: true}\n")
+    render = plan_single(str(PROFILES.parent / "examples" / "quickstart.yaml"), "slurm-cpu-array",
+                         sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"),
+                         profiles_dir=str(profiles), templates_dir=str(TEMPLATES))
+    return render.jobs[0].plan
+
+
+@pytest.mark.parametrize("task", [0, 2, 3])
+def test_array_task_runs_its_points_spec_in_its_own_run_dir_and_requeues_itself(tmp_path, task):
+    """Task i of the array: srun gets points/<i>/spec.json and <runs dir>/<point i's name>, a port of
+    its own, and the array variables from which RequeueOnSignal requeues `<array job id>_<task>`."""
+    from jobgen.train.callbacks import RequeueOnSignal
+
+    job_plan = _array_plan(tmp_path)
+    names = [p["name"] for p in json.loads(job_plan.file("array.json"))["points"]]
+    runs = tmp_path / "runs"
+    env = {"SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": str(task), "SLURM_JOB_ID": str(71 + task),
+           "JOBGEN_RUN_DIR": str(runs)}
+    argv, srun_env, proc = run_sbatch(job_plan.file("job.sbatch"), tmp_path, env)
+    work = tmp_path / "submit dir"
+    assert argv == ["--kill-on-bad-exit=1", "--label", "python", "-m", "jobgen.train",
+                    "--spec", f"{work}/points/{task}/spec.json", "--run-dir", f"{runs}/{names[task]}"]
+    assert srun_env["RUN_DIR"] == f"{runs}/{names[task]}" and srun_env["MASTER_PORT"] == str(29500 + task)
+    assert f"jobgen: job 70_{task} ({names[task]})" in proc.stdout
+    # the requeue path (RequeueOnSignal, run by rank 0 inside srun) names this task, not the array
+    assert RequeueOnSignal.slurm_job_id(srun_env) == f"70_{task}"
+    requeue = RequeueOnSignal(signal.SIGUSR2, tmp_path, RequeueOnSignal.slurm_job_id(srun_env))
+    assert [*requeue.requeue_command, requeue.job_id] == ["scontrol", "requeue", f"70_{task}"]
+
+
+@pytest.mark.parametrize("task", [None, "4", "x"])
+def test_array_script_outside_an_array_task_stops_before_srun(tmp_path, task):
+    job_plan = _array_plan(tmp_path)
+    env = {} if task is None else {"SLURM_ARRAY_TASK_ID": task}
+    argv, _, proc = run_sbatch(job_plan.file("job.sbatch"), tmp_path, env, check=False)
+    assert argv == [] and proc.returncode == 2
+    assert "job array of 4 tasks (0-3)" in proc.stderr
+
+
+def test_array_golden_script_passes_bash_n(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(_array_plan(tmp_path).file("job.sbatch"))
     lint_bash(path)

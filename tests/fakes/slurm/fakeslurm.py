@@ -140,18 +140,22 @@ def _number(value: int | None) -> dict[str, Any]:
 
 def squeue_22_05(job_id: int, state: str, *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
                  restarts: int = 0, exit_status: int = 0, tres_alloc: str = "", start: int = 1700000000,
-                 end: int = 1700003600) -> dict[str, Any]:
+                 end: int = 1700003600, array_job_id: int = 0, array_task_id: int | None = None,
+                 array_task_string: str = "") -> dict[str, Any]:
     """``squeue --json`` of SLURM 22.05 (openapi/v0.0.38 shape) holding one job.
 
     ``exit_status`` is the raw wait(2) status 22.05 prints (exit code << 8 | signal);
     ``tres_alloc`` the allocation (``cpu=2,node=2,billing=2``; empty until resources are
-    allocated, as on the lab's 22.05), ``start``/``end`` epoch seconds (0: unset)."""
+    allocated, as on the lab's 22.05), ``start``/``end`` epoch seconds (0: unset). A job array's
+    task: ``array_job_id`` (the array's id) and ``array_task_id``; the array's own record of its
+    still-pending tasks: ``array_task_id`` None and ``array_task_string`` (``2-3``, ``2-3%2``)."""
     return {
         "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
                  "Slurm": {"version": {"major": 22, "micro": 9, "minor": 5}, "release": "22.05.9"}},
         "errors": [],
         "jobs": [{
-            "account": "", "array_job_id": 0, "array_task_id": None, "batch_flag": True, "cluster": "cpu",
+            "account": "", "array_job_id": array_job_id, "array_task_id": array_task_id,
+            "array_task_string": array_task_string, "batch_flag": True, "cluster": "cpu",
             "command": "/home/u/job.sbatch", "cpus": 2, "end_time": end, "exit_code": exit_status,
             "job_id": job_id, "job_state": state, "name": name, "node_count": 2, "nodes": nodes, "partition": "lab",
             "restart_cnt": restarts, "start_time": start, "state_description": "", "state_reason": reason,
@@ -162,13 +166,15 @@ def squeue_22_05(job_id: int, state: str, *, name: str = "quickstart", nodes: st
 
 def squeue_24_05(job_id: int, states: list[str], *, name: str = "quickstart", nodes: str = "node[1-2]", reason: str = "None",
                  restarts: int = 0, return_code: int | None = 0, signal: int | None = None, tres_alloc: str = "",
-                 start: int = 1700000000, end: int = 1700003600) -> dict[str, Any]:
+                 start: int = 1700000000, end: int = 1700003600, array_job_id: int = 0, array_task_id: int | None = None,
+                 array_task_string: str = "") -> dict[str, Any]:
     """``squeue --json`` of SLURM 23.02 - 24.x (data_parser v0.0.39 - v0.0.41 shape) holding one
     job; ``states`` is ``job_state`` as SLURM lists it: the base state, then any flags; times
-    are ``{"set", "infinite", "number"}`` objects there."""
+    are ``{"set", "infinite", "number"}`` objects there (the array fields too; see :func:`squeue_22_05`)."""
     return {
         "jobs": [{
-            "account": "", "array_job_id": _number(0), "array_task_id": _number(None), "batch_flag": True, "cluster": "cpu",
+            "account": "", "array_job_id": _number(array_job_id), "array_task_id": _number(array_task_id),
+            "array_task_string": array_task_string, "batch_flag": True, "cluster": "cpu",
             "command": "/home/u/job.sbatch", "cpus": _number(2), "end_time": _number(end or None),
             "exit_code": {"status": ["SUCCESS" if not return_code and signal is None else "ERROR"],
                           "return_code": _number(return_code), "signal": {"id": _number(signal), "name": ""}},
@@ -184,6 +190,14 @@ def squeue_24_05(job_id: int, states: list[str], *, name: str = "quickstart", no
         "warnings": [],
         "errors": [],
     }
+
+
+def squeue_merged(*docs: dict[str, Any]) -> dict[str, Any]:
+    """One ``squeue --json`` document listing the jobs of ``docs`` (all of one shape), e.g. the
+    tasks of a job array, as squeue prints for ``--jobs <array id>``."""
+    merged = dict(docs[0])
+    merged["jobs"] = [job for doc in docs for job in doc["jobs"]]
+    return merged
 
 
 def squeue_empty() -> dict[str, Any]:
