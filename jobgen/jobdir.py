@@ -28,9 +28,9 @@ SLURM and local runs whose code was snapshotted at submit, ``code/<snapshot id>/
 (:class:`CodeSnapshot`), whose path reaches the ranks as ``$JOBGEN_CODE_DIR``
 (:data:`CODE_DIR_ENV`).
 
-Size: a little above ~500 lines on purpose: ARCHITECTURE.md makes the job directory's whole
-contract one module (names, formats, the record, the handle, the writer), so that no reader
-spells a file name or a key of its own.
+Size: above ~500 lines on purpose: ARCHITECTURE.md makes the job directory's whole contract one
+module (names, formats — spec.json, the array index, the code snapshot record, the submission
+record —, the handle, the writer), so that no reader spells a file name or a key of its own.
 """
 
 from __future__ import annotations

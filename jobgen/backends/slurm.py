@@ -3,8 +3,9 @@
 handle (``slurm://<cluster>/<jobid>``), first-failure triage and GPU-hours from the same
 sources. The batch script is planned in :mod:`jobgen.backends.slurm_script`.
 
-Size: about 500 lines: every operation here reads the same scheduler sources (squeue's two JSON
-shapes, accounting, the job-completion log, the output file), which stay together.
+Size: above ~500 lines on purpose: every operation here — for a job, a job array and one of its
+tasks — reads the same scheduler sources (squeue's two JSON shapes, accounting, the
+job-completion log, the output files) through the same helpers, which stay together.
 """
 
 from __future__ import annotations
