@@ -9,8 +9,9 @@ global rank zero from the end of optimizer step --warmup to the end of step --wa
 
 The entrypoint runs as shipped (`python -m jobgen.train`: Lightning Trainer, checkpoint and
 throughput callbacks, CSV metrics every 10 steps, the progress line), except that its
-Throughput callback leaves --warmup steps out of its mean instead of 1 (a patch of
-jobgen.train.run.Throughput in this process); mid-run validation and step checkpoints are
+Throughput callback leaves --warmup steps out of its mean instead of 1 (a subclass patched in
+for jobgen.train.run.Throughput in this process, which also sums the process's CPU time over the
+same steps for benchmarks/user_module_overhead.py); mid-run validation and step checkpoints are
 placed after the last timed step, so neither is in the figure.
 
 Prints tokens/s of each and the ratio entrypoint / plain per process count.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import json
 import os
 import subprocess
@@ -56,20 +56,64 @@ def make_spec(steps: int, warmup: int, micro_batch: int, world_size: int) -> dic
         "checkpoint": {"every_n_steps": total, "resume": "never"},
     })  # fmt: skip
     return {
-        "jobgen_version": "bench", "inputs_sha256": None, "profile": "local",
+        "jobgen_version": "bench", "inputs_sha256": "0" * 64, "profile": "local",
         "spec": spec.model_dump(mode="json"),
         "launch": {"scheduler": "local", "accelerator": "cpu", "num_nodes": 1, "devices_per_node": world_size,
                    "world_size": world_size},
     }  # fmt: skip
 
 
-def entrypoint_worker(warmup: int, argv: list[str]) -> int:
-    """``python -m jobgen.train ARGV`` with the Throughput mean starting after ``warmup`` steps."""
+CPU_FILE = "bench_cpu.json"
+"""Written by :func:`entrypoint_worker` into the run directory (global rank zero): the timed steps,
+their wall seconds and the CPU seconds this process used in them."""
+
+
+def entrypoint_worker(warmup: int, argv: list[str], run_dir: Path) -> int:
+    """``python -m jobgen.train ARGV`` with the Throughput mean starting after ``warmup`` steps.
+
+    The Throughput callback also sums this process's CPU time (``time.process_time``) over the
+    steps its mean times, written to ``run_dir/CPU_FILE``: on a shared machine wall-clock tokens/s
+    also measures how much CPU the scheduler gave the process, CPU time per step the work done.
+    """
     import jobgen.train.run as run
     from jobgen.train.__main__ import main
 
-    run.Throughput = functools.partial(run.Throughput, warmup_steps=warmup)
-    return main(argv)
+    class CPUTimedThroughput(run.Throughput):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "warmup_steps": warmup})
+            self.cpu_seconds_timed, self._last_cpu, self._val_cpu = 0.0, 0.0, None
+            made.append(self)
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            super().on_train_start(trainer, pl_module)
+            self._last_cpu = time.process_time()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            now, last_step, timed = time.process_time(), self._last_step, self.steps_timed
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if self._last_step != last_step:  # an optimizer step ended: the same interval as the wall clock
+                if self.steps_timed != timed:
+                    self.cpu_seconds_timed += now - self._last_cpu
+                self._last_cpu = now
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            super().on_validation_start(trainer, pl_module)
+            self._val_cpu = time.process_time()
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if self._val_cpu is not None and trainer.state.fn == "fit":  # as Throughput pauses its clock
+                self._last_cpu += time.process_time() - self._val_cpu
+            super().on_validation_end(trainer, pl_module)
+            self._val_cpu = None
+
+    made: list[CPUTimedThroughput] = []
+    run.Throughput = CPUTimedThroughput
+    code = main(argv)
+    if made and int(os.environ.get("RANK", "0")) == 0:
+        t = made[0]
+        (run_dir / CPU_FILE).write_text(json.dumps({"steps_timed": t.steps_timed, "seconds_timed": t.seconds_timed,
+                                                    "cpu_seconds_timed": t.cpu_seconds_timed}))
+    return code
 
 
 def plain_worker(spec_path: Path, run_dir: Path, warmup: int, out: Path) -> None:
@@ -120,6 +164,19 @@ def plain_worker(spec_path: Path, run_dir: Path, warmup: int, out: Path) -> None
         dist.destroy_process_group()
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """An entrypoint run's ``summary.json`` plus ``last_train_loss`` (rank 0's micro batch at the
+    last logged step, from its metrics.csv; ``None`` when no step was logged) and ``cpu`` (rank
+    0's :data:`CPU_FILE`, ``None`` when absent)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with open(summary["metrics_csv"], newline="") as f:
+        losses = {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(f) if r.get("train_loss")}
+    summary["last_train_loss"] = losses[max(losses)] if losses else None
+    cpu = run_dir / CPU_FILE
+    summary["cpu"] = json.loads(cpu.read_text()) if cpu.is_file() else None
+    return summary
+
+
 def launch(nproc: int, args: list[str], cwd: Path) -> None:
     """Run this script with ``args`` in ``nproc`` processes (torchrun for more than one)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -147,7 +204,7 @@ def main() -> None:
     if args.warmup < 1 or args.steps < 1:
         parser.error("--steps and --warmup must be at least 1")
     if args.worker == "entrypoint":
-        sys.exit(entrypoint_worker(args.warmup, ["--spec", str(args.spec), "--run-dir", str(args.run_dir)]))
+        sys.exit(entrypoint_worker(args.warmup, ["--spec", str(args.spec), "--run-dir", str(args.run_dir)], args.run_dir))
     if args.worker == "plain":
         plain_worker(args.spec, args.run_dir, args.warmup, args.out)
         return
@@ -162,10 +219,7 @@ def main() -> None:
             common = ["--spec", str(spec_path), "--run-dir", str(work / "run"), "--warmup", str(args.warmup),
                       "--steps", str(args.steps)]  # fmt: skip
             launch(nproc, ["--worker", "entrypoint", *common], work)
-            summary = json.loads((work / "run" / "summary.json").read_text())
-            with open(summary["metrics_csv"], newline="") as f:
-                losses = {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(f) if r.get("train_loss")}
-            summary["last_train_loss"] = losses[max(losses)]
+            summary = read_summary(work / "run")
             launch(nproc, ["--worker", "plain", *common, "--out", str(work / "plain.json")], work)
             plain = json.loads((work / "plain.json").read_text())
             rows.append((nproc, summary, plain))
