@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 # benchmarks/ is sys.path[0]; importing train_overhead puts the repository on sys.path too
+from render import cpu_model
 from train_overhead import MODEL, launch, make_spec, read_summary
 
 USER_MODEL = "user_gpt.UserGPT"
@@ -121,19 +122,6 @@ def per_cpu_second(run: dict[str, Any]) -> float:
 
 def _loss(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.6f}"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
