@@ -12,7 +12,8 @@ rank's first failure in its output and orders them:
 
 A failure is, per source (a rank, or a pod when ranks are not labelled):
 
-- a Python traceback (``Traceback (most recent call last):`` up to the exception line),
+- a Python traceback (``Traceback (most recent call last):`` up to the exception line; also
+  as torch.distributed's excepthook writes it, each line prefixed ``[rank<N>]: ``),
 - an NCCL error line (``NCCL WARN``, ``ncclSystemError`` and the other ``nccl*Error`` codes,
   ``ProcessGroupNCCL``'s watchdog timeout), or
 - the entrypoint's own one-line error (``python -m jobgen.train: error: ...``).
@@ -37,6 +38,9 @@ NCCL_ERROR_RE = re.compile(
 ENTRYPOINT_ERROR_RE = re.compile(r"^python -m jobgen\.train: error: ")
 #: ``srun: error: <node>: task <N>: ...`` / ``tasks <N>-<M>: ...``: which node a task ran on.
 SRUN_TASK_RE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.*)$")
+#: torch.distributed's excepthook (installed by init_process_group, torch >= 2.2) writes every
+#: line of an uncaught exception's traceback as ``[rank<N>]: <line>``.
+TORCH_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ")
 #: Lines of context kept after an NCCL or entrypoint error line.
 CONTEXT_LINES = 3
 
@@ -135,7 +139,7 @@ def _traceback_end(texts: list[str], start: int) -> int:
 
 
 def _first_failure(lines: list[LogLine]) -> Failure | None:
-    texts = [line.text for line in lines]
+    texts = [TORCH_RANK_PREFIX_RE.sub("", line.text, count=1) for line in lines]
     for i, text in enumerate(texts):
         kind = None
         if text.startswith(TRACEBACK_START):

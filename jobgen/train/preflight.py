@@ -56,6 +56,11 @@ WARMUP = 3
 ITERS = 10
 #: How often rank zero looks for ranks that have joined (seconds).
 _POLL_S = 0.2
+#: A rank other than zero gives up connecting to the rendezvous after this fraction of the
+#: timeout, so that its own "cannot reach" line is out before rank zero, waiting the whole
+#: timeout, names it and exits: on SLURM rank zero's exit ends the step (srun
+#: --kill-on-bad-exit=1) and would kill this rank before it could name itself.
+CONNECT_FRACTION = 0.8
 
 
 class PreflightError(JobgenError):
@@ -302,7 +307,8 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
     address = f"{place.address}:{place.port}"
     if place.rank == 0:
         out(f"preflight: {launch.world_size} ranks joining at {address} (timeout {timeout_s:g} s)")
-    store = _connect(place, host, timeout)
+    store = _connect(place, host, timeout if place.rank == 0 else timeout * CONNECT_FRACTION)
+    store.set_timeout(timeout)  # waiting for rank zero's verdict: the whole timeout
     keys = dist.PrefixStore(f"jobgen-preflight/{attempt}", store)
     keys.set(f"joined/{place.rank}", host)
     if place.rank == 0:

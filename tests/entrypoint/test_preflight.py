@@ -71,7 +71,8 @@ def test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node(tmp_path
     assert len(errors[0]) == 1 and len(errors[1]) == 1, logs
     assert f"node {host} (rank 1) did not join the rendezvous at 127.0.0.1:{good} within 6 s" in errors[0][0], errors
     assert "started (marker in" in errors[0][0], errors
-    assert f"node {host} (rank 1) cannot reach the rendezvous at 127.0.0.1:{bad} within 6 s" in errors[1][0], errors
+    # rank 1 gives up connecting after 0.8 x the timeout, before rank 0 names it (srun would kill it then)
+    assert f"node {host} (rank 1) cannot reach the rendezvous at 127.0.0.1:{bad} within 4.8 s" in errors[1][0], errors
     assert elapsed < 60, elapsed  # torch import + the 6 s timeout, not a hang
     assert not (tmp_path / "run" / "summary.json").exists()
 

@@ -50,6 +50,36 @@ def test_the_rank_that_raised_first_is_first_with_its_node_and_traceback():
     assert result.exits == ("node2: task 1: Exited with exit code 1", "node1: task 0: Exited with exit code 1")
 
 
+#: What the SLURM lab wrote (torch 2.13): once init_process_group has run, torch.distributed's
+#: excepthook prefixes each line of an uncaught exception with "[rank<N>]: ".
+TORCH_EXCEPTHOOK_LOG = """\
+0: failing: rank 0 on node1 after all_reduce = 2
+1: failing: rank 1 on node2 after all_reduce = 2
+1: [rank1]: Traceback (most recent call last):
+1: [rank1]:   File "/tmp/job/fail_on_rank1.py", line 11, in <module>
+1: [rank1]:     raise ValueError("rank 1 fails on purpose after the all-reduce")
+1: [rank1]: ValueError: rank 1 fails on purpose after the all-reduce
+1: terminate called without an active exception
+0: [rank0]: Traceback (most recent call last):
+0: [rank0]:   File "/tmp/job/fail_on_rank1.py", line 12, in <module>
+0: [rank0]:     dist.barrier()
+0: [rank0]:     ^^^^^^^^^^^^^^
+0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer
+srun: error: node2: task 1: Aborted
+0: slurmstepd-node1: error: *** STEP 3.0 ON node1 CANCELLED AT 2026-11-23T07:34:07 ***
+srun: error: node1: task 0: Terminated
+"""
+
+
+def test_tracebacks_with_torch_distributeds_rank_prefix_are_found():
+    result = triage(srun_lines(TORCH_EXCEPTHOOK_LOG))
+    first = result.first
+    assert first is not None and (first.rank, first.node, first.kind) == (1, "node2", "traceback")
+    assert first.headline == "ValueError: rank 1 fails on purpose after the all-reduce"
+    assert first.lines[0] == "Traceback (most recent call last):" and len(first.lines) == 4
+    assert [f.rank for f in result.failures] == [1, 0] and result.failures[1].headline.startswith("RuntimeError: ")
+
+
 def test_order_in_the_stream_decides_not_the_rank_number():
     swapped = SRUN_LOG.replace("ValueError: batch 17", "ValueError: batch 18")
     lines = srun_lines(swapped)

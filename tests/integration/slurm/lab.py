@@ -230,6 +230,44 @@ def find_binary(name: str) -> str | None:
     return None
 
 
+def apt_install(packages: Sequence[str], binaries: Sequence[str]) -> None:
+    """apt-get install ``packages`` when any of ``binaries`` is missing (pitfall 6: with a
+    policy-rc.d so postinsts start no service; created only if missing, removed after).
+    Runs `apt-get update` only when the install fails without it. Raises LabInstallError."""
+    missing = [b for b in binaries if find_binary(b) is None]
+    if not missing:
+        return
+    if find_binary("apt-get") is None:
+        raise LabInstallError(f"missing {', '.join(missing)} and no apt-get to install "
+                              f"{' '.join(packages)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = Path("/usr/sbin/policy-rc.d")
+    created_policy = False
+    if not policy.exists():
+        policy.write_text("#!/bin/sh\n# jobgen SLURM lab: no service starts during install\n"
+                          "exit 101\n")
+        policy.chmod(0o755)
+        created_policy = True
+    argv = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    try:
+        try:
+            run(argv, env=env, timeout=900)
+        except LabCommandError as first:
+            try:
+                run(["apt-get", "update"], env=env, timeout=600)
+                run(argv, env=env, timeout=900)
+            except LabCommandError as second:
+                raise LabInstallError(f"could not install {' '.join(packages)}: {second}\n"
+                                      f"(before apt-get update: {first})") from None
+    finally:
+        if created_policy:
+            policy.unlink(missing_ok=True)
+    still = [b for b in binaries if find_binary(b) is None]
+    if still:
+        raise LabInstallError(f"installed {' '.join(packages)} but {', '.join(still)} "
+                              f"still missing")
+
+
 def _require(name: str) -> str:
     path = find_binary(name)
     if path is None:
@@ -540,46 +578,14 @@ class SlurmLab:
         return self
 
     def install(self) -> None:
-        """apt-get install the packages whose binaries are missing (pitfall 6: with a
-        policy-rc.d so postinsts start no service; created only if missing, removed after).
-        Runs `apt-get update` only when the install fails without it. Raises LabInstallError."""
+        """apt-get install the SLURM (and accounting) packages whose binaries are missing
+        (see :func:`apt_install`). Raises LabInstallError."""
         packages = list(BASE_PACKAGES)
         binaries = list(BASE_BINARIES)
         if self.accounting:
             packages += ACCOUNTING_PACKAGES
             binaries += ACCOUNTING_BINARIES
-        missing = [b for b in binaries if find_binary(b) is None]
-        if not missing:
-            return
-        if find_binary("apt-get") is None:
-            raise LabInstallError(f"missing {', '.join(missing)} and no apt-get to install "
-                                  f"{' '.join(packages)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        policy = Path("/usr/sbin/policy-rc.d")
-        created_policy = False
-        if not policy.exists():
-            policy.write_text("#!/bin/sh\n# jobgen SLURM lab: no service starts during install\n"
-                              "exit 101\n")
-            policy.chmod(0o755)
-            created_policy = True
-        argv = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-        try:
-            try:
-                run(argv, env=env, timeout=900)
-            except LabCommandError as first:
-                try:
-                    run(["apt-get", "update"], env=env, timeout=600)
-                    run(argv, env=env, timeout=900)
-                except LabCommandError as second:
-                    raise LabInstallError(f"could not install {' '.join(packages)}: {second}\n"
-                                          f"(before apt-get update: {first})") from None
-        finally:
-            if created_policy:
-                policy.unlink(missing_ok=True)
-        still = [b for b in binaries if find_binary(b) is None]
-        if still:
-            raise LabInstallError(f"installed {' '.join(packages)} but {', '.join(still)} "
-                                  f"still missing")
+        apt_install(packages, binaries)
 
     def _check_conflicts(self) -> None:
         """Refuse to touch jg* names or the lab subnet when they belong to something else.

@@ -16,12 +16,11 @@ the preflight is for.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 
 import pytest
-from lab import NODES, run_slurm, wait_for
+from lab import NODES, LabInstallError, apt_install, find_binary, run_slurm, wait_for
 
 from tests.conftest import skip_or_fail
 from tests.integration.slurm.test_jobgen_on_lab import job_id, jobgen  # noqa: F401 - the fixture
@@ -33,19 +32,26 @@ MASTER_PORT = 29500  # slurm-cpu's slurm.master_port (SlurmSettings default); th
 
 
 def _firewall_argv(verb: str) -> list[list[str]]:
-    """Commands (run in node2's netns) that add (``verb='add'``) or remove the drop rule."""
-    if shutil.which("nft"):
+    """Commands (run in node2's netns) that add (``verb='add'``) or remove the drop rule.
+
+    nft, else iptables; with neither, nftables is installed with apt as the lab installs SLURM
+    (a machine that cannot: skipped with the reason, failed under CI)."""
+    nft, iptables = find_binary("nft"), find_binary("iptables")
+    if nft is None and iptables is None:
+        try:
+            apt_install(["nftables"], ["nft"])
+        except LabInstallError as exc:
+            skip_or_fail(f"cutting a lab node's network needs nft or iptables on this machine: {exc}")
+        nft = find_binary("nft")
+    if nft:
         if verb == "add":
-            return [["nft", "add", "table", "inet", "jgpreflight"],
-                    ["nft", "add", "chain", "inet", "jgpreflight", "out", "{ type filter hook output priority 0 ; }"],
-                    ["nft", "add", "rule", "inet", "jgpreflight", "out", "ip", "daddr", NODE1.ip, "tcp", "dport",
+            return [[nft, "add", "table", "inet", "jgpreflight"],
+                    [nft, "add", "chain", "inet", "jgpreflight", "out", "{ type filter hook output priority 0 ; }"],
+                    [nft, "add", "rule", "inet", "jgpreflight", "out", "ip", "daddr", NODE1.ip, "tcp", "dport",
                      str(MASTER_PORT), "drop"]]
-        return [["nft", "delete", "table", "inet", "jgpreflight"]]
-    if shutil.which("iptables"):
-        flag = "-A" if verb == "add" else "-D"
-        return [["iptables", flag, "OUTPUT", "-p", "tcp", "-d", NODE1.ip, "--dport", str(MASTER_PORT), "-j", "DROP"]]
-    skip_or_fail("cutting a lab node's network needs nft or iptables on this machine")
-    return []
+        return [[nft, "delete", "table", "inet", "jgpreflight"]]
+    flag = "-A" if verb == "add" else "-D"
+    return [[iptables, flag, "OUTPUT", "-p", "tcp", "-d", NODE1.ip, "--dport", str(MASTER_PORT), "-j", "DROP"]]
 
 
 def _in_node2(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
