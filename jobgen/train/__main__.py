@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         _notify_failed(resolved, run_dir, one_line(exc))
         if args.debug:
             raise
-        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        if not getattr(exc, "reported", False):
+            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

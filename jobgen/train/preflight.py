@@ -61,12 +61,16 @@ _POLL_S = 0.2
 #: timeout, names it and exits: on SLURM rank zero's exit ends the step (srun
 #: --kill-on-bad-exit=1) and would kill this rank before it could name itself.
 CONNECT_FRACTION = 0.8
+#: Seconds such a rank stays after the whole timeout, for rank zero's verdict to come out first.
+LINGER_S = 10.0
 
 
 class PreflightError(JobgenError):
-    """The preflight failed: a node did not join, could not reach rank zero, or is slow."""
+    """The preflight failed: a node did not join, could not reach rank zero, or is slow.
+    ``reported``: the rank already printed it (the entrypoint does not print it again)."""
 
     exit_code = EXIT_RUNTIME
+    reported = False
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -307,7 +311,18 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
     address = f"{place.address}:{place.port}"
     if place.rank == 0:
         out(f"preflight: {launch.world_size} ranks joining at {address} (timeout {timeout_s:g} s)")
-    store = _connect(place, host, timeout if place.rank == 0 else timeout * CONNECT_FRACTION)
+    try:
+        store = _connect(place, host, timeout if place.rank == 0 else timeout * CONNECT_FRACTION)
+    except PreflightError as exc:
+        if place.rank == 0:
+            raise
+        # Say it now, then stay until rank zero has named this node too (it waits the whole
+        # timeout): on SLURM the first rank to exit ends the step (srun --kill-on-bad-exit=1), so
+        # exiting now would cut rank zero's verdict off. Rank zero's exit ends this one.
+        print(f"python -m jobgen.train: error: {exc.message}; hint: {exc.hint}", file=sys.stderr, flush=True)
+        exc.reported = True
+        time.sleep((1 - CONNECT_FRACTION) * timeout_s + LINGER_S)
+        raise
     store.set_timeout(timeout)  # waiting for rank zero's verdict: the whole timeout
     keys = dist.PrefixStore(f"jobgen-preflight/{attempt}", store)
     keys.set(f"joined/{place.rank}", host)

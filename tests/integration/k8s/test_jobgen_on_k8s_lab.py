@@ -303,3 +303,19 @@ def test_code_git_checkout_passes_offline_and_both_servers(k8s_lab, k8s_crd_serv
         job = k8s_manifest.parse_manifest(job_plan.file(kind.manifest), kind.manifest)[1]
         assert "jobgen-code" in json.dumps(job), kind.kind  # the checkout runs before torchrun
         assert k8s.pruned_paths(job, _strict_dry_run(cluster, kind, job)) == [], kind.kind
+
+
+def test_ls_lists_a_kubernetes_job_as_status_reports_it(k8s_lab, tmp_path):
+    """Issue 13: `jobgen ls` refreshes a Kubernetes submission from the API server; the lab has no
+    kubelet, so no pod starts and no usage is shown (never a guess)."""
+    created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-h100", "--set", "name=ls-k8s")
+    assert created.returncode == 0, created.stderr
+    handle = "k8s://jobgen-lab/training/ls-k8s"
+    try:
+        rows = json.loads(cli(k8s_lab, tmp_path, "ls", "-o", "json").stdout)
+        status = json.loads(cli(k8s_lab, tmp_path, "status", "-o", "json", handle).stdout)
+        assert [(r["handle"], r["cluster"], r["scheduler"]) for r in rows] == [(handle, "jobgen-lab", "kubernetes")]
+        assert (rows[0]["state"], rows[0]["source"]) == (status["state"], status["source"]) and rows[0]["usage"] is None
+        assert rows[0]["stale"] is None and rows[0]["name"] == "ls-k8s"
+    finally:
+        cli(k8s_lab, tmp_path, "cancel", handle)
