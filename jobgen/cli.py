@@ -424,7 +424,8 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_er
         if follow or rank is not None or replica is not None:
             raise ConfigError("--first-error reads every rank's output; it does not combine with --follow, --rank or --replica",
                               hint="drop those options, or drop --first-error")
-        found, handle = api.first_error(job), str(resolve_job(job))
+        handle = str(resolve_job(job))  # a job directory is read once; the handle then parses without I/O
+        found = api.first_error(handle)
         if output == "json":
             click.echo(json.dumps({"handle": handle, "ordered_by": found.ordered_by,
                                    "first": None if found.first is None else found.first.to_json(),

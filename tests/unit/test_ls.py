@@ -14,17 +14,13 @@ import pytest
 from jobgen import api
 from jobgen.jobdir import SUMMARY_FILE, Submission, recorded_submissions
 from tests.conftest import EXAMPLES, PROFILES
-from tests.fakes.slurm.fakeslurm import FakeSlurm, json_reply, squeue_24_05
+from tests.fakes.slurm.fakeslurm import json_reply, squeue_24_05
 
 
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> Path:
-    fake = FakeSlurm(tmp_path)
-    for key, value in fake.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+def state(slurm, tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
-    fake.respond("squeue", json_reply(squeue_24_05(42, ["RUNNING"], tres_alloc="cpu=4,node=2,billing=4", start=1700000000, end=1700001800)))
+    slurm.respond("squeue", json_reply(squeue_24_05(42, ["RUNNING"], tres_alloc="cpu=4,node=2,billing=4", start=1700000000, end=1700001800)))
 
     slurm_dir = api.render(api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu", profiles_dir=PROFILES), tmp_path / "m")[0].parent
     Submission(handle="slurm://cpu/42", job_dir=str(slurm_dir), run_dir=str(tmp_path / "runs" / "quickstart"),

@@ -19,7 +19,6 @@ from tests.conftest import EXAMPLES, PROFILES
 from tests.fakes.slurm.fakeslurm import (
     SACCT_NO_ACCOUNTING,
     SQUEUE_INVALID_JOB,
-    FakeSlurm,
     json_reply,
     reply,
     sacct_rows,
@@ -161,15 +160,6 @@ def test_task_handles_parse_to_their_array():
 
 
 # --------------------------------------------------------------------------- through the fakes
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
-    for key, value in fake.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
-    return fake
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from tests.fakes.slurm.fakeslurm import (
     NOT_CONFIGURED_RC,
     SACCT_NO_ACCOUNTING,
     SQUEUE_INVALID_JOB,
-    FakeSlurm,
     json_reply,
     reply,
     sacct_rows,
@@ -51,15 +50,6 @@ def squeue_doc(shape: str, state: str, flags: tuple[str, ...] = (), **fields) ->
     if shape == "22.05":
         return squeue_22_05(123, flags[0] if flags else state, **fields)
     return squeue_24_05(123, [state, *flags], **fields)
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
-    for key, value in fake.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
-    return fake
 
 
 @pytest.fixture
