@@ -626,6 +626,37 @@ class K8sLab:
         for sub in ("pki", "run", "log", "etcd-data"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._write_pki()
+        for attempt in (1, 2):
+            try:
+                self._start_core(timeout, started)
+                break
+            except (LabStartError, TimeoutError) as exc:
+                # The ports free_port() picked are free when picked, not when bound: another
+                # process may take one in between (seen once: kube-apiserver refused by etcd
+                # with etcd healthy). One retry with fresh ports and a fresh etcd.
+                self.down()
+                if attempt == 2:
+                    raise
+                print(f"kubelab: start failed, retrying with fresh ports: {str(exc).splitlines()[0]}",
+                      file=sys.stderr)
+                shutil.rmtree(self.root / "etcd-data", ignore_errors=True)
+                (self.root / "etcd-data").mkdir()
+        if self.controller_manager:
+            self._launch("kube-controller-manager", [
+                self.bin["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}", "--controllers=garbagecollector,namespace",
+                "--leader-elect=false", "--port=0", "--secure-port=0", "--use-service-account-credentials=false", "--v=1",
+            ])
+        crd_started = time.monotonic()
+        self._install_crds(timeout)
+        self.timings["crds_s"] = round(time.monotonic() - crd_started, 2)
+        self.timings["total_s"] = round(time.monotonic() - started, 2)
+        (self.root / "lab.json").write_text(json.dumps({"server": self.server, "kubeconfig": str(self.kubeconfig),
+                                                        "timings": self.timings, "crd_rejections": self.crd_rejections}, indent=2))
+        return self
+
+    def _start_core(self, timeout: float, started: float) -> None:
+        """Start etcd and kube-apiserver on fresh ports and wait until /readyz answers 200.
+        Raises LabStartError or TimeoutError (with log tails)."""
         etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
         self._launch("etcd", [self.bin["etcd"], "--name", "jobgen-lab", "--data-dir", str(self.root / "etcd-data"),
                               "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -654,18 +685,6 @@ class K8sLab:
         self._write_kubeconfig()
         wait_for(self._ready, timeout, 0.2, what=f"kube-apiserver /readyz on {self.server}\n{self.log_tails()}")
         self.timings["apiserver_ready_s"] = round(time.monotonic() - apiserver_started, 2)
-        if self.controller_manager:
-            self._launch("kube-controller-manager", [
-                self.bin["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}", "--controllers=garbagecollector,namespace",
-                "--leader-elect=false", "--port=0", "--secure-port=0", "--use-service-account-credentials=false", "--v=1",
-            ])
-        crd_started = time.monotonic()
-        self._install_crds(timeout)
-        self.timings["crds_s"] = round(time.monotonic() - crd_started, 2)
-        self.timings["total_s"] = round(time.monotonic() - started, 2)
-        (self.root / "lab.json").write_text(json.dumps({"server": self.server, "kubeconfig": str(self.kubeconfig),
-                                                        "timings": self.timings, "crd_rejections": self.crd_rejections}, indent=2))
-        return self
 
     def start_crd_server(self, binary: str, *, timeout: float = 90.0) -> str:
         """Start the optional 1.36 apiextensions-apiserver next to the running lab: its own etcd

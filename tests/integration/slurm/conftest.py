@@ -63,7 +63,7 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
     root = Path(configured) if configured else tmp_path_factory.mktemp("slurm-lab")
     lab = SlurmLab(root, accounting=os.environ.get("JOBGEN_SLURM_LAB_ACCOUNTING") == "1")
     try:
-        lab.up()
+        lab.up(owner_pid=os.getpid())
     except LabInstallError as exc:
         skip_or_fail(f"SLURM packages could not be installed: {exc}")
     except BaseException:

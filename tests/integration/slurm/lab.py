@@ -338,6 +338,17 @@ def _link_alias(name: str) -> str:
         return ""
 
 
+def _process_identity(pid: int) -> dict[str, int] | None:
+    """``{"pid", "start"}`` (start: clock ticks after boot, /proc/<pid>/stat field 22), which
+    tells a live process from a later one given the same PID; None when ``pid`` is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
+    return None if fields[0] == "Z" else {"pid": pid, "start": int(fields[19])}
+
+
 def _netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
@@ -534,10 +545,13 @@ class SlurmLab:
 
     # ----- up
 
-    def up(self, *, timeout: float = 60.0) -> SlurmLab:
+    def up(self, *, timeout: float = 60.0, owner_pid: int | None = None) -> SlurmLab:
         """Install what is missing, build the network, start the daemons, wait for idle nodes.
 
         ``timeout`` (seconds) bounds the wait for both nodes to show ``idle`` in sinfo.
+        ``owner_pid`` names the process that holds the lab (the pytest fixture passes its own):
+        once it has exited, a later ``up()`` under any root may tear this lab down
+        (:meth:`abandoned`). Without it (``lab.py up``) the lab is held until ``down``.
         Raises LabInstallError (packages), LabConflictError (names/subnet taken by something
         else), LabStartError (with the daemons' log tails) or LabCommandError. On any failure
         it tears down what it built, so the caller may still call ``down()`` (a no-op then).
@@ -557,6 +571,7 @@ class SlurmLab:
         try:
             t1 = time.monotonic()
             self._write_state(root=str(self.root), accounting=self.accounting,
+                              owner=_process_identity(owner_pid) if owner_pid else None,
                               cpus_per_node=self.cpus_per_node,
                               real_memory_mb=self.real_memory_mb, network=True, up=False)
             self._write_files()
@@ -590,8 +605,10 @@ class SlurmLab:
     def _check_conflicts(self) -> None:
         """Refuse to touch jg* names or the lab subnet when they belong to something else.
 
-        A lab left by an earlier run with this same root is torn down first; one with another
-        root (or anything without our bridge alias) raises LabConflictError.
+        A lab left by an earlier run with this same root is torn down first, and so is one
+        under another root that :meth:`abandoned` says nobody holds (a test session killed
+        before its fixture's teardown); a held one (or anything without our bridge alias)
+        raises LabConflictError.
         """
         names = [BRIDGE, *(h.veth for h in HOSTS)]
         taken = [n for n in names if _link_exists(n)]
@@ -601,6 +618,11 @@ class SlurmLab:
             if alias == OWNER_TAG + str(self.root):
                 print(f"lab: tearing down a lab left running under {self.root}", file=sys.stderr)
                 self._teardown(drain_timeout=10)
+            elif alias.startswith(OWNER_TAG) and (
+                    why := SlurmLab(Path(alias[len(OWNER_TAG):])).abandoned()):
+                other = alias[len(OWNER_TAG):]
+                print(f"lab: tearing down the lab under {other}: {why}", file=sys.stderr)
+                SlurmLab(Path(other))._teardown(drain_timeout=10)
             elif alias.startswith(OWNER_TAG):
                 other = alias[len(OWNER_TAG):]
                 raise LabConflictError(
@@ -942,6 +964,20 @@ class SlurmLab:
                               .get("network", False))
         if problems:
             raise LabError("lab teardown incomplete: " + "; ".join(problems))
+
+    def abandoned(self) -> str | None:
+        """Why nobody holds this lab any more, or None while someone may.
+
+        Abandoned: root/lab.json is gone (its temporary root was deleted), or it names an
+        owner process (``up(owner_pid=...)``) that has exited; a PID reused since is told
+        apart by its start time (/proc/<pid>/stat field 22).
+        """
+        if not self.state_file.exists():
+            return f"{self.state_file} is gone"
+        owner = self._read_state().get("owner")
+        if owner and _process_identity(int(owner["pid"])) != owner:
+            return f"its owner, pid {owner['pid']}, has exited"
+        return None
 
     def _network_is_ours(self) -> bool:
         """True when the jg* bridge carries this root's alias, or it is gone and lab.json

@@ -4,6 +4,7 @@ submission, requeue, cancel and the job completion log. Later SLURM tests build 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -183,6 +184,29 @@ def test_a_second_lab_is_refused_while_this_one_is_up(slurm_lab: SlurmLab, tmp_p
         SlurmLab(tmp_path / "other").up()
     assert job_state(slurm_lab, "999999") == ""  # the running lab still answers
     assert slurm_lab.node_states() == {"node1": "idle", "node2": "idle"}
+
+
+def test_a_lab_is_abandoned_once_its_root_or_its_owner_process_is_gone(tmp_path: Path):
+    """What lets a test session take over a lab a killed session left (no daemons needed)."""
+    import subprocess
+
+    lab = SlurmLab(tmp_path / "left")
+    assert "is gone" in lab.abandoned()  # no lab.json: its temporary root was deleted
+    lab._write_state(owner=None)  # brought up by `lab.py up`: held until `down`
+    assert lab.abandoned() is None
+    lab._write_state(owner={"pid": os.getpid(), "start": _start_ticks(os.getpid())})
+    assert lab.abandoned() is None
+    dead = subprocess.Popen(["true"])
+    owner = {"pid": dead.pid, "start": _start_ticks(dead.pid)}
+    dead.wait()
+    lab._write_state(owner=owner)
+    assert lab.abandoned() == f"its owner, pid {dead.pid}, has exited"
+    lab._write_state(owner={"pid": os.getpid(), "start": _start_ticks(os.getpid()) - 1})
+    assert "has exited" in lab.abandoned()  # the PID was reused by a later process
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def test_accounting_answers_sacct_json(slurm_lab: SlurmLab, tmp_path: Path):
