@@ -407,6 +407,10 @@ class TrainingSpec(_Model):
                         f"{key} needs data.class_path (your LightningDataModule): jobgen's data formats have no "
                         "epochs of their own; use trainer.max_steps / gradient_accumulation_steps", getattr(t, key))
         if isinstance(m, ClassSpec):
+            if t.compile:
+                raise field_error(TrainingSpec, ("trainer", "compile"),
+                    "trainer.compile compiles jobgen's built-in networks; with model.class_path call torch.compile "
+                    "inside your LightningModule (e.g. in configure_model) and remove trainer.compile", True)
             if t.strategy == "fsdp" and t.activation_checkpointing and t.fsdp_activation_checkpointing_policy is None:
                 raise field_error(TrainingSpec, ("trainer", "activation_checkpointing"),
                     "with model.class_path, name the classes to recompute in trainer.fsdp_activation_checkpointing_policy "

@@ -3,6 +3,7 @@ logging, and the Lightning Trainer options a user's module needs. No I/O."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import (
@@ -42,6 +43,10 @@ _TRAINER_OPTIONAL_FIELDS = {
     "fsdp_backward_prefetch": None,
     "fsdp_forward_prefetch": False,
     "fsdp_limit_all_gathers": True,
+    "warmup_ratio": None,
+    "lr_schedule": "cosine",
+    "min_lr_ratio": 0.1,
+    "compile": False,
 }
 
 #: TrainerSpec fields that are FSDP options (refused with other strategies when not at their defaults).
@@ -49,7 +54,8 @@ _FSDP_ONLY_FIELDS = ("fsdp_auto_wrap_policy", "fsdp_activation_checkpointing_pol
                      "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
 #: TrainerSpec fields of jobgen's own optimiser (AdamW + warmup + cosine) for the built-in models;
 #: a ``class_path`` model brings its own ``configure_optimizers``.
-BUILTIN_OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "weight_decay")
+BUILTIN_OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "weight_decay", "warmup_ratio", "lr_schedule",
+                            "min_lr_ratio")
 
 class TrainerSpec(_Model):
     """How to train: strategy, precision, batch arithmetic, optimisation and logging."""
@@ -100,8 +106,29 @@ class TrainerSpec(_Model):
         "alternative to ``max_steps`` (give ``max_steps: null`` to train by epochs only). Needs\n"
         "``data.class_path``: the built-in data has no epochs of its own."
     ))
-    learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0, description="Peak learning rate (AdamW), reached after warmup, then cosine decay to 10%.")
-    warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in optimizer steps.")
+    learning_rate: float = Field(default=3e-3, gt=0.0, le=10.0, description="Peak learning rate (AdamW), reached after warmup (then see ``lr_schedule``).")
+    warmup_steps: int = Field(default=50, ge=0, description=(
+        "Linear warmup length in optimizer steps (derived from ``warmup_ratio`` when that is given)."
+    ))
+    warmup_ratio: float | None = Field(default=None, ge=0.0, lt=1.0, description=(
+        "Warmup as a fraction of ``max_steps``: ``warmup_steps = ceil(warmup_ratio x max_steps)``\n"
+        "(Hugging Face ``TrainingArguments.warmup_ratio``'s rule). Needs ``max_steps``; give it or\n"
+        "``warmup_steps``, not both."
+    ))
+    lr_schedule: Literal["cosine", "constant"] = Field(default="cosine", description=(
+        "After warmup: ``cosine`` decays from ``learning_rate`` to ``min_lr_ratio`` x ``learning_rate``\n"
+        "at ``max_steps``; ``constant`` stays at ``learning_rate`` (Hugging Face's\n"
+        "``cosine`` / ``constant_with_warmup`` schedulers when ``min_lr_ratio`` is 0)."
+    ))
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description=(
+        "``cosine``: the final learning rate as a fraction of the peak (0 is Hugging Face's cosine)."
+    ))
+    compile: bool = Field(default=False, description=(
+        "``torch.compile`` jobgen's built-in network (GPT or Hugging Face model) in place before\n"
+        "training. The first steps are slower while it compiles; worth it for long GPU runs. Not\n"
+        "with DeepSpeed (its engine wraps the module itself), ``transformer-engine``, or a\n"
+        "``class_path`` model (compile inside your LightningModule)."
+    ))
     weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
     gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description=(
         "Clip the global gradient norm (or each value, see ``gradient_clip_algorithm``) to this value;\n"
@@ -220,8 +247,32 @@ class TrainerSpec(_Model):
                     "at epoch 0; remove gradient_accumulation_steps (the schedule's epoch-0 value is used)"
                 )
             if first is not None:
-                return {**data, "gradient_accumulation_steps": first}
+                data = {**data, "gradient_accumulation_steps": first}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warmup_from_ratio(cls, data: Any) -> Any:
+        # warmup_steps is derived from warmup_ratio here, once: every reader (the optimiser, the
+        # warmup < max_steps rule, spec.json) sees one number. A spec.json read back holds both,
+        # which is accepted while they agree.
+        if not isinstance(data, dict) or data.get("warmup_ratio") is None:
+            return data
+        ratio, max_steps = data["warmup_ratio"], data.get("max_steps", 1000)
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 <= ratio < 1:
+            return data  # the field's own validation reports it
+        if max_steps is None:
+            raise ValueError("warmup_ratio is a fraction of max_steps, which is null; give warmup_steps instead")
+        if not isinstance(max_steps, int):
+            return data
+        derived = math.ceil(ratio * max_steps)
+        given = data.get("warmup_steps")
+        if given is not None and given != derived:
+            raise ValueError(
+                f"warmup_steps={given!r} and warmup_ratio={ratio!r} (= {derived} of max_steps {max_steps}) "
+                "disagree; give one of them"
+            )
+        return {**data, "warmup_steps": derived}
 
     @model_validator(mode="after")
     def _offload_rules(self) -> TrainerSpec:
@@ -272,6 +323,12 @@ class TrainerSpec(_Model):
             )
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("max_steps is null and max_epochs is not set: give max_steps, max_epochs or both")
+        if self.compile and (self.deepspeed_stage is not None or self.precision == "transformer-engine"):
+            raise ValueError(
+                f"compile with {self.strategy if self.deepspeed_stage else 'precision transformer-engine'!r}: "
+                "DeepSpeed's engine and Transformer Engine's layers wrap the module themselves; use ddp/fsdp "
+                "with bf16-mixed, or set compile: false"
+            )
         if self.find_unused_parameters and self.strategy != "ddp":
             raise ValueError(
                 f"find_unused_parameters is a DDP option (strategy is {self.strategy!r}); remove it or use strategy ddp"

@@ -211,6 +211,8 @@ class LitHFCausalLM(LitGPT):
                 "warmup_steps": t.warmup_steps,
                 "max_steps": t.max_steps,
                 "cpu_adam": t.offload_optimizer != "none",
+                "lr_schedule": t.lr_schedule,
+                "min_lr_ratio": t.min_lr_ratio,
             }
         )
         self.model = load_causal_lm(m, t.precision, accelerator)

@@ -142,14 +142,18 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.1) -> float:
+def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.1,
+              schedule: str = "cosine") -> float:
     """Learning-rate multiplier at optimizer step ``step`` (0-based).
 
-    Linear warmup over ``warmup_steps`` (``(step + 1) / warmup_steps``), then cosine decay from
-    1 to ``min_ratio`` at ``max_steps``; ``min_ratio`` afterwards.
+    Linear warmup over ``warmup_steps`` (``(step + 1) / warmup_steps``), then for ``cosine``
+    a cosine decay from 1 to ``min_ratio`` at ``max_steps`` (``min_ratio`` afterwards), for
+    ``constant`` 1 (spec ``trainer.lr_schedule``).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
     if step >= max_steps:
         return min_ratio
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
@@ -168,7 +172,9 @@ class LitGPT(LightningModule):
         weight_decay: AdamW decoupled weight decay, applied to Linear weight matrices only
             (not to biases, LayerNorms or the embeddings).
         warmup_steps: linear warmup length in optimizer steps.
-        max_steps: optimizer steps of the run (end of the cosine decay, to 10% of the peak).
+        max_steps: optimizer steps of the run (end of the cosine decay).
+        lr_schedule: ``cosine`` or ``constant`` after warmup (see :func:`lr_factor`).
+        min_lr_ratio: the cosine's final learning rate as a fraction of the peak.
         cpu_adam: use DeepSpeed's ``DeepSpeedCPUAdam`` (needed with DeepSpeed optimizer offload).
     """
 
@@ -184,6 +190,8 @@ class LitGPT(LightningModule):
         warmup_steps: int = 50,
         max_steps: int = 1000,
         cpu_adam: bool = False,
+        lr_schedule: str = "cosine",
+        min_lr_ratio: float = 0.1,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -206,6 +214,8 @@ class LitGPT(LightningModule):
             warmup_steps=t.warmup_steps,
             max_steps=t.max_steps,
             cpu_adam=t.offload_optimizer != "none",
+            lr_schedule=t.lr_schedule,
+            min_lr_ratio=t.min_lr_ratio,
         )
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -260,7 +270,7 @@ class LitGPT(LightningModule):
         ]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine schedule."""
+        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule."""
         hp = self.hparams
         groups = self.parameter_groups()
         if hp.cpu_adam:
@@ -270,6 +280,7 @@ class LitGPT(LightningModule):
         else:
             optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, hp.warmup_steps, hp.max_steps)
+            optimizer, lambda step: lr_factor(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio,
+                                              hp.lr_schedule)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

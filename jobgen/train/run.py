@@ -177,6 +177,14 @@ def train(
         f"  run dir: {run_dir}"
     )
 
+    if t.compile:
+        # The network itself, compiled in place (nn.Module.compile: state-dict keys unchanged, so
+        # checkpoints resume with or without compile). Not the LightningModule, as Lightning's
+        # guide shows: dynamo then traces training_step's self.log, which fails (torch 2.13,
+        # Lightning 2.6: "'method' object has no attribute '__dict__'").
+        module.model.compile()
+        rank_zero_print("  torch.compile: on (the first steps include compilation)")
+
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
         requeue = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)

@@ -107,6 +107,30 @@ def test_lr_schedule_warmup_then_cosine_to_ten_percent() -> None:
     assert all(a >= b for a, b in zip(factors, factors[1:], strict=False))
 
 
+def test_constant_schedule_holds_the_peak_after_warmup_and_cosine_can_end_at_zero() -> None:
+    warmup, max_steps = 10, 110
+    assert [lr_factor(s, warmup, max_steps, schedule="constant") for s in (0, 9, 10, 60, 109, 500)] == \
+        pytest.approx([0.1, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert lr_factor(60, warmup, max_steps, min_ratio=0.0) == pytest.approx(0.5)  # Hugging Face's cosine
+    assert lr_factor(110, warmup, max_steps, min_ratio=0.0) == pytest.approx(0.0)
+
+
+def test_spec_schedule_reaches_the_optimizer() -> None:
+    from jobgen.spec import TrainingSpec
+
+    spec = TrainingSpec.model_validate({"name": "s", "trainer": {
+        "max_steps": 100, "warmup_ratio": 0.03, "lr_schedule": "constant", "learning_rate": 1e-3}})
+    assert spec.trainer.warmup_steps == 3  # ceil(0.03 x 100)
+    config = LitGPT.from_spec(spec).configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(8):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3])
+
+
 def test_lr_schedule_without_warmup_starts_at_peak() -> None:
     assert lr_factor(0, 0, 100) == pytest.approx(1.0)
 

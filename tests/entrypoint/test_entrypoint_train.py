@@ -14,6 +14,10 @@ import math
 import shutil
 from pathlib import Path
 
+import pytest
+
+from tests.entrypoint.conftest import _merge
+
 TIMEOUT_S = 300
 LN_256 = math.log(256)
 
@@ -126,3 +130,29 @@ def test_fsdp_on_cpu_matches_ddp_and_resumes_from_sharded_checkpoints(
     resumed = _summary(fsdp_dir)
     assert resumed["resumed_from_step"] == 20 and resumed["global_step"] == 30
     assert resumed["val_loss"] < fsdp["val_loss"]
+
+
+def test_compiled_run_resumes_an_eager_checkpoint_and_matches_the_eager_run(run_entrypoint, write_spec,
+                                                                             tmp_path: Path) -> None:
+    """trainer.compile compiles the network in place: checkpoints keep their keys (an eager
+    checkpoint resumes compiled), and the numbers are those of the eager run."""
+    one = {"devices_per_node": 1, "world_size": 1}
+    base = {"trainer": {"max_steps": 6, "val_check_interval": 4}, "checkpoint": {"every_n_steps": 6}}
+    write_spec(base, filename="eager6.json", **one)
+    write_spec(_merge(base, {"trainer": {"max_steps": 8}}), filename="eager8.json", **one)
+    write_spec(_merge(base, {"trainer": {"max_steps": 8, "compile": True}}), filename="compiled8.json", **one)
+    first = run_entrypoint("--spec", "eager6.json", "--run-dir", str(tmp_path / "compiled"), timeout=TIMEOUT_S)
+    assert first.code == 0, first.output
+    shutil.copytree(tmp_path / "compiled", tmp_path / "eager")  # the same step-6 checkpoint for both
+    runs = {}
+    for spec, run_dir in (("compiled8.json", "compiled"), ("eager8.json", "eager")):
+        runs[spec] = run_entrypoint("--spec", spec, "--run-dir", str(tmp_path / run_dir), timeout=TIMEOUT_S)
+        assert runs[spec].code == 0, runs[spec].output
+    assert "torch.compile: on" in runs["compiled8.json"].stdout
+    assert "torch.compile" not in runs["eager8.json"].stdout
+    compiled, eager = _summary(tmp_path / "compiled"), _summary(tmp_path / "eager")
+    assert (compiled["global_step"], compiled["resumed_from_step"]) == (8, 6) == (eager["global_step"],
+                                                                                 eager["resumed_from_step"])
+    assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
+
+

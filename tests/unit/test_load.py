@@ -129,3 +129,26 @@ def test_every_shipped_profile_loads(profile):
 
 def test_empty_document_is_empty_mapping():
     assert parse_yaml("", "x") == {}
+
+
+def test_warmup_ratio_becomes_warmup_steps_of_the_overridden_max_steps_and_reads_back(tmp_path):
+    spec = write(tmp_path / "s.yaml", "name: x\ntrainer:\n  max_steps: 1000\n  warmup_ratio: 0.03\n")
+    loaded = load_spec(spec, ["trainer.max_steps=250"])
+    assert loaded.trainer.warmup_steps == 8  # ceil(0.03 x 250), Hugging Face's rule
+    doc = loaded.model_dump(mode="json")
+    assert (doc["trainer"]["warmup_ratio"], doc["trainer"]["warmup_steps"]) == (0.03, 8)
+    assert type(loaded).model_validate(doc) == loaded  # spec.json holds both; they agree
+
+
+@pytest.mark.parametrize(("trainer", "message"), [
+    ("warmup_ratio: 0.1\n  warmup_steps: 5", r"trainer: .*warmup_steps=5 and warmup_ratio=0.1 \(= 100 of max_steps 1000\) disagree"),
+    ("warmup_ratio: 0.1\n  max_steps: null\n  max_epochs: 2", r"warmup_ratio is a fraction of max_steps, which is null"),
+    ("warmup_ratio: 1.5", r"trainer\.warmup_ratio: .*less than 1"),
+    ("lr_schedule: linear", r"trainer\.lr_schedule: .*'cosine' or 'constant'"),
+    ("compile: true\n  strategy: deepspeed_stage_2", r"compile with 'deepspeed_stage_2'"),
+])
+def test_schedule_and_compile_mistakes_name_the_field(tmp_path, trainer, message):
+    spec = write(tmp_path / "s.yaml", f"name: x\ntrainer:\n  {trainer}\n")
+    with pytest.raises(ConfigError, match=message) as info:
+        load_spec(spec)
+    assert info.value.location == str(spec)

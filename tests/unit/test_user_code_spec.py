@@ -109,6 +109,8 @@ def test_batch_size_equal_to_micro_batch_is_fine(tmp_path):
     ({"profiler": "fancy"}, r"trainer\.profiler: Input should be 'simple', 'advanced' or 'pytorch'"),
     ({"strategy": "fsdp", "activation_checkpointing": True},
      r"trainer\.activation_checkpointing: with model\.class_path, name the classes to recompute"),
+    ({"compile": True}, r"trainer\.compile: trainer\.compile compiles jobgen's built-in networks"),
+    ({"lr_schedule": "constant"}, r"trainer: lr_schedule: jobgen's optimiser settings"),
 ])
 def test_trainer_option_rules(tmp_path, trainer, message):
     err = _error(tmp_path, USER + "trainer: " + json.dumps(trainer) + "\n")
