@@ -619,7 +619,9 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     assumptions = [
         f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
         + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
-        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations (an upper bound)",
+        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations "
+        + ("(for Hugging Face QLoRA below the seed table's measured peaks, not an upper bound: README "
+           "\"Planning Hugging Face models\")" if hf else "(an upper bound)"),
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
         + ("activation checkpointing (peft's prepare_model_for_kbit_training turns it on for QLoRA)"
            if spec_ckpt and not spec.trainer.activation_checkpointing else
@@ -674,8 +676,8 @@ def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout 
 
 def fit_warning(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> str | None:
     """A one-line warning when the spec's own layout is estimated not to fit a GPU profile's
-    memory; ``None`` on CPU profiles, for Hugging Face models (sized by their config at run
-    time; :func:`plan_memory` covers the built-in GPT), or when it fits."""
+    memory; ``None`` on CPU profiles, for Hugging Face models (their size is in their
+    ``config.json``, which only ``jobgen plan`` reads: rendering does no I/O), or when it fits."""
     if not profile.gpus_per_node or spec.user_code or spec.model.hf_path is not None:
         return None
     mp = plan_memory(spec, profile, num_nodes, devices_per_node)

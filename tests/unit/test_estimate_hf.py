@@ -18,7 +18,7 @@ from jobgen.errors import ConfigError, NotSupportedError
 from jobgen.estimate import Layout, estimate, plan_memory
 from jobgen.load import load_profile
 from jobgen.spec import TrainingSpec
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 LLAMA_DIR = EXAMPLES / "hf-configs" / "llama-2-7b"
 SEVEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -225,6 +225,9 @@ def test_estimate_against_the_seed_table(row):
     ratio = mp.spec_row.estimate.total_bytes / row.mem_bytes_per_gpu
     assert 0.5 <= ratio <= 1.1, (row.recipe, ratio)
     assert mp.seed["estimate_over_measured"] == round(ratio, 3)
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("#### Planning Hugging Face models"):]
+    assert f"{ratio:.2f}x" in section, "update the ratios in README 'Planning Hugging Face models'"
 
 
 def test_seed_rows_match_only_their_recipe():

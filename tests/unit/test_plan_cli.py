@@ -131,6 +131,14 @@ def test_plan_hf_qlora_fsdp_with_hf_config_shows_the_seed_row(run_cli):
     assert doc["hf"]["config"] == LLAMA_CONFIG and doc["hf"]["mode"] == "qlora"
 
 
+def test_readme_hf_example_is_current(run_cli):
+    hf = "examples/llama-lora-jsonl.yaml"
+    config = "examples/hf-configs/llama-2-7b/config.json"
+    result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", config, *QLORA_FSDP)
+    shown = result.stdout.split("assumptions:")[0].rstrip()
+    assert shown in (REPO / "README.md").read_text(), "re-run the README's Hugging Face `jobgen plan` example"
+
+
 def test_plan_hf_unknown_target_is_a_clean_error(run_cli):
     hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")
     result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG,
