@@ -18,6 +18,9 @@ Sources of the formulas
   per transformer layer with 16-bit activations and 1-byte dropout masks (s: sequence length,
   b: micro batch, h: hidden size, a: attention heads). See :func:`activation_bytes` for how the
   terms map onto this model (fused attention, no dropout, 32-bit activations).
+* Hugging Face models (``model.hf_path``): :mod:`jobgen.estimate_hf` reads their ``config.json`` and
+  applies :func:`estimate` to the parameters that train (LoRA adapters, or the whole model), adding
+  the frozen (optionally 4-bit) base and the Llama block's activations.
 * Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
   gradient bucket copy, FSDP's gathered units, torch AdamW's ``foreach`` temporaries, DeepSpeed's
   fp32 gradient partition, communication buckets and ZeRO-3's gathered working set.

@@ -57,7 +57,7 @@ from typing import Any
 
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import _16BIT, Estimate, Layout, estimate
+from jobgen.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, estimate
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight for 4-bit NF4 with double quantisation (Dettmers et al. 2023, sec. 3:
@@ -185,7 +185,7 @@ def _field(doc: dict[str, Any], key: str, source: str, *, default: Any = None, k
     return value
 
 
-def config_path(hf_path: str, hf_config: str | None) -> Path:
+def config_path(hf_path: str, hf_config: str | None, spec_source: str = "spec") -> Path:
     """The ``config.json`` to read: ``hf_config`` when given, else ``<hf_path>/config.json``.
 
     Raises:
@@ -193,7 +193,7 @@ def config_path(hf_path: str, hf_config: str | None) -> Path:
     """
     path = Path(hf_config) if hf_config is not None else Path(hf_path) / "config.json"
     if not path.is_file():
-        where = "--hf-config" if hf_config is not None else "spec: model.hf_path"
+        where = "--hf-config" if hf_config is not None else f"{spec_source}: model.hf_path"
         raise ConfigError(
             f"no model config at {str(path)!r}: jobgen plan reads the Hugging Face model's config.json to size it",
             location=where,
@@ -406,8 +406,6 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
             shard = 0
         base = shard + gathered if group > 1 else whole
     elif s == "deepspeed_stage_3":
-        from jobgen.estimate import DEEPSPEED_STAGE3_PREFETCH_ELEMENTS
-
         part = whole // n
         working = min(whole, max(layer, root) + 2 * DEEPSPEED_STAGE3_PREFETCH_ELEMENTS)
         if layout.offload_params != "none":
@@ -435,7 +433,7 @@ def hf_shape_of(spec: Any, hf_config: str | None, spec_source: str = "spec") -> 
         NotSupportedError: QLoRA on a GPT-2 config (transformers' ``Conv1D`` is not quantised).
     """
     m = spec.model
-    path = config_path(m.hf_path, hf_config)
+    path = config_path(m.hf_path, hf_config, spec_source)
     shape = read_hf_shape(path, m.block_size, spec.trainer.micro_batch_size)
     if m.lora is not None:
         check_targets(shape, m.lora.target_modules, spec_source)

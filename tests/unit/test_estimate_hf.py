@@ -245,3 +245,13 @@ def test_hf_plan_is_deterministic_and_json_ready():
     assert json.dumps(one, sort_keys=True) == json.dumps(plan_memory(qlora_spec(), profile, 1, 4).to_json(), sort_keys=True)
     assert one["hf"]["mode"] == "qlora" and one["hf"]["trainable_params"] == 159_907_840
     assert one["n_params"] == 6_738_415_616 and one["seed"]["measured_gb_per_gpu"] == 22
+
+
+def test_full_fine_tuning_that_fits_nowhere_gets_suggestions():
+    """The GPT plan's suggestion search (smaller micro batch, checkpointing) runs on HF shapes too."""
+    profile = load_profile("slurm-a100", None)
+    spec = qlora_spec("ddp", 1, load_in_4bit=False, lora=None)
+    spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"micro_batch_size": 16})})
+    mp = plan_memory(spec, profile, 1, 1)
+    assert mp.chosen is None and mp.hf is not None and mp.hf["mode"] == "full" and mp.seed is None
+    assert any("micro_batch_size=" in s or "activation_checkpointing" in s for s in mp.suggestions), mp.suggestions
