@@ -209,9 +209,9 @@ def test_estimate_against_the_seed_table(row):
     peaks and the estimate sums modelled tensors, so it is expected *below* them here: what it
     does not model (the caching allocator's fragmentation beyond the 1.5 GiB overhead term,
     bitsandbytes' and autocast's per-call temporaries other than the largest dequantised Linear,
-    transformers' extra fp32 copies of the logits in the loss) adds to the measurement only. When
-    written the ratios were 0.59 (FSDP, 4 GPUs), 0.74 (DDP, 1), 0.90 (ZeRO-2, 4) and 0.68 (ZeRO-3,
-    8): the lower bound 0.5 catches a term lost (the base or the activations alone are ~4 GB);
+    transformers' extra fp32 copies of the logits in the loss) adds to the measurement only. The
+    ratios themselves are in README "Planning Hugging Face models" (checked below, so they stay
+    current): the lower bound 0.5 catches a term lost (the base or the activations alone are ~4 GB);
     the upper bound 1.1 allows the GB/GiB reading of the table (7.4%) and catches a term counted
     twice. The spread is the estimate's known error for QLoRA (README, "Planning Hugging Face
     models"); it is not an upper bound for these recipes.
