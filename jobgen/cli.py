@@ -577,10 +577,14 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
 @cli.command("plan")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
+@click.option("--hf-config", "hf_config", type=click.Path(dir_okay=False), default=None,
+              help="config.json of the model.hf_path model, read instead of <hf_path>/config.json "
+                   "(for planning off the cluster), e.g. examples/hf-configs/llama-2-7b/config.json.")
 @_output_option
 @_set_option
 @_profiles_dir_option
-def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...], profiles_dir: str | None) -> None:
+def plan_command(spec: str, profile: str, hf_config: str | None, output: str, overrides: tuple[str, ...],
+                 profiles_dir: str | None) -> None:
     """Estimate per-GPU memory of SPEC on a profile for each strategy, and recommend one.
 
     \b
@@ -591,6 +595,10 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
     (Rajbhandari et al. 2020) for model states, Korthikanti et al. 2022 for activations; see
     jobgen/estimate.py. The recommendation follows the guide: DDP below ~500M parameters when it
     fits, FSDP for 500M-10B, DeepSpeed ZeRO-3 (then offload) beyond or when nothing else fits.
+    Hugging Face models (model.hf_path) are sized from their config.json (--hf-config FILE, or
+    <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
+    (jobgen/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
+    (jobgen/seeds.py) shows the measured figure next to the estimate.
     Estimates are upper bounds, not measurements. Exit 0 even when the spec's strategy does not
     fit (a warning goes to stderr); 2 for bad input.
 
@@ -600,6 +608,7 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
       jobgen plan examples/quickstart.yaml -p slurm-a100 --set model.preset=null --set model.n_layer=32 \\
           --set model.n_head=32 --set model.d_model=4096 --set model.block_size=4096 --set trainer.micro_batch_size=1
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
+      jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
     from jobgen.estimate import plan_memory
     from jobgen.rules import check_fit, resolve_precision, resolve_world
@@ -615,7 +624,8 @@ def plan_command(spec: str, profile: str, output: str, overrides: tuple[str, ...
         )
     world = resolve_world(loaded, prof, spec)
     check_fit(loaded, prof, world, spec)
-    mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node)  # elastic: the smallest world (largest shards)
+    # elastic: the smallest world (largest shards)
+    mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, hf_config=hf_config, spec_source=spec)
     if output == "json":
         click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json()}, indent=2, sort_keys=True))
     else:
@@ -650,6 +660,16 @@ def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
         host = f"{e.host_bytes_per_node / g:9.2f}" if e.host_bytes_per_node else f"{'-':>9}"
         lines.append(f"{mark} {e.layout.label:38} {cols}  {'yes' if r.fits else 'no ':4}  {host}" + ("  <- spec" if r.is_spec else ""))
     lines.append(f"  (GiB per {unit}; * = recommended; host/node = offloaded states in each node's CPU memory)")
+    if mp.hf is not None:
+        h = mp.hf
+        lines.append(f"  model: {h['model_type']} ({h['config']}), {h['mode']} fine-tuning, "
+                     f"{h['trainable_params'] / 1e6:,.1f}M trainable parameters")
+    if mp.seed is not None:
+        sd = mp.seed
+        lines.append(f"  seed table: {sd['recipe']} on {sd['gpus']} GPU(s): measured {sd['measured_gb_per_gpu']:g} GB "
+                     f"({sd['measured_bytes_per_gpu'] / g:.1f} GiB) per GPU, {sd['tokens_per_s']:,} tokens/s; "
+                     f"estimate {sd['estimate_bytes_per_gpu'] / g:.1f} GiB ({sd['estimate_over_measured']:.2f}x) "
+                     f"[{sd['source']}]")
     lines.append("")
     if mp.chosen is not None:
         lines.append(f"recommended: {mp.chosen.label}  (" + " ".join(f"--set {o}" for o in mp.chosen.overrides) + ")")

@@ -18,6 +18,9 @@ Sources of the formulas
   per transformer layer with 16-bit activations and 1-byte dropout masks (s: sequence length,
   b: micro batch, h: hidden size, a: attention heads). See :func:`activation_bytes` for how the
   terms map onto this model (fused attention, no dropout, 32-bit activations).
+* Hugging Face models (``model.hf_path``): :mod:`jobgen.estimate_hf` reads their ``config.json`` and
+  applies :func:`estimate` to the parameters that train (LoRA adapters, or the whole model), adding
+  the frozen (optionally 4-bit) base and the Llama block's activations.
 * Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
   gradient bucket copy, FSDP's gathered units, torch AdamW's ``foreach`` temporaries, DeepSpeed's
   fp32 gradient partition, communication buckets and ZeRO-3's gathered working set.
@@ -35,6 +38,7 @@ apart, each formula would be read without the others it is compared against.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -410,6 +414,9 @@ class MemoryPlan:
         reasons: lines explaining the choice, with numbers.
         suggestions: what would make the job fit (when the spec's layout or nothing fits).
         assumptions: the assumptions behind the numbers.
+        hf: Hugging Face models only: the config read and the parameter split (``None`` otherwise).
+        seed: the matching seed-table row next to the estimate (:func:`jobgen.estimate_hf.seed_comparison`),
+            or ``None``.
     """
 
     n_params: int
@@ -423,6 +430,8 @@ class MemoryPlan:
     reasons: tuple[str, ...]
     suggestions: tuple[str, ...]
     assumptions: tuple[str, ...]
+    hf: dict[str, Any] | None = None
+    seed: dict[str, Any] | None = None
 
     @property
     def spec_row(self) -> Row:
@@ -430,8 +439,10 @@ class MemoryPlan:
         return next(r for r in self.rows if r.is_spec)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with stable keys (documented in README "jobgen plan")."""
-        return {
+        """A JSON-ready dict with stable keys (documented in README "jobgen plan"); ``hf`` and ``seed``
+        only for Hugging Face models (``seed``: null when no seed row matches)."""
+        extra = {} if self.hf is None else {"hf": self.hf, "seed": self.seed}
+        return extra | {
             "n_params": self.n_params,
             "precision": self.precision,
             "num_nodes": self.world[0],
@@ -524,7 +535,8 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
     return host // devices_per_node, host, None
 
 
-def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> MemoryPlan:
+def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
+                hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -533,9 +545,15 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     activation checkpointing, offload. ``precision: auto`` is resolved for the profile first
     (:func:`jobgen.rules.resolve_precision`).
 
+    A Hugging Face model (``model.hf_path``) is sized from its ``config.json`` (``hf_config``,
+    or ``<hf_path>/config.json``) by :mod:`jobgen.estimate_hf` (full fine-tuning, LoRA, QLoRA);
+    the plan then also carries :attr:`MemoryPlan.hf` and, when the spec matches a row of the seed
+    table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`.
+
     Raises:
-        NotSupportedError: ``model.hf_path`` is set (only the built-in GPT's shape is known
-            without reading the model's files).
+        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is built).
+        ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
+            or without a needed key; an unknown LoRA target module.
     """
     from jobgen.rules import resolve_precision
 
@@ -548,24 +566,23 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
             hint="plan a GPT of similar shape instead (--set model='{preset: gpt2-124m}' ...), or measure: the "
                  "summary.json of a --smoke run has peak_memory_bytes",
         )
-    if spec.model.hf_path is not None:
-        raise NotSupportedError(
-            "jobgen plan estimates the built-in GPT only; a Hugging Face model's size is in its "
-            "config.json, which planning does not read",
-            location="spec: model.hf_path",
-            hint="plan a GPT of similar shape instead (--set model.hf_path=null --set model.preset=null "
-                 "--set model.n_layer=... --set model.n_head=... --set model.d_model=...)",
-        )
     accel = "gpu" if profile.gpus_per_node else "cpu"
-    shape = Shape.of(spec)
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
-
     spec_ckpt = spec.trainer.activation_checkpointing
+    hf = spec.model.hf_path is not None
+    if hf:
+        from jobgen import estimate_hf
 
-    def run(layout: Layout, sh: Shape = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
-        est = estimate(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
-                       accelerator=accel, checkpointing=ckpt)
+        shape: Any = estimate_hf.hf_shape_of(spec, hf_config, spec_source)
+        spec_ckpt = spec_ckpt or spec.model.load_in_4bit
+        size = functools.partial(estimate_hf.estimate_hf, lora=spec.model.lora, quantized=spec.model.load_in_4bit)
+    else:
+        shape, size = Shape.of(spec), estimate
+
+    def run(layout: Layout, sh: Any = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
+        est = size(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
+                   accelerator=accel, checkpointing=ckpt)
         return Row(est, est.total_bytes <= budget and est.host_bytes_per_node <= host_mem, False)
 
     own = Layout.of(spec)
@@ -605,15 +622,24 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     assumptions = [
         f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
         + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
-        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations (an upper bound)",
+        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations "
+        + ("(for Hugging Face QLoRA below the seed table's measured peaks, not an upper bound: README "
+           "\"Planning Hugging Face models\")" if hf else "(an upper bound)"),
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
-        + ("activation checkpointing on transformer blocks (trainer.activation_checkpointing)" if spec_ckpt
+        + ("activation checkpointing (peft's prepare_model_for_kbit_training turns it on for QLoRA)"
+           if spec_ckpt and not spec.trainer.activation_checkpointing else
+           "activation checkpointing on transformer blocks (trainer.activation_checkpointing)" if spec_ckpt
          else "no activation checkpointing") + " (Korthikanti et al. 2022)",
     ]
     if note:
         assumptions.append(note)
+    hf_info = seed = None
+    if hf:
+        hf_info, more = estimate_hf.describe(spec, shape)
+        assumptions += more
+        seed = estimate_hf.seed_comparison(spec, psi, num_nodes * devices_per_node, by_layout[own])
     return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
-                      tuple(reasons), tuple(suggestions), tuple(assumptions))
+                      tuple(reasons), tuple(suggestions), tuple(assumptions), hf_info, seed)
 
 
 def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout | None, ladder: tuple[Layout, ...],
@@ -653,8 +679,8 @@ def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout 
 
 def fit_warning(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int) -> str | None:
     """A one-line warning when the spec's own layout is estimated not to fit a GPU profile's
-    memory; ``None`` on CPU profiles, for Hugging Face models (sized by their config at run
-    time; :func:`plan_memory` covers the built-in GPT), or when it fits."""
+    memory; ``None`` on CPU profiles, for Hugging Face models (their size is in their
+    ``config.json``, which only ``jobgen plan`` reads: rendering does no I/O), or when it fits."""
     if not profile.gpus_per_node or spec.user_code or spec.model.hf_path is not None:
         return None
     mp = plan_memory(spec, profile, num_nodes, devices_per_node)

@@ -97,12 +97,66 @@ def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
     assert any("activation checkpointing on transformer blocks" in a for a in ckpt["assumptions"])
 
 
-def test_hugging_face_specs_render_without_a_memory_estimate_and_plan_says_why(run_cli, tmp_path):
-    hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")
+def test_hugging_face_spec_without_a_local_config_renders_and_plan_asks_for_hf_config(run_cli, tmp_path):
+    hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")  # hf_path is a cluster path: no config.json here
     rendered = run_cli("render", hf, "-p", "slurm-a100", "-o", str(tmp_path))
     assert rendered.code == 0 and "Traceback" not in rendered.stderr, rendered.stderr
     planned = run_cli("plan", hf, "-p", "slurm-a100")
     assert planned.code == 2 and "Traceback" not in planned.stderr
-    assert "model.hf_path" in planned.stderr and "built-in GPT only" in planned.stderr
+    assert "model.hf_path" in planned.stderr and "--hf-config" in planned.stderr
     validated = run_cli("validate", hf, "-p", "slurm-a100")
     assert validated.code == 0 and "Hugging Face model" in validated.stdout and "0.0M" not in validated.stdout
+
+
+LLAMA_CONFIG = str(EXAMPLES / "hf-configs" / "llama-2-7b" / "config.json")
+QLORA_FSDP = ("--set", "trainer.strategy=fsdp", "--set", "resources.devices_per_node=4",
+              "--set", "model.block_size=2048", "--set", "model.load_in_4bit=true",
+              "--set", "model.lora={r: 64, alpha: 16, dropout: 0.05, target_modules: [q_proj, k_proj, v_proj, o_proj, "
+                       "gate_proj, up_proj, down_proj]}")
+
+
+def test_plan_hf_qlora_fsdp_with_hf_config_shows_the_seed_row(run_cli):
+    hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")
+    result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG, *QLORA_FSDP)
+    assert result.code == 0, result.stderr
+    assert "6,738.4M parameters" in result.stdout and "world size 4" in result.stdout
+    spec_line = next(line for line in result.stdout.splitlines() if "<- spec" in line)
+    assert "fsdp:FULL_SHARD" in spec_line
+    seed = next(line for line in result.stdout.splitlines() if "seed table:" in line)
+    assert "FSDP + QLoRA on 4 GPU(s)" in seed and "22 GB" in seed and "31,200 tokens/s" in seed and "issue 12" in seed
+    doc = json.loads(run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG, "-o", "json", *QLORA_FSDP).stdout)
+    spec_row = next(r for r in doc["rows"] if r["is_spec"])
+    assert doc["seed"]["measured_bytes_per_gpu"] == 22 * 10**9
+    assert doc["seed"]["estimate_bytes_per_gpu"] == spec_row["total_bytes"]
+    assert doc["hf"]["config"] == LLAMA_CONFIG and doc["hf"]["mode"] == "qlora"
+
+
+def test_readme_hf_example_is_current(run_cli):
+    hf = "examples/llama-lora-jsonl.yaml"
+    config = "examples/hf-configs/llama-2-7b/config.json"
+    result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", config, *QLORA_FSDP)
+    shown = result.stdout.split("assumptions:")[0].rstrip()
+    assert shown in (REPO / "README.md").read_text(), "re-run the README's Hugging Face `jobgen plan` example"
+
+
+def test_plan_hf_unknown_target_is_a_clean_error(run_cli):
+    hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")
+    result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG,
+                     "--set", "model.lora.target_modules=[q_proj, qkv]")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "model.lora.target_modules" in result.stderr and "down_proj" in result.stderr
+
+
+def test_plan_hf_imports_no_heavy_modules():
+    code = (
+        "import sys\n"
+        "from jobgen.cli import main\n"
+        "try:\n"
+        f"    main(['plan', {str(REPO / 'examples' / 'llama-lora-jsonl.yaml')!r}, '-p', 'slurm-a100', '--hf-config', {LLAMA_CONFIG!r}])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'peft', 'lightning', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
