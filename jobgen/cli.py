@@ -577,8 +577,8 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
 @cli.command("plan")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--profile", "-p", required=True, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
-@click.option("--hf-config", "hf_config", type=click.Path(dir_okay=False), default=None,
-              help="config.json of the model.hf_path model, read instead of <hf_path>/config.json "
+@click.option("--hf-config", "hf_config", type=click.Path(), default=None,
+              help="config.json (or a directory holding it) of the model.hf_path model, read instead of <hf_path>/config.json "
                    "(for planning off the cluster), e.g. examples/hf-configs/llama-2-7b/config.json.")
 @_output_option
 @_set_option

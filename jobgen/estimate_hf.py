@@ -186,12 +186,15 @@ def _field(doc: dict[str, Any], key: str, source: str, *, default: Any = None, k
 
 
 def config_path(hf_path: str, hf_config: str | None, spec_source: str = "spec") -> Path:
-    """The ``config.json`` to read: ``hf_config`` when given, else ``<hf_path>/config.json``.
+    """The ``config.json`` to read: ``hf_config`` (a file, or a directory holding one) when
+    given, else ``<hf_path>/config.json``.
 
     Raises:
         ConfigError: the file does not exist (hint: ``--hf-config``).
     """
     path = Path(hf_config) if hf_config is not None else Path(hf_path) / "config.json"
+    if path.is_dir():  # --hf-config naming a model directory (save_pretrained output)
+        path = path / "config.json"
     if not path.is_file():
         where = "--hf-config" if hf_config is not None else f"{spec_source}: model.hf_path"
         raise ConfigError(
