@@ -308,7 +308,8 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
         spec = spec_file(out, row.model)
     except Exception as exc:  # noqa: BLE001 (any builder failure is this row's status, not the suite's end)
         return result | {"status": f"failed: building the {row.model} spec: {type(exc).__name__}: {exc}"}
-    sets = [*row.overrides(), f"resources.devices_per_node={ranks}"]
+    # log often enough that a short run has a logged train loss at its end
+    sets = [*row.overrides(), f"resources.devices_per_node={ranks}", f"trainer.log_every_n_steps={min(5, steps)}"]
     planned, plan_note, overhead = planned_bytes(spec, profile, sets)
     argv = [sys.executable, "-m", "jobgen.cli", "submit", str(spec), "--profile", str(profile),
             "--runs-dir", str(out / "runs"), "--smoke", str(steps), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
