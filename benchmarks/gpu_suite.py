@@ -43,22 +43,26 @@ What the rows measure of the MFU levers: ``trainer.compile`` (torch.compile, the
 rows against the same row without it); fp16 with loss scaling against bf16; FSDP / ZeRO-2
 against one GPU. The built-in GPT's attention is ``F.scaled_dot_product_attention`` (the flash
 kernel on CUDA for bf16/fp16 with no explicit mask), so every GPU GPT row uses the SDPA path;
-fused AdamW is whatever jobgen/train/model.py ``configure_optimizers`` chooses (not toggled here).
+fused AdamW is whatever jobgen/train/model.py ``configure_optimizers`` chooses (not toggled here;
+in this checkout ``torch.optim.AdamW`` with torch's default implementation, not ``fused=True``).
 
 Offline GPU machine (torch, lightning, transformers and peft present, no internet): jobgen and
-the packages it needs beyond those travel as wheels. Here (with internet; match the GPU
-machine's Python with --python-version):
-  pip download --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \\
-      --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --implementation cp -d wheels \\
-      'jinja2>=3.1' 'click>=8.1' 'pyyaml>=6.0' 'pydantic>=2.6' 'jsonargparse[signatures]>=4.27' \\
-      hjson ninja py-cpuinfo msgpack einops 'bitsandbytes>=0.43' pytest
-  pip wheel --no-deps --no-build-isolation -w wheels deepspeed==0.19.8   # sdist only: build it here
+the packages it needs beyond those travel as wheels. Here (with internet; give the GPU machine's
+Python as --python-version). bitsandbytes and DeepSpeed's own dependencies are fetched with
+--no-deps: with dependencies pip would add a torch wheel (the GPU machine keeps its CUDA torch).
+  P="--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_x86_64
+     --platform manylinux_2_17_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64"
+  pip download $P -d wheels 'jinja2>=3.1' 'click>=8.1' 'pyyaml>=6.0' 'pydantic>=2.6' \\
+      'jsonargparse[signatures]>=4.27' pytest 'setuptools>=70.1' wheel
+  pip download $P --no-deps -d wheels 'bitsandbytes>=0.43' hjson ninja py-cpuinfo msgpack einops
+  pip wheel --no-deps --no-build-isolation -w wheels deepspeed==0.19.8   # DeepSpeed is sdist-only
 and there:
   pip install --no-index --find-links wheels -e .
-  pip install --no-index --find-links wheels deepspeed bitsandbytes   # optional rows
-install_requires (jinja2, click, pyyaml, pydantic) are needed by every row; jsonargparse by the
-entrypoint's class_path path (pulled by ``jobgen[train]``); deepspeed (+ hjson, ninja, py-cpuinfo,
-msgpack, einops) for the ZeRO row; bitsandbytes for QLoRA; pytest for the tiny-Llama builder
+  pip install --no-index --find-links wheels deepspeed bitsandbytes     # the ZeRO and QLoRA rows
+install_requires (jinja2, click, pyyaml, pydantic) serve every row; setuptools + wheel build the
+editable install without an index; jsonargparse is part of ``jobgen[train]``; deepspeed (+ hjson,
+ninja, py-cpuinfo, msgpack, einops; it also needs psutil, tqdm, packaging, numpy, which transformers
+and peft bring) the ZeRO row; bitsandbytes QLoRA; pytest the tiny-Llama builder
 (tests/entrypoint/test_hf_lora.py imports it). kubernetes / jsonschema are not needed (local
 backend). README "GPU evidence suite" lists what this fetched and its size.
 """
@@ -414,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 2:
         parser.error("--steps must be at least 2 (the first step is left out of tokens/s)")
     profile = write_profile(out, None if cpu_mode else gpu)
+    load_before = [round(x, 2) for x in os.getloadavg()]  # a shared machine's figures depend on it
+    print(f"gpu_suite: load average (1/5/15 min) {load_before}")
     selected = [r for r in ROWS if r.name in wanted and (args.rows is not None or r.device == "gpu" or cpu_mode)]
     results: list[dict[str, Any]] = []
     for i, row in enumerate(selected, 1):
@@ -439,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "cpu" if cpu_mode else "gpu",
         "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
         "steps": steps,
+        "load_average_before": load_before,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "cpu": cpu,
         "gpu": gpu,
         "profile": str(profile),
