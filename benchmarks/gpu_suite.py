@@ -3,7 +3,8 @@
 Usage:
   python benchmarks/gpu_suite.py --out results/                 # every row this machine can run
   python benchmarks/gpu_suite.py --out results/ --cpu           # CPU mode (automatic without CUDA)
-  python benchmarks/gpu_suite.py --out results/ --rows gpt350m-bf16,gpt350m-bf16-compile --steps 100
+  python benchmarks/gpu_suite.py --out results/ --rows gpt350m-bf16,gpt350m-bf16-compile --steps 100 \\
+      --set trainer.micro_batch_size=16     # --set: an override for every row run (repeatable)
 
 Every row is a real jobgen run: a spec file (``<out>/specs/``), a local cluster profile generated
 for this machine (``<out>/profiles/``: ``scheduler: local``, the visible GPUs, their
@@ -304,8 +305,9 @@ def skip_reason(row: Row, gpu: dict[str, Any] | None, cpu: dict[str, Any], cpu_m
     return None
 
 
-def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, steps: int, timeout: float) -> dict[str, Any]:
-    """Plan and submit one row through jobgen's CLI; read its summary.json."""
+def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, steps: int, timeout: float,
+            extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Plan and submit one row through jobgen's CLI (``extra``: more ``--set`` overrides, last); read its summary.json."""
     ranks = {"1": 1, "2": 2, "all": gpu["count"] if gpu else 2}[row.ranks]
     result: dict[str, Any] = {"ranks": ranks}
     try:
@@ -313,7 +315,7 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
     except Exception as exc:  # noqa: BLE001 (any builder failure is this row's status, not the suite's end)
         return result | {"status": f"failed: building the {row.model} spec: {type(exc).__name__}: {exc}"}
     # log often enough that a short run has a logged train loss at its end
-    sets = [*row.overrides(), f"resources.devices_per_node={ranks}", f"trainer.log_every_n_steps={min(5, steps)}"]
+    sets = [*row.overrides(), f"resources.devices_per_node={ranks}", f"trainer.log_every_n_steps={min(5, steps)}", *extra]
     planned, plan_note, overhead = planned_bytes(spec, profile, sets)
     argv = [sys.executable, "-m", "jobgen.cli", "submit", str(spec), "--profile", str(profile),
             "--runs-dir", str(out / "runs"), "--smoke", str(steps), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
@@ -392,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="CPU mode even when CUDA is available")
     parser.add_argument("--rows", help="comma-separated row names (default: every row of the mode, in order)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default 50 on GPU, 30 on CPU)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="a spec override for every row run, after the row's own (repeatable), "
+                             "e.g. --set trainer.micro_batch_size=16")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed (default 900)")
     args = parser.parse_args(argv)
     names = [r.name for r in ROWS]
@@ -434,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{i}/{len(selected)}] {row.name}: running {steps} steps ({row.model}, {row.precision}, {row.strategy}"
               f"{', compile' if row.compile else ''}) ...", flush=True)  # fmt: skip
-        res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout)
+        res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets))
         print(f"[{i}/{len(selected)}] {row.name}: {res['status']} ({fmt(res.get('tokens_per_s'), ',.0f')} tok/s, "
               f"{res.get('wall_s')} s; log {res.get('log')})", flush=True)  # fmt: skip
         results.append(res)
