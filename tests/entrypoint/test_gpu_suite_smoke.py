@@ -1,0 +1,51 @@
+"""benchmarks/gpu_suite.py in CPU mode: its smallest CPU row trains through jobgen submit, the GPU
+rows are listed as unmeasured with the reason, and the JSON holds every selected row in order."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import require
+
+require("lightning", "lightning not installed (pip install -e .[train])")
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = ["gpt124m-bf16", "gpt350m-fsdp-bf16", "llama-qlora-bf16", "cpu-gpt-fp32"]
+
+
+def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path) -> None:
+    import torch
+
+    from tests.entrypoint.conftest import child_env
+
+    out = tmp_path / "results"
+    argv = [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--cpu", "--out", str(out), "--rows", ",".join(ROWS),
+            "--steps", "3"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[4/4] cpu-gpt-fp32: running 3 steps" in proc.stdout, proc.stdout  # progress lines
+
+    doc = json.loads((out / "gpu_suite.json").read_text())
+    assert doc["mode"] == "cpu" and doc["steps"] == 3
+    assert doc["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert [r["name"] for r in doc["rows"]] == ROWS  # the suite's order
+    reason = "unmeasured: no CUDA device" if not torch.cuda.is_available() else "unmeasured: --cpu given"
+    for name in ROWS[:3]:
+        assert rows[name]["status"] == reason, rows[name]
+        assert "tokens_per_s" not in rows[name]
+
+    cpu = rows["cpu-gpt-fp32"]
+    assert cpu["status"] == "ok", cpu
+    assert cpu["tokens_per_s"] > 0 and math.isfinite(cpu["final_loss"]), cpu
+    assert cpu["peak_memory_kind"] == "cpu_max_rss" and cpu["mfu"] is None  # no CPU peak FLOP/s is invented
+    assert cpu["planned_bytes"] > 0 and cpu["ratio"] > 0, cpu  # jobgen plan's estimate of the same spec
+    summary = json.loads(Path(cpu["summary_json"]).read_text())
+    assert summary["global_step"] == 3 and summary["smoke"] is True
+    assert "trainer.precision=32-true" in cpu["overrides"]
+    table = [ln for ln in proc.stdout.splitlines() if ln.startswith("cpu-gpt-fp32 ")]
+    assert len(table) == 1 and table[0].endswith("  ok"), proc.stdout  # the printed table's row
