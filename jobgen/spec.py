@@ -420,9 +420,4 @@ class TrainingSpec(_Model):
             )
         if d.format == "jsonl" and d.tokenizer_path is None and not m.is_hf:
             raise ValueError("data.format 'jsonl' needs data.tokenizer_path (or model.hf_path to use its tokenizer)")
-        if m.is_hf and self.trainer.strategy != "ddp":
-            raise ValueError(
-                f"model.hf_path with trainer.strategy {self.trainer.strategy!r}: Hugging Face models run with "
-                "strategy ddp in this version (FSDP/DeepSpeed wrapping of HF decoder layers is not wired up)"
-            )
         return self
