@@ -297,6 +297,9 @@ class LitHFCausalLM(LitGPT):
             }
         )
         self.model = load_causal_lm(m, t.precision, accelerator, t.strategy)
+        # from_pretrained returns the model in eval mode, and Lightning keeps the modes it finds
+        # at fit (it only warns): without this, lora.dropout and the model's dropouts never apply.
+        self.model.train()
         self.counts = count_parameters(self.model)
         """Trainable / total parameters and vocabulary size (see :class:`ParamCounts`)."""
         self.adapters_only = m.lora is not None
