@@ -10,6 +10,7 @@ downloads weights or tokenizers. Shapes: ``B`` = micro batch size, ``T`` = ``blo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ from lightning.pytorch import LightningModule
 from jobgen.errors import ConfigError, NotSupportedError
 from jobgen.spec import ModelSpec, TrainingSpec
 from jobgen.train.model import LitGPT
+
+# Name components FSDP (torch.distributed.fsdp's FSDP_WRAPPED_MODULE) and activation
+# checkpointing (checkpoint_wrapper's _CHECKPOINT_WRAPPED_MODULE) insert into parameter names.
+_FSDP_PREFIX = "_fsdp_wrapped_module."
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 # Precision (Lightning's names) -> dtype the weights are loaded in. Mixed precision keeps fp32
 # weights (autocast computes in bf16/fp16); bf16-true trains bf16 weights, and so does
@@ -75,7 +81,60 @@ def load_tokenizer(path: str, location: str) -> Any:
         ) from None
 
 
-def _quantization_config() -> Any:
+#: Strategies that flatten and shard the model's parameters across ranks (FSDP flat parameters,
+#: ZeRO-3 partitions): a QLoRA model under them needs a float quant-storage dtype and is placed
+#: on its device by the strategy, not by ``from_pretrained``.
+PARAM_SHARDING_STRATEGIES = frozenset({"fsdp", "deepspeed_stage_3"})
+
+
+@dataclass(frozen=True)
+class QLoRALoad:
+    """How ``from_pretrained`` loads a 4-bit (QLoRA) base model under a strategy.
+
+    Attributes:
+        bnb: keyword arguments of ``transformers.BitsAndBytesConfig`` (NF4, double quantisation,
+            bf16 compute; with a parameter-sharding strategy also ``bnb_4bit_quant_storage``).
+        dtype: ``from_pretrained(dtype=...)`` for the weights that stay unquantised (embeddings,
+            norms, ``lm_head``); ``None`` keeps transformers' default.
+        pin_to_local_device: load onto this rank's GPU (``device_map={"": LOCAL_RANK}``).
+        prepare_kbit: run peft's ``prepare_model_for_kbit_training`` (which casts every
+            non-4-bit parameter to fp32).
+    """
+
+    bnb: dict[str, Any]
+    dtype: torch.dtype | None
+    pin_to_local_device: bool
+    prepare_kbit: bool
+
+
+def qlora_load(strategy: str) -> QLoRALoad:
+    """The QLoRA loading recipe for ``trainer.strategy``.
+
+    ddp, deepspeed_stage_1/2 keep a full replica per rank: the 4-bit weights are stored as uint8
+    (bitsandbytes' default), the model is pinned to the rank's GPU (Lightning cannot ``.to()`` a
+    4-bit model) and prepared with ``prepare_model_for_kbit_training``.
+
+    fsdp and deepspeed_stage_3 flatten parameters into one tensor per unit, which must be a
+    float dtype shared by every parameter in it (FSDP refuses integer and mixed dtypes). Source:
+    bitsandbytes' "FSDP-QLoRA" guide (docs/source/fsdp_qlora.md): ``bnb_4bit_quant_storage`` =
+    bf16 and the unquantised weights loaded in bf16 too; the strategy moves the shards to the
+    GPU (no ``device_map`` pinning), and ``prepare_model_for_kbit_training`` is skipped because
+    its fp32 up-cast would break the uniform bf16 dtype. Unproven in jobgen's tests: there is no
+    CUDA GPU or bitsandbytes on the CPU rehearsal machines.
+    """
+    bnb: dict[str, Any] = {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": torch.bfloat16,
+    }
+    if strategy in PARAM_SHARDING_STRATEGIES:
+        return QLoRALoad({**bnb, "bnb_4bit_quant_storage": torch.bfloat16}, torch.bfloat16,
+                         pin_to_local_device=False, prepare_kbit=False)
+    return QLoRALoad(bnb, None, pin_to_local_device=True, prepare_kbit=True)
+
+
+def _quantization_config(recipe: QLoRALoad) -> Any:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -86,21 +145,18 @@ def _quantization_config() -> Any:
         ) from None
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16,
-    )
+    return BitsAndBytesConfig(**recipe.bnb)
 
 
-def load_causal_lm(model: ModelSpec, precision: str, accelerator: str = "cpu") -> torch.nn.Module:
+def load_causal_lm(
+    model: ModelSpec, precision: str, accelerator: str = "cpu", strategy: str = "ddp"
+) -> torch.nn.Module:
     """Load ``model.hf_path`` with ``AutoModelForCausalLM`` and add LoRA adapters if asked.
 
     Without ``lora`` every parameter trains (full fine-tuning). With ``lora``, peft's
     ``get_peft_model`` freezes the base model and adds adapters (A: in x r, B: r x out) to the
     ``target_modules``. With ``load_in_4bit`` the base is loaded in 4-bit NF4 (bitsandbytes) and
-    prepared with ``prepare_model_for_kbit_training`` (QLoRA; CUDA only).
+    placed and prepared as :func:`qlora_load` says for ``strategy`` (QLoRA; CUDA only).
 
     Raises:
         ConfigError: missing directory, no loadable model there, ``block_size`` above the
@@ -119,8 +175,14 @@ def load_causal_lm(model: ModelSpec, precision: str, accelerator: str = "cpu") -
                 location="spec.model.load_in_4bit",
                 hint="remove load_in_4bit to train plain LoRA adapters, or run on a GPU profile",
             )
-        kwargs["quantization_config"] = _quantization_config()
-        kwargs["device_map"] = {"": torch.cuda.current_device()}
+        recipe = qlora_load(strategy)
+        kwargs["quantization_config"] = _quantization_config(recipe)
+        if recipe.dtype is not None:
+            kwargs["dtype"] = recipe.dtype
+        if recipe.pin_to_local_device:
+            # The module is built before Lightning sets the CUDA device: the current device is
+            # still 0 on every rank. Every jobgen launcher (torchrun, the SLURM script) exports LOCAL_RANK.
+            kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
     else:
         kwargs["dtype"] = _LOAD_DTYPE.get(precision, torch.float32)
     try:
@@ -142,7 +204,7 @@ def load_causal_lm(model: ModelSpec, precision: str, accelerator: str = "cpu") -
         return hf_model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if model.load_in_4bit:
+    if model.load_in_4bit and qlora_load(strategy).prepare_kbit:
         hf_model = prepare_model_for_kbit_training(hf_model)
     config = LoraConfig(
         r=model.lora.r,
@@ -162,6 +224,24 @@ def load_causal_lm(model: ModelSpec, precision: str, accelerator: str = "cpu") -
             location="spec.model.lora.target_modules",
             hint=f"pick from the model's Linear modules: {', '.join(linear)}",
         ) from None
+
+
+def decoder_layer_classes(module: torch.nn.Module) -> set[type[torch.nn.Module]]:
+    """The classes FSDP wraps (and activation checkpointing recomputes) for a loaded model.
+
+    Source: the model's own ``_no_split_modules`` (class names transformers declares for every
+    ``PreTrainedModel`` whose instances must stay whole, e.g. ``["LlamaDecoderLayer"]``; peft
+    keeps the base model inside), resolved against ``type(m)`` of the modules actually loaded,
+    so no list of architectures lives in jobgen.
+
+    Returns:
+        the module classes named by any ``_no_split_modules`` in ``module``; empty when the
+        model declares none (or none of its names is instantiated).
+    """
+    names: set[str] = set()
+    for m in module.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    return {type(m) for m in module.modules() if type(m).__name__ in names}
 
 
 def count_parameters(module: torch.nn.Module) -> ParamCounts:
@@ -188,9 +268,12 @@ class LitHFCausalLM(LitGPT):
     the warmup + cosine schedule are :class:`LitGPT`'s (only parameters with
     ``requires_grad`` reach the optimizer, so LoRA trains the adapters only).
 
-    With LoRA, checkpoints hold the trainable (adapter) tensors only and the frozen base is
+    With LoRA, checkpoint files hold the trainable (adapter) tensors only and the frozen base is
     reloaded from ``hf_path`` on resume (``strict_loading`` is off; missing adapter tensors
-    still raise).
+    still raise). Per checkpoint format (see :meth:`on_save_checkpoint`): a single ``.ckpt``
+    file (ddp, one process; FSDP ``full`` on GPU) is filtered to the adapters; an FSDP sharded
+    directory keeps every tensor (each rank writes its own shard of the base too), as does a
+    DeepSpeed directory (the engine writes the module and optimizer states itself).
 
     Args:
         spec: the training spec (``spec.model.hf_path`` set).
@@ -215,7 +298,10 @@ class LitHFCausalLM(LitGPT):
                 "min_lr_ratio": t.min_lr_ratio,
             }
         )
-        self.model = load_causal_lm(m, t.precision, accelerator)
+        self.model = load_causal_lm(m, t.precision, accelerator, t.strategy)
+        # from_pretrained returns the model in eval mode, and Lightning keeps the modes it finds
+        # at fit (it only warns): without this, lora.dropout and the model's dropouts never apply.
+        self.model.train()
         self.counts = count_parameters(self.model)
         """Trainable / total parameters and vocabulary size (see :class:`ParamCounts`)."""
         self.adapters_only = m.lora is not None
@@ -226,17 +312,50 @@ class LitHFCausalLM(LitGPT):
         """Logits ``(B, T, V)`` for token ids ``(B, T)``."""
         return self.model(input_ids=idx).logits
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """:meth:`LitGPT.parameter_groups` without empty groups.
+
+        With LoRA every trainable tensor is a Linear weight (``lora_A``/``lora_B``), so the
+        no-decay group is empty; DeepSpeed's ZeRO optimizers drop empty groups, and the
+        learning-rate schedule built over the two groups then fails on its first step.
+        """
+        return [group for group in super().parameter_groups() if group["params"]]
+
     def _trainable_keys(self) -> set[str]:
-        return {name for name, p in self.named_parameters() if p.requires_grad}
+        # Names as in the state dict: without the prefixes FSDP and activation checkpointing add
+        # to the wrapped submodules (their state-dict hooks strip them, named_parameters does not).
+        return {name.replace(_FSDP_PREFIX, "").replace(_CHECKPOINT_PREFIX, "")
+                for name, p in self.named_parameters() if p.requires_grad}
+
+    def _state_dict_in_checkpoint(self) -> bool:
+        """Whether the checkpoint's ``state_dict`` is loaded back as a (non-strict) state dict.
+
+        Not with an FSDP *sharded* state dict: Lightning's ``FSDPStrategy.load_checkpoint`` asks
+        torch.distributed.checkpoint for every key of the wrapped model, so the frozen base must
+        be in the directory (reads the strategy's private ``_state_dict_type``, pinned in
+        tests/entrypoint/test_lightning_api.py).
+        """
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        strategy = self.trainer.strategy
+        return not (isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "sharded")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """With LoRA keep only the trainable (adapter) tensors in the checkpoint's state dict."""
-        if self.adapters_only and "state_dict" in checkpoint:
+        """With LoRA keep only the trainable (adapter) tensors in the checkpoint's state dict.
+
+        Skipped for FSDP sharded checkpoints (see :meth:`_state_dict_in_checkpoint`); DeepSpeed
+        checkpoints have no ``state_dict`` here (Lightning leaves the module to the engine).
+        """
+        if self.adapters_only and "state_dict" in checkpoint and self._state_dict_in_checkpoint():
             keep = self._trainable_keys()
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """With LoRA, require every adapter tensor in the checkpoint (loading is not strict).
+
+        Only where the checkpoint still carries its ``state_dict`` at this point (a ``.ckpt``
+        file); FSDP-sharded and DeepSpeed directories were loaded by the strategy already
+        (FSDP: every key of the model required; DeepSpeed: the engine's own module states).
 
         Raises:
             ConfigError: the checkpoint lacks adapter tensors (different ``lora`` settings).

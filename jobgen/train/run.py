@@ -164,7 +164,8 @@ def train(
         batch_line = (f"tokens per optimizer step {datamodule.tokens_per_step:,} "
                       f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
                       f"{t.gradient_accumulation_steps} x world size {launch.world_size}")
-    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput)
+    # The module first: the FSDP wrap classes of a Hugging Face model come from the loaded model.
+    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module)
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
 

@@ -15,6 +15,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from torch import nn
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import SUMMARY_FILE
@@ -53,41 +54,74 @@ class RunPaths:
         return self.run_dir / "curves.png"
 
 
-def _fsdp_policies(resolved: ResolvedSpec) -> tuple[set[type] | None, set[type] | None]:
-    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else jobgen's
-    GPT ``Block`` for the built-in GPT (and no wrapping policy for a ``class_path`` model: the
-    whole model is one FSDP unit)."""
+def _fsdp_policies(
+    resolved: ResolvedSpec, module: nn.Module | None = None
+) -> tuple[set[type] | None, set[type] | None]:
+    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else
+    jobgen's GPT ``Block`` for the built-in GPT, the loaded model's decoder-layer classes for a
+    Hugging Face model (:func:`jobgen.train.hf.decoder_layer_classes`, from ``module``), and no
+    wrapping policy for a ``class_path`` model (the whole model is one FSDP unit).
+
+    Raises:
+        ConfigError: a Hugging Face model that declares no ``_no_split_modules`` with
+            ``trainer.activation_checkpointing`` and no ``fsdp_activation_checkpointing_policy``.
+    """
     t, user = resolved.spec.trainer, resolved.spec.user_code
     from jobgen.user_code import policy_classes
 
+    if user:
+        default: set[type] | None = None
+    elif resolved.spec.model.is_hf:
+        if module is None:
+            raise ValueError("the FSDP policy of a Hugging Face model needs the loaded module")
+        from jobgen.train.hf import decoder_layer_classes
+
+        default = decoder_layer_classes(module) or None  # none declared: one FSDP unit
+    else:
+        default = {Block}
     if t.fsdp_auto_wrap_policy is not None:
         wrap: set[type] | None = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
     else:
-        wrap = None if user else {Block}
+        wrap = default
     if t.fsdp_activation_checkpointing_policy is not None:
         ckpt: set[type] | None = policy_classes(t.fsdp_activation_checkpointing_policy, "spec.",
                                                 "fsdp_activation_checkpointing_policy")
+    elif t.activation_checkpointing and not user:
+        if default is None:
+            raise ConfigError(
+                f"trainer.activation_checkpointing is on, but {resolved.spec.model.hf_path} declares no "
+                "decoder-layer classes (_no_split_modules) to recompute",
+                location="spec.trainer.activation_checkpointing",
+                hint="name the classes in trainer.fsdp_activation_checkpointing_policy (e.g. "
+                "transformers.models.llama.modeling_llama.LlamaDecoderLayer), or turn it off",
+            )
+        ckpt = default
     else:
-        ckpt = {Block} if t.activation_checkpointing and not user else None
+        ckpt = None
     return wrap, ckpt
 
 
-def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
+def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | None = None) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
 
     ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process),
     ``static_graph`` / ``gradient_as_bucket_view`` / ``find_unused_parameters`` from the spec.
-    fsdp: ``FSDPStrategy`` wrapping each :class:`Block` (or the spec's
-    ``fsdp_auto_wrap_policy`` classes), sharded (or, on GPU, full) state-dict checkpoints,
-    activation checkpointing of each :class:`Block` when ``trainer.activation_checkpointing``
-    (or of the ``fsdp_activation_checkpointing_policy`` classes), the spec's prefetch and
-    all-gather settings (:class:`CPUFSDPStrategy` with gloo on CPU).
+    fsdp: ``FSDPStrategy`` wrapping each :class:`Block` (a Hugging Face model: each of its
+    decoder layers, found in ``module``; or the spec's ``fsdp_auto_wrap_policy`` classes),
+    sharded (or, on GPU, full) state-dict checkpoints, activation checkpointing of those classes
+    when ``trainer.activation_checkpointing`` (or of the ``fsdp_activation_checkpointing_policy``
+    classes), the spec's prefetch and all-gather settings (:class:`CPUFSDPStrategy` with gloo on
+    CPU). Lightning keeps ``use_orig_params=True``, which lets one FSDP unit hold LoRA's frozen
+    base weights beside its trainable adapters.
     deepspeed_stage_N: ``DeepSpeedStrategy`` configured by the rendered ``ds_config.json``, the
     one source of DeepSpeed settings (:class:`CPUDeepSpeedStrategy` with gloo on CPU).
 
+    Args:
+        module: the LightningModule to be trained (needed for a Hugging Face model under fsdp).
+
     Raises:
         ConfigError: the DeepSpeed config is unreadable or disagrees with the spec
-            (see :func:`jobgen.train.resolved.load_deepspeed_config`).
+            (see :func:`jobgen.train.resolved.load_deepspeed_config`); see :func:`_fsdp_policies`.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
     if trainer.strategy == "ddp":
@@ -103,7 +137,7 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
             **extra,
         )
     if trainer.strategy == "fsdp":
-        wrap, checkpointing = _fsdp_policies(resolved)
+        wrap, checkpointing = _fsdp_policies(resolved, module)
         fsdp_kwargs: dict[str, Any] = {}
         if trainer.fsdp_forward_prefetch:
             fsdp_kwargs["forward_prefetch"] = True
@@ -138,7 +172,8 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path) -> Strategy | str:
 
 
 def build_trainer(
-    resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput
+    resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput,
+    module: nn.Module | None = None,
 ) -> tuple[Trainer, StepCheckpoint, CSVLogger]:
     """Create the Trainer (plus its checkpoint callback and CSV logger) for a resolved spec.
 
@@ -147,8 +182,12 @@ def build_trainer(
     epochs (``check_val_every_n_epoch=None``). With ``trainer.tensorboard`` a TensorBoardLogger
     writes into the CSV logger's version directory (``tensorboard/`` below it).
 
+    ``module`` (the LightningModule to be trained) picks the FSDP wrap classes of a Hugging
+    Face model (:func:`build_strategy`).
+
     Raises:
-        ConfigError: ``trainer.tensorboard`` is on but the ``tensorboard`` package is missing.
+        ConfigError: ``trainer.tensorboard`` is on but the ``tensorboard`` package is missing;
+            see :func:`build_strategy`.
     """
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
@@ -193,7 +232,7 @@ def build_trainer(
         accelerator=launch.accelerator,
         devices=launch.devices_per_node,
         num_nodes=launch.num_nodes,
-        strategy=build_strategy(resolved, spec_path),
+        strategy=build_strategy(resolved, spec_path, module),
         precision=t.precision,
         max_steps=-1 if t.max_steps is None else t.max_steps,
         max_epochs=-1 if t.max_epochs is None else t.max_epochs,

@@ -14,7 +14,8 @@ What is pinned (issue 10):
 * the private Lightning API jobgen still uses, and that Lightning still calls it:
   ``FSDPStrategy._setup_model`` and ``DeepSpeedStrategy._setup_model_and_optimizer``, overridden
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
-* the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co.,
+* the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co., its
+  private ``_state_dict_type`` and default ``use_orig_params=True`` read for LoRA,
   ``Trainer.save_checkpoint``, ``Strategy.remove_checkpoint``/``barrier``/``broadcast``, the
   ``Checkpoint`` base class contract, ``SLURMEnvironment``, the rank-zero logger name).
 """
@@ -182,6 +183,21 @@ def test_fsdp_strategy_attributes_the_cpu_strategy_reads() -> None:
             )
     if not isinstance(strategy.kwargs, dict) or "auto_wrap_policy" not in strategy.kwargs:
         _fail("FSDPStrategy.kwargs no longer holds the auto_wrap_policy", "see FSDPStrategy.__init__")
+
+
+def test_fsdp_strategy_state_dict_type_and_orig_params_the_hf_module_relies_on() -> None:
+    """LitHFCausalLM reads the private ``_state_dict_type`` to keep LoRA's frozen base in sharded
+    checkpoints (Lightning's sharded load asks for every key); LoRA under FSDP needs
+    ``use_orig_params=True`` (frozen base and trainable adapters in one FSDP unit), which
+    Lightning sets unless told otherwise and jobgen never overrides."""
+    for kind in ("sharded", "full"):
+        if getattr(FSDPStrategy(state_dict_type=kind), "_state_dict_type", None) != kind:
+            _fail("FSDPStrategy no longer keeps state_dict_type in ._state_dict_type",
+                  "update LitHFCausalLM._state_dict_in_checkpoint (jobgen/train/hf.py)")
+    if FSDPStrategy().kwargs.get("use_orig_params") is not True:
+        _fail("FSDPStrategy no longer defaults to use_orig_params=True",
+              "pass use_orig_params=True in jobgen.train.trainer.build_strategy (LoRA mixes frozen and "
+              "trainable parameters in one FSDP unit)")
 
 
 def test_deepspeed_strategy_attributes_the_cpu_strategy_reads() -> None:

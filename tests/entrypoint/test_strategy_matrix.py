@@ -52,9 +52,11 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def plan_job(job_dir: Path, trainer: dict[str, Any], max_steps: int | None = None) -> Path:
-    """Plan TINY_SPEC (+ ``trainer`` overrides) for the ``local`` profile with jobgen's planner and
-    write its files into ``job_dir``; returns ``job_dir``."""
+def plan_job(
+    job_dir: Path, trainer: dict[str, Any], max_steps: int | None = None, base: dict[str, Any] | None = None
+) -> Path:
+    """Plan TINY_SPEC (merged with ``base``, then the ``trainer`` overrides) for the ``local``
+    profile with jobgen's planner and write its files into ``job_dir``; returns ``job_dir``."""
     from jobgen.load import load_profile, validate
     from jobgen.plan import plan
     from jobgen.spec import TrainingSpec
@@ -62,7 +64,7 @@ def plan_job(job_dir: Path, trainer: dict[str, Any], max_steps: int | None = Non
     overrides: dict[str, Any] = {"trainer": trainer}
     if max_steps is not None:
         overrides["trainer"] = {**trainer, "max_steps": max_steps}
-    spec = validate(TrainingSpec, _merge(TINY_SPEC, overrides), "<matrix>")
+    spec = validate(TrainingSpec, _merge(_merge(TINY_SPEC, base or {}), overrides), "<matrix>")
     plan(spec, load_profile("local", PROFILES), TEMPLATES).write(job_dir)
     return job_dir
 
