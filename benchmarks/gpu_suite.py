@@ -22,7 +22,7 @@ Rows, in this order (``--rows`` selects by name):
   stdlib text), gpt350m-fsdp-bf16 and gpt350m-ds2-bf16 (FSDP FULL_SHARD / DeepSpeed ZeRO-2 on
   all visible GPUs; the latter when ``import deepspeed`` works), llama-lora-bf16 and
   llama-qlora-bf16 (a tiny Llama built here with transformers' LlamaConfig + save_pretrained by
-  tests/entrypoint/test_hf_lora.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports).
+  tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports).
   CPU (tiny GPT: 4 layers, d_model 128, block 128): cpu-gpt-fp32, cpu-gpt-bf16 (only where the
   CPU has native bf16: avx512_bf16/amx_bf16; emulated bf16 is not timed), cpu-gpt-fp32-compile,
   cpu-gpt-ddp-fp32, cpu-gpt-fsdp-fp32, cpu-gpt-ds2-fp32 (2 CPU ranks), cpu-llama-lora-fp32.
@@ -63,8 +63,8 @@ and there:
 install_requires (jinja2, click, pyyaml, pydantic) serve every row; setuptools + wheel build the
 editable install without an index; jsonargparse is part of ``jobgen[train]``; deepspeed (+ hjson,
 ninja, py-cpuinfo, msgpack, einops; it also needs psutil, tqdm, packaging, numpy, which transformers
-and peft bring) the ZeRO row; bitsandbytes QLoRA; pytest the tiny-Llama builder
-(tests/entrypoint/test_hf_lora.py imports it). kubernetes / jsonschema are not needed (local
+and peft bring) the ZeRO row; bitsandbytes QLoRA; pytest runs the test suite there. The tiny-Llama builder
+(tests/entrypoint/hf_helpers.py) needs no pytest. kubernetes / jsonschema are not needed (local
 backend). README "GPU evidence suite" lists what this fetched and its size.
 """
 
@@ -143,8 +143,8 @@ ROWS: tuple[Row, ...] = (
     Row("gpt350m-fsdp-bf16", "gpu", "gpt2-350m", "bf16-mixed", strategy="fsdp", ranks="all"),
     Row("gpt350m-ds2-bf16", "gpu", "gpt2-350m", "bf16-mixed", strategy="deepspeed_stage_2", ranks="all",
         needs=("deepspeed",)),
-    Row("llama-lora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft", "pytest")),
-    Row("llama-qlora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft", "pytest", "bitsandbytes"),
+    Row("llama-lora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft")),
+    Row("llama-qlora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft", "bitsandbytes"),
         qlora=True),
     Row("cpu-gpt-fp32", "cpu", "gpt-tiny", "32-true"),
     Row("cpu-gpt-bf16", "cpu", "gpt-tiny", "bf16-mixed"),
@@ -152,7 +152,7 @@ ROWS: tuple[Row, ...] = (
     Row("cpu-gpt-ddp-fp32", "cpu", "gpt-tiny", "32-true", ranks="2"),
     Row("cpu-gpt-fsdp-fp32", "cpu", "gpt-tiny", "32-true", strategy="fsdp", ranks="2"),
     Row("cpu-gpt-ds2-fp32", "cpu", "gpt-tiny", "32-true", strategy="deepspeed_stage_2", ranks="2", needs=("deepspeed",)),
-    Row("cpu-llama-lora-fp32", "cpu", "llama-tiny", "32-true", needs=("transformers", "peft", "pytest")),
+    Row("cpu-llama-lora-fp32", "cpu", "llama-tiny", "32-true", needs=("transformers", "peft")),
 )  # fmt: skip
 
 
@@ -212,7 +212,7 @@ def write_profile(out: Path, gpu: dict[str, Any] | None) -> Path:
 
 def llama_spec(out: Path) -> dict[str, Any]:
     """Build the tiny Llama + tokenizer and its JSONL data once under ``<out>/hf``; its spec sections."""
-    from tests.entrypoint.test_hf_lora import LORA_R, TARGETS, _records, build_tiny_llama
+    from tests.entrypoint.hf_helpers import LORA_R, TARGETS, build_tiny_llama, records
 
     hf = out / "hf"
     model_dir, tok_dir = hf / "llama", hf / "tokenizer"
@@ -220,7 +220,7 @@ def llama_spec(out: Path) -> dict[str, Any]:
         hf.mkdir(parents=True, exist_ok=True)
         model_dir, tok_dir = build_tiny_llama(hf)
     data = hf / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in _records() * 4))
+    data.write_text("".join(json.dumps(r) + "\n" for r in records() * 4))
     return {
         "model": {"preset": None, "hf_path": str(model_dir), "block_size": 96,
                   "lora": {"r": LORA_R, "alpha": 8, "target_modules": TARGETS}},

@@ -252,10 +252,24 @@ def train(
 
 
 class _ValidationTracker(Callback):
-    """Remembers the global step of the latest validation run (the sanity check does not count)."""
+    """Remembers the global step of the latest validation run (the sanity check does not count),
+    and has fit's own loop validate after the last optimizer step.
+
+    The last validation runs inside ``fit`` because a separate ``trainer.validate`` after it
+    cannot run under FSDP: Lightning's FSDPStrategy sees the decoder blocks fit wrapped, does
+    not wrap the root again, and the root's parameters are still flat shards ("'weight' must
+    be 2-D"). Setting ``trainer.should_stop`` (public) at ``max_steps`` makes Lightning's
+    training epoch loop validate before it stops (``_should_check_val_fx``, Lightning 2.6;
+    tests/entrypoint/test_entrypoint_train.py checks FSDP ends validated off the interval).
+    """
 
     def __init__(self) -> None:
         self.step: int | None = None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: lightning.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
 
     def on_validation_end(self, trainer: Trainer, pl_module: lightning.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -102,8 +102,10 @@ def test_resumed_run_continues_exactly_like_an_uninterrupted_one(
     # Same samples in the same order after the restart, so the same losses (gloo on CPU is
     # deterministic for a fixed world size).
     losses_a, losses_b = _train_losses(Path(a["metrics_csv"])), _train_losses(Path(b["metrics_csv"]))
-    assert set(losses_b) == {24}  # logged every 5 steps: step index 24 is the 25th step
-    assert math.isclose(losses_b[24], losses_a[24], rel_tol=1e-5), (losses_a, losses_b)
+    # logged every 5 steps (step index 24 is the 25th step) and at the last step (index 25)
+    assert set(losses_b) == {24, 25}
+    for index in (24, 25):
+        assert math.isclose(losses_b[index], losses_a[index], rel_tol=1e-5), (losses_a, losses_b)
     assert math.isclose(b["val_loss"], a["val_loss"], rel_tol=1e-5), (a["val_loss"], b["val_loss"])
 
 
@@ -112,7 +114,9 @@ def test_fsdp_on_cpu_matches_ddp_and_resumes_from_sharded_checkpoints(
 ) -> None:
     write_spec(filename="ddp.json")
     write_spec({"trainer": {"strategy": "fsdp"}}, filename="fsdp20.json")
-    write_spec({"trainer": {"strategy": "fsdp", "max_steps": 30}}, filename="fsdp30.json")
+    # 25 is off the validation interval (10): the last validation runs inside fit, as a separate
+    # trainer.validate() cannot re-enter a model FSDP has wrapped (jobgen.train.run._ValidationTracker)
+    write_spec({"trainer": {"strategy": "fsdp", "max_steps": 25}}, filename="fsdp25.json")
     ddp_dir, fsdp_dir = tmp_path / "ddp", tmp_path / "fsdp"
 
     for spec, run_dir in (("ddp.json", ddp_dir), ("fsdp20.json", fsdp_dir)):
@@ -125,11 +129,14 @@ def test_fsdp_on_cpu_matches_ddp_and_resumes_from_sharded_checkpoints(
     last = fsdp_dir / "checkpoints" / "last.ckpt"
     assert last.is_dir() and (last / "meta.pt").is_file()  # sharded: one file per rank + metadata
 
-    result = run_entrypoint("--spec", "fsdp30.json", "--run-dir", str(fsdp_dir), nproc=2, timeout=TIMEOUT_S)
+    result = run_entrypoint("--spec", "fsdp25.json", "--run-dir", str(fsdp_dir), nproc=2, timeout=TIMEOUT_S)
     assert result.code == 0, result.output
     resumed = _summary(fsdp_dir)
-    assert resumed["resumed_from_step"] == 20 and resumed["global_step"] == 30
+    assert resumed["resumed_from_step"] == 20 and resumed["global_step"] == 25
     assert resumed["val_loss"] < fsdp["val_loss"]
+    # the resumed run (its own metrics file) validated once: at its last step, inside fit (logged
+    # at step index 24, as in-fit validations are)
+    assert _val_steps(Path(resumed["metrics_csv"])) == [24]
 
 
 def test_compiled_run_resumes_an_eager_checkpoint_and_matches_the_eager_run(run_entrypoint, write_spec,
@@ -156,3 +163,9 @@ def test_compiled_run_resumes_an_eager_checkpoint_and_matches_the_eager_run(run_
     assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
 
 
+
+
+def _val_steps(metrics_csv: Path) -> list[int]:
+    """Global steps of the val_loss rows of a CSVLogger metrics file, in order."""
+    with open(metrics_csv, newline="") as fh:
+        return [int(row["step"]) for row in csv.DictReader(fh) if row.get("val_loss")]
