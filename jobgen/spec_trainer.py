@@ -258,7 +258,7 @@ class TrainerSpec(_Model):
         # which is accepted while they agree.
         if not isinstance(data, dict) or data.get("warmup_ratio") is None:
             return data
-        ratio, max_steps = data["warmup_ratio"], data.get("max_steps", 1000)
+        ratio, max_steps = data["warmup_ratio"], data.get("max_steps", cls.model_fields["max_steps"].default)
         if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 <= ratio < 1:
             return data  # the field's own validation reports it
         if max_steps is None:
