@@ -85,7 +85,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-GIB = 1024**3
+from jobgen.estimate import GIB  # noqa: E402
 
 #: torch.cuda.get_device_name() substrings -> jobgen.profiles.GpuType (most specific first).
 GPU_TYPES = (("H200", "H200"), ("H100", "H100"), ("B200", "B200"), ("A100", "A100"), ("A10G", "A10G"),
@@ -166,18 +166,11 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def cpu_info() -> dict[str, Any]:
     """This machine's CPU: model name, torch's CPU capability, native bf16 (jobgen.backends.local)."""
     import torch
+    from render import cpu_model  # benchmarks/ is sys.path[0]
 
     from jobgen.backends.local import native_bf16
 
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    return {"model": model, "cores": os.cpu_count(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"model": cpu_model(), "cores": os.cpu_count(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": native_bf16()}  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from lab import (
     NODES,
     LabConflictError,
     SlurmLab,
+    _process_identity,
     job_state,
     run_slurm,
     sbatch,
@@ -194,19 +195,17 @@ def test_a_lab_is_abandoned_once_its_root_or_its_owner_process_is_gone(tmp_path:
     assert "is gone" in lab.abandoned()  # no lab.json: its temporary root was deleted
     lab._write_state(owner=None)  # brought up by `lab.py up`: held until `down`
     assert lab.abandoned() is None
-    lab._write_state(owner={"pid": os.getpid(), "start": _start_ticks(os.getpid())})
+    me = _process_identity(os.getpid())
+    lab._write_state(owner=me)
     assert lab.abandoned() is None
-    dead = subprocess.Popen(["true"])
-    owner = {"pid": dead.pid, "start": _start_ticks(dead.pid)}
+    dead = subprocess.Popen(["sleep", "30"])
+    owner = _process_identity(dead.pid)
+    dead.kill()
     dead.wait()
     lab._write_state(owner=owner)
     assert lab.abandoned() == f"its owner, pid {dead.pid}, has exited"
-    lab._write_state(owner={"pid": os.getpid(), "start": _start_ticks(os.getpid()) - 1})
+    lab._write_state(owner={**me, "start": me["start"] - 1})
     assert "has exited" in lab.abandoned()  # the PID was reused by a later process
-
-
-def _start_ticks(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def test_accounting_answers_sacct_json(slurm_lab: SlurmLab, tmp_path: Path):
