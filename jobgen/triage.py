@@ -247,10 +247,10 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 
 
 class LiveFilter:
-    """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: rank
-    zero's and torchrun's own, without failures, so that a failed run's terminal shows jobgen's
-    triage (:func:`format_triage`) instead of every rank's traceback and torchrun's
-    ChildFailedError report (issue 22). Failures are tracebacks (up to the exception line,
+    """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: every
+    rank's (without torchrun's label, as they were printed) and torchrun's own, without
+    failures, so that a failed run's terminal shows jobgen's triage (:func:`format_triage`)
+    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22). Failures are tracebacks (up to the exception line,
     chained ones included), the entrypoint's error line and NCCL error lines, as :func:`triage`
     finds them; after the first failure torchrun's own lines are held back too (its worker
     exit reports and ChildFailedError block). Every line still goes to the run's log.
@@ -280,7 +280,7 @@ class LiveFilter:
             return None
         if line.rank is None:
             return None if self.failed else text
-        return text if line.rank == 0 else None
+        return line.text
 
 
 def parse_rfc3339(text: str) -> datetime | None:

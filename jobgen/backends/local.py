@@ -6,7 +6,7 @@ each take every core and throughput drops 3-4x). Ctrl-C stops every rank: torchr
 its own process group, gets SIGINT forwarded, and the whole group is killed after a grace period.
 
 Output: torchrun labels every rank's lines (``--tee 3``); all of it goes to the run directory's
-:data:`OUTPUT_LOG`, the terminal gets rank zero's lines (:class:`jobgen.triage.LiveFilter`), and
+:data:`OUTPUT_LOG`, the terminal gets the ranks' lines but no failure (:class:`jobgen.triage.LiveFilter`), and
 a failed run ends with the first failing rank's error (:func:`jobgen.triage.triage`, as
 ``jobgen logs --first-error`` prints it) and the log's path.
 """
@@ -274,7 +274,7 @@ def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Pat
 
     Its output (stdout and stderr) is appended to ``log`` line by line, after a start line
     (:data:`OUTPUT_START`, the UTC time, the command); ``echo`` gets the lines
-    :class:`~jobgen.triage.LiveFilter` shows (rank zero's and torchrun's, without failures).
+    :class:`~jobgen.triage.LiveFilter` shows (the ranks' and torchrun's, without failures).
     """
     sink = log.open("ab")
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")

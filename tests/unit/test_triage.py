@@ -194,10 +194,10 @@ def test_torchrun_tee_labels_name_the_ranks_and_torchruns_own_report_is_no_rank(
     assert result.first.headline == "ValueError: rank one broke"
 
 
-def test_the_live_filter_shows_rank_zero_and_holds_back_failures_and_torchruns_report():
+def test_the_live_filter_shows_the_ranks_lines_and_holds_back_failures_and_torchruns_report():
     text = [
         "[default0]:step 1/4 | loss 1.0",
-        "[default1]:step 1/4 | loss 1.0",                      # rank 1: log only
+        "[default1]:rank 1 says hello",                        # every rank's own lines are shown
         "W1125 16:15:35 api.py:1028] some torchrun warning",    # torchrun, before any failure: shown
         "[default1]:[rank1]: Traceback (most recent call last):",
         "[default1]:[rank1]:   File \"m.py\", line 7, in training_step",
@@ -214,5 +214,6 @@ def test_the_live_filter_shows_rank_zero_and_holds_back_failures_and_torchruns_r
     ]
     live = LiveFilter()
     shown = [out for i, t in enumerate(text) if (out := live.show(torchrun_line(t, i))) is not None]
-    assert shown == ["step 1/4 | loss 1.0", "W1125 16:15:35 api.py:1028] some torchrun warning", "teardown note"]
+    assert shown == ["step 1/4 | loss 1.0", "rank 1 says hello", "W1125 16:15:35 api.py:1028] some torchrun warning",
+                     "teardown note"]
     assert live.failed
