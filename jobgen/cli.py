@@ -402,7 +402,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
 @click.option("--first-error", is_flag=True,
-              help="Read every rank's (SLURM) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
+              help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")
 @_output_option
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:

@@ -114,8 +114,9 @@ def gpu_type_of(gpus: LocalGpus) -> str:
         if re.search(rf"(?<![A-Z0-9]){known}(?![0-9])", upper):
             return known
     below = [k for k, cap in GPU_COMPUTE_CAPABILITY.items() if cap <= gpus.capability]
-    pool = below or list(GPU_COMPUTE_CAPABILITY)
-    return max(pool, key=lambda k: GPU_COMPUTE_CAPABILITY[k]) if below else min(pool, key=lambda k: GPU_COMPUTE_CAPABILITY[k])
+    if below:
+        return max(below, key=GPU_COMPUTE_CAPABILITY.__getitem__)
+    return min(GPU_COMPUTE_CAPABILITY, key=GPU_COMPUTE_CAPABILITY.__getitem__)  # older than every known model
 
 
 def _host_mem_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
