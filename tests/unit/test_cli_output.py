@@ -248,3 +248,11 @@ def test_render_o_dir_is_gone_from_the_help_and_the_readme():
     readme = (REPO / "README.md").read_text()
     bad = re.findall(r"jobgen (?:render|diff|submit) [^\n`]*?-o (?!json|text|yaml)\S+", readme)
     assert not bad, bad
+
+
+def test_diff_o_json_holds_the_diff_and_says_whether_in_sync(cwd):
+    before = json.loads(invoke("diff", QUICKSTART, "--profile", "slurm-a100", "-o", "json").stdout)
+    assert before["in_sync"] is False and "+++ b/manifests/slurm-a100/quickstart/job.sbatch" in before["diff"]
+    assert invoke("render", QUICKSTART, "--profile", "slurm-a100").exit_code == 0
+    after = json.loads(invoke("diff", QUICKSTART, "--profile", "slurm-a100", "-o", "json").stdout)
+    assert after == {"out": str(cwd / "manifests"), "in_sync": True, "diff": ""}
