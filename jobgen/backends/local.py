@@ -178,13 +178,13 @@ class LocalBackend(Backend):
             if command.cwd is not None:  # command mode: run the committed script, not the working tree's
                 cwd = inside_snapshot(cwd, code[0], code[1])
         env.setdefault("PYTHONUNBUFFERED", "1")
-        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
+        log = job_dir / OUTPUT_LOG
+        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv), log_file=str(log),
                             inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
                             code=code[1] if code else None)
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
-        log = job_dir / OUTPUT_LOG
         code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
         if code != 0:
             hint = "rerun with the same command to resume from the last checkpoint"

@@ -56,6 +56,7 @@ def test_a_failed_local_run_prints_the_first_failing_ranks_error_and_the_log(tmp
     assert "ValueError: rank one broke at batch 1" in terminal, result.output
     assert "first failure: rank 1" in terminal, result.output
     assert str(log) in terminal, result.output
+    assert json.loads((run_dir / ".jobgen-submission.json").read_text())["log_file"] == str(log)
     assert "training exited with code 1" in result.stderr, result.output  # jobgen's line
     # not torchrun's report, nor the other ranks' tracebacks
     assert "ChildFailedError" not in terminal and "Root Cause" not in terminal, result.output
