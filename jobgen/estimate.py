@@ -23,13 +23,19 @@ Sources of the formulas
   the frozen (optionally 4-bit) base and the Llama block's activations.
 * Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
   gradient bucket copy, FSDP's gathered units, torch AdamW's ``foreach`` temporaries, DeepSpeed's
-  fp32 gradient partition, communication buckets and ZeRO-3's gathered working set.
+  fp32 gradient partition, communication buckets and ZeRO-3's gathered working set, the
+  residual stream's width under autocast (:func:`residual_bytes`).
 
-The estimate is a conservative sum: parameters + gradients + optimizer states + activations
-+ overhead, although gradients and activations never all peak at the same instant (gradients
-with ``set_to_none`` appear during backward while activations are being freed). Usable memory
-is also a little below the nominal ``gpu_mem_gib`` (``torch.cuda.mem_get_info``), which the
-overhead term is meant to absorb.
+The estimate is the peak of one training step: the model states alive throughout, plus the
+larger of the activations' peak and what is allocated only after it (gradients produced while
+backward frees activations, the optimizer step's temporaries; :func:`with_activations`), plus
+the overhead term for what PyTorch's allocator does not report (CUDA context, NCCL, the
+allocator's reserve). Calibration: the one-GPU peaks measured in issues 21 and 22 (one H100,
+``torch.cuda.max_memory_allocated``), kept with their sources in
+tests/unit/test_estimate_measured.py ``MEASURED``, are within 15% of the plan (measured /
+planned 0.86-1.05; at aafdf85, before the fixes named in :func:`activation_bytes`,
+:func:`residual_bytes` and :func:`deepspeed_bucket_bytes`, ZeRO-2 read 0.59-0.64). It is an
+estimate, not a bound: a layout or shape far from those runs can be off by more.
 
 Size: one module above ~500 lines on purpose: the layouts (DDP, FSDP variants, ZeRO 1-3 with
 offload), their formulas and the recommender that ranks them share one set of terms; split
@@ -207,10 +213,12 @@ def residual_bytes(precision: str, strategy: str) -> int:
     (``DeepSpeedEngine._cast_module_mixed_precision``, deepspeed 0.19.8) and Lightning's
     DeepSpeedPrecision adds no autocast, ``bf16-true`` stores 16-bit weights.
 
-    Evidence: Llama-2-7B QLoRA, one H100 (issue 22, :data:`jobgen.estimate_hf` measurements):
-    the DDP peak (15.6 GiB) is 4.5 GiB above ZeRO-2's (11.1 GiB) although ZeRO-2 holds more
-    model state; fp32 checkpointed block inputs (32 x 2048 x 4 x 4096 x 4 bytes = 4 GiB instead
-    of 2) are the largest part of that difference.
+    Evidence: Llama-2-7B QLoRA on one H100 (issue 22; rows ``llama7b-qlora-ddp`` and
+    ``llama7b-qlora-ds2`` of tests/unit/test_estimate_measured.py): the DDP peak (15.6 GiB) is
+    4.5 GiB above ZeRO-2's (11.1 GiB) although ZeRO-2 holds more model state; fp32 checkpointed
+    block inputs (32 x 2048 x 4 x 4096 x 4 bytes = 4 GiB instead of 2) are the largest part of
+    the difference. With a 16-bit residual the DDP plan would read 1.21 (measured / planned).
+    
     """
     if precision not in _16BIT:
         return 4
@@ -248,16 +256,17 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
     The peak is ``saved + max(head, transient)``: the head's tensors (logits, loss) live at the
     end of forward and the start of backward, before any layer is recomputed or differentiated;
     the transient is the backward working set, plus one recomputed layer under checkpointing.
-    Summing the two instead (jobgen before issue 22) over-counted the checkpointed Llama-2-7B
-    QLoRA runs of issue 22 by ~2.7 GiB (head 2.75 GiB, recomputed layer + working set 2.76 GiB).
+    Summing the two instead (jobgen at aafdf85) over-counts the checkpointed Llama-2-7B QLoRA
+    runs of issue 22 (rows ``llama7b-qlora-*`` of tests/unit/test_estimate_measured.py) by
+    2.3 GiB: head 2.57 GiB, recomputed layer + working set 2.28 GiB.
 
     Args:
         shape: model shape and micro batch (``s`` = block_size, ``b`` = micro_batch_size).
         precision: the spec's precision (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
         checkpointing: keep only block inputs (recompute the rest in backward).
         fused_attention: SDPA uses a fused kernel (no ``s x s`` score matrices stored).
-        residual: bytes of a residual-stream element (``r``); default :func:`residual_bytes` for
-            DeepSpeed-like pure 16-bit (``2`` in 16-bit, ``4`` under ``32-true``).
+        residual: bytes of a residual-stream element (``r``, see :func:`residual_bytes`); default
+            ``e`` (pure 16-bit compute as under DeepSpeed; fp32 under ``32-true``).
 
     Returns:
         bytes.
@@ -732,9 +741,9 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     assumptions = [
         f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
         + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
-        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations "
-        + ("(for Hugging Face QLoRA below the seed table's measured peaks, not an upper bound: README "
-           "\"Planning Hugging Face models\")" if hf else "(an upper bound)"),
+        "AdamW; parameters + gradients + optimizer states + activations at their peak (the optimizer step's "
+        "temporaries, and gradients without accumulation, reuse the activations' memory): an estimate of the "
+        "peak, not a bound (within 15% of the one-GPU peaks measured in README \"Memory plan\")",
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
         + ("activation checkpointing (peft's prepare_model_for_kbit_training turns it on for QLoRA)"
            if spec_ckpt and not spec.trainer.activation_checkpointing else

@@ -20,11 +20,20 @@ Sources
   (8-bit first-level constants, blocksize 256, fp32 second-level constants) costs
   ``4 + 8/64 + 32/(64·256) = 4.127`` bits per parameter (:data:`NF4_DQ_BITS`). Only the decoder
   layers' Linear weights are quantised (bitsandbytes via transformers keeps ``lm_head``, the
-  embeddings and the norms out); jobgen's loader (jobgen.train.hf) then calls peft's
-  ``prepare_model_for_kbit_training``, which casts those non-quantised parameters to fp32
-  (:data:`QLORA_UNQUANTIZED_BYTES`) and turns on gradient checkpointing
-  (``use_gradient_checkpointing=True`` by default), so QLoRA activations are always those of a
-  checkpointed model.
+  embeddings and the norms out); for ddp and ZeRO-1/2 jobgen's loader (jobgen.train.hf) then
+  calls peft's ``prepare_model_for_kbit_training``, which casts those non-quantised parameters
+  to fp32 (:data:`QLORA_UNQUANTIZED_BYTES`; DeepSpeed casts them back to bf16:
+  :func:`unquantized_bytes`) and turns on gradient checkpointing
+  (``use_gradient_checkpointing=True`` by default).
+* Assumption: QLoRA trains with activation checkpointing under every layout. At aafdf85 the
+  fsdp / deepspeed_stage_3 recipe (bf16 load, :data:`QLORA_BF16_LOAD_STRATEGIES`) skips
+  ``prepare_model_for_kbit_training`` and with it the checkpointing: issue 22's ZeRO-3 run on one
+  H100 peaked at 67.8 GiB, which the estimate *without* checkpointing matches (69.5 GiB, measured
+  / planned 0.97; row ``llama7b-qlora-ds3`` of tests/unit/test_estimate_measured.py) while the
+  plan with it says 13.1 GiB. At world size 1 ZeRO-3 partitions nothing, so transformers
+  skipping ``zero.Init`` for quantised models cannot explain that run. No trustworthy FSDP QLoRA
+  peak exists yet (the run crashed while wrapping); its plan assumes the checkpointed,
+  bf16-stored model of the bitsandbytes FSDP-QLoRA recipe with fp32 adapters.
 * LoRA: Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models" (arXiv:2106.09685):
   one adapter on a ``d_in x d_out`` Linear adds ``r·(d_in + d_out)`` parameters (A: d_in x r,
   B: r x d_out); peft's ``lora_dropout`` keeps its output (and mask) for A's backward.
@@ -42,10 +51,12 @@ Frozen base weights under each layout (they have no gradients or optimizer state
 * ``deepspeed_stage_3``: the base divided by the world, plus the gathered working set (largest
   module + the prefetch bucket); ``offload_params`` puts the partition on the host.
 
-Caveats: the estimate is a sum of peaks (see :mod:`jobgen.estimate`); it does not know the
-caching allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers
-beyond the largest Linear, or a framework's own copies; tests/unit/test_estimate_hf.py states
-how far from the measured seed table (:mod:`jobgen.seeds`) it is allowed to be.
+Caveats: the estimate is the peak of one step as :mod:`jobgen.estimate` builds it, calibrated
+against the measured one-GPU QLoRA peaks of issue 22 (ddp 15.6 GiB, ZeRO-2 11.1 GiB: measured /
+planned 1.05 and 0.86, tests/unit/test_estimate_measured.py). It does not know the caching
+allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers beyond the
+largest Linear, or a framework's own copies. The seed table (:mod:`jobgen.seeds`) is a looser
+reference: tests/unit/test_estimate_hf.py states how far from it the estimate may be.
 """
 
 from __future__ import annotations
@@ -431,7 +442,10 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
     their weights, gradients, AdamW states, DDP bucket copy, FSDP/ZeRO sharding and buckets), plus
     the frozen base (:func:`base_bytes`) placed as the module docstring says per layout, plus, for
     QLoRA, one 16-bit dequantised copy of the largest quantised Linear (bitsandbytes dequantises a
-    weight per matmul). QLoRA always counts activation checkpointing (peft turns it on).
+    weight per matmul). Activations: :func:`hf_activation_bytes` of a frozen base at the layout's
+    residual width (:func:`jobgen.estimate.residual_bytes`), joined to the states by
+    :func:`jobgen.estimate.with_activations`. QLoRA always counts activation checkpointing (the
+    module docstring's assumption).
 
     Args:
         shape: the model and micro batch.
@@ -545,7 +559,9 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
                      "parameters (weights, gradients, AdamW states as for the GPT); the base is frozen")
     if m.load_in_4bit:
         lines.append(f"QLoRA base: {shape.quantized_params / 1e6:,.1f}M Linear weights at {NF4_DQ_BITS:.3f} bits "
-                     "(NF4 + double quantisation, Dettmers et al. 2023), the rest fp32 (peft)")
+                     "(NF4 + double quantisation, Dettmers et al. 2023), the rest fp32 under ddp (peft), bf16 under "
+                     "DeepSpeed (its cast) and the fsdp/ZeRO-3 recipe; activation checkpointing assumed under every "
+                     "layout (jobgen/estimate_hf.py)")
     elif m.lora is not None:
         lines.append("LoRA base: fp32 weights under mixed precision (jobgen.train.hf), 16-bit under bf16-true")
     return info, lines

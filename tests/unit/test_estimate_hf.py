@@ -251,18 +251,19 @@ def test_hf_specs_validate_with_every_strategy():
 
 @pytest.mark.parametrize("row", seeds.LLAMA_7B_QLORA, ids=lambda r: r.recipe)
 def test_estimate_against_the_seed_table(row):
-    """The estimate of each seed row's recipe against its measured per-GPU memory.
+    """The estimate of each seed row's recipe against its per-GPU memory in the seed table.
 
-    Tolerance: ``0.5 <= estimate / measured <= 1.1``. Direction: the seed figures are measured
-    peaks and the estimate sums modelled tensors, so it is expected *below* them here: what it
-    does not model (the caching allocator's fragmentation beyond the 1.5 GiB overhead term,
-    bitsandbytes' and autocast's per-call temporaries other than the largest dequantised Linear,
-    transformers' extra fp32 copies of the logits in the loss) adds to the measurement only. The
-    ratios themselves are in README "Planning Hugging Face models" (checked below, so they stay
-    current): the lower bound 0.5 catches a term lost (the base or the activations alone are ~4 GB);
-    the upper bound 1.1 allows the GB/GiB reading of the table (7.4%) and catches a term counted
-    twice. The spread is the estimate's known error for QLoRA (README, "Planning Hugging Face
-    models"); it is not an upper bound for these recipes.
+    Tolerance: ``0.35 <= estimate / seed figure <= 1.1``. The seed table is a reference, not the
+    calibration: the estimate is calibrated to peaks jobgen measured itself
+    (tests/unit/test_estimate_measured.py: ``torch.cuda.max_memory_allocated`` plus the plan's
+    overhead term), and jobgen's own measurement of the seed's DDP recipe on one GPU (15.6 GiB,
+    issue 22) is 0.70x the seed's 24 GB for it: the seed figures hold memory that
+    ``max_memory_allocated`` does not (the allocator's reserve and the CUDA context, as
+    nvidia-smi reports them, is the likely reading; the table does not say). The lower bound
+    catches a term lost (the base or the checkpointed activations alone are ~4 GiB, a quarter of
+    the smallest seed figure); the upper bound 1.1 allows the GB/GiB reading of the table (7.4%)
+    and catches a term counted twice. The ratios are in README "Planning Hugging Face models"
+    (checked below, so they stay current).
     """
     profile = load_profile("slurm-a100", None)
     spec = qlora_spec(row.strategy, row.gpus)
@@ -271,7 +272,7 @@ def test_estimate_against_the_seed_table(row):
     mp = plan_memory(spec, profile, 1, row.gpus)
     assert mp.seed is not None and mp.seed["recipe"] == row.recipe
     ratio = mp.spec_row.estimate.total_bytes / row.mem_bytes_per_gpu
-    assert 0.5 <= ratio <= 1.1, (row.recipe, ratio)
+    assert 0.35 <= ratio <= 1.1, (row.recipe, ratio)
     assert mp.seed["estimate_over_measured"] == round(ratio, 3)
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("#### Planning Hugging Face models"):]

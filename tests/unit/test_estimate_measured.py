@@ -107,3 +107,12 @@ def test_zero2_plans_below_ddp_for_one_gpu_qlora_as_measured():
     stream). The plan must order them the same way."""
     ddp, ds2 = (planned(next(r for r in MEASURED if r.name == name)) for name in ("llama7b-qlora-ddp", "llama7b-qlora-ds2"))
     assert ds2.total_bytes < ddp.total_bytes
+
+
+def test_readme_states_the_measured_range():
+    """README "Memory plan" quotes the range of measured / planned over :data:`MEASURED`."""
+    from tests.conftest import REPO
+
+    ratios = [row.peak_gib * E.GIB / planned(row).total_bytes for row in MEASURED]
+    section = (REPO / "README.md").read_text().split("### Memory plan: `jobgen plan`")[1]
+    assert f"(measured / planned {min(ratios):.2f}–{max(ratios):.2f};" in section
