@@ -93,7 +93,10 @@ def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
     ckpt = json.loads(run_cli(*base, "--set", "trainer.activation_checkpointing=true").stdout)
     for off, on in zip(plain["rows"], ckpt["rows"], strict=True):
         assert off["layout"] == on["layout"]
-        assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
+        if off["activations_bytes"]:  # 0 when the gradients and step temporaries outweigh the activations
+            assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
+        assert on["total_bytes"] <= off["total_bytes"]
+    assert any(r["activations_bytes"] for r in plain["rows"])
     assert any("activation checkpointing on transformer blocks" in a for a in ckpt["assumptions"])
 
 
