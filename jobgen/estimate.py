@@ -58,7 +58,9 @@ VOCAB_SIZE = 256
 GPU_OVERHEAD_BYTES = int(1.5 * GIB)
 """Assumption: per-GPU memory outside tensors jobgen models: the CUDA context and loaded kernels
 (~0.3-0.6 GiB with lazy module loading), cuBLAS/cuDNN workspaces, NCCL communicator buffers, and
-the caching allocator's fragmentation. Not measured here (no GPU on the build machines)."""
+the caching allocator's fragmentation. Not measured: the GPU peaks the estimate is checked
+against (``torch.cuda.max_memory_allocated``, tests/unit/test_estimate_measured.py) leave all of
+this out, so there the plan reads this much above an exact count of the tensors."""
 
 CPU_OVERHEAD_BYTES = int(0.5 * GIB)
 """Assumption: per-process host memory of the Python + torch + Lightning runtime itself on CPU
@@ -218,7 +220,6 @@ def residual_bytes(precision: str, strategy: str) -> int:
     4.5 GiB above ZeRO-2's (11.1 GiB) although ZeRO-2 holds more model state; fp32 checkpointed
     block inputs (32 x 2048 x 4 x 4096 x 4 bytes = 4 GiB instead of 2) are the largest part of
     the difference. With a 16-bit residual the DDP plan would read 1.21 (measured / planned).
-    
     """
     if precision not in _16BIT:
         return 4
