@@ -207,3 +207,12 @@ def test_missing_gpu_memory_assumes_the_smallest_variant():
 
 def test_plan_is_deterministic():
     assert _plan(SEVEN_B).to_json() == _plan(SEVEN_B).to_json()
+
+
+def test_cpu_ranks_count_no_reuse():
+    """CPU budgets are RSS, which keeps freed activation memory (glibc malloc): the estimate adds
+    the gradients and step temporaries on top of the activations there."""
+    shape = E.Shape(4, 8, 256, 512, 8)
+    est = E.estimate(shape, "32-true", E.Layout("ddp"), num_nodes=1, devices_per_node=1, accelerator="cpu")
+    assert est.late_bytes == 0
+    assert est.activations_bytes == E.activation_bytes(shape, "32-true")
