@@ -227,7 +227,7 @@ def residual_bytes(precision: str, strategy: str) -> int:
 
 
 def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = False, fused_attention: bool = True,
-                     residual: int | None = None) -> int:
+                     residual: int | None = None, reuse: bool = True) -> int:
     """Peak bytes of activations on one rank for one micro batch (saved tensors + the largest
     working set that coexists with them).
 
@@ -268,6 +268,8 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
         fused_attention: SDPA uses a fused kernel (no ``s x s`` score matrices stored).
         residual: bytes of a residual-stream element (``r``, see :func:`residual_bytes`); default
             ``e`` (pure 16-bit compute as under DeepSpeed; fp32 under ``32-true``).
+        reuse: the transient reuses the head's freed memory (``max``); ``False`` sums them, for CPU
+            ranks, whose budget is RSS (see :func:`model_states`).
 
     Returns:
         bytes.
@@ -283,9 +285,10 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
         per_layer += 4 * a * s * s * b * e // 2 + (a * s * s * b if shape.dropout > 0 else 0)  # 2as²b(e/2)x2 + mask
     head = 2 * t * r + t * e + s * b * VOCAB_SIZE * (e + 8)
     backward = 10 * t * e  # one layer's gradient buffers during backward (see above)
+    peak = max if reuse else (lambda x, y: x + y)
     if checkpointing:
-        return shape.n_layer * t * r + max(head, per_layer + backward)
-    return shape.n_layer * per_layer + max(head, backward)
+        return shape.n_layer * t * r + peak(head, per_layer + backward)
+    return shape.n_layer * per_layer + peak(head, backward)
 
 
 def estimate(
@@ -318,7 +321,8 @@ def estimate(
     """
     states = model_states(shape, precision, layout, num_nodes=num_nodes, devices_per_node=devices_per_node,
                           accelerator=accelerator, overhead_bytes=overhead_bytes)
-    acts = activation_bytes(shape, precision, checkpointing=checkpointing, residual=residual_bytes(precision, layout.strategy))
+    acts = activation_bytes(shape, precision, checkpointing=checkpointing, residual=residual_bytes(precision, layout.strategy),
+                            reuse=accelerator == "gpu")
     return with_activations(states, acts)
 
 
@@ -459,7 +463,8 @@ def model_states(
         # A CPU rank's budget is its RSS, and glibc's malloc keeps most of the freed activation
         # memory mapped (its mmap threshold rises to the freed tensors' size), so the gradients and
         # step temporaries do not reliably reuse it: counting the reuse moved the estimate from
-        # -1% / -10% to -22% / -19% of the RSS peaks of tests/entrypoint/test_estimate_memory.py.
+        # -1% / -10% to -22% / -19% of the RSS peaks of tests/entrypoint/test_estimate_memory.py
+        # (activation_bytes(reuse=False) likewise sums the head and the transient on CPU).
         late = 0
     return Estimate(layout, int(params), int(grads), int(optim), 0, int(overhead_bytes), int(host), tuple(notes),
                     late_bytes=int(late))

@@ -299,7 +299,7 @@ _LORA_INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": 
 
 def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool = False, lora_r: int = 0,
                         lora_targets: tuple[str, ...] = (), lora_dropout: float = 0.0, residual: int | None = None,
-                        frozen_base: bool = False) -> int:
+                        frozen_base: bool = False, reuse: bool = True) -> int:
     """Peak bytes of activations on one rank for one micro batch of a Hugging Face decoder
     (Korthikanti et al. 2022 eq. (1), re-derived for the Llama block; the peak structure
     ``saved + max(head, transient)`` of :func:`jobgen.estimate.activation_bytes`).
@@ -329,7 +329,8 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
     (``8·s·b·V``), as in :func:`jobgen.estimate.activation_bytes`. Backward working set: one
     layer's MLP gradients ``(2·i/h + 2)·t`` at ``e`` (estimate.py's ``10t`` for ``i = 4h``).
     Activation checkpointing keeps ``t`` per layer at ``r`` and one layer's activations during
-    recomputation.
+    recomputation. ``reuse=False`` (CPU ranks) sums the head and the transient instead of taking
+    the larger, as :func:`jobgen.estimate.activation_bytes` does.
 
     Returns:
         bytes.
@@ -363,9 +364,10 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
                     per_layer += inputs.get(key, din * s * b) * e
     head += s * b * shape.vocab_size * (e + 8)
     backward = (2 * ir + 2) * t * e
+    peak = max if reuse else (lambda x, y: x + y)
     if checkpointing:
-        return int(shape.n_layer * t * r + max(head, per_layer + backward))
-    return int(shape.n_layer * per_layer + max(head, backward))
+        return int(shape.n_layer * t * r + peak(head, per_layer + backward))
+    return int(shape.n_layer * per_layer + peak(head, backward))
 
 
 @dataclass(frozen=True)
@@ -462,10 +464,11 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
     """
     world = dict(num_nodes=num_nodes, devices_per_node=devices_per_node, accelerator=accelerator)
     residual = residual_bytes(precision, layout.strategy)
+    reuse = accelerator == "gpu"
     if lora is None:
         est = model_states(shape, precision, layout, **world)
         return with_activations(est, hf_activation_bytes(shape, precision, checkpointing=checkpointing,
-                                                         residual=residual))
+                                                         residual=residual, reuse=reuse))
     checkpointing = checkpointing or quantized
     adapters = adapter_shape(shape, lora.r, lora.target_modules)
     est = model_states(adapters, precision, layout, **world)
@@ -502,7 +505,7 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
                      "the rest fp32 (peft prepare_model_for_kbit_training)")
     acts = hf_activation_bytes(shape, precision, checkpointing=checkpointing, lora_r=lora.r,
                                lora_targets=lora.target_modules, lora_dropout=lora.dropout, residual=residual,
-                               frozen_base=True)
+                               frozen_base=True, reuse=reuse)
     est = replace(est, params_bytes=est.params_bytes + base, host_bytes_per_node=est.host_bytes_per_node + host,
                   notes=tuple(notes))
     return with_activations(est, acts)

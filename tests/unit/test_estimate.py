@@ -210,9 +210,11 @@ def test_plan_is_deterministic():
 
 
 def test_cpu_ranks_count_no_reuse():
-    """CPU budgets are RSS, which keeps freed activation memory (glibc malloc): the estimate adds
-    the gradients and step temporaries on top of the activations there."""
+    """CPU budgets are RSS, which keeps freed memory (glibc malloc): the estimate adds the gradients
+    and step temporaries on top of the activations, and the head to the backward working set."""
     shape = E.Shape(4, 8, 256, 512, 8)
     est = E.estimate(shape, "32-true", E.Layout("ddp"), num_nodes=1, devices_per_node=1, accelerator="cpu")
     assert est.late_bytes == 0
-    assert est.activations_bytes == E.activation_bytes(shape, "32-true")
+    assert est.activations_bytes == E.activation_bytes(shape, "32-true", reuse=False)
+    per_layer, head, backward = _parts(shape, e=4, r=4)
+    assert est.activations_bytes == 4 * per_layer + head + backward  # summed, not max(head, backward)
