@@ -809,8 +809,9 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
     (jobgen/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
     (jobgen/seeds.py) shows the measured figure next to the estimate.
-    Estimates are upper bounds, not measurements. Exit 0 even when the spec's strategy does not
-    fit (a warning goes to stderr); 2 for bad input.
+    Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (README "Memory
+    plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
+    does not fit (a warning goes to stderr); 2 for bad input.
 
     \b
     Examples:
