@@ -610,7 +610,7 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
-    from jobgen.estimate import plan_memory
+    from jobgen.estimate_hf import plan_memory
     from jobgen.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)
