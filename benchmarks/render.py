@@ -144,8 +144,8 @@ def render_probe(repo: Path, profile: str) -> str:
 def per_variant_us(repo: Path, variants: int, profile_name: str = "slurm-a100") -> tuple[float, float]:
     """Median microseconds per plan() over ``variants`` specs (spec validation + render included;
     for a Kubernetes profile also the offline validators, warm after the first plan)."""
+    from jobgen.backends import plan
     from jobgen.load import load_profile, validate
-    from jobgen.plan import plan
     from jobgen.spec import TrainingSpec
 
     profile = load_profile(profile_name, repo / "cluster_profiles")

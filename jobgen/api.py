@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobgen.backends import get_backend
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir import JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
-from jobgen.plan import JobPlan, plan
+from jobgen.plan import JobPlan
 
 if TYPE_CHECKING:
     from jobgen.profiles import ClusterProfile

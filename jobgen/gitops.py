@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from jobgen import __version__
+from jobgen.backends import plan
 from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.git import commit
 from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
 from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
-from jobgen.plan import ClusterObject, plan
+from jobgen.plan import ClusterObject
 from jobgen.profiles import ClusterProfile
 from jobgen.project import PROJECT_FILE, LoadedProject, Project, load_project
 from jobgen.spec import TrainingSpec
@@ -133,7 +134,7 @@ def plan_single(
     """Plan one spec for one profile (a sweep: one job per grid point) into ``out``.
 
     Raises:
-        ConfigError, PlanError: as :func:`jobgen.load.load_spec` and :func:`jobgen.plan.plan`;
+        ConfigError, PlanError: as :func:`jobgen.load.load_spec` and :func:`jobgen.backends.plan`;
             a malformed ``--sweep``.
     """
     axes = [parse_sweep(s) for s in sweeps]
