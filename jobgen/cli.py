@@ -29,6 +29,7 @@ from jobgen.load import (
     load_spec,
 )
 from jobgen.plan import JobPlan
+from jobgen.spec import TrainingSpec
 from jobgen.triage import format_triage
 
 _DEBUG = {"on": bool(os.environ.get("JOBGEN_DEBUG"))}
@@ -276,10 +277,11 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, test_only:
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight, smoke)
+        loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+        target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         _warn(target_or_plan)
         if not no_import_check:
-            _import_check(target, overrides)
+            _import_check(target, loaded)
     result = api.submit(target_or_plan, options, out=out, echo=click.echo)
     if result.handle is None:
         click.echo("validated: the scheduler accepts the job; nothing was queued or created")
@@ -452,13 +454,13 @@ def cancel(job: str, wait_s: float) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
-def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
-    """Import the spec's class_path classes here and bind their init_args (``validate --import``);
-    prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
+    """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
+    and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
+    and Lightning (and the user's modules)."""
     from jobgen.snapshot import local_import_dir
     from jobgen.user_code import check_user_code
 
-    loaded = load_spec(spec, overrides)
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
         sys.path.insert(0, str(first))
@@ -521,7 +523,7 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         checked = _check_command(loaded, None, spec)
         doc["checked"] = checked
     if import_check:
-        doc["import_notes"] = _import_check(spec, overrides)
+        doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
