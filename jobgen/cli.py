@@ -31,6 +31,7 @@ from jobgen.load import (
     load_spec,
 )
 from jobgen.plan import JobPlan
+from jobgen.spec import TrainingSpec
 from jobgen.triage import format_triage
 
 #: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
@@ -472,10 +473,11 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, output: st
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight, smoke)
+        loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+        target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         _warn(target_or_plan)
         if not no_import_check:
-            _import_check(target, overrides)
+            _import_check(target, loaded)
     with _stdout_to_stderr():
         result = api.submit(target_or_plan, options, out=out, echo=_progress)
     if output == "json":
@@ -662,13 +664,13 @@ def cancel(job: str, wait_s: float, output: str) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
-def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
-    """Import the spec's class_path classes here and bind their init_args (``validate --import``);
-    prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
+    """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
+    and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
+    and Lightning (and the user's modules)."""
     from jobgen.snapshot import local_import_dir
     from jobgen.user_code import check_user_code
 
-    loaded = load_spec(spec, overrides)
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
         sys.path.insert(0, str(first))
@@ -731,7 +733,7 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         checked = _check_command(loaded, None, spec)
         doc["checked"] = checked
     if import_check:
-        doc["import_notes"] = _import_check(spec, overrides)
+        doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -821,7 +823,7 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
-    from jobgen.estimate import plan_memory
+    from jobgen.estimate_hf import plan_memory
     from jobgen.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)

@@ -44,7 +44,6 @@ apart, each formula would be read without the others it is compared against.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -668,7 +667,7 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
 
 
 def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
-                hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
+                shape: Any = None, size: Any = None, checkpointing: bool | None = None) -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -677,15 +676,16 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     activation checkpointing, offload. ``precision: auto`` is resolved for the profile first
     (:func:`jobgen.rules.resolve_precision`).
 
-    A Hugging Face model (``model.hf_path``) is sized from its ``config.json`` (``hf_config``,
-    or ``<hf_path>/config.json``) by :mod:`jobgen.estimate_hf` (full fine-tuning, LoRA, QLoRA);
-    the plan then also carries :attr:`MemoryPlan.hf` and, when the spec matches a row of the seed
-    table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`.
+    This module sizes the built-in GPT (:meth:`Shape.of`, :func:`estimate`). A model sized
+    elsewhere passes its ``shape`` (``n_params``, ``micro_batch_size``, ``block_size``), its
+    ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator, checkpointing)
+    -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
+    Face model is planned by :func:`jobgen.estimate_hf.plan_memory`, which sits on top of this
+    function (this module does not know it).
 
     Raises:
-        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is built).
-        ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
-            or without a needed key; an unknown LoRA target module.
+        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is
+            built); a Hugging Face model without its ``shape`` (use :func:`jobgen.estimate_hf.plan_memory`).
     """
     from jobgen.rules import resolve_precision
 
@@ -701,16 +701,15 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     accel = "gpu" if profile.gpus_per_node else "cpu"
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
-    spec_ckpt = spec.trainer.activation_checkpointing
+    spec_ckpt = spec.trainer.activation_checkpointing or bool(checkpointing)
     hf = spec.model.hf_path is not None
-    if hf:
-        from jobgen import estimate_hf
-
-        shape: Any = estimate_hf.hf_shape_of(spec, hf_config, spec_source)
-        spec_ckpt = spec_ckpt or spec.model.load_in_4bit
-        size = functools.partial(estimate_hf.estimate_hf, lora=spec.model.lora, quantized=spec.model.load_in_4bit)
-    else:
-        shape, size = Shape.of(spec), estimate
+    if hf and (shape is None or size is None):
+        raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.estimate_hf.plan_memory",
+                                location="spec: model.hf_path")
+    if shape is None:
+        shape = Shape.of(spec)
+    if size is None:
+        size = estimate
 
     def run(layout: Layout, sh: Any = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
         est = size(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
@@ -765,13 +764,8 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     ]
     if note:
         assumptions.append(note)
-    hf_info = seed = None
-    if hf:
-        hf_info, more = estimate_hf.describe(spec, shape)
-        assumptions += more
-        seed = estimate_hf.seed_comparison(spec, psi, num_nodes * devices_per_node, by_layout[own])
     return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
-                      tuple(reasons), tuple(suggestions), tuple(assumptions), hf_info, seed)
+                      tuple(reasons), tuple(suggestions), tuple(assumptions))
 
 
 def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout | None, ladder: tuple[Layout, ...],

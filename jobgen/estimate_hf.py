@@ -61,6 +61,7 @@ reference: tests/unit/test_estimate_hf.py states how far from it the estimate ma
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,8 +69,9 @@ from typing import Any
 
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import (_16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, estimate, model_states,
-                             residual_bytes, with_activations)
+from jobgen.estimate import (_16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, estimate,
+                             model_states, residual_bytes, with_activations)
+from jobgen.estimate import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight for 4-bit NF4 with double quantisation (Dettmers et al. 2023, sec. 3:
@@ -568,3 +570,28 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
     elif m.lora is not None:
         lines.append("LoRA base: fp32 weights under mixed precision (jobgen.train.hf), 16-bit under bf16-true")
     return info, lines
+
+
+def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, *,
+                hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
+    """:func:`jobgen.estimate.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
+    is sized from its ``config.json`` (``hf_config``, or ``<hf_path>/config.json``) by this
+    module (full fine-tuning, LoRA, QLoRA), and its plan also carries :attr:`MemoryPlan.hf` and,
+    when the spec matches a row of the seed table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`;
+    any other spec goes to the generic plan unchanged.
+
+    Raises:
+        NotSupportedError: ``model.class_path`` (see :func:`jobgen.estimate.plan_memory`); QLoRA on GPT-2.
+        ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
+            or without a needed key; an unknown LoRA target module.
+    """
+    m = spec.model
+    if m.hf_path is None:
+        return generic_plan_memory(spec, profile, num_nodes, devices_per_node)
+    shape = hf_shape_of(spec, hf_config, spec_source)
+    size = functools.partial(estimate_hf, lora=m.lora, quantized=m.load_in_4bit)
+    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=size,
+                             checkpointing=m.load_in_4bit)
+    info, more = describe(spec, shape)
+    seed = seed_comparison(spec, shape.n_params, num_nodes * devices_per_node, mp.spec_row)
+    return replace(mp, assumptions=(*mp.assumptions, *more), hf=info, seed=seed)

@@ -251,8 +251,8 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     Raises:
         ConfigError: the profile is not found, or the plan's inputs differ from the directory's.
     """
+    from jobgen.backends import plan
     from jobgen.load import load_profile, search_dirs
-    from jobgen.plan import plan
 
     preflight = ["preflight=true", f"preflight_timeout_s={resolved.launch.preflight_timeout_s}"] if resolved.launch.preflight else []
     job_plan = plan(resolved.spec, load_profile(resolved.profile, overrides=preflight), search_dirs("templates")[0])

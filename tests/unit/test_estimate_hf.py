@@ -16,7 +16,8 @@ from jobgen import estimate as E
 from jobgen import estimate_hf as H
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import Layout, estimate, plan_memory
+from jobgen.estimate import Layout, estimate
+from jobgen.estimate_hf import plan_memory
 from jobgen.load import load_profile
 from jobgen.spec import TrainingSpec
 from tests.conftest import EXAMPLES, REPO
