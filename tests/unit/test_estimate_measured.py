@@ -81,7 +81,7 @@ MEASURED: tuple[Measured, ...] = (
 def planned(row: Measured) -> E.Estimate:
     """The spec row of ``jobgen plan`` for the measured configuration (one H100 80GB)."""
     spec = load_spec(row.spec if row.spec.startswith("/") else str(EXAMPLES.parent / row.spec), row.overrides)
-    mp = E.plan_memory(spec, H100, 1, 1, hf_config=LLAMA_CONFIG if spec.model.hf_path else None)
+    mp = H.plan_memory(spec, H100, 1, 1, hf_config=LLAMA_CONFIG if spec.model.hf_path else None)
     est = mp.spec_row.estimate
     if row.checkpointing is False:  # the run had no checkpointing: swap in the full activations
         shape = H.hf_shape_of(spec, LLAMA_CONFIG)
