@@ -533,6 +533,7 @@ def log_file(handle: JobHandle) -> Path:
     Raises:
         ConfigError: no record and the controller does not know the job any more; the handle of
             a whole recorded job array (the hint names its tasks' handles).
+        SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
     jid = job_id(handle)
     record = find_submission(handle)
@@ -546,7 +547,9 @@ def log_file(handle: JobHandle) -> Path:
         return Path(record.log_file)
     try:
         proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
-    except SubmitError:
+    except SubmitError as exc:
+        if "Invalid job id" not in exc.message:
+            raise  # the controller did not answer: SLURM's failure (exit 1), not an unknown job
         proc = None
     match = re.search(r"\bStdOut=(\S+)", proc.stdout) if proc else None
     if match is None:
@@ -592,6 +595,7 @@ def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_
     Raises:
         ConfigError: no log file is known for the job (see :func:`log_file`), or the job has
             ended without one.
+        SubmitError: SLURM's commands failed (the controller does not answer).
     """
     path = log_file(handle)
     offset, pending = 0, ""

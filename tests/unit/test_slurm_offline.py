@@ -420,6 +420,21 @@ def test_logs_without_a_record_asks_scontrol_for_the_file(slurm, run_cli, tmp_pa
     assert slurm.argvs() == [["scontrol", "show", "job", "123"]]
 
 
+def test_logs_when_the_controller_does_not_answer_is_the_schedulers_failure_as_in_status(slurm, run_cli):
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+    slurm.respond("scontrol", reply(stderr=down, rc=1))
+    slurm.respond("squeue", reply(stderr=down, rc=1))
+    logs, status = run_cli("logs", HANDLE), run_cli("status", HANDLE)
+    assert (logs.code, status.code) == (1, 1), (logs.stderr, status.stderr)
+    assert "Unable to contact slurm controller" in logs.stderr and "no longer knows" not in logs.stderr
+
+
+def test_logs_of_a_job_slurm_does_not_know_is_bad_input(slurm, run_cli):
+    slurm.respond("scontrol", reply(stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1))
+    result = run_cli("logs", HANDLE)
+    assert result.code == 2 and "SLURM no longer knows it" in result.stderr, result.stderr
+
+
 #: A 2-rank job in which rank 1 raised and rank 0 failed after it (srun --label, arrival order).
 FAILED_LOG = """\
 jobgen: job 123 on 2 node(s), restart 0, master node1:29500
