@@ -173,3 +173,41 @@ def test_the_issue_s_status_line():
     from jobgen.usage import Usage
 
     assert Usage("cpu", 2, 21.6, "src").describe() == "2 CPUs x 0.006 h = 0.012 CPU-hours (src)"
+
+
+# --------------------------------------------------------------------------- kubeconfig: missing is not invalid
+
+
+def _only_real_options(hint: str) -> None:
+    """The hint names --kubeconfig only as the `jobgen submit` option it is (status, logs and
+    cancel have none)."""
+    assert hint.count("--kubeconfig") == hint.count("jobgen submit --kubeconfig"), hint
+
+
+def test_a_missing_kubeconfig_is_reported_as_missing(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    result = run_cli("status", "k8s://ctx/training/job")
+    assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"kubeconfig {tmp_path / 'nope'} ($KUBECONFIG) does not exist" in result.stderr
+    assert "Invalid" not in result.stderr and "invalid" not in result.stderr
+    _only_real_options(result.stderr.partition("hint:")[2])
+
+
+@pytest.mark.parametrize("text", ["just a string\n", "clusters: [\n", "apiVersion: v1\nkind: Config\ncontexts: 3\n"])
+def test_an_invalid_kubeconfig_is_reported_as_invalid(tmp_path, text):
+    from jobgen.backends.k8s_api import connect
+
+    path = write(tmp_path / "kubeconfig", text)
+    with pytest.raises(ConfigError) as info:
+        connect(None, str(path))
+    assert f"kubeconfig {path} is not a valid kubeconfig" in info.value.message, info.value.message
+    _only_real_options(info.value.hint or "")
+
+
+def test_a_missing_kubeconfig_given_to_submit_names_the_file(tmp_path):
+    from jobgen.backends.k8s_api import connect
+
+    with pytest.raises(ConfigError) as info:
+        connect(None, str(tmp_path / "absent"))
+    assert info.value.message.startswith(f"kubeconfig {tmp_path / 'absent'} does not exist"), info.value.message
+    _only_real_options(info.value.hint or "")
