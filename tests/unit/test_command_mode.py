@@ -89,7 +89,7 @@ def test_local_runs_torchrun_standalone_in_the_submit_dir():
     (step,) = planned(cmd_spec(), "local").submit_steps
     assert isinstance(step, Command) and step.cwd == SUBMIT_DIR_PLACEHOLDER
     assert step.argv == ("python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         "train.py", "--lr", "0.1")
+                         "--tee", "3", "train.py", "--lr", "0.1")
     env = dict(step.env)
     assert env["RUN_DIR"] == JOB_DIR_PLACEHOLDER and "PL_DEEPSPEED_CONFIG_PATH" not in env
     (ds,) = planned(cmd_spec({"module": "pkg.train"}, trainer={"strategy": "deepspeed_stage_2"}), "local").submit_steps
@@ -267,7 +267,7 @@ def test_render_stdout_shows_the_exact_command(run_cli):
     out = run_cli("render", str(EXAMPLES / "command-ddp.yaml"), "--profile", "local", "--stdout")
     assert out.code == 0, out.stderr
     assert ("cd '<submit dir>' && OMP_NUM_THREADS=1 RUN_DIR='<job dir>' python -m torch.distributed.run --standalone "
-            "--nproc-per-node 2 examples/scripts/ddp_allreduce.py --steps 3") in out.stdout
+            "--nproc-per-node 2 --tee 3 examples/scripts/ddp_allreduce.py --steps 3") in out.stdout
 
 
 def test_plan_refuses_command_mode(run_cli):
