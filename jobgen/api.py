@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir import DirUndo, JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
 from jobgen.plan import JobPlan
 
@@ -123,6 +123,8 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
            echo: Echo = print) -> SubmitResult:
     """Submit a plan (written first: local runs into ``<runs dir>/<job name>``, clusters into
     ``<out>/<profile>/<job name>``) or an already rendered job directory, as its backend does.
+    When the backend refuses or fails before the job is queued or started, the plan's
+    directory is put back as it was (:class:`~jobgen.jobdir.DirUndo`).
     SLURM and local: the code is snapshotted first (:mod:`jobgen.snapshot`; the repository
     holding the plan's spec file, or for a job directory the one holding the directory).
 
@@ -135,8 +137,13 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         backend = get_backend(target.scheduler)
         backend.check_options(options)
         job_dir = backend.job_dir(target, Path(out), options)
+        before = DirUndo.capture(job_dir)
         target.write(job_dir)
-        return backend.submit(job_dir, options, echo, plan=target)
+        try:
+            return backend.submit(job_dir, options, echo, plan=target)
+        except BaseException:
+            before.undo_unless_submitted()  # refused before queueing: leave no job directory behind
+            raise
     job_dir = Path(target)
     backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
     return backend.submit(job_dir, options, echo)

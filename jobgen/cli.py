@@ -543,14 +543,14 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     if not rows:
         click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
         return
-    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE-HOURS", "COST")]
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST")]
     for row in rows:
         usage = row.status.usage if row.status is not None else None
         world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
         started = usage.start.strftime("%Y-%m-%d %H:%M") if usage is not None and usage.start else "-"
         elapsed = _duration(usage.elapsed_s) if usage is not None and usage.elapsed_s is not None else "-"
         hours = usage.device_hours if usage is not None else None
-        spent = f"{hours:.3f} {usage.device_kind.upper()}-h" if hours is not None else "-"
+        spent = f"{hours:.3f} {usage.unit}" if hours is not None else "-"
         cost = f"{usage.cost:.2f}" if usage is not None and usage.cost is not None else "-"
         name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
         table.append((row.record.handle, name, row.state, world, started, elapsed, spent, cost))
@@ -721,9 +721,11 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         _warn(job_plan)
         w = job_plan.world
         resolved = read_plan_spec(job_plan)
+        # command mode: the batch reaches the script only through ds_config.json (DeepSpeed)
+        batch_used = loaded.entrypoint is None or resolved.spec.trainer.deepspeed_stage is not None
         doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
                 "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
-                "global_batch_size": w.global_batch_size, "warnings": list(job_plan.warnings)}
+                "global_batch_size": w.global_batch_size if batch_used else None, "warnings": list(job_plan.warnings)}
         if w.elastic:  # num_nodes / world_size / global_batch_size are then the values at the maximum
             doc["min_nodes"] = w.min_nodes
         if loaded.entrypoint is not None:
@@ -751,6 +753,10 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         click.echo(f"imported {loaded.model.class_path} and {loaded.data.class_path} here; their init_args fit their signatures")
     if job_plan is not None:
         w = job_plan.world
+        if doc["global_batch_size"] is None:
+            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, precision {doc['precision']}; "
+                       "batch size: your script's own (command mode passes jobgen's batch settings only to DeepSpeed)")
+            return
         if w.elastic:
             per_node = w.micro_batch_size * w.gradient_accumulation_steps * w.devices_per_node
             click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch "

@@ -694,7 +694,7 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         raise NotSupportedError(
             "jobgen plan estimates the built-in GPT only; a model.class_path module's size is known only once it "
             "is built (planning never imports user code)",
-            location="spec: model.class_path",
+            location=f"{spec_source}: model.class_path",
             hint="plan a GPT of similar shape instead (--set model='{preset: gpt2-124m}' ...), or measure: the "
                  "summary.json of a --smoke run has peak_memory_bytes",
         )

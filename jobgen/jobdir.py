@@ -234,6 +234,73 @@ def write_job_files(job_dir: Path, files: Iterable[tuple[str, str]]) -> list[Pat
     return written
 
 
+def _new_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
+@dataclass(frozen=True)
+class DirUndo:
+    """What a directory held before a submit wrote into it, to put it back when the submission
+    does not go ahead (a refused check, a scheduler that failed before queueing): "Nothing was
+    submitted" then also means nothing was written.
+
+    Only what jobgen writes is touched: a directory that did not exist is removed with what is
+    in it (and its parents that were created with it, while empty); in one that existed, the
+    rendered files (:func:`owned_files`) are put back as they were and new ones removed. A
+    submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
+    queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
+    """
+
+    path: Path
+    created: tuple[Path, ...]
+    files: tuple[tuple[str, bytes, int], ...]
+    record: bytes | None
+
+    @classmethod
+    def capture(cls, path: Path) -> DirUndo:
+        """The state of ``path`` now (call it before writing)."""
+        files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
+        record = path / SUBMISSION_FILE
+        return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None)
+
+    def submitted(self) -> bool:
+        """Whether a submission record was written since :meth:`capture`."""
+        record = self.path / SUBMISSION_FILE
+        return record.is_file() and record.read_bytes() != self.record
+
+    def undo(self) -> None:
+        """Put the directory back as :meth:`capture` found it (see the class doc)."""
+        import shutil
+
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self.created[1:]:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only while empty: another job may have written there since
+            return
+        before = {name: (data, mode) for name, data, mode in self.files}
+        for name in owned_files(self.path):
+            if name not in before:
+                (self.path / name).unlink(missing_ok=True)
+        for name, (data, mode) in before.items():
+            target = self.path / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(mode)
+        remove_empty_point_dirs(self.path)
+
+    def undo_unless_submitted(self) -> None:
+        """:meth:`undo`, unless the job was queued or started (a submission record was written)."""
+        if not self.submitted():
+            self.undo()
+
+
 # --------------------------------------------------------------------------- spec.json
 
 

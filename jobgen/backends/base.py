@@ -278,6 +278,12 @@ def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[st
     return proc
 
 
+def secrets_location(job_dir: Path, spec_file: Path | None) -> str:
+    """Where a submit-time secrets error points: the user's spec file and its ``secrets`` field,
+    or, for a rendered job directory submitted as is, the directory's ``spec.json``."""
+    return f"{spec_file}: secrets" if spec_file is not None else f"{job_dir / SPEC_FILE}: spec.secrets"
+
+
 def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster: str | None = None) -> list[tuple[str, str]]:
     """``spec.json`` (the resolved spec the entrypoint reads) and, for DeepSpeed, ``ds_config.json``."""
     files = []

@@ -24,7 +24,18 @@ from functools import partial
 from pathlib import Path
 
 import jobgen
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
+from jobgen.backends.base import (
+    Backend,
+    Echo,
+    JobStatus,
+    LogOptions,
+    SubmitOptions,
+    SubmitResult,
+    common_files,
+    job_env,
+    not_supported,
+    secrets_location,
+)
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
@@ -161,7 +172,8 @@ class LocalBackend(Backend):
             argv[0] = sys.executable
         env = os.environ.copy()
         # the spec's secrets reach torchrun (and every rank) through this inherited environment only
-        check_present(resolved.spec.secrets, env, location=f"{job_dir / SPEC_FILE}: spec.secrets")
+        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
+        check_present(resolved.spec.secrets, env, location=secrets_location(job_dir, spec_file))
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
         # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
@@ -169,7 +181,6 @@ class LocalBackend(Backend):
         user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
-        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)
         if code is not None:  # the snapshot first, ahead of jobgen itself
@@ -195,8 +206,9 @@ class LocalBackend(Backend):
                 out(f"jobgen: every rank's output and torchrun's report: {log}")
                 hint = f"the first failing rank's error is above (all of it: {log}); " + hint
             raise SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
-        if (job_dir / SUMMARY_FILE).is_file():
-            out(f"jobgen: run directory {job_dir} (summary: {SUMMARY_FILE}, checkpoints/, logs/)")
+        if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
+            left = [f"summary: {SUMMARY_FILE}", *(f"{d}/" for d in ("checkpoints", "logs") if any((job_dir / d).glob("*")))]
+            out(f"jobgen: run directory {job_dir} ({', '.join(left)})")
         return SubmitResult("completed", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:

@@ -29,6 +29,7 @@ from jobgen.backends.base import (
     SubmitResult,
     recorded_launch,
     run_command,
+    secrets_location,
 )
 from jobgen.backends.slurm_array import task_log_name
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
@@ -40,6 +41,7 @@ from jobgen.jobdir import (
     SPEC_FILE,
     SUBMISSION_FILE,
     ArrayTask,
+    DirUndo,
     JobHandle,
     ResolvedSpec,
     Submission,
@@ -67,16 +69,17 @@ def read_job_dir(job_dir: Path) -> ResolvedSpec:
     return read_resolved_spec(job_dir)
 
 
-def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, str]) -> None:
+def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, str], spec_file: Path | None = None) -> None:
     """Before sbatch: every secret of the spec is set in ``environ`` (the environment sbatch
     gets, which it exports to the job) and ``$SBATCH_EXPORT``, which overrides the script's
     ``#SBATCH --export`` (sbatch(1): environment variables beat script directives), passes
-    them on.
+    them on. ``spec_file``: the user's spec file the job was rendered from (named in the error),
+    None for a job directory submitted as is.
 
     Raises:
         ConfigError: a secret is unset or empty, or ``$SBATCH_EXPORT`` drops one.
     """
-    check_present(secrets, environ, location=f"{job_dir / SPEC_FILE}: spec.secrets")
+    check_present(secrets, environ, location=secrets_location(job_dir, spec_file))
     export = environ.get("SBATCH_EXPORT")
     dropped = unexported(export, secrets) if export is not None else []
     if dropped:
@@ -122,7 +125,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     resolved = read_job_dir(job_dir)
     array = read_array_index(job_dir)
     environ = {**os.environ, **(env or {})}
-    check_secrets(job_dir, resolved.spec.secrets, environ)
+    check_secrets(job_dir, resolved.spec.secrets, environ, spec_file)
     # a job array: the array's directory under the runs dir is its working directory (the tasks'
     # logs, the code snapshot); each task trains in <runs dir>/<its point's name>
     run_dir = runs_dir.resolve() / run_dir_name(array.name if array is not None else resolved.spec.name)
@@ -144,6 +147,23 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
                 "or submit a second copy with --force",
             )
+    undo = [DirUndo.capture(d) for d in (run_dir, *task_dirs)]
+    queued: list[str] = []
+    try:
+        return _sbatch(job_dir, resolved, array, environ, run_dir, task_dirs, runs_dir=runs_dir, test_only=test_only,
+                       out=out, spec_file=spec_file, allow_dirty=allow_dirty, queued=queued)
+    except BaseException:
+        if not queued:  # nothing was queued: the run directories go back to what they were
+            for state in undo:
+                state.undo()
+        raise
+
+
+def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
+            runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
+            allow_dirty: bool, queued: list[str]) -> JobHandle | None:
+    """:func:`submit_dir` from the run directories on: snapshot, sbatch (its job id appended to
+    ``queued`` as soon as SLURM has queued it), the submission record."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for task_dir in task_dirs:
         task_dir.mkdir(parents=True, exist_ok=True)
@@ -167,6 +187,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
         out((proc.stderr or proc.stdout).strip())
         return None
     jid = proc.stdout.strip().split(";")[0]  # --parsable: "<jobid>[;<cluster>]"
+    queued.append(jid)
     if not jid.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
     handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
@@ -534,6 +555,7 @@ def log_file(handle: JobHandle) -> Path:
     Raises:
         ConfigError: no record and the controller does not know the job any more; the handle of
             a whole recorded job array (the hint names its tasks' handles).
+        SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
     jid = job_id(handle)
     record = find_submission(handle)
@@ -547,7 +569,9 @@ def log_file(handle: JobHandle) -> Path:
         return Path(record.log_file)
     try:
         proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
-    except SubmitError:
+    except SubmitError as exc:
+        if "Invalid job id" not in exc.message:
+            raise  # the controller did not answer: SLURM's failure (exit 1), not an unknown job
         proc = None
     match = re.search(r"\bStdOut=(\S+)", proc.stdout) if proc else None
     if match is None:
@@ -593,6 +617,7 @@ def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_
     Raises:
         ConfigError: no log file is known for the job (see :func:`log_file`), or the job has
             ended without one.
+        SubmitError: SLURM's commands failed (the controller does not answer).
     """
     path = log_file(handle)
     offset, pending = 0, ""

@@ -93,14 +93,14 @@ def test_validate_reports_fit(run_cli):
     assert "world size 2" in result.stdout
 
 
-def test_submit_to_slurm_without_sbatch_renders_then_fails_clearly(run_cli, tmp_path, monkeypatch):
+def test_submit_to_slurm_without_sbatch_fails_clearly_and_leaves_nothing(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     spec = write(tmp_path / "quickstart.yaml", Path(QUICKSTART).read_text())  # outside a git work tree: no code snapshot
     result = run_cli("submit", str(spec), "--profile", "slurm-a100", cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
-    assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
-    assert not (tmp_path / "manifests" / "slurm-a100" / "quickstart" / ".jobgen-submission.json").exists()
+    # nothing was submitted, so nothing stays written (`jobgen render` writes the job directory on its own)
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
 
 
 def test_submit_refuses_overrides_for_a_rendered_directory(run_cli, tmp_path):

@@ -125,8 +125,9 @@ def test_local_refuses_a_dirty_tree_and_nothing_runs(repo, tmp_path, run_cli, ch
         local_submit(repo / "jobs" / "train.yaml", tmp_path)
     assert info.value.exit_code == 2 and "--allow-dirty" in (info.value.hint or "")
     assert not (tmp_path / "runs" / "snap" / "code").exists() and not (tmp_path / "runs" / "snap" / SUBMISSION_FILE).exists()
-    result = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "local", "--runs-dir", str(tmp_path / "runs"))
+    result = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "local", "--runs-dir", str(tmp_path / "cli-runs"))
     assert result.code == 2 and "uncommitted change" in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "cli-runs").exists()  # "Nothing was submitted": no run directory, no spec.json either
 
 
 def test_edits_to_the_spec_file_and_the_rendered_files_are_not_code(repo, tmp_path):
@@ -233,6 +234,7 @@ def test_slurm_dirty_tree_is_refused_before_sbatch_unless_allow_dirty(repo, tmp_
     assert refused.code == 2 and "uncommitted change" in refused.stderr and "M src/mypkg/__init__.py" in refused.stderr
     assert "hint:" in refused.stderr and "--allow-dirty" in refused.stderr
     assert slurm.calls("sbatch") == []
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()  # nothing written either
     accepted = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path, "--allow-dirty")
     assert accepted.code == 0, accepted.stderr
     record = json.loads((tmp_path / "manifests" / "slurm-cpu" / "snap" / SUBMISSION_FILE).read_text())

@@ -259,5 +259,8 @@ def test_local_run_refuses_to_start_without_a_secret(tmp_path, monkeypatch, valu
     with pytest.raises(ConfigError, match=r"secret WANDB_API_KEY of the spec \(`secrets`\) is not set") as info:
         backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(argv) or 0)
     assert info.value.exit_code == 2 and "export WANDB_API_KEY=..." in info.value.hint and "HF_TOKEN" not in info.value.message
-    assert info.value.location == f"{job_dir.resolve() / 'spec.json'}: spec.secrets"
+    assert info.value.location == f"{job_plan.spec_file}: secrets"  # the user's file, not the rendered spec.json
     assert ran == [] and not (job_dir / SUBMISSION_FILE).exists()
+    with pytest.raises(ConfigError) as info:  # a job directory submitted as is: its spec.json is the input
+        backend.submit(job_dir, options, lambda _: None, runner=lambda argv, cwd, env: ran.append(argv) or 0)
+    assert info.value.location == f"{job_dir.resolve() / 'spec.json'}: spec.secrets"

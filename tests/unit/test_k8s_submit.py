@@ -292,7 +292,7 @@ def test_cli_refuses_mixed_scheduler_options(run_cli, tmp_path):
 def test_cli_unknown_kubeconfig_is_bad_input(run_cli, tmp_path):
     out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--out", str(tmp_path),
                   "--kubeconfig", str(tmp_path / "nope"))
-    assert out.code == 2 and "cannot read kubeconfig" in out.stderr and "Traceback" not in out.stderr
+    assert out.code == 2 and f"kubeconfig {tmp_path / 'nope'} does not exist" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_the_fake_refuses_what_the_api_server_refuses():
