@@ -667,7 +667,8 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
 
 
 def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
-                shape: Any = None, size: Any = None, checkpointing: bool | None = None) -> MemoryPlan:
+                shape: Any = None, size: Any = None, checkpointing: bool | None = None,
+                spec_source: str = "spec") -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -682,6 +683,7 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
     Face model is planned by :func:`jobgen.estimate_hf.plan_memory`, which sits on top of this
     function (this module does not know it).
+    ``spec_source`` (the user's spec file) is named in errors.
 
     Raises:
         NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is

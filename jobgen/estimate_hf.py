@@ -69,8 +69,7 @@ from typing import Any
 
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import (_16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, estimate,
-                             model_states, residual_bytes, with_activations)
+from jobgen.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, model_states, residual_bytes, with_activations
 from jobgen.estimate import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
@@ -586,12 +585,12 @@ def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, 
             or without a needed key; an unknown LoRA target module.
     """
     m = spec.model
-    if m.hf_path is None:
-        return generic_plan_memory(spec, profile, num_nodes, devices_per_node)
+    if spec.user_code or m.hf_path is None:  # a class_path model has no hf_path: the generic plan refuses it
+        return generic_plan_memory(spec, profile, num_nodes, devices_per_node, spec_source=spec_source)
     shape = hf_shape_of(spec, hf_config, spec_source)
     size = functools.partial(estimate_hf, lora=m.lora, quantized=m.load_in_4bit)
     mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=size,
-                             checkpointing=m.load_in_4bit)
+                             checkpointing=m.load_in_4bit, spec_source=spec_source)
     info, more = describe(spec, shape)
     seed = seed_comparison(spec, shape.n_params, num_nodes * devices_per_node, mp.spec_row)
     return replace(mp, assumptions=(*mp.assumptions, *more), hf=info, seed=seed)
