@@ -658,6 +658,10 @@ class Submission(BaseModel):
         default=None, description="The command submit ran, in job_dir (SLURM: sbatch ...); None when submit used an API.")
     kind: str | None = Field(default=None, description="Kubernetes: the job's resource (plural.group/version).")
     kubeconfig: str | None = Field(default=None, description="Kubernetes: the kubeconfig file used, when not the default.")
+    slurm_cluster: str | None = Field(default=None, description=(
+        "SLURM: the cluster sbatch named in its answer (``--parsable`` prints ``<jobid>;<cluster>`` when it submitted "
+        "with -M/--clusters, a multi-cluster site); squeue, sacct, scontrol and scancel then get ``--clusters=<it>``. "
+        "None: sbatch named none, they ask the default cluster."))
     code_dir: str | None = Field(default=None, description=(
         f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
     code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")

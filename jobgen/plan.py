@@ -95,11 +95,16 @@ SubmitStep = Command | ApiRequest
 @dataclass(frozen=True)
 class ClusterObject:
     """The object a job creates in its cluster (Kubernetes: the PyTorchJob or TrainJob), for
-    GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`."""
+    GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`.
+    ``context`` and ``kubeconfig``: where the profile says to submit it (its
+    ``kubernetes.context`` / ``kubernetes.kubeconfig``; None: the defaults), so submitting a
+    plan needs no second load of the profile."""
 
     kind: str
     namespace: str
     name: str
+    context: str | None = None
+    kubeconfig: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:

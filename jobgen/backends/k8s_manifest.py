@@ -519,7 +519,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         inputs_sha256=ctx.inputs_sha256,
         warnings=warnings,
         apply_files=(kind.manifest,),
-        cluster_object=ClusterObject(kind.kind, k.namespace, name),
+        cluster_object=ClusterObject(kind.kind, k.namespace, name, context=k.context, kubeconfig=k.kubeconfig),
     )
 
 

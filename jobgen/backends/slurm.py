@@ -186,11 +186,12 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     if test_only:
         out((proc.stderr or proc.stdout).strip())
         return None
-    jid = proc.stdout.strip().split(";")[0]  # --parsable: "<jobid>[;<cluster>]"
+    # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
+    jid, _, slurm_cluster = proc.stdout.strip().partition(";")
     queued.append(jid)
-    if not jid.isdigit():
+    if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
+    handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
     tasks = None
     if array is not None:
         tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
@@ -199,6 +200,7 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
         log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
+        slurm_cluster=slurm_cluster or None,
         code_dir=str(code[0]) if code else None, code=code[1] if code else None, array=tasks,
     ).save()
     return handle
@@ -237,23 +239,25 @@ def job_id(handle: JobHandle) -> str:
     return jid
 
 
-def _squeue_jobs(jid: str) -> list[dict[str, Any]] | None:
+def cluster_options(handle: JobHandle) -> list[str]:
+    """``["--clusters=<cluster>"]`` for a job sbatch submitted to a named cluster (its answer
+    ``<jobid>;<cluster>``, kept as the record's ``slurm_cluster``), else ``[]``: squeue, sacct,
+    scontrol and scancel ask the default cluster, as on a single-cluster site. A handle without
+    a record gets ``[]`` too: its cluster may be only the profile's ``slurm.cluster`` label."""
+    record = find_submission(handle)
+    return [f"--clusters={record.slurm_cluster}"] if record is not None and record.slurm_cluster else []
+
+
+def _squeue_jobs(jid: str, handle: JobHandle) -> list[dict[str, Any]] | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
     tasks, or one task), or None when the controller has forgotten it (after MinJobAge)."""
     try:
-        proc = run_command(["squeue", "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
+        proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" in exc.message:
             return None
         raise
     return list(json.loads(proc.stdout).get("jobs", []))
-
-
-def _squeue(jid: str) -> dict[str, Any] | None:
-    """The job's record from ``squeue --json`` (states: all), or None when the controller has
-    forgotten it (after MinJobAge)."""
-    jobs = [j for j in _squeue_jobs(jid) or [] if str(j.get("job_id")) == jid]
-    return jobs[0] if jobs else None
 
 
 def _number(value: Any) -> int | None:
@@ -325,7 +329,7 @@ def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage
     jobs that exited non-zero, while ``ExitCode`` in the text output is right.
     """
     for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
         try:
             proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
         except SubmitError:
@@ -472,7 +476,7 @@ def _sacct_array(array_id: str, handle: JobHandle) -> list[JobStatus]:
     """The tasks of array ``array_id`` as accounting or the job-completion log list them
     (``<jobid>_<task>`` rows; ``<jobid>_[2-3]`` for tasks that never started)."""
     for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
         try:
             proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
         except SubmitError:
@@ -510,7 +514,7 @@ def status(handle: JobHandle) -> JobStatus:
     jid = job_id(handle)
     array_id, _, task = jid.partition("_")
     record = find_submission(handle)
-    jobs = _squeue_jobs(jid)
+    jobs = _squeue_jobs(jid, handle)
     if jobs is not None:
         members = _array_records(jobs, array_id)
         if task:
@@ -568,7 +572,7 @@ def log_file(handle: JobHandle) -> Path:
     if record is not None and record.log_file and handle.array_task is None:
         return Path(record.log_file)
     try:
-        proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
+        proc = run_command(["scontrol", *cluster_options(handle), "show", "job", jid], what="scontrol show job", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" not in exc.message:
             raise  # the controller did not answer: SLURM's failure (exit 1), not an unknown job
@@ -664,7 +668,7 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], Non
         SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
     """
     jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
-    run_command(["scancel", jid], what="scancel", timeout_s=30)
+    run_command(["scancel", *cluster_options(handle), jid], what="scancel", timeout_s=30)
     deadline = time.monotonic() + wait_s
     state = status(handle)
     while not (state.finished or state.state == "UNKNOWN"):

@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import CSVLogger
 from jobgen.jobdir import write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import RequeueOnSignal, Throughput
-from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint
+from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint, reached_max_steps
 from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.notify import notify_finished
@@ -134,8 +134,7 @@ def train(
     resume = None if spec.smoke else _describe_resume(resolved, paths)
     if spec.smoke:
         rank_zero_print(f"smoke run: {t.max_steps} step(s), no checkpoints written or resumed")
-    if (resume is not None and resume.global_step is not None and t.max_steps is not None
-            and resume.global_step >= t.max_steps):
+    if reached_max_steps(resume, t.max_steps):
         rank_zero_print(
             f"run already complete at step {resume.global_step} (max_steps={t.max_steps}); "
             f"nothing to do. Summary: {paths.summary}"

@@ -171,6 +171,34 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | 
     return DeepSpeedStrategy(config=config)
 
 
+class ValidateEveryNSteps(Callback):
+    """Validate when the optimizer step just taken makes ``trainer.global_step`` a multiple of
+    ``every`` (plus when training stops early, as Lightning does), whatever the accumulation of
+    the current epoch: under a ``gradient_accumulation_schedule`` Lightning's integer
+    ``val_check_interval`` counts micro batches across epochs, which is ``every`` optimizer steps
+    only while the accumulation stays what it was at the start.
+
+    It replaces the fit loop's decision, ``_TrainingEpochLoop._should_check_val_fx`` (Lightning
+    2.6, lightning/pytorch/loops/training_epoch_loop.py; called after each batch, once the
+    optimizer step of that batch is counted in ``global_step``), on the Trainer it is attached to;
+    tests/entrypoint/test_entrypoint_trainer.py trains under a schedule and would catch a change.
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        loop = trainer.fit_loop.epoch_loop
+
+        def should_check_val(data_fetcher: Any) -> bool:
+            if trainer.should_stop and trainer.fit_loop._can_stop_early:
+                return True
+            stepped = not loop._should_accumulate()  # this batch ended an accumulation: one optimizer step
+            return stepped and trainer.global_step > 0 and trainer.global_step % self.every == 0
+
+        loop._should_check_val_fx = should_check_val
+
+
 def build_trainer(
     resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput,
     module: nn.Module | None = None,
@@ -179,7 +207,8 @@ def build_trainer(
 
     Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
     micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
-    epochs (``check_val_every_n_epoch=None``). With ``trainer.tensorboard`` a TensorBoardLogger
+    epochs (``check_val_every_n_epoch=None``); under a ``gradient_accumulation_schedule``
+    :class:`ValidateEveryNSteps` counts the optimizer steps instead. With ``trainer.tensorboard`` a TensorBoardLogger
     writes into the CSV logger's version directory (``tensorboard/`` below it).
 
     ``module`` (the LightningModule to be trained) picks the FSDP wrap classes of a Hugging
@@ -201,6 +230,7 @@ def build_trainer(
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
         callbacks.append(GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)))
+        callbacks.append(ValidateEveryNSteps(t.val_check_interval))  # the interval in optimizer steps in every epoch
         accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
     gradient_clip_val = t.gradient_clip_val
     if t.strategy == "fsdp" and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":

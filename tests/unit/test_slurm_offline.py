@@ -182,6 +182,52 @@ def test_resubmitting_after_the_job_ended_needs_no_force(slurm, submit, tmp_path
     assert slurm.argvs() == [sbatch_argv(tmp_path), SQUEUE_123, SACCT_123, sbatch_argv(tmp_path)]
 
 
+def test_a_cluster_in_sbatchs_answer_names_the_handle_and_goes_to_every_later_command(slurm, submit, run_cli, tmp_path):
+    """A multi-cluster site (sbatch -M, or $SBATCH_CLUSTERS): ``sbatch --parsable`` prints
+    ``<jobid>;<cluster>``. The handle names that cluster, and squeue, sacct, scontrol and scancel
+    get ``--clusters=<it>`` for it, or they would ask the default cluster about another job 123."""
+    slurm.respond("sbatch", reply("123;gpu-b\n"))
+    result = submit()
+    assert result.code == 0, result.stderr
+    handle = "slurm://gpu-b/123"
+    assert f"submitted {handle}\n" in result.stdout
+    record = json.loads((job_dir(tmp_path) / ".jobgen-submission.json").read_text())
+    assert (record["handle"], record["slurm_cluster"]) == (handle, "gpu-b")
+    on_b = "--clusters=gpu-b"
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("sacct -c", sacct_rows(row("123", "COMPLETED", "0:0", "node1", "00:00:05", JOB_NAME)))
+    slurm.respond("scancel", reply())
+    slurm.forget_calls()
+    assert status_json(run_cli, handle)["state"] == "COMPLETED"
+    assert run_cli("cancel", handle).code == 0
+    squeue = ["squeue", on_b, *SQUEUE_123[1:]]
+    sacct, jobcomp = ["sacct", on_b, *SACCT_123[1:]], ["sacct", on_b, *JOBCOMP_123[1:]]
+    assert slurm.argvs() == [squeue, sacct, jobcomp, ["scancel", on_b, "123"], squeue, sacct, jobcomp]
+    # the same job submitted again: the still-queued check asks the job's own cluster
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["RUNNING"])))
+    slurm.forget_calls()
+    refused = submit()
+    assert refused.code == 1 and f"already submitted as {handle}, which is RUNNING" in refused.stderr, refused.stderr
+    assert slurm.argvs() == [squeue]
+
+
+def test_scontrol_asks_the_cluster_sbatch_named(slurm, submit, run_cli, tmp_path):
+    slurm.respond("sbatch", reply("123;gpu-b\n"))
+    assert submit().code == 0
+    path = tmp_path / "state" / "slurm" / "gpu-b__123.json"
+    record = json.loads(path.read_text())
+    del record["log_file"]  # a record of an older jobgen: the log file comes from scontrol
+    path.write_text(json.dumps(record))
+    log = tmp_path / "slurm-123.out"
+    log.write_text(" 0: hello\n")
+    slurm.respond("scontrol", reply(f"JobId=123\n   StdOut={log}\n"))
+    slurm.forget_calls()
+    result = run_cli("logs", "slurm://gpu-b/123")
+    assert (result.code, result.stdout) == (0, "hello\n"), result.stderr
+    assert slurm.argvs() == [["scontrol", "--clusters=gpu-b", "show", "job", "123"]]
+
+
 # --------------------------------------------------------------------------- status
 
 
