@@ -108,19 +108,23 @@ class QLoRALoad:
 
 
 def qlora_load(strategy: str, on_gpu: bool = True) -> QLoRALoad:
-    """The QLoRA loading recipe for ``trainer.strategy``.
+    """The QLoRA loading recipe for ``trainer.strategy`` (``on_gpu``: the rank has a CUDA GPU).
 
     ddp, deepspeed_stage_1/2 keep a full replica per rank: the 4-bit weights are stored as uint8
     (bitsandbytes' default), the model is pinned to the rank's GPU (Lightning cannot ``.to()`` a
-    4-bit model) and prepared with ``prepare_model_for_kbit_training``.
+    4-bit model; on CPU it simply loads into memory) and prepared with peft's
+    ``prepare_model_for_kbit_training`` (fp32 non-4-bit weights, gradient checkpointing on).
 
     fsdp and deepspeed_stage_3 flatten parameters into one tensor per unit, which must be a
     float dtype shared by every parameter in it (FSDP refuses integer and mixed dtypes). Source:
     bitsandbytes' "FSDP-QLoRA" guide (docs/source/fsdp_qlora.md): ``bnb_4bit_quant_storage`` =
     bf16 and the unquantised weights loaded in bf16 too; the strategy moves the shards to the
     GPU (no ``device_map`` pinning), and ``prepare_model_for_kbit_training`` is skipped because
-    its fp32 up-cast would break the uniform bf16 dtype. Unproven in jobgen's tests: there is no
-    CUDA GPU or bitsandbytes on the CPU rehearsal machines.
+    its fp32 up-cast would break the uniform bf16 dtype; :func:`load_causal_lm` turns on the
+    gradient checkpointing it would have turned on. The LoRA adapters stay fp32 (peft's
+    default) under every strategy; see :func:`load_causal_lm` for where their fp32 master copy
+    lives. Rehearsed on 2 CPU ranks (bitsandbytes' CPU backend) by
+    tests/entrypoint/test_hf_qlora.py.
     """
     bnb: dict[str, Any] = {
         "load_in_4bit": True,
@@ -210,8 +214,13 @@ def load_causal_lm(
         return hf_model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if model.load_in_4bit and qlora_load(strategy).prepare_kbit:
-        hf_model = prepare_model_for_kbit_training(hf_model)
+    if model.load_in_4bit:
+        if qlora_load(strategy).prepare_kbit:
+            hf_model = prepare_model_for_kbit_training(hf_model)
+        else:
+            # What prepare_model_for_kbit_training would switch on, without its fp32 up-cast: the
+            # memory plan counts QLoRA activations as checkpointed (jobgen.estimate_hf).
+            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(
         r=model.lora.r,
         lora_alpha=model.lora.alpha,

@@ -116,3 +116,74 @@ def test_qlora_losses_agree_across_strategies(runs) -> None:
 def test_plan_accepts_qlora_on_the_cpu_profile(hf_dir: Path, tmp_path: Path) -> None:
     job = plan_job(tmp_path / "job", {"strategy": "fsdp"}, base=_base(hf_dir))
     assert (job / "spec.json").is_file()
+
+
+def _load(write_spec, hf_dir: Path, strategy: str) -> Any:
+    """The LightningModule the entrypoint builds for the QLoRA spec under ``strategy`` (on CPU)."""
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.train.build import build_module
+
+    base = _base(hf_dir)
+    path = write_spec({**base, "trainer": {**base["trainer"], "strategy": strategy}})
+    module, _, _ = build_module(load_resolved_spec(path).spec, "cpu")
+    return module
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_3"])
+def test_sharded_qlora_holds_a_bf16_frozen_base_and_fp32_adapters_with_checkpointing(
+    write_spec, hf_dir: Path, strategy: str
+) -> None:
+    """The dtype decision (hf.load_causal_lm): frozen base (4-bit storage included) bf16, adapters
+    fp32 (their master copy); and gradient checkpointing on, as the memory plan counts it."""
+    import torch
+
+    module = _load(write_spec, hf_dir, strategy)
+    frozen = {p.dtype for p in module.parameters() if not p.requires_grad}
+    trainable = {p.dtype for p in module.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trainable == {torch.float32}
+    assert module.model.is_gradient_checkpointing
+
+
+def test_replica_qlora_is_prepared_by_peft(write_spec, hf_dir: Path) -> None:
+    import torch
+
+    module = _load(write_spec, hf_dir, "ddp")
+    assert {p.dtype for p in module.parameters() if not p.requires_grad} == {torch.uint8, torch.float32}
+    assert {p.dtype for p in module.parameters() if p.requires_grad} == {torch.float32}
+    assert module.model.is_gradient_checkpointing
+
+
+def test_fsdp_units_of_qlora_each_hold_one_dtype_and_one_requires_grad(write_spec, hf_dir: Path) -> None:
+    """Every FSDP unit the strategy's policy makes (plus the root) flattens parameters of one
+    dtype and one requires_grad: the condition whose breach crashed the GPU run (issue 22)."""
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.train.build import build_module
+    from jobgen.train.trainer import build_strategy
+
+    base = _base(hf_dir)
+    path = write_spec({**base, "trainer": {**base["trainer"], "strategy": "fsdp"}})
+    resolved = load_resolved_spec(path)
+    module, _, _ = build_module(resolved.spec, "cpu")
+    policy = build_strategy(resolved, path, module).kwargs["auto_wrap_policy"]
+    units = [m for m in module.modules() if policy._lambda_fn(m)]  # torch's CustomPolicy predicate
+    assert len(units) == 2 + 2 * 2 * 2  # decoder layers + (q_proj, v_proj) x (A, B) per layer
+
+    def own(unit) -> set[tuple]:  # parameters of `unit` that no nested unit takes
+        nested = {id(p) for sub in unit.modules() if sub is not unit and sub in units for p in sub.parameters()}
+        return {(p.dtype, p.requires_grad) for p in unit.parameters() if id(p) not in nested}
+
+    for unit in [module, *units]:
+        assert len(own(unit)) <= 1, (type(unit).__name__, own(unit))
+
+
+def test_qlora_on_cpu_without_a_cpu_capable_bitsandbytes_is_a_located_error(
+    write_spec, hf_dir: Path, monkeypatch
+) -> None:
+    import importlib.metadata
+
+    from jobgen.errors import NotSupportedError
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.45.5")
+    with pytest.raises(NotSupportedError, match="bitsandbytes 0.45.5 is older than") as info:
+        _load(write_spec, hf_dir, "ddp")
+    assert info.value.location == "spec.model.load_in_4bit" and "bitsandbytes>=" in info.value.hint
