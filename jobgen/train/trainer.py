@@ -85,7 +85,7 @@ def _fsdp_policies(
         wrap: Any = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
     else:
         wrap = default
-    if resolved.spec.model.is_hf and resolved.spec.model.lora is not None and not user:
+    if not user and resolved.spec.model.is_hf and resolved.spec.model.lora is not None:
         from jobgen.train.hf import lora_wrap_policy
 
         wrap = lora_wrap_policy(wrap)
