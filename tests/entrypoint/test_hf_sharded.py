@@ -5,7 +5,7 @@ q_proj/v_proj: 1,792 trainable of 82,368 parameters) on its JSONL records, plann
 real planner for the ``local`` profile (``spec.json`` and, for DeepSpeed, the rendered
 ``ds_config.json``) and trained by ``torch.distributed.run --nproc-per-node 2 -m jobgen.train``
 (2 CPU ranks, gloo): ddp, fsdp FULL_SHARD (wrapped per ``LlamaDecoderLayer``, found from the
-model's ``_no_split_modules``), deepspeed_stage_2 and deepspeed_stage_3. Same seed and data,
+model's ``_no_split_modules``, and per trainable adapter Linear), deepspeed_stage_2 and deepspeed_stage_3. Same seed and data,
 ``STEPS`` optimizer steps of 2 x 4 sequences of 96 tokens, ``32-true``, a checkpoint every
 ``STEPS // 2`` steps. Then each case resumes from its own mid-run checkpoint in its own format
 (ddp: a ``.ckpt`` file holding the adapters only; fsdp: a sharded directory; DeepSpeed: the

@@ -14,6 +14,8 @@ What is pinned (issue 10):
 * the private Lightning API jobgen still uses, and that Lightning still calls it:
   ``FSDPStrategy._setup_model`` and ``DeepSpeedStrategy._setup_model_and_optimizer``, overridden
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
+* that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
+  setter (swapped there for CPU autocast) and Lightning's own still autocasts CUDA only (issue 22);
 * the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co., its
   private ``_state_dict_type`` and default ``use_orig_params=True`` read for LoRA,
   ``Trainer.save_checkpoint``, ``Strategy.remove_checkpoint``/``barrier``/``broadcast``, the
