@@ -26,7 +26,7 @@ from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
-from jobgen.rules import World, check_fit, resolve_precision, resolve_world
+from jobgen.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
@@ -307,7 +307,7 @@ def plan(
     """
     ctx = plan_context(spec, profile, templates_dir, spec_source=spec_source, profile_source=profile_source, backend=backend)
     job_plan = backend.plan(ctx)
-    warnings = fit_warnings(ctx)
+    warnings = (*fit_warnings(ctx), *layout_warnings(ctx.spec, ctx.world.accelerator))
     if warnings:
         job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, *warnings))
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan

@@ -56,11 +56,13 @@ class RunPaths:
 
 def _fsdp_policies(
     resolved: ResolvedSpec, module: nn.Module | None = None
-) -> tuple[set[type] | None, set[type] | None]:
-    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else
+) -> tuple[Any, set[type] | None]:
+    """FSDP auto-wrap policy and activation-checkpointing classes: the spec's class paths, else
     jobgen's GPT ``Block`` for the built-in GPT, the loaded model's decoder-layer classes for a
     Hugging Face model (:func:`jobgen.train.hf.decoder_layer_classes`, from ``module``), and no
-    wrapping policy for a ``class_path`` model (the whole model is one FSDP unit).
+    wrapping policy for a ``class_path`` model (the whole model is one FSDP unit). With LoRA the
+    wrap policy is :func:`jobgen.train.hf.lora_wrap_policy` of those classes (each trainable
+    adapter Linear is a unit of its own, so no unit mixes frozen and trainable parameters).
 
     Raises:
         ConfigError: a Hugging Face model that declares no ``_no_split_modules`` with
@@ -80,9 +82,13 @@ def _fsdp_policies(
     else:
         default = {Block}
     if t.fsdp_auto_wrap_policy is not None:
-        wrap: set[type] | None = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
+        wrap: Any = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
     else:
         wrap = default
+    if not user and resolved.spec.model.is_hf and resolved.spec.model.lora is not None:
+        from jobgen.train.hf import lora_wrap_policy
+
+        wrap = lora_wrap_policy(wrap)
     if t.fsdp_activation_checkpointing_policy is not None:
         ckpt: set[type] | None = policy_classes(t.fsdp_activation_checkpointing_policy, "spec.",
                                                 "fsdp_activation_checkpointing_policy")
