@@ -84,6 +84,8 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
+RUN_DIR_GITIGNORE = ".gitignore"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
 
@@ -191,6 +193,23 @@ def is_generated(path: Path) -> bool:
     except OSError:
         return False
     return is_generated_text(path.name, head)
+
+
+def is_jobgen_output(path: Path) -> bool:
+    """True when ``path`` is a file jobgen wrote that is not the user's code: a rendered file
+    (:func:`is_generated`) or a submission record (:data:`SUBMISSION_FILE`). The code snapshot's
+    dirty-tree check skips them (:func:`jobgen.snapshot.changes`): jobgen's outputs never block jobgen."""
+    return path.name == SUBMISSION_FILE or is_generated(path)
+
+
+def ignore_run_dir(run_dir: Path) -> None:
+    """Make git ignore everything in ``run_dir`` (a run's checkpoints, logs, code snapshot):
+    :data:`RUN_DIR_GITIGNORE` holding ``*`` (it ignores itself too), written when missing, as
+    pytest does for ``.pytest_cache/``. A run directory inside the user's repository then never
+    counts as an uncommitted change of the next submit, and ``git status`` stays quiet."""
+    path = run_dir / RUN_DIR_GITIGNORE
+    if not path.exists():
+        write_atomic(path, f"{GENERATED_MARK}: a run directory (outputs and code snapshot); git ignores all of it.\n*\n")
 
 
 def is_job_dir(directory: Path) -> bool:

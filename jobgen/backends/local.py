@@ -21,7 +21,8 @@ from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOpt
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
-from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.jobdir import (CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, ignore_run_dir,
+                           read_resolved_spec)
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 from jobgen.usage import Usage
@@ -155,6 +156,7 @@ class LocalBackend(Backend):
         user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
+        ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
         spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)

@@ -44,6 +44,7 @@ from jobgen.jobdir import (
     ResolvedSpec,
     Submission,
     find_submission,
+    ignore_run_dir,
     read_array_index,
     read_resolved_spec,
 )
@@ -145,9 +146,9 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
                 "or submit a second copy with --force",
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for task_dir in task_dirs:
-        task_dir.mkdir(parents=True, exist_ok=True)
+    for directory in (run_dir, *task_dirs):
+        directory.mkdir(parents=True, exist_ok=True)
+        ignore_run_dir(directory)
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
