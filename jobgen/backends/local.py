@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,10 +23,10 @@ from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
 from jobgen.jobdir import (CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, ignore_run_dir,
-                           read_resolved_spec)
+                           read_resolved_spec, write_atomic)
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
-from jobgen.usage import Usage
+from jobgen.usage import Usage, run_usage
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -172,7 +173,10 @@ class LocalBackend(Backend):
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
+        started = time.time()
         code = (runner or _run_foreground)(argv, cwd, env)
+        if code == 0 and resolved.spec.entrypoint is not None:
+            _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
             raise SubmitError(
                 f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})",
@@ -210,6 +214,37 @@ def _summary_usage(run_dir: Path) -> Usage | None:
     except (OSError, ValueError, KeyError, TypeError, JobgenError):
         return None
     return Usage(launch.accelerator, launch.world_size, wall, f"{SUMMARY_FILE} wall_time_s x ranks", gpu_hour_price=launch.gpu_hour_price)
+
+
+def _write_command_summary(run_dir: Path, resolved: ResolvedSpec, cwd: Path, wall_s: float, record: Submission) -> None:
+    """Command mode: the user's script writes no summary.json, so the local backend writes it when
+    torchrun exits 0 (``status``/``ls`` then say COMPLETED with the device time; a script that
+    writes its own summary.json keeps it). Keys shared with the entrypoint's summary: ``name``,
+    ``wall_time_s`` (seconds), ``usage`` (:func:`jobgen.usage.run_usage`), ``world_size``,
+    ``strategy``, ``precision``, ``jobgen_version``, ``inputs_sha256``, ``profile``, ``code`` (the
+    snapshot record plus ``dir``, or null); command mode adds ``entrypoint``, ``cwd`` and ``exit_code``."""
+    path = run_dir / SUMMARY_FILE
+    if path.exists():
+        return
+    spec, launch = resolved.spec, resolved.launch
+    assert spec.entrypoint is not None
+    code = None if record.code is None else {**record.code.model_dump(mode="json"), "dir": record.code_dir}
+    summary = {
+        "name": spec.name,
+        "entrypoint": spec.entrypoint.model_dump(mode="json", exclude_defaults=True),
+        "cwd": str(cwd),
+        "exit_code": 0,
+        "wall_time_s": round(wall_s, 3),
+        "usage": run_usage(launch.accelerator, launch.world_size, wall_s, launch.gpu_hour_price).to_json(),
+        "world_size": launch.world_size,
+        "strategy": spec.trainer.strategy,
+        "precision": spec.trainer.precision,
+        "jobgen_version": resolved.jobgen_version,
+        "inputs_sha256": resolved.inputs_sha256,
+        "profile": resolved.profile,
+        "code": code,
+    }
+    write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 Runner = Callable[[list[str], Path, dict[str, str]], int]

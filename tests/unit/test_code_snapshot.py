@@ -24,7 +24,7 @@ import yaml
 from jobgen import api, jobdir
 from jobgen.backends import get_backend, k8s_manifest
 from jobgen.backends.base import SubmitOptions
-from jobgen.errors import ConfigError, PlanError
+from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
 from jobgen.load import load_profile, load_spec, validate
 from jobgen.plan import plan
@@ -474,3 +474,42 @@ def test_local_import_dir_of_a_python_path_and_of_no_repository(tmp_path):
     assert local_import_dir(load_spec(loose), loose) is None  # no repository: nothing to put first
     builtin = write(root / "jobs" / "builtin.yaml", "name: builtin\n")
     assert local_import_dir(load_spec(builtin), builtin) is None  # jobgen's own model: no user code
+
+
+# --------------------------------------------------------------------------- issue 23: command mode, local
+
+
+def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_path, monkeypatch):
+    """Command mode: the ranks run in the snapshot's copy of the directory ``jobgen submit`` ran
+    in (what the README says: a relative script and config paths resolve to the committed
+    files, as after a requeue); when the command exits 0 the run directory gets summary.json,
+    so ``status``/``ls`` say COMPLETED with the device time instead of UNKNOWN forever."""
+    write(repo / "train.py", "print('hi')\n")
+    spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py, args: [--config, jobs/c.yaml]}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "script")
+    head = git(repo, "rev-parse", "HEAD")
+    monkeypatch.chdir(repo)
+    result, job_dir, calls = local_submit(spec, tmp_path)
+    argv, cwd, _ = calls[0]
+    assert cwd == job_dir / "code" / head and (cwd / "train.py").is_file() and argv[-3:] == ["train.py", "--config", "jobs/c.yaml"]
+    status = get_backend("local").status(result.handle)
+    assert status.state == "COMPLETED", status.details
+    assert status.usage is not None and status.usage.devices == 2 and status.usage.device_kind == "cpu"
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["name"] == "cmd" and summary["exit_code"] == 0 and summary["world_size"] == 2
+    assert summary["entrypoint"] == {"script": "train.py", "args": ["--config", "jobs/c.yaml"]}
+    assert summary["cwd"] == str(cwd) and summary["code"]["commit"] == head and summary["code"]["dir"] == str(cwd)
+    assert summary["wall_time_s"] >= 0 and summary["usage"]["devices"] == 2
+
+
+def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatch):
+    write(repo / "train.py", "raise SystemExit(3)\n")
+    spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "script")
+    monkeypatch.chdir(repo)
+    with pytest.raises(SubmitError, match="exited with code 3"):
+        local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
+    assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
+    assert get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve()))).state == "UNKNOWN"
