@@ -84,6 +84,8 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: ``jobgen submit SPEC`` without ``--out`` writes the job directory here, inside the run directory.
+SUBMIT_JOB_SUBDIR = "job"
 #: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
 RUN_DIR_GITIGNORE = ".gitignore"
 #: At the root of a project render (``jobgen render --all``): every job of the project.

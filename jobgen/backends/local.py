@@ -105,7 +105,7 @@ class LocalBackend(Backend):
             inputs_sha256=ctx.inputs_sha256,
         )
 
-    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
+    def job_dir(self, plan: JobPlan, out: Path | None, options: SubmitOptions) -> Path:
         """A local job is written into its run directory, ``<runs dir>/<job name>``."""
         return options.runs_dir / plan.job_name
 

@@ -99,8 +99,13 @@ def test_submit_to_slurm_without_sbatch_renders_then_fails_clearly(run_cli, tmp_
     result = run_cli("submit", str(spec), "--profile", "slurm-a100", cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
-    assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
-    assert not (tmp_path / "manifests" / "slurm-a100" / "quickstart" / ".jobgen-submission.json").exists()
+    # issue 23: a submit does not write into the user's manifests/ unless asked (--out): the job
+    # directory goes with the run, <runs dir>/<job name>/job/
+    assert not (tmp_path / "manifests").exists()
+    assert (tmp_path / "runs" / "quickstart" / "job" / "job.sbatch").is_file()
+    assert not (tmp_path / "runs" / "quickstart" / "job" / ".jobgen-submission.json").exists()
+    asked = run_cli("submit", str(spec), "--profile", "slurm-a100", "--out", "manifests", cwd=tmp_path)
+    assert asked.code == 1 and (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
 
 
 def test_submit_refuses_overrides_for_a_rendered_directory(run_cli, tmp_path):
