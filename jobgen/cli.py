@@ -8,10 +8,12 @@ status, ls, logs, cancel, validate, plan, profiles, schema); the logic is in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import click
 import yaml
 
 from jobgen import __version__, api
-from jobgen.backends.base import LogOptions, SubmitOptions
+from jobgen.backends.base import JOB_STATES, LogOptions, SubmitOptions
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir import resolve_job
 from jobgen.load import (
@@ -31,7 +33,155 @@ from jobgen.load import (
 from jobgen.plan import JobPlan
 from jobgen.triage import format_triage
 
-_DEBUG = {"on": bool(os.environ.get("JOBGEN_DEBUG"))}
+#: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
+#: ``output`` (the -o format, which decides how an error is printed).
+_STATE: dict[str, Any] = {"debug": False, "output": "text"}
+
+# --------------------------------------------------------------------------- output format, errors, --debug
+#
+# The conventions every command follows (README "Usage"):
+# - `-o/--output FORMAT` is the output format (text|json, plus yaml where a profile or schema is
+#   printed); the output directory is `--out DIR` (render, diff, submit).
+# - With -o json, stdout holds exactly one JSON document: the result, or on failure
+#   {"error", "hint", "location", "exit_code"}; progress, warnings and notes go to stderr.
+# - Exit codes: 0 done; 2 bad input (a JobgenError's default, click's usage errors); 1 a
+#   scheduler, cluster, git or training failure (SubmitError, GitError); 130 interrupted.
+# - `--debug` (tracebacks) is taken before the subcommand and by every subcommand.
+
+
+class OutputFormat(click.Choice):
+    """The ``-o/--output`` choice (case-insensitive). On a command that also has ``--out DIR``,
+    a value that is no format is the old ``-o DIR`` habit: refused (exit 2) naming ``--out``."""
+
+    def __init__(self, formats: tuple[str, ...], *, has_out: bool):
+        super().__init__(formats, case_sensitive=False)
+        self.has_out = has_out
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if self.has_out and str(value).lower() not in self.choices:
+            self.fail(f"{value!r} is not an output format: -o/--output is the output format ({', '.join(self.choices)}); "
+                      f"the output directory is --out {value}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class StateChoice(click.Choice):
+    """A job state, in any case (``--state running``); the valid states are listed as jobgen prints them (upper case)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert(str(value).upper(), param, ctx)
+
+
+def _remember_output(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _STATE["output"] = value
+    return value
+
+
+def output_option(*formats: str, has_out: bool = False) -> Callable[[Any], Any]:
+    """``-o/--output``: the command's output formats, the first being the default (``text``,
+    ``json`` when none are given). Eager, so an error while parsing the rest of the command line
+    is already printed in the format asked for."""
+    formats = formats or ("text", "json")
+    return click.option(
+        "--output", "-o", "output", type=OutputFormat(formats, has_out=has_out), default=formats[0], show_default=True,
+        is_eager=True, callback=_remember_output,
+        help="Output format: text for people; json for machines (one document, stable keys; errors too: "
+             '{"error", "hint", "location", "exit_code"})' + ("; yaml as the files jobgen reads" if "yaml" in formats else "") + "."
+        + (" The output directory is --out." if has_out else ""),
+    )
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        _STATE["debug"] = True
+    return value
+
+
+def _debug_param() -> click.Option:
+    return click.Option(["--debug"], is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                        help="Show tracebacks for errors (also: JOBGEN_DEBUG=1).")
+
+
+def _json_mode() -> bool:
+    return _STATE["output"] == "json"
+
+
+def _progress(message: Any = "", **kwargs: Any) -> None:
+    """``click.echo`` for what a command says along the way: stderr with -o json (stdout holds the document)."""
+    click.echo(message, **{**kwargs, "err": kwargs.get("err", False) or _json_mode()})
+
+
+def _echo_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """With -o json, file descriptor 1 points at stderr while this runs, so what child processes
+    print (a local run's ranks, a scheduler client) cannot mix into the JSON document."""
+    if not _json_mode():
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def print_error(exc: JobgenError | click.ClickException | click.exceptions.Abort) -> int:
+    """Print ``exc`` the way the invocation asked (-o json: one JSON document on stdout; else
+    text on stderr, without a traceback unless --debug) and return its exit code."""
+    if isinstance(exc, JobgenError):
+        code = exc.exit_code
+        error = f"{exc.location}: {exc.message}" if exc.location else exc.message
+        hint, location = exc.hint, exc.location
+        if _STATE["debug"]:
+            traceback.print_exc()
+    elif isinstance(exc, click.exceptions.Abort):
+        code, error, hint, location = 130, "aborted", None, None
+    else:
+        code, error, location = exc.exit_code, exc.format_message(), None
+        ctx = getattr(exc, "ctx", None)
+        hint = f"{ctx.command_path} --help" if ctx is not None else None
+    if _json_mode():
+        click.echo(json.dumps({"error": error, "hint": hint, "location": location, "exit_code": code}, indent=2, sort_keys=True))
+    elif isinstance(exc, JobgenError):
+        click.echo(f"error: {exc}", err=True)
+    elif isinstance(exc, click.ClickException):
+        exc.show()
+    else:
+        click.echo("aborted", err=True)
+    return code
+
+
+class JobgenGroup(click.Group):
+    """The ``jobgen`` group: every subcommand (of sub-groups too) also takes ``--debug``, and
+    :meth:`main` prints errors through :func:`print_error` (so ``jobgen.cli.main`` and click's
+    CliRunner behave alike)."""
+
+    group_class = type  # sub-groups (`jobgen profiles`) are JobgenGroups too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any("--debug" in param.opts for param in cmd.params):
+            cmd.params.append(_debug_param())
+        super().add_command(cmd, name)
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        _STATE.update(debug=bool(os.environ.get("JOBGEN_DEBUG")), output="text")
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except (JobgenError, click.ClickException, click.exceptions.Abort) as exc:
+            code = print_error(exc)
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
 
 _set_option = click.option(
     "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -59,10 +209,11 @@ _templates_dir_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=JobgenGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="jobgen")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors (also: JOBGEN_DEBUG=1).")
-def cli(debug: bool) -> None:
+@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+              help="Show tracebacks for errors (also: JOBGEN_DEBUG=1; every subcommand takes it too).")
+def cli() -> None:
     """Turn a cluster profile + a training spec into ready-to-run distributed training jobs.
 
     \b
@@ -71,9 +222,11 @@ def cli(debug: bool) -> None:
     Render for a cluster (files go to manifests/<profile>/<job name>/):
       jobgen render examples/quickstart.yaml --profile slurm-a100
       jobgen render examples/quickstart.yaml --profile k8s-h100
+
+    \b
+    Every command that prints takes -o/--output text|json (errors too are JSON then);
+    the output directory of render, diff and submit is --out DIR.
     """
-    if debug:
-        _DEBUG["on"] = True
 
 
 def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None,
@@ -100,8 +253,9 @@ _project_option = click.option(
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False), required=False)
 @click.option("--profile", "-p", default=None, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
-@click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
+@click.option("--out", default="manifests", show_default=True, type=click.Path(file_okay=False),
               help="Output root; files go to <out>/<profile>/<job name>/.")
+@output_option(has_out=True)
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the plan (every file and the submit command) instead of writing.")
 @click.option("--all", "all_jobs", is_flag=True, help="Render every job jobgen.yaml lists (plus index.yaml and kustomizations).")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 and print a unified diff if the files differ from a fresh render, 0 if in sync.")
@@ -114,8 +268,8 @@ _project_option = click.option(
 @_templates_dir_option
 @_crds_dir_option
 @click.pass_context
-def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, to_stdout: bool, all_jobs: bool, check: bool,
-           prune: bool, commit_flag: bool, project: str | None, sweeps: tuple[str, ...], overrides: tuple[str, ...],
+def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, output: str, to_stdout: bool, all_jobs: bool,
+           check: bool, prune: bool, commit_flag: bool, project: str | None, sweeps: tuple[str, ...], overrides: tuple[str, ...],
            profiles_dir: str | None, templates_dir: str | None) -> int | None:
     """Render SPEC for a cluster profile, or every job of jobgen.yaml (--all), without submitting.
 
@@ -128,10 +282,13 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
       ds_config.json      DeepSpeed strategies only
     The same inputs always give byte-identical files (commit them: GitOps).
     --all also writes <out>/index.yaml and kustomization.yaml per Kubernetes profile and on top.
+    -o json prints {"out", "jobs": [{name, profile, scheduler, job_dir, world, files, ...}]}
+    (with --stdout, files maps each name to its text; with --check, "in_sync" too).
 
     \b
     Examples:
       jobgen render examples/quickstart.yaml --profile slurm-a100 --set resources.nodes=2
+      jobgen render examples/quickstart.yaml --profile slurm-a100 --out build/manifests -o json
       jobgen render --all --check        # CI / pre-commit: exit 1 + diff when out of date
       jobgen render --all --prune --commit
       jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
@@ -150,9 +307,18 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
     if to_stdout:
         for job in rendered.jobs:
             _warn(job.plan)
-            click.echo(str(job.plan), nl=False)
+            if output == "text":
+                click.echo(str(job.plan), nl=False)
+        if output == "json":
+            _echo_json({"out": None, "jobs": [_job_json(job.plan, None, with_text=True) for job in rendered.jobs]})
         return 0
-    code = gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=click.echo)
+    code = gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=_progress)
+    if output == "json":
+        doc: dict[str, Any] = {"out": str(rendered.out), "jobs": [_job_json(job.plan, rendered.out / job.subdir) for job in rendered.jobs]}
+        if check:
+            doc["in_sync"] = code == 0
+        _echo_json(doc)
+        return code
     if len(rendered.jobs) == 1 and not all_jobs and not check:
         job_plan = rendered.jobs[0].plan
         job_dir = Path(out) / job_plan.job_subdir
@@ -160,11 +326,24 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
     return code
 
 
+def _job_json(job_plan: JobPlan, job_dir: Path | None, *, with_text: bool = False) -> dict[str, Any]:
+    """One rendered job for -o json: where it went (``job_dir``: None when nothing was written),
+    its world, its files (names; with ``with_text``, name -> text) and how to submit it."""
+    w = job_plan.world
+    return {"name": job_plan.job_name, "profile": job_plan.profile, "scheduler": job_plan.scheduler,
+            "job_dir": None if job_dir is None else str(job_dir), "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node,
+            "world_size": w.world_size, "inputs_sha256": job_plan.inputs_sha256, "warnings": list(job_plan.warnings),
+            "files": dict(job_plan.files) if with_text else [name for name, _ in job_plan.files],
+            "submit": None if job_dir is None else f"jobgen submit {job_dir}",
+            "submit_steps": [str(step) for step in job_plan.submit_steps]}
+
+
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False), required=False)
 @click.option("--profile", "-p", default=None, help="Cluster profile (with SPEC).")
-@click.option("--out", "-o", default="manifests", show_default=True, type=click.Path(file_okay=False),
+@click.option("--out", default="manifests", show_default=True, type=click.Path(file_okay=False),
               help="Output root (with SPEC).")
+@output_option(has_out=True)
 @click.option("--all", "all_jobs", is_flag=True, help="Every job of jobgen.yaml (the default when no SPEC is given).")
 @_project_option
 @_sweep_option
@@ -172,13 +351,13 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
 @_profiles_dir_option
 @_templates_dir_option
 @click.pass_context
-def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, all_jobs: bool, project: str | None,
+def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, output: str, all_jobs: bool, project: str | None,
          sweeps: tuple[str, ...], overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> int:
     """Preview what `jobgen render` would change, as a unified diff; writes nothing.
 
     Without SPEC: every job of jobgen.yaml (as `render --all`, stale job directories included).
     Exit code 0 whether or not files differ (2 for bad input); `render --check` is the form
-    that exits 1 on differences, for CI.
+    that exits 1 on differences, for CI. -o json prints {"out", "in_sync", "diff"}.
 
     \b
     Examples:
@@ -190,7 +369,20 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
     out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
     rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs or spec is None, project=project, overrides=overrides,
                                    sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
-    return gitops.diff_command(rendered, echo=click.echo)
+    if output == "text":
+        return gitops.diff_command(rendered, echo=click.echo)
+    printed: list[str] = []  # the unified diff (stdout); the rest goes to stderr
+
+    def capture(message: Any = "", err: bool = False, **kwargs: Any) -> None:
+        if err:
+            click.echo(message, err=True, **kwargs)
+        else:
+            printed.append(str(message))
+
+    code = gitops.diff_command(rendered, echo=capture)
+    text = "".join(printed)
+    _echo_json({"out": str(rendered.out), "in_sync": not text, "diff": text})
+    return code
 
 
 @cli.command()
@@ -199,9 +391,10 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Runs go to <runs-dir>/<job name>/ (checkpoints, metrics, summary.json; SLURM: slurm-<jobid>.out). "
                    "SLURM: must be on a filesystem the compute nodes share.")
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+@click.option("--out", default=None, type=click.Path(file_okay=False),
               help="SLURM/Kubernetes: render a spec into <out>/<profile>/<job name>/ before submitting (e.g. "
                    "--out manifests for GitOps); default: <runs-dir>/<job name>/job/, so manifests/ is touched only when asked.")
+@output_option(has_out=True)
 @click.option("--test-only", is_flag=True, help="SLURM: `sbatch --test-only`: let SLURM check the request and estimate a start; queue nothing.")
 @click.option("--force", is_flag=True, help="SLURM: submit even though the same job directory has a job pending or running.")
 @click.option("--dry-run", "dry_run", type=click.Choice(["server"]), default=None, is_flag=False, flag_value="server",
@@ -228,7 +421,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, al
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
-def submit(target: str, profile: str | None, runs_dir: str, out: str | None, test_only: bool, force: bool, dry_run: str | None,
+def submit(target: str, profile: str | None, runs_dir: str, out: str | None, output: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
            preflight: bool, smoke: int | None, no_import_check: bool,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
@@ -254,6 +447,8 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, tes
     Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
     start over with --set checkpoint.resume=never, or a new --set name=...
+    -o json prints {"action", "handle", "job_dir", "run_dir", "log_file", "tasks", "lines"}
+    on stdout once submit is done; progress (a local run's ranks too) goes to stderr.
 
     \b
     Examples:
@@ -262,6 +457,7 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, tes
       jobgen submit manifests/slurm-a100/quickstart --test-only
       jobgen submit examples/quickstart.yaml --profile k8s-h100 --dry-run=server
       jobgen submit manifests/k8s-h100/quickstart --context prod --replace
+      jobgen submit examples/quickstart.yaml --profile slurm-cpu -o json
     """
     options = SubmitOptions(runs_dir=Path(runs_dir), test_only=test_only, force=force, dry_run=dry_run == "server",
                             replace=replace, context=k8s_context, namespace=k8s_namespace, kubeconfig=kubeconfig,
@@ -281,7 +477,16 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, tes
         _warn(target_or_plan)
         if not no_import_check:
             _import_check(target, overrides)
-    result = api.submit(target_or_plan, options, out=out, echo=click.echo)
+    with _stdout_to_stderr():
+        result = api.submit(target_or_plan, options, out=out, echo=_progress)
+    if output == "json":
+        record = result.record
+        _echo_json({"action": result.action, "handle": None if result.handle is None else str(result.handle),
+                    "job_dir": record.job_dir if record else None, "run_dir": record.run_dir if record else None,
+                    "log_file": record.log_file if record else None, "lines": list(result.lines),
+                    "tasks": [{"handle": f"{result.handle}_{t.index}", **t.model_dump(mode="json")} for t in (record.array or ())]
+                    if record else []})
+        return
     if result.handle is None:
         click.echo("validated: the scheduler accepts the job; nothing was queued or created")
         return
@@ -301,16 +506,14 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, tes
 
 
 _job_argument = click.argument("job", metavar="JOB")
-_output_option = click.option("--output", "-o", "output", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                              help="text for people; json for machines (one object, stable keys).")
 
 
 @cli.command(name="ls")
 @click.option("--cluster", default=None, metavar="NAME",
               help="Only jobs of this SLURM cluster or Kubernetes context (`local` for local runs).")
-@click.option("--state", "states", multiple=True, metavar="STATE",
-              help="Only jobs in this state after the refresh (repeatable), e.g. --state RUNNING --state PENDING.")
-@_output_option
+@click.option("--state", "states", multiple=True, type=StateChoice(JOB_STATES),
+              help="Only jobs in this state after the refresh (repeatable, any case), e.g. --state RUNNING --state PENDING.")
+@output_option()
 def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     """List every job submitted from this machine (newest first), each refreshed from its
     scheduler: state, nodes x devices, start, elapsed and GPU-hours (CPU-hours on CPU
@@ -368,8 +571,9 @@ def _duration(seconds: float) -> str:
 
 @cli.command()
 @_job_argument
-@_output_option
-@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json (kept for scripts).")
+@output_option()
+@click.option("--json", "as_json", is_flag=True, hidden=True, is_eager=True, help="Same as -o json (kept for scripts).",
+              callback=lambda ctx, param, value: _remember_output(ctx, param, "json") if value else value)
 def status(job: str, output: str, as_json: bool) -> None:
     """Show the state of JOB (a handle like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>
     or local://<run dir>, or a submitted job directory).
@@ -381,6 +585,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
     FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
     local: COMPLETED once the run directory holds summary.json.
+    -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");
+    a scheduler that cannot be asked is an error (exit 1), as JSON too.
     """
     st = api.status(job)
     if output == "json" or as_json:
@@ -405,7 +611,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @click.option("--first-error", is_flag=True,
               help="Read every rank's (SLURM) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")
-@_output_option
+@output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
     """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
     Master pod's output (Kubernetes), by default.
@@ -446,10 +652,14 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_er
 @cli.command()
 @_job_argument
 @click.option("--wait-s", default=120.0, show_default=True, help="Seconds to wait for the job to end after scancel / the delete.")
-def cancel(job: str, wait_s: float) -> None:
+@output_option()
+def cancel(job: str, wait_s: float, output: str) -> None:
     """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue;
     Kubernetes: delete with foreground propagation, so the pods go before the job)."""
-    st = api.cancel(job, wait_s=wait_s, echo=click.echo)
+    st = api.cancel(job, wait_s=wait_s, echo=_progress)
+    if output == "json":
+        _echo_json(st.to_json())
+        return
     click.echo(f"{st.handle}  {st.state}")
 
 
@@ -475,7 +685,7 @@ def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
 @click.option("--import", "import_check", is_flag=True,
               help="Import the spec's class_path classes in this environment: base classes (LightningModule / "
                    "LightningDataModule), init_args against their signatures (names and types), FSDP policy classes.")
-@_output_option
+@output_option()
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
@@ -581,7 +791,7 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
 @click.option("--hf-config", "hf_config", type=click.Path(), default=None,
               help="config.json (or a directory holding it) of the model.hf_path model, read instead of <hf_path>/config.json "
                    "(for planning off the cluster), e.g. examples/hf-configs/llama-2-7b/config.json.")
-@_output_option
+@output_option()
 @_set_option
 @_profiles_dir_option
 def plan_command(spec: str, profile: str, hf_config: str | None, output: str, overrides: tuple[str, ...],
@@ -691,7 +901,7 @@ def profiles() -> None:
 
 
 @profiles.command("list")
-@_output_option
+@output_option()
 @_profiles_dir_option
 def profiles_list(output: str, profiles_dir: str | None) -> None:
     """List every profile visible through the lookup order, with its scheduler and nodes."""
@@ -717,22 +927,41 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
 
 @profiles.command("show")
 @click.argument("name")
-@_output_option
+@output_option("text", "yaml", "json")
 @_profiles_dir_option
 def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
-    """Show profile NAME as YAML (-o json: JSON), with `extends:` resolved and defaults filled in."""
+    """Show profile NAME with `extends:` resolved and defaults filled in: text (one line per
+    field, by its dotted path, as --set and the README reference name it), yaml (a profile file
+    you can copy) or json."""
     _, path = load_profile_doc(name, profiles_dir)
     resolved = load_profile(name, profiles_dir).model_dump(mode="json")
     if output == "json":
-        click.echo(json.dumps(resolved, indent=2, sort_keys=True))
+        _echo_json(resolved)
         return
     click.echo(f"# {path}")
-    click.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
+    if output == "yaml":
+        click.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
+        return
+    fields = dict(_flatten(resolved))
+    width = max(map(len, fields))
+    for key, value in fields.items():
+        click.echo(f"{key:{width}}  {value}")
+
+
+def _flatten(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(dotted.path, value)`` of every leaf of ``doc`` in order; lists and empty mappings as
+    compact JSON, None as ``null``."""
+    for key, value in doc.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value if isinstance(value, str) else json.dumps(value)
 
 
 @cli.command()
 @click.argument("kind", type=click.Choice(["spec", "profile", "project"]))
-def schema(kind: str) -> None:
+@output_option("json", "yaml")
+def schema(kind: str, output: str) -> None:
     """Print the JSON Schema of a training spec, a cluster profile or jobgen.yaml (for editors).
 
     \b
@@ -744,25 +973,16 @@ def schema(kind: str) -> None:
     from jobgen.spec import TrainingSpec
 
     model = {"spec": TrainingSpec, "profile": ClusterProfile, "project": Project}[kind]
-    click.echo(json.dumps(model.model_json_schema(), indent=2, sort_keys=True))
+    if output == "yaml":
+        click.echo(yaml.safe_dump(model.model_json_schema(), sort_keys=True), nl=False)
+        return
+    _echo_json(model.model_json_schema())
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: JobgenError -> message + hint on stderr, its exit code, no traceback."""
-    try:
-        code = cli.main(args=argv, prog_name="jobgen", standalone_mode=False)
-    except JobgenError as exc:
-        if _DEBUG["on"]:
-            traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+    """Console entry point: runs :data:`cli` and exits with its code; errors are printed by
+    :func:`print_error` (JobgenError: message + hint, no traceback unless --debug)."""
+    cli.main(args=argv, prog_name="jobgen")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from jobgen import __version__
-from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.errors import EXIT_RUNTIME, ConfigError, JobgenError
 from jobgen.sync import Comparison, RenderedJob, apply, pending
 
 
 class GitError(JobgenError):
-    """A git command failed, or the repository is not in a state to commit (exit 1).
+    """A git command failed (exit 1); a repository not in a state to commit is a ConfigError (exit 2).
 
     ``argv``, ``returncode`` and ``stderr`` say what ran and how it failed.
     """
@@ -106,14 +106,15 @@ def commit(comparison: Comparison, *, prune: bool, command: str) -> tuple[list[s
         ``(written, removed, commit id or None)``.
 
     Raises:
-        GitError: not inside a git work tree, unrelated staged changes, or a git command failed
-            (e.g. a commit hook refused: the rendered files are then written and staged).
+        ConfigError: not inside a git work tree, or unrelated staged changes (the user's to fix: exit 2).
+        GitError: a git command failed (e.g. a commit hook refused: the rendered files are then
+            written and staged; exit 1).
     """
     out = comparison.render.out
     here = _existing_ancestor(out)
     top_text = git(["rev-parse", "--show-toplevel"], here).stdout.strip()
     if not top_text:
-        raise GitError(f"{out} is not inside a git work tree", hint="run `git init`, or render without --commit")
+        raise ConfigError(f"{out} is not inside a git work tree", hint="run `git init`, or render without --commit")
     top = Path(top_text).resolve()
     changes = pending(comparison, prune=prune)
 
@@ -123,12 +124,12 @@ def commit(comparison: Comparison, *, prune: bool, command: str) -> tuple[list[s
     try:
         ours = {rel(p) for p in comparison.render.files} | {rel(c.path) for c in changes}
     except ValueError:
-        raise GitError(f"{out} is outside the git work tree {top}", hint="render into a directory of the repository") from None
+        raise ConfigError(f"{out} is outside the git work tree {top}", hint="render into a directory of the repository") from None
     staged = [p for p in git(["diff", "--cached", "--name-only", "--no-renames", "-z"], top).stdout.split("\0") if p]
     unrelated = sorted(set(staged) - ours)
     if unrelated:
         shown = ", ".join(unrelated[:5]) + (f" and {len(unrelated) - 5} more" if len(unrelated) > 5 else "")
-        raise GitError(
+        raise ConfigError(
             f"refusing to commit: changes to files jobgen did not render are already staged ({shown}); nothing was written or committed",
             hint="commit or unstage them first (git restore --staged <path>), or render without --commit and commit yourself",
         )

@@ -329,7 +329,8 @@ def render_command(render: Render, *, check: bool, prune: bool, commit_flag: boo
     from a fresh render (the unified diff is printed on stdout).
 
     Raises:
-        GitError: ``--commit`` refused or git failed.
+        ConfigError: ``--commit`` refused (not a work tree, unrelated staged changes).
+        GitError: git failed.
     """
     _warn(render, echo)
     comparison = compare(render)

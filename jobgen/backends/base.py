@@ -244,6 +244,18 @@ FINISHED_STATES = frozenset(
      "SUCCEEDED", "DELETED"}
 )
 
+#: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's
+#: job state codes (squeue(1) "JOB STATE CODES"), the Kubernetes backend's (its job conditions,
+#: :func:`jobgen.backends.kubernetes.job_state`, and DELETED after cancel), ``UNKNOWN`` (no source
+#: knows the job) and ``UNREACHABLE`` (``ls``: the scheduler could not be asked).
+JOB_STATES = tuple(sorted(
+    FINISHED_STATES
+    | {"COMPLETING", "CONFIGURING", "PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "RESV_DEL_HOLD",
+       "REVOKED", "RUNNING", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED"}
+    | {"SUBMITTED", "CREATED", "RESTARTING", "TERMINATING"}
+    | {"UNKNOWN", "UNREACHABLE"}
+))
+
 
 def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
                 timeout_s: float = 60.0, what: str = "command") -> subprocess.CompletedProcess[str]:

@@ -174,7 +174,7 @@ def test_commit_refuses_when_unrelated_changes_are_staged(run_cli, tmp_path):
     spec.write_text(spec.read_text().replace("max_steps: 20000", "max_steps: 25000"))
     git(clone, "add", "examples/gpt2-350m-zero3.yaml")
     result = run_cli("render", "--all", "--commit", cwd=clone)
-    assert result.code == 1
+    assert result.code == 2, "the repository's state is the user's to fix (exit 2), as submit's refusal of uncommitted changes"
     assert "refusing to commit" in result.stderr and "examples/gpt2-350m-zero3.yaml" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
     assert git(clone, "rev-parse", "HEAD") == head

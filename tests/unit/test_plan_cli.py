@@ -99,7 +99,7 @@ def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
 
 def test_hugging_face_spec_without_a_local_config_renders_and_plan_asks_for_hf_config(run_cli, tmp_path):
     hf = str(REPO / "examples" / "llama-lora-jsonl.yaml")  # hf_path is a cluster path: no config.json here
-    rendered = run_cli("render", hf, "-p", "slurm-a100", "-o", str(tmp_path))
+    rendered = run_cli("render", hf, "-p", "slurm-a100", "--out", str(tmp_path))
     assert rendered.code == 0 and "Traceback" not in rendered.stderr, rendered.stderr
     planned = run_cli("plan", hf, "-p", "slurm-a100")
     assert planned.code == 2 and "Traceback" not in planned.stderr

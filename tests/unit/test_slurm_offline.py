@@ -456,8 +456,8 @@ def test_logs_first_error_refuses_options_that_pick_one_rank(slurm, run_cli, sub
     for extra in (["--rank", "1"], ["-f"]):
         result = run_cli("logs", "--first-error", *extra, HANDLE)
         assert result.code == 2 and "does not combine with --follow, --rank or --replica" in result.stderr, result.stderr
-    result = run_cli("logs", "-o", "json", HANDLE)
-    assert result.code == 2 and "applies to --first-error only" in result.stderr
+    result = run_cli("logs", "-o", "json", HANDLE)  # -o json: the error is the JSON document on stdout
+    assert result.code == 2 and "applies to --first-error only" in json.loads(result.stdout)["error"]
 
 
 # --------------------------------------------------------------------------- cancel
