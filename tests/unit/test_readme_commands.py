@@ -165,22 +165,32 @@ def options_in(words: list[str]) -> list[str]:
 
 
 def check_synopsis(scratch: Scratch, words: list[str], shown: Shown) -> None:
-    """Each subcommand a synopsis line names exists and takes the options it lists."""
+    """Each subcommand a synopsis line names exists and takes the options it lists (a group's
+    subcommand, ``profiles show``, is looked up in the group)."""
+    import click
+
     from jobgen.cli import cli
 
     segments: list[list[str]] = []
     for word in words:
-        if word.strip("[]|") in cli.commands and (not segments or word not in ("list", "show", "spec", "profile")):
-            segments.append([word.strip("[]|")])
+        bare = word.strip("[]|")
+        group = cli.commands.get(segments[-1][0]) if segments else None
+        if bare in cli.commands and not (isinstance(group, click.Group) and len(segments[-1]) == 1):
+            segments.append([bare])
         elif segments:
             segments[-1].append(word)
     assert segments, f"{shown}: names no subcommand"
     for segment in segments:
-        help_text = scratch.jobgen(segment[0], "--help")
-        assert help_text.code == 0, f"{shown}: jobgen {segment[0]} --help -> {help_text.code}\n{help_text.out}"
-        for option in options_in(segment[1:]):
+        command = [segment[0]]
+        group = cli.commands[segment[0]]
+        if isinstance(group, click.Group) and len(segment) > 1:
+            assert segment[1] in group.commands, f"{shown}: `jobgen {segment[0]}` has no subcommand {segment[1]}"
+            command.append(segment[1])
+        help_text = scratch.jobgen(*command, "--help")
+        assert help_text.code == 0, f"{shown}: jobgen {' '.join(command)} --help -> {help_text.code}\n{help_text.out}"
+        for option in options_in(segment[len(command):]):
             assert re.search(rf"(^|[\s,]){re.escape(option)}([\s,=/]|$)", help_text.out, flags=re.M), (
-                f"{shown}: `jobgen {segment[0]}` has no option {option} (its --help:\n{help_text.out})")
+                f"{shown}: `jobgen {' '.join(command)}` has no option {option} (its --help:\n{help_text.out})")
 
 
 def assert_shows(result: Result, shown: Shown, scratch: Scratch) -> None:
