@@ -34,6 +34,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,49 +254,13 @@ def run_real(scratch: Scratch, words: list[str], shown: Shown) -> None:
 def test_the_readme_commands_run(tmp_path, monkeypatch):
     scratch = Scratch(tmp_path / "repo", monkeypatch)
     skipped: list[str] = []
+    timings: list[tuple[float, str]] = []
     for shown in readme_commands():
-        words = scratch.words(shown)
-        if not shown.jobgen:
-            if shown.words[0] == "printf":  # writes the README's example config into /tmp/
-                subprocess.run(["bash", "-c", shlex.join(shown.words).replace("'>'", ">").replace("/tmp/", f"{scratch.tmp}/")],
-                               cwd=scratch.root, check=True)
-                continue
-            for word in shown.words:
-                path = word.strip("()")
-                if path.startswith(("manifests/", "examples/")):
-                    assert (scratch.root / path).exists(), f"{shown}: {path} does not exist after the commands above it"
-            skipped.append(f"{shown}: not jobgen; not run here")
-            continue
-        if not words:
-            continue
-        if any(w.strip("[]|") in PLACEHOLDERS or w.startswith("[") or w == "|" for w in words):
-            check_synopsis(scratch, words, shown)
-            continue
-        if any(w.startswith(("slurm://", "k8s://")) for w in words):
-            skipped.append(f"{shown}: needs the cluster (tests/integration runs it against the labs)")
-            continue
-        profile = option(words, "--profile", "-p")
-        if words[0] == "submit" and Path(words[1]).suffix not in (".yaml", ".yml"):
-            from jobgen.jobdir import is_job_dir
-
-            assert is_job_dir(scratch.root / words[1]), f"{shown}: {words[1]} is not a rendered job directory"
-            skipped.append(f"{shown}: submits to a cluster (tests/integration); checked that it is a job directory")
-            continue
-        if words[0] == "submit" and cluster_profile(scratch, profile):
-            plan_instead(scratch, words, shown)
-            skipped.append(f"{shown}: submits to a cluster (tests/integration); validated and rendered --stdout here")
-            continue
-        if words[0] == "submit" and words[1] == REAL_RUN:
-            run_real(scratch, words, shown)
-            continue
-        if words[0] == "submit":
-            plan_instead(scratch, words, shown)
-            skipped.append(f"{shown}: a training run (tests/entrypoint trains); validated and rendered --stdout here")
-            continue
-        result = scratch.jobgen(*words)
-        want = 2 if any(line.startswith("error:") for line in shown.expected) else 0
-        assert result.code == want, f"{shown}: exit {result.code}, expected {want}\n{result.out}"
-        assert_shows(result, shown, scratch)
+        started = time.perf_counter()
+        try:
+            run_one(scratch, shown, skipped)
+        finally:
+            timings.append((time.perf_counter() - started, str(shown)))
     # Following the README leaves it true: the committed manifests are current, and nothing the
     # examples wrote would make the next `jobgen submit` refuse (jobgen's outputs never block it).
     check = scratch.jobgen("render", "--all", "--check")
@@ -303,4 +268,51 @@ def test_the_readme_commands_run(tmp_path, monkeypatch):
     from jobgen.snapshot import changes
 
     assert changes(scratch.root) == ()
-    print("\n".join(["README commands not run here, and why:", *skipped]))
+    slowest = [f"{seconds:6.1f} s  {what}" for seconds, what in sorted(timings, reverse=True)[:5]]
+    print("\n".join(["README commands not run here, and why:", *skipped, "slowest README commands:", *slowest]))
+
+
+def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
+    """Run (or plan, check, skip) one README command; see the module docstring."""
+    words = scratch.words(shown)
+    if not shown.jobgen:
+        if shown.words[0] == "printf":  # writes the README's example config into /tmp/
+            subprocess.run(["bash", "-c", shlex.join(shown.words).replace("'>'", ">").replace("/tmp/", f"{scratch.tmp}/")],
+                           cwd=scratch.root, check=True)
+            return
+        for word in shown.words:
+            path = word.strip("()")
+            if path.startswith(("manifests/", "examples/")):
+                assert (scratch.root / path).exists(), f"{shown}: {path} does not exist after the commands above it"
+        skipped.append(f"{shown}: not jobgen; not run here")
+        return
+    if not words:
+        return
+    if any(w.strip("[]|") in PLACEHOLDERS or w.startswith("[") or w == "|" for w in words):
+        check_synopsis(scratch, words, shown)
+        return
+    if any(w.startswith(("slurm://", "k8s://")) for w in words):
+        skipped.append(f"{shown}: needs the cluster (tests/integration runs it against the labs)")
+        return
+    profile = option(words, "--profile", "-p")
+    if words[0] == "submit" and Path(words[1]).suffix not in (".yaml", ".yml"):
+        from jobgen.jobdir import is_job_dir
+
+        assert is_job_dir(scratch.root / words[1]), f"{shown}: {words[1]} is not a rendered job directory"
+        skipped.append(f"{shown}: submits to a cluster (tests/integration); checked that it is a job directory")
+        return
+    if words[0] == "submit" and cluster_profile(scratch, profile):
+        plan_instead(scratch, words, shown)
+        skipped.append(f"{shown}: submits to a cluster (tests/integration); validated and rendered --stdout here")
+        return
+    if words[0] == "submit" and words[1] == REAL_RUN:
+        run_real(scratch, words, shown)
+        return
+    if words[0] == "submit":
+        plan_instead(scratch, words, shown)
+        skipped.append(f"{shown}: a training run (tests/entrypoint trains); validated and rendered --stdout here")
+        return
+    result = scratch.jobgen(*words)
+    want = 2 if any(line.startswith("error:") for line in shown.expected) else 0
+    assert result.code == want, f"{shown}: exit {result.code}, expected {want}\n{result.out}"
+    assert_shows(result, shown, scratch)
