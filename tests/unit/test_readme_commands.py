@@ -316,3 +316,51 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
     want = 2 if any(line.startswith("error:") for line in shown.expected) else 0
     assert result.code == want, f"{shown}: exit {result.code}, expected {want}\n{result.out}"
     assert_shows(result, shown, scratch)
+
+
+# --------------------------------------------------------------------------- YAML snippets
+
+
+def yaml_snippets(text: str = README) -> list[tuple[int, str]]:
+    """``(line, text)`` of every fenced ``yaml`` block of ``text`` (indentation of list items removed)."""
+    return [(text[:m.start(3)].count("\n") + 1, "\n".join(line[len(m.group(1)):] for line in m.group(3).splitlines()))
+            for m in re.finditer(r"^( *)```(yaml)\n(.*?)^ *```", text, flags=re.S | re.M)]
+
+
+def is_subset(part: object, whole: object) -> bool:
+    """Every key and value of ``part`` is in ``whole`` (mappings recursively; other values equal)."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(k in whole and is_subset(v, whole[k]) for k, v in part.items())
+    return part == whole
+
+
+def test_the_readme_yaml_snippets_parse_and_match_the_files_they_name(tmp_path):
+    """Every YAML snippet parses; one headed ``# examples/X.yaml`` or ``# cluster_profiles/X.yaml``
+    says what the shipped file says, and a profile the README invents (``mysite``) loads."""
+    import yaml
+
+    from jobgen.load import load_profile
+
+    snippets = yaml_snippets()
+    assert len(snippets) >= 8
+    named = 0
+    for line, text in snippets:
+        doc = yaml.safe_load(text)
+        assert doc is not None, f"README.md:{line}: an empty YAML snippet"
+        header = re.match(r"# ((?:examples|cluster_profiles)/[\w./-]+\.yaml)\s*$", text.splitlines()[0])
+        if header is None:
+            continue
+        named += 1
+        path = REPO / header.group(1)
+        if path.is_file() and header.group(1).startswith("examples/"):  # the same spec once defaults are filled in
+            from jobgen.load import load_spec
+
+            (tmp_path / path.name).write_text(text)
+            assert load_spec(tmp_path / path.name) == load_spec(path), f"README.md:{line}: the snippet differs from {header.group(1)}"
+        elif path.is_file():
+            assert is_subset(doc, yaml.safe_load(path.read_text())), f"README.md:{line}: the snippet differs from {header.group(1)}"
+        else:
+            assert header.group(1).startswith("cluster_profiles/"), f"README.md:{line}: {header.group(1)} does not exist"
+            (tmp_path / path.name).write_text(text)
+            assert load_profile(path.stem, tmp_path).name == path.stem
+    assert named >= 2
