@@ -116,7 +116,7 @@ def test_validate_import_finds_a_module_at_the_repository_root(run_cli, tmp_path
 
     repo = tmp_path / "userrepo"
     write(repo / "mymodels.py", USER_MODULE.replace("Needs", "Regressor"))
-    spec = write(repo / "jobs" / "train.yaml", "name: byo\nmodel: {{class_path: mymodels.Regressor, init_args: {{width: 4}}}}\n"
+    spec = write(repo / "jobs" / "train.yaml", f"name: byo\nmodel: {{class_path: mymodels.Regressor, init_args: {{width: 4}}}}\n"
                                                 f"data: {{class_path: {BORING}.BoringDataModule}}\n")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
