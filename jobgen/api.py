@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobgen.backends import get_backend
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir import JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
-from jobgen.plan import JobPlan, plan
+from jobgen.plan import JobPlan
 
 if TYPE_CHECKING:
     from jobgen.profiles import ClusterProfile
@@ -94,8 +94,22 @@ def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | 
     Raises:
         ConfigError, PlanError: bad input, or a spec that does not fit the profile.
     """
-    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight, smoke=smoke)
-    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile,
+    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+    return plan_loaded(spec, prof, spec_path, profile_source=profile, templates=templates, smoke=smoke)
+
+
+def plan_loaded(spec: TrainingSpec, prof: ClusterProfile, spec_path: PathLike, *, profile_source: str,
+                templates: PathLike | None = None, smoke: int | None = None) -> JobPlan:
+    """:func:`plan_job` for a spec and profile already loaded (:func:`load`, without ``smoke``),
+    so that a caller that needs the spec too (``jobgen submit``'s import check) reads the file
+    once; ``smoke``: plan the smoke variant of ``spec`` (:func:`as_smoke`).
+
+    Raises:
+        ConfigError, PlanError: a smoke variant that breaks a rule, or a spec that does not fit the profile.
+    """
+    if smoke is not None:
+        spec = as_smoke(spec, smoke, str(spec_path))
+    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile_source,
                 spec_file=str(spec_path))
 
 

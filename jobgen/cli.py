@@ -31,6 +31,7 @@ from jobgen.load import (
     load_spec,
 )
 from jobgen.plan import JobPlan
+from jobgen.spec import TrainingSpec
 from jobgen.triage import format_triage
 
 #: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
@@ -473,10 +474,11 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight, smoke)
+        loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+        target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         _warn(target_or_plan)
         if not no_import_check:
-            _import_check(target, overrides)
+            _import_check(target, loaded)
     with _stdout_to_stderr():
         result = api.submit(target_or_plan, options, out=out, echo=_progress)
     if output == "json":
@@ -609,7 +611,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
 @click.option("--first-error", is_flag=True,
-              help="Read every rank's (SLURM) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
+              help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")
 @output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
@@ -663,13 +665,13 @@ def cancel(job: str, wait_s: float, output: str) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
-def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
-    """Import the spec's class_path classes here and bind their init_args (``validate --import``);
-    prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
+    """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
+    and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
+    and Lightning (and the user's modules)."""
     from jobgen.snapshot import local_import_dir
     from jobgen.user_code import check_user_code
 
-    loaded = load_spec(spec, overrides)
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
         sys.path.insert(0, str(first))
@@ -732,7 +734,7 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         checked = _check_command(loaded, None, spec)
         doc["checked"] = checked
     if import_check:
-        doc["import_notes"] = _import_check(spec, overrides)
+        doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -810,8 +812,9 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
     (jobgen/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
     (jobgen/seeds.py) shows the measured figure next to the estimate.
-    Estimates are upper bounds, not measurements. Exit 0 even when the spec's strategy does not
-    fit (a warning goes to stderr); 2 for bad input.
+    Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (README "Memory
+    plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
+    does not fit (a warning goes to stderr); 2 for bad input.
 
     \b
     Examples:
@@ -821,7 +824,7 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
-    from jobgen.estimate import plan_memory
+    from jobgen.estimate_hf import plan_memory
     from jobgen.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)

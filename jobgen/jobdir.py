@@ -606,7 +606,7 @@ class Submission(BaseModel):
     handle: str = Field(description="The job handle (URI).")
     job_dir: str = Field(description="Absolute path of the rendered job directory.")
     run_dir: str = Field(description="Where checkpoints, metrics and summary.json go (a path in the pods on Kubernetes).")
-    log_file: str | None = Field(default=None, description="The scheduler's output file (SLURM, %j expanded); None when logs come from an API.")
+    log_file: str | None = Field(default=None, description="The job's output file (SLURM, %j expanded; local: output.log); None when logs come from an API.")
     inputs_sha256: str | None = Field(default=None, description="The rendered files' inputs hash.")
     argv: tuple[str, ...] | None = Field(
         default=None, description="The command submit ran, in job_dir (SLURM: sbatch ...); None when submit used an API.")

@@ -52,6 +52,14 @@ _TRAINER_OPTIONAL_FIELDS = {
 #: TrainerSpec fields that are FSDP options (refused with other strategies when not at their defaults).
 _FSDP_ONLY_FIELDS = ("fsdp_auto_wrap_policy", "fsdp_activation_checkpointing_policy", "fsdp_backward_prefetch",
                      "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
+
+
+def warmup_steps_of(ratio: float, max_steps: int) -> int:
+    """Warmup steps of ``warmup_ratio`` (a fraction in [0, 1)) over ``max_steps`` optimizer steps:
+    ``ceil(ratio x max_steps)``, Hugging Face ``TrainingArguments.get_warmup_steps``' rule."""
+    return math.ceil(ratio * max_steps)
+
+
 #: TrainerSpec fields of jobgen's own optimiser (AdamW + warmup + cosine) for the built-in models;
 #: a ``class_path`` model brings its own ``configure_optimizers``.
 BUILTIN_OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "weight_decay", "warmup_ratio", "lr_schedule",
@@ -265,7 +273,7 @@ class TrainerSpec(_Model):
             raise ValueError("warmup_ratio is a fraction of max_steps, which is null; give warmup_steps instead")
         if not isinstance(max_steps, int):
             return data
-        derived = math.ceil(ratio * max_steps)
+        derived = warmup_steps_of(ratio, max_steps)
         given = data.get("warmup_steps")
         if given is not None and given != derived:
             raise ValueError(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobgen import __version__, deepspeed
+from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
 from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
 from jobgen.nccl import nccl_env
@@ -289,6 +289,8 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
         ds_name = DS_CONFIG_FILE
+        from jobgen import deepspeed  # DeepSpeed specs only: off the render path of the others
+
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
     resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)
     files.append((SPEC_FILE, resolved.dumps()))

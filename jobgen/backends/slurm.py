@@ -49,7 +49,6 @@ from jobgen.jobdir import (
     read_resolved_spec,
 )
 from jobgen.plan import JobPlan, PlanContext
-from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 from jobgen.triage import LogLine, Triage, triage
 from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
 
@@ -149,6 +148,8 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     for directory in (run_dir, *task_dirs):
         directory.mkdir(parents=True, exist_ok=True)
         ignore_run_dir(directory)
+    from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
+
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot

@@ -22,12 +22,11 @@ import pytest
 import yaml
 
 from jobgen import api, jobdir
-from jobgen.backends import get_backend, k8s_manifest
+from jobgen.backends import get_backend, k8s_manifest, plan
 from jobgen.backends.base import SubmitOptions
 from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
 from jobgen.load import load_profile, load_spec, validate
-from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, lint_bash, write
 from tests.fakes.slurm.fakeslurm import FakeSlurm, reply

@@ -61,6 +61,37 @@ def test_render_path_models_do_not_parse_their_source(model):
     assert not model.model_config.get("use_attribute_docstrings")
 
 
+def plan_examples() -> list[tuple[str, str]]:
+    """``(command, shown output)`` of every ```text block of the README that runs ``jobgen plan``."""
+    blocks = re.findall(r"```text\n(\$ jobgen plan .+?)\n```", README, flags=re.S)
+    out = []
+    for block in blocks:
+        lines = block.split("\n")
+        command = lines.pop(0)
+        while command.endswith("\\"):
+            command = command[:-1] + " " + lines.pop(0).strip()
+        out.append((command[2:], "\n".join(lines) + "\n"))
+    return out
+
+
+@pytest.mark.parametrize("command,shown", plan_examples(), ids=[c.split()[2] for c, _ in plan_examples()])
+def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypatch):
+    """The README's `jobgen plan` examples are the command's stdout, `assumptions:` block included
+    (issue 23): run each and compare."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from jobgen.cli import cli
+
+    monkeypatch.chdir(REPO)
+    argv = shlex.split(command)
+    assert argv[:2] == ["jobgen", "plan"]
+    result = CliRunner().invoke(cli, argv[1:])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == shown
+
+
 def test_the_seed_table_is_cited_by_its_public_source():
     """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
     from our tracker (one place: jobgen.seeds.SEED_SOURCE, which `jobgen plan` prints)."""

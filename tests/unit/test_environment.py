@@ -22,13 +22,12 @@ import pytest
 import yaml
 
 from jobgen import api
-from jobgen.backends import get_backend
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
 from jobgen.environment import SECRET_SUFFIXES, SECRET_WORDS, looks_secret
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import SUBMISSION_FILE
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.profiles import ClusterProfile
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, write

@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest
+from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec, validate
-from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
 from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, write
 

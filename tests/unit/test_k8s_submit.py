@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest
+from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
 
 

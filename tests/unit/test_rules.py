@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.errors import PlanError
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.rules import World, resolve_world
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
