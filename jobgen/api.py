@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import DirUndo, JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir import DirUndo, JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
 from jobgen.plan import JobPlan
 
@@ -119,10 +119,11 @@ def render(job_plan: JobPlan, out: PathLike = "manifests") -> list[Path]:
     return job_plan.write(Path(out) / job_plan.job_subdir)
 
 
-def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, out: PathLike = "manifests",
+def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, out: PathLike | None = None,
            echo: Echo = print) -> SubmitResult:
     """Submit a plan (written first: local runs into ``<runs dir>/<job name>``, clusters into
-    ``<out>/<profile>/<job name>``) or an already rendered job directory, as its backend does.
+    ``<out>/<profile>/<job name>`` when ``out`` is given, else ``<runs dir>/<job name>/job``) or
+    an already rendered job directory, as its backend does.
     When the backend refuses or fails before the job is queued or started, the plan's
     directory is put back as it was (:class:`~jobgen.jobdir.DirUndo`).
     SLURM and local: the code is snapshotted first (:mod:`jobgen.snapshot`; the repository
@@ -136,9 +137,11 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     if isinstance(target, JobPlan):
         backend = get_backend(target.scheduler)
         backend.check_options(options)
-        job_dir = backend.job_dir(target, Path(out), options)
+        job_dir = backend.job_dir(target, Path(out) if out is not None else None, options)
         before = DirUndo.capture(job_dir)
         target.write(job_dir)
+        if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
+            ignore_run_dir(job_dir.parent)
         try:
             return backend.submit(job_dir, options, echo, plan=target)
         except BaseException:

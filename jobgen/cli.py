@@ -392,8 +392,9 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 @click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Runs go to <runs-dir>/<job name>/ (checkpoints, metrics, summary.json; SLURM: slurm-<jobid>.out). "
                    "SLURM: must be on a filesystem the compute nodes share.")
-@click.option("--out", default="manifests", show_default=True, type=click.Path(file_okay=False),
-              help="SLURM/Kubernetes: where a spec is rendered before submitting (<out>/<profile>/<job name>/).")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="SLURM/Kubernetes: render a spec into <out>/<profile>/<job name>/ before submitting (e.g. "
+                   "--out manifests for GitOps); default: <runs-dir>/<job name>/job/, so manifests/ is touched only when asked.")
 @output_option(has_out=True)
 @click.option("--test-only", is_flag=True, help="SLURM: `sbatch --test-only`: let SLURM check the request and estimate a start; queue nothing.")
 @click.option("--force", is_flag=True, help="SLURM: submit even though the same job directory has a job pending or running.")
@@ -421,7 +422,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
-def submit(target: str, profile: str | None, runs_dir: str, out: str, output: str, test_only: bool, force: bool, dry_run: str | None,
+def submit(target: str, profile: str | None, runs_dir: str, out: str | None, output: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
            preflight: bool, smoke: int | None, no_import_check: bool,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
@@ -430,7 +431,7 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, output: st
     \b
     local profile: the job runs in the foreground on this machine (torchrun, one
       process per rank, progress on screen); Ctrl-C stops every rank.
-    SLURM profile: renders to <out>/<profile>/<job name>/, runs `sbatch --parsable`
+    SLURM profile: renders to <runs-dir>/<job name>/job/ (or --out), runs `sbatch --parsable`
       there and prints the handle slurm://<cluster>/<jobid>; the submission is recorded
       in the job directory, so status/logs/cancel take the handle or the directory.
     Kubernetes profile: renders, asks the API server to validate everything (dry run),

@@ -84,6 +84,10 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: ``jobgen submit SPEC`` without ``--out`` writes the job directory here, inside the run directory.
+SUBMIT_JOB_SUBDIR = "job"
+#: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
+RUN_DIR_GITIGNORE = ".gitignore"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
 
@@ -193,6 +197,23 @@ def is_generated(path: Path) -> bool:
     return is_generated_text(path.name, head)
 
 
+def is_jobgen_output(path: Path) -> bool:
+    """True when ``path`` is a file jobgen wrote that is not the user's code: a rendered file
+    (:func:`is_generated`) or a submission record (:data:`SUBMISSION_FILE`). The code snapshot's
+    dirty-tree check skips them (:func:`jobgen.snapshot.changes`): jobgen's outputs never block jobgen."""
+    return path.name == SUBMISSION_FILE or is_generated(path)
+
+
+def ignore_run_dir(run_dir: Path) -> None:
+    """Make git ignore everything in ``run_dir`` (a run's checkpoints, logs, code snapshot):
+    :data:`RUN_DIR_GITIGNORE` holding ``*`` (it ignores itself too), written when missing, as
+    pytest does for ``.pytest_cache/``. A run directory inside the user's repository then never
+    counts as an uncommitted change of the next submit, and ``git status`` stays quiet."""
+    path = run_dir / RUN_DIR_GITIGNORE
+    if not path.exists():
+        write_atomic(path, f"{GENERATED_MARK}: a run directory (outputs and code snapshot); git ignores all of it.\n*\n")
+
+
 def is_job_dir(directory: Path) -> bool:
     """True when ``directory`` holds a file jobgen rendered under one of :data:`JOB_FILES`."""
     return directory.is_dir() and any(is_generated(directory / name) for name in sorted(JOB_FILES))
@@ -251,7 +272,8 @@ class DirUndo:
     submitted" then also means nothing was written.
 
     Only what jobgen writes is touched: a directory that did not exist is removed with what is
-    in it (and its parents that were created with it, while empty); in one that existed, the
+    in it (and its parents that were created with it, while empty or holding only the run
+    directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
     rendered files (:func:`owned_files`) are put back as they were and new ones removed. A
     submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
     queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
@@ -281,6 +303,9 @@ class DirUndo:
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
             for parent in self.created[1:]:
+                ignore = parent / RUN_DIR_GITIGNORE  # a run directory made for this job holds only it
+                if ignore.is_file() and [p.name for p in parent.iterdir()] == [RUN_DIR_GITIGNORE]:
+                    ignore.unlink()
                 with contextlib.suppress(OSError):
                     parent.rmdir()  # only while empty: another job may have written there since
             return

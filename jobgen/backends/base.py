@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
-from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
 from jobgen.nccl import nccl_env
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.render import render_template
@@ -122,9 +122,14 @@ class Backend(ABC):
     def plan(self, ctx: PlanContext) -> JobPlan:
         """Turn validated inputs into a JobPlan. Pure: no subprocess, network, clock."""
 
-    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
-        """Where ``jobgen submit SPEC`` writes the plan before submitting: ``<out>/<profile>/<job name>``."""
-        return out / plan.job_subdir
+    def job_dir(self, plan: JobPlan, out: Path | None, options: SubmitOptions) -> Path:
+        """Where ``jobgen submit SPEC`` writes the plan before submitting: ``<out>/<profile>/<job name>``
+        when the user names an output root (``--out manifests`` for GitOps), else with the run,
+        ``<runs dir>/<job name>/``:data:`~jobgen.jobdir.SUBMIT_JOB_SUBDIR` (a user's manifests/ is
+        touched only when asked; the run directory ignores itself in git)."""
+        if out is not None:
+            return out / plan.job_subdir
+        return options.runs_dir / plan.job_name / SUBMIT_JOB_SUBDIR
 
     @abstractmethod
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print) -> SubmitResult:

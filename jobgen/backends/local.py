@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
@@ -39,11 +40,22 @@ from jobgen.backends.base import (
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
-from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.jobdir import (
+    CODE_DIR_ENV,
+    DS_CONFIG_FILE,
+    SPEC_FILE,
+    SUMMARY_FILE,
+    JobHandle,
+    ResolvedSpec,
+    Submission,
+    ignore_run_dir,
+    read_resolved_spec,
+    write_atomic,
+)
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 from jobgen.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
-from jobgen.usage import Usage
+from jobgen.usage import Usage, run_usage
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -128,7 +140,7 @@ class LocalBackend(Backend):
             inputs_sha256=ctx.inputs_sha256,
         )
 
-    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
+    def job_dir(self, plan: JobPlan, out: Path | None, options: SubmitOptions) -> Path:
         """A local job is written into its run directory, ``<runs dir>/<job name>``."""
         return options.runs_dir / plan.job_name
 
@@ -181,6 +193,8 @@ class LocalBackend(Backend):
         user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
+        ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
+        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)
         if code is not None:  # the snapshot first, ahead of jobgen itself
@@ -196,7 +210,10 @@ class LocalBackend(Backend):
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
+        started = time.time()
         code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+        if code == 0 and resolved.spec.entrypoint is not None:
+            _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
             hint = "rerun with the same command to resume from the last checkpoint"
             if log.is_file():
@@ -251,6 +268,37 @@ def _summary_usage(run_dir: Path) -> Usage | None:
     except (OSError, ValueError, KeyError, TypeError, JobgenError):
         return None
     return Usage(launch.accelerator, launch.world_size, wall, f"{SUMMARY_FILE} wall_time_s x ranks", gpu_hour_price=launch.gpu_hour_price)
+
+
+def _write_command_summary(run_dir: Path, resolved: ResolvedSpec, cwd: Path, wall_s: float, record: Submission) -> None:
+    """Command mode: the user's script writes no summary.json, so the local backend writes it when
+    torchrun exits 0 (``status``/``ls`` then say COMPLETED with the device time; a script that
+    writes its own summary.json keeps it). Keys shared with the entrypoint's summary: ``name``,
+    ``wall_time_s`` (seconds), ``usage`` (:func:`jobgen.usage.run_usage`), ``world_size``,
+    ``strategy``, ``precision``, ``jobgen_version``, ``inputs_sha256``, ``profile``, ``code`` (the
+    snapshot record plus ``dir``, or null); command mode adds ``entrypoint``, ``cwd`` and ``exit_code``."""
+    path = run_dir / SUMMARY_FILE
+    if path.exists():
+        return
+    spec, launch = resolved.spec, resolved.launch
+    assert spec.entrypoint is not None
+    code = None if record.code is None else {**record.code.model_dump(mode="json"), "dir": record.code_dir}
+    summary = {
+        "name": spec.name,
+        "entrypoint": spec.entrypoint.model_dump(mode="json", exclude_defaults=True),
+        "cwd": str(cwd),
+        "exit_code": 0,
+        "wall_time_s": round(wall_s, 3),
+        "usage": run_usage(launch.accelerator, launch.world_size, wall_s, launch.gpu_hour_price).to_json(),
+        "world_size": launch.world_size,
+        "strategy": spec.trainer.strategy,
+        "precision": spec.trainer.precision,
+        "jobgen_version": resolved.jobgen_version,
+        "inputs_sha256": resolved.inputs_sha256,
+        "profile": resolved.profile,
+        "code": code,
+    }
+    write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 Runner = Callable[[list[str], Path, dict[str, str]], int]

@@ -46,6 +46,7 @@ from jobgen.jobdir import (
     ResolvedSpec,
     Submission,
     find_submission,
+    ignore_run_dir,
     read_array_index,
     read_resolved_spec,
 )
@@ -164,9 +165,9 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
             allow_dirty: bool, queued: list[str]) -> JobHandle | None:
     """:func:`submit_dir` from the run directories on: snapshot, sbatch (its job id appended to
     ``queued`` as soon as SLURM has queued it), the submission record."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for task_dir in task_dirs:
-        task_dir.mkdir(parents=True, exist_ok=True)
+    for directory in (run_dir, *task_dirs):
+        directory.mkdir(parents=True, exist_ok=True)
+        ignore_run_dir(directory)
     from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
 
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,

@@ -90,3 +90,31 @@ def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypat
     result = CliRunner().invoke(cli, argv[1:])
     assert result.exit_code == 0, result.output
     assert result.stdout == shown
+
+
+def test_the_seed_table_is_cited_by_its_public_source():
+    """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
+    from our tracker (one place: jobgen.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
+    from jobgen.seeds import SEED_SOURCE
+
+    assert "SparkTrainer" in SEED_SOURCE and "Distributed Training Guide" in SEED_SOURCE
+    assert "tracker" not in README and "tracker" not in SEED_SOURCE
+    assert "SparkTrainer's Distributed Training Guide" in README
+
+
+def test_every_profile_the_readme_names_is_shipped_or_defined_there():
+    """Issue 23: the job-array example named `--profile slurm-cpu-array`, which was not shipped."""
+    shipped = {p.stem for p in (REPO / "cluster_profiles").glob("*.yaml")}
+    defined = set(re.findall(r"^# cluster_profiles/([\w-]+)\.yaml\n(?!.*shipped)", README, flags=re.M))
+    named = set(re.findall(r"(?:--profile|-p)[ =]([a-z][\w-]*)", README))
+    assert named - shipped - defined == set()
+
+
+def test_the_repository_root_holds_only_project_files():
+    """Issue 23: a stray `ds.time` (a shell error message) was committed at the root."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    top = {path.split("/")[0] for path in tracked}
+    assert top <= {".ci", ".gitattributes", ".gitignore", "README.md", "benchmarks", "cluster_profiles", "examples", "jobgen", "jobgen.yaml",
+                   "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top

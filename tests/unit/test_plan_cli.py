@@ -126,7 +126,7 @@ def test_plan_hf_qlora_fsdp_with_hf_config_shows_the_seed_row(run_cli):
     spec_line = next(line for line in result.stdout.splitlines() if "<- spec" in line)
     assert "fsdp:FULL_SHARD" in spec_line
     seed = next(line for line in result.stdout.splitlines() if "seed table:" in line)
-    assert "FSDP + QLoRA on 4 GPU(s)" in seed and "22 GB" in seed and "31,200 tokens/s" in seed and "issue 12" in seed
+    assert "FSDP + QLoRA on 4 GPU(s)" in seed and "22 GB" in seed and "31,200 tokens/s" in seed and "SparkTrainer" in seed and "tracker" not in seed
     doc = json.loads(run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG, "-o", "json", *QLORA_FSDP).stdout)
     spec_row = next(r for r in doc["rows"] if r["is_spec"])
     assert doc["seed"]["measured_bytes_per_gpu"] == 22 * 10**9
