@@ -25,7 +25,7 @@ from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
-from jobgen.rules import World, check_fit, resolve_precision, resolve_world
+from jobgen.rules import World, check_fit, resolve_micro_batch, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
@@ -227,8 +227,9 @@ def plan_context(
     profile_source: str = "<profile>",
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
-    """Resolve ``precision: auto`` and the world of ``spec`` on ``profile`` and run the rules
-    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`): the backend's inputs.
+    """Resolve ``precision: auto``, ``micro_batch_size: auto`` and the world of ``spec`` on
+    ``profile`` and run the rules (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`):
+    the backend's inputs.
     ``template_names``: the templates the plan renders (default: the backend's
     :meth:`~jobgen.backends.base.Backend.templates_for` the world).
 
@@ -238,7 +239,7 @@ def plan_context(
     """
     from jobgen.backends import get_backend
 
-    spec = resolve_precision(spec, profile)
+    spec = resolve_micro_batch(resolve_precision(spec, profile), profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
     check_trainer_args(spec, world, spec_source)
