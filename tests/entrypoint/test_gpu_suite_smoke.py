@@ -14,7 +14,7 @@ from tests.conftest import require
 require("lightning", "lightning not installed (pip install -e .[train])")
 
 REPO = Path(__file__).resolve().parents[2]
-ROWS = ["llama-qlora-bf16", "cpu-gpt-fp32", "gpt124m-bf16", "gpt350m-fsdp-bf16"]  # not the suite's own order
+ROWS = ["llama-qlora-bf16", "cpu-gpt-fp32", "gpt124m-bf16", "llama7b-qlora-ds3", "gpt350m-fsdp-bf16"]  # not the suite's own order
 
 
 def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path)
             "--steps", "3"]  # fmt: skip
     proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[2/4] cpu-gpt-fp32: running 3 steps" in proc.stdout, proc.stdout  # progress lines, in the order given
+    assert "[2/5] cpu-gpt-fp32: running 3 steps" in proc.stdout, proc.stdout  # progress lines, in the order given
 
     doc = json.loads((out / "gpu_suite.json").read_text())
     assert doc["mode"] == "cpu" and doc["steps"] == 3
@@ -47,5 +47,14 @@ def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path)
     summary = json.loads(Path(cpu["summary_json"]).read_text())
     assert summary["global_step"] == 3 and summary["smoke"] is True
     assert "trainer.precision=32-true" in cpu["overrides"]
+    # the ceiling beside the row: the same GPT, seed, windows and batch in a plain PyTorch loop (fp32 on CPU)
+    assert cpu["plain_status"] == "ok", cpu
+    plain = cpu["plain"]
+    assert plain["device"] == "cpu" and plain["precision"] == "32-true" and plain["steps"] == 3, plain
+    assert plain["compile"] is False and plain["fused_adamw"] is False, plain
+    assert cpu["plain_tokens_per_s"] > 0 and cpu["jobgen_over_plain"] == round(cpu["tokens_per_s"] / cpu["plain_tokens_per_s"], 3)
+    assert math.isfinite(plain["final_loss"]), plain
+    assert "cpu-gpt-fp32: plain loop ok" in proc.stdout and "jobgen / plain" in proc.stdout, proc.stdout
+    assert "trainer.compile=false" in cpu["overrides"]  # rows without -compile stay eager under compile: auto
     table = [ln for ln in proc.stdout.splitlines() if ln.startswith("cpu-gpt-fp32 ")]
     assert len(table) == 1 and table[0].endswith("  ok"), proc.stdout  # the printed table's row
