@@ -14,7 +14,7 @@ Only the hot loop's own choices differ, each the fastest plain PyTorch offers on
   ``16-mixed``); fp32 for ``32-true`` (the CPU rows);
 * ``torch.compile`` of the network where the jobgen run compiled it (its summary.json
   ``levers.compile``; else ``jobgen.train.speed.compile_on`` of the spec);
-* AdamW ``fused=True`` on CUDA; pinned host batches and ``non_blocking`` copies on CUDA;
+* AdamW ``fused=True`` on CUDA (not with ``16-mixed``, as in the entrypoint); pinned host batches and ``non_blocking`` copies on CUDA;
 * no host-device synchronisation inside the timed steps (the loss is read once, at the end).
 
 Timing matches the entrypoint's ``Throughput`` mean: from the end of optimizer step 1 (the first
@@ -84,7 +84,8 @@ def plain_loop(run_dir: Path, *, device: str | None = None, compile_net: bool | 
     lit = LitGPT.from_spec(spec)
     model = lit.model.to(device)
     groups = lit.parameter_groups()
-    optimizer = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(0.9, 0.95), **({"fused": True} if cuda else {}))
+    fused = cuda and t.precision != "16-mixed"  # as the entrypoint chooses (jobgen.train.speed.fused_adamw)
+    optimizer = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, t.warmup_steps, t.max_steps, t.min_lr_ratio, t.lr_schedule))
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(t.precision)
@@ -141,7 +142,7 @@ def plain_loop(run_dir: Path, *, device: str | None = None, compile_net: bool | 
         "device": device,
         "precision": t.precision,
         "compile": bool(compile_net),
-        "fused_adamw": cuda,
+        "fused_adamw": fused,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
 

@@ -284,9 +284,9 @@ class LitGPT(LightningModule):
 
         Lightning calls this after moving the module to its device (and after FSDP wrapped it), so
         the parameters' device decides: torch's fused AdamW when they are all on CUDA outside
-        DeepSpeed (:func:`jobgen.train.speed.fused_adamw`), torch's default implementation
-        otherwise (CPU ranks, FSDP CPU offload, DeepSpeed), ``DeepSpeedCPUAdam`` with DeepSpeed's
-        optimizer offload.
+        DeepSpeed and ``16-mixed`` (:func:`jobgen.train.speed.fused_adamw`), torch's default
+        implementation otherwise (CPU ranks, FSDP CPU offload, DeepSpeed, loss scaling),
+        ``DeepSpeedCPUAdam`` with DeepSpeed's optimizer offload.
         """
         from jobgen.train.speed import fused_adamw
 
@@ -297,7 +297,9 @@ class LitGPT(LightningModule):
 
             optimizer = DeepSpeedCPUAdam(groups, lr=hp.learning_rate, betas=(0.9, 0.95), adamw_mode=True)
         else:
-            fused = fused_adamw(groups, deepspeed=self._under_deepspeed())
+            trainer = self._trainer
+            scaled = trainer is not None and str(trainer.precision) == "16-mixed"
+            fused = fused_adamw(groups, deepspeed=self._under_deepspeed(), loss_scaling=scaled)
             # fused is passed only when on: the CPU path's optimizer is exactly what it was
             optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))
         scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -93,6 +93,8 @@ def test_fused_adamw_only_when_every_parameter_is_on_cuda_outside_deepspeed() ->
     assert speed.fused_adamw(_fake_params("cpu"), deepspeed=False) is False  # CPU ranks, FSDP CPU offload
     assert speed.fused_adamw(_fake_params("cuda") + _fake_params("cpu"), deepspeed=False) is False
     assert speed.fused_adamw([], deepspeed=False) is False
+    # 16-mixed: Lightning unscales before clipping only for optimizers that do not unscale themselves
+    assert speed.fused_adamw(_fake_params("cuda"), deepspeed=False, loss_scaling=True) is False
 
 
 def test_configure_optimizers_passes_fused_from_the_parameters_device(monkeypatch) -> None:
@@ -110,7 +112,7 @@ def test_configure_optimizers_passes_fused_from_the_parameters_device(monkeypatc
     monkeypatch.setattr(torch.optim, "AdamW", spy)
     module.configure_optimizers()
     assert "fused" not in made[-1]  # CPU: exactly the call of before
-    monkeypatch.setattr("jobgen.train.speed.fused_adamw", lambda params, deepspeed: not deepspeed)  # "on CUDA"
+    monkeypatch.setattr("jobgen.train.speed.fused_adamw", lambda params, deepspeed, loss_scaling: not deepspeed)  # "on CUDA"
     module.configure_optimizers()
     assert made[-1]["fused"] is True
 
