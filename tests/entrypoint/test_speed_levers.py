@@ -138,7 +138,8 @@ def test_loaders_pin_memory_only_on_gpus(tmp_path: Path) -> None:
 SYNC_METHODS = ("item", "__float__", "__int__", "__bool__", "tolist")
 
 
-def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("tty", [False, True], ids=["job-log-lines", "terminal-bar"])
+def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: Path, monkeypatch, tty: bool) -> None:
     """Every Tensor.item / float() / int() / bool() / tolist() of a training step and every
     torch.cuda.synchronize is counted, with the global step at the time. On a GPU each such read of
     a device tensor waits for the device; allowed only at log steps (every log_every_n_steps, and
@@ -184,8 +185,12 @@ def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: 
         return on_train_start(self, trainer, pl_module)
 
     monkeypatch.setattr(Throughput, "on_train_start", remember)
-    monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a job log: LineProgress, no bar
+    monkeypatch.setattr("sys.stdout.isatty", lambda: tty)  # a job log (LineProgress) or a terminal (the bar)
     assert run.train(resolved, path, tmp_path / "run", sources, layout, time.time()) == 0
+    from jobgen.train.callbacks import LineProgress, LogIntervalBar
+
+    shown = LogIntervalBar if tty else LineProgress
+    assert any(isinstance(cb, shown) for cb in live["trainer"].callbacks)  # type: ignore[attr-defined]
 
     log_steps = {s for s in range(1, steps + 1) if s % every == 0} | {steps}
     off_interval = sorted({step for step, _ in reads if step not in log_steps})
