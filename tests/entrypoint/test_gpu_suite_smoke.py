@@ -58,3 +58,33 @@ def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path)
     assert "trainer.compile=false" in cpu["overrides"]  # rows without -compile stay eager under compile: auto
     table = [ln for ln in proc.stdout.splitlines() if ln.startswith("cpu-gpt-fp32 ")]
     assert len(table) == 1 and table[0].endswith("  ok"), proc.stdout  # the printed table's row
+
+
+def test_llama7b_rows_plan_the_example_recipe_on_a_gpu_profile(tmp_path: Path, monkeypatch) -> None:
+    """The four llama7b rows' specs (issue 22 item 8) are the example's recipe with the row's
+    strategy, and `jobgen plan` sizes each from the shipped 7B config (the weights are not built
+    here: a placeholder safetensors file stands in for the random-init save)."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_suite", suite)  # its dataclasses resolve their module
+    spec.loader.exec_module(suite)  # type: ignore[union-attr]
+    model_dir = tmp_path / "hf" / "llama-2-7b"
+    model_dir.mkdir(parents=True)
+    shutil.copy(REPO / "examples" / "hf-configs" / "llama-2-7b" / "config.json", model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"")  # llama7b_spec builds nothing when weights are present
+    gpu = {"count": 1, "name": "NVIDIA H100 80GB HBM3", "gpu_type": "H100", "mem_gib": 79.1}
+    profile = suite.write_profile(tmp_path, gpu)
+    path = suite.spec_file(tmp_path, "llama7b")
+    doc = json.loads(path.read_text())
+    assert doc["model"]["hf_path"] == str(model_dir) and doc["model"]["load_in_4bit"] is True
+    assert doc["model"]["lora"]["r"] == 64 and len(doc["model"]["lora"]["target_modules"]) == 7
+    assert (doc["model"]["block_size"], doc["trainer"]["micro_batch_size"], doc["trainer"]["gradient_accumulation_steps"]) == (2048, 4, 4)
+    rows = [r for r in suite.ROWS if r.model == "llama7b"]
+    assert [r.strategy for r in rows] == ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
+    for row in rows:
+        sets = [*row.overrides(), "resources.devices_per_node=1"]
+        planned, note, _ = suite.planned_bytes(path, profile, sets)
+        assert note is None and planned is not None and 4 * 2**30 < planned < 79 * 2**30, (row.name, note, planned)
