@@ -16,13 +16,15 @@ variations (precision, strategy, ``trainer.compile``, ranks) are ``--set`` overr
 in the JSON; a field this checkout's spec does not know (``trainer.compile`` before it lands)
 makes that row ``unavailable: <the spec's error>`` instead of stopping the suite.
 
-Rows, in this order (``--rows`` selects by name):
+Rows, in this order (``--rows`` selects by name and runs them in the order given):
   GPU (one GPU unless said): gpt124m-bf16, gpt124m-bf16-compile, gpt124m-fp16, gpt350m-bf16,
   gpt350m-bf16-compile, gpt350m-fp16 (presets gpt2-124m / gpt2-350m, block 1024, byte-level
   stdlib text), gpt350m-fsdp-bf16 and gpt350m-ds2-bf16 (FSDP FULL_SHARD / DeepSpeed ZeRO-2 on
   all visible GPUs; the latter when ``import deepspeed`` works), llama-lora-bf16 and
   llama-qlora-bf16 (a tiny Llama built here with transformers' LlamaConfig + save_pretrained by
-  tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports).
+  tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports),
+  llama7b-qlora-ddp, -fsdp, -ds2, -ds3 (issue 22: examples/llama-7b-qlora-fsdp.yaml's recipe on a
+  Llama-2-7B random-initialised from examples/hf-configs/llama-2-7b, one GPU; see llama7b_spec).
   CPU (tiny GPT: 4 layers, d_model 128, block 128): cpu-gpt-fp32, cpu-gpt-bf16 (only where the
   CPU has native bf16: avx512_bf16/amx_bf16; emulated bf16 is not timed), cpu-gpt-fp32-compile,
   cpu-gpt-ddp-fp32, cpu-gpt-fsdp-fp32, cpu-gpt-ds2-fp32 (2 CPU ranks), cpu-llama-lora-fp32.
@@ -44,8 +46,13 @@ What the rows measure of the MFU levers: ``trainer.compile`` (torch.compile, the
 rows against the same row without it); fp16 with loss scaling against bf16; FSDP / ZeRO-2
 against one GPU. The built-in GPT's attention is ``F.scaled_dot_product_attention`` (the flash
 kernel on CUDA for bf16/fp16 with no explicit mask), so every GPU GPT row uses the SDPA path;
-fused AdamW is whatever jobgen/train/model.py ``configure_optimizers`` chooses (not toggled here;
-in this checkout ``torch.optim.AdamW`` with torch's default implementation, not ``fused=True``).
+fused AdamW, TF32 and pinned loaders are what jobgen/train/speed.py chooses on the device (not
+toggled here; summary.json ``levers`` records them). Every row sets ``trainer.compile`` explicitly.
+
+The ceiling: beside each single-rank GPT row, benchmarks/plain_loop.py trains the same GPT, seed,
+windows, batch and precision in a plain PyTorch loop on the row's finished run; the table's
+``plain`` and ``j/plain`` columns and the JSON's ``plain``, ``plain_tokens_per_s`` and
+``jobgen_over_plain`` (jobgen tokens/s / plain tokens/s) hold it.
 
 Offline GPU machine (torch, lightning, transformers and peft present, no internet): jobgen and
 the packages it needs beyond those travel as wheels. Here (with internet; give the GPU machine's
