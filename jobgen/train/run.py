@@ -144,7 +144,9 @@ def train(
 
     lightning.seed_everything(t.seed, workers=True, verbose=False)
     levers = _speed_levers(resolved)
-    peak_flops = peak_flops_per_s(launch.gpu_type, t.precision) if launch.accelerator == "gpu" else None
+    # the MFU peak of the dtype the matmuls run in: 32-true with the TF32 lever (set below) against TF32 (None: the current setting)
+    peak_flops = (peak_flops_per_s(launch.gpu_type, t.precision, levers["matmul_precision"])
+                  if launch.accelerator == "gpu" else None)
     if spec.user_code:
         module, datamodule, counts, model_line, data_line, tokens_per_sample = build_user_code(spec)
         throughput = Throughput(None, count_batches_of_world=launch.world_size, tokens_per_sample=tokens_per_sample)
