@@ -831,10 +831,11 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
     from jobgen.estimate_hf import plan_memory
+    from jobgen.micro_batch import resolve_micro_batch
     from jobgen.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)
-    loaded = resolve_precision(load_spec(spec, overrides), prof)
+    loaded = resolve_micro_batch(resolve_precision(load_spec(spec, overrides), prof), prof, spec, hf_config)
     if loaded.entrypoint is not None:
         raise ConfigError(
             f"{spec} runs your own entrypoint (command mode): jobgen does not know its model, so it cannot estimate memory",

@@ -24,6 +24,7 @@ from jobgen.command import check_trainer_args
 from jobgen.environment import check_job_env
 from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
+from jobgen.micro_batch import resolve_micro_batch
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
 from jobgen.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
@@ -248,8 +249,9 @@ def plan_context(
     backend: Planner | None = None,
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
-    """Resolve ``precision: auto`` and the world of ``spec`` on ``profile`` and run the rules
-    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`): the backend's inputs.
+    """Resolve ``precision: auto``, ``micro_batch_size: auto`` and the world of ``spec`` on
+    ``profile`` and run the rules (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`):
+    the backend's inputs.
     ``template_names``: the templates the plan renders; when not given, the ``backend``'s
     :meth:`Planner.templates_for` the world (one of the two is needed).
 
@@ -260,7 +262,7 @@ def plan_context(
     """
     if backend is None and template_names is None:
         raise TypeError("plan_context() needs the backend or the template names")
-    spec = resolve_precision(spec, profile)
+    spec = resolve_micro_batch(resolve_precision(spec, profile), profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
     check_trainer_args(spec, world, spec_source)

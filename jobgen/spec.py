@@ -437,7 +437,7 @@ class TrainingSpec(_Model):
                         f"{key} needs data.class_path (your LightningDataModule): jobgen's data formats have no "
                         "epochs of their own; use trainer.max_steps / gradient_accumulation_steps", getattr(t, key))
         if isinstance(m, ClassSpec):
-            if t.compile:
+            if t.compile is True:
                 raise field_error(TrainingSpec, ("trainer", "compile"),
                     "trainer.compile compiles jobgen's built-in networks; with model.class_path call torch.compile "
                     "inside your LightningModule (e.g. in configure_model) and remove trainer.compile", True)

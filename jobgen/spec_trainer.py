@@ -4,7 +4,7 @@ logging, and the Lightning Trainer options a user's module needs. No I/O."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -46,7 +46,7 @@ _TRAINER_OPTIONAL_FIELDS = {
     "warmup_ratio": None,
     "lr_schedule": "cosine",
     "min_lr_ratio": 0.1,
-    "compile": False,
+    "compile": "auto",
 }
 
 #: TrainerSpec fields that are FSDP options (refused with other strategies when not at their defaults).
@@ -99,7 +99,13 @@ class TrainerSpec(_Model):
         "``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs\n"
         "Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."
     ))
-    micro_batch_size: int = Field(default=8, ge=1, description="Sequences per device (per data-parallel rank) per forward/backward pass.")
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(default=8, description=(
+        "Sequences per device (per data-parallel rank) per forward/backward pass. ``auto`` is resolved\n"
+        "at plan time (spec.json records the number): on GPU profiles the largest power of two whose\n"
+        "memory plan (``jobgen plan``, the spec's own layout) fits 90% of the GPU's memory; on CPU\n"
+        "profiles 8 (CPU throughput does not grow with the batch), or less when 8 does not fit\n"
+        "(:func:`jobgen.micro_batch.resolve_micro_batch`)."
+    ))
     gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro batches accumulated before each optimizer step.")
     global_batch_size: int | None = Field(default=None, ge=1, description=(
         "Sequences per optimizer step over all ranks. When given it must equal\n"
@@ -131,11 +137,13 @@ class TrainerSpec(_Model):
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description=(
         "``cosine``: the final learning rate as a fraction of the peak (0 is Hugging Face's cosine)."
     ))
-    compile: bool = Field(default=False, description=(
+    compile: bool | Literal["auto"] = Field(default="auto", description=(
         "``torch.compile`` jobgen's built-in network (GPT or Hugging Face model) in place before\n"
         "training. The first steps are slower while it compiles; worth it for long GPU runs. Not\n"
         "with DeepSpeed (its engine wraps the module itself), ``transformer-engine``, or a\n"
-        "``class_path`` model (compile inside your LightningModule)."
+        "``class_path`` model (compile inside your LightningModule). ``auto`` (the default): on for\n"
+        "the built-in GPT under ``ddp`` on CUDA GPUs, off elsewhere (CPU, FSDP, DeepSpeed, Hugging\n"
+        "Face models); decided by the entrypoint (:func:`jobgen.train.speed.compile_on`)."
     ))
     weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
     gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description=(
@@ -210,6 +218,17 @@ class TrainerSpec(_Model):
         "Also write TensorBoard event files (``<run_dir>/logs/version_<n>/tensorboard/``) beside\n"
         "the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."
     ))
+
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _micro_batch(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # what pydantic's int accepted before "auto" joined the type
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"expected a positive integer or 'auto' (got {value!r})")
+        return value
 
     @field_validator("nvme_path")
     @classmethod
@@ -331,7 +350,7 @@ class TrainerSpec(_Model):
             )
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("max_steps is null and max_epochs is not set: give max_steps, max_epochs or both")
-        if self.compile and (self.deepspeed_stage is not None or self.precision == "transformer-engine"):
+        if self.compile is True and (self.deepspeed_stage is not None or self.precision == "transformer-engine"):
             raise ValueError(
                 f"compile with {self.strategy if self.deepspeed_stage else 'precision transformer-engine'!r}: "
                 "DeepSpeed's engine and Transformer Engine's layers wrap the module themselves; use ddp/fsdp "

@@ -19,7 +19,7 @@ from torch import nn
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import SUMMARY_FILE
-from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, LogIntervalBar, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint
 from jobgen.train.model import Block
 from jobgen.train.notify import notify_callback
@@ -243,8 +243,8 @@ def build_trainer(
         callbacks.append(FSDPGradNormClipping(gradient_clip_val))
         gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
     show_bar = sys.stdout.isatty()
-    if not show_bar:
-        callbacks.append(LineProgress(throughput, t.log_every_n_steps))
+    # Either progress display reads the loss at log intervals only (no per-step host-device sync)
+    callbacks.append(LogIntervalBar(t.log_every_n_steps) if show_bar else LineProgress(throughput, t.log_every_n_steps))
     notify = notify_callback(resolved, paths.run_dir)  # rank zero of a spec with `notify:`
     if notify is not None:
         callbacks.append(notify)

@@ -24,10 +24,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest
+from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import JobgenError
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
 from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES, write
 
