@@ -227,7 +227,7 @@ class TrainerSpec(_Model):
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)  # what pydantic's int accepted before "auto" joined the type
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"expected a positive integer or 'auto' (got {value!r})")
+            raise ValueError("expected a positive integer or 'auto'")  # the loader adds the value given
         return value
 
     @field_validator("nvme_path")

@@ -16,7 +16,7 @@ QUICKSTART = str(EXAMPLES / "quickstart.yaml")
     ("body", "expected"),
     [
         ("name: x\ntrainer:\n  max_step: 10\n", r"trainer.max_step: unknown key (did you mean 'max_steps'?)"),
-        ("name: x\ntrainer:\n  micro_batch_size: many\n", "trainer.micro_batch_size: Input should be a valid integer"),
+        ("name: x\ntrainer:\n  micro_batch_size: many\n", "trainer.micro_batch_size: expected a positive integer or 'auto' (got 'many')\n"),
         ("name: x\ntrainer:\n  micro_batch_size: 4\n  global_batch_size: 100\n", "trainer.global_batch_size"),
     ],
     ids=["misspelt-key", "wrong-type", "batch-inconsistent"],
