@@ -14,6 +14,8 @@ What is pinned (issue 10):
 * the private Lightning API jobgen still uses, and that Lightning still calls it:
   ``FSDPStrategy._setup_model`` and ``DeepSpeedStrategy._setup_model_and_optimizer``, overridden
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
+* the fit-loop privates ValidateEveryNSteps replaces and reads (``_should_check_val_fx``,
+  ``_should_accumulate``, ``_can_stop_early``: no public hook decides when to validate);
 * that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
   setter (swapped there for CPU autocast) and Lightning's own still autocasts CUDA only (issue 22);
 * the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co., its
@@ -32,7 +34,7 @@ from typing import Any
 import lightning
 import pytest
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
@@ -54,6 +56,8 @@ OVERRIDES: dict[str, tuple[type, set[str]]] = {
     ),
     "jobgen.train.callbacks.LineProgress": (Callback, {"on_train_batch_end", "on_validation_end"}),
     "jobgen.train.callbacks.FSDPGradNormClipping": (Callback, {"on_before_optimizer_step"}),
+    "jobgen.train.callbacks.LogIntervalBar": (TQDMProgressBar, {"get_metrics"}),
+    "jobgen.train.trainer.ValidateEveryNSteps": (Callback, {"setup"}),
     "jobgen.train.callbacks.RequeueOnSignal": (Callback, {"setup", "on_train_batch_end", "on_train_end"}),
     "jobgen.train.model.LitGPT": (
         LightningModule, {"forward", "training_step", "validation_step", "on_validation_epoch_end", "configure_optimizers"},
@@ -67,7 +71,7 @@ OVERRIDES: dict[str, tuple[type, set[str]]] = {
 }  # fmt: skip
 
 #: Modules whose Lightning subclasses must all appear in OVERRIDES (with every override).
-MODULES = ("strategies", "checkpoints", "callbacks", "model", "hf", "data", "format_data")
+MODULES = ("strategies", "checkpoints", "callbacks", "model", "hf", "data", "format_data", "trainer")
 
 
 def _fail(what: str, fix: str) -> None:
@@ -172,6 +176,25 @@ def test_private_strategy_methods_jobgen_overrides_are_still_called_by_lightning
             "DDPStrategy.setup_environment/setup_distributed on itself",
             "set up the gloo process group in CPUDeepSpeedStrategy another way",
         )
+
+
+def test_the_fit_loop_privates_validate_every_n_steps_replaces_and_reads() -> None:
+    """ValidateEveryNSteps (jobgen/train/trainer.py) replaces the epoch loop's
+    ``_should_check_val_fx(data_fetcher)`` and reads ``_should_accumulate()`` and the fit loop's
+    ``_can_stop_early``; the loop must still call the attribute it replaces."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    fx = getattr(_TrainingEpochLoop, "_should_check_val_fx", None)
+    if fx is None or _parameters(fx) != ["data_fetcher"]:
+        _fail("_TrainingEpochLoop._should_check_val_fx(data_fetcher) changed or is gone",
+              "find where Lightning now decides to validate and move ValidateEveryNSteps there")
+    if "self._should_check_val_fx(" not in inspect.getsource(_TrainingEpochLoop):
+        _fail("_TrainingEpochLoop no longer calls self._should_check_val_fx", "move ValidateEveryNSteps' override")
+    if _parameters(_TrainingEpochLoop._should_accumulate) != []:
+        _fail("_TrainingEpochLoop._should_accumulate() changed", "update ValidateEveryNSteps")
+    if not isinstance(inspect.getattr_static(_FitLoop, "_can_stop_early", None), property):
+        _fail("_FitLoop._can_stop_early is no longer a property", "update ValidateEveryNSteps")
 
 
 def test_fsdp_strategy_attributes_the_cpu_strategy_reads() -> None:
