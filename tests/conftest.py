@@ -45,6 +45,19 @@ ADVERSARIAL = [
 ]
 
 
+#: The markers of tests that need a lab (tests/integration/slurm and k8s conftest.py); each such
+#: test is marked ``lab`` too (setup.cfg), so ``-m "not lab"`` leaves both labs out.
+LAB_MARKERS = ("slurm_lab", "k8s_lab")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in LAB_MARKERS):
+            item.add_marker(pytest.mark.lab)
+
+
 #: Values of ``$CI`` that do not mean "running under CI".
 _NOT_CI = frozenset({"", "0", "false", "no"})
 
