@@ -157,13 +157,14 @@ def test_two_node_job_trains_to_completion_with_status_and_logs(jobgen):
     assert jobgen.status(str(job_dir))["handle"] == handle
 
 
-def _requeue_now(lab, jid: str) -> None:
-    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: release it now."""
+def _requeue_now(lab, jid: str, *updates: str) -> None:
+    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: once it is back in the
+    queue, release it now (with ``updates``, e.g. ``TimeLimit=30``, in the same ``scontrol update``)."""
     def pending() -> bool:
         return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
 
     wait_for(pending, 60, 0.5, what=f"job {jid} back in the queue")
-    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now")
+    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now", *updates)
 
 
 def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
@@ -251,12 +252,12 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
         return st if st["details"].get("restarts") not in (None, "", "0") else None
 
     try:
-        st = wait_for(requeued, 120, 1.0, what=f"{handle} requeued")
+        wait_for(requeued, 120, 1.0, what=f"{handle} requeued")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}; states seen: {seen}\n{jobgen('logs', handle).stdout[-4000:]}") from None
-    # Back in the queue (held ~120 s, LAB-NOTES pitfall 9) or, if SLURM started it again already, running.
-    update = ["TimeLimit=30", "StartTime=now"] if st["state"] == "PENDING" else ["TimeLimit=30"]
-    run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}", *update)
+    # The restart count goes up before the job is back in the queue; the next run gets a long limit.
+    _requeue_now(slurm_lab, jid, "TimeLimit=30")
+    released = time.monotonic() - cut
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=900)
     log = jobgen("logs", handle).stdout
     assert final == "COMPLETED", (seen, log[-4000:])
@@ -266,7 +267,8 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == TIME_LIMIT_STEPS and 0 < summary["resumed_from_step"] < TIME_LIMIT_STEPS, summary
     print(f"\ntime-limit job: limit cut to {limit_min} min at run time {ran} s; signal + HPC checkpoint "
-          f"{signalled:.0f} s after the cut; {resumes[0]}; COMPLETED at step {TIME_LIMIT_STEPS} {time.monotonic() - started:.0f} s after submit")
+          f"{signalled:.0f} s after the cut, released {released:.0f} s after it; {resumes[0]}; "
+          f"COMPLETED at step {TIME_LIMIT_STEPS} {time.monotonic() - started:.0f} s after submit")
 
 
 def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
