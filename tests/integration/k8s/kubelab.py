@@ -682,8 +682,8 @@ class K8sLab:
         return self
 
     def _start_core(self, timeout: float, started: float) -> None:
-        """Start etcd and kube-apiserver on fresh ports and wait until /readyz answers 200.
-        Raises LabStartError or TimeoutError (with log tails)."""
+        """Start etcd and kube-apiserver on fresh ports (tests/ports.py) and wait until each
+        listens on its own ports and /readyz answers 200. Raises LabStartError (with log tails)."""
         etcd_port, peer_port, self.port = next_port(), next_port(), next_port()
         self._launch("etcd", [self.bin["etcd"], "--name", "jobgen-lab", "--data-dir", str(self.root / "etcd-data"),
                               "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -729,7 +729,7 @@ class K8sLab:
                 self._start_crd_server(binary, timeout)
                 break
             except LabStartError as exc:  # its port taken before it bound it: see up()
-                self._stop_crd_server()
+                self._stop_daemon("apiextensions-apiserver")
                 if attempt == ATTEMPTS or not exc.port_taken:
                     raise
         self.timings["crd_server_ready_s"] = round(time.monotonic() - started, 2)
@@ -793,9 +793,6 @@ class K8sLab:
         if pid_alive(pid) and _cmdline(pid).startswith(expected):
             self._stop(pid, name)
         pidfile.unlink(missing_ok=True)
-
-    def _stop_crd_server(self) -> None:
-        self._stop_daemon("apiextensions-apiserver")
 
     def daemon_pids(self) -> dict[str, int]:
         """Running daemons: name -> PID (from the PID files, checked against /proc)."""
