@@ -55,7 +55,8 @@ ALL = "*"
 #: The tests marked ``slow`` (left out of the quick tier, README "Test tiers"): module -> test
 #: function names, or :data:`ALL`. Each starts training processes; chosen with ``--durations``
 #: on a loaded 2-core machine, where each took 18-165 s and every other test of tests/entrypoint
-#: under 2 s. tests/test_markers.py checks that every name here is a test of its module.
+#: under 6 s (of tests/unit under 10 s). tests/test_markers.py checks that every name here is a
+#: test of its module.
 SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_command_run.py": ALL,
     "tests/entrypoint/test_entrypoint_requeue.py": ALL,
@@ -65,6 +66,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_strategy_matrix.py": ALL,
     "tests/entrypoint/test_user_code_train.py": ALL,
     "tests/integration/k8s/test_rank_semantics.py": ALL,
+    "tests/unit/test_cli.py": frozenset({"test_local_submit_trains_and_resumes"}),
     "tests/entrypoint/test_entrypoint_cli.py": frozenset({"test_hand_edited_deepspeed_config_is_checked"}),
     "tests/entrypoint/test_hf_lora.py": frozenset({
         "test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes",
