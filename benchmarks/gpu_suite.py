@@ -16,13 +16,15 @@ variations (precision, strategy, ``trainer.compile``, ranks) are ``--set`` overr
 in the JSON; a field this checkout's spec does not know (``trainer.compile`` before it lands)
 makes that row ``unavailable: <the spec's error>`` instead of stopping the suite.
 
-Rows, in this order (``--rows`` selects by name):
+Rows, in this order (``--rows`` selects by name and runs them in the order given):
   GPU (one GPU unless said): gpt124m-bf16, gpt124m-bf16-compile, gpt124m-fp16, gpt350m-bf16,
   gpt350m-bf16-compile, gpt350m-fp16 (presets gpt2-124m / gpt2-350m, block 1024, byte-level
   stdlib text), gpt350m-fsdp-bf16 and gpt350m-ds2-bf16 (FSDP FULL_SHARD / DeepSpeed ZeRO-2 on
   all visible GPUs; the latter when ``import deepspeed`` works), llama-lora-bf16 and
   llama-qlora-bf16 (a tiny Llama built here with transformers' LlamaConfig + save_pretrained by
-  tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports).
+  tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports),
+  llama7b-qlora-ddp, -fsdp, -ds2, -ds3 (issue 22: examples/llama-7b-qlora-fsdp.yaml's recipe on a
+  Llama-2-7B random-initialised from examples/hf-configs/llama-2-7b, one GPU; see llama7b_spec).
   CPU (tiny GPT: 4 layers, d_model 128, block 128): cpu-gpt-fp32, cpu-gpt-bf16 (only where the
   CPU has native bf16: avx512_bf16/amx_bf16; emulated bf16 is not timed), cpu-gpt-fp32-compile,
   cpu-gpt-ddp-fp32, cpu-gpt-fsdp-fp32, cpu-gpt-ds2-fp32 (2 CPU ranks), cpu-llama-lora-fp32.
@@ -44,8 +46,13 @@ What the rows measure of the MFU levers: ``trainer.compile`` (torch.compile, the
 rows against the same row without it); fp16 with loss scaling against bf16; FSDP / ZeRO-2
 against one GPU. The built-in GPT's attention is ``F.scaled_dot_product_attention`` (the flash
 kernel on CUDA for bf16/fp16 with no explicit mask), so every GPU GPT row uses the SDPA path;
-fused AdamW is whatever jobgen/train/model.py ``configure_optimizers`` chooses (not toggled here;
-in this checkout ``torch.optim.AdamW`` with torch's default implementation, not ``fused=True``).
+fused AdamW, TF32 and pinned loaders are what jobgen/train/speed.py chooses on the device (not
+toggled here; summary.json ``levers`` records them). Every row sets ``trainer.compile`` explicitly.
+
+The ceiling: beside each single-rank GPT row, benchmarks/plain_loop.py trains the same GPT, seed,
+windows, batch and precision in a plain PyTorch loop on the row's finished run; the table's
+``plain`` and ``j/plain`` columns and the JSON's ``plain``, ``plain_tokens_per_s`` and
+``jobgen_over_plain`` (jobgen tokens/s / plain tokens/s) hold it.
 
 Offline GPU machine (torch, lightning, transformers and peft present, no internet): jobgen and
 the packages it needs beyond those travel as wheels. Here (with internet; give the GPU machine's
@@ -109,8 +116,8 @@ class Row:
     def overrides(self) -> list[str]:
         """The ``--set`` arguments of this row over its model's base spec."""
         sets = [f"name={self.name}", f"trainer.precision={self.precision}", f"trainer.strategy={self.strategy}"]
-        if self.compile:
-            sets.append("trainer.compile=true")
+        # explicit both ways: trainer.compile's default (auto) compiles the GPT under ddp on GPUs
+        sets.append(f"trainer.compile={'true' if self.compile else 'false'}")
         if self.qlora:
             sets.append("model.load_in_4bit=true")
         return sets
@@ -124,6 +131,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"model": {"preset": None, "n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128},
                  "data": {"max_bytes": 2_000_000}, "trainer": {"micro_batch_size": 8}},
     "llama-tiny": {},  # filled in by llama_spec(): a local model directory and a JSONL file
+    "llama7b": {},  # filled in by llama7b_spec(): examples/llama-7b-qlora-fsdp.yaml on a random-init 7B
 }  # fmt: skip
 """Base spec sections per model (merged over :data:`COMMON`)."""
 
@@ -132,6 +140,8 @@ COMMON: dict[str, Any] = {
                 "log_every_n_steps": 5},
     "checkpoint": {"every_n_steps": 1000, "resume": "never"},
 }  # fmt: skip
+
+QLORA = ("transformers", "peft", "bitsandbytes")
 
 ROWS: tuple[Row, ...] = (
     Row("gpt124m-bf16", "gpu", "gpt2-124m", "bf16-mixed"),
@@ -146,6 +156,12 @@ ROWS: tuple[Row, ...] = (
     Row("llama-lora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft")),
     Row("llama-qlora-bf16", "gpu", "llama-tiny", "bf16-mixed", needs=("transformers", "peft", "bitsandbytes"),
         qlora=True),
+    Row("llama7b-qlora-ddp", "gpu", "llama7b", "bf16-mixed", ranks="1", needs=QLORA),
+    Row("llama7b-qlora-fsdp", "gpu", "llama7b", "bf16-mixed", strategy="fsdp", ranks="1", needs=QLORA),
+    Row("llama7b-qlora-ds2", "gpu", "llama7b", "bf16-mixed", strategy="deepspeed_stage_2", ranks="1",
+        needs=(*QLORA, "deepspeed")),
+    Row("llama7b-qlora-ds3", "gpu", "llama7b", "bf16-mixed", strategy="deepspeed_stage_3", ranks="1",
+        needs=(*QLORA, "deepspeed")),
     Row("cpu-gpt-fp32", "cpu", "gpt-tiny", "32-true"),
     Row("cpu-gpt-bf16", "cpu", "gpt-tiny", "bf16-mixed"),
     Row("cpu-gpt-fp32-compile", "cpu", "gpt-tiny", "32-true", compile=True),
@@ -222,11 +238,63 @@ def llama_spec(out: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+LLAMA7B_EXAMPLE = REPO / "examples" / "llama-7b-qlora-fsdp.yaml"
+LLAMA7B_CONFIG = REPO / "examples" / "hf-configs" / "llama-2-7b"
+
+
+def llama7b_spec(out: Path) -> dict[str, Any]:
+    """examples/llama-7b-qlora-fsdp.yaml (issue 22's recipe: QLoRA r 64 on every projection, block
+    2048, micro batch 4 x accumulation 4, bf16-mixed) on a random-initialised Llama-2-7B built from
+    the shipped ``examples/hf-configs/llama-2-7b/config.json`` (nothing downloaded: bf16 weights
+    saved once under ``<out>/hf/llama-2-7b``, ~13.5 GB, built on the GPU when there is one) and
+    the tiny Llama's word-level tokenizer and JSONL records (tests/entrypoint/hf_helpers.py).
+    The example's ``warmup_ratio`` becomes the suite's ``warmup_steps`` (a short run's warmup);
+    the rows choose the strategy; one GPU (``resources``: the suite's)."""
+    import yaml
+
+    from tests.entrypoint.hf_helpers import build_tiny_llama, records
+
+    hf = out / "hf"
+    model_dir = hf / "llama-2-7b"
+    if not (model_dir / "config.json").is_file() or not any(model_dir.glob("*.safetensors")):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(LLAMA7B_CONFIG, local_files_only=True)
+        torch.manual_seed(0)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        model.save_pretrained(model_dir)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    tok_dir = hf / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        hf.mkdir(parents=True, exist_ok=True)
+        _, tok_dir = build_tiny_llama(hf)
+    data = hf / "llama7b-train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records() * 32))
+    doc = yaml.safe_load(LLAMA7B_EXAMPLE.read_text())
+    doc.pop("name", None)
+    doc.pop("resources", None)
+    doc["trainer"].pop("warmup_ratio", None)
+    doc["trainer"].pop("strategy", None)
+    doc["trainer"].pop("val_check_interval", None)
+    doc["trainer"].pop("limit_val_batches", None)
+    doc["trainer"].pop("log_every_n_steps", None)
+    doc.pop("checkpoint", None)
+    doc["model"]["hf_path"] = str(model_dir)
+    doc["data"] |= {"paths": [str(data)], "tokenizer_path": str(tok_dir)}
+    return doc
+
+
 def spec_file(out: Path, model: str) -> Path:
     """The base spec of ``model`` under ``<out>/specs/`` (written once per suite run)."""
     path = out / "specs" / f"{model}.yaml"
     if not path.is_file():
-        body = llama_spec(out) if model == "llama-tiny" else MODELS[model]
+        builders = {"llama-tiny": llama_spec, "llama7b": llama7b_spec}
+        body = builders[model](out) if model in builders else MODELS[model]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_merge(_merge({"name": model}, COMMON), body), indent=2) + "\n")
     return path
@@ -361,18 +429,46 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
     return result | {"status": "ok"}
 
 
+def run_plain(row: Row, res: dict[str, Any], out: Path, cpu: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The ceiling beside a GPT row: benchmarks/plain_loop.py on the row's finished run (same GPT,
+    seed, windows, batch, precision, compile; one process, so single-rank rows only). CPU: the
+    jobgen rank's thread count (cores / ranks, the local backend's OMP_NUM_THREADS)."""
+    if res.get("status") != "ok":
+        return {"plain_status": "skipped: the jobgen run did not finish"}
+    if res.get("ranks") != 1:
+        return {"plain_status": "n/a: the plain loop is one process (single-rank rows only)"}
+    json_out = out / "plain" / f"{row.name}.json"
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.unlink(missing_ok=True)
+    argv = [sys.executable, str(REPO / "benchmarks" / "plain_loop.py"), res["run_dir"], "--json", str(json_out)]
+    env = child_env() | {"OMP_NUM_THREADS": str(max(1, (cpu["cores"] or 1) // res["ranks"]))}
+    log = out / "logs" / f"{row.name}.plain.log"
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"plain_status": f"failed: timed out after {timeout:.0f} s"}
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not json_out.is_file():
+        return {"plain_status": f"failed: exit {proc.returncode}: {error_line(proc.stdout + proc.stderr)}", "plain_log": str(log)}
+    plain = json.loads(json_out.read_text())
+    tps, ours = plain.get("tokens_per_s"), res.get("tokens_per_s")
+    return {"plain_status": "ok", "plain_log": str(log), "plain": plain, "plain_tokens_per_s": tps,
+            "jobgen_over_plain": round(ours / tps, 3) if ours and tps else None}  # fmt: skip
+
+
 def fmt(value: Any, spec: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'row':<22} {'ranks':>5} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'plan GiB':>9} {'ratio':>6} "
-            f"{'loss':>7} {'wall s':>7}  status")  # fmt: skip
+    head = (f"{'row':<22} {'ranks':>5} {'tokens/s':>10} {'plain':>10} {'j/plain':>7} {'MFU':>6} {'peak GiB':>9} "
+            f"{'plan GiB':>9} {'ratio':>6} {'loss':>7} {'wall s':>7}  status")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = r.get("peak_memory_bytes")
         lines.append(
             f"{r['name']:<22} {fmt(r.get('ranks'), 'd'):>5} {fmt(r.get('tokens_per_s'), ',.0f'):>10} "
+            f"{fmt(r.get('plain_tokens_per_s'), ',.0f'):>10} {fmt(r.get('jobgen_over_plain'), '.3f'):>7} "
             f"{fmt(None if r.get('mfu') is None else 100 * r['mfu'], '.1f', '%'):>6} "
             f"{fmt(None if peak is None else peak / GIB, '.2f'):>9} "
             f"{fmt(None if r.get('planned_bytes') is None else r['planned_bytes'] / GIB, '.2f'):>9} "
@@ -418,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = write_profile(out, None if cpu_mode else gpu)
     load_before = [round(x, 2) for x in os.getloadavg()]  # a shared machine's figures depend on it
     print(f"gpu_suite: load average (1/5/15 min) {load_before}")
-    selected = [r for r in ROWS if r.name in wanted and (args.rows is not None or r.device == "gpu" or cpu_mode)]
+    by_name = {r.name: r for r in ROWS}
+    # --rows: those rows, in the order given (issue 21); default: the suite's order (CPU rows in CPU mode)
+    selected = ([by_name[n] for n in dict.fromkeys(wanted)] if args.rows is not None
+                else [r for r in ROWS if r.device == "gpu" or cpu_mode])
     results: list[dict[str, Any]] = []
     for i, row in enumerate(selected, 1):
         base = {"name": row.name, "device": row.device, "model": row.model, "precision": row.precision,
@@ -435,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets))
         print(f"[{i}/{len(selected)}] {row.name}: {res['status']} ({fmt(res.get('tokens_per_s'), ',.0f')} tok/s, "
               f"{res.get('wall_s')} s; log {res.get('log')})", flush=True)  # fmt: skip
+        if row.model.startswith("gpt"):
+            res |= run_plain(row, res, out, cpu, args.timeout)
+            print(f"[{i}/{len(selected)}] {row.name}: plain loop {res['plain_status']} "
+                  f"({fmt(res.get('plain_tokens_per_s'), ',.0f')} tok/s; jobgen / plain "
+                  f"{fmt(res.get('jobgen_over_plain'), '.3f')})", flush=True)  # fmt: skip
         results.append(res)
 
     import lightning

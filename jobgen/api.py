@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobgen.backends import get_backend
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import JobHandle, Submission, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir import DirUndo, JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
 from jobgen.load import load_profile, load_spec, search_dirs
-from jobgen.plan import JobPlan, plan
+from jobgen.plan import JobPlan
 
 if TYPE_CHECKING:
     from jobgen.profiles import ClusterProfile
@@ -94,8 +94,22 @@ def plan_job(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | 
     Raises:
         ConfigError, PlanError: bad input, or a spec that does not fit the profile.
     """
-    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight, smoke=smoke)
-    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile,
+    spec, prof = load(spec_path, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+    return plan_loaded(spec, prof, spec_path, profile_source=profile, templates=templates, smoke=smoke)
+
+
+def plan_loaded(spec: TrainingSpec, prof: ClusterProfile, spec_path: PathLike, *, profile_source: str,
+                templates: PathLike | None = None, smoke: int | None = None) -> JobPlan:
+    """:func:`plan_job` for a spec and profile already loaded (:func:`load`, without ``smoke``),
+    so that a caller that needs the spec too (``jobgen submit``'s import check) reads the file
+    once; ``smoke``: plan the smoke variant of ``spec`` (:func:`as_smoke`).
+
+    Raises:
+        ConfigError, PlanError: a smoke variant that breaks a rule, or a spec that does not fit the profile.
+    """
+    if smoke is not None:
+        spec = as_smoke(spec, smoke, str(spec_path))
+    return plan(spec, prof, templates_dir(templates), spec_source=str(spec_path), profile_source=profile_source,
                 spec_file=str(spec_path))
 
 
@@ -105,10 +119,13 @@ def render(job_plan: JobPlan, out: PathLike = "manifests") -> list[Path]:
     return job_plan.write(Path(out) / job_plan.job_subdir)
 
 
-def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, out: PathLike = "manifests",
+def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, out: PathLike | None = None,
            echo: Echo = print) -> SubmitResult:
     """Submit a plan (written first: local runs into ``<runs dir>/<job name>``, clusters into
-    ``<out>/<profile>/<job name>``) or an already rendered job directory, as its backend does.
+    ``<out>/<profile>/<job name>`` when ``out`` is given, else ``<runs dir>/<job name>/job``) or
+    an already rendered job directory, as its backend does.
+    When the backend refuses or fails before the job is queued or started, the plan's
+    directory is put back as it was (:class:`~jobgen.jobdir.DirUndo`).
     SLURM and local: the code is snapshotted first (:mod:`jobgen.snapshot`; the repository
     holding the plan's spec file, or for a job directory the one holding the directory).
 
@@ -120,9 +137,16 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     if isinstance(target, JobPlan):
         backend = get_backend(target.scheduler)
         backend.check_options(options)
-        job_dir = backend.job_dir(target, Path(out), options)
+        job_dir = backend.job_dir(target, Path(out) if out is not None else None, options)
+        before = DirUndo.capture(job_dir)
         target.write(job_dir)
-        return backend.submit(job_dir, options, echo, plan=target)
+        if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
+            ignore_run_dir(job_dir.parent)
+        try:
+            return backend.submit(job_dir, options, echo, plan=target)
+        except BaseException:
+            before.undo_unless_submitted()  # refused before queueing: leave no job directory behind
+            raise
     job_dir = Path(target)
     backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
     return backend.submit(job_dir, options, echo)

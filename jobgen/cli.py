@@ -31,6 +31,7 @@ from jobgen.load import (
     load_spec,
 )
 from jobgen.plan import JobPlan
+from jobgen.spec import TrainingSpec
 from jobgen.triage import format_triage
 
 #: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
@@ -391,8 +392,9 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 @click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Runs go to <runs-dir>/<job name>/ (checkpoints, metrics, summary.json; SLURM: slurm-<jobid>.out). "
                    "SLURM: must be on a filesystem the compute nodes share.")
-@click.option("--out", default="manifests", show_default=True, type=click.Path(file_okay=False),
-              help="SLURM/Kubernetes: where a spec is rendered before submitting (<out>/<profile>/<job name>/).")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="SLURM/Kubernetes: render a spec into <out>/<profile>/<job name>/ before submitting (e.g. "
+                   "--out manifests for GitOps); default: <runs-dir>/<job name>/job/, so manifests/ is touched only when asked.")
 @output_option(has_out=True)
 @click.option("--test-only", is_flag=True, help="SLURM: `sbatch --test-only`: let SLURM check the request and estimate a start; queue nothing.")
 @click.option("--force", is_flag=True, help="SLURM: submit even though the same job directory has a job pending or running.")
@@ -420,7 +422,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
-def submit(target: str, profile: str | None, runs_dir: str, out: str, output: str, test_only: bool, force: bool, dry_run: str | None,
+def submit(target: str, profile: str | None, runs_dir: str, out: str | None, output: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
            preflight: bool, smoke: int | None, no_import_check: bool,
            overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
@@ -429,7 +431,7 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, output: st
     \b
     local profile: the job runs in the foreground on this machine (torchrun, one
       process per rank, progress on screen); Ctrl-C stops every rank.
-    SLURM profile: renders to <out>/<profile>/<job name>/, runs `sbatch --parsable`
+    SLURM profile: renders to <runs-dir>/<job name>/job/ (or --out), runs `sbatch --parsable`
       there and prints the handle slurm://<cluster>/<jobid>; the submission is recorded
       in the job directory, so status/logs/cancel take the handle or the directory.
     Kubernetes profile: renders, asks the API server to validate everything (dry run),
@@ -472,10 +474,11 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str, output: st
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
-        target_or_plan = _plan(target, profile, overrides, profiles_dir, templates_dir, preflight, smoke)
+        loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
+        target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         _warn(target_or_plan)
         if not no_import_check:
-            _import_check(target, overrides)
+            _import_check(target, loaded)
     with _stdout_to_stderr():
         result = api.submit(target_or_plan, options, out=out, echo=_progress)
     if output == "json":
@@ -541,14 +544,14 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     if not rows:
         click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
         return
-    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE-HOURS", "COST")]
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST")]
     for row in rows:
         usage = row.status.usage if row.status is not None else None
         world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
         started = usage.start.strftime("%Y-%m-%d %H:%M") if usage is not None and usage.start else "-"
         elapsed = _duration(usage.elapsed_s) if usage is not None and usage.elapsed_s is not None else "-"
         hours = usage.device_hours if usage is not None else None
-        spent = f"{hours:.3f} {usage.device_kind.upper()}-h" if hours is not None else "-"
+        spent = f"{hours:.3f} {usage.unit}" if hours is not None else "-"
         cost = f"{usage.cost:.2f}" if usage is not None and usage.cost is not None else "-"
         name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
         table.append((row.record.handle, name, row.state, world, started, elapsed, spent, cost))
@@ -608,7 +611,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
 @click.option("--first-error", is_flag=True,
-              help="Read every rank's (SLURM) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
+              help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")
 @output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
@@ -662,13 +665,13 @@ def cancel(job: str, wait_s: float, output: str) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
-def _import_check(spec: str, overrides: tuple[str, ...]) -> list[str]:
-    """Import the spec's class_path classes here and bind their init_args (``validate --import``);
-    prints and returns the notes. Imports torch and Lightning (and the user's modules)."""
+def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
+    """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
+    and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
+    and Lightning (and the user's modules)."""
     from jobgen.snapshot import local_import_dir
     from jobgen.user_code import check_user_code
 
-    loaded = load_spec(spec, overrides)
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
         sys.path.insert(0, str(first))
@@ -719,9 +722,11 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         _warn(job_plan)
         w = job_plan.world
         resolved = read_plan_spec(job_plan)
+        # command mode: the batch reaches the script only through ds_config.json (DeepSpeed)
+        batch_used = loaded.entrypoint is None or resolved.spec.trainer.deepspeed_stage is not None
         doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
                 "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
-                "global_batch_size": w.global_batch_size, "warnings": list(job_plan.warnings)}
+                "global_batch_size": w.global_batch_size if batch_used else None, "warnings": list(job_plan.warnings)}
         if w.elastic:  # num_nodes / world_size / global_batch_size are then the values at the maximum
             doc["min_nodes"] = w.min_nodes
         if loaded.entrypoint is not None:
@@ -731,7 +736,7 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         checked = _check_command(loaded, None, spec)
         doc["checked"] = checked
     if import_check:
-        doc["import_notes"] = _import_check(spec, overrides)
+        doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -749,6 +754,10 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         click.echo(f"imported {loaded.model.class_path} and {loaded.data.class_path} here; their init_args fit their signatures")
     if job_plan is not None:
         w = job_plan.world
+        if doc["global_batch_size"] is None:
+            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, precision {doc['precision']}; "
+                       "batch size: your script's own (command mode passes jobgen's batch settings only to DeepSpeed)")
+            return
         if w.elastic:
             per_node = w.micro_batch_size * w.gradient_accumulation_steps * w.devices_per_node
             click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch "
@@ -809,8 +818,9 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
     (jobgen/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
     (jobgen/seeds.py) shows the measured figure next to the estimate.
-    Estimates are upper bounds, not measurements. Exit 0 even when the spec's strategy does not
-    fit (a warning goes to stderr); 2 for bad input.
+    Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (README "Memory
+    plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
+    does not fit (a warning goes to stderr); 2 for bad input.
 
     \b
     Examples:
@@ -820,11 +830,12 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
-    from jobgen.estimate import plan_memory
+    from jobgen.estimate_hf import plan_memory
+    from jobgen.micro_batch import resolve_micro_batch
     from jobgen.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)
-    loaded = resolve_precision(load_spec(spec, overrides), prof)
+    loaded = resolve_micro_batch(resolve_precision(load_spec(spec, overrides), prof), prof, spec, hf_config)
     if loaded.entrypoint is not None:
         raise ConfigError(
             f"{spec} runs your own entrypoint (command mode): jobgen does not know its model, so it cannot estimate memory",

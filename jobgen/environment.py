@@ -29,7 +29,9 @@ from jobgen.errors import ConfigError, PlanError
 from jobgen.nccl import nccl_env
 
 if TYPE_CHECKING:
-    from jobgen.plan import PlanContext
+    from jobgen.profiles import ClusterProfile
+    from jobgen.rules import World
+    from jobgen.spec import TrainingSpec
 
 #: Whole ``_``-separated words that mark a credential: ``HF_TOKEN``, ``DB_PASSWORD``,
 #: ``AWS_SECRET_ACCESS_KEY``, ``WANDB_APIKEY``, ``GOOGLE_APPLICATION_CREDENTIALS``. Whole words
@@ -88,7 +90,8 @@ def _env_hint(scheduler: str, name: str, field: str) -> str:
             f"its value from the environment it runs in (export {name} there first) and no file holds it.")
 
 
-def check_job_env(ctx: PlanContext) -> None:
+def check_job_env(spec: TrainingSpec, profile: ClusterProfile, world: World, *, spec_source: str = "<spec>",
+                  profile_source: str = "<profile>") -> None:
     """Plan-time rules for the job's environment, on every scheduler.
 
     - No credential in ``env``: a profile or spec ``env`` name that :func:`looks_secret` is
@@ -103,8 +106,8 @@ def check_job_env(ctx: PlanContext) -> None:
     Raises:
         PlanError: with the file + field path and a hint.
     """
-    spec, profile, scheduler = ctx.spec, ctx.profile, ctx.profile.scheduler
-    for source, env, origin in ((ctx.profile_source, profile.env, "profile"), (ctx.spec_source, spec.env, "spec")):
+    scheduler = profile.scheduler
+    for source, env, origin in ((profile_source, profile.env, "profile"), (spec_source, spec.env, "spec")):
         for name in env:
             if looks_secret(name):
                 raise PlanError(
@@ -112,10 +115,10 @@ def check_job_env(ctx: PlanContext) -> None:
                     location=f"{source}: env.{name}",
                     hint=_env_hint(scheduler, name, "env"),
                 )
-    preset = nccl_env(profile.network_fabric, uses_nccl=ctx.world.accelerator == "gpu")
+    preset = nccl_env(profile.network_fabric, uses_nccl=world.accelerator == "gpu")
     for i, name in enumerate(spec.secrets):
-        where = f"{ctx.spec_source}: secrets[{i}]"
-        sources = ((profile.env, f"the profile's env ({ctx.profile_source}: env.{name})", f"Remove {name} from the profile's env or from `secrets`."),
+        where = f"{spec_source}: secrets[{i}]"
+        sources = ((profile.env, f"the profile's env ({profile_source}: env.{name})", f"Remove {name} from the profile's env or from `secrets`."),
                    (spec.env, f"the spec's env (env.{name})", f"Remove {name} from the spec's env or from `secrets`."),
                    (preset, f"the NCCL preset of network_fabric {profile.network_fabric}", f"Pick another variable name than {name} for the secret."))
         for env, what, hint in sources:
@@ -139,7 +142,7 @@ def check_job_env(ctx: PlanContext) -> None:
                 f"`secrets` names {name}, but profile {profile.name!r} maps no Secret to it; on Kubernetes a secret comes "
                 "from the cluster (kubernetes.secret_env), not from the shell that submits.",
                 location=where,
-                hint=f"Map it in the profile ({ctx.profile_source}): kubernetes.secret_env: {{{name}: {{secret: <Secret name>, key: <key>}}}} "
+                hint=f"Map it in the profile ({profile_source}): kubernetes.secret_env: {{{name}: {{secret: <Secret name>, key: <key>}}}} "
                 "(kubectl create secret generic <Secret name> --from-literal=<key>=...).",
             )
 

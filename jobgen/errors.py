@@ -8,17 +8,50 @@ cluster/submit failures, see ARCHITECTURE.md "Errors").
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 1
+
+#: A URL with a scheme (``https://...``, ``git+ssh://...``) inside running text: up to a space or quote.
+_URL_RE = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+#: What stands in for a redacted credential.
+REDACTED = "***"
+
+
+def _redact_url(url: str) -> str:
+    """``url`` with its userinfo (``user:password@``) and every query value replaced by ``***``;
+    trailing sentence punctuation (``).,;:``) is left outside and kept as it was."""
+    core = url.rstrip(").,;:")
+    tail = url[len(core):]
+    scheme, _, rest = core.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = REDACTED + "@" + authority.rpartition("@")[2]
+    path, question, query = f"{slash}{path}".partition("?")
+    if question:
+        query, hash_, fragment = query.partition("#")
+        params = [(name + "=" + REDACTED) if value else name + eq
+                  for name, eq, value in (p.partition("=") for p in query.split("&"))]
+        query = "&".join(params) + hash_ + fragment
+    return f"{scheme}://{authority}{path}{question}{query}{tail}"
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the credentials of every URL in it hidden: userinfo and query values become
+    ``***`` (a token in ``?token=...`` or ``https://user:token@host``). Error messages echo the
+    values a user gave, and end up in terminals and CI logs; :class:`JobgenError` applies this to
+    its message, hint and location."""
+    return _URL_RE.sub(lambda m: _redact_url(m.group(0)), text) if "://" in text else text
 
 
 class JobgenError(Exception):
     """An error the user can fix.
 
     Args:
-        message: what was wrong, naming the value given.
+        message: what was wrong, naming the value given (URLs in message, hint and location
+            are shown with their credentials hidden, :func:`redact_urls`).
         hint: the exact fix (printed after ``hint:``), or ``None``.
         location: where: ``"<file>: <json.path>"`` or a field path; ``None`` when global.
     """
@@ -26,10 +59,11 @@ class JobgenError(Exception):
     exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, *, hint: str | None = None, location: str | None = None):
+        message = redact_urls(message)  # a URL's credentials never reach a terminal or a CI log
         super().__init__(message)
         self.message = message
-        self.hint = hint
-        self.location = location
+        self.hint = None if hint is None else redact_urls(hint)
+        self.location = None if location is None else redact_urls(location)
 
     def __str__(self) -> str:
         text = f"{self.location}: {self.message}" if self.location else self.message

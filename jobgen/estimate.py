@@ -23,13 +23,19 @@ Sources of the formulas
   the frozen (optionally 4-bit) base and the Llama block's activations.
 * Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
   gradient bucket copy, FSDP's gathered units, torch AdamW's ``foreach`` temporaries, DeepSpeed's
-  fp32 gradient partition, communication buckets and ZeRO-3's gathered working set.
+  fp32 gradient partition, communication buckets and ZeRO-3's gathered working set, the
+  residual stream's width under autocast (:func:`residual_bytes`).
 
-The estimate is a conservative sum: parameters + gradients + optimizer states + activations
-+ overhead, although gradients and activations never all peak at the same instant (gradients
-with ``set_to_none`` appear during backward while activations are being freed). Usable memory
-is also a little below the nominal ``gpu_mem_gib`` (``torch.cuda.mem_get_info``), which the
-overhead term is meant to absorb.
+The estimate is the peak of one training step: the model states alive throughout, plus the
+larger of the activations' peak and what is allocated only after it (gradients produced while
+backward frees activations, the optimizer step's temporaries; :func:`with_activations`), plus
+the overhead term for what PyTorch's allocator does not report (CUDA context, NCCL, the
+allocator's reserve). Calibration: the one-GPU peaks measured in issues 21 and 22 (one H100,
+``torch.cuda.max_memory_allocated``), kept with their sources in
+tests/unit/test_estimate_measured.py ``MEASURED``, are within 15% of the plan (measured /
+planned 0.86-1.05; at aafdf85, before the fixes named in :func:`activation_bytes`,
+:func:`residual_bytes` and :func:`deepspeed_bucket_bytes`, ZeRO-2 read 0.59-0.64). It is an
+estimate, not a bound: a layout or shape far from those runs can be off by more.
 
 Size: one module above ~500 lines on purpose: the layouts (DDP, FSDP variants, ZeRO 1-3 with
 offload), their formulas and the recommender that ranks them share one set of terms; split
@@ -38,7 +44,6 @@ apart, each formula would be read without the others it is compared against.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,7 +57,9 @@ VOCAB_SIZE = 256
 GPU_OVERHEAD_BYTES = int(1.5 * GIB)
 """Assumption: per-GPU memory outside tensors jobgen models: the CUDA context and loaded kernels
 (~0.3-0.6 GiB with lazy module loading), cuBLAS/cuDNN workspaces, NCCL communicator buffers, and
-the caching allocator's fragmentation. Not measured here (no GPU on the build machines)."""
+the caching allocator's fragmentation. Not measured: the GPU peaks the estimate is checked
+against (``torch.cuda.max_memory_allocated``, tests/unit/test_estimate_measured.py) leave all of
+this out, so there the plan reads this much above an exact count of the tensors."""
 
 CPU_OVERHEAD_BYTES = int(0.5 * GIB)
 """Assumption: per-process host memory of the Python + torch + Lightning runtime itself on CPU
@@ -61,11 +68,6 @@ profiles (imports alone are a few hundred MB of RSS)."""
 DEEPSPEED_BUCKET_ELEMENTS = 200_000_000
 """``reduce_bucket_size`` / ``allgather_bucket_size`` in elements, as jobgen.deepspeed renders them
 (``BUCKET_ELEMENTS``; read from there when importable, this copy keeps the module standalone)."""
-
-DEEPSPEED_OVERLAP_COMM_FACTOR = 4.5
-"""With ``overlap_comm: true`` DeepSpeed's ZeRO-1/2 communication buffers take about 4.5x the
-bucket sizes (Hugging Face transformers, "DeepSpeed" guide, ZeRO-2 config: "overlap_comm uses 4.5x
-the allgather_bucket_size and reduce_bucket_size values ... 5e8 x 2Bytes x 2 x 4.5")."""
 
 DEEPSPEED_STAGE3_PREFETCH_ELEMENTS = DEEPSPEED_BUCKET_ELEMENTS // 4
 """``stage3_prefetch_bucket_size`` as jobgen.deepspeed renders it."""
@@ -134,12 +136,15 @@ class Shape:
     block_size: int
     micro_batch_size: int
     dropout: float = 0.0
+    accumulation: int = 1
+    """``gradient_accumulation_steps``: above 1, the previous micro batches' gradients are alive
+    at the activation peak."""
 
     @classmethod
     def of(cls, spec: TrainingSpec) -> Shape:
         """Shape of ``spec.model`` at ``spec.trainer.micro_batch_size`` sequences of ``block_size``."""
-        m = spec.model
-        return cls(m.n_layer, m.n_head, m.d_model, m.block_size, spec.trainer.micro_batch_size, m.dropout)
+        m, t = spec.model, spec.trainer
+        return cls(m.n_layer, m.n_head, m.d_model, m.block_size, t.micro_batch_size, m.dropout, t.gradient_accumulation_steps)
 
     @property
     def n_params(self) -> int:
@@ -181,6 +186,10 @@ class Estimate:
     overhead_bytes: int
     host_bytes_per_node: int = 0
     notes: tuple[str, ...] = field(default=())
+    late_bytes: int = 0
+    """Bytes of the parameter/gradient/optimizer columns allocated only after the activation
+    peak (the optimizer step's temporaries; gradients without accumulation): the activations
+    column holds what the activations need beyond them (:func:`with_activations`)."""
 
     @property
     def model_states_bytes(self) -> int:
@@ -193,56 +202,92 @@ class Estimate:
         return self.model_states_bytes + self.activations_bytes + self.overhead_bytes
 
 
-def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = False, fused_attention: bool = True) -> int:
-    """Bytes of activations saved for backward on one rank for one micro batch.
+def residual_bytes(precision: str, strategy: str) -> int:
+    """Bytes of one element of the residual stream (block inputs, norm inputs, the tensors
+    activation checkpointing keeps) under ``precision`` and ``strategy``.
+
+    4 under ``32-true``, and under mixed precision with DDP: Lightning's autocast computes the
+    Linears in 16-bit but the weights stay fp32, so the embedding output and every residual add
+    are fp32 (torch autocast leaves ``add`` and ``embedding`` in their input dtype). 2 otherwise:
+    FSDP's MixedPrecision gathers 16-bit parameters (``param_dtype`` bf16/fp16, Lightning's
+    FSDPPrecision), DeepSpeed casts every floating-point parameter to 16-bit
+    (``DeepSpeedEngine._cast_module_mixed_precision``, deepspeed 0.19.8) and Lightning's
+    DeepSpeedPrecision adds no autocast, ``bf16-true`` stores 16-bit weights.
+
+    Evidence: Llama-2-7B QLoRA on one H100 (issue 22; rows ``llama7b-qlora-ddp`` and
+    ``llama7b-qlora-ds2`` of tests/unit/test_estimate_measured.py): the DDP peak (15.6 GiB) is
+    4.5 GiB above ZeRO-2's (11.1 GiB) although ZeRO-2 holds more model state; fp32 checkpointed
+    block inputs (32 x 2048 x 4 x 4096 x 4 bytes = 4 GiB instead of 2) are the largest part of
+    the difference. With a 16-bit residual the DDP plan would read 1.21 (measured / planned).
+    """
+    if precision not in _16BIT:
+        return 4
+    return 4 if precision in ("bf16-mixed", "16-mixed") and strategy == "ddp" else 2
+
+
+def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = False, fused_attention: bool = True,
+                     residual: int | None = None, reuse: bool = True) -> int:
+    """Peak bytes of activations on one rank for one micro batch (saved tensors + the largest
+    working set that coexists with them).
 
     Korthikanti et al. 2022 (arXiv:2205.05198) eq. (1) counts per layer, in 16-bit,
     ``34sbh + 5as²b`` bytes: attention ``11sbh + 5as²b`` (QKV input 2sbh, Q and K 4sbh, softmax
     2as²b + its dropout mask as²b, softmax output and V 2as²b + 2sbh, projection input 2sbh,
     dropout mask sbh), MLP ``19sbh`` (input 2sbh, fc1 output 8sbh, GELU output 8sbh, mask sbh),
-    two LayerNorm inputs ``4sbh``. In elements of ``t = s·b·h``: 16t at the activation width
-    plus 2t one-byte dropout masks. For the bundled GPT:
+    two LayerNorm inputs ``4sbh``. In elements of ``t = s·b·h``: the two LayerNorm inputs at the
+    residual width ``r`` (:func:`residual_bytes`), 14t at the activation width ``e`` (2 bytes in
+    16-bit, 4 under ``32-true``), 2t one-byte dropout masks. For the bundled GPT:
 
-    * element width: 2 bytes under 16-bit precisions, 4 under ``32-true``;
     * dropout masks only when ``model.dropout > 0``;
     * attention goes through ``scaled_dot_product_attention`` with fused (flash / memory
       efficient) kernels, which keep the output (t) and the fp32 log-sum-exp (``4·a·s·b`` bytes)
       instead of the ``5as²b`` score matrices (``fused_attention=False`` restores them);
-    * beyond the layers: final LayerNorm and head inputs (2t), the logits ``s·b·V`` at the
-      activation width plus their fp32 copy and fp32 log-softmax in the loss (``8·s·b·V``).
+    * beyond the layers (the "head"): the embedding output and the final LayerNorm input (2t at
+      ``r``), the head input (t at ``e``), the logits ``s·b·V`` at ``e`` plus their fp32 copy and
+      fp32 log-softmax in the loss (``8·s·b·V``).
+    * backward working set: the layer being differentiated holds its gradient buffers, at most
+      the MLP's (fc1 and GELU outputs, 4t each) plus the residual stream's (2t), ``10t`` at ``e``.
+      Korthikanti et al. count saved activations only; without this term the estimate ran ~21%
+      under the measured peak of an activation-heavy CPU run (benchmarks/memory.py).
 
-    With activation checkpointing only each block's input (t per layer) is kept and one layer's
-    full activations exist at a time during recomputation.
+    With activation checkpointing only each block's input (t at ``r`` per layer) is kept, and one
+    layer's full activations exist at a time, during its recomputation in backward.
 
-    The peak comes during backward, while the saved activations of the layers below are still
-    alive: the layer being differentiated also holds its gradient buffers, at most the MLP's
-    (gradients of the fc1 and GELU outputs, 4t each) plus the residual stream's (2t), ``10t`` at
-    the activation width. Korthikanti et al. count saved activations only; this working set is
-    jobgen's addition (without it the estimate ran ~21% under the measured peak of an
-    activation-heavy CPU run, benchmarks/memory.py).
+    The peak is ``saved + max(head, transient)``: the head's tensors (logits, loss) live at the
+    end of forward and the start of backward, before any layer is recomputed or differentiated;
+    the transient is the backward working set, plus one recomputed layer under checkpointing.
+    Summing the two instead (jobgen at aafdf85) over-counts the checkpointed Llama-2-7B QLoRA
+    runs of issue 22 (rows ``llama7b-qlora-*`` of tests/unit/test_estimate_measured.py) by
+    2.3 GiB: head 2.57 GiB, recomputed layer + working set 2.28 GiB.
 
     Args:
         shape: model shape and micro batch (``s`` = block_size, ``b`` = micro_batch_size).
         precision: the spec's precision (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
         checkpointing: keep only block inputs (recompute the rest in backward).
         fused_attention: SDPA uses a fused kernel (no ``s x s`` score matrices stored).
+        residual: bytes of a residual-stream element (``r``, see :func:`residual_bytes`); default
+            ``e`` (pure 16-bit compute as under DeepSpeed; fp32 under ``32-true``).
+        reuse: the transient reuses the head's freed memory (``max``); ``False`` sums them, for CPU
+            ranks, whose budget is RSS (see :func:`model_states`).
 
     Returns:
         bytes.
     """
     e = 2 if precision in _16BIT else 4
+    r = e if residual is None else residual
     s, b, h, a = shape.block_size, shape.micro_batch_size, shape.d_model, shape.n_head
     t = s * b * h
-    per_layer = 16 * t * e + (2 * t if shape.dropout > 0 else 0)
+    per_layer = 2 * t * r + 14 * t * e + (2 * t if shape.dropout > 0 else 0)
     if fused_attention:
         per_layer += t * e + 4 * a * s * b
     else:
         per_layer += 4 * a * s * s * b * e // 2 + (a * s * s * b if shape.dropout > 0 else 0)  # 2as²b(e/2)x2 + mask
-    head = 2 * t * e + s * b * VOCAB_SIZE * (e + 8) + t * e  # + embedding output feeding block 0
+    head = 2 * t * r + t * e + s * b * VOCAB_SIZE * (e + 8)
     backward = 10 * t * e  # one layer's gradient buffers during backward (see above)
+    peak = max if reuse else (lambda x, y: x + y)
     if checkpointing:
-        return shape.n_layer * t * e + per_layer + head + backward
-    return shape.n_layer * per_layer + head + backward
+        return shape.n_layer * t * r + peak(head, per_layer + backward)
+    return shape.n_layer * per_layer + peak(head, backward)
 
 
 def estimate(
@@ -256,7 +301,42 @@ def estimate(
     checkpointing: bool = False,
     overhead_bytes: int | None = None,
 ) -> Estimate:
-    """Peak memory of one rank training ``shape`` with ``layout`` on ``num_nodes x devices_per_node``.
+    """Peak memory of one rank training ``shape`` with ``layout`` on ``num_nodes x devices_per_node``:
+    :func:`model_states` plus :func:`activation_bytes` (at :func:`residual_bytes` of the layout),
+    joined by :func:`with_activations`.
+
+    Args:
+        shape: model shape, micro batch and gradient accumulation.
+        precision: the spec's precision.
+        layout: strategy, FSDP sharding, offload.
+        num_nodes, devices_per_node: the world (ranks = data-parallel degree N_d).
+        accelerator: ``gpu`` or ``cpu`` (which implementation details apply, and the overhead).
+        checkpointing: activation checkpointing (see :func:`activation_bytes`).
+        overhead_bytes: fixed per-rank overhead; default :data:`GPU_OVERHEAD_BYTES` or
+            :data:`CPU_OVERHEAD_BYTES`.
+
+    Returns:
+        the :class:`Estimate` (bytes per rank).
+    """
+    states = model_states(shape, precision, layout, num_nodes=num_nodes, devices_per_node=devices_per_node,
+                          accelerator=accelerator, overhead_bytes=overhead_bytes)
+    acts = activation_bytes(shape, precision, checkpointing=checkpointing, residual=residual_bytes(precision, layout.strategy),
+                            reuse=accelerator == "gpu")
+    return with_activations(states, acts)
+
+
+def model_states(
+    shape: Any,
+    precision: str,
+    layout: Layout,
+    *,
+    num_nodes: int,
+    devices_per_node: int,
+    accelerator: str = "gpu",
+    overhead_bytes: int | None = None,
+) -> Estimate:
+    """Parameters, gradients, optimizer states and overhead of one rank (activations 0; see
+    :func:`estimate`), with :attr:`Estimate.late_bytes` set.
 
     Bytes per parameter Ψ (16-bit = ``bf16-mixed``/``16-mixed``/``bf16-true``):
 
@@ -277,8 +357,8 @@ def estimate(
       which it keeps under any precision): stage 1 ``pΨ + pΨ + 12Ψ/N``, stage 2 ``pΨ + (p + 12)Ψ/N``,
       stage 3 ``(p + p + 12)Ψ/N`` with p = 2 (16-bit) or 4 (``32-true``), plus DeepSpeed's
       fp32 gradient partition ``4Ψ/N`` (stage_1_and_2.py / stage3.py build it for the step; its
-      own estimator counts it: "4_grads_32bit"), communication buckets (stages 1/2: 4.5x the
-      reduce + allgather buckets with ``overlap_comm``; stage 3: the reduce bucket) and, stage 3,
+      own estimator counts it: "4_grads_32bit"), communication buckets
+      (:func:`deepspeed_bucket_bytes`) and, stage 3,
       the gathered working set (largest module + prefetch bucket + persistent small tensors).
       ``offload_optimizer`` moves the optimizer states and the fp32 gradient partition to the
       host (or NVMe), ``offload_params`` (stage 3) the 16-bit parameter partition.
@@ -286,18 +366,18 @@ def estimate(
       temporary per local parameter (``sqrt(v)``): +4Ψ_local in the optimizer column (ddp, fsdp
       on GPU; the CPU implementation loops per tensor: + the largest tensor).
 
-    Args:
-        shape: model shape and micro batch.
-        precision: the spec's precision.
-        layout: strategy, FSDP sharding, offload.
-        num_nodes, devices_per_node: the world (ranks = data-parallel degree N_d).
-        accelerator: ``gpu`` or ``cpu`` (which implementation details apply, and the overhead).
-        checkpointing: activation checkpointing (see :func:`activation_bytes`).
-        overhead_bytes: fixed per-rank overhead; default :data:`GPU_OVERHEAD_BYTES` or
-            :data:`CPU_OVERHEAD_BYTES`.
+    Which of these are alive at the activation peak (:attr:`Estimate.late_bytes` are not): the
+    AdamW step temporaries and DeepSpeed's fp32 gradient partition exist only in the optimizer
+    step, after the activations are freed; gradients (``.grad`` with Lightning's
+    ``zero_grad(set_to_none=True)``, ZeRO-1/2's 16-bit partition, FSDP's sharded gradients) are
+    produced while backward frees the activations, so they coexist with the peak only when
+    ``shape.accumulation > 1`` keeps the previous micro batches' gradients. Moments and master
+    weights exist from the first step on; DDP's bucket copy, DeepSpeed's buckets and ZeRO-3's
+    gradient partition buffer from initialisation. On CPU ranks nothing is counted as reused
+    (the RSS high-water mark keeps freed memory; see the code).
 
-    Returns:
-        the :class:`Estimate` (bytes per rank).
+    Args: as :func:`estimate` (``shape``: also :class:`jobgen.estimate_hf.HFShape` or
+    ``AdapterShape``).
     """
     n = num_nodes * devices_per_node
     psi = shape.n_params
@@ -306,7 +386,8 @@ def estimate(
     gpu = accelerator == "gpu"
     notes: list[str] = []
     host = 0
-    acts = activation_bytes(shape, precision, checkpointing=checkpointing)
+    late = 0  # bytes of the three model-state columns allocated only after the activation peak
+    accumulating = getattr(shape, "accumulation", 1) > 1
     if overhead_bytes is None:
         overhead_bytes = GPU_OVERHEAD_BYTES if gpu else CPU_OVERHEAD_BYTES
     s = layout.strategy
@@ -315,6 +396,7 @@ def estimate(
         params = w * psi + (2 * psi if mixed else 0)
         grads = w * psi * (2 if n > 1 else 1)
         optim = (2 * w) * psi + _adam_temp(psi, shape, w, gpu)
+        late = _adam_temp(psi, shape, w, gpu) + (0 if accumulating else w * psi)
         if n > 1:
             notes.append("gradients include DDP's bucket copy (gradient_as_bucket_view=False)")
     elif s == "fsdp":
@@ -339,6 +421,7 @@ def estimate(
             params = sharded_p + gathered
             grads = sharded_g + unit_grad
             optim = sharded_o + _adam_temp(psi // shard, shape, w, gpu)
+            late = _adam_temp(psi // shard, shape, w, gpu) + (0 if accumulating else sharded_g)
     elif s.startswith("deepspeed_stage_"):
         stage = int(s[-1])
         p = 2 if sixteen else 4
@@ -347,11 +430,10 @@ def estimate(
             g16 //= n
         if stage >= 3:
             p16 //= n
+        buckets = deepspeed_bucket_bytes(stage, p, psi)
         if stage in (1, 2):
-            buckets = int(DEEPSPEED_OVERLAP_COMM_FACTOR * 2 * min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p)
             working = 0
         else:
-            buckets = min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p
             persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model  # biases + LayerNorms: below the persistence threshold
             working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
         if layout.offload_optimizer != "none":
@@ -370,9 +452,58 @@ def estimate(
         params = p16 + working
         grads = g16 + fp32_grad + buckets
         optim = opt
+        # the fp32 gradient partition exists for the step only; ZeRO-1/2's 16-bit gradients are
+        # allocated at the first reduce in backward and freed after the step (stage 3 keeps its
+        # gradient partition buffer from initialisation)
+        late = fp32_grad + (g16 if stage <= 2 and not accumulating else 0)
     else:  # pragma: no cover - the spec's Literal rules this out
         raise ValueError(f"unknown strategy {s!r}")
-    return Estimate(layout, int(params), int(grads), int(optim), int(acts), int(overhead_bytes), int(host), tuple(notes))
+    if not gpu:
+        # A CPU rank's budget is its RSS, and glibc's malloc keeps most of the freed activation
+        # memory mapped (its mmap threshold rises to the freed tensors' size), so the gradients and
+        # step temporaries do not reliably reuse it: counting the reuse moved the estimate from
+        # -1% / -10% to -22% / -19% of the RSS peaks of tests/entrypoint/test_estimate_memory.py
+        # (activation_bytes(reuse=False) likewise sums the head and the transient on CPU).
+        late = 0
+    return Estimate(layout, int(params), int(grads), int(optim), 0, int(overhead_bytes), int(host), tuple(notes),
+                    late_bytes=int(late))
+
+
+def with_activations(est: Estimate, acts: int) -> Estimate:
+    """``est`` with ``acts`` bytes of peak activations (:func:`activation_bytes`) placed in its
+    activations column, less what the model-state columns allocate only after the activation peak
+    (:attr:`Estimate.late_bytes`: the optimizer step's temporaries, and gradients when
+    ``gradient_accumulation_steps`` is 1). The rank's peak is then ``states + max(activations,
+    late)`` = the column sum: the column holds ``max(0, acts - late)``, and a note gives the
+    activations' own peak."""
+    reuse = min(acts, est.late_bytes)
+    notes = est.notes
+    if reuse:
+        notes += (f"activations peak at {acts / GIB:.2f} GiB; {reuse / GIB:.2f} GiB of it is memory the gradients "
+                  "or the optimizer step take only after the peak (counted in their columns)",)
+    return replace(est, activations_bytes=int(acts - reuse), notes=notes)
+
+
+def deepspeed_bucket_bytes(stage: int, p: int, psi: int) -> int:
+    """Bytes of DeepSpeed's gradient communication buffers for ZeRO ``stage`` with ``p``-byte
+    gradients and ``psi`` trainable parameters, as jobgen.deepspeed configures them
+    (``reduce_bucket_size`` = :data:`DEEPSPEED_BUCKET_ELEMENTS`, ``contiguous_gradients`` and
+    ``overlap_comm`` on).
+
+    Stages 1/2: ``setup_buckets`` in deepspeed/runtime/zero/stage_1_and_2.py (0.19.8) allocates
+    one ``reduce_bucket_size``-element buffer in the gradient dtype, and a second one with
+    ``overlap_comm`` (double buffering), whatever the model's size: ``2 x reduce_bucket_size x p``.
+    The all-gather of updated parameters writes into the flat 16-bit parameter buffer in place
+    (``allgather_bucket_size`` chunks it; no extra allocation). NCCL's own buffers are allocated
+    outside PyTorch's caching allocator and belong to the overhead term. jobgen's estimate before
+    issue 22 took Hugging Face's "4.5x the bucket sizes" rule (``4.5 x 2 x bucket x p``, 2.7-3.4 GiB
+    here instead of 0.75): with it the plan over-reserved the measured one-GPU ZeRO-2 peaks of
+    issue 21/22 by 36-41% (GPT-350M 0.64, Llama-2-7B QLoRA 0.59 measured / planned).
+    Stage 3: the reduce bucket, at most the model (unchanged; not measured here).
+    """
+    if stage in (1, 2):
+        return 2 * DEEPSPEED_BUCKET_ELEMENTS * p
+    return min(DEEPSPEED_BUCKET_ELEMENTS, psi) * p
 
 
 def _adam_temp(local_params: int, shape: Shape, w: int, gpu: bool) -> int:
@@ -536,7 +667,8 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
 
 
 def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
-                hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
+                shape: Any = None, size: Any = None, checkpointing: bool | None = None,
+                spec_source: str = "spec") -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -545,15 +677,17 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     activation checkpointing, offload. ``precision: auto`` is resolved for the profile first
     (:func:`jobgen.rules.resolve_precision`).
 
-    A Hugging Face model (``model.hf_path``) is sized from its ``config.json`` (``hf_config``,
-    or ``<hf_path>/config.json``) by :mod:`jobgen.estimate_hf` (full fine-tuning, LoRA, QLoRA);
-    the plan then also carries :attr:`MemoryPlan.hf` and, when the spec matches a row of the seed
-    table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`.
+    This module sizes the built-in GPT (:meth:`Shape.of`, :func:`estimate`). A model sized
+    elsewhere passes its ``shape`` (``n_params``, ``micro_batch_size``, ``block_size``), its
+    ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator, checkpointing)
+    -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
+    Face model is planned by :func:`jobgen.estimate_hf.plan_memory`, which sits on top of this
+    function (this module does not know it).
+    ``spec_source`` (the user's spec file) is named in errors.
 
     Raises:
-        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is built).
-        ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
-            or without a needed key; an unknown LoRA target module.
+        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is
+            built); a Hugging Face model without its ``shape`` (use :func:`jobgen.estimate_hf.plan_memory`).
     """
     from jobgen.rules import resolve_precision
 
@@ -562,23 +696,22 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         raise NotSupportedError(
             "jobgen plan estimates the built-in GPT only; a model.class_path module's size is known only once it "
             "is built (planning never imports user code)",
-            location="spec: model.class_path",
+            location=f"{spec_source}: model.class_path",
             hint="plan a GPT of similar shape instead (--set model='{preset: gpt2-124m}' ...), or measure: the "
                  "summary.json of a --smoke run has peak_memory_bytes",
         )
     accel = "gpu" if profile.gpus_per_node else "cpu"
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
-    spec_ckpt = spec.trainer.activation_checkpointing
+    spec_ckpt = spec.trainer.activation_checkpointing or bool(checkpointing)
     hf = spec.model.hf_path is not None
-    if hf:
-        from jobgen import estimate_hf
-
-        shape: Any = estimate_hf.hf_shape_of(spec, hf_config, spec_source)
-        spec_ckpt = spec_ckpt or spec.model.load_in_4bit
-        size = functools.partial(estimate_hf.estimate_hf, lora=spec.model.lora, quantized=spec.model.load_in_4bit)
-    else:
-        shape, size = Shape.of(spec), estimate
+    if hf and (shape is None or size is None):
+        raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.estimate_hf.plan_memory",
+                                location="spec: model.hf_path")
+    if shape is None:
+        shape = Shape.of(spec)
+    if size is None:
+        size = estimate
 
     def run(layout: Layout, sh: Any = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
         est = size(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
@@ -622,9 +755,9 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     assumptions = [
         f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
         + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
-        "AdamW; sums the peaks of parameters, gradients, optimizer states and activations "
-        + ("(for Hugging Face QLoRA below the seed table's measured peaks, not an upper bound: README "
-           "\"Planning Hugging Face models\")" if hf else "(an upper bound)"),
+        "AdamW; parameters + gradients + optimizer states + activations at their peak (the optimizer step's "
+        "temporaries, and gradients without accumulation, reuse the activations' memory): an estimate of the "
+        "peak, not a bound (within 15% of the one-GPU peaks measured in README \"Memory plan\")",
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
         + ("activation checkpointing (peft's prepare_model_for_kbit_training turns it on for QLoRA)"
            if spec_ckpt and not spec.trainer.activation_checkpointing else
@@ -633,13 +766,8 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     ]
     if note:
         assumptions.append(note)
-    hf_info = seed = None
-    if hf:
-        hf_info, more = estimate_hf.describe(spec, shape)
-        assumptions += more
-        seed = estimate_hf.seed_comparison(spec, psi, num_nodes * devices_per_node, by_layout[own])
     return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
-                      tuple(reasons), tuple(suggestions), tuple(assumptions), hf_info, seed)
+                      tuple(reasons), tuple(suggestions), tuple(assumptions))
 
 
 def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout | None, ladder: tuple[Layout, ...],

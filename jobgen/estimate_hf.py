@@ -20,11 +20,20 @@ Sources
   (8-bit first-level constants, blocksize 256, fp32 second-level constants) costs
   ``4 + 8/64 + 32/(64·256) = 4.127`` bits per parameter (:data:`NF4_DQ_BITS`). Only the decoder
   layers' Linear weights are quantised (bitsandbytes via transformers keeps ``lm_head``, the
-  embeddings and the norms out); jobgen's loader (jobgen.train.hf) then calls peft's
-  ``prepare_model_for_kbit_training``, which casts those non-quantised parameters to fp32
-  (:data:`QLORA_UNQUANTIZED_BYTES`) and turns on gradient checkpointing
-  (``use_gradient_checkpointing=True`` by default), so QLoRA activations are always those of a
-  checkpointed model.
+  embeddings and the norms out); for ddp and ZeRO-1/2 jobgen's loader (jobgen.train.hf) then
+  calls peft's ``prepare_model_for_kbit_training``, which casts those non-quantised parameters
+  to fp32 (:data:`QLORA_UNQUANTIZED_BYTES`; DeepSpeed casts them back to bf16:
+  :func:`unquantized_bytes`) and turns on gradient checkpointing
+  (``use_gradient_checkpointing=True`` by default).
+* Assumption: QLoRA trains with activation checkpointing under every layout. At aafdf85 the
+  fsdp / deepspeed_stage_3 recipe (bf16 load, :data:`QLORA_BF16_LOAD_STRATEGIES`) skips
+  ``prepare_model_for_kbit_training`` and with it the checkpointing: issue 22's ZeRO-3 run on one
+  H100 peaked at 67.8 GiB, which the estimate *without* checkpointing matches (69.5 GiB, measured
+  / planned 0.97; row ``llama7b-qlora-ds3`` of tests/unit/test_estimate_measured.py) while the
+  plan with it says 13.1 GiB. At world size 1 ZeRO-3 partitions nothing, so transformers
+  skipping ``zero.Init`` for quantised models cannot explain that run. No trustworthy FSDP QLoRA
+  peak exists yet (the run crashed while wrapping); its plan assumes the checkpointed,
+  bf16-stored model of the bitsandbytes FSDP-QLoRA recipe with fp32 adapters.
 * LoRA: Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models" (arXiv:2106.09685):
   one adapter on a ``d_in x d_out`` Linear adds ``r·(d_in + d_out)`` parameters (A: d_in x r,
   B: r x d_out); peft's ``lora_dropout`` keeps its output (and mask) for A's backward.
@@ -42,14 +51,17 @@ Frozen base weights under each layout (they have no gradients or optimizer state
 * ``deepspeed_stage_3``: the base divided by the world, plus the gathered working set (largest
   module + the prefetch bucket); ``offload_params`` puts the partition on the host.
 
-Caveats: the estimate is a sum of peaks (see :mod:`jobgen.estimate`); it does not know the
-caching allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers
-beyond the largest Linear, or a framework's own copies; tests/unit/test_estimate_hf.py states
-how far from the measured seed table (:mod:`jobgen.seeds`) it is allowed to be.
+Caveats: the estimate is the peak of one step as :mod:`jobgen.estimate` builds it, calibrated
+against the measured one-GPU QLoRA peaks of issue 22 (ddp 15.6 GiB, ZeRO-2 11.1 GiB: measured /
+planned 1.05 and 0.86, tests/unit/test_estimate_measured.py). It does not know the caching
+allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers beyond the
+largest Linear, or a framework's own copies. The seed table (:mod:`jobgen.seeds`) is a looser
+reference: tests/unit/test_estimate_hf.py states how far from it the estimate may be.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,7 +69,8 @@ from typing import Any
 
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, estimate
+from jobgen.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, model_states, residual_bytes, with_activations
+from jobgen.estimate import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight for 4-bit NF4 with double quantisation (Dettmers et al. 2023, sec. 3:
@@ -65,8 +78,14 @@ NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 per 256 of those."""
 
 QLORA_UNQUANTIZED_BYTES = 4
-"""Bytes per non-quantised parameter (embeddings, norms, ``lm_head``, biases) under QLoRA: peft's
-``prepare_model_for_kbit_training`` casts every 16-bit non-``Params4bit`` parameter to fp32."""
+"""Bytes per non-quantised parameter (embeddings, norms, ``lm_head``, biases) under QLoRA where
+jobgen's loader runs peft's ``prepare_model_for_kbit_training``, which casts every 16-bit
+non-``Params4bit`` parameter to fp32 (see :func:`unquantized_bytes` for the other layouts)."""
+
+QLORA_BF16_LOAD_STRATEGIES = frozenset({"fsdp", "deepspeed_stage_3"})
+"""Strategies whose QLoRA recipe loads the non-quantised weights in bf16 (4-bit storage bf16) and
+skips ``prepare_model_for_kbit_training``: jobgen.train.hf.PARAM_SHARDING_STRATEGIES, copied here
+because this module must not import torch (tests/unit/test_estimate_hf.py checks the two agree)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
 """``model_type`` values read as a Llama-family decoder (gated MLP, GQA, RMSNorm)."""
@@ -111,6 +130,8 @@ class HFShape:
     """Activation dropout (0 for the supported families as fine-tuned here)."""
     source: str = "config.json"
     """The config file read (for error locations)."""
+    accumulation: int = 1
+    """``gradient_accumulation_steps`` (see :attr:`jobgen.estimate.Shape.accumulation`)."""
 
     @property
     def linears(self) -> dict[str, tuple[tuple[int, int, bool], ...]]:
@@ -271,43 +292,83 @@ def check_targets(shape: HFShape, targets: tuple[str, ...], spec_source: str = "
             hint=f"pick from {', '.join(shape.linears)}")
 
 
-def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool = False, lora_r: int = 0,
-                        lora_targets: tuple[str, ...] = (), lora_dropout: float = 0.0) -> int:
-    """Bytes of activations saved for backward on one rank for one micro batch of a Hugging Face
-    decoder (Korthikanti et al. 2022 eq. (1), re-derived for the Llama block).
+#: Which input a LoRA target's ``lora_A`` reads, per family: targets that share an input (q/k/v
+#: read the same normed hidden state) save it once when ``lora_dropout`` is 0.
+_LORA_INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "o", "gate_proj": "mlp",
+                "up_proj": "mlp", "down_proj": "down", "c_attn": "attn", "c_fc": "mlp"}
 
-    In elements of ``t = s·b·h`` at the activation width ``e`` (2 bytes in 16-bit, 4 in fp32),
-    per layer: attention 6t (q/k/v input, rotary q, k and v as SDPA saves them — k and v after
-    ``repeat_kv``, so full width even with GQA —, SDPA output, o_proj input) plus SDPA's fp32
-    log-sum-exp ``4·a·s·b`` bytes; MLP ``t + 4·(i/h)·t`` gated (input; gate, its activation, up,
-    their product) or ``t + 2·(i/h)·t`` (GPT-2: fc input, fc output, GELU output); two norm
-    inputs ``2t`` at ``e`` plus, for RMSNorm, the fp32 copy transformers' ``LlamaRMSNorm`` makes
-    (``2·4·s·b·h`` bytes). LoRA adds per targeted Linear the A output ``r·s·b`` elements and, with
-    ``lora_dropout > 0``, the dropout output ``d_in·s·b`` elements plus a one-byte mask each.
-    Beyond the layers: embedding output and final norm input (2t, + fp32 copy for RMSNorm), head
-    input t, logits ``s·b·V`` at ``e`` plus their fp32 copy and log-softmax (``8·s·b·V``), as in
-    :func:`jobgen.estimate.activation_bytes`. Backward working set: one layer's MLP gradients
-    ``(2·i/h + 2)·t`` at ``e`` (estimate.py's ``10t`` for ``i = 4h``). Activation checkpointing
-    keeps ``t`` per layer and one layer's activations during recomputation.
+
+def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool = False, lora_r: int = 0,
+                        lora_targets: tuple[str, ...] = (), lora_dropout: float = 0.0, residual: int | None = None,
+                        frozen_base: bool = False, reuse: bool = True) -> int:
+    """Peak bytes of activations on one rank for one micro batch of a Hugging Face decoder
+    (Korthikanti et al. 2022 eq. (1), re-derived for the Llama block; the peak structure
+    ``saved + max(head, transient)`` of :func:`jobgen.estimate.activation_bytes`).
+
+    In elements of ``t = s·b·h`` at the activation width ``e`` (2 bytes in 16-bit, 4 in fp32)
+    or the residual width ``r`` (:func:`jobgen.estimate.residual_bytes`), per layer with a
+    trainable base: attention 6t at ``e`` (q/k/v input, rotary q, k and v as SDPA saves them —
+    k and v after ``repeat_kv``, so full width even with GQA —, SDPA output, o_proj input) plus
+    SDPA's fp32 log-sum-exp ``4·a·s·b`` bytes; MLP ``t + 4·(i/h)·t`` gated (input; gate, its
+    activation, up, their product) or ``t + 2·(i/h)·t`` (GPT-2: fc input, fc output, GELU
+    output); two norm inputs ``2t`` at ``r`` plus, for RMSNorm below fp32, the fp32 copy
+    transformers' ``LlamaRMSNorm`` makes (``2·4·s·b·h`` bytes).
+
+    ``frozen_base`` (LoRA, QLoRA): a frozen Linear saves no input (autograd keeps a matmul's
+    input only for its weight's gradient; bitsandbytes' ``MatMul4Bit`` keeps the 4-bit weight
+    only), nor does a frozen norm weight keep the normalised output. Per layer that leaves q, k,
+    v and the SDPA output (4t at ``e``), the gated MLP's gate, activation and up outputs
+    (``3·(i/h)·t``; GPT-2: the fc output), and each norm's saved input (RMSNorm: its fp32 copy,
+    4 bytes; LayerNorm: ``r``). LoRA adds per targeted Linear the A output ``r·s·b`` elements
+    and, with ``lora_dropout > 0``, the dropout output ``d_in·s·b`` elements at ``e`` (what
+    ``lora_A`` saves; under autocast its 16-bit cast) plus a one-byte mask each; with
+    ``lora_dropout = 0`` ``lora_A`` saves its input itself, once per distinct input.
+
+    Head (saved at the end of forward): the final norm's input (``r``, RMSNorm: at least its
+    fp32 copy), with a trainable base also the embedding output (``r``) and the head input
+    (``e``), and the logits ``s·b·V`` at ``e`` plus their fp32 copy and log-softmax
+    (``8·s·b·V``), as in :func:`jobgen.estimate.activation_bytes`. Backward working set: one
+    layer's MLP gradients ``(2·i/h + 2)·t`` at ``e`` (estimate.py's ``10t`` for ``i = 4h``).
+    Activation checkpointing keeps ``t`` per layer at ``r`` and one layer's activations during
+    recomputation. ``reuse=False`` (CPU ranks) sums the head and the transient instead of taking
+    the larger, as :func:`jobgen.estimate.activation_bytes` does.
 
     Returns:
         bytes.
     """
     e = 2 if precision in _16BIT else 4
+    r = e if residual is None else residual
     s, b, h, a = shape.block_size, shape.micro_batch_size, shape.d_model, shape.n_head
     t = s * b * h
     ir = shape.intermediate / h
-    norm = 2 * t * e + (0 if shape.layer_norm else 2 * 4 * t)
-    mlp = t + (4 if shape.gated else 2) * ir * t
-    per_layer = (6 * t + mlp) * e + 4 * a * s * b + norm
+    rms = not shape.layer_norm
+    norm_saved = (4 if rms else r) * t  # what one frozen norm keeps: RMSNorm's fp32 copy, LayerNorm's input
+    if frozen_base:
+        mlp = (3 if shape.gated else 1) * ir * t
+        per_layer = (4 * t + mlp) * e + 4 * a * s * b + 2 * max(norm_saved, r * t)
+        head = max(norm_saved, r * t)
+    else:
+        mlp = t + (4 if shape.gated else 2) * ir * t
+        per_layer = (6 * t + mlp) * e + 4 * a * s * b + 2 * t * r + (2 * 4 * t if rms and r < 4 else 0)
+        head = 2 * t * r + t * e + (4 * t if rms and r < 4 else 0)
+    inputs = {"attn": t, "o": t, "mlp": t, "down": ir * t}
+    shared: set[str] = set()
     for name in lora_targets:
         for din, _dout, _ in shape.linears.get(name, ()):
-            per_layer += lora_r * s * b * e + (din * s * b * (e + 1) if lora_dropout > 0 else 0)
-    head = (3 * t) * e + (0 if shape.layer_norm else 4 * t) + s * b * shape.vocab_size * (e + 8)
+            per_layer += lora_r * s * b * e
+            if lora_dropout > 0:
+                per_layer += din * s * b * (e + 1)
+            elif frozen_base:
+                key = _LORA_INPUTS.get(name, name) if name != "c_proj" else ("o" if din == h else "down")
+                if key not in shared:
+                    shared.add(key)
+                    per_layer += inputs.get(key, din * s * b) * e
+    head += s * b * shape.vocab_size * (e + 8)
     backward = (2 * ir + 2) * t * e
+    peak = max if reuse else (lambda x, y: x + y)
     if checkpointing:
-        return int(shape.n_layer * t * e + per_layer + head + backward)
-    return int(shape.n_layer * per_layer + head + backward)
+        return int(shape.n_layer * t * r + peak(head, per_layer + backward))
+    return int(shape.n_layer * per_layer + peak(head, backward))
 
 
 @dataclass(frozen=True)
@@ -324,6 +385,7 @@ class AdapterShape:
     largest_module_params: int
     dropout: float = 0.0
     root_params: int = 0
+    accumulation: int = 1
 
     @property
     def n_params(self) -> int:
@@ -335,23 +397,38 @@ def adapter_shape(shape: HFShape, r: int, targets: tuple[str, ...]) -> AdapterSh
     """The LoRA adapters of ``shape`` (rank ``r`` on ``targets``) as an :class:`AdapterShape`."""
     largest = max(r * max(din, dout) for name in targets for din, dout, _ in shape.linears[name])
     return AdapterShape(shape.n_layer, shape.n_head, shape.d_model, shape.block_size, shape.micro_batch_size,
-                        shape.lora_layer_params(r, targets), largest)
+                        shape.lora_layer_params(r, targets), largest, accumulation=shape.accumulation)
 
 
-def base_bytes(shape: HFShape, precision: str, quantized: bool) -> tuple[int, int, int]:
-    """``(whole base, one decoder layer, root)`` in bytes as stored by jobgen's loader.
+def unquantized_bytes(precision: str, quantized: bool, strategy: str = "ddp") -> int:
+    """Bytes per stored base parameter that is not 4-bit, on the GPU during training.
 
-    QLoRA: Linear weights at :data:`NF4_DQ_BITS`, the rest at :data:`QLORA_UNQUANTIZED_BYTES`.
-    LoRA: jobgen.train.hf loads fp32 weights under mixed precision (autocast computes in 16-bit)
-    and bf16 under ``bf16-true``/``transformer-engine``: 4 or 2 bytes a parameter.
+    DeepSpeed (any stage, 16-bit precision): 2 — the engine casts every floating-point
+    parameter to its 16-bit dtype (``DeepSpeedEngine._cast_module_mixed_precision``, deepspeed
+    0.19.8), whatever the loader produced. QLoRA otherwise: :data:`QLORA_UNQUANTIZED_BYTES` (4)
+    where the loader runs ``prepare_model_for_kbit_training``, 2 under
+    :data:`QLORA_BF16_LOAD_STRATEGIES`. LoRA and full fine-tuning: jobgen.train.hf loads fp32
+    weights under mixed precision (autocast computes in 16-bit) and bf16 under
+    ``bf16-true``/``transformer-engine``: 4 or 2.
     """
+    if strategy.startswith("deepspeed_") and precision in _16BIT:
+        return 2
+    if quantized:
+        return 2 if strategy in QLORA_BF16_LOAD_STRATEGIES else QLORA_UNQUANTIZED_BYTES
+    return 2 if precision in ("bf16-true", "transformer-engine") else 4
+
+
+def base_bytes(shape: HFShape, precision: str, quantized: bool, strategy: str = "ddp") -> tuple[int, int, int]:
+    """``(whole base, one decoder layer, root)`` in bytes as stored on the GPU for ``strategy``:
+    QLoRA's Linear weights at :data:`NF4_DQ_BITS`, every other parameter at
+    :func:`unquantized_bytes`."""
+    w = unquantized_bytes(precision, quantized, strategy)
     if quantized:
         layer_q = shape.linear_weight_params
-        layer = int(layer_q * NF4_DQ_BITS / 8) + (shape.block_params - layer_q) * QLORA_UNQUANTIZED_BYTES
-        root = shape.root_params * QLORA_UNQUANTIZED_BYTES
+        layer = int(layer_q * NF4_DQ_BITS / 8) + (shape.block_params - layer_q) * w
     else:
-        w = 2 if precision in ("bf16-true", "transformer-engine") else 4
-        layer, root = shape.block_params * w, shape.root_params * w
+        layer = shape.block_params * w
+    root = shape.root_params * w
     return shape.n_layer * layer + root, layer, root
 
 
@@ -368,7 +445,10 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
     their weights, gradients, AdamW states, DDP bucket copy, FSDP/ZeRO sharding and buckets), plus
     the frozen base (:func:`base_bytes`) placed as the module docstring says per layout, plus, for
     QLoRA, one 16-bit dequantised copy of the largest quantised Linear (bitsandbytes dequantises a
-    weight per matmul). QLoRA always counts activation checkpointing (peft turns it on).
+    weight per matmul). Activations: :func:`hf_activation_bytes` of a frozen base at the layout's
+    residual width (:func:`jobgen.estimate.residual_bytes`), joined to the states by
+    :func:`jobgen.estimate.with_activations`. QLoRA always counts activation checkpointing (the
+    module docstring's assumption).
 
     Args:
         shape: the model and micro batch.
@@ -384,13 +464,16 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
         the :class:`~jobgen.estimate.Estimate` (bytes per rank).
     """
     world = dict(num_nodes=num_nodes, devices_per_node=devices_per_node, accelerator=accelerator)
+    residual = residual_bytes(precision, layout.strategy)
+    reuse = accelerator == "gpu"
     if lora is None:
-        est = estimate(shape, precision, layout, checkpointing=checkpointing, **world)
-        return replace(est, activations_bytes=hf_activation_bytes(shape, precision, checkpointing=checkpointing))
+        est = model_states(shape, precision, layout, **world)
+        return with_activations(est, hf_activation_bytes(shape, precision, checkpointing=checkpointing,
+                                                         residual=residual, reuse=reuse))
     checkpointing = checkpointing or quantized
     adapters = adapter_shape(shape, lora.r, lora.target_modules)
-    est = estimate(adapters, precision, layout, checkpointing=checkpointing, **world)
-    whole, layer, root = base_bytes(shape, precision, quantized)
+    est = model_states(adapters, precision, layout, **world)
+    whole, layer, root = base_bytes(shape, precision, quantized, layout.strategy)
     n = num_nodes * devices_per_node
     s = layout.strategy
     host = 0
@@ -422,9 +505,11 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
         notes.append(f"base: decoder Linear weights 4-bit NF4 + double quantisation ({NF4_DQ_BITS:.3f} bits), "
                      "the rest fp32 (peft prepare_model_for_kbit_training)")
     acts = hf_activation_bytes(shape, precision, checkpointing=checkpointing, lora_r=lora.r,
-                               lora_targets=lora.target_modules, lora_dropout=lora.dropout)
-    return replace(est, params_bytes=est.params_bytes + base, activations_bytes=acts,
-                   host_bytes_per_node=est.host_bytes_per_node + host, notes=tuple(notes))
+                               lora_targets=lora.target_modules, lora_dropout=lora.dropout, residual=residual,
+                               frozen_base=True, reuse=reuse)
+    est = replace(est, params_bytes=est.params_bytes + base, host_bytes_per_node=est.host_bytes_per_node + host,
+                  notes=tuple(notes))
+    return with_activations(est, acts)
 
 
 def hf_shape_of(spec: Any, hf_config: str | None, spec_source: str = "spec") -> HFShape:
@@ -437,7 +522,8 @@ def hf_shape_of(spec: Any, hf_config: str | None, spec_source: str = "spec") -> 
     """
     m = spec.model
     path = config_path(m.hf_path, hf_config, spec_source)
-    shape = read_hf_shape(path, m.block_size, spec.trainer.micro_batch_size)
+    shape = replace(read_hf_shape(path, m.block_size, spec.trainer.micro_batch_size),
+                    accumulation=spec.trainer.gradient_accumulation_steps)
     if m.lora is not None:
         check_targets(shape, m.lora.target_modules, spec_source)
     if m.load_in_4bit and shape.model_type in GPT2_TYPES:
@@ -477,7 +563,34 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
                      "parameters (weights, gradients, AdamW states as for the GPT); the base is frozen")
     if m.load_in_4bit:
         lines.append(f"QLoRA base: {shape.quantized_params / 1e6:,.1f}M Linear weights at {NF4_DQ_BITS:.3f} bits "
-                     "(NF4 + double quantisation, Dettmers et al. 2023), the rest fp32 (peft)")
+                     "(NF4 + double quantisation, Dettmers et al. 2023), the rest fp32 under ddp (peft), bf16 under "
+                     "DeepSpeed (its cast) and the fsdp/ZeRO-3 recipe; activation checkpointing assumed under every "
+                     "layout (jobgen/estimate_hf.py)")
     elif m.lora is not None:
         lines.append("LoRA base: fp32 weights under mixed precision (jobgen.train.hf), 16-bit under bf16-true")
     return info, lines
+
+
+def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, *,
+                hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
+    """:func:`jobgen.estimate.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
+    is sized from its ``config.json`` (``hf_config``, or ``<hf_path>/config.json``) by this
+    module (full fine-tuning, LoRA, QLoRA), and its plan also carries :attr:`MemoryPlan.hf` and,
+    when the spec matches a row of the seed table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`;
+    any other spec goes to the generic plan unchanged.
+
+    Raises:
+        NotSupportedError: ``model.class_path`` (see :func:`jobgen.estimate.plan_memory`); QLoRA on GPT-2.
+        ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
+            or without a needed key; an unknown LoRA target module.
+    """
+    m = spec.model
+    if spec.user_code or m.hf_path is None:  # a class_path model has no hf_path: the generic plan refuses it
+        return generic_plan_memory(spec, profile, num_nodes, devices_per_node, spec_source=spec_source)
+    shape = hf_shape_of(spec, hf_config, spec_source)
+    size = functools.partial(estimate_hf, lora=m.lora, quantized=m.load_in_4bit)
+    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=size,
+                             checkpointing=m.load_in_4bit, spec_source=spec_source)
+    info, more = describe(spec, shape)
+    seed = seed_comparison(spec, shape.n_params, num_nodes * devices_per_node, mp.spec_row)
+    return replace(mp, assumptions=(*mp.assumptions, *more), hf=info, seed=seed)

@@ -18,20 +18,22 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
+from jobgen.backends import plan
 from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.git import commit
 from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
 from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
-from jobgen.plan import ClusterObject, plan
+from jobgen.plan import ClusterObject
 from jobgen.profiles import ClusterProfile
-from jobgen.project import PROJECT_FILE, LoadedProject, Project, load_project
 from jobgen.spec import TrainingSpec
 from jobgen.sweeps import SweepAxis, parse_sweep, sweep_job_names, sweep_points
 from jobgen.sync import Render, RenderedJob, apply, compare, unified_diff
+
+if TYPE_CHECKING:  # jobgen.project (a pydantic model) and jobgen.git load only for --all / --commit
+    from jobgen.project import LoadedProject, Project
 
 # --------------------------------------------------------------------------- planning
 
@@ -133,7 +135,7 @@ def plan_single(
     """Plan one spec for one profile (a sweep: one job per grid point) into ``out``.
 
     Raises:
-        ConfigError, PlanError: as :func:`jobgen.load.load_spec` and :func:`jobgen.plan.plan`;
+        ConfigError, PlanError: as :func:`jobgen.load.load_spec` and :func:`jobgen.backends.plan`;
             a malformed ``--sweep``.
     """
     axes = [parse_sweep(s) for s in sweeps]
@@ -193,6 +195,8 @@ def _indent(text: str, pad: str) -> str:
 def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> dict[str, str]:
     """``index.yaml``, ``<profile>/kustomization.yaml`` per profile of applied jobs (those whose
     plan lists ``apply_files``: Kubernetes) and (optionally) the top-level ``kustomization.yaml``."""
+    from jobgen.project import PROJECT_FILE
+
     files = {INDEX_FILE: index_yaml(jobs)}
     applied = [j for j in jobs if j.plan.apply_files]
     by_profile: dict[str, list[RenderedJob]] = {}
@@ -240,6 +244,8 @@ def index_yaml(jobs: Sequence[RenderedJob]) -> str:
     """``index.yaml``: every rendered job with its profile, scheduler, spec, overrides and sweep
     point, sorted by directory. Made only from the project file and job names (no content
     hashes), so editing one spec changes that job's files and nothing else."""
+    from jobgen.project import PROJECT_FILE
+
     lines = [
         f"{GENERATED_MARK} {__version__} from {PROJECT_FILE}; re-render with `jobgen render --all` instead of editing.",
         "# Every job of the project: <profile>/<job>/ under this directory.",
@@ -291,6 +297,8 @@ def build_render(
         ConfigError: contradictory options (SPEC with --all, --set/--sweep/--out/--profile with
             --all, no SPEC and no --all, SPEC without --profile), or what planning raises.
     """
+    if all_jobs or spec is None:
+        from jobgen.project import PROJECT_FILE, load_project
     if all_jobs:
         given = [flag for flag, on in (("SPEC", spec), ("--profile", profile), ("--set", overrides), ("--sweep", sweeps), ("--out", out_given)) if on]
         if given:
@@ -346,6 +354,8 @@ def render_command(render: Render, *, check: bool, prune: bool, commit_flag: boo
         echo(f"out of date: {len(comparison.changes)} file(s) under {display}/ differ from a fresh render{stale}; run: {fix}", err=True)
         return 1
     if commit_flag:
+        from jobgen.git import commit
+
         written, removed, commit_id = commit(comparison, prune=prune, command=_command(render, True, prune))
     else:
         written, removed = apply(comparison, prune=prune)

@@ -84,6 +84,10 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: ``jobgen submit SPEC`` without ``--out`` writes the job directory here, inside the run directory.
+SUBMIT_JOB_SUBDIR = "job"
+#: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
+RUN_DIR_GITIGNORE = ".gitignore"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
 
@@ -193,6 +197,23 @@ def is_generated(path: Path) -> bool:
     return is_generated_text(path.name, head)
 
 
+def is_jobgen_output(path: Path) -> bool:
+    """True when ``path`` is a file jobgen wrote that is not the user's code: a rendered file
+    (:func:`is_generated`) or a submission record (:data:`SUBMISSION_FILE`). The code snapshot's
+    dirty-tree check skips them (:func:`jobgen.snapshot.changes`): jobgen's outputs never block jobgen."""
+    return path.name == SUBMISSION_FILE or is_generated(path)
+
+
+def ignore_run_dir(run_dir: Path) -> None:
+    """Make git ignore everything in ``run_dir`` (a run's checkpoints, logs, code snapshot):
+    :data:`RUN_DIR_GITIGNORE` holding ``*`` (it ignores itself too), written when missing, as
+    pytest does for ``.pytest_cache/``. A run directory inside the user's repository then never
+    counts as an uncommitted change of the next submit, and ``git status`` stays quiet."""
+    path = run_dir / RUN_DIR_GITIGNORE
+    if not path.exists():
+        write_atomic(path, f"{GENERATED_MARK}: a run directory (outputs and code snapshot); git ignores all of it.\n*\n")
+
+
 def is_job_dir(directory: Path) -> bool:
     """True when ``directory`` holds a file jobgen rendered under one of :data:`JOB_FILES`."""
     return directory.is_dir() and any(is_generated(directory / name) for name in sorted(JOB_FILES))
@@ -232,6 +253,77 @@ def write_job_files(job_dir: Path, files: Iterable[tuple[str, str]]) -> list[Pat
             (job_dir / stale).unlink(missing_ok=True)
     remove_empty_point_dirs(job_dir)
     return written
+
+
+def _new_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
+@dataclass(frozen=True)
+class DirUndo:
+    """What a directory held before a submit wrote into it, to put it back when the submission
+    does not go ahead (a refused check, a scheduler that failed before queueing): "Nothing was
+    submitted" then also means nothing was written.
+
+    Only what jobgen writes is touched: a directory that did not exist is removed with what is
+    in it (and its parents that were created with it, while empty or holding only the run
+    directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
+    rendered files (:func:`owned_files`) are put back as they were and new ones removed. A
+    submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
+    queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
+    """
+
+    path: Path
+    created: tuple[Path, ...]
+    files: tuple[tuple[str, bytes, int], ...]
+    record: bytes | None
+
+    @classmethod
+    def capture(cls, path: Path) -> DirUndo:
+        """The state of ``path`` now (call it before writing)."""
+        files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
+        record = path / SUBMISSION_FILE
+        return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None)
+
+    def submitted(self) -> bool:
+        """Whether a submission record was written since :meth:`capture`."""
+        record = self.path / SUBMISSION_FILE
+        return record.is_file() and record.read_bytes() != self.record
+
+    def undo(self) -> None:
+        """Put the directory back as :meth:`capture` found it (see the class doc)."""
+        import shutil
+
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self.created[1:]:
+                ignore = parent / RUN_DIR_GITIGNORE  # a run directory made for this job holds only it
+                if ignore.is_file() and [p.name for p in parent.iterdir()] == [RUN_DIR_GITIGNORE]:
+                    ignore.unlink()
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only while empty: another job may have written there since
+            return
+        before = {name: (data, mode) for name, data, mode in self.files}
+        for name in owned_files(self.path):
+            if name not in before:
+                (self.path / name).unlink(missing_ok=True)
+        for name, (data, mode) in before.items():
+            target = self.path / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(mode)
+        remove_empty_point_dirs(self.path)
+
+    def undo_unless_submitted(self) -> None:
+        """:meth:`undo`, unless the job was queued or started (a submission record was written)."""
+        if not self.submitted():
+            self.undo()
 
 
 # --------------------------------------------------------------------------- spec.json
@@ -585,12 +677,16 @@ class Submission(BaseModel):
     handle: str = Field(description="The job handle (URI).")
     job_dir: str = Field(description="Absolute path of the rendered job directory.")
     run_dir: str = Field(description="Where checkpoints, metrics and summary.json go (a path in the pods on Kubernetes).")
-    log_file: str | None = Field(default=None, description="The scheduler's output file (SLURM, %j expanded); None when logs come from an API.")
+    log_file: str | None = Field(default=None, description="The job's output file (SLURM, %j expanded; local: output.log); None when logs come from an API.")
     inputs_sha256: str | None = Field(default=None, description="The rendered files' inputs hash.")
     argv: tuple[str, ...] | None = Field(
         default=None, description="The command submit ran, in job_dir (SLURM: sbatch ...); None when submit used an API.")
     kind: str | None = Field(default=None, description="Kubernetes: the job's resource (plural.group/version).")
     kubeconfig: str | None = Field(default=None, description="Kubernetes: the kubeconfig file used, when not the default.")
+    slurm_cluster: str | None = Field(default=None, description=(
+        "SLURM: the cluster sbatch named in its answer (``--parsable`` prints ``<jobid>;<cluster>`` when it submitted "
+        "with -M/--clusters, a multi-cluster site); squeue, sacct, scontrol and scancel then get ``--clusters=<it>``. "
+        "None: sbatch named none, they ask the default cluster."))
     code_dir: str | None = Field(default=None, description=(
         f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
     code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")

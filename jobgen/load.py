@@ -348,11 +348,20 @@ def load_profile_doc(name: str, profiles_dir: str | os.PathLike[str] | None = No
 def load_profile(
     name: str, profiles_dir: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
 ) -> ClusterProfile:
-    """Load a cluster profile by name or path, with inheritance and overrides resolved.
+    """Load a cluster profile by name or path, with inheritance and overrides resolved; a local
+    profile with ``local.detect_gpus: true`` takes this machine's GPUs when it has any
+    (:mod:`jobgen.local_gpus`).
 
     Raises:
         ConfigError: see :func:`load_profile_doc` and :func:`validate`.
     """
     doc, path = load_profile_doc(name, profiles_dir)
     doc = apply_overrides(doc, list(overrides), source="--profile-set")
-    return validate(ClusterProfile, doc, str(path))
+    profile = validate(ClusterProfile, doc, str(path))
+    if profile.scheduler == "local" and profile.local.detect_gpus:
+        from jobgen import local_gpus  # only now: the device query's cost is documented there
+
+        gpus = local_gpus.detect_gpus()
+        if gpus is not None:
+            profile = validate(ClusterProfile, local_gpus.apply_local_gpus(doc, gpus), f"{path} (this machine's GPUs)")
+    return profile

@@ -15,6 +15,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pydantic_core
 
@@ -23,9 +24,10 @@ from jobgen.command import check_trainer_args
 from jobgen.environment import check_job_env
 from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
+from jobgen.micro_batch import resolve_micro_batch
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
-from jobgen.rules import World, check_fit, resolve_precision, resolve_world
+from jobgen.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
 from jobgen.spec import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
@@ -94,11 +96,16 @@ SubmitStep = Command | ApiRequest
 @dataclass(frozen=True)
 class ClusterObject:
     """The object a job creates in its cluster (Kubernetes: the PyTorchJob or TrainJob), for
-    GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`."""
+    GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`.
+    ``context`` and ``kubeconfig``: where the profile says to submit it (its
+    ``kubernetes.context`` / ``kubernetes.kubeconfig``; None: the defaults), so submitting a
+    plan needs no second load of the profile."""
 
     kind: str
     namespace: str
     name: str
+    context: str | None = None
+    kubeconfig: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -218,6 +225,20 @@ class PlanContext:
                             spec=self.spec, launch=launch)
 
 
+class Planner(Protocol):
+    """What the planner needs of a backend (:class:`jobgen.backends.base.Backend` is one): the
+    templates it renders for a world and its pure ``plan``. Declared here so that the planner
+    depends on no backend module; the caller hands the backend in."""
+
+    def templates_for(self, world: World) -> tuple[str, ...]:
+        """Template names (relative to the templates directory) the plan renders for ``world``."""
+        ...
+
+    def plan(self, ctx: PlanContext) -> JobPlan:
+        """The files and submit steps of ``ctx`` (pure)."""
+        ...
+
+
 def plan_context(
     spec: TrainingSpec,
     profile: ClusterProfile,
@@ -225,27 +246,30 @@ def plan_context(
     *,
     spec_source: str = "<spec>",
     profile_source: str = "<profile>",
+    backend: Planner | None = None,
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
-    """Resolve ``precision: auto`` and the world of ``spec`` on ``profile`` and run the rules
-    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`): the backend's inputs.
-    ``template_names``: the templates the plan renders (default: the backend's
-    :meth:`~jobgen.backends.base.Backend.templates_for` the world).
+    """Resolve ``precision: auto``, ``micro_batch_size: auto`` and the world of ``spec`` on
+    ``profile`` and run the rules (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`):
+    the backend's inputs.
+    ``template_names``: the templates the plan renders; when not given, the ``backend``'s
+    :meth:`Planner.templates_for` the world (one of the two is needed).
 
     Raises:
         PlanError: spec and profile do not fit together (message in Lightning's style).
         ConfigError: a template is missing or broken.
+        TypeError: neither ``backend`` nor ``template_names`` given (a programming error).
     """
-    from jobgen.backends import get_backend
-
-    spec = resolve_precision(spec, profile)
+    if backend is None and template_names is None:
+        raise TypeError("plan_context() needs the backend or the template names")
+    spec = resolve_micro_batch(resolve_precision(spec, profile), profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
     check_trainer_args(spec, world, spec_source)
-    names = get_backend(profile.scheduler).templates_for(world) if template_names is None else template_names
+    names = backend.templates_for(world) if template_names is None else template_names  # type: ignore[union-attr]
     templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(names))
     ctx = PlanContext(spec, profile, world, Path(templates_dir), spec_source, profile_source, templates)
-    check_job_env(ctx)
+    check_job_env(spec, profile, world, spec_source=spec_source, profile_source=profile_source)
     check_code(spec, profile, spec_source)
     return ctx
 
@@ -265,13 +289,16 @@ def plan(
     spec: TrainingSpec,
     profile: ClusterProfile,
     templates_dir: Path,
+    backend: Planner,
     *,
     spec_source: str = "<spec>",
     profile_source: str = "<profile>",
     spec_file: str | None = None,
 ) -> JobPlan:
-    """Plan ``spec`` on ``profile``: resolve ``precision: auto`` and the world, run the rules
-    (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`), render the files.
+    """Plan ``spec`` on ``profile`` with ``backend`` (the profile's scheduler's; the caller picks
+    it, e.g. :func:`jobgen.backends.plan` from the registry: the planner does not know the
+    registry): resolve ``precision: auto`` and the world, run the rules (:mod:`jobgen.rules`,
+    :func:`jobgen.environment.check_job_env`), render the files.
 
     Pure: the same inputs give an equal JobPlan with byte-identical files. ``spec_file`` (the
     spec's path, when it came from one) is only carried to submit (:attr:`JobPlan.spec_file`).
@@ -280,11 +307,9 @@ def plan(
         PlanError: spec and profile do not fit together (message in Lightning's style).
         ConfigError: a template is missing/broken or a value cannot be quoted safely.
     """
-    from jobgen.backends import get_backend
-
-    ctx = plan_context(spec, profile, templates_dir, spec_source=spec_source, profile_source=profile_source)
-    job_plan = get_backend(profile.scheduler).plan(ctx)
-    warnings = fit_warnings(ctx)
+    ctx = plan_context(spec, profile, templates_dir, spec_source=spec_source, profile_source=profile_source, backend=backend)
+    job_plan = backend.plan(ctx)
+    warnings = (*fit_warnings(ctx), *layout_warnings(ctx.spec, ctx.world.accelerator))
     if warnings:
         job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, *warnings))
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan

@@ -398,6 +398,18 @@ class LocalSettings(_Model):
 
     omp_threads_per_process: int | None = Field(default=None, ge=1, description="OMP_NUM_THREADS per rank; ``null``: CPU cores / processes (at least 1).")
     python: str | None = Field(default=None, description="Interpreter for the ranks; ``null``: the one running jobgen.")
+    detect_gpus: bool = Field(default=False, description=(
+        "Use this machine's GPUs when it has any (jobgen.local_gpus, when the profile is loaded): one\n"
+        "rank per GPU, ``gpu_type``/``gpu_mem_gib`` (so ``precision: auto`` and the plan's budget) and\n"
+        "the machine's cores and memory from the device query; without GPUs the profile is used as\n"
+        "written. Renders then differ between GPU and CPU machines. Not part of the inputs hash\n"
+        "(the values it sets are)."
+    ))
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        # a loader directive: what it found is in the profile's fields (and hash), not the flag
+        return {k: v for k, v in handler(self).items() if k != "detect_gpus"}
 
 
 #: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.

@@ -1,6 +1,6 @@
 """The seed benchmark table: measured throughput and per-GPU memory of Llama-7B QLoRA recipes.
 
-Provenance: the "seed benchmark table", quoted in issue 12 of the jobgen tracker. jobgen did not
+Provenance: the throughput table of SparkTrainer's Distributed Training Guide (public). jobgen did not
 measure these figures (its build machines have no GPU); they are the reference ``jobgen plan``
 prints next to its estimate (:mod:`jobgen.estimate_hf`) and the test of that estimate
 (tests/unit/test_estimate_hf.py) compares against. This module is their one home.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 SEED_GB = 10**9
 """Bytes in the table's "GB" (decimal; see the module docstring)."""
 
-SEED_SOURCE = "seed benchmark table, quoted in issue 12 of the jobgen tracker"
+SEED_SOURCE = "SparkTrainer's Distributed Training Guide, its throughput table"
 """Where the figures come from (printed with them)."""
 
 

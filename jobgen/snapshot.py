@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, CodeSnapshot, read_code_snapshot, write_atomic
+from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, CodeSnapshot, is_jobgen_output, read_code_snapshot, write_atomic
 from jobgen.spec import TrainingSpec
 
 Echo = Callable[[str], None]
@@ -106,7 +106,11 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 
 def changes(top: Path, exclude: Sequence[Path] = ()) -> tuple[Change, ...]:
     """Uncommitted changes in the work tree ``top`` (``git status``: modified, staged, deleted,
-    untracked-not-ignored), minus paths at or under ``exclude`` (absolute paths)."""
+    untracked-not-ignored), minus paths at or under ``exclude`` (absolute paths) and minus
+    jobgen's own outputs (:func:`jobgen.jobdir.is_jobgen_output`: rendered job files, index and
+    kustomization files with the generated mark, submission records), so that a render or an
+    earlier submit never blocks the next submit. Run directories ignore themselves
+    (:func:`jobgen.jobdir.ignore_run_dir`)."""
     out = _git(["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames"], top).stdout.decode("utf-8", "surrogateescape")
     roots = [p.resolve() for p in exclude]
     found = []
@@ -114,8 +118,12 @@ def changes(top: Path, exclude: Sequence[Path] = ()) -> tuple[Change, ...]:
         if len(entry) < 4:
             continue
         status, path = entry[:2], entry[3:].rstrip("/")
-        if not _inside((top / path).resolve() if not (top / path).is_symlink() else top / path, roots):
-            found.append(Change(status, path))
+        full = top / path
+        if _inside(full.resolve() if not full.is_symlink() else full, roots):
+            continue
+        if full.is_file() and not full.is_symlink() and is_jobgen_output(full):
+            continue
+        found.append(Change(status, path))
     return tuple(found)
 
 
@@ -325,16 +333,27 @@ def inside_snapshot(path: Path, root: Path, info: CodeSnapshot) -> Path:
 
 
 def local_import_dir(spec: TrainingSpec, spec_file: Path) -> Path | None:
-    """Where the ranks will import the user's code from, in this working tree: the repository's
-    ``code.python_path`` (``jobgen validate --import`` and submit's import check put it first on
-    ``sys.path``, as the snapshot goes first on the ranks' PYTHONPATH). ``None`` when the spec has
-    no ``code`` section with a ``python_path``, or names a git URL (the code is not here)."""
+    """Where the ranks will import the user's code from, in this working tree: the directory of
+    the snapshot that goes first on their PYTHONPATH (:meth:`jobgen.jobdir.CodeSnapshot.import_dir`),
+    i.e. ``code.python_path`` of the repository, by default its root (no ``code`` section, an
+    empty or ``.`` python_path). ``jobgen validate --import`` and submit's import check put it
+    first on ``sys.path``, as the snapshot goes first on the ranks' PYTHONPATH.
+
+    ``None`` when no snapshot would be taken (:func:`find_repo`): a spec of the built-in models
+    and data without ``code``, ``code.snapshot: false``, a git URL (the code is not here), or no
+    git work tree holding the spec (then the ranks import what they find, as here).
+    """
     code = spec.code
-    if code is None or not code.python_path or code.git is not None:
+    if code is not None and (not code.snapshot or code.git is not None):
         return None
-    start = (spec_file.resolve().parent / code.repo).resolve()
+    if code is None and not spec.runs_user_code:
+        return None
+    start = (spec_file.resolve().parent / (code.repo if code is not None else ".")).resolve()
     top, _ = _toplevel(start) if start.is_dir() else (None, "")
-    return (top or start) / code.python_path
+    if top is None:
+        return None
+    python_path = code.python_path if code is not None else ""
+    return top / python_path if python_path else top
 
 
 def pythonpath(first: Path, rest: str | None) -> str:

@@ -42,6 +42,7 @@ from jobgen.spec_trainer import (  # noqa: F401
     Precision,
     Strategy,
     TrainerSpec,
+    warmup_steps_of,
 )
 from jobgen.spec_user import (  # noqa: F401
     BUILTIN_SECTIONS,
@@ -61,6 +62,9 @@ def _user_or_builtin(value: Any) -> str:
     return BUILTIN_TAG
 
 
+#: The environment variable a command-mode smoke run (``jobgen submit --smoke N``) sets to N on
+#: every rank (``env``): jobgen does not drive a user script's steps, the script reads it.
+SMOKE_STEPS_ENV = "JOBGEN_SMOKE_STEPS"
 #: Tags of the ``model``/``data`` unions. pydantic puts them into error locations
 #: (``model.<tag>.field``); :mod:`jobgen.load` drops them from the paths it prints.
 USER_CLASS_TAG = "class-path-branch"
@@ -240,7 +244,10 @@ class TrainingSpec(_Model):
     smoke: bool = Field(default=False, description=(
         "A smoke run, set by ``jobgen submit --smoke N`` together with ``trainer.max_steps: N``,\n"
         "``checkpoint.resume: never`` and the name ``<name>-smoke``: a cheap first run that writes\n"
-        "no checkpoints (and resumes from none)."
+        "no checkpoints (and resumes from none). Its warmup is the full run's fraction of the steps\n"
+        "(``trainer.warmup_ratio``, ``warmup_steps = ceil(ratio x N)``), or none (``warmup_steps: 0``)\n"
+        "where no step would follow it. Command mode: ``env.JOBGEN_SMOKE_STEPS: N`` (and\n"
+        "``--trainer.max_steps=N`` for a LightningCLI script) instead."
     ))
 
     @field_validator("data")
@@ -346,16 +353,39 @@ class TrainingSpec(_Model):
 
     def smoke_doc(self, steps: int) -> dict[str, Any]:
         """This spec, as a document, changed into a smoke run of ``steps`` optimizer steps
-        (``jobgen submit --smoke N``): name ``<name>-smoke``, ``max_steps: steps`` (no epoch
-        bound), validation at most every ``steps`` steps, no checkpoints written or resumed
-        (``smoke: true``, ``resume: never``), jobgen's warmup shortened to fit."""
+        (``jobgen submit --smoke N``): name ``<name>-smoke`` and ``smoke: true``, then
+
+        - built-in entrypoint: ``max_steps: steps`` (no epoch bound), validation at most every
+          ``steps`` steps, no checkpoints written or resumed (``resume: never``), and jobgen's
+          warmup scaled to the smoke run: the full run's warmup fraction (``warmup_ratio``, or
+          ``warmup_steps / max_steps``) is kept as ``warmup_ratio``, so ``warmup_steps =
+          ceil(ratio x steps)``; where that leaves no step after the warmup (e.g. ``--smoke 1``)
+          the warmup is dropped (``warmup_steps: 0``, no ratio). spec.json says which.
+        - command mode (``entrypoint``): jobgen does not drive the steps, so the script is told:
+          ``JOBGEN_SMOKE_STEPS=steps`` in ``env`` and, for a LightningCLI script,
+          ``--trainer.max_steps=steps`` appended to ``entrypoint.args`` (later arguments win).
+        """
         doc = self.model_dump(mode="json")
+        doc.update(name=f"{self.name}-smoke", smoke=True)
+        if self.entrypoint is not None:
+            doc["env"] = {**doc.get("env", {}), SMOKE_STEPS_ENV: str(steps)}
+            if self.entrypoint.lightning_cli:
+                doc["entrypoint"]["args"] = [*doc["entrypoint"]["args"], f"--trainer.max_steps={steps}"]
+            return doc
         t = doc["trainer"]
         t.update(max_steps=steps, max_epochs=None, val_check_interval=min(self.trainer.val_check_interval, steps))
-        if not self.user_code:
-            t["warmup_steps"] = min(self.trainer.warmup_steps, steps - 1)
-        doc.update(name=f"{self.name}-smoke", smoke=True)
         doc["checkpoint"] = {**doc["checkpoint"], "resume": "never"}
+        if self.user_code:
+            return doc
+        full = self.trainer
+        ratio = full.warmup_ratio
+        if ratio is None and full.warmup_steps and full.max_steps:
+            ratio = full.warmup_steps / full.max_steps  # built-in models always have max_steps
+        t.pop("warmup_steps", None)
+        if ratio is not None and warmup_steps_of(ratio, steps) < steps:
+            t["warmup_ratio"] = ratio  # scaled: TrainerSpec derives warmup_steps from it
+        else:  # dropped: no warmup fits (or there was none)
+            t.update(warmup_ratio=None, warmup_steps=0)
         return doc
 
     @model_validator(mode="after")
@@ -390,7 +420,7 @@ class TrainingSpec(_Model):
     @model_validator(mode="after")
     def _model_fits_data(self) -> TrainingSpec:
         m, d, t = self.model, self.data, self.trainer
-        if self.smoke and self.checkpoint.resume != "never":
+        if self.smoke and self.entrypoint is None and self.checkpoint.resume != "never":
             raise field_error(TrainingSpec, ("checkpoint", "resume"), "smoke: true (a --smoke run) keeps no checkpoints "
                               "and resumes from none: it needs checkpoint.resume: never", self.checkpoint.resume)
         if isinstance(d, ClassSpec):
@@ -407,7 +437,7 @@ class TrainingSpec(_Model):
                         f"{key} needs data.class_path (your LightningDataModule): jobgen's data formats have no "
                         "epochs of their own; use trainer.max_steps / gradient_accumulation_steps", getattr(t, key))
         if isinstance(m, ClassSpec):
-            if t.compile:
+            if t.compile is True:
                 raise field_error(TrainingSpec, ("trainer", "compile"),
                     "trainer.compile compiles jobgen's built-in networks; with model.class_path call torch.compile "
                     "inside your LightningModule (e.g. in configure_model) and remove trainer.compile", True)

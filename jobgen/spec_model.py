@@ -78,7 +78,7 @@ class ModelSpec(_Model):
     lora: LoraSpec | None = Field(default=None, description="LoRA adapters for the ``hf_path`` model (peft); ``null``: full fine-tuning.")
     load_in_4bit: bool = Field(default=False, description=(
         "QLoRA: load the ``hf_path`` model in 4-bit NF4 (bitsandbytes) and train LoRA adapters on\n"
-        "it. Needs ``lora`` and CUDA GPUs (refused on CPU profiles)."
+        "it. Needs ``lora``; CUDA GPUs, or CPU ranks with bitsandbytes >= 0.48.1 (checked on the node)."
     ))
 
     @model_validator(mode="before")

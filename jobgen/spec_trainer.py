@@ -4,7 +4,7 @@ logging, and the Lightning Trainer options a user's module needs. No I/O."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -46,12 +46,20 @@ _TRAINER_OPTIONAL_FIELDS = {
     "warmup_ratio": None,
     "lr_schedule": "cosine",
     "min_lr_ratio": 0.1,
-    "compile": False,
+    "compile": "auto",
 }
 
 #: TrainerSpec fields that are FSDP options (refused with other strategies when not at their defaults).
 _FSDP_ONLY_FIELDS = ("fsdp_auto_wrap_policy", "fsdp_activation_checkpointing_policy", "fsdp_backward_prefetch",
                      "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
+
+
+def warmup_steps_of(ratio: float, max_steps: int) -> int:
+    """Warmup steps of ``warmup_ratio`` (a fraction in [0, 1)) over ``max_steps`` optimizer steps:
+    ``ceil(ratio x max_steps)``, Hugging Face ``TrainingArguments.get_warmup_steps``' rule."""
+    return math.ceil(ratio * max_steps)
+
+
 #: TrainerSpec fields of jobgen's own optimiser (AdamW + warmup + cosine) for the built-in models;
 #: a ``class_path`` model brings its own ``configure_optimizers``.
 BUILTIN_OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "weight_decay", "warmup_ratio", "lr_schedule",
@@ -91,7 +99,13 @@ class TrainerSpec(_Model):
         "``transformer-engine`` (fp8 matmuls through NVIDIA Transformer Engine, bf16 weights) needs\n"
         "Hopper GPUs, the ``transformer_engine`` package on the nodes, and ``strategy: ddp``."
     ))
-    micro_batch_size: int = Field(default=8, ge=1, description="Sequences per device (per data-parallel rank) per forward/backward pass.")
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(default=8, description=(
+        "Sequences per device (per data-parallel rank) per forward/backward pass. ``auto`` is resolved\n"
+        "at plan time (spec.json records the number): on GPU profiles the largest power of two whose\n"
+        "memory plan (``jobgen plan``, the spec's own layout) fits 90% of the GPU's memory; on CPU\n"
+        "profiles 8 (CPU throughput does not grow with the batch), or less when 8 does not fit\n"
+        "(:func:`jobgen.micro_batch.resolve_micro_batch`)."
+    ))
     gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro batches accumulated before each optimizer step.")
     global_batch_size: int | None = Field(default=None, ge=1, description=(
         "Sequences per optimizer step over all ranks. When given it must equal\n"
@@ -123,11 +137,13 @@ class TrainerSpec(_Model):
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description=(
         "``cosine``: the final learning rate as a fraction of the peak (0 is Hugging Face's cosine)."
     ))
-    compile: bool = Field(default=False, description=(
+    compile: bool | Literal["auto"] = Field(default="auto", description=(
         "``torch.compile`` jobgen's built-in network (GPT or Hugging Face model) in place before\n"
         "training. The first steps are slower while it compiles; worth it for long GPU runs. Not\n"
         "with DeepSpeed (its engine wraps the module itself), ``transformer-engine``, or a\n"
-        "``class_path`` model (compile inside your LightningModule)."
+        "``class_path`` model (compile inside your LightningModule). ``auto`` (the default): on for\n"
+        "the built-in GPT under ``ddp`` on CUDA GPUs, off elsewhere (CPU, FSDP, DeepSpeed, Hugging\n"
+        "Face models); decided by the entrypoint (:func:`jobgen.train.speed.compile_on`)."
     ))
     weight_decay: float = Field(default=0.1, ge=0.0, description="AdamW decoupled weight decay (matrices only; no decay on biases, norms, embeddings).")
     gradient_clip_val: float | None = Field(default=1.0, gt=0.0, description=(
@@ -203,6 +219,17 @@ class TrainerSpec(_Model):
         "the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."
     ))
 
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _micro_batch(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # what pydantic's int accepted before "auto" joined the type
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a positive integer or 'auto'")  # the loader adds the value given
+        return value
+
     @field_validator("nvme_path")
     @classmethod
     def _nvme_shell_safe(cls, value: str | None) -> str | None:
@@ -265,7 +292,7 @@ class TrainerSpec(_Model):
             raise ValueError("warmup_ratio is a fraction of max_steps, which is null; give warmup_steps instead")
         if not isinstance(max_steps, int):
             return data
-        derived = math.ceil(ratio * max_steps)
+        derived = warmup_steps_of(ratio, max_steps)
         given = data.get("warmup_steps")
         if given is not None and given != derived:
             raise ValueError(
@@ -323,7 +350,7 @@ class TrainerSpec(_Model):
             )
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("max_steps is null and max_epochs is not set: give max_steps, max_epochs or both")
-        if self.compile and (self.deepspeed_stage is not None or self.precision == "transformer-engine"):
+        if self.compile is True and (self.deepspeed_stage is not None or self.precision == "transformer-engine"):
             raise ValueError(
                 f"compile with {self.strategy if self.deepspeed_stage else 'precision transformer-engine'!r}: "
                 "DeepSpeed's engine and Transformer Engine's layers wrap the module themselves; use ddp/fsdp "

@@ -8,7 +8,9 @@ rank's first failure in its output and orders them:
 - by timestamp when every failure has one (Kubernetes pod logs read with ``timestamps=true``:
   the kubelet's RFC 3339 receive time of each line);
 - else by position in the merged stream (SLURM's one output file: srun writes the ranks' lines
-  in the order they arrive, ``srun --label`` naming each line's task).
+  in the order they arrive, ``srun --label`` naming each line's task; a local run's output.log,
+  ``torchrun --tee 3`` naming each line's rank: :func:`torchrun_lines`);
+- in both, a rank's error that only says it lost a peer (:data:`PEER_LOST_RE`) after the others.
 
 A failure is, per source (a rank, or a pod when ranks are not labelled):
 
@@ -41,6 +43,17 @@ SRUN_TASK_RE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\
 #: torch.distributed's excepthook (installed by init_process_group, torch >= 2.2) writes every
 #: line of an uncaught exception's traceback as ``[rank<N>]: <line>``.
 TORCH_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ")
+#: ``torchrun --tee 3`` labels each line a worker writes with its role and local rank:
+#: ``[default1]:<line>`` (torch.distributed.elastic's TailLog prefix ``[{role}{local_rank}]:``).
+TORCHRUN_TEE_RE = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z_]*?)(?P<rank>\d+)\]:(?P<text>.*)$")
+#: Errors a rank gets because a peer died (its collective's connection closed or was aborted):
+#: consequences, not causes. :func:`triage` orders them after every other failure, since which
+#: of the two is printed first is a race (seen on 2 local gloo ranks, issue 22: rank 0's
+#: "Connection closed by peer" line came out before the ValueError rank 1 raised).
+PEER_LOST_RE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crashing|ncclRemoteError"
+    r"|remote process exited|[Cc]ommunicator was aborted"
+)
 #: Lines of context kept after an NCCL or entrypoint error line.
 CONTEXT_LINES = 3
 
@@ -173,8 +186,14 @@ def _task_nodes(lines: Iterable[LogLine]) -> tuple[dict[int, str], tuple[str, ..
     return nodes, tuple(exits)
 
 
+def lost_peer(failure: Failure) -> bool:
+    """Whether ``failure`` is a rank's reaction to a dead peer (:data:`PEER_LOST_RE`)."""
+    return PEER_LOST_RE.search(failure.headline) is not None
+
+
 def triage(lines: Iterable[LogLine]) -> Triage:
-    """Each source's first failure in ``lines``, earliest first (see the module docstring).
+    """Each source's first failure in ``lines``, earliest first (see the module docstring),
+    except that failures from a lost peer (:func:`lost_peer`) come after all others.
 
     Args:
         lines: the job's output, any number of sources interleaved or one after another;
@@ -200,10 +219,68 @@ def triage(lines: Iterable[LogLine]) -> Triage:
             failures.append(found)
     timed = bool(failures) and all(f.timestamp is not None for f in failures)
     if timed:
-        failures.sort(key=lambda f: (f.timestamp, f.position, f.source))
+        failures.sort(key=lambda f: (lost_peer(f), f.timestamp, f.position, f.source))
     else:
-        failures.sort(key=lambda f: (f.position, f.source))
+        failures.sort(key=lambda f: (lost_peer(f), f.position, f.source))
     return Triage(tuple(failures), "timestamp" if timed else "position", exits)
+
+
+def torchrun_lines(texts: Iterable[str]) -> list[LogLine]:
+    """The output of one ``torchrun --standalone --tee 3`` (one node: the local rank is the
+    rank) as :class:`LogLine` s: a labelled line (:data:`TORCHRUN_TEE_RE`) is ``rank N``'s, an
+    unlabelled one torchrun's own (source ``torchrun``, rank ``None``: :func:`triage` skips it,
+    so its ChildFailedError report is never taken for a rank's failure)."""
+    return [torchrun_line(text, position) for position, text in enumerate(texts)]
+
+
+def torchrun_line(text: str, position: int) -> LogLine:
+    """One line of :func:`torchrun_lines` (``position``: its index in the output)."""
+    match = TORCHRUN_TEE_RE.match(text)
+    if match is None:
+        return LogLine("torchrun", None, None, position, None, text)
+    rank = int(match.group("rank"))
+    return LogLine(f"rank {rank}", rank, None, position, None, match.group("text"))
+
+
+#: Lines that continue a traceback after its exception line (a chained exception follows).
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+class LiveFilter:
+    """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: every
+    rank's (without torchrun's label, as they were printed) and torchrun's own, without
+    failures, so that a failed run's terminal shows jobgen's triage (:func:`format_triage`)
+    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22). Failures are tracebacks (up to the exception line,
+    chained ones included), the entrypoint's error line and NCCL error lines, as :func:`triage`
+    finds them; after the first failure torchrun's own lines are held back too (its worker
+    exit reports and ChildFailedError block). Every line still goes to the run's log.
+    """
+
+    def __init__(self) -> None:
+        self._state: dict[str, str] = {}  # source -> "traceback" (inside one) | "after" (its exception line seen)
+        self.failed = False  #: whether a failure has been seen (on any source)
+
+    def show(self, line: LogLine) -> str | None:
+        """The text to print for ``line`` now, or ``None`` to keep it in the log only."""
+        text = TORCH_RANK_PREFIX_RE.sub("", line.text, count=1)
+        state = self._state.pop(line.source, None)
+        if state == "traceback":
+            # indented frames and blank lines continue it; the first other line is the exception
+            self._state[line.source] = "traceback" if text.startswith((" ", "\t")) or not text.strip() else "after"
+            return None
+        if state == "after" and (text.startswith(_CHAINED) or not text.strip()):
+            self._state[line.source] = "after"
+            return None
+        if text.startswith(TRACEBACK_START):
+            self._state[line.source] = "traceback"
+            self.failed = True
+            return None
+        if ENTRYPOINT_ERROR_RE.search(text) or NCCL_ERROR_RE.search(text):
+            self.failed = True
+            return None
+        if line.rank is None:
+            return None if self.failed else text
+        return line.text
 
 
 def parse_rfc3339(text: str) -> datetime | None:
@@ -229,7 +306,12 @@ def format_triage(result: Triage, handle: str) -> list[str]:
     where = first.source + (f" on {first.node}" if first.node else "")
     when = f" at {first.timestamp.isoformat()}" if first.timestamp else ""
     order = "earliest timestamp" if result.ordered_by == "timestamp" else "first in the job's output"
-    lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s))",
+    def seen(f: Failure) -> tuple[object, ...]:
+        return (f.timestamp, f.position) if result.ordered_by == "timestamp" else (f.position,)
+
+    earlier = [f.source for f in result.failures[1:] if seen(f) < seen(first)]  # lost peers (see triage)
+    after = f"; {', '.join(earlier)} reported a lost peer earlier" if earlier else ""
+    lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s){after})",
              f"  {first.headline}", ""]
     lines += [f"  | {text}" for text in first.lines]
     if len(result.failures) > 1:

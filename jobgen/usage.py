@@ -48,6 +48,12 @@ class Usage:
     device_seconds: float | None = None
 
     @property
+    def unit(self) -> str:
+        """The unit of :attr:`device_hours`, named after what the job held: ``GPU-hours`` for a
+        job with GPUs, ``CPU-hours`` (CPUs x hours) for one without; every command prints this."""
+        return f"{self.device_kind.upper()}-hours"
+
+    @property
     def device_hours(self) -> float | None:
         """GPU-hours (CPU-hours for a CPU job); ``None`` before the job started."""
         if self.device_seconds is not None:
@@ -77,14 +83,22 @@ class Usage:
         }
 
     def describe(self) -> str:
-        """One line, e.g. ``8 GPUs x 1.50 h = 12.000 GPU-hours, cost 30.00 (sacct AllocTRES)``."""
+        """One line, e.g. ``8 GPUs x 1.5 h = 12.000 GPU-hours, cost 30.00 (sacct AllocTRES)``.
+
+        The hours are printed to 3 decimals and the elapsed time to 3 more than the device
+        count has digits (trailing zeros dropped), so devices x the printed time gives the
+        printed hours to their last digit (``2 CPUs x 0.006 h = 0.012 CPU-hours``, not
+        ``x 0.01 h``)."""
         label = self.device_kind.upper()
         hours = self.device_hours
         if hours is None:
             return f"{self.devices} {label}s, not started ({self.source})"
-        span = f" x {self.elapsed_s / 3600:.2f} h" if self.elapsed_s is not None and self.device_seconds is None else ""
+        span = ""
+        if self.elapsed_s is not None and self.device_seconds is None:
+            elapsed = f"{self.elapsed_s / 3600:.{3 + len(str(self.devices))}f}".rstrip("0").rstrip(".")
+            span = f" x {elapsed} h"
         cost = f", cost {self.cost:.2f}" if self.cost is not None else ""
-        return f"{self.devices} {label}s{span} = {hours:.3f} {label}-hours{cost} ({self.source})"
+        return f"{self.devices} {label}s{span} = {hours:.3f} {self.unit}{cost} ({self.source})"
 
 
 #: What the entrypoint can measure of its own device time (summary.json, notifications).

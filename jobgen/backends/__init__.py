@@ -10,10 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from jobgen import plan as planner
 from jobgen.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from jobgen.backends.base import Backend
+    from jobgen.plan import JobPlan
+    from jobgen.profiles import ClusterProfile
+    from jobgen.spec import TrainingSpec
 
 #: scheduler name -> ``module:class`` of its backend.
 BACKENDS: dict[str, str] = {
@@ -37,3 +43,22 @@ def get_backend(scheduler: str) -> Backend:
         module, _, cls = BACKENDS[scheduler].partition(":")
         _INSTANCES[scheduler] = getattr(importlib.import_module(module), cls)()
     return _INSTANCES[scheduler]
+
+
+def plan(
+    spec: TrainingSpec,
+    profile: ClusterProfile,
+    templates_dir: Path,
+    *,
+    spec_source: str = "<spec>",
+    profile_source: str = "<profile>",
+    spec_file: str | None = None,
+) -> JobPlan:
+    """:func:`jobgen.plan.plan` with the backend of ``profile.scheduler`` from this registry.
+
+    Raises:
+        ConfigError: no backend for the profile's scheduler, or as :func:`jobgen.plan.plan`.
+        PlanError: as :func:`jobgen.plan.plan`.
+    """
+    return planner.plan(spec, profile, templates_dir, get_backend(profile.scheduler), spec_source=spec_source,
+                        profile_source=profile_source, spec_file=spec_file)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobgen import __version__, deepspeed
+from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
-from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
 from jobgen.nccl import nccl_env
 from jobgen.plan import JobPlan, PlanContext
 from jobgen.render import render_template
@@ -122,9 +122,14 @@ class Backend(ABC):
     def plan(self, ctx: PlanContext) -> JobPlan:
         """Turn validated inputs into a JobPlan. Pure: no subprocess, network, clock."""
 
-    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
-        """Where ``jobgen submit SPEC`` writes the plan before submitting: ``<out>/<profile>/<job name>``."""
-        return out / plan.job_subdir
+    def job_dir(self, plan: JobPlan, out: Path | None, options: SubmitOptions) -> Path:
+        """Where ``jobgen submit SPEC`` writes the plan before submitting: ``<out>/<profile>/<job name>``
+        when the user names an output root (``--out manifests`` for GitOps), else with the run,
+        ``<runs dir>/<job name>/``:data:`~jobgen.jobdir.SUBMIT_JOB_SUBDIR` (a user's manifests/ is
+        touched only when asked; the run directory ignores itself in git)."""
+        if out is not None:
+            return out / plan.job_subdir
+        return options.runs_dir / plan.job_name / SUBMIT_JOB_SUBDIR
 
     @abstractmethod
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print) -> SubmitResult:
@@ -278,12 +283,20 @@ def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[st
     return proc
 
 
+def secrets_location(job_dir: Path, spec_file: Path | None) -> str:
+    """Where a submit-time secrets error points: the user's spec file and its ``secrets`` field,
+    or, for a rendered job directory submitted as is, the directory's ``spec.json``."""
+    return f"{spec_file}: secrets" if spec_file is not None else f"{job_dir / SPEC_FILE}: spec.secrets"
+
+
 def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster: str | None = None) -> list[tuple[str, str]]:
     """``spec.json`` (the resolved spec the entrypoint reads) and, for DeepSpeed, ``ds_config.json``."""
     files = []
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
         ds_name = DS_CONFIG_FILE
+        from jobgen import deepspeed  # DeepSpeed specs only: off the render path of the others
+
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
     resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)
     files.append((SPEC_FILE, resolved.dumps()))

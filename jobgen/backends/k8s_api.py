@@ -99,6 +99,11 @@ class Cluster:
         return version is not None and version >= FIELD_VALIDATION_SINCE
 
 
+#: Where jobgen takes the kubeconfig from (status, logs and cancel use the one submit used).
+KUBECONFIG_HINT = ("point $KUBECONFIG or the profile's kubernetes.kubeconfig at your cluster's kubeconfig "
+                   "(jobgen submit --kubeconfig FILE for one submission)")
+
+
 def kubeconfig_path(kubeconfig: str | None) -> str:
     """The kubeconfig file(s) to read: the given path, else ``$KUBECONFIG`` (a ``:``-separated
     list is merged, as kubectl does), else ``~/.kube/config``."""
@@ -109,26 +114,36 @@ def connect(context: str | None = None, kubeconfig: str | None = None) -> Cluste
     """Open a :class:`Cluster` for ``context`` (None: the kubeconfig's current context).
 
     Raises:
-        ConfigError: the ``kubernetes`` client is not installed, the kubeconfig is missing or
-            invalid, or it has no such context (the known ones are listed).
+        ConfigError: the ``kubernetes`` client is not installed, the kubeconfig does not exist
+            (none of ``$KUBECONFIG``'s files), is not a valid kubeconfig (each said as such), or
+            has no such context (the known ones are listed).
     """
+    import yaml
+
     try:
         from kubernetes import config as kube_config
         from kubernetes.config.config_exception import ConfigException
     except ImportError:
         raise ConfigError("submitting to Kubernetes needs the official client", hint="pip install 'jobgen[k8s]'") from None
     path = kubeconfig_path(kubeconfig)
+    origin = "" if kubeconfig else " ($KUBECONFIG)" if os.environ.get("KUBECONFIG") else " (the default)"
+    files = [Path(p).expanduser() for p in path.split(os.pathsep) if p]
+    if not any(f.exists() for f in files):
+        raise ConfigError(f"kubeconfig {path}{origin} does not exist", hint=KUBECONFIG_HINT)
     try:
         contexts, active = kube_config.list_kube_config_contexts(config_file=path)
-    except (ConfigException, OSError) as exc:
-        raise ConfigError(f"cannot read kubeconfig {path}: {exc}",
-                          hint="set kubernetes.kubeconfig in the profile, $KUBECONFIG, or --kubeconfig") from None
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
+        # the client's loader fails with TypeError/AttributeError on YAML that is not a mapping of lists
+        problem = " ".join(str(exc).split())
+        raise ConfigError(f"kubeconfig {path}{origin} is not a valid kubeconfig: {problem}",
+                          hint="it needs apiVersion: v1, kind: Config and lists of clusters, users and contexts; "
+                               + KUBECONFIG_HINT) from None
     names = [c["name"] for c in contexts or []]
     name = context or (active or {}).get("name")
     if not name or name not in names:
         raise ConfigError(
             f"kubeconfig {path} has no context {name!r}" if name else f"kubeconfig {path} has no current context",
-            hint=f"pick one of: {', '.join(names) or '(none)'} (--context, ${ENV_CONTEXT} or kubernetes.context in the profile)",
+            hint=f"pick one of: {', '.join(names) or '(none)'} (jobgen submit --context, ${ENV_CONTEXT} or kubernetes.context in the profile)",
         )
     try:
         api = kube_config.new_client_from_config(config_file=path, context=name, persist_config=False)

@@ -207,9 +207,15 @@ def _mib(gib: float) -> str:
 
 
 def _kubelet_literal(value: str) -> str:
-    """Escape ``$(`` as ``$$(`` so the kubelet passes the text through instead of expanding a
-    variable reference (Kubernetes expands ``$(VAR)`` in command, args and env values)."""
-    return value.replace("$(", "$$(")
+    """``value`` written so that the container gets it unchanged: every ``$`` doubled.
+
+    Kubernetes expands ``$(VAR)`` references in a container's command, args and env values and,
+    in the same pass, reduces every ``$$`` to ``$`` (k8s.io/kubernetes
+    third_party/forked/golang/expansion, ``Expand``; API reference of ``EnvVar.value``). Escaping
+    only ``$(`` is not enough: ``a $$$(X)`` would arrive as ``a $$(X)``, and ``$$(MASTER_ADDR)`` as
+    ``$`` plus the master's address. With every ``$`` doubled the text holds only ``$$`` pairs,
+    each of which expands back to one ``$``."""
+    return value.replace("$", "$$")
 
 
 def check_settings(ctx: PlanContext) -> None:
@@ -513,7 +519,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         inputs_sha256=ctx.inputs_sha256,
         warnings=warnings,
         apply_files=(kind.manifest,),
-        cluster_object=ClusterObject(kind.kind, k.namespace, name),
+        cluster_object=ClusterObject(kind.kind, k.namespace, name, context=k.context, kubeconfig=k.kubeconfig),
     )
 
 

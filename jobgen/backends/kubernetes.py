@@ -704,21 +704,27 @@ class KubernetesBackend(Backend):
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
         """Submit the directory (see :func:`submit_dir`). Context, namespace and kubeconfig: the
         options, then ``$JOBGEN_K8S_CONTEXT`` / ``$JOBGEN_K8S_NAMESPACE``, then the profile the
-        directory's spec.json names (when it can be found), then the kubeconfig's current context."""
+        directory's spec.json names (when it can be found), then the kubeconfig's current context.
+        With ``plan`` the profile is the one it was planned with (its ``cluster_object``), not
+        loaded again."""
         self.check_options(options)
-        from jobgen.jobdir import read_resolved_spec
-        from jobgen.load import load_profile
+        target = plan.cluster_object if plan is not None else None
+        if target is not None:
+            profile_context, profile_kubeconfig = target.context, target.kubeconfig
+        else:
+            from jobgen.jobdir import read_resolved_spec
+            from jobgen.load import load_profile
 
-        resolved = read_resolved_spec(job_dir)
-        try:
-            settings = load_profile(resolved.profile).kubernetes
-        except (OSError, ValueError, ConfigError):
-            settings = None
-            out(f"jobgen: profile {resolved.profile!r} named in {job_dir}/spec.json was not found; using the kubeconfig's context")
-        context, namespace = resolve_target(context=options.context, namespace=options.namespace,
-                                            profile_context=settings.context if settings else None)
-        return submit_dir(job_dir, context=context, namespace=namespace,
-                          kubeconfig=options.kubeconfig or (settings.kubeconfig if settings else None),
+            resolved = read_resolved_spec(job_dir)
+            try:
+                settings = load_profile(resolved.profile).kubernetes
+            except (OSError, ValueError, ConfigError):
+                settings = None
+                out(f"jobgen: profile {resolved.profile!r} named in {job_dir}/spec.json was not found; using the kubeconfig's context")
+            profile_context = settings.context if settings else None
+            profile_kubeconfig = settings.kubeconfig if settings else None
+        context, namespace = resolve_target(context=options.context, namespace=options.namespace, profile_context=profile_context)
+        return submit_dir(job_dir, context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
                           dry_run=options.dry_run, replace=options.replace, out=out)
 
     def status(self, handle: JobHandle) -> JobStatus:

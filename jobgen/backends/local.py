@@ -4,6 +4,11 @@
 (or NCCL when the profile has GPUs), OMP threads set per rank (LAB-NOTES: without it two ranks
 each take every core and throughput drops 3-4x). Ctrl-C stops every rank: torchrun runs in
 its own process group, gets SIGINT forwarded, and the whole group is killed after a grace period.
+
+Output: torchrun labels every rank's lines (``--tee 3``); all of it goes to the run directory's
+:data:`OUTPUT_LOG`, the terminal gets the ranks' lines but no failure (:class:`jobgen.triage.LiveFilter`), and
+a failed run ends with the first failing rank's error (:func:`jobgen.triage.triage`, as
+``jobgen logs --first-error`` prints it) and the log's path.
 """
 
 from __future__ import annotations
@@ -13,21 +18,52 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import jobgen
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, common_files, job_env, not_supported
+from jobgen.backends.base import (
+    Backend,
+    Echo,
+    JobStatus,
+    LogOptions,
+    SubmitOptions,
+    SubmitResult,
+    common_files,
+    job_env,
+    not_supported,
+    secrets_location,
+)
 from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
-from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SUMMARY_FILE, JobHandle, ResolvedSpec, Submission, read_resolved_spec
+from jobgen.jobdir import (
+    CODE_DIR_ENV,
+    DS_CONFIG_FILE,
+    SPEC_FILE,
+    SUMMARY_FILE,
+    JobHandle,
+    ResolvedSpec,
+    Submission,
+    ignore_run_dir,
+    read_resolved_spec,
+    write_atomic,
+)
 from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
-from jobgen.usage import Usage
+from jobgen.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
+from jobgen.usage import Usage, run_usage
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
+#: The run's whole output (every rank's lines, labelled, and torchrun's own), in the run
+#: directory; each start appends, after a line starting with :data:`OUTPUT_START`.
+OUTPUT_LOG = "output.log"
+#: The first line a start writes into :data:`OUTPUT_LOG` (then the time and the command).
+OUTPUT_START = "==== jobgen submit"
 
 
 def omp_threads(ctx: PlanContext) -> int:
@@ -37,7 +73,8 @@ def omp_threads(ctx: PlanContext) -> int:
 
 def launch_command(ctx: PlanContext) -> Command:
     """The torchrun command line and its environment; ``python`` (no ``local.python`` in the
-    profile) means the interpreter running jobgen.
+    profile) means the interpreter running jobgen. ``--tee 3`` labels every line a rank writes
+    (``[default<rank>]:``), which is how :meth:`LocalBackend.submit` tells the ranks apart.
 
     Command mode (``entrypoint``): torchrun runs the user's module/script (:func:`jobgen.command.target_argv`)
     in the directory ``jobgen submit`` runs in (:data:`~jobgen.plan.SUBMIT_DIR_PLACEHOLDER`);
@@ -45,7 +82,7 @@ def launch_command(ctx: PlanContext) -> Command:
     adds ``PL_DEEPSPEED_CONFIG_PATH=<job dir>/ds_config.json`` (absolute once submit fills it in).
     """
     launcher = (ctx.profile.local.python or "python", "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(ctx.world.devices_per_node))
+                "--nproc-per-node", str(ctx.world.devices_per_node), "--tee", "3")
     env = job_env(ctx) | {"OMP_NUM_THREADS": str(omp_threads(ctx))}
     if ctx.spec.entrypoint is None:
         argv = (*launcher, "-m", "jobgen.train", "--spec", SPEC_FILE, "--run-dir", ".")
@@ -103,7 +140,7 @@ class LocalBackend(Backend):
             inputs_sha256=ctx.inputs_sha256,
         )
 
-    def job_dir(self, plan: JobPlan, out: Path, options: SubmitOptions) -> Path:
+    def job_dir(self, plan: JobPlan, out: Path | None, options: SubmitOptions) -> Path:
         """A local job is written into its run directory, ``<runs dir>/<job name>``."""
         return options.runs_dir / plan.job_name
 
@@ -147,7 +184,8 @@ class LocalBackend(Backend):
             argv[0] = sys.executable
         env = os.environ.copy()
         # the spec's secrets reach torchrun (and every rank) through this inherited environment only
-        check_present(resolved.spec.secrets, env, location=f"{job_dir / SPEC_FILE}: spec.secrets")
+        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
+        check_present(resolved.spec.secrets, env, location=secrets_location(job_dir, spec_file))
         env.update(command.env)
         package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
         # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
@@ -155,6 +193,7 @@ class LocalBackend(Backend):
         user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
+        ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
         spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)
@@ -164,20 +203,29 @@ class LocalBackend(Backend):
             if command.cwd is not None:  # command mode: run the committed script, not the working tree's
                 cwd = inside_snapshot(cwd, code[0], code[1])
         env.setdefault("PYTHONUNBUFFERED", "1")
-        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv),
+        log = job_dir / OUTPUT_LOG
+        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv), log_file=str(log),
                             inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
                             code=code[1] if code else None)
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
-        code = (runner or _run_foreground)(argv, cwd, env)
+        started = time.time()
+        code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+        if code == 0 and resolved.spec.entrypoint is not None:
+            _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
-            raise SubmitError(
-                f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})",
-                hint="the rank-zero error is printed above; rerun with the same command to resume from the last checkpoint",
-            )
-        if (job_dir / SUMMARY_FILE).is_file():
-            out(f"jobgen: run directory {job_dir} (summary: {SUMMARY_FILE}, checkpoints/, logs/)")
+            hint = "rerun with the same command to resume from the last checkpoint"
+            if log.is_file():
+                out("")
+                for line in format_triage(_log_triage(log), str(handle)):
+                    out(line)
+                out(f"jobgen: every rank's output and torchrun's report: {log}")
+                hint = f"the first failing rank's error is above (all of it: {log}); " + hint
+            raise SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
+        if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
+            left = [f"summary: {SUMMARY_FILE}", *(f"{d}/" for d in ("checkpoints", "logs") if any((job_dir / d).glob("*")))]
+            out(f"jobgen: run directory {job_dir} ({', '.join(left)})")
         return SubmitResult("completed", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
@@ -190,8 +238,20 @@ class LocalBackend(Backend):
         return JobStatus(handle, "UNKNOWN", "none", {"run_dir": str(run_dir), "reason": reason})
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Not offered: a local run prints to the terminal that started it."""
-        raise not_supported("local", "logs", f"its metrics are in {handle.path}/logs/ (CSV) and summary.json")
+        """Not offered: a local run prints to the terminal that started it (and to its output.log)."""
+        raise not_supported("local", "logs", f"its output is in {handle.path}/{OUTPUT_LOG}, its metrics in "
+                            f"{handle.path}/logs/ (CSV) and summary.json")
+
+    def first_error(self, handle: JobHandle) -> Triage:
+        """Every rank's first failure in the last start's part of the run's :data:`OUTPUT_LOG`.
+
+        Raises:
+            NotSupportedError: the run directory has no output.log (a run started before jobgen kept one).
+        """
+        log = Path(handle.path) / OUTPUT_LOG
+        if not log.is_file():
+            raise not_supported("local", "jobgen logs --first-error", f"{log} does not exist: the run printed to its terminal only")
+        return _log_triage(log)
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
@@ -210,6 +270,37 @@ def _summary_usage(run_dir: Path) -> Usage | None:
     return Usage(launch.accelerator, launch.world_size, wall, f"{SUMMARY_FILE} wall_time_s x ranks", gpu_hour_price=launch.gpu_hour_price)
 
 
+def _write_command_summary(run_dir: Path, resolved: ResolvedSpec, cwd: Path, wall_s: float, record: Submission) -> None:
+    """Command mode: the user's script writes no summary.json, so the local backend writes it when
+    torchrun exits 0 (``status``/``ls`` then say COMPLETED with the device time; a script that
+    writes its own summary.json keeps it). Keys shared with the entrypoint's summary: ``name``,
+    ``wall_time_s`` (seconds), ``usage`` (:func:`jobgen.usage.run_usage`), ``world_size``,
+    ``strategy``, ``precision``, ``jobgen_version``, ``inputs_sha256``, ``profile``, ``code`` (the
+    snapshot record plus ``dir``, or null); command mode adds ``entrypoint``, ``cwd`` and ``exit_code``."""
+    path = run_dir / SUMMARY_FILE
+    if path.exists():
+        return
+    spec, launch = resolved.spec, resolved.launch
+    assert spec.entrypoint is not None
+    code = None if record.code is None else {**record.code.model_dump(mode="json"), "dir": record.code_dir}
+    summary = {
+        "name": spec.name,
+        "entrypoint": spec.entrypoint.model_dump(mode="json", exclude_defaults=True),
+        "cwd": str(cwd),
+        "exit_code": 0,
+        "wall_time_s": round(wall_s, 3),
+        "usage": run_usage(launch.accelerator, launch.world_size, wall_s, launch.gpu_hour_price).to_json(),
+        "world_size": launch.world_size,
+        "strategy": spec.trainer.strategy,
+        "precision": spec.trainer.precision,
+        "jobgen_version": resolved.jobgen_version,
+        "inputs_sha256": resolved.inputs_sha256,
+        "profile": resolved.profile,
+        "code": code,
+    }
+    write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
 Runner = Callable[[list[str], Path, dict[str, str]], int]
 
 
@@ -220,8 +311,8 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     Raises:
         ConfigError: the profile is not found, or the plan's inputs differ from the directory's.
     """
+    from jobgen.backends import plan
     from jobgen.load import load_profile, search_dirs
-    from jobgen.plan import plan
 
     preflight = ["preflight=true", f"preflight_timeout_s={resolved.launch.preflight_timeout_s}"] if resolved.launch.preflight else []
     job_plan = plan(resolved.spec, load_profile(resolved.profile, overrides=preflight), search_dirs("templates")[0])
@@ -231,13 +322,39 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     return job_plan
 
 
-def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
-    """Start ``argv`` in its own process group and wait; Ctrl-C stops the whole group."""
+def _log_triage(log: Path) -> Triage:
+    """:func:`~jobgen.triage.triage` of the last start's lines in ``log`` (:data:`OUTPUT_LOG`)."""
+    texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
+    return triage(torchrun_lines(texts[starts[-1] if starts else 0:]))
+
+
+def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Path, echo: Echo = print) -> int:
+    """Start ``argv`` in its own process group and wait; Ctrl-C stops the whole group.
+
+    Its output (stdout and stderr) is appended to ``log`` line by line, after a start line
+    (:data:`OUTPUT_START`, the UTC time, the command); ``echo`` gets the lines
+    :class:`~jobgen.triage.LiveFilter` shows (the ranks' and torchrun's, without failures).
+    """
+    sink = log.open("ab")
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    sink.write(f"{OUTPUT_START} {when} $ {' '.join(argv)}\n".encode())
+    sink.flush()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
     except OSError as exc:
+        sink.close()
         raise SubmitError(f"cannot start {argv[0]}: {exc}", hint="install jobgen[train] (torch, lightning)") from None
+    live = LiveFilter()
     try:
+        assert proc.stdout is not None
+        for position, raw in enumerate(proc.stdout):
+            sink.write(raw)
+            sink.flush()
+            shown = live.show(torchrun_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"), position))
+            if shown is not None:
+                echo(shown)
         return proc.wait()
     except KeyboardInterrupt:
         print("\njobgen: interrupted; stopping every rank ...", file=sys.stderr, flush=True)
@@ -246,6 +363,7 @@ def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
     finally:
         if proc.poll() is None:
             _stop_group(proc)
+        sink.close()
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

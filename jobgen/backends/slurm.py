@@ -29,6 +29,7 @@ from jobgen.backends.base import (
     SubmitResult,
     recorded_launch,
     run_command,
+    secrets_location,
 )
 from jobgen.backends.slurm_array import task_log_name
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
@@ -40,15 +41,16 @@ from jobgen.jobdir import (
     SPEC_FILE,
     SUBMISSION_FILE,
     ArrayTask,
+    DirUndo,
     JobHandle,
     ResolvedSpec,
     Submission,
     find_submission,
+    ignore_run_dir,
     read_array_index,
     read_resolved_spec,
 )
 from jobgen.plan import JobPlan, PlanContext
-from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
 from jobgen.triage import LogLine, Triage, triage
 from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
 
@@ -68,16 +70,17 @@ def read_job_dir(job_dir: Path) -> ResolvedSpec:
     return read_resolved_spec(job_dir)
 
 
-def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, str]) -> None:
+def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, str], spec_file: Path | None = None) -> None:
     """Before sbatch: every secret of the spec is set in ``environ`` (the environment sbatch
     gets, which it exports to the job) and ``$SBATCH_EXPORT``, which overrides the script's
     ``#SBATCH --export`` (sbatch(1): environment variables beat script directives), passes
-    them on.
+    them on. ``spec_file``: the user's spec file the job was rendered from (named in the error),
+    None for a job directory submitted as is.
 
     Raises:
         ConfigError: a secret is unset or empty, or ``$SBATCH_EXPORT`` drops one.
     """
-    check_present(secrets, environ, location=f"{job_dir / SPEC_FILE}: spec.secrets")
+    check_present(secrets, environ, location=secrets_location(job_dir, spec_file))
     export = environ.get("SBATCH_EXPORT")
     dropped = unexported(export, secrets) if export is not None else []
     if dropped:
@@ -123,7 +126,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     resolved = read_job_dir(job_dir)
     array = read_array_index(job_dir)
     environ = {**os.environ, **(env or {})}
-    check_secrets(job_dir, resolved.spec.secrets, environ)
+    check_secrets(job_dir, resolved.spec.secrets, environ, spec_file)
     # a job array: the array's directory under the runs dir is its working directory (the tasks'
     # logs, the code snapshot); each task trains in <runs dir>/<its point's name>
     run_dir = runs_dir.resolve() / run_dir_name(array.name if array is not None else resolved.spec.name)
@@ -145,9 +148,28 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
                 "or submit a second copy with --force",
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for task_dir in task_dirs:
-        task_dir.mkdir(parents=True, exist_ok=True)
+    undo = [DirUndo.capture(d) for d in (run_dir, *task_dirs)]
+    queued: list[str] = []
+    try:
+        return _sbatch(job_dir, resolved, array, environ, run_dir, task_dirs, runs_dir=runs_dir, test_only=test_only,
+                       out=out, spec_file=spec_file, allow_dirty=allow_dirty, queued=queued)
+    except BaseException:
+        if not queued:  # nothing was queued: the run directories go back to what they were
+            for state in undo:
+                state.undo()
+        raise
+
+
+def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
+            runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
+            allow_dirty: bool, queued: list[str]) -> JobHandle | None:
+    """:func:`submit_dir` from the run directories on: snapshot, sbatch (its job id appended to
+    ``queued`` as soon as SLURM has queued it), the submission record."""
+    for directory in (run_dir, *task_dirs):
+        directory.mkdir(parents=True, exist_ok=True)
+        ignore_run_dir(directory)
+    from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
+
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
@@ -165,10 +187,12 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     if test_only:
         out((proc.stderr or proc.stdout).strip())
         return None
-    jid = proc.stdout.strip().split(";")[0]  # --parsable: "<jobid>[;<cluster>]"
-    if not jid.isdigit():
+    # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
+    jid, _, slurm_cluster = proc.stdout.strip().partition(";")
+    queued.append(jid)
+    if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{resolved.launch.cluster or 'default'}/{jid}")
+    handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
     tasks = None
     if array is not None:
         tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
@@ -177,6 +201,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
         log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
+        slurm_cluster=slurm_cluster or None,
         code_dir=str(code[0]) if code else None, code=code[1] if code else None, array=tasks,
     ).save()
     return handle
@@ -215,23 +240,25 @@ def job_id(handle: JobHandle) -> str:
     return jid
 
 
-def _squeue_jobs(jid: str) -> list[dict[str, Any]] | None:
+def cluster_options(handle: JobHandle) -> list[str]:
+    """``["--clusters=<cluster>"]`` for a job sbatch submitted to a named cluster (its answer
+    ``<jobid>;<cluster>``, kept as the record's ``slurm_cluster``), else ``[]``: squeue, sacct,
+    scontrol and scancel ask the default cluster, as on a single-cluster site. A handle without
+    a record gets ``[]`` too: its cluster may be only the profile's ``slurm.cluster`` label."""
+    record = find_submission(handle)
+    return [f"--clusters={record.slurm_cluster}"] if record is not None and record.slurm_cluster else []
+
+
+def _squeue_jobs(jid: str, handle: JobHandle) -> list[dict[str, Any]] | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
     tasks, or one task), or None when the controller has forgotten it (after MinJobAge)."""
     try:
-        proc = run_command(["squeue", "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
+        proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" in exc.message:
             return None
         raise
     return list(json.loads(proc.stdout).get("jobs", []))
-
-
-def _squeue(jid: str) -> dict[str, Any] | None:
-    """The job's record from ``squeue --json`` (states: all), or None when the controller has
-    forgotten it (after MinJobAge)."""
-    jobs = [j for j in _squeue_jobs(jid) or [] if str(j.get("job_id")) == jid]
-    return jobs[0] if jobs else None
 
 
 def _number(value: Any) -> int | None:
@@ -303,7 +330,7 @@ def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage
     jobs that exited non-zero, while ``ExitCode`` in the text output is right.
     """
     for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
         try:
             proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
         except SubmitError:
@@ -450,7 +477,7 @@ def _sacct_array(array_id: str, handle: JobHandle) -> list[JobStatus]:
     """The tasks of array ``array_id`` as accounting or the job-completion log list them
     (``<jobid>_<task>`` rows; ``<jobid>_[2-3]`` for tasks that never started)."""
     for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
         try:
             proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
         except SubmitError:
@@ -488,7 +515,7 @@ def status(handle: JobHandle) -> JobStatus:
     jid = job_id(handle)
     array_id, _, task = jid.partition("_")
     record = find_submission(handle)
-    jobs = _squeue_jobs(jid)
+    jobs = _squeue_jobs(jid, handle)
     if jobs is not None:
         members = _array_records(jobs, array_id)
         if task:
@@ -533,6 +560,7 @@ def log_file(handle: JobHandle) -> Path:
     Raises:
         ConfigError: no record and the controller does not know the job any more; the handle of
             a whole recorded job array (the hint names its tasks' handles).
+        SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
     jid = job_id(handle)
     record = find_submission(handle)
@@ -545,8 +573,10 @@ def log_file(handle: JobHandle) -> Path:
     if record is not None and record.log_file and handle.array_task is None:
         return Path(record.log_file)
     try:
-        proc = run_command(["scontrol", "show", "job", jid], what="scontrol show job", timeout_s=30)
-    except SubmitError:
+        proc = run_command(["scontrol", *cluster_options(handle), "show", "job", jid], what="scontrol show job", timeout_s=30)
+    except SubmitError as exc:
+        if "Invalid job id" not in exc.message:
+            raise  # the controller did not answer: SLURM's failure (exit 1), not an unknown job
         proc = None
     match = re.search(r"\bStdOut=(\S+)", proc.stdout) if proc else None
     if match is None:
@@ -592,6 +622,7 @@ def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_
     Raises:
         ConfigError: no log file is known for the job (see :func:`log_file`), or the job has
             ended without one.
+        SubmitError: SLURM's commands failed (the controller does not answer).
     """
     path = log_file(handle)
     offset, pending = 0, ""
@@ -638,7 +669,7 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], Non
         SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
     """
     jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
-    run_command(["scancel", jid], what="scancel", timeout_s=30)
+    run_command(["scancel", *cluster_options(handle), jid], what="scancel", timeout_s=30)
     deadline = time.monotonic() + wait_s
     state = status(handle)
     while not (state.finished or state.state == "UNKNOWN"):

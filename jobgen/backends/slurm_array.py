@@ -2,7 +2,8 @@
 
 One job directory, named after the sweep's base name (the spec's ``name``), holds:
 
-- ``job.sbatch`` (``templates/slurm/array.sbatch.j2``): ``#SBATCH --array=0-<N-1>[%P]`` and
+- ``job.sbatch`` (``templates/slurm/array.sbatch.j2``, which extends the single job's
+  ``job.sbatch.j2`` and overrides its blocks): ``#SBATCH --array=0-<N-1>[%P]`` and
   ``--output=slurm-%A_%a.out`` (one log per task); task ``$SLURM_ARRAY_TASK_ID`` trains
   ``points/<task>/spec.json`` with the run directory ``<runs dir>/<its point's job name>``
   and ``MASTER_PORT`` = the profile's port + task;

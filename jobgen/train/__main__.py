@@ -144,9 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         # a class_path data module is the user's: it finds and checks its own data on every rank
         sources, layout = (None, None) if spec.user_code else check_data(spec)
         if resolved.launch.preflight:  # before Lightning: it then uses the process group this sets up
-            from jobgen.train.preflight import run_preflight
+            from jobgen.train.checkpoints import completed_checkpoint
+            from jobgen.train.trainer import RunPaths
 
-            run_preflight(resolved, run_dir)
+            done = completed_checkpoint(spec, RunPaths(run_dir).checkpoints)
+            if done is None:
+                from jobgen.train.preflight import run_preflight
+
+                run_preflight(resolved, run_dir)
+            else:
+                from jobgen.train.run import rank_zero_print
+
+                rank_zero_print(f"preflight: skipped, the run is already complete at step {done.global_step} "
+                                f"(max_steps={spec.trainer.max_steps})")
 
         from jobgen.train.run import train  # torch + Lightning: only once the input is known good
 

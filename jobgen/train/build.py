@@ -67,8 +67,10 @@ def build_datamodule(
     run_dir: Path,
     world_size: int,
     model_vocab: int,
+    pin_memory: bool = False,
 ) -> tuple[LightningDataModule, str]:
-    """The data module for ``spec.data.format`` and a banner line.
+    """The data module for ``spec.data.format`` and a banner line (``pin_memory``: the loaders pin
+    their batches, :func:`jobgen.train.speed.pin_memory`).
 
     Raises:
         ConfigError: token files or a tokenizer whose vocabulary does not fit ``model_vocab``;
@@ -77,7 +79,7 @@ def build_datamodule(
     t, d = spec.trainer, spec.data
     if isinstance(sources, TextSources):
         assert layout is not None
-        dm = ByteTextDataModule.from_spec(spec, sources, run_dir, world_size)
+        dm = ByteTextDataModule.from_spec(spec, sources, run_dir, world_size, pin_memory)
         line = (f"{layout.train_bytes:,} train / {layout.val_bytes:,} val bytes from "
                 f"{len(sources.files)} file(s) of {sources.origin}")
         return dm, line
@@ -90,6 +92,7 @@ def build_datamodule(
         val_fraction=d.val_fraction,
         val_batches=t.limit_val_batches,
         seed=t.seed,
+        pin_memory=pin_memory,
     )
     if isinstance(sources, TokenFiles):
         from jobgen.train.format_data import TokenDataModule, check_token_vocab

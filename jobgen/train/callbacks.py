@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
 from jobgen.train.checkpoints import save_checkpoint_atomically
@@ -248,6 +249,34 @@ class LineProgress(Callback):
         if trainer.is_global_zero and not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:
             val_loss = float(trainer.callback_metrics["val_loss"])
             print(f"validation at step {trainer.global_step}: val_loss {val_loss:.4f}", flush=True)
+
+
+class LogIntervalBar(TQDMProgressBar):
+    """Lightning's progress bar (interactive runs) with ``train_loss`` read at log intervals only.
+
+    ``train_loss`` is not a progress-bar metric of the module (reading a GPU tensor every step
+    would synchronise host and device every step); this bar reads the logged value when an
+    optimizer step lands on ``log_every_n_steps`` (or is the last) and shows it until the next.
+
+    Args:
+        log_every_n_steps: the spec's ``trainer.log_every_n_steps``.
+    """
+
+    def __init__(self, log_every_n_steps: int):
+        super().__init__()
+        self.log_every_n_steps = log_every_n_steps
+        self._loss: float | None = None
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, int | str | float | dict[str, float]]:
+        """Lightning's bar items plus the latest log interval's ``train_loss``."""
+        items = super().get_metrics(trainer, pl_module)
+        step = trainer.global_step
+        at_log = step > 0 and (step % self.log_every_n_steps == 0 or step == trainer.max_steps)
+        if trainer.training and at_log and "train_loss" in trainer.callback_metrics:
+            self._loss = float(trainer.callback_metrics["train_loss"])
+        if self._loss is not None:
+            items["train_loss"] = f"{self._loss:.4f}"
+        return items
 
 
 class FSDPGradNormClipping(Callback):

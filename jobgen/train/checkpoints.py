@@ -107,6 +107,22 @@ def newest_checkpoint(ckpt_dir: Path) -> FoundCheckpoint | None:
     return found[0] if found else None
 
 
+def reached_max_steps(found: FoundCheckpoint | None, max_steps: int | None) -> bool:
+    """Whether resuming from ``found`` finds the run complete: its global step is at least
+    ``max_steps`` (a run bounded by ``max_steps``; never for ``None`` or an unreadable step)."""
+    return found is not None and found.global_step is not None and max_steps is not None and found.global_step >= max_steps
+
+
+def completed_checkpoint(spec: Any, ckpt_dir: Path) -> FoundCheckpoint | None:
+    """The checkpoint in ``ckpt_dir`` that the run (``spec``, a TrainingSpec) would resume
+    from and find complete (:func:`reached_max_steps`), or None: the run has work left, or it
+    does not resume (a smoke run, ``checkpoint.resume: never``)."""
+    if spec.smoke or spec.checkpoint.resume == "never":
+        return None
+    found = newest_checkpoint(ckpt_dir)
+    return found if reached_max_steps(found, spec.trainer.max_steps) else None
+
+
 def _remove_path(path: Path) -> None:
     """Delete a checkpoint file, directory or symlink; nothing if absent."""
     if path.is_symlink() or path.is_file():

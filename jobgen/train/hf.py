@@ -107,20 +107,24 @@ class QLoRALoad:
     prepare_kbit: bool
 
 
-def qlora_load(strategy: str) -> QLoRALoad:
-    """The QLoRA loading recipe for ``trainer.strategy``.
+def qlora_load(strategy: str, on_gpu: bool = True) -> QLoRALoad:
+    """The QLoRA loading recipe for ``trainer.strategy`` (``on_gpu``: the rank has a CUDA GPU).
 
     ddp, deepspeed_stage_1/2 keep a full replica per rank: the 4-bit weights are stored as uint8
     (bitsandbytes' default), the model is pinned to the rank's GPU (Lightning cannot ``.to()`` a
-    4-bit model) and prepared with ``prepare_model_for_kbit_training``.
+    4-bit model; on CPU it simply loads into memory) and prepared with peft's
+    ``prepare_model_for_kbit_training`` (fp32 non-4-bit weights, gradient checkpointing on).
 
     fsdp and deepspeed_stage_3 flatten parameters into one tensor per unit, which must be a
     float dtype shared by every parameter in it (FSDP refuses integer and mixed dtypes). Source:
     bitsandbytes' "FSDP-QLoRA" guide (docs/source/fsdp_qlora.md): ``bnb_4bit_quant_storage`` =
     bf16 and the unquantised weights loaded in bf16 too; the strategy moves the shards to the
     GPU (no ``device_map`` pinning), and ``prepare_model_for_kbit_training`` is skipped because
-    its fp32 up-cast would break the uniform bf16 dtype. Unproven in jobgen's tests: there is no
-    CUDA GPU or bitsandbytes on the CPU rehearsal machines.
+    its fp32 up-cast would break the uniform bf16 dtype; :func:`load_causal_lm` turns on the
+    gradient checkpointing it would have turned on. The LoRA adapters stay fp32 (peft's
+    default) under every strategy; see :func:`load_causal_lm` for where their fp32 master copy
+    lives. Rehearsed on 2 CPU ranks (bitsandbytes' CPU backend) by
+    tests/entrypoint/test_hf_qlora.py.
     """
     bnb: dict[str, Any] = {
         "load_in_4bit": True,
@@ -131,7 +135,7 @@ def qlora_load(strategy: str) -> QLoRALoad:
     if strategy in PARAM_SHARDING_STRATEGIES:
         return QLoRALoad({**bnb, "bnb_4bit_quant_storage": torch.bfloat16}, torch.bfloat16,
                          pin_to_local_device=False, prepare_kbit=False)
-    return QLoRALoad(bnb, None, pin_to_local_device=True, prepare_kbit=True)
+    return QLoRALoad(bnb, None, pin_to_local_device=on_gpu, prepare_kbit=True)
 
 
 def _quantization_config(recipe: QLoRALoad) -> Any:
@@ -169,13 +173,19 @@ def load_causal_lm(
     directory = _check_dir(model.hf_path, "spec.model.hf_path", "model")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if model.load_in_4bit:
-        if accelerator != "gpu" or not torch.cuda.is_available():
-            raise NotSupportedError(
-                "model.load_in_4bit (QLoRA) needs a CUDA GPU; this rank has none",
-                location="spec.model.load_in_4bit",
-                hint="remove load_in_4bit to train plain LoRA adapters, or run on a GPU profile",
-            )
-        recipe = qlora_load(strategy)
+        on_gpu = accelerator == "gpu" and torch.cuda.is_available()
+        if not on_gpu:
+            from jobgen.rules import BNB_CPU_MIN_VERSION, bitsandbytes_cpu_problem
+
+            problem = bitsandbytes_cpu_problem()
+            if problem is not None:
+                raise NotSupportedError(
+                    f"model.load_in_4bit (QLoRA) on a rank without a CUDA GPU needs bitsandbytes' CPU backend, but {problem}",
+                    location="spec.model.load_in_4bit",
+                    hint=f"pip install 'bitsandbytes>={BNB_CPU_MIN_VERSION}', remove load_in_4bit to train plain LoRA "
+                    "adapters, or run on a GPU profile",
+                )
+        recipe = qlora_load(strategy, on_gpu)
         kwargs["quantization_config"] = _quantization_config(recipe)
         if recipe.dtype is not None:
             kwargs["dtype"] = recipe.dtype
@@ -204,8 +214,13 @@ def load_causal_lm(
         return hf_model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if model.load_in_4bit and qlora_load(strategy).prepare_kbit:
-        hf_model = prepare_model_for_kbit_training(hf_model)
+    if model.load_in_4bit:
+        if qlora_load(strategy).prepare_kbit:
+            hf_model = prepare_model_for_kbit_training(hf_model)
+        else:
+            # What prepare_model_for_kbit_training would switch on, without its fp32 up-cast: the
+            # memory plan counts QLoRA activations as checkpointed (jobgen.estimate_hf).
+            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(
         r=model.lora.r,
         lora_alpha=model.lora.alpha,
@@ -242,6 +257,38 @@ def decoder_layer_classes(module: torch.nn.Module) -> set[type[torch.nn.Module]]
     for m in module.modules():
         names.update(getattr(m, "_no_split_modules", None) or ())
     return {type(m) for m in module.modules() if type(m).__name__ in names}
+
+
+def _trainable_leaf(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return next(module.children(), None) is None and isinstance(weight, torch.Tensor) and weight.requires_grad
+
+
+def lora_wrap_policy(layer_classes: set[type[torch.nn.Module]] | None) -> Any:
+    """FSDP auto-wrap policy for a LoRA model: ``layer_classes`` plus every leaf module whose
+    weight trains (each LoRA ``lora_A`` / ``lora_B`` Linear becomes its own FSDP unit).
+
+    FSDP flattens each unit into one tensor, which must hold a single dtype and a single
+    ``requires_grad``: a decoder layer holding a frozen (4-bit storage or bf16) base beside its
+    trainable fp32 adapters fails to wrap (``Must flatten tensors with uniform dtype``) or, with
+    ``use_orig_params=True``, keeps gradient memory for the whole unit. With the adapters in
+    units of their own every flat parameter is all-frozen or all-trainable and of one dtype.
+    The rule is peft's ``fsdp_auto_wrap_policy`` (peft/utils/other.py; peft's "FSDP" guide),
+    built here from torch's public ``CustomPolicy`` so that the spec's
+    ``fsdp_auto_wrap_policy`` classes can stand in for the model's decoder layers (peft's reads
+    them from ``_no_split_modules`` or an environment variable).
+
+    Args:
+        layer_classes: the decoder-layer classes to wrap (:func:`decoder_layer_classes`, or the
+            spec's); ``None`` or empty: the adapters only (the rest is the root unit).
+
+    Returns:
+        a ``torch.distributed.fsdp.wrap.CustomPolicy`` (FSDP's ``auto_wrap_policy``).
+    """
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    classes = tuple(layer_classes or ())
+    return CustomPolicy(lambda module: isinstance(module, classes) or _trainable_leaf(module))
 
 
 def count_parameters(module: torch.nn.Module) -> ParamCounts:

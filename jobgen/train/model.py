@@ -231,7 +231,10 @@ class LitGPT(LightningModule):
         """One micro batch ``(x, y)``, each ``(B, T)``; returns the loss (nats/token)."""
         x, y = batch
         loss = self.loss(self(x), y)
-        self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # Not prog_bar: Lightning converts progress-bar metrics to Python numbers after every batch
+        # (a host-device sync per step on GPUs); the logger reads it at log intervals only, and
+        # LineProgress / LogIntervalBar show it from there (issue 21).
+        self.log("train_loss", loss, on_step=True, on_epoch=False)
         self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
@@ -246,6 +249,13 @@ class LitGPT(LightningModule):
         """Remember the global step of this validation (sanity checks do not count)."""
         if not self.trainer.sanity_checking:
             self.last_val_step = self.trainer.global_step
+
+    def _under_deepspeed(self) -> bool:
+        """Whether the trainer's strategy is DeepSpeed (``False`` without a trainer)."""
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        trainer = self._trainer
+        return trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy)
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """AdamW groups: Linear weight matrices with ``weight_decay``, everything else without.
@@ -270,7 +280,16 @@ class LitGPT(LightningModule):
         ]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule."""
+        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule.
+
+        Lightning calls this after moving the module to its device (and after FSDP wrapped it), so
+        the parameters' device decides: torch's fused AdamW when they are all on CUDA outside
+        DeepSpeed and ``16-mixed`` (:func:`jobgen.train.speed.fused_adamw`), torch's default
+        implementation otherwise (CPU ranks, FSDP CPU offload, DeepSpeed, loss scaling),
+        ``DeepSpeedCPUAdam`` with DeepSpeed's optimizer offload.
+        """
+        from jobgen.train.speed import fused_adamw
+
         hp = self.hparams
         groups = self.parameter_groups()
         if hp.cpu_adam:
@@ -278,7 +297,11 @@ class LitGPT(LightningModule):
 
             optimizer = DeepSpeedCPUAdam(groups, lr=hp.learning_rate, betas=(0.9, 0.95), adamw_mode=True)
         else:
-            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95))
+            trainer = self._trainer
+            scaled = trainer is not None and str(trainer.precision) == "16-mixed"
+            fused = fused_adamw(groups, deepspeed=self._under_deepspeed(), loss_scaling=scaled)
+            # fused is passed only when on: the CPU path's optimizer is exactly what it was
+            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio,
                                               hp.lr_schedule)

@@ -26,7 +26,8 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
 
     Raises:
         PlanError: see :func:`jobgen.rules.check_support`; the location is ``spec.<field>``.
-        ConfigError: a DeepSpeed strategy without ``launch.deepspeed_config``.
+        ConfigError: a DeepSpeed strategy without ``launch.deepspeed_config``; an unresolved
+            ``micro_batch_size: auto``.
     """
     launch = resolved.launch
     if resolved.spec.entrypoint is not None:
@@ -37,6 +38,10 @@ def check_runtime_support(resolved: ResolvedSpec) -> None:
             location="spec.entrypoint",
             hint="submit the job directory with `jobgen submit DIR` (it launches the entrypoint), or remove entrypoint",
         )
+    if resolved.spec.trainer.micro_batch_size == "auto":
+        raise ConfigError("trainer.micro_batch_size is 'auto', which `jobgen plan`/`render`/`submit` resolve to a number; "
+                          "this spec.json was not made by them", location="spec.trainer.micro_batch_size",
+                          hint="render the job with jobgen (spec.json then records the number), or give a number")
     try:
         check_support(resolved.spec, launch.accelerator, launch.gpu_type, where="this node", on_node=True)
     except PlanError as exc:

@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import CSVLogger
 from jobgen.jobdir import write_atomic
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import RequeueOnSignal, Throughput
-from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint
+from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint, reached_max_steps
 from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
 from jobgen.train.notify import notify_finished
@@ -134,8 +134,7 @@ def train(
     resume = None if spec.smoke else _describe_resume(resolved, paths)
     if spec.smoke:
         rank_zero_print(f"smoke run: {t.max_steps} step(s), no checkpoints written or resumed")
-    if (resume is not None and resume.global_step is not None and t.max_steps is not None
-            and resume.global_step >= t.max_steps):
+    if reached_max_steps(resume, t.max_steps):
         rank_zero_print(
             f"run already complete at step {resume.global_step} (max_steps={t.max_steps}); "
             f"nothing to do. Summary: {paths.summary}"
@@ -143,7 +142,10 @@ def train(
         return 0
 
     lightning.seed_everything(t.seed, workers=True, verbose=False)
-    peak_flops = peak_flops_per_s(launch.gpu_type, t.precision) if launch.accelerator == "gpu" else None
+    levers = _speed_levers(resolved)
+    # the MFU peak of the dtype the matmuls run in: 32-true with the TF32 lever (set below) against TF32 (None: the current setting)
+    peak_flops = (peak_flops_per_s(launch.gpu_type, t.precision, levers["matmul_precision"])
+                  if launch.accelerator == "gpu" else None)
     if spec.user_code:
         module, datamodule, counts, model_line, data_line, tokens_per_sample = build_user_code(spec)
         throughput = Throughput(None, count_batches_of_world=launch.world_size, tokens_per_sample=tokens_per_sample)
@@ -154,7 +156,8 @@ def train(
     else:
         assert sources is not None
         module, counts, model_line = build_module(spec, launch.accelerator)
-        datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size)
+        datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size,
+                                                 pin_memory=levers["pin_memory"])
         throughput = Throughput(
             datamodule.tokens_per_step,
             samples_per_step=datamodule.samples_per_step,
@@ -178,13 +181,18 @@ def train(
         f"  run dir: {run_dir}"
     )
 
-    if t.compile:
+    if levers["matmul_precision"] is not None:
+        torch.set_float32_matmul_precision(levers["matmul_precision"])
+        rank_zero_print(f"  fp32 matmuls: TF32 (torch.set_float32_matmul_precision({levers['matmul_precision']!r}), "
+                        "compute capability >= 8.0)")
+    if levers["compile"]:
         # The network itself, compiled in place (nn.Module.compile: state-dict keys unchanged, so
         # checkpoints resume with or without compile). Not the LightningModule, as Lightning's
         # guide shows: dynamo then traces training_step's self.log, which fails (torch 2.13,
         # Lightning 2.6: "'method' object has no attribute '__dict__'").
         module.model.compile()
-        rank_zero_print("  torch.compile: on (the first steps include compilation)")
+        why = " (trainer.compile: auto on a GPU)" if t.compile == "auto" else ""
+        rank_zero_print(f"  torch.compile: on{why} (the first steps include compilation)")
 
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume is None else str(resume.path))
@@ -235,6 +243,8 @@ def train(
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
                 "strategy": t.strategy,
                 "precision": t.precision,
+                # The speed levers this run used (jobgen.train.speed): compile, TF32, fused AdamW, pinned loaders.
+                "levers": levers | {"fused_adamw": _fused(trainer)},
                 "jobgen_version": resolved.jobgen_version,
                 "inputs_sha256": resolved.inputs_sha256,
                 "profile": resolved.profile,
@@ -249,6 +259,28 @@ def train(
         return 0
     finally:
         _destroy_process_group()
+
+
+def _speed_levers(resolved: ResolvedSpec) -> dict[str, Any]:
+    """The device-dependent speed levers of this rank (:mod:`jobgen.train.speed`): ``compile``
+    (bool), ``matmul_precision`` (``"high"`` or None), ``pin_memory`` (bool). The device query
+    runs only for GPU launches."""
+    from jobgen.train.speed import compile_on, cuda_capability, matmul_precision, pin_memory
+
+    spec, accelerator = resolved.spec, resolved.launch.accelerator
+    capability = cuda_capability() if accelerator == "gpu" else None
+    return {
+        "compile": compile_on(spec.trainer, accelerator, hf_model=spec.model.is_hf if not spec.user_code else False,
+                              user_code=bool(spec.user_code)),
+        "matmul_precision": matmul_precision(accelerator, capability),
+        "pin_memory": pin_memory(accelerator),
+    }
+
+
+def _fused(trainer: Trainer) -> bool:
+    """Whether the first optimizer is torch's fused AdamW (after fit built it)."""
+    optimizers = trainer.optimizers
+    return bool(optimizers and getattr(optimizers[0], "defaults", {}).get("fused"))
 
 
 class _ValidationTracker(Callback):

@@ -27,19 +27,50 @@ that Lightning still calls them, and the FSDPStrategy attributes read here (``kw
 from __future__ import annotations
 
 import argparse
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.precision import FSDPPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from torch import nn
+
+
+class CPUFSDPPrecision(FSDPPrecision):
+    """Lightning's FSDP precision plugin with CPU autocast for the mixed precisions.
+
+    ``FSDPPrecision.forward_context`` opens ``torch.autocast("cuda")`` for ``bf16-mixed`` /
+    ``16-mixed`` (lightning/pytorch/plugins/precision/fsdp.py, Lightning 2.6), which does
+    nothing on a CPU rank: the forward then ran FSDP's bf16 parameters without autocast, unlike
+    a GPU rank (peft's LoRA layers, which cast their input only where autocast is off, then
+    fail with ``expected m1 and m2 to have the same dtype``).
+    """
+
+    def forward_context(self) -> AbstractContextManager:
+        """``torch.autocast("cpu")`` in the mixed precisions; the parent's context otherwise."""
+        if "mixed" in self.precision:
+            return torch.autocast("cpu", dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+        return super().forward_context()
 
 
 class CPUFSDPStrategy(FSDPStrategy):
     """Lightning's FSDPStrategy for CPU processes (gloo); same arguments as ``FSDPStrategy``.
 
     ``activation_checkpointing_policy`` works as in the parent: Lightning applies it after
-    wrapping, also to a model wrapped here.
+    wrapping, also to a model wrapped here. The precision plugin Lightning hands over is
+    replaced by :class:`CPUFSDPPrecision` (same precision and scaler).
     """
+
+    @property
+    def precision_plugin(self) -> FSDPPrecision:
+        """The parent's plugin (see :class:`CPUFSDPPrecision` for the set-up)."""
+        return FSDPStrategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        if type(plugin) is FSDPPrecision:
+            plugin = CPUFSDPPrecision(plugin.precision, plugin.scaler)
+        FSDPStrategy.precision_plugin.fset(self, plugin)
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         """Wrap ``model`` in FSDP on the CPU, then let Lightning finish its set-up.

@@ -19,7 +19,7 @@ from torch import nn
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import SUMMARY_FILE
-from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
+from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, LogIntervalBar, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint
 from jobgen.train.model import Block
 from jobgen.train.notify import notify_callback
@@ -56,11 +56,13 @@ class RunPaths:
 
 def _fsdp_policies(
     resolved: ResolvedSpec, module: nn.Module | None = None
-) -> tuple[set[type] | None, set[type] | None]:
-    """FSDP auto-wrap and activation-checkpointing classes: the spec's class paths, else
+) -> tuple[Any, set[type] | None]:
+    """FSDP auto-wrap policy and activation-checkpointing classes: the spec's class paths, else
     jobgen's GPT ``Block`` for the built-in GPT, the loaded model's decoder-layer classes for a
     Hugging Face model (:func:`jobgen.train.hf.decoder_layer_classes`, from ``module``), and no
-    wrapping policy for a ``class_path`` model (the whole model is one FSDP unit).
+    wrapping policy for a ``class_path`` model (the whole model is one FSDP unit). With LoRA the
+    wrap policy is :func:`jobgen.train.hf.lora_wrap_policy` of those classes (each trainable
+    adapter Linear is a unit of its own, so no unit mixes frozen and trainable parameters).
 
     Raises:
         ConfigError: a Hugging Face model that declares no ``_no_split_modules`` with
@@ -80,9 +82,13 @@ def _fsdp_policies(
     else:
         default = {Block}
     if t.fsdp_auto_wrap_policy is not None:
-        wrap: set[type] | None = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
+        wrap: Any = policy_classes(t.fsdp_auto_wrap_policy, "spec.", "fsdp_auto_wrap_policy")
     else:
         wrap = default
+    if not user and resolved.spec.model.is_hf and resolved.spec.model.lora is not None:
+        from jobgen.train.hf import lora_wrap_policy
+
+        wrap = lora_wrap_policy(wrap)
     if t.fsdp_activation_checkpointing_policy is not None:
         ckpt: set[type] | None = policy_classes(t.fsdp_activation_checkpointing_policy, "spec.",
                                                 "fsdp_activation_checkpointing_policy")
@@ -171,6 +177,34 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | 
     return DeepSpeedStrategy(config=config)
 
 
+class ValidateEveryNSteps(Callback):
+    """Validate when the optimizer step just taken makes ``trainer.global_step`` a multiple of
+    ``every`` (plus when training stops early, as Lightning does), whatever the accumulation of
+    the current epoch: under a ``gradient_accumulation_schedule`` Lightning's integer
+    ``val_check_interval`` counts micro batches across epochs, which is ``every`` optimizer steps
+    only while the accumulation stays what it was at the start.
+
+    It replaces the fit loop's decision, ``_TrainingEpochLoop._should_check_val_fx`` (Lightning
+    2.6, lightning/pytorch/loops/training_epoch_loop.py; called after each batch, once the
+    optimizer step of that batch is counted in ``global_step``), on the Trainer it is attached to;
+    tests/entrypoint/test_entrypoint_trainer.py trains under a schedule and would catch a change.
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        loop = trainer.fit_loop.epoch_loop
+
+        def should_check_val(data_fetcher: Any) -> bool:
+            if trainer.should_stop and trainer.fit_loop._can_stop_early:
+                return True
+            stepped = not loop._should_accumulate()  # this batch ended an accumulation: one optimizer step
+            return stepped and trainer.global_step > 0 and trainer.global_step % self.every == 0
+
+        loop._should_check_val_fx = should_check_val
+
+
 def build_trainer(
     resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput,
     module: nn.Module | None = None,
@@ -179,7 +213,8 @@ def build_trainer(
 
     Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
     micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
-    epochs (``check_val_every_n_epoch=None``). With ``trainer.tensorboard`` a TensorBoardLogger
+    epochs (``check_val_every_n_epoch=None``); under a ``gradient_accumulation_schedule``
+    :class:`ValidateEveryNSteps` counts the optimizer steps instead. With ``trainer.tensorboard`` a TensorBoardLogger
     writes into the CSV logger's version directory (``tensorboard/`` below it).
 
     ``module`` (the LightningModule to be trained) picks the FSDP wrap classes of a Hugging
@@ -201,14 +236,15 @@ def build_trainer(
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
         callbacks.append(GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)))
+        callbacks.append(ValidateEveryNSteps(t.val_check_interval))  # the interval in optimizer steps in every epoch
         accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
     gradient_clip_val = t.gradient_clip_val
     if t.strategy == "fsdp" and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
         callbacks.append(FSDPGradNormClipping(gradient_clip_val))
         gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
     show_bar = sys.stdout.isatty()
-    if not show_bar:
-        callbacks.append(LineProgress(throughput, t.log_every_n_steps))
+    # Either progress display reads the loss at log intervals only (no per-step host-device sync)
+    callbacks.append(LogIntervalBar(t.log_every_n_steps) if show_bar else LineProgress(throughput, t.log_every_n_steps))
     notify = notify_callback(resolved, paths.run_dir)  # rank zero of a spec with `notify:`
     if notify is not None:
         callbacks.append(notify)

@@ -98,6 +98,18 @@ def test_lightning_cli_script_gets_the_world_from_jobgen(tmp_path):
     assert "--trainer.devices=2 --trainer.accelerator=cpu --trainer.strategy=ddp --trainer.precision=32-true" in result.stdout
 
 
+def test_a_smoke_run_of_a_lightning_cli_script_stops_at_its_steps(tmp_path):
+    # --smoke N in command mode: --trainer.max_steps=N after the script's --config (max_steps: 4) wins
+    proj = project(tmp_path / "proj")
+    argv = [sys.executable, "-m", "jobgen.cli", "submit", str(proj / "examples" / "command-lightning-cli.yaml"),
+            "--profile", "local", "--runs-dir", str(tmp_path / "runs"), "--smoke", "2"]
+    result = run_process(argv, proj, 180)
+    assert result.code == 0, result.output
+    for rank in (0, 1):
+        assert f"lightning: global rank {rank} finished at step 2" in result.stdout, result.output
+    assert (tmp_path / "runs" / "command-lightning-cli-smoke" / "output.log").is_file()
+
+
 DS_CHECK = '''
 import json, os
 from lightning.pytorch.cli import LightningCLI

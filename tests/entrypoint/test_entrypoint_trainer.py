@@ -372,3 +372,33 @@ def test_a_smoke_run_has_no_checkpoint_callback(write_spec, tmp_path: Path) -> N
     trainer, _, _ = _build(spec_path, tmp_path)
     assert trainer.checkpoint_callbacks == []
     assert not any(isinstance(cb, StepCheckpoint) for cb in trainer.callbacks)
+
+
+def test_validation_under_an_accumulation_schedule_runs_every_n_optimizer_steps(write_spec, tmp_path: Path) -> None:
+    """``val_check_interval`` counts optimizer steps in every epoch, also after the schedule
+    changed the accumulation (Lightning's own interval counts micro batches: 5 steps x epoch 0's 4
+    micro batches would validate every 10 steps once epoch 1 accumulates 2)."""
+    from lightning.pytorch.demos.boring_classes import BoringDataModule
+
+    schedule, every = {0: 4, 1: 2}, 5
+    spec_path = _user_spec(write_spec, {
+        "max_steps": None, "max_epochs": 2, "gradient_accumulation_schedule": schedule, "gradient_accumulation_steps": 4,
+        "val_check_interval": every, "num_sanity_val_steps": 0,
+    }, devices_per_node=1, world_size=1)
+    trainer, _, _ = _build(spec_path, tmp_path)
+    seen: list[int] = []
+
+    class Record(Callback):
+        def on_validation_start(self, trainer, pl_module):
+            seen.append(trainer.global_step)
+
+    trainer.callbacks.append(Record())
+    data = BoringDataModule()
+    data.setup("fit")
+    batches = len(data.train_dataloader())
+    steps = sum(-(-batches // schedule[epoch]) for epoch in (0, 1))  # a short last accumulation steps too
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer.fit(BoringModel(), datamodule=BoringDataModule())
+    assert trainer.global_step == steps
+    assert seen == list(range(every, steps + 1, every))

@@ -5,7 +5,7 @@ q_proj/v_proj: 1,792 trainable of 82,368 parameters) on its JSONL records, plann
 real planner for the ``local`` profile (``spec.json`` and, for DeepSpeed, the rendered
 ``ds_config.json``) and trained by ``torch.distributed.run --nproc-per-node 2 -m jobgen.train``
 (2 CPU ranks, gloo): ddp, fsdp FULL_SHARD (wrapped per ``LlamaDecoderLayer``, found from the
-model's ``_no_split_modules``), deepspeed_stage_2 and deepspeed_stage_3. Same seed and data,
+model's ``_no_split_modules``, and per trainable adapter Linear), deepspeed_stage_2 and deepspeed_stage_3. Same seed and data,
 ``STEPS`` optimizer steps of 2 x 4 sequences of 96 tokens, ``32-true``, a checkpoint every
 ``STEPS // 2`` steps. Then each case resumes from its own mid-run checkpoint in its own format
 (ddp: a ``.ckpt`` file holding the adapters only; fsdp: a sharded directory; DeepSpeed: the
@@ -174,6 +174,7 @@ def _fsdp_strategy(write_spec, hf_dir: Path, trainer: dict[str, Any], accelerato
     path = write_spec({**base, "trainer": {**base["trainer"], **trainer}}, accelerator=accelerator)
     resolved = load_resolved_spec(path)
     module, _, _ = build_module(resolved.spec, "cpu")  # the module loads on CPU either way
+    _LOADED[:] = [module]
     return build_strategy(resolved, path, module)
 
 
@@ -184,9 +185,28 @@ def test_fsdp_wraps_and_recomputes_the_decoder_layers_the_model_declares(write_s
 
     strategy = _fsdp_strategy(write_spec, hf_dir, {"strategy": "fsdp", "activation_checkpointing": True})
     assert isinstance(strategy, CPUFSDPStrategy)
-    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {LlamaDecoderLayer}
+    # LoRA: the decoder layers and, in units of their own, the trainable adapter Linears.
+    assert _wrapped_kinds(strategy) == {"LlamaDecoderLayer", "lora"}
     assert strategy._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {LlamaDecoderLayer}
-    assert strategy.kwargs["use_orig_params"] is True  # frozen base + trainable adapters in one unit
+    assert strategy.kwargs["use_orig_params"] is True  # no unit mixes frozen and trainable parameters
+
+
+def _wrapped_kinds(strategy: Any) -> set[str]:
+    """What the strategy's FSDP auto-wrap policy (a CustomPolicy) makes units of, in the tiny
+    Llama + LoRA: class names, with every trainable adapter Linear reported as ``"lora"``.
+    Reads torch's private ``CustomPolicy._lambda_fn``."""
+    policy = strategy.kwargs.get("auto_wrap_policy")
+    if policy is None:
+        return set()
+    kinds = set()
+    for name, module in _LOADED[0].named_modules():
+        if policy._lambda_fn(module):
+            trainable = any(p.requires_grad for p in module.parameters())
+            kinds.add("lora" if trainable and ".lora_" in name else type(module).__name__)
+    return kinds
+
+
+_LOADED: list[Any] = []  # the module the last _fsdp_strategy call built
 
 
 def test_the_hf_module_starts_in_train_mode(write_spec, hf_dir: Path) -> None:
@@ -205,7 +225,7 @@ def test_the_spec_policies_override_the_models_own(write_spec, hf_dir: Path) -> 
         "strategy": "fsdp", "fsdp_auto_wrap_policy": ["torch.nn.Linear"],
         "fsdp_activation_checkpointing_policy": ["torch.nn.Embedding"],
     }, accelerator="gpu")  # fmt: skip
-    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {torch.nn.Linear}
+    assert _wrapped_kinds(strategy) == {"Linear", "lora"}  # every Linear (the adapters' too)
     assert strategy._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {torch.nn.Embedding}
 
 
@@ -235,9 +255,9 @@ def test_activation_checkpointing_without_declared_layers_is_a_located_error(wri
     with pytest.raises(ConfigError, match="declares no decoder-layer classes") as info:
         _fsdp_strategy(write_spec, hf_dir, {"strategy": "fsdp", "activation_checkpointing": True})
     assert info.value.location == "spec.trainer.activation_checkpointing"
-    # Without activation checkpointing the model is one FSDP unit.
+    # Without activation checkpointing the model is one FSDP unit, less the adapters (their own units).
     strategy = _fsdp_strategy(write_spec, hf_dir, {"strategy": "fsdp"})
-    assert strategy.kwargs.get("auto_wrap_policy") is None
+    assert _wrapped_kinds(strategy) == {"lora"}
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_3"])

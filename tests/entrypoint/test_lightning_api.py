@@ -14,6 +14,8 @@ What is pinned (issue 10):
 * the private Lightning API jobgen still uses, and that Lightning still calls it:
   ``FSDPStrategy._setup_model`` and ``DeepSpeedStrategy._setup_model_and_optimizer``, overridden
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
+* that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
+  setter (swapped there for CPU autocast) and Lightning's own still autocasts CUDA only (issue 22);
 * the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co., its
   private ``_state_dict_type`` and default ``use_orig_params=True`` read for LoRA,
   ``Trainer.save_checkpoint``, ``Strategy.remove_checkpoint``/``barrier``/``broadcast``, the
@@ -31,6 +33,7 @@ import lightning
 import pytest
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 
 TESTED = "2.6.6"
@@ -38,7 +41,8 @@ TESTED = "2.6.6"
 
 #: jobgen class -> the Lightning base whose API it overrides -> the names it overrides.
 OVERRIDES: dict[str, tuple[type, set[str]]] = {
-    "jobgen.train.strategies.CPUFSDPStrategy": (FSDPStrategy, {"_setup_model"}),
+    "jobgen.train.strategies.CPUFSDPStrategy": (FSDPStrategy, {"_setup_model", "precision_plugin"}),
+    "jobgen.train.strategies.CPUFSDPPrecision": (FSDPPrecision, {"forward_context"}),
     "jobgen.train.strategies.CPUDeepSpeedStrategy": (
         DeepSpeedStrategy, {"setup_environment", "setup_distributed", "_setup_model_and_optimizer"},
     ),
@@ -185,19 +189,42 @@ def test_fsdp_strategy_attributes_the_cpu_strategy_reads() -> None:
         _fail("FSDPStrategy.kwargs no longer holds the auto_wrap_policy", "see FSDPStrategy.__init__")
 
 
+def test_the_cpu_fsdp_strategy_gets_cpu_autocast_for_mixed_precision() -> None:
+    """CPUFSDPStrategy swaps the FSDPPrecision plugin the Trainer hands it (through the
+    ``precision_plugin`` setter) for CPUFSDPPrecision, whose forward context is CPU autocast:
+    Lightning's own opens CUDA autocast, a no-op on a CPU rank."""
+    import torch
+
+    from jobgen.train.strategies import CPUFSDPPrecision, CPUFSDPStrategy
+
+    trainer = Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
+                      strategy=CPUFSDPStrategy(process_group_backend="gloo"))
+    plugin = trainer.strategy.precision_plugin
+    if not isinstance(plugin, CPUFSDPPrecision) or plugin.precision != "bf16-mixed":
+        _fail(f"the Trainer's FSDP precision plugin reached CPUFSDPStrategy as {plugin!r}, not through the "
+              "precision_plugin setter", "see how the accelerator connector hands the strategy its precision")
+    with plugin.forward_context():
+        if not torch.is_autocast_enabled("cpu"):
+            _fail("CPUFSDPPrecision.forward_context does not enable CPU autocast", "see jobgen/train/strategies.py")
+    with FSDPPrecision("bf16-mixed").forward_context():
+        if torch.is_autocast_enabled("cpu"):
+            _fail("Lightning's FSDPPrecision now autocasts on CPU itself", "drop CPUFSDPPrecision")
+
+
 def test_fsdp_strategy_state_dict_type_and_orig_params_the_hf_module_relies_on() -> None:
     """LitHFCausalLM reads the private ``_state_dict_type`` to keep LoRA's frozen base in sharded
-    checkpoints (Lightning's sharded load asks for every key); LoRA under FSDP needs
-    ``use_orig_params=True`` (frozen base and trainable adapters in one FSDP unit), which
-    Lightning sets unless told otherwise and jobgen never overrides."""
+    checkpoints (Lightning's sharded load asks for every key); LoRA under FSDP runs with
+    ``use_orig_params=True`` (the parameter names checkpoints and the AdamW groups use; the
+    adapters are units of their own, jobgen.train.hf.lora_wrap_policy), which Lightning sets
+    unless told otherwise and jobgen never overrides."""
     for kind in ("sharded", "full"):
         if getattr(FSDPStrategy(state_dict_type=kind), "_state_dict_type", None) != kind:
             _fail("FSDPStrategy no longer keeps state_dict_type in ._state_dict_type",
                   "update LitHFCausalLM._state_dict_in_checkpoint (jobgen/train/hf.py)")
     if FSDPStrategy().kwargs.get("use_orig_params") is not True:
         _fail("FSDPStrategy no longer defaults to use_orig_params=True",
-              "pass use_orig_params=True in jobgen.train.trainer.build_strategy (LoRA mixes frozen and "
-              "trainable parameters in one FSDP unit)")
+              "pass use_orig_params=True in jobgen.train.trainer.build_strategy (LoRA's checkpoint keys "
+              "and AdamW groups are the original parameter names)")
 
 
 def test_deepspeed_strategy_attributes_the_cpu_strategy_reads() -> None:

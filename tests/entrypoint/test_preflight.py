@@ -42,6 +42,22 @@ def test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_proces
     assert markers == [f"0-{host}", f"1-{host}"], markers
 
 
+def test_a_complete_run_skips_the_preflight_and_says_so(write_spec, run_entrypoint, tmp_path: Path) -> None:
+    """A run whose newest checkpoint reached max_steps (the entrypoint's "run already complete",
+    e.g. a requeue after the last step) does not measure the network it will not use."""
+    spec = write_spec(preflight=True, preflight_timeout_s=60)
+    max_steps = TINY_SPEC["trainer"]["max_steps"]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / f"step-{max_steps:08d}.ckpt").write_bytes(b"")  # step-N names are trusted unopened
+    result = run_entrypoint("--spec", str(spec), "--run-dir", str(tmp_path / "run"), nproc=2)
+    assert result.code == 0, result.output
+    assert result.stdout.count(f"preflight: skipped, the run is already complete at step {max_steps}") == 1, result.output
+    assert "all-reduce" not in result.stdout, result.output
+    assert f"run already complete at step {max_steps}" in result.stdout
+    assert not (tmp_path / "run" / "preflight").exists()
+
+
 def test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node(tmp_path: Path) -> None:
     """Rank 1 is pointed at a port nobody listens on (its network to rank 0 is "cut"): rank 1
     names itself, rank 0 names rank 1's node (from its marker) - both exit 1 with one line."""

@@ -57,8 +57,8 @@ def plan_job(
 ) -> Path:
     """Plan TINY_SPEC (merged with ``base``, then the ``trainer`` overrides) for the ``local``
     profile with jobgen's planner and write its files into ``job_dir``; returns ``job_dir``."""
+    from jobgen.backends import plan
     from jobgen.load import load_profile, validate
-    from jobgen.plan import plan
     from jobgen.spec import TrainingSpec
 
     overrides: dict[str, Any] = {"trainer": trainer}

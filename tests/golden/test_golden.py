@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.errors import JobgenError
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, lint_bash
 
 GOLDEN = Path(__file__).parent / "data"

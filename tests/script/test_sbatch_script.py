@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.backends.slurm_script import run_dir_name
 from jobgen.errors import ConfigError
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.profiles import ClusterProfile
 from jobgen.spec import TrainingSpec
 from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES, lint_bash

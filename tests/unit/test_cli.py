@@ -16,7 +16,7 @@ QUICKSTART = str(EXAMPLES / "quickstart.yaml")
     ("body", "expected"),
     [
         ("name: x\ntrainer:\n  max_step: 10\n", r"trainer.max_step: unknown key (did you mean 'max_steps'?)"),
-        ("name: x\ntrainer:\n  micro_batch_size: many\n", "trainer.micro_batch_size: Input should be a valid integer"),
+        ("name: x\ntrainer:\n  micro_batch_size: many\n", "trainer.micro_batch_size: expected a positive integer or 'auto' (got 'many')\n"),
         ("name: x\ntrainer:\n  micro_batch_size: 4\n  global_batch_size: 100\n", "trainer.global_batch_size"),
     ],
     ids=["misspelt-key", "wrong-type", "batch-inconsistent"],
@@ -70,7 +70,8 @@ def test_help_explains_with_example(run_cli, command):
 def test_profiles_list_and_show_resolve_inheritance(run_cli):
     listed = run_cli("profiles", "list")
     assert listed.code == 0
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-cpu", "slurm-h100"]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [
+        "k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-cpu", "slurm-cpu-array", "slurm-h100"]
     shown = run_cli("profiles", "show", "k8s-h100", "-o", "yaml")
     assert shown.code == 0 and "gpu_type: H100" in shown.stdout and "namespace: training" in shown.stdout
 
@@ -93,14 +94,17 @@ def test_validate_reports_fit(run_cli):
     assert "world size 2" in result.stdout
 
 
-def test_submit_to_slurm_without_sbatch_renders_then_fails_clearly(run_cli, tmp_path, monkeypatch):
+def test_submit_to_slurm_without_sbatch_fails_clearly_and_leaves_nothing(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     spec = write(tmp_path / "quickstart.yaml", Path(QUICKSTART).read_text())  # outside a git work tree: no code snapshot
     result = run_cli("submit", str(spec), "--profile", "slurm-a100", cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
-    assert (tmp_path / "manifests" / "slurm-a100" / "quickstart" / "job.sbatch").is_file()
-    assert not (tmp_path / "manifests" / "slurm-a100" / "quickstart" / ".jobgen-submission.json").exists()
+    # nothing was submitted, so nothing stays written (issue 23: `jobgen render` writes the job
+    # directory on its own); nor does a submit write into the user's manifests/ unless asked
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
+    asked = run_cli("submit", str(spec), "--profile", "slurm-a100", "--out", "manifests", cwd=tmp_path)
+    assert asked.code == 1 and not (tmp_path / "manifests").exists()
 
 
 def test_submit_refuses_overrides_for_a_rendered_directory(run_cli, tmp_path):

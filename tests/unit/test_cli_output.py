@@ -21,7 +21,7 @@ import yaml
 from click.testing import CliRunner
 
 from jobgen.cli import cli
-from jobgen.load import load_profile, load_spec
+from jobgen.load import load_profile
 from tests.conftest import EXAMPLES, PROFILES, REPO, write
 from tests.fakes.slurm.fakeslurm import json_reply, reply, squeue_24_05
 
@@ -98,7 +98,7 @@ def test_submit_o_json_prints_the_handle_as_json(slurm, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert (doc["action"], doc["handle"]) == ("submitted", HANDLE)
-    assert Path(doc["job_dir"]) == (tmp_path / "manifests" / "slurm-cpu" / "quickstart").resolve()
+    assert Path(doc["job_dir"]) == (tmp_path / "runs" / "quickstart" / "job").resolve()  # with the run: no --out given
     assert Path(doc["run_dir"]) == (tmp_path / "runs" / "quickstart").resolve() and doc["log_file"]
     assert doc["tasks"] == []
 

@@ -22,12 +22,11 @@ import pytest
 import yaml
 
 from jobgen import api, jobdir
-from jobgen.backends import get_backend, k8s_manifest
+from jobgen.backends import get_backend, k8s_manifest, plan
 from jobgen.backends.base import SubmitOptions
-from jobgen.errors import ConfigError, PlanError
+from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
 from jobgen.load import load_profile, load_spec, validate
-from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, lint_bash, write
 from tests.fakes.slurm.fakeslurm import FakeSlurm, reply
@@ -126,8 +125,9 @@ def test_local_refuses_a_dirty_tree_and_nothing_runs(repo, tmp_path, run_cli, ch
         local_submit(repo / "jobs" / "train.yaml", tmp_path)
     assert info.value.exit_code == 2 and "--allow-dirty" in (info.value.hint or "")
     assert not (tmp_path / "runs" / "snap" / "code").exists() and not (tmp_path / "runs" / "snap" / SUBMISSION_FILE).exists()
-    result = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "local", "--runs-dir", str(tmp_path / "runs"))
+    result = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "local", "--runs-dir", str(tmp_path / "cli-runs"))
     assert result.code == 2 and "uncommitted change" in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "cli-runs").exists()  # "Nothing was submitted": no run directory, no spec.json either
 
 
 def test_edits_to_the_spec_file_and_the_rendered_files_are_not_code(repo, tmp_path):
@@ -234,6 +234,7 @@ def test_slurm_dirty_tree_is_refused_before_sbatch_unless_allow_dirty(repo, tmp_
     assert refused.code == 2 and "uncommitted change" in refused.stderr and "M src/mypkg/__init__.py" in refused.stderr
     assert "hint:" in refused.stderr and "--allow-dirty" in refused.stderr
     assert slurm.calls("sbatch") == []
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()  # nothing written either
     accepted = slurm_submit(run_cli, repo / "jobs" / "train.yaml", tmp_path, "--allow-dirty")
     assert accepted.code == 0, accepted.stderr
     record = json.loads((tmp_path / "manifests" / "slurm-cpu" / "snap" / SUBMISSION_FILE).read_text())
@@ -389,3 +390,127 @@ def test_the_submission_record_round_trips_with_its_code(tmp_path):
 def test_python_path_is_a_plain_subdirectory(bad):
     with pytest.raises(ConfigError, match="python_path"):
         validate(TrainingSpec, {"name": "j", "code": {"python_path": bad}}, "<test>")
+
+
+# --------------------------------------------------------------------------- issue 23: jobgen's outputs never block jobgen
+
+
+def test_two_local_submits_in_a_row_from_one_repository(repo, tmp_path):
+    """The first submit writes its run directory into the work tree (``--runs-dir`` inside the
+    repository, no .gitignore for it): the second submit of the same spec is not refused."""
+    (repo / ".gitignore").unlink()
+    git(repo, "commit", "-q", "-am", "no .gitignore")
+    first, job_dir, _ = local_submit(repo / "jobs" / "train.yaml", repo / "out")  # runs dir out/runs: not ignored
+    assert job_dir.is_relative_to(repo) and first.record.code is not None
+    write(job_dir / "logs" / "version_0" / "metrics.csv", "step\n")  # what the run writes there
+    write(job_dir / "summary.json", "{}\n")
+    other = write(repo / "jobs" / "other.yaml", "name: other\ncode: {python_path: src}\n")
+    git(repo, "add", "jobs/other.yaml")
+    git(repo, "commit", "-q", "-m", "another job")
+    again, _, _ = local_submit(repo / "jobs" / "train.yaml", repo / "out")  # the same job again
+    assert again.record.code is not None and not again.record.code.dirty
+    third, _, _ = local_submit(other, repo / "out")  # another job of the same repository
+    assert third.record.code is not None and not third.record.code.dirty
+    assert git(repo, "status", "--porcelain") == "", "jobgen's run directories must be ignored by git"
+
+
+def test_rendered_job_dirs_in_the_work_tree_do_not_block_a_submit(repo, tmp_path, run_cli, slurm):
+    """A ``jobgen render`` (or a SLURM submit) wrote job directories under the repository's
+    manifests/: files with jobgen's generated mark and submission records are jobgen's output,
+    not code. A user's own untracked file next to them still counts."""
+    head = git(repo, "rev-parse", "HEAD")
+    slurm.respond("sbatch", reply("321\n"))
+    render = run_cli("render", str(repo / "jobs" / "train.yaml"), "--profile", "slurm-cpu", "--profiles-dir", str(PROFILES),
+                     "--out", str(repo / "manifests"), cwd=repo)
+    assert render.code == 0, render.stderr
+    first = run_cli("submit", str(repo / "jobs" / "train.yaml"), "--profile", "slurm-cpu", "--profiles-dir", str(PROFILES),
+                    "--out", str(repo / "manifests"), "--runs-dir", str(repo / "runs"), cwd=repo)
+    assert first.code == 0, first.stderr
+    other = write(repo / "jobs" / "other.yaml", "name: other\ncode: {python_path: src}\n")
+    git(repo, "add", "jobs/other.yaml")
+    git(repo, "commit", "-q", "-m", "another job")
+    second = run_cli("submit", str(other), "--profile", "slurm-cpu", "--profiles-dir", str(PROFILES),
+                     "--out", str(repo / "manifests"), "--runs-dir", str(repo / "runs"), cwd=repo)
+    assert second.code == 0, second.stderr
+    assert head != git(repo, "rev-parse", "HEAD")
+    write(repo / "manifests" / "notes.txt", "mine\n")  # not jobgen's: refused
+    third = run_cli("submit", str(other), "--profile", "slurm-cpu", "--profiles-dir", str(PROFILES),
+                    "--out", str(repo / "manifests"), "--runs-dir", str(repo / "runs"), "--force", cwd=repo)
+    assert third.code == 2 and "manifests/notes.txt" in third.stderr
+
+
+# --------------------------------------------------------------------------- issue 23: python_path defaults to the repository root
+
+
+def _user_repo(tmp_path: Path, code: str) -> tuple[Path, Path]:
+    """A committed repository with ``mymodels.py`` at its root and ``jobs/train.yaml`` naming
+    ``mymodels.Regressor`` (``code`` is the spec's code line, or empty)."""
+    root = tmp_path / "userrepo"
+    write(root / "mymodels.py", "class Regressor:\n    pass\n")
+    write(root / "jobs" / "train.yaml", f"name: byo\n{code}model: {{class_path: mymodels.Regressor}}\n"
+                                         "data: {class_path: mymodels.Data}\n")
+    git(root.parent, "init", "-q", str(root))
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "code")
+    return root, root / "jobs" / "train.yaml"
+
+
+@pytest.mark.parametrize("code", ["", "code: {}\n", "code: {python_path: .}\n", "code: {python_path: ./}\n"],
+                         ids=["no-code-section", "empty-code", "dot", "dot-slash"])
+def test_local_import_dir_defaults_to_the_repository_root(tmp_path, code):
+    from jobgen.snapshot import local_import_dir
+
+    root, spec_file = _user_repo(tmp_path, code)
+    spec = load_spec(spec_file)
+    assert local_import_dir(spec, spec_file) == root.resolve()
+
+
+def test_local_import_dir_of_a_python_path_and_of_no_repository(tmp_path):
+    from jobgen.snapshot import local_import_dir
+
+    root, spec_file = _user_repo(tmp_path, "code: {python_path: src}\n")
+    assert local_import_dir(load_spec(spec_file), spec_file) == root.resolve() / "src"
+    loose = write(tmp_path / "loose" / "train.yaml", "name: loose\nmodel: {class_path: mymodels.Regressor}\n"
+                                                     "data: {class_path: mymodels.Data}\n")
+    assert local_import_dir(load_spec(loose), loose) is None  # no repository: nothing to put first
+    builtin = write(root / "jobs" / "builtin.yaml", "name: builtin\n")
+    assert local_import_dir(load_spec(builtin), builtin) is None  # jobgen's own model: no user code
+
+
+# --------------------------------------------------------------------------- issue 23: command mode, local
+
+
+def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_path, monkeypatch):
+    """Command mode: the ranks run in the snapshot's copy of the directory ``jobgen submit`` ran
+    in (what the README says: a relative script and config paths resolve to the committed
+    files, as after a requeue); when the command exits 0 the run directory gets summary.json,
+    so ``status``/``ls`` say COMPLETED with the device time instead of UNKNOWN forever."""
+    write(repo / "train.py", "print('hi')\n")
+    spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py, args: [--config, jobs/c.yaml]}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "script")
+    head = git(repo, "rev-parse", "HEAD")
+    monkeypatch.chdir(repo)
+    result, job_dir, calls = local_submit(spec, tmp_path)
+    argv, cwd, _ = calls[0]
+    assert cwd == job_dir / "code" / head and (cwd / "train.py").is_file() and argv[-3:] == ["train.py", "--config", "jobs/c.yaml"]
+    status = get_backend("local").status(result.handle)
+    assert status.state == "COMPLETED", status.details
+    assert status.usage is not None and status.usage.devices == 2 and status.usage.device_kind == "cpu"
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["name"] == "cmd" and summary["exit_code"] == 0 and summary["world_size"] == 2
+    assert summary["entrypoint"] == {"script": "train.py", "args": ["--config", "jobs/c.yaml"]}
+    assert summary["cwd"] == str(cwd) and summary["code"]["commit"] == head and summary["code"]["dir"] == str(cwd)
+    assert summary["wall_time_s"] >= 0 and summary["usage"]["devices"] == 2
+
+
+def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatch):
+    write(repo / "train.py", "raise SystemExit(3)\n")
+    spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "script")
+    monkeypatch.chdir(repo)
+    with pytest.raises(SubmitError, match="exited with code 3"):
+        local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
+    assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
+    assert get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve()))).state == "UNKNOWN"

@@ -9,11 +9,12 @@ import json
 import pytest
 import yaml
 
+from jobgen.backends import plan
 from jobgen.command import check_config_files, check_entrypoint_exists, trainer_args
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
 from jobgen.load import load_profile, validate
-from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, plan
+from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command
 from jobgen.rules import World
 from jobgen.spec import TrainingSpec
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write
@@ -89,7 +90,7 @@ def test_local_runs_torchrun_standalone_in_the_submit_dir():
     (step,) = planned(cmd_spec(), "local").submit_steps
     assert isinstance(step, Command) and step.cwd == SUBMIT_DIR_PLACEHOLDER
     assert step.argv == ("python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         "train.py", "--lr", "0.1")
+                         "--tee", "3", "train.py", "--lr", "0.1")
     env = dict(step.env)
     assert env["RUN_DIR"] == JOB_DIR_PLACEHOLDER and "PL_DEEPSPEED_CONFIG_PATH" not in env
     (ds,) = planned(cmd_spec({"module": "pkg.train"}, trainer={"strategy": "deepspeed_stage_2"}), "local").submit_steps
@@ -267,7 +268,7 @@ def test_render_stdout_shows_the_exact_command(run_cli):
     out = run_cli("render", str(EXAMPLES / "command-ddp.yaml"), "--profile", "local", "--stdout")
     assert out.code == 0, out.stderr
     assert ("cd '<submit dir>' && OMP_NUM_THREADS=1 RUN_DIR='<job dir>' python -m torch.distributed.run --standalone "
-            "--nproc-per-node 2 examples/scripts/ddp_allreduce.py --steps 3") in out.stdout
+            "--nproc-per-node 2 --tee 3 examples/scripts/ddp_allreduce.py --steps 3") in out.stdout
 
 
 def test_plan_refuses_command_mode(run_cli):

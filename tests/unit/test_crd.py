@@ -8,9 +8,9 @@ import copy
 import pytest
 import yaml
 
+from jobgen.backends import plan
 from jobgen.k8s_validate import strict
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES, require
 
 jsonschema = require("jsonschema", "jsonschema not installed (pip install -e .[dev])")

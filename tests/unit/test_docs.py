@@ -59,3 +59,62 @@ def test_render_path_models_do_not_parse_their_source(model):
     """use_attribute_docstrings makes pydantic read and parse the class source at import (about half
     the import time of jobgen.spec + jobgen.profiles); descriptions are Field(description=...) instead."""
     assert not model.model_config.get("use_attribute_docstrings")
+
+
+def plan_examples() -> list[tuple[str, str]]:
+    """``(command, shown output)`` of every ```text block of the README that runs ``jobgen plan``."""
+    blocks = re.findall(r"```text\n(\$ jobgen plan .+?)\n```", README, flags=re.S)
+    out = []
+    for block in blocks:
+        lines = block.split("\n")
+        command = lines.pop(0)
+        while command.endswith("\\"):
+            command = command[:-1] + " " + lines.pop(0).strip()
+        out.append((command[2:], "\n".join(lines) + "\n"))
+    return out
+
+
+@pytest.mark.parametrize("command,shown", plan_examples(), ids=[c.split()[2] for c, _ in plan_examples()])
+def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypatch):
+    """The README's `jobgen plan` examples are the command's stdout, `assumptions:` block included
+    (issue 23): run each and compare."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from jobgen.cli import cli
+
+    monkeypatch.chdir(REPO)
+    argv = shlex.split(command)
+    assert argv[:2] == ["jobgen", "plan"]
+    result = CliRunner().invoke(cli, argv[1:])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == shown
+
+
+def test_the_seed_table_is_cited_by_its_public_source():
+    """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
+    from our tracker (one place: jobgen.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
+    from jobgen.seeds import SEED_SOURCE
+
+    assert "SparkTrainer" in SEED_SOURCE and "Distributed Training Guide" in SEED_SOURCE
+    assert "tracker" not in README and "tracker" not in SEED_SOURCE
+    assert "SparkTrainer's Distributed Training Guide" in README
+
+
+def test_every_profile_the_readme_names_is_shipped_or_defined_there():
+    """Issue 23: the job-array example named `--profile slurm-cpu-array`, which was not shipped."""
+    shipped = {p.stem for p in (REPO / "cluster_profiles").glob("*.yaml")}
+    defined = set(re.findall(r"^# cluster_profiles/([\w-]+)\.yaml\n(?!.*shipped)", README, flags=re.M))
+    named = set(re.findall(r"(?:--profile|-p)[ =]([a-z][\w-]*)", README))
+    assert named - shipped - defined == set()
+
+
+def test_the_repository_root_holds_only_project_files():
+    """Issue 23: a stray `ds.time` (a shell error message) was committed at the root."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    top = {path.split("/")[0] for path in tracked}
+    assert top <= {".ci", ".gitattributes", ".gitignore", "README.md", "benchmarks", "cluster_profiles", "examples", "jobgen", "jobgen.yaml",
+                   "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top

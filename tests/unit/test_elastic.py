@@ -14,12 +14,11 @@ import pytest
 import yaml
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest
+from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
 from jobgen.k8s_validate import validate_manifest
 from jobgen.load import load_profile, load_spec, validate
-from jobgen.plan import plan
 from jobgen.rules import World, elastic_nodes
 from jobgen.spec import ResourcesSpec, TrainingSpec
 from jobgen.train.resolved import check_runtime_support, runtime_world

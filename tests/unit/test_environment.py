@@ -22,13 +22,12 @@ import pytest
 import yaml
 
 from jobgen import api
-from jobgen.backends import get_backend
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
 from jobgen.environment import SECRET_SUFFIXES, SECRET_WORDS, looks_secret
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import SUBMISSION_FILE
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.profiles import ClusterProfile
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, write
@@ -260,5 +259,8 @@ def test_local_run_refuses_to_start_without_a_secret(tmp_path, monkeypatch, valu
     with pytest.raises(ConfigError, match=r"secret WANDB_API_KEY of the spec \(`secrets`\) is not set") as info:
         backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(argv) or 0)
     assert info.value.exit_code == 2 and "export WANDB_API_KEY=..." in info.value.hint and "HF_TOKEN" not in info.value.message
-    assert info.value.location == f"{job_dir.resolve() / 'spec.json'}: spec.secrets"
+    assert info.value.location == f"{job_plan.spec_file}: secrets"  # the user's file, not the rendered spec.json
     assert ran == [] and not (job_dir / SUBMISSION_FILE).exists()
+    with pytest.raises(ConfigError) as info:  # a job directory submitted as is: its spec.json is the input
+        backend.submit(job_dir, options, lambda _: None, runner=lambda argv, cwd, env: ran.append(argv) or 0)
+    assert info.value.location == f"{job_dir.resolve() / 'spec.json'}: spec.secrets"

@@ -34,8 +34,8 @@ def test_zero_stages_follow_the_paper(n, precision):
     for stage, expected in ((1, 2 * psi + 2 * psi + 12 * psi // n), (2, 2 * psi + 2 * psi // n + 12 * psi // n),
                             (3, 2 * psi // n + 2 * psi // n + 12 * psi // n)):
         est = E.estimate(BIG, precision, E.Layout(f"deepspeed_stage_{stage}"), num_nodes=1, devices_per_node=n)
-        buckets = (int(E.DEEPSPEED_OVERLAP_COMM_FACTOR * 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 2) if stage < 3
-                   else E.DEEPSPEED_BUCKET_ELEMENTS * 2)
+        # stage_1_and_2.py setup_buckets: two reduce_bucket_size buffers in bf16 (overlap_comm); stage 3: one
+        buckets = 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 2 if stage < 3 else E.DEEPSPEED_BUCKET_ELEMENTS * 2
         working = est.params_bytes - 2 * psi // n if stage == 3 else 0
         paper = est.model_states_bytes - buckets - 4 * psi // n - working
         assert paper == pytest.approx(expected, rel=1e-6), stage
@@ -84,12 +84,76 @@ def test_activations_reduce_to_korthikanti_eq1():
     assert fp32 == 2 * 32 * s * b * h + 2 * s * b * h + 9 * a * s * s * b
 
 
-def test_activation_checkpointing_keeps_block_inputs():
+def _parts(shape, e=2, r=2):
+    """(per layer, head, backward working set) in bytes, written out from the docstring's terms:
+    fused attention, no dropout."""
+    s, b, h, a = shape.block_size, shape.micro_batch_size, shape.d_model, shape.n_head
+    t = s * b * h
+    per_layer = 2 * t * r + 14 * t * e + t * e + 4 * a * s * b  # LN inputs; QKV in, QKV, proj in, MLP; SDPA out + lse
+    head = 2 * t * r + t * e + s * b * E.VOCAB_SIZE * (e + 8)
+    return per_layer, head, 10 * t * e
+
+
+def test_activation_peak_is_saved_plus_the_larger_of_head_and_transient():
+    """Head tensors (logits, loss) and a layer's recomputation/backward buffers are never alive
+    together: the peak adds the larger of the two to what is saved, not both (issue 22)."""
+    t = BIG.block_size * BIG.micro_batch_size * BIG.d_model
+    per_layer, head, backward = _parts(BIG)
     full = E.activation_bytes(BIG, "bf16-mixed")
     ckpt = E.activation_bytes(BIG, "bf16-mixed", checkpointing=True)
-    t = BIG.block_size * BIG.micro_batch_size * BIG.d_model
+    assert full == BIG.n_layer * per_layer + max(head, backward)
+    assert ckpt == BIG.n_layer * t * 2 + max(head, per_layer + backward)
     assert ckpt < full / 5
-    assert ckpt - E.activation_bytes(E.Shape(1, 32, 4096, 4096, 1), "bf16-mixed") == (BIG.n_layer * t * 2) - 0
+    wide_vocab = E.Shape(2, 2, 32, 4096, 8)  # logits dominate: the head term wins
+    p2, h2, b2 = _parts(wide_vocab)
+    assert h2 > p2 + b2
+    assert E.activation_bytes(wide_vocab, "bf16-mixed", checkpointing=True) == 2 * 4096 * 8 * 32 * 2 + h2
+
+
+def test_ddp_mixed_precision_keeps_an_fp32_residual_stream():
+    """Autocast over fp32 weights leaves the embedding output and residual adds in fp32 (4 bytes);
+    DeepSpeed and FSDP compute on 16-bit parameters (2 bytes). Only the residual terms differ."""
+    assert E.residual_bytes("bf16-mixed", "ddp") == 4
+    assert E.residual_bytes("bf16-mixed", "fsdp") == E.residual_bytes("bf16-mixed", "deepspeed_stage_2") == 2
+    assert E.residual_bytes("bf16-true", "ddp") == 2 and E.residual_bytes("32-true", "fsdp") == 4
+    shape = E.Shape(4, 8, 512, 1024, 4)
+    t = 1024 * 4 * 512
+    p4, h4, b4 = _parts(shape, r=4)
+    assert E.activation_bytes(shape, "bf16-mixed", residual=4) == 4 * p4 + max(h4, b4)
+    assert (E.activation_bytes(shape, "bf16-mixed", checkpointing=True, residual=4)
+            - E.activation_bytes(shape, "bf16-mixed", checkpointing=True, residual=2)) == 4 * t * 2 + 2 * t * 2
+    ddp = E.estimate(shape, "bf16-mixed", E.Layout("ddp"), num_nodes=1, devices_per_node=1)
+    states = E.model_states(shape, "bf16-mixed", E.Layout("ddp"), num_nodes=1, devices_per_node=1)
+    assert ddp.activations_bytes == E.activation_bytes(shape, "bf16-mixed", residual=4) - states.late_bytes
+
+
+def test_gradients_and_step_temporaries_are_not_alive_at_the_activation_peak():
+    """Without accumulation the gradients appear while backward frees activations, and AdamW's
+    foreach temporary / DeepSpeed's fp32 gradient partition exist only in the step: the peak is
+    states + max(activations, late). With accumulation the previous gradients are alive."""
+    one = E.Shape(4, 8, 512, 1024, 4)
+    four = E.Shape(4, 8, 512, 1024, 4, accumulation=4)
+    psi = one.n_params
+    for layout, late_one, late_four in (
+            (E.Layout("ddp"), 4 * psi + 4 * psi, 4 * psi),                        # .grad + foreach sqrt(v) / sqrt(v)
+            (E.Layout("deepspeed_stage_2"), 4 * psi + 2 * psi, 4 * psi)):         # fp32 partition + bf16 grads
+        acts = E.activation_bytes(one, "bf16-mixed", residual=E.residual_bytes("bf16-mixed", layout.strategy))
+        a = E.estimate(one, "bf16-mixed", layout, num_nodes=1, devices_per_node=1)
+        b = E.estimate(four, "bf16-mixed", layout, num_nodes=1, devices_per_node=1)
+        assert (a.late_bytes, b.late_bytes) == (late_one, late_four)
+        assert a.model_states_bytes == b.model_states_bytes  # same memory, different timing
+        assert a.total_bytes == a.model_states_bytes + max(0, acts - late_one) + a.overhead_bytes
+        assert b.total_bytes == b.model_states_bytes + max(0, acts - late_four) + b.overhead_bytes
+        assert any("activations peak at" in n for n in a.notes)
+
+
+def test_zero12_buckets_are_two_reduce_buckets_whatever_the_model_size():
+    """deepspeed/runtime/zero/stage_1_and_2.py setup_buckets (0.19.8): one reduce_bucket_size buffer
+    in the gradient dtype, a second with overlap_comm, allocated in full for any model."""
+    for psi in (10**6, 10**9):
+        assert E.deepspeed_bucket_bytes(2, 2, psi) == 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 2
+        assert E.deepspeed_bucket_bytes(1, 4, psi) == 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 4
+    assert E.deepspeed_bucket_bytes(3, 2, 10**6) == 2 * 10**6
 
 
 def _plan(overrides=(), profile="slurm-a100"):
@@ -143,3 +207,14 @@ def test_missing_gpu_memory_assumes_the_smallest_variant():
 
 def test_plan_is_deterministic():
     assert _plan(SEVEN_B).to_json() == _plan(SEVEN_B).to_json()
+
+
+def test_cpu_ranks_count_no_reuse():
+    """CPU budgets are RSS, which keeps freed memory (glibc malloc): the estimate adds the gradients
+    and step temporaries on top of the activations, and the head to the backward working set."""
+    shape = E.Shape(4, 8, 256, 512, 8)
+    est = E.estimate(shape, "32-true", E.Layout("ddp"), num_nodes=1, devices_per_node=1, accelerator="cpu")
+    assert est.late_bytes == 0
+    assert est.activations_bytes == E.activation_bytes(shape, "32-true", reuse=False)
+    per_layer, head, backward = _parts(shape, e=4, r=4)
+    assert est.activations_bytes == 4 * per_layer + head + backward  # summed, not max(head, backward)

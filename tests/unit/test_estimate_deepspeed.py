@@ -45,9 +45,7 @@ def _ours(shape, stage, nodes, gpus, offload):
     layout = E.Layout(f"deepspeed_stage_{stage}", offload_optimizer="cpu" if offload else "none")
     est = E.estimate(shape, "bf16-mixed", layout, num_nodes=nodes, devices_per_node=gpus)
     psi = shape.n_params
-    buckets = (int(E.DEEPSPEED_OVERLAP_COMM_FACTOR * 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 2) if stage < 3
-               else E.DEEPSPEED_BUCKET_ELEMENTS * 2)
-    buckets = min(buckets, int(E.DEEPSPEED_OVERLAP_COMM_FACTOR * 2 * psi * 2) if stage < 3 else psi * 2)
+    buckets = 2 * E.DEEPSPEED_BUCKET_ELEMENTS * 2 if stage < 3 else min(E.DEEPSPEED_BUCKET_ELEMENTS, psi) * 2
     working = est.params_bytes - (0 if stage < 3 else 2 * psi // (nodes * gpus)) if stage == 3 else 0
     return est.model_states_bytes - buckets - working, working
 

@@ -7,6 +7,7 @@ pasted from the estimator's output.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from jobgen import estimate as E
 from jobgen import estimate_hf as H
 from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import Layout, estimate, plan_memory
+from jobgen.estimate import Layout, estimate
+from jobgen.estimate_hf import plan_memory
 from jobgen.load import load_profile
 from jobgen.spec import TrainingSpec
 from tests.conftest import EXAMPLES, REPO
@@ -103,33 +105,79 @@ def test_nf4_double_quant_is_4_127_bits_and_only_linears_are_quantised():
 def test_base_is_sharded_by_fsdp_and_zero3_not_by_ddp_or_zero2():
     spec = qlora_spec()
     shape = llama_7b()
-    whole = H.base_bytes(shape, "bf16-mixed", True)[0]
 
     def params(layout: Layout, n: int) -> int:
         return H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=n, lora=spec.model.lora,
                              quantized=True).params_bytes
 
     for lay in (Layout("ddp"), Layout("deepspeed_stage_2")):
+        whole = H.base_bytes(shape, "bf16-mixed", True, lay.strategy)[0]
         assert params(lay, 8) - params(lay, 2) <= 0  # only the adapters' share can shrink
         assert params(lay, 8) > whole
     for lay in (Layout("fsdp", "FULL_SHARD"), Layout("deepspeed_stage_3")):
+        whole = H.base_bytes(shape, "bf16-mixed", True, lay.strategy)[0]
         assert params(lay, 2) - params(lay, 8) >= whole // 2 - whole // 8 - 1
         assert params(lay, 8) < whole
 
 
+def test_unquantised_weights_are_stored_as_each_layout_has_them():
+    """peft's prepare_model_for_kbit_training makes them fp32 (ddp); the sharded recipes load bf16
+    (jobgen.train.hf.qlora_load); DeepSpeed casts every float parameter to bf16 (engine.py
+    _cast_module_mixed_precision), so ZeRO-1/2 hold 2 bytes although the loader made 4."""
+    shape = llama_7b()
+    root = shape.root_params
+    assert H.base_bytes(shape, "bf16-mixed", True, "ddp")[2] == 4 * root
+    for strategy in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3"):
+        assert H.base_bytes(shape, "bf16-mixed", True, strategy)[2] == 2 * root
+    assert H.base_bytes(shape, "bf16-mixed", False, "ddp")[0] == 4 * shape.n_params  # LoRA: fp32 under autocast
+    assert H.base_bytes(shape, "bf16-mixed", False, "deepspeed_stage_2")[0] == 2 * shape.n_params
+
+
+def test_bf16_load_strategies_are_the_loaders():
+    """QLORA_BF16_LOAD_STRATEGIES copies jobgen.train.hf's rule (this module may not import torch)."""
+    hf = pytest.importorskip("jobgen.train.hf", reason="torch not installed")
+    assert H.QLORA_BF16_LOAD_STRATEGIES == hf.PARAM_SHARDING_STRATEGIES
+    for strategy in ("ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"):
+        assert hf.qlora_load(strategy).prepare_kbit == (strategy not in H.QLORA_BF16_LOAD_STRATEGIES)
+
+
 def test_qlora_counts_checkpointed_activations_and_lora_dropout():
     """peft's prepare_model_for_kbit_training turns gradient checkpointing on: QLoRA activations
-    equal the checkpointed ones whatever the spec says; lora_dropout > 0 adds the dropout outputs."""
+    are the checkpointed ones whatever the spec says (at the layout's residual width, net of the
+    gradients and step temporaries allocated after the peak)."""
     shape = llama_7b()
     lora = qlora_spec().model.lora
-    est = H.estimate_hf(shape, "bf16-mixed", Layout("ddp"), num_nodes=1, devices_per_node=1, lora=lora, quantized=True)
-    ckpt = H.hf_activation_bytes(shape, "bf16-mixed", checkpointing=True, lora_r=64, lora_targets=SEVEN,
-                                 lora_dropout=0.05)
-    assert est.activations_bytes == ckpt
-    assert ckpt < H.hf_activation_bytes(shape, "bf16-mixed", lora_r=64, lora_targets=SEVEN, lora_dropout=0.05) / 4
-    no_drop = H.hf_activation_bytes(shape, "bf16-mixed", checkpointing=True, lora_r=64, lora_targets=SEVEN)
-    s_b = 2048 * 4
-    assert ckpt - no_drop == s_b * 3 * (6 * 4096 + 11008)  # d_in of the seven targets, 2-byte output + 1-byte mask
+    for layout in (Layout("ddp"), Layout("deepspeed_stage_2")):
+        est = H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=1, lora=lora, quantized=True)
+        ckpt = H.hf_activation_bytes(shape, "bf16-mixed", checkpointing=True, lora_r=64, lora_targets=SEVEN,
+                                     lora_dropout=0.05, residual=E.residual_bytes("bf16-mixed", layout.strategy),
+                                     frozen_base=True)
+        assert est.activations_bytes == max(0, ckpt - est.late_bytes)
+        assert ckpt < H.hf_activation_bytes(shape, "bf16-mixed", lora_r=64, lora_targets=SEVEN, lora_dropout=0.05,
+                                            frozen_base=True) / 4
+
+
+def test_frozen_layer_terms():
+    """One frozen Llama layer (the difference between a 2- and a 1-layer model, no checkpointing),
+    written out from the docstring: q, k, v, SDPA output (4t), gate, SiLU, up (3·i/h·t) at 2 bytes,
+    the log-sum-exp, both RMSNorms' fp32 copies (8t bytes); LoRA: A outputs (r per target) and
+    either the dropout outputs + masks (d_in, 3 bytes) or, without dropout, each distinct input
+    once (q/k/v's, o's, gate/up's, down's)."""
+    s, b, h, i, a = 2048, 4, 4096, 11008, 32
+    t = s * b * h
+    one, two = (replace(llama_7b(), n_layer=n) for n in (1, 2))
+
+    def layer(**kw):
+        return (H.hf_activation_bytes(two, "bf16-mixed", frozen_base=True, **kw)
+                - H.hf_activation_bytes(one, "bf16-mixed", frozen_base=True, **kw))
+
+    plain = (4 * t + 3 * i * s * b) * 2 + 4 * a * s * b + 2 * 4 * t
+    assert layer() == plain
+    a_out = 7 * 64 * s * b * 2
+    assert layer(lora_r=64, lora_targets=SEVEN, lora_dropout=0.05) == plain + a_out + s * b * 3 * (6 * h + i)
+    assert layer(lora_r=64, lora_targets=SEVEN) == plain + a_out + (3 * t + i * s * b) * 2
+    trainable = H.hf_activation_bytes(two, "bf16-mixed") - H.hf_activation_bytes(one, "bf16-mixed")
+    assert trainable - plain == (3 * t + i * s * b) * 2 + 2 * t * 2  # q/k/v, o, MLP, down inputs + the norms' 16-bit side
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -155,7 +203,8 @@ def test_full_fine_tuning_reuses_the_zero_formulas():
     base = estimate(shape, "bf16-mixed", lay, num_nodes=2, devices_per_node=8)
     assert (hf.params_bytes, hf.grads_bytes, hf.optimizer_bytes) == (base.params_bytes, base.grads_bytes,
                                                                      base.optimizer_bytes)
-    assert hf.activations_bytes == H.hf_activation_bytes(shape, "bf16-mixed")
+    assert hf.late_bytes == 4 * shape.n_params // 16  # the fp32 gradient partition, step only
+    assert hf.activations_bytes == H.hf_activation_bytes(shape, "bf16-mixed", residual=2) - hf.late_bytes
 
 
 def test_unknown_model_type_and_missing_key_name_file_and_key(tmp_path):
@@ -203,18 +252,19 @@ def test_hf_specs_validate_with_every_strategy():
 
 @pytest.mark.parametrize("row", seeds.LLAMA_7B_QLORA, ids=lambda r: r.recipe)
 def test_estimate_against_the_seed_table(row):
-    """The estimate of each seed row's recipe against its measured per-GPU memory.
+    """The estimate of each seed row's recipe against its per-GPU memory in the seed table.
 
-    Tolerance: ``0.5 <= estimate / measured <= 1.1``. Direction: the seed figures are measured
-    peaks and the estimate sums modelled tensors, so it is expected *below* them here: what it
-    does not model (the caching allocator's fragmentation beyond the 1.5 GiB overhead term,
-    bitsandbytes' and autocast's per-call temporaries other than the largest dequantised Linear,
-    transformers' extra fp32 copies of the logits in the loss) adds to the measurement only. The
-    ratios themselves are in README "Planning Hugging Face models" (checked below, so they stay
-    current): the lower bound 0.5 catches a term lost (the base or the activations alone are ~4 GB);
-    the upper bound 1.1 allows the GB/GiB reading of the table (7.4%) and catches a term counted
-    twice. The spread is the estimate's known error for QLoRA (README, "Planning Hugging Face
-    models"); it is not an upper bound for these recipes.
+    Tolerance: ``0.35 <= estimate / seed figure <= 1.1``. The seed table is a reference, not the
+    calibration: the estimate is calibrated to peaks jobgen measured itself
+    (tests/unit/test_estimate_measured.py: ``torch.cuda.max_memory_allocated`` plus the plan's
+    overhead term), and jobgen's own measurement of the seed's DDP recipe on one GPU (15.6 GiB,
+    issue 22) is 0.70x the seed's 24 GB for it: the seed figures hold memory that
+    ``max_memory_allocated`` does not (the allocator's reserve and the CUDA context, as
+    nvidia-smi reports them, is the likely reading; the table does not say). The lower bound
+    catches a term lost (the base or the checkpointed activations alone are ~4 GiB, a quarter of
+    the smallest seed figure); the upper bound 1.1 allows the GB/GiB reading of the table (7.4%)
+    and catches a term counted twice. The ratios are in README "Planning Hugging Face models"
+    (checked below, so they stay current).
     """
     profile = load_profile("slurm-a100", None)
     spec = qlora_spec(row.strategy, row.gpus)
@@ -223,7 +273,7 @@ def test_estimate_against_the_seed_table(row):
     mp = plan_memory(spec, profile, 1, row.gpus)
     assert mp.seed is not None and mp.seed["recipe"] == row.recipe
     ratio = mp.spec_row.estimate.total_bytes / row.mem_bytes_per_gpu
-    assert 0.5 <= ratio <= 1.1, (row.recipe, ratio)
+    assert 0.35 <= ratio <= 1.1, (row.recipe, ratio)
     assert mp.seed["estimate_over_measured"] == round(ratio, 3)
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("#### Planning Hugging Face models"):]

@@ -6,9 +6,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobgen.backends import plan
 from jobgen.errors import JobgenError
 from jobgen.load import apply_overrides, load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import PROFILES, TEMPLATES
 
 SPEC_KEYS = ["name", "model", "data", "trainer", "resources", "checkpoint", "env", "preset", "n_layer", "n_head",

@@ -355,7 +355,7 @@ def test_sweep_point_goes_through_set_override_parsing(tmp_path):
 
 
 def test_invalid_sweep_value_is_reported_with_its_point():
-    with pytest.raises(ConfigError, match=r"(?s)sweep point trainer.micro_batch_size=many.*trainer.micro_batch_size: Input should be a valid integer"):
+    with pytest.raises(ConfigError, match=r"(?s)sweep point trainer.micro_batch_size=many.*trainer.micro_batch_size: expected a positive integer or 'auto'"):
         plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", sweeps=["trainer.micro_batch_size=4,many"],
                     profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
 

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest
+from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
 
 
@@ -293,7 +292,7 @@ def test_cli_refuses_mixed_scheduler_options(run_cli, tmp_path):
 def test_cli_unknown_kubeconfig_is_bad_input(run_cli, tmp_path):
     out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--out", str(tmp_path),
                   "--kubeconfig", str(tmp_path / "nope"))
-    assert out.code == 2 and "cannot read kubeconfig" in out.stderr and "Traceback" not in out.stderr
+    assert out.code == 2 and f"kubeconfig {tmp_path / 'nope'} does not exist" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_the_fake_refuses_what_the_api_server_refuses():
@@ -375,3 +374,26 @@ def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
 def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake):
     handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
     assert k8s.status(handle).usage is None
+
+
+def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_planned_with(tmp_path, monkeypatch):
+    """``jobgen submit SPEC --profile P --profiles-dir D``: the backend uses the profile the plan
+    was made from (loaded once), not a second lookup of P by name, which misses D."""
+    from jobgen import api, load
+
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for name in ("k8s-a100", "k8s-h100"):
+        (profiles / f"{name}.yaml").write_text((PROFILES / f"{name}.yaml").read_text())
+    kubeconfig = tmp_path / "kubeconfig-b"
+    (profiles / "site-b.yaml").write_text(f"extends: k8s-h100\nkubernetes:\n  context: ctx-b\n  kubeconfig: {kubeconfig}\n")
+    job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "site-b", profiles_dir=profiles, templates=TEMPLATES)
+    cluster, connected, loads, said = FakeCluster(), [], [], []
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: connected.append((context, kubeconfig)) or cluster)
+    real_load = load.load_profile
+    monkeypatch.setattr(load, "load_profile", lambda *a, **kw: loads.append(a) or real_load(*a, **kw))
+    result = api.submit(job_plan, api.SubmitOptions(), out=tmp_path / "manifests", echo=said.append)
+    assert result.handle is not None and str(result.handle).startswith("k8s://fake/")
+    assert connected == [("ctx-b", str(kubeconfig))]
+    assert loads == [] and not [line for line in said if "not found" in line], said

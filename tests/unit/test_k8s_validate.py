@@ -11,10 +11,9 @@ from decimal import Decimal
 import pytest
 
 from jobgen import k8s_validate as kv
-from jobgen.backends import k8s_manifest
+from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import ConfigError, PlanError
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES, require
 
 require("kubernetes_validate", "kubernetes-validate not installed (pip install -e .[k8s])")

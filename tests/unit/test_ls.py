@@ -65,11 +65,11 @@ def test_the_table_shows_world_usage_and_notes(state, run_cli):
     result = run_cli("ls")
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["HANDLE", "NAME", "STATE", "NODES", "x", "DEV", "STARTED", "(UTC)", "ELAPSED", "DEVICE-HOURS", "COST"]
+    assert lines[0].split() == ["HANDLE", "NAME", "STATE", "NODES", "x", "DEV", "STARTED", "(UTC)", "ELAPSED", "DEVICE", "TIME", "COST"]
     slurm = next(line for line in lines if line.startswith("slurm://cpu/42"))
     assert "RUNNING" in slurm and "2 x 1 cpu" in slurm and "2023-11-14 22:13" in slurm
     local = next(line for line in lines if line.startswith("local://"))
-    assert "0:30:00" in local and "1.000 CPU-h" in local
+    assert "0:30:00" in local and "1.000 CPU-hours" in local
     assert any(line.startswith("note: k8s://gone-context/training/quickstart: kubernetes not reachable") for line in lines)
 
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.errors import PlanError
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, REPO, TEMPLATES
 

@@ -93,7 +93,10 @@ def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
     ckpt = json.loads(run_cli(*base, "--set", "trainer.activation_checkpointing=true").stdout)
     for off, on in zip(plain["rows"], ckpt["rows"], strict=True):
         assert off["layout"] == on["layout"]
-        assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
+        if off["activations_bytes"]:  # 0 when the gradients and step temporaries outweigh the activations
+            assert on["activations_bytes"] < off["activations_bytes"] / 4, (off, on)
+        assert on["total_bytes"] <= off["total_bytes"]
+    assert any(r["activations_bytes"] for r in plain["rows"])
     assert any("activation checkpointing on transformer blocks" in a for a in ckpt["assumptions"])
 
 
@@ -123,7 +126,7 @@ def test_plan_hf_qlora_fsdp_with_hf_config_shows_the_seed_row(run_cli):
     spec_line = next(line for line in result.stdout.splitlines() if "<- spec" in line)
     assert "fsdp:FULL_SHARD" in spec_line
     seed = next(line for line in result.stdout.splitlines() if "seed table:" in line)
-    assert "FSDP + QLoRA on 4 GPU(s)" in seed and "22 GB" in seed and "31,200 tokens/s" in seed and "issue 12" in seed
+    assert "FSDP + QLoRA on 4 GPU(s)" in seed and "22 GB" in seed and "31,200 tokens/s" in seed and "SparkTrainer" in seed and "tracker" not in seed
     doc = json.loads(run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", LLAMA_CONFIG, "-o", "json", *QLORA_FSDP).stdout)
     spec_row = next(r for r in doc["rows"] if r["is_spec"])
     assert doc["seed"]["measured_bytes_per_gpu"] == 22 * 10**9
@@ -160,3 +163,17 @@ def test_plan_hf_imports_no_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_help_assumptions_and_readme_describe_the_estimate_alike(run_cli):
+    """Issue 23: `plan --help` called estimates upper bounds while the README called the HF
+    figures a floor. One reading everywhere: an estimate of the peak, not a bound."""
+    helptext = " ".join(run_cli("plan", "--help").stdout.split())
+    assert "Estimates of the peak, not bounds" in helptext
+    plan = json.loads(run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--output", "json").stdout)
+    assert any("an estimate of the peak, not a bound" in a for a in plan["assumptions"])
+    readme = (REPO / "README.md").read_text()
+    section = " ".join(readme.split("### Memory plan: `jobgen plan`")[1].split("### What is checked")[0].split())
+    assert "estimates of the peak, not bounds" in section and "estimate the peak; they are not bounds" in section
+    for claim in ("upper bound", "upper-bound", "as a floor"):
+        assert claim not in section and claim not in helptext, claim

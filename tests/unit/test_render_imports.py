@@ -23,6 +23,10 @@ VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: for kustomizations from the plan, so it imports no Kubernetes module.)
 OFF_THE_SLURM_PATH = ("jobgen.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
                       "jobgen.train")
+#: jobgen modules a single render of a non-DeepSpeed spec has no use for (issue 23's profile):
+#: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
+#: the project file's model (--all only) and git (--commit only).
+OFF_THE_SINGLE_RENDER_PATH = ("jobgen.deepspeed", "jobgen.snapshot", "tarfile", "jobgen.project", "jobgen.git")
 
 
 def modules_after_render(profile: str, example: str = "quickstart.yaml") -> set[str]:
@@ -65,3 +69,14 @@ def test_rendering_a_class_path_spec_imports_neither_user_code_nor_the_training_
     # examples/usercode.yaml names tinychar.CharModel: rendering checks the path's shape only
     modules = modules_after_render("slurm-a100", "usercode.yaml")
     assert loaded(modules, (*TRAINING_STACK, "jsonargparse", "tinychar", "jobgen.user_code", *OFF_THE_SLURM_PATH)) == []
+
+
+@pytest.mark.parametrize("profile", ["slurm-a100", "k8s-h100"])
+def test_a_single_render_leaves_deepspeed_snapshot_project_and_git_alone(profile):
+    if profile.startswith("k8s"):
+        pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[k8s])")
+    assert loaded(modules_after_render(profile), OFF_THE_SINGLE_RENDER_PATH) == []
+
+
+def test_a_deepspeed_spec_still_renders_its_config():
+    assert "jobgen.deepspeed" in modules_after_render("slurm-h100", "gpt2-350m-zero3.yaml")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.errors import PlanError
 from jobgen.load import load_profile, validate
-from jobgen.plan import plan
 from jobgen.rules import World, resolve_world
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
@@ -18,9 +18,10 @@ CPU_REFUSALS = [
     ({"trainer": {"precision": "transformer-engine"}}, "trainer.precision"),
     ({"trainer": {"strategy": "fsdp", "fsdp_state_dict_type": "full"}}, "trainer.fsdp_state_dict_type"),
     ({"trainer": {"strategy": "fsdp", "fsdp_sharding_strategy": "HYBRID_SHARD"}}, "trainer.fsdp_sharding_strategy"),
-    ({"model": {"preset": None, "hf_path": "/models/llama", "load_in_4bit": True, "lora": {"r": 8}},
-      "data": {"format": "jsonl", "paths": ["/data/x.jsonl"], "tokenizer_path": "/models/llama"}}, "model.load_in_4bit"),
 ]
+
+QLORA = {"model": {"preset": None, "hf_path": "/models/llama", "load_in_4bit": True, "lora": {"r": 8}},
+         "data": {"format": "jsonl", "paths": ["/data/x.jsonl"], "tokenizer_path": "/models/llama"}}
 
 
 def _spec(doc: dict) -> TrainingSpec:
@@ -49,6 +50,36 @@ def test_plan_and_entrypoint_refuse_with_the_same_words(doc, field):
     assert on_node.value.location == f"spec.{field}"
     assert on_node.value.message == at_plan.value.message.replace("profile 'local'", "this node")
     assert on_node.value.hint == at_plan.value.hint
+
+
+@pytest.mark.parametrize(("installed", "problem"), [
+    (None, "bitsandbytes is not installed"),
+    ("0.45.5", "bitsandbytes 0.45.5 is older than 0.48.1"),
+    ("0.48.1", None),
+    ("0.50.2.dev0+cpu", None),
+])  # fmt: skip
+def test_qlora_plans_for_cpu_and_the_node_checks_bitsandbytes(monkeypatch, installed, problem):
+    """QLoRA renders for a CPU profile (the render machine's bitsandbytes proves nothing); the
+    entrypoint refuses it on a CPU node whose bitsandbytes cannot run 4-bit layers there."""
+    import importlib.metadata
+
+    from jobgen.rules import check_support
+
+    def version(name: str) -> str:
+        if installed is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    spec = _spec(QLORA)
+    check_support(spec, "cpu", None, where="profile 'local'")  # plan time: accepted
+    check_support(spec, "gpu", "A100", where="this node", on_node=True)  # GPUs: CUDA bitsandbytes
+    if problem is None:
+        check_support(spec, "cpu", None, where="this node", on_node=True)
+        return
+    with pytest.raises(PlanError, match=problem) as info:
+        check_support(spec, "cpu", None, where="this node", on_node=True)
+    assert info.value.location == "model.load_in_4bit" and "bitsandbytes>=0.48.1" in info.value.hint
 
 
 def test_world_derives_every_number_once():
@@ -111,3 +142,22 @@ def test_local_bf16_warning_follows_the_cpu_flags(tmp_path, flags, warned):
     assert bf16_emulation_warning("32-true", "cpu", cpuinfo) is None
     assert bf16_emulation_warning("bf16-mixed", "gpu", cpuinfo) is None
     assert bf16_emulation_warning("bf16-mixed", "cpu", tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_3", "deepspeed_stage_2", "fsdp"])
+def test_validate_warns_before_queueing_qlora_under_zero3_on_gpus(run_cli, strategy):
+    """ZeRO-3 + QLoRA peaked at 3.8x its plan on an H100 (issue 22); until a GPU run confirms the
+    fix the planner says so and names the layouts that fitted; other layouts stay silent."""
+    from tests.conftest import REPO
+
+    spec = str(REPO / "examples" / "llama-lora-jsonl.yaml")
+    qlora = ("--set", f"trainer.strategy={strategy}", "--set", "model.load_in_4bit=true")
+    result = run_cli("validate", spec, "-p", "slurm-a100", *qlora)
+    assert result.code == 0, result.stderr
+    warned = "QLoRA under deepspeed_stage_3 peaked at 3.8x" in result.stderr
+    assert warned == (strategy == "deepspeed_stage_3"), result.stderr
+    if warned:
+        assert "deepspeed_stage_2" in result.stderr and "ddp" in result.stderr
+    # CPU profiles plan GPU memory for nothing: no warning there.
+    on_cpu = run_cli("validate", spec, "-p", "local", *qlora, "--set", "resources.devices_per_node=2")
+    assert on_cpu.code == 0 and "peaked at 3.8x" not in on_cpu.stderr, on_cpu.stderr

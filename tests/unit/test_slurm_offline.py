@@ -182,6 +182,52 @@ def test_resubmitting_after_the_job_ended_needs_no_force(slurm, submit, tmp_path
     assert slurm.argvs() == [sbatch_argv(tmp_path), SQUEUE_123, SACCT_123, sbatch_argv(tmp_path)]
 
 
+def test_a_cluster_in_sbatchs_answer_names_the_handle_and_goes_to_every_later_command(slurm, submit, run_cli, tmp_path):
+    """A multi-cluster site (sbatch -M, or $SBATCH_CLUSTERS): ``sbatch --parsable`` prints
+    ``<jobid>;<cluster>``. The handle names that cluster, and squeue, sacct, scontrol and scancel
+    get ``--clusters=<it>`` for it, or they would ask the default cluster about another job 123."""
+    slurm.respond("sbatch", reply("123;gpu-b\n"))
+    result = submit()
+    assert result.code == 0, result.stderr
+    handle = "slurm://gpu-b/123"
+    assert f"submitted {handle}\n" in result.stdout
+    record = json.loads((job_dir(tmp_path) / ".jobgen-submission.json").read_text())
+    assert (record["handle"], record["slurm_cluster"]) == (handle, "gpu-b")
+    on_b = "--clusters=gpu-b"
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("sacct -c", sacct_rows(row("123", "COMPLETED", "0:0", "node1", "00:00:05", JOB_NAME)))
+    slurm.respond("scancel", reply())
+    slurm.forget_calls()
+    assert status_json(run_cli, handle)["state"] == "COMPLETED"
+    assert run_cli("cancel", handle).code == 0
+    squeue = ["squeue", on_b, *SQUEUE_123[1:]]
+    sacct, jobcomp = ["sacct", on_b, *SACCT_123[1:]], ["sacct", on_b, *JOBCOMP_123[1:]]
+    assert slurm.argvs() == [squeue, sacct, jobcomp, ["scancel", on_b, "123"], squeue, sacct, jobcomp]
+    # the same job submitted again: the still-queued check asks the job's own cluster
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["RUNNING"])))
+    slurm.forget_calls()
+    refused = submit()
+    assert refused.code == 1 and f"already submitted as {handle}, which is RUNNING" in refused.stderr, refused.stderr
+    assert slurm.argvs() == [squeue]
+
+
+def test_scontrol_asks_the_cluster_sbatch_named(slurm, submit, run_cli, tmp_path):
+    slurm.respond("sbatch", reply("123;gpu-b\n"))
+    assert submit().code == 0
+    path = tmp_path / "state" / "slurm" / "gpu-b__123.json"
+    record = json.loads(path.read_text())
+    del record["log_file"]  # a record of an older jobgen: the log file comes from scontrol
+    path.write_text(json.dumps(record))
+    log = tmp_path / "slurm-123.out"
+    log.write_text(" 0: hello\n")
+    slurm.respond("scontrol", reply(f"JobId=123\n   StdOut={log}\n"))
+    slurm.forget_calls()
+    result = run_cli("logs", "slurm://gpu-b/123")
+    assert (result.code, result.stdout) == (0, "hello\n"), result.stderr
+    assert slurm.argvs() == [["scontrol", "--clusters=gpu-b", "show", "job", "123"]]
+
+
 # --------------------------------------------------------------------------- status
 
 
@@ -255,7 +301,7 @@ def test_gpu_hours_and_cost_of_a_finished_job_from_squeue(slurm, run_cli, tmp_pa
     assert usage["gpu_hours"] == 12.0 and usage["cost"] == 30.0  # 8 GPUs x 1.5 h x 2.5
     assert usage["start"] == "2023-11-14T22:13:20+00:00" and usage["end"] == "2023-11-14T23:43:20+00:00"
     plain = run_cli("status", HANDLE).stdout.splitlines()
-    assert plain[1] == "  usage: 8 GPUs x 1.50 h = 12.000 GPU-hours, cost 30.00 (squeue tres_alloc_str)"
+    assert plain[1] == "  usage: 8 GPUs x 1.5 h = 12.000 GPU-hours, cost 30.00 (squeue tres_alloc_str)"
 
 
 def test_a_running_job_counts_to_now_not_to_its_time_limit(slurm, run_cli):
@@ -420,6 +466,21 @@ def test_logs_without_a_record_asks_scontrol_for_the_file(slurm, run_cli, tmp_pa
     assert slurm.argvs() == [["scontrol", "show", "job", "123"]]
 
 
+def test_logs_when_the_controller_does_not_answer_is_the_schedulers_failure_as_in_status(slurm, run_cli):
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+    slurm.respond("scontrol", reply(stderr=down, rc=1))
+    slurm.respond("squeue", reply(stderr=down, rc=1))
+    logs, status = run_cli("logs", HANDLE), run_cli("status", HANDLE)
+    assert (logs.code, status.code) == (1, 1), (logs.stderr, status.stderr)
+    assert "Unable to contact slurm controller" in logs.stderr and "no longer knows" not in logs.stderr
+
+
+def test_logs_of_a_job_slurm_does_not_know_is_bad_input(slurm, run_cli):
+    slurm.respond("scontrol", reply(stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1))
+    result = run_cli("logs", HANDLE)
+    assert result.code == 2 and "SLURM no longer knows it" in result.stderr, result.stderr
+
+
 #: A 2-rank job in which rank 1 raised and rank 0 failed after it (srun --label, arrival order).
 FAILED_LOG = """\
 jobgen: job 123 on 2 node(s), restart 0, master node1:29500
@@ -555,7 +616,10 @@ def test_submit_without_a_secret_exits_2_and_submits_nothing(slurm, submit_secre
     assert result.code == 2, result.stderr
     assert "secret WANDB_API_KEY of the spec (`secrets`) is not set" in result.stderr and "Nothing was submitted" in result.stderr
     assert "hint: export WANDB_API_KEY=..." in result.stderr and "Traceback" not in result.stderr
+    assert f"{tmp_path / 'spec.yaml'}: secrets" in result.stderr and "spec.json" not in result.stderr
     assert slurm.argvs() == [] and not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
+    # "Nothing was submitted" and nothing written: neither the job directory nor the run directory
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(("export", "dropped"), [("NONE", "WANDB_API_KEY, HF_TOKEN"), ("PATH,HF_TOKEN", "WANDB_API_KEY"),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from jobgen.backends import plan
 from jobgen.backends.slurm import filter_rank, job_id
 from jobgen.backends.slurm_script import check_directives, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import JobHandle
 from jobgen.load import load_profile, validate
-from jobgen.plan import World, plan
+from jobgen.plan import World
 from jobgen.profiles import ClusterProfile
 from jobgen.spec import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES

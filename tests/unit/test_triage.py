@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from jobgen.triage import LogLine, format_triage, parse_rfc3339, triage
+from jobgen.triage import LiveFilter, LogLine, format_triage, parse_rfc3339, torchrun_line, torchrun_lines, triage
 
 #: A 2-node job in which rank 1 raised; rank 0 then failed in the next collective, and srun
 #: reported both tasks (the merged srun --label stream, in the order srun wrote it).
@@ -81,7 +81,9 @@ def test_tracebacks_with_torch_distributeds_rank_prefix_are_found():
 
 
 def test_order_in_the_stream_decides_not_the_rank_number():
-    swapped = SRUN_LOG.replace("ValueError: batch 17", "ValueError: batch 18")
+    # rank 0's error is a cause of its own here (a lost peer would come after: see below)
+    swapped = SRUN_LOG.replace("ValueError: batch 17", "ValueError: batch 18").replace(
+        "Connection closed by peer [10.213.7.12]:41522", "CUDA error: an illegal memory access was encountered")
     lines = srun_lines(swapped)
     # move rank 0's traceback before rank 1's: now rank 0 failed first
     rank0 = [line for line in lines if line.rank == 0 and line.position >= 8]
@@ -163,3 +165,55 @@ def test_the_report_leads_with_the_first_failure():
 def test_local_jobs_say_first_error_is_not_theirs(run_cli, tmp_path):
     result = run_cli("logs", "--first-error", f"local://{tmp_path}")
     assert result.code == 2 and "not supported for local jobs" in result.stderr and "hint:" in result.stderr
+
+
+def test_a_rank_that_lost_its_peer_comes_after_the_peers_own_error():
+    # what 2 local gloo ranks wrote (issue 22): rank 0's lost connection came out first
+    lines = srun_lines(SRUN_LOG)
+    rank0 = [line for line in lines if line.rank == 0 and line.position >= 8]
+    others = [line for line in lines if line not in rank0]
+    reordered = [LogLine(x.source, x.rank, x.node, i, x.timestamp, x.text) for i, x in enumerate(others[:3] + rank0 + others[3:])]
+    result = triage(reordered)
+    assert [f.rank for f in result.failures] == [1, 0] and result.first.headline == "ValueError: batch 17 has NaN labels"
+    assert format_triage(result, "local:///r")[0].endswith("of 2 failed source(s); rank 0 reported a lost peer earlier)")
+
+
+def test_torchrun_tee_labels_name_the_ranks_and_torchruns_own_report_is_no_rank():
+    text = [
+        "==== jobgen submit 2026-11-25T16:15:35+00:00 $ python -m torch.distributed.run --tee 3 -m jobgen.train",
+        "[default1]:[rank1]: Traceback (most recent call last):",
+        "[default1]:[rank1]:   File \"m.py\", line 7, in training_step",
+        "[default1]:[rank1]: ValueError: rank one broke",
+        "[default0]:python -m jobgen.train: error: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:7078",
+        "Traceback (most recent call last):",
+        "  File \"run.py\", line 1, in <module>",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    ]
+    result = triage(torchrun_lines(text))
+    assert [(f.source, f.kind) for f in result.failures] == [("rank 1", "traceback"), ("rank 0", "error")]
+    assert result.first.headline == "ValueError: rank one broke"
+
+
+def test_the_live_filter_shows_the_ranks_lines_and_holds_back_failures_and_torchruns_report():
+    text = [
+        "[default0]:step 1/4 | loss 1.0",
+        "[default1]:rank 1 says hello",                        # every rank's own lines are shown
+        "W1125 16:15:35 api.py:1028] some torchrun warning",    # torchrun, before any failure: shown
+        "[default1]:[rank1]: Traceback (most recent call last):",
+        "[default1]:[rank1]:   File \"m.py\", line 7, in training_step",
+        "[default1]:[rank1]: ValueError: rank one broke",
+        "[default0]:[rank0]: Traceback (most recent call last):",
+        "[default0]:[rank0]:   File \"c10d.py\", line 9, in barrier",
+        "[default0]:[rank0]: RuntimeError: Connection closed by peer",
+        "[default0]:teardown note",                            # rank 0 after its traceback: shown
+        "E1125 16:15:35 api.py:1002] failed (exitcode: 1) local_rank: 1",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "Root Cause (first observed failure):",
+    ]
+    live = LiveFilter()
+    shown = [out for i, t in enumerate(text) if (out := live.show(torchrun_line(t, i))) is not None]
+    assert shown == ["step 1/4 | loss 1.0", "rank 1 says hello", "W1125 16:15:35 api.py:1028] some torchrun warning",
+                     "teardown note"]
+    assert live.failed

@@ -214,6 +214,6 @@ def test_memory_plan_refuses_a_class_path_model(tmp_path):
 
     spec, profile = _spec(tmp_path, USER), load_profile("slurm-a100", PROFILES)
     with pytest.raises(NotSupportedError, match="planning never imports user code") as info:
-        plan_memory(spec, profile, 1, 8)
-    assert info.value.location == "spec: model.class_path"
+        plan_memory(spec, profile, 1, 8, spec_source="team/user.yaml")
+    assert info.value.location == "team/user.yaml: model.class_path"
     assert fit_warning(spec, profile, 1, 8) is None  # rendering for a GPU profile still works

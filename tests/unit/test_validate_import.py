@@ -105,3 +105,24 @@ def test_submit_no_import_check_skips_it(run_cli, tmp_path):
     result = run_cli("submit", spec, "--profile", "slurm-cpu", "--no-import-check", "--test-only",
                      "--out", str(tmp_path / "manifests"), cwd=tmp_path, timeout=TIMEOUT_S)
     assert "nosuch_pkg" not in result.stderr, result.stderr  # got past the check (to sbatch, absent or not)
+
+
+def test_validate_import_finds_a_module_at_the_repository_root(run_cli, tmp_path):
+    """Issue 23: ``mymodels.py`` at the root of the user's git repository and ``model.class_path:
+    mymodels.Regressor``: the snapshot's python_path defaults to the repository root, so the
+    import check imports from there (run from outside the repository: no cwd on sys.path).
+    ``python_path: .`` and the other spellings: test_code_snapshot's local_import_dir tests."""
+    from tests.integration.usercode_repo import git
+
+    repo = tmp_path / "userrepo"
+    write(repo / "mymodels.py", USER_MODULE.replace("Needs", "Regressor"))
+    spec = write(repo / "jobs" / "train.yaml", f"name: byo\nmodel: {{class_path: mymodels.Regressor, init_args: {{width: 4}}}}\n"
+                                                f"data: {{class_path: {BORING}.BoringDataModule}}\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "my model")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_cli("validate", str(spec), "--profile", "local", "--import", cwd=elsewhere, timeout=TIMEOUT_S)
+    assert result.code == 0, result.stderr
+    assert "imported mymodels.Regressor" in result.stdout

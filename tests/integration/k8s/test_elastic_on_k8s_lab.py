@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest
+from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import PlanError, SubmitError
 from jobgen.k8s_validate import validate_manifest
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import PROFILES, REPO, TEMPLATES
 
 pytestmark = pytest.mark.k8s_lab
@@ -73,7 +72,7 @@ def test_cli_creates_the_elastic_job_as_rendered_and_cancels_it(k8s_lab, tmp_pat
     command = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     assert command[3:8] == ["--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
                             "--max-restarts=3"]
-    job_dir = tmp_path / "manifests" / "k8s-h100" / "elastic-fsdp"
+    job_dir = tmp_path / "runs" / "elastic-fsdp" / "job"
     launch = json.loads((job_dir / "spec.json").read_text())["launch"]
     assert (launch["min_nodes"], launch["num_nodes"]) == (2, 4)
     logs = cli(k8s_lab, tmp_path, "logs", handle)  # no Master: the default replica is worker-0 (no kubelet: no pod yet)

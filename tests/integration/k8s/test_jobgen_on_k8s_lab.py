@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest
+from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import PlanError, SubmitError
 from jobgen.k8s_validate import validate_manifest
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES
 
 pytestmark = pytest.mark.k8s_lab
@@ -132,7 +131,7 @@ def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     assert f"created {handle}" in first.stdout
     status, job = _job(k8s_lab, "quickstart")
     assert status == 200
-    job_dir = tmp_path / "manifests" / "k8s-h100" / "quickstart"
+    job_dir = tmp_path / "runs" / "quickstart" / "job"
     spec_json = json.loads((job_dir / "spec.json").read_text())
     assert job["metadata"]["annotations"][k8s_manifest.INPUTS_ANNOTATION] == spec_json["inputs_sha256"]
     assert job["spec"]["nprocPerNode"] == "8"

@@ -29,9 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen.backends import k8s_manifest
+from jobgen.backends import k8s_manifest, plan
 from jobgen.load import load_profile, load_spec
-from jobgen.plan import plan
 from tests.conftest import REPO, TEMPLATES, require
 from tests.ports import ATTEMPTS, address_in_use, next_port
 

@@ -153,7 +153,7 @@ def test_two_node_job_trains_to_completion_with_status_and_logs(jobgen):
     final_status = jobgen.status(handle)
     assert final_status["state"] == "COMPLETED" and final_status["source"] in {"squeue", "sacct", "jobcomp"}
     # the job directory is a handle too
-    job_dir = jobgen.root / "manifests" / "slurm-lab" / "lab-train"
+    job_dir = jobgen.root / "runs" / "lab-train" / "job"  # submit without --out: the job dir goes with the run
     assert jobgen.status(str(job_dir))["handle"] == handle
 
 
