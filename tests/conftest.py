@@ -45,6 +45,78 @@ ADVERSARIAL = [
 ]
 
 
+#: The markers of tests that need a lab (tests/integration/slurm and k8s conftest.py); each such
+#: test is marked ``lab`` too (setup.cfg), so ``-m "not lab"`` leaves both labs out.
+LAB_MARKERS = ("slurm_lab", "k8s_lab")
+
+
+#: Every test of the module (in :data:`SLOW_TESTS`).
+ALL = "*"
+#: The tests marked ``slow`` (left out of the quick tier, README "Test tiers"): module -> test
+#: function names, or :data:`ALL`. Each starts training processes; chosen with ``--durations``
+#: on a loaded 2-core machine, where each took 18-165 s and every other test of tests/entrypoint
+#: under 6 s (of tests/unit under 10 s). tests/test_markers.py checks that every name here is a
+#: test of its module.
+SLOW_TESTS: dict[str, str | frozenset[str]] = {
+    "tests/entrypoint/test_command_run.py": ALL,
+    "tests/entrypoint/test_entrypoint_requeue.py": ALL,
+    "tests/entrypoint/test_entrypoint_train.py": ALL,
+    "tests/entrypoint/test_estimate_memory.py": ALL,
+    "tests/entrypoint/test_gpu_suite_smoke.py": ALL,
+    "tests/entrypoint/test_strategy_matrix.py": ALL,
+    "tests/entrypoint/test_user_code_train.py": ALL,
+    "tests/integration/k8s/test_rank_semantics.py": ALL,
+    "tests/unit/test_cli.py": frozenset({"test_local_submit_trains_and_resumes"}),
+    "tests/entrypoint/test_entrypoint_cli.py": frozenset({"test_hand_edited_deepspeed_config_is_checked"}),
+    "tests/entrypoint/test_hf_lora.py": frozenset({
+        "test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes",
+        "test_lora_target_module_missing_from_model_is_a_config_error",
+    }),
+    "tests/entrypoint/test_hf_sharded.py": frozenset({  # the tests of its module-scoped training runs
+        "test_lora_trains_to_the_same_loss_under_every_strategy",
+        "test_resume_from_its_own_checkpoint_format_continues_at_the_saved_step",
+        "test_ddp_checkpoint_file_holds_the_adapters_only",
+        "test_fsdp_sharded_checkpoint_keeps_the_frozen_base",
+        "test_deepspeed_checkpoint_is_the_engines_directory",
+    }),
+    # Not measured (merged in after the measurement): each starts training ranks.
+    "tests/entrypoint/test_hf_qlora.py": frozenset({  # the tests of its module-scoped training runs
+        "test_qlora_trains_under_every_strategy",
+        "test_qlora_losses_agree_across_strategies",
+    }),
+    "tests/entrypoint/test_local_failure_output.py": ALL,
+    "tests/unit/test_readme_commands.py": frozenset({"test_the_readme_commands_run"}),
+    "tests/entrypoint/test_measurement.py": frozenset({"test_tiny_run_reports_measurements_curves_and_tensorboard"}),
+    "tests/entrypoint/test_notify.py": frozenset({
+        "test_local_run_sends_started_and_finished_with_a_bearer_token_no_file_holds",
+        "test_a_run_that_raises_after_start_sends_failed_through_the_command",
+        "test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed",
+    }),
+    "tests/entrypoint/test_preflight.py": frozenset({
+        "test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_process_group",
+        "test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node",
+    }),
+}
+
+
+def is_slow(module: str, function: str) -> bool:
+    """Whether test ``function`` of ``module`` (a path relative to the repository) is in :data:`SLOW_TESTS`."""
+    names = SLOW_TESTS.get(module)
+    return names is not None and (names == ALL or function in names)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`, and ``slow`` to
+    those of :data:`SLOW_TESTS`."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in LAB_MARKERS):
+            item.add_marker(pytest.mark.lab)
+        function = getattr(item, "originalname", None) or item.name
+        if item.path.is_relative_to(REPO) and is_slow(item.path.relative_to(REPO).as_posix(), function):
+            item.add_marker(pytest.mark.slow)
+
+
 #: Values of ``$CI`` that do not mean "running under CI".
 _NOT_CI = frozenset({"", "0", "false", "no"})
 

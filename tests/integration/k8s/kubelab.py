@@ -33,7 +33,8 @@ By hand:
     export KUBECONFIG=/tmp/jobgen-k8s-lab/kubeconfig           # context jobgen-lab
     python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
-This module imports nothing from jobgen: the standard library, plus PyYAML to read the CRDs.
+This module imports nothing from jobgen: the standard library, PyYAML to read the CRDs, and the
+test suite's port picker (tests/ports.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -56,6 +56,11 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+if __package__ in (None, ""):  # run as a script: make the repository's tests package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.ports import ATTEMPTS, address_in_use, next_port  # noqa: E402
 
 #: Bump when the build recipe changes: a cached build with another recipe is rebuilt.
 RECIPE = 1
@@ -116,6 +121,11 @@ class LabUnavailable(LabError):
 class LabStartError(LabError):
     """A daemon did not start or become ready; the message has its log tail."""
 
+    @property
+    def port_taken(self) -> bool:
+        """The log tail says a port was held by another process ("address already in use")."""
+        return address_in_use(str(self))
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -171,11 +181,25 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float 
         time.sleep(interval)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports (IPv4 and IPv6) process ``pid`` itself listens on: its socket inodes
+    (``/proc/PID/fd`` links ``socket:[INODE]``) matched against the LISTEN rows (state ``0A``) of
+    ``/proc/PID/net/tcp`` and ``tcp6`` (proc(5)). Empty when the process is gone."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = row.split()
+                if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def pid_alive(pid: int) -> bool:
@@ -626,18 +650,21 @@ class K8sLab:
         for sub in ("pki", "run", "log", "etcd-data"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._write_pki()
-        for attempt in (1, 2):
+        for attempt in range(1, ATTEMPTS + 1):
             try:
                 self._start_core(timeout, started)
                 break
-            except (LabStartError, TimeoutError) as exc:
-                # The ports free_port() picked are free when picked, not when bound: another
-                # process may take one in between (seen once: kube-apiserver refused by etcd
-                # with etcd healthy). One retry with fresh ports and a fresh etcd.
+            except LabStartError as exc:
+                # The daemons are told their ports before they bind them (kube-apiserver cannot
+                # pick its own: --secure-port=0 turns HTTPS off), so a port can be taken in
+                # between. tests/ports.py picks them below the kernel's ephemeral range (no
+                # bind(0) or outgoing connection gets them) and _start_core waits until each
+                # daemon itself listens on its port; a daemon that lost its port says so in
+                # its log: start again on fresh ports and a fresh etcd.
                 self.down()
-                if attempt == 2:
+                if attempt == ATTEMPTS or not exc.port_taken:
                     raise
-                print(f"kubelab: start failed, retrying with fresh ports: {str(exc).splitlines()[0]}",
+                print(f"kubelab: a port was taken, starting again on fresh ports: {str(exc).splitlines()[0]}",
                       file=sys.stderr)
                 shutil.rmtree(self.root / "etcd-data", ignore_errors=True)
                 (self.root / "etcd-data").mkdir()
@@ -655,9 +682,9 @@ class K8sLab:
         return self
 
     def _start_core(self, timeout: float, started: float) -> None:
-        """Start etcd and kube-apiserver on fresh ports and wait until /readyz answers 200.
-        Raises LabStartError or TimeoutError (with log tails)."""
-        etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
+        """Start etcd and kube-apiserver on fresh ports (tests/ports.py) and wait until each
+        listens on its own ports and /readyz answers 200. Raises LabStartError (with log tails)."""
+        etcd_port, peer_port, self.port = next_port(), next_port(), next_port()
         self._launch("etcd", [self.bin["etcd"], "--name", "jobgen-lab", "--data-dir", str(self.root / "etcd-data"),
                               "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
                               "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -665,7 +692,7 @@ class K8sLab:
                               "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
                               "--initial-cluster", f"jobgen-lab=http://127.0.0.1:{peer_port}",
                               "--log-level", "warn"])
-        self._wait_http(f"http://127.0.0.1:{etcd_port}/health", "etcd", timeout)
+        self._wait_http(f"http://127.0.0.1:{etcd_port}/health", "etcd", timeout, listens=(etcd_port, peer_port))
         self.timings["etcd_s"] = round(time.monotonic() - started, 2)
         pki = self.root / "pki"
         apiserver_started = time.monotonic()
@@ -683,7 +710,10 @@ class K8sLab:
             "--enable-priority-and-fairness=false", "--v=1",
         ])
         self._write_kubeconfig()
-        wait_for(self._ready, timeout, 0.2, what=f"kube-apiserver /readyz on {self.server}\n{self.log_tails()}")
+        try:
+            wait_for(self._ready, timeout, 0.2, what=f"kube-apiserver /readyz on {self.server}")
+        except TimeoutError as exc:
+            raise LabStartError(f"{exc}\n{self.log_tails()}") from None
         self.timings["apiserver_ready_s"] = round(time.monotonic() - apiserver_started, 2)
 
     def start_crd_server(self, binary: str, *, timeout: float = 90.0) -> str:
@@ -694,8 +724,22 @@ class K8sLab:
 
         Returns the context name. Raises LabStartError (with its log tail)."""
         started = time.monotonic()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                self._start_crd_server(binary, timeout)
+                break
+            except LabStartError as exc:  # its port taken before it bound it: see up()
+                self._stop_daemon("apiextensions-apiserver")
+                if attempt == ATTEMPTS or not exc.port_taken:
+                    raise
+        self.timings["crd_server_ready_s"] = round(time.monotonic() - started, 2)
+        self.crd_server_crds = self._install_crds(timeout, server=self.crd_server)
+        return CRD_CONTEXT
+
+    def _start_crd_server(self, binary: str, timeout: float) -> None:
+        """One start of the CRD server on a fresh port, until /readyz answers 200."""
         pki = self.root / "pki"
-        self.crd_port = free_port()
+        self.crd_port = next_port()
         etcd = next(a for a in _read_argv(self._pidfile("kube-apiserver")) if a.startswith("--etcd-servers="))
         self._launch("apiextensions-apiserver", [
             binary, etcd, "--etcd-prefix=/registry-crd-server", "--bind-address=127.0.0.1", f"--secure-port={self.crd_port}",
@@ -712,6 +756,8 @@ class K8sLab:
         def ready() -> bool:
             if "apiextensions-apiserver" not in self.daemon_pids():
                 raise LabStartError(f"apiextensions-apiserver exited\n{_tail(self.root / 'log' / 'apiextensions-apiserver.log', 40)}")
+            if not self._listens("apiextensions-apiserver", (self.crd_port,)):
+                return False
             try:
                 status, _ = self.request("GET", "/readyz", timeout=3, server=self.crd_server)
             except (OSError, urllib.error.URLError, ssl.SSLError):
@@ -721,9 +767,6 @@ class K8sLab:
             wait_for(ready, timeout, 0.3, what="apiextensions-apiserver /readyz")
         except TimeoutError as exc:
             raise LabStartError(f"{exc}\n{_tail(self.root / 'log' / 'apiextensions-apiserver.log', 40)}") from None
-        self.timings["crd_server_ready_s"] = round(time.monotonic() - started, 2)
-        self.crd_server_crds = self._install_crds(timeout, server=self.crd_server)
-        return CRD_CONTEXT
 
     @property
     def crd_server(self) -> str:
@@ -733,19 +776,23 @@ class K8sLab:
     def down(self) -> None:
         """Stop the daemons this root's PID files name (SIGTERM, then SIGKILL), newest first."""
         for name in ("apiextensions-apiserver", "kube-controller-manager", "kube-apiserver", "etcd"):
-            pidfile = self._pidfile(name)
-            try:
-                pid = int(pidfile.read_text().split()[0])
-                expected = pidfile.read_text().split()[1]
-            except (OSError, ValueError, IndexError):
-                continue
-            if pid_alive(pid) and _cmdline(pid).startswith(expected):
-                self._stop(pid, name)
-            pidfile.unlink(missing_ok=True)
+            self._stop_daemon(name)
         for child in self._children:
             with contextlib.suppress(Exception):
                 child.wait(timeout=1)
         self._children.clear()
+
+    def _stop_daemon(self, name: str) -> None:
+        """Stop daemon ``name`` if its PID file names a live process of its binary; drop the file."""
+        pidfile = self._pidfile(name)
+        try:
+            pid = int(pidfile.read_text().split()[0])
+            expected = pidfile.read_text().split()[1]
+        except (OSError, ValueError, IndexError):
+            return
+        if pid_alive(pid) and _cmdline(pid).startswith(expected):
+            self._stop(pid, name)
+        pidfile.unlink(missing_ok=True)
 
     def daemon_pids(self) -> dict[str, int]:
         """Running daemons: name -> PID (from the PID files, checked against /proc)."""
@@ -799,23 +846,34 @@ class K8sLab:
             raise LabStartError(f"{name} exited with {proc.returncode} at once\n{_tail(log)}")
         return proc.pid
 
-    def _wait_http(self, url: str, what: str, timeout: float) -> None:
+    def _listens(self, name: str, ports: Sequence[int]) -> bool:
+        """Whether daemon ``name`` itself listens on all of ``ports`` (not merely some process:
+        a port another process holds would answer for it). Raises LabStartError when it is not
+        running."""
+        pid = self.daemon_pids().get(name)
+        if pid is None:
+            raise LabStartError(f"{name} is not running\n{self.log_tails()}")
+        return set(ports) <= listening_ports(pid)
+
+    def _wait_http(self, url: str, what: str, timeout: float, *, listens: Sequence[int]) -> None:
+        """Wait until daemon ``what`` listens on ``listens`` and ``url`` answers 200."""
         def healthy() -> bool:
+            if not self._listens(what, listens):
+                return False
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     return resp.status == 200
             except (OSError, urllib.error.URLError):
                 return False
         try:
-            wait_for(healthy, timeout, 0.1, what=what)
+            wait_for(healthy, timeout, 0.1, what=f"{what} on port(s) {', '.join(map(str, listens))}")
         except TimeoutError as exc:
             raise LabStartError(f"{exc}\n{self.log_tails()}") from None
 
     def _ready(self) -> bool:
-        for name in ("etcd", "kube-apiserver"):
-            pid = self.daemon_pids().get(name)
-            if pid is None:
-                raise LabStartError(f"{name} is not running\n{self.log_tails()}")
+        self._listens("etcd", ())
+        if not self._listens("kube-apiserver", (self.port,)):
+            return False
         try:
             status, _ = self.request("GET", "/readyz", timeout=3)
         except (OSError, urllib.error.URLError, ssl.SSLError):

@@ -157,13 +157,14 @@ def test_two_node_job_trains_to_completion_with_status_and_logs(jobgen):
     assert jobgen.status(str(job_dir))["handle"] == handle
 
 
-def _requeue_now(lab, jid: str) -> None:
-    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: release it now."""
+def _requeue_now(lab, jid: str, *updates: str) -> None:
+    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: once it is back in the
+    queue, release it now (with ``updates``, e.g. ``TimeLimit=30``, in the same ``scontrol update``)."""
     def pending() -> bool:
         return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
 
     wait_for(pending, 60, 0.5, what=f"job {jid} back in the queue")
-    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now")
+    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now", *updates)
 
 
 def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
@@ -171,38 +172,75 @@ def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
 
 
 def test_scontrol_requeue_resumes_from_the_checkpoint(jobgen, slurm_lab):
-    """Acceptance: requeue past the first checkpoint -> the job runs again and continues its global step."""
+    """Acceptance: requeue past the first checkpoint -> the job runs again and continues its global step.
+
+    The requeue comes within a second of the step-50 checkpoint, and the first run would need
+    another 250 steps (~8 s at ~30 steps/s) to finish on its own, so it is the requeued run that
+    completes, resumed from a step checkpoint.
+    """
     jobgen.profile()
-    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=600, every=100))
+    started = time.monotonic()
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=300, every=50))
     run = run_dir(jobgen, "lab-requeue")
-    _wait_for_checkpoint(run, 300)
+    _wait_for_checkpoint(run, 600)
+    checkpointed = time.monotonic() - started
     run_slurm(slurm_lab, "scontrol", "requeue", job_id(handle))
     _requeue_now(slurm_lab, job_id(handle))
-    final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
+    released = time.monotonic() - started
+    final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=900)
     log = jobgen("logs", handle).stdout
     assert final == "COMPLETED", f"{seen}\n{log[-3000:]}"
     assert "restart 1" in log, log
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["global_step"] == 600
-    assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 100, summary
+    assert summary["global_step"] == 300
+    assert summary["resumed_from_step"] and 50 <= summary["resumed_from_step"] < 300, summary
     assert "resuming from" in log
+    print(f"\nrequeue job: first checkpoint {checkpointed:.0f} s, requeued and released {released:.0f} s, "
+          f"COMPLETED {time.monotonic() - started:.0f} s after submit (resumed from step {summary['resumed_from_step']})")
+
+
+#: --signal=B:USR2@GRACE_S; the test cuts the time limit so that 90-150 s remain (see below).
+GRACE_S = 150
+#: Above the steps the first run makes in the ~30 s between the cut and the signal (~30 steps/s).
+TIME_LIMIT_STEPS = 2000
+
+
+def _run_time_s(lab, jid: str) -> int:
+    """The job's run time so far as SLURM counts it: ``squeue -o %M``, [days-][hours:]minutes:seconds."""
+    text = run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%M").stdout.strip()
+    days, _, clock = text.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
-    """Acceptance: --signal=USR2@60 before a 3-minute limit -> every rank saves an HPC checkpoint and
-    the job requeues itself; the next run resumes from it and the job ends COMPLETED at max_steps.
+    """Acceptance: SLURM's --signal=B:USR2@150 before the time limit -> every rank saves an HPC
+    checkpoint and the job requeues itself; the next run resumes from it and the job ends
+    COMPLETED at max_steps.
 
-    SLURM sends the signal up to 60 s early (sbatch(1)), so it arrives 60-120 s into the run;
-    max_steps is beyond what one run reaches in 120 s here (~30 steps/s). Once the job is back
-    in the queue, the test gives the second run a longer limit so that it finishes whatever the
-    machine's speed, and releases it from SLURM's ~120 s requeue hold (LAB-NOTES pitfall 9).
+    The job is submitted with a 10-minute limit. Once it trains (its signal handler is installed
+    before the first step), the test cuts the limit with ``scontrol update TimeLimit`` (whole
+    minutes) to the run time plus 90-150 s: within the grace, so slurmctld sends the signal at its
+    next time-limit check, which it makes every 30 s and which sends a warning signal up to that
+    much early (sbatch(1), --signal: "may be sent up to 60 seconds earlier than specified"). The
+    signal thus comes within ~30 s of the cut and at least 60 s before the limit, and the first run
+    stops short of max_steps (:data:`TIME_LIMIT_STEPS`). Once the job is back in the
+    queue the test gives the next run a 30-minute limit and releases it from SLURM's ~120 s
+    requeue hold (LAB-NOTES pitfall 9).
     """
-    jobgen.profile(time_limit_min=3, grace_s=60)
-    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=5000, every=1000))
-    run, jid = run_dir(jobgen, "lab-timelimit"), job_id(handle)
+    jobgen.profile(time_limit_min=10, grace_s=GRACE_S)
     started = time.monotonic()
+    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=TIME_LIMIT_STEPS, every=1000))
+    run, jid = run_dir(jobgen, "lab-timelimit"), job_id(handle)
+    wait_for(lambda: "step 10/" in jobgen("logs", handle).stdout, 600, 1.0, what="training progress")
+    ran = _run_time_s(slurm_lab, jid)
+    limit_min = math.ceil((ran + 90) / 60)
+    run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}", f"TimeLimit={limit_min}")
+    cut = time.monotonic()
     wait_for(lambda: list((run / "checkpoints").glob("hpc_ckpt_*.ckpt")), 300, 1.0, what="the HPC checkpoint the signal triggers")
-    signalled = time.monotonic() - started
+    signalled = time.monotonic() - cut
 
     seen: list[str] = []
 
@@ -214,12 +252,12 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
         return st if st["details"].get("restarts") not in (None, "", "0") else None
 
     try:
-        st = wait_for(requeued, 120, 1.0, what=f"{handle} requeued")
+        wait_for(requeued, 120, 1.0, what=f"{handle} requeued")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}; states seen: {seen}\n{jobgen('logs', handle).stdout[-4000:]}") from None
-    # Back in the queue (held ~120 s, LAB-NOTES pitfall 9) or, if SLURM started it again already, running.
-    update = ["TimeLimit=30", "StartTime=now"] if st["state"] == "PENDING" else ["TimeLimit=30"]
-    run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}", *update)
+    # The restart count goes up before the job is back in the queue; the next run gets a long limit.
+    _requeue_now(slurm_lab, jid, "TimeLimit=30")
+    released = time.monotonic() - cut
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=900)
     log = jobgen("logs", handle).stdout
     assert final == "COMPLETED", (seen, log[-4000:])
@@ -227,9 +265,10 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     resumes = [line for line in log.splitlines() if line.startswith("resume: auto - resuming from")]
     assert resumes and "hpc_ckpt_1.ckpt" in resumes[0], resumes
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["global_step"] == 5000 and 0 < summary["resumed_from_step"] < 5000, summary
-    print(f"\ntime-limit job: signal + HPC checkpoint {signalled:.0f} s after submit; {resumes[0]}; "
-          f"COMPLETED at step 5000 {time.monotonic() - started:.0f} s after submit")
+    assert summary["global_step"] == TIME_LIMIT_STEPS and 0 < summary["resumed_from_step"] < TIME_LIMIT_STEPS, summary
+    print(f"\ntime-limit job: limit cut to {limit_min} min at run time {ran} s; signal + HPC checkpoint "
+          f"{signalled:.0f} s after the cut, released {released:.0f} s after it; {resumes[0]}; "
+          f"COMPLETED at step {TIME_LIMIT_STEPS} {time.monotonic() - started:.0f} s after submit")
 
 
 def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
@@ -294,7 +333,8 @@ def test_gitops_path_submits_a_rendered_directory_once(jobgen):
     """`jobgen render` then `jobgen submit <dir>` (what is committed is what runs): --test-only
     queues nothing; a second submit while the first is queued or running is refused."""
     jobgen.profile()
-    spec = jobgen.spec("lab-gitops", max_steps=300, every=100)
+    # still starting or training when the second submit comes a few seconds later (start-up alone takes longer)
+    spec = jobgen.spec("lab-gitops", max_steps=100, every=50)
     jobgen("render", spec, "--profile", "slurm-lab", "--profiles-dir", str(jobgen.root / "profiles"), "--out", "manifests")
     job_dir = jobgen.root / "manifests" / "slurm-lab" / "lab-gitops"
     preflight = jobgen("submit", str(job_dir), "--test-only")
@@ -305,4 +345,4 @@ def test_gitops_path_submits_a_rendered_directory_once(jobgen):
     assert again.returncode == 1 and f"already submitted as {handle}" in again.stderr and "--force" in again.stderr
     final, seen = jobgen.wait_state(str(job_dir), {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     assert final == "COMPLETED", (seen, jobgen("logs", "--rank", "all", str(job_dir)).stdout[-3000:])
-    assert "step 300/300" in jobgen("logs", str(job_dir)).stdout
+    assert "step 100/100" in jobgen("logs", str(job_dir)).stdout
