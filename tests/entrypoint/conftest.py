@@ -171,3 +171,15 @@ def run_entrypoint(tmp_path: Path) -> Callable[..., Result]:
         return run_process(argv, cwd=tmp_path, timeout=timeout)
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama, its tokenizer and ``train.jsonl`` (tests/entrypoint/hf_helpers.py), once per
+    module; the caller checks that transformers, tokenizers and peft are importable first."""
+    from tests.entrypoint.hf_helpers import build_tiny_llama, write_records
+
+    directory = tmp_path_factory.mktemp("hf")
+    build_tiny_llama(directory)
+    write_records(directory / "train.jsonl")
+    return directory

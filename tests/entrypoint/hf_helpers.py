@@ -14,6 +14,14 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128
 LORA_R = 4
 TARGETS = ["q_proj", "v_proj"]
 
+#: case id -> trainer overrides: the strategies the Hugging Face tests rehearse on 2 CPU ranks.
+STRATEGY_CASES: dict[str, dict[str, str]] = {
+    "ddp": {"strategy": "ddp"},
+    "fsdp_full_shard": {"strategy": "fsdp", "fsdp_sharding_strategy": "FULL_SHARD"},
+    "zero2": {"strategy": "deepspeed_stage_2"},
+    "zero3": {"strategy": "deepspeed_stage_3"},
+}
+
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple"]
 ANIMALS = ["cat", "dog", "fox", "owl", "cow", "pig", "bee", "ant"]
 

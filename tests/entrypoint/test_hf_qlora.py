@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.entrypoint.hf_helpers import build_tiny_llama, expected_lora_params, lora_spec, write_records
+from tests.entrypoint.hf_helpers import STRATEGY_CASES as CASES
+from tests.entrypoint.hf_helpers import expected_lora_params, lora_spec
 
 require("transformers", "transformers not installed (pip install -e .[train])")
 require("peft", "peft not installed (pip install -e .[train])")
@@ -48,13 +49,6 @@ ZeRO-2 3.4630, fsdp 3.5091, ZeRO-3 3.5716 (spread 0.142) from 3.81-3.89 at step 
 train loss at step 1; identical to 4 digits with and without gradient checkpointing. A strategy
 that stopped training after step 4 would stay ~0.35 above the others."""
 
-#: case id -> trainer overrides.
-CASES: dict[str, dict[str, Any]] = {
-    "ddp": {"strategy": "ddp"},
-    "fsdp_full_shard": {"strategy": "fsdp", "fsdp_sharding_strategy": "FULL_SHARD"},
-    "zero2": {"strategy": "deepspeed_stage_2"},
-    "zero3": {"strategy": "deepspeed_stage_3"},
-}
 
 
 def _base(hf_dir: Path) -> dict[str, Any]:
@@ -66,12 +60,6 @@ def _base(hf_dir: Path) -> dict[str, Any]:
     return spec
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("hf")
-    build_tiny_llama(directory)
-    write_records(directory / "train.jsonl")
-    return directory
 
 
 def _val_losses(summary: dict[str, Any]) -> dict[int, float]:

@@ -36,7 +36,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.entrypoint.hf_helpers import build_tiny_llama, expected_lora_params, lora_spec, write_records
+from tests.entrypoint.hf_helpers import STRATEGY_CASES as CASES
+from tests.entrypoint.hf_helpers import expected_lora_params, lora_spec
 
 require("transformers", "transformers not installed (pip install -e .[train])")
 require("peft", "peft not installed (pip install -e .[train])")
@@ -49,13 +50,6 @@ STEPS = 12
 LOSS_ATOL = 1e-3
 """Allowed |val_loss - reference| in nats/token (see the module docstring)."""
 
-#: case id -> trainer overrides.
-CASES: dict[str, dict[str, Any]] = {
-    "ddp": {"strategy": "ddp"},
-    "fsdp_full_shard": {"strategy": "fsdp", "fsdp_sharding_strategy": "FULL_SHARD"},
-    "zero2": {"strategy": "deepspeed_stage_2"},
-    "zero3": {"strategy": "deepspeed_stage_3"},
-}
 
 
 def _base(hf_dir: Path) -> dict[str, Any]:
@@ -65,12 +59,6 @@ def _base(hf_dir: Path) -> dict[str, Any]:
     return spec
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("hf")
-    build_tiny_llama(directory)
-    write_records(directory / "train.jsonl")
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Imports flow one way (../shared/docs/ARCHITECTURE.md, "Imports flow one way"):
+"""Imports flow one way (the project's architecture rule, issue 23):
 ``cli.py, api.py -> backends/ -> plan.py -> rules, estimate, render -> spec, profiles, jobdir, errors``.
 
 A lower module never imports a higher one, "not even lazily inside a function": the graph below
