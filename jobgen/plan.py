@@ -24,7 +24,6 @@ from jobgen.command import check_trainer_args
 from jobgen.environment import check_job_env
 from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
-from jobgen.micro_batch import resolve_micro_batch
 from jobgen.profiles import ClusterProfile
 from jobgen.render import template_sha256
 from jobgen.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
@@ -262,7 +261,11 @@ def plan_context(
     """
     if backend is None and template_names is None:
         raise TypeError("plan_context() needs the backend or the template names")
-    spec = resolve_micro_batch(resolve_precision(spec, profile), profile, spec_source)
+    spec = resolve_precision(spec, profile)
+    if spec.trainer.micro_batch_size == "auto":  # the memory plan is imported only when it decides something
+        from jobgen.micro_batch import resolve_micro_batch
+
+        spec = resolve_micro_batch(spec, profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
     check_trainer_args(spec, world, spec_source)
