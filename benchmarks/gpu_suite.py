@@ -11,7 +11,7 @@ for this machine (``<out>/profiles/``: ``scheduler: local``, the visible GPUs, t
 ``gpu_type`` and memory), ``python -m jobgen.cli submit SPEC --profile PROFILE --smoke STEPS
 --set ...`` (the local backend: torchrun + ``python -m jobgen.train``, so tokens/s, MFU and peak
 memory are the entrypoint's own ``summary.json`` figures), and ``python -m jobgen.cli plan ...
---output json`` for the planned per-rank memory of the same spec (``jobgen.estimate``). A row's
+--output json`` for the planned per-rank memory of the same spec (``jobgen.planning.estimate``). A row's
 variations (precision, strategy, ``trainer.compile``, ranks) are ``--set`` overrides, recorded
 in the JSON; a field this checkout's spec does not know (``trainer.compile`` before it lands)
 makes that row ``unavailable: <the spec's error>`` instead of stopping the suite.
@@ -92,9 +92,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jobgen.estimate import GIB  # noqa: E402
+from jobgen.planning.estimate import GIB  # noqa: E402
 
-#: torch.cuda.get_device_name() substrings -> jobgen.profiles.GpuType (most specific first).
+#: torch.cuda.get_device_name() substrings -> jobgen.specs.profile.GpuType (most specific first).
 GPU_TYPES = (("H200", "H200"), ("H100", "H100"), ("B200", "B200"), ("A100", "A100"), ("A10G", "A10G"),
              ("L40S", "L40S"), ("L4", "L4"), ("T4", "T4"), ("V100", "V100"))  # fmt: skip
 

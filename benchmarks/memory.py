@@ -1,4 +1,4 @@
-"""Measured vs estimated peak memory of fp32 AdamW training on CPU (checks jobgen.estimate).
+"""Measured vs estimated peak memory of fp32 AdamW training on CPU (checks jobgen.planning.estimate).
 
 Builds the bundled GPT (jobgen.train.model.GPT) at a size where model state dominates
 (tens of millions of parameters, a short context), runs a few AdamW steps in ONE process
@@ -6,7 +6,7 @@ Builds the bundled GPT (jobgen.train.model.GPT) at a size where model state domi
 training as the RSS high-water mark (``getrusage(RUSAGE_SELF).ru_maxrss``) at the end minus
 the resident set size just before the model is built (after importing torch, so the Python and
 torch runtime is not counted — the estimate does not model it either). Compares with
-``jobgen.estimate.estimate(..., "32-true", Layout("ddp"), world size 1, accelerator "cpu",
+``jobgen.planning.estimate.estimate(..., "32-true", Layout("ddp"), world size 1, accelerator "cpu",
 overhead 0)``: 4Ψ parameters + 4Ψ gradients + 8Ψ Adam moments + step temporaries + activations.
 
 Prints one JSON object. Usage:
@@ -38,7 +38,7 @@ def measure(n_layer: int, n_head: int, d_model: int, block_size: int, batch: int
     import torch
     import torch.nn.functional as F
 
-    from jobgen.estimate import Layout, Shape, estimate
+    from jobgen.planning.estimate import Layout, Shape, estimate
     from jobgen.train.model import GPT
 
     torch.manual_seed(0)

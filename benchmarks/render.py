@@ -13,7 +13,7 @@ Prints:
        - the Kubernetes render with jobgen's cache off (``JOBGEN_CACHE_DIR=off``: the CRDs parsed from
          YAML and the templates compiled in every run),
        - two lower bounds no render can beat while its inputs are pydantic models: the floor plus
-         ``import jobgen.spec, jobgen.profiles`` (pydantic and the spec/profile models, no render),
+         ``import jobgen.specs.training, jobgen.specs.profile`` (pydantic and the spec/profile models, no render),
          and that plus ``import jsonschema`` (the Kubernetes render's schema validator),
        - when TorchX is importable (``pip install -e .[bench]``): TorchX's dry runs of the same
          shape of job, ``torchx run --scheduler slurm --dryrun dist.ddp -j 2x8 --script train.py``
@@ -39,7 +39,7 @@ Prints:
 Bytecode and jobgen's cache: every child runs with ``PYTHONPYCACHEPREFIX`` and
 ``JOBGEN_CACHE_DIR`` set to fresh temporary directories and without ``PYTHONDONTWRITEBYTECODE``,
 so the discarded warm-up round compiles every module once and fills jobgen's cache of derived
-data (jobgen/cache.py: parsed CRD schemas, compiled templates), and the timed rounds read them,
+data (jobgen/planning/cache.py: parsed CRD schemas, compiled templates), and the timed rounds read them,
 as an installed jobgen does from the second render on. Each timed render renders a different
 spec (``--set trainer.seed=<round>``), so nothing a render produces can come from a cache.
 
@@ -68,7 +68,7 @@ HERE = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "lightning", "deepspeed", "numpy", "kubernetes", "kubernetes_validate", "jsonschema", "referencing")
 FLOOR = "import jinja2, yaml, click"
 #: The floor plus jobgen's validated input models (pydantic): what any render imports and builds.
-MODELS_BOUND = FLOOR + ", jobgen.spec, jobgen.profiles"
+MODELS_BOUND = FLOOR + ", jobgen.specs.training, jobgen.specs.profile"
 #: jobgen's render -> (the TorchX dry run it is compared with, how): its median must be at most
 #: ("<=") or below ("<") TorchX's, in wall time and in CPU time.
 TARGETS = {"slurm": ("torchx-slurm", "<="), "k8s": ("torchx-k8s", "<")}
@@ -195,8 +195,8 @@ def per_variant_us(repo: Path, variants: int, profile_name: str = "slurm-a100") 
     """Median microseconds per plan() over ``variants`` specs (spec validation + render included;
     for a Kubernetes profile also the offline validators, warm after the first plan)."""
     from jobgen.backends import plan
-    from jobgen.load import load_profile, validate
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.load import load_profile, validate
+    from jobgen.specs.training import TrainingSpec
 
     profile = load_profile(profile_name, repo / "cluster_profiles")
     base = {"name": "bench", "trainer": {"micro_batch_size": 4}}
@@ -267,7 +267,7 @@ def main() -> None:
                                    {**env, "JOBGEN_CACHE_DIR": "off"}, vary=True),
             "slurm-noplugins": Command("  the same, PYDANTIC_DISABLE_PLUGINS=__all__", render_argv(repo, "slurm-a100"),
                                        {**env, "PYDANTIC_DISABLE_PLUGINS": "__all__"}, vary=True),
-            "models": Command("bound: floor + jobgen.spec, jobgen.profiles", [sys.executable, "-c", MODELS_BOUND], env),
+            "models": Command("bound: floor + jobgen.specs.training, jobgen.specs.profile", [sys.executable, "-c", MODELS_BOUND], env),
             "models+jsonschema": Command("bound: the same + jsonschema", [sys.executable, "-c", MODELS_BOUND + ", jsonschema"], env),
         }
         has_torchx = importlib.util.find_spec("torchx") is not None
@@ -350,7 +350,7 @@ def main() -> None:
         print(f"  validate + plan + render  {full:7.1f} us per variant")
         print(f"  plan + render only        {render_only:7.1f} us per variant")
         print(f"  target: <= 50 us per variant -> {'met' if full <= 50 else 'NOT met'}")
-        # Kubernetes renders run the offline validators (jobgen.k8s_validate): jsonschema, the CRD and
+        # Kubernetes renders run the offline validators (jobgen.backends.k8s_validate): jsonschema, the CRD and
         # kubernetes-validate's core/v1 schemas are loaded once per process, then each plan validates.
         k8s_full, _ = per_variant_us(repo, max(1, args.variants // 10), "k8s-h100")
         print(f"  Kubernetes: validate + plan + render + offline validation  {k8s_full:7.1f} us per variant "

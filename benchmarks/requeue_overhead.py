@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jobgen.spec import TrainingSpec  # noqa: E402
+from jobgen.specs.training import TrainingSpec  # noqa: E402
 
 SPEC = {
     "name": "requeue-overhead",

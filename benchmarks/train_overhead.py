@@ -41,7 +41,7 @@ MODEL = {"preset": None, "n_layer": 4, "n_head": 4, "d_model": 128, "block_size"
 
 def make_spec(steps: int, warmup: int, micro_batch: int, world_size: int) -> dict[str, Any]:
     """A resolved spec document (as the planner writes it) for ``warmup + steps`` steps."""
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.training import TrainingSpec
 
     total = warmup + steps
     spec = TrainingSpec.model_validate({

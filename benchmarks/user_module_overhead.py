@@ -16,7 +16,7 @@ block 128), fp32 on CPU, 1 rank by default (OMP_NUM_THREADS=1 per process), micr
 What differs between the paths (everything else is the same code):
 
 - construction: (b) imports the classes and binds/instantiates ``init_args`` with jsonargparse
-  (jobgen.user_code), (a) calls LitGPT.from_spec / ByteTextDataModule.from_spec. Both happen
+  (jobgen.usercode.classes), (a) calls LitGPT.from_spec / ByteTextDataModule.from_spec. Both happen
   before training starts, so neither is in the tokens/s figure (they are in ``wall_time_s``);
 - throughput accounting (jobgen.train.callbacks.Throughput): (a) knows tokens per optimizer
   step from the spec; (b) counts the samples of every micro batch with Lightning's
@@ -80,7 +80,7 @@ def user_spec(builtin: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     model and data replaced by :data:`USER_MODEL` / :data:`USER_DATA` on the same values: the GPT
     shape and jobgen's optimiser settings become ``model.init_args``, the data settings
     ``data.init_args`` (bins under ``data_dir``; ``batch_size`` is left to jobgen)."""
-    from jobgen.spec import BUILTIN_OPTIMIZER_FIELDS, TrainingSpec
+    from jobgen.specs.training import BUILTIN_OPTIMIZER_FIELDS, TrainingSpec
 
     s = builtin["spec"]
     m, t, d = s["model"], s["trainer"], s["data"]

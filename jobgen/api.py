@@ -28,13 +28,13 @@ from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir import DirUndo, JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
-from jobgen.load import load_profile, load_spec, search_dirs
-from jobgen.plan import JobPlan
+from jobgen.planning.plan import JobPlan
+from jobgen.specs.load import load_profile, load_spec, search_dirs
 
 if TYPE_CHECKING:
-    from jobgen.profiles import ClusterProfile
-    from jobgen.spec import TrainingSpec
-    from jobgen.triage import Triage
+    from jobgen.reports.triage import Triage
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.training import TrainingSpec
 
 __all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "load",
            "logs", "plan_job", "render", "status", "submit", "templates_dir"]
@@ -76,8 +76,8 @@ def as_smoke(spec: TrainingSpec, steps: int, source: str) -> TrainingSpec:
     Raises:
         ConfigError: the smoke spec breaks a rule (e.g. ``<name>-smoke`` is too long).
     """
-    from jobgen.load import validate
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.load import validate
+    from jobgen.specs.training import TrainingSpec
 
     if steps < 1:
         raise ConfigError(f"--smoke {steps}: give at least 1 step", location=source, hint="e.g. --smoke 5")
@@ -115,7 +115,7 @@ def plan_loaded(spec: TrainingSpec, prof: ClusterProfile, spec_path: PathLike, *
 
 def render(job_plan: JobPlan, out: PathLike = "manifests") -> list[Path]:
     """Write the plan's files under ``<out>/<profile>/<job name>/``; returns the paths written.
-    (``jobgen render`` also compares, diffs and commits: :mod:`jobgen.gitops`.)"""
+    (``jobgen render`` also compares, diffs and commits: :mod:`jobgen.gitops.manifests`.)"""
     return job_plan.write(Path(out) / job_plan.job_subdir)
 
 
@@ -126,7 +126,7 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     an already rendered job directory, as its backend does.
     When the backend refuses or fails before the job is queued or started, the plan's
     directory is put back as it was (:class:`~jobgen.jobdir.DirUndo`).
-    SLURM and local: the code is snapshotted first (:mod:`jobgen.snapshot`; the repository
+    SLURM and local: the code is snapshotted first (:mod:`jobgen.usercode.snapshot`; the repository
     holding the plan's spec file, or for a job directory the one holding the directory).
 
     Raises:
@@ -253,7 +253,7 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
 
 def first_error(job: str) -> Triage:
     """Every rank's (or pod's) first failure in ``job``'s output, earliest first
-    (:mod:`jobgen.triage`); ``.first`` is the one that explains the failure."""
+    (:mod:`jobgen.reports.triage`); ``.first`` is the one that explains the failure."""
     handle = resolve_job(job)
     return get_backend(handle.scheduler).first_error(handle)
 

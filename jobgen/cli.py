@@ -1,5 +1,5 @@
 """The ``jobgen`` command line: parse -> load -> plan -> print/write/submit. Thin by design:
-every operation is a call into :mod:`jobgen.api` / :mod:`jobgen.gitops`; no scheduler branching.
+every operation is a call into :mod:`jobgen.api` / :mod:`jobgen.gitops.manifests`; no scheduler branching.
 
 Size: above ~500 lines because each command's ``--help`` text (examples included) lives with its
 options here, where users read it, and there is one command per verb (render, diff, submit,
@@ -24,15 +24,15 @@ from jobgen import __version__, api
 from jobgen.backends.base import JOB_STATES, LogOptions, SubmitOptions
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir import resolve_job
-from jobgen.load import (
+from jobgen.planning.plan import JobPlan
+from jobgen.reports.triage import format_triage
+from jobgen.specs.load import (
     list_profile_names,
     load_profile,
     load_profile_doc,
     load_spec,
 )
-from jobgen.plan import JobPlan
-from jobgen.spec import TrainingSpec
-from jobgen.triage import format_triage
+from jobgen.specs.training import TrainingSpec
 
 #: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
 #: ``output`` (the -o format, which decides how an error is printed).
@@ -196,7 +196,7 @@ _profiles_dir_option = click.option(
 
 def _set_crds_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
-        os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.k8s_validate.crds_dir()
+        os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.backends.k8s_validate.crds_dir()
     return value
 
 
@@ -294,8 +294,7 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
       jobgen render --all --prune --commit
       jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
     """
-    from jobgen import gitops
-
+    from jobgen.gitops import manifests as gitops
     if to_stdout and (all_jobs or check or prune or commit_flag):
         raise ConfigError("--stdout cannot be combined with --all, --check, --prune or --commit", hint="drop --stdout")
     if prune and not all_jobs:
@@ -365,8 +364,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
       jobgen diff
       jobgen diff examples/quickstart.yaml --profile k8s-h100 --set trainer.max_steps=900
     """
-    from jobgen import gitops
-
+    from jobgen.gitops import manifests as gitops
     out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
     rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs or spec is None, project=project, overrides=overrides,
                                    sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
@@ -669,8 +667,8 @@ def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
     """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
     and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
     and Lightning (and the user's modules)."""
-    from jobgen.snapshot import local_import_dir
-    from jobgen.user_code import check_user_code
+    from jobgen.usercode.classes import check_user_code
+    from jobgen.usercode.snapshot import local_import_dir
 
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
@@ -782,7 +780,7 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
     submit` will run the ranks): the script exists / the module is importable, and with a
     profile, LightningCLI ``--config`` files agree with the world. Kubernetes runs the script
     from the image, which cannot be looked into here: only said so. Returns what was checked."""
-    from jobgen.command import check_config_files, check_entrypoint_exists
+    from jobgen.planning.command import check_config_files, check_entrypoint_exists
 
     if job_plan is not None and job_plan.scheduler == "kubernetes":
         return ["entrypoint not checked: on Kubernetes it runs from the image's working directory"]
@@ -812,12 +810,12 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     and overhead in GiB per GPU (per rank on CPU profiles), the total, and whether it fits the
     profile's gpu_mem_gib (and, with offload, the node's host memory). Formulas: ZeRO
     (Rajbhandari et al. 2020) for model states, Korthikanti et al. 2022 for activations; see
-    jobgen/estimate.py. The recommendation follows the guide: DDP below ~500M parameters when it
+    jobgen/planning/estimate.py. The recommendation follows the guide: DDP below ~500M parameters when it
     fits, FSDP for 500M-10B, DeepSpeed ZeRO-3 (then offload) beyond or when nothing else fits.
     Hugging Face models (model.hf_path) are sized from their config.json (--hf-config FILE, or
     <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
-    (jobgen/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
-    (jobgen/seeds.py) shows the measured figure next to the estimate.
+    (jobgen/planning/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
+    (jobgen/planning/seeds.py) shows the measured figure next to the estimate.
     Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (README "Memory
     plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
     does not fit (a warning goes to stderr); 2 for bad input.
@@ -830,9 +828,9 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
     """
-    from jobgen.estimate_hf import plan_memory
-    from jobgen.micro_batch import resolve_micro_batch
-    from jobgen.rules import check_fit, resolve_precision, resolve_world
+    from jobgen.planning.estimate_hf import plan_memory
+    from jobgen.planning.micro_batch import resolve_micro_batch
+    from jobgen.planning.rules import check_fit, resolve_precision, resolve_world
 
     prof = load_profile(profile, profiles_dir)
     loaded = resolve_micro_batch(resolve_precision(load_spec(spec, overrides), prof), prof, spec, hf_config)
@@ -978,9 +976,9 @@ def schema(kind: str, output: str) -> None:
     Example (VS Code YAML extension):
       jobgen schema spec > spec.schema.json
     """
-    from jobgen.profiles import ClusterProfile
-    from jobgen.project import Project
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.project import Project
+    from jobgen.specs.training import TrainingSpec
 
     model = {"spec": TrainingSpec, "profile": ClusterProfile, "project": Project}[kind]
     if output == "yaml":

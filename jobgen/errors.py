@@ -79,7 +79,7 @@ class ConfigError(JobgenError):
 class DeepSpeedConfigError(ConfigError):
     """A DeepSpeed config breaks a rule that DeepSpeed's own validator does not check (exit 2).
 
-    See :func:`jobgen.deepspeed.check_deepspeed_config`.
+    See :func:`jobgen.planning.deepspeed.check_deepspeed_config`.
     """
 
 

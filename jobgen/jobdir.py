@@ -60,8 +60,8 @@ from pydantic import (
 )
 
 from jobgen.errors import ConfigError, json_path
-from jobgen.rules import World
-from jobgen.spec import TrainingSpec
+from jobgen.planning.rules import World
+from jobgen.specs.training import TrainingSpec
 
 # --------------------------------------------------------------------------- file names
 
@@ -109,7 +109,7 @@ EXECUTABLE_FILES = frozenset({SBATCH_FILE})
 #: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
 #: must fit a 63-character DNS label. A longer name (or one that is not a DNS-1035 label) gets a
 #: derived, hashed object name there (:func:`jobgen.backends.k8s_manifest.k8s_name`, with a
-#: warning); generated names stay within it (:func:`jobgen.sweeps.sweep_job_names`).
+#: warning); generated names stay within it (:func:`jobgen.specs.sweeps.sweep_job_names`).
 MAX_NAME = 48
 
 #: First characters of every rendered text file but JSON ones (templates start with it).
@@ -200,7 +200,7 @@ def is_generated(path: Path) -> bool:
 def is_jobgen_output(path: Path) -> bool:
     """True when ``path`` is a file jobgen wrote that is not the user's code: a rendered file
     (:func:`is_generated`) or a submission record (:data:`SUBMISSION_FILE`). The code snapshot's
-    dirty-tree check skips them (:func:`jobgen.snapshot.changes`): jobgen's outputs never block jobgen."""
+    dirty-tree check skips them (:func:`jobgen.usercode.snapshot.changes`): jobgen's outputs never block jobgen."""
     return path.name == SUBMISSION_FILE or is_generated(path)
 
 
@@ -402,7 +402,7 @@ class ResolvedSpec(BaseModel):
 
     def dumps(self) -> str:
         """The file's text: deterministic JSON (field order, 2-space indent, final newline)."""
-        from jobgen.render import pretty_json
+        from jobgen.planning.render import pretty_json
 
         return pretty_json(self)
 
@@ -490,7 +490,7 @@ class ArrayIndex(BaseModel):
 
     def dumps(self) -> str:
         """The file's text: deterministic JSON (field order, 2-space indent, final newline)."""
-        from jobgen.render import pretty_json
+        from jobgen.planning.render import pretty_json
 
         return pretty_json(self)
 

@@ -16,10 +16,10 @@ from typing import NoReturn
 
 import pytest
 
-from jobgen.k8s_validate import PACKAGED_CRDS_DIR
+from jobgen.backends.k8s_validate import PACKAGED_CRDS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-# jobgen's cache of derived data (jobgen/cache.py) goes to a directory of this test session, not
+# jobgen's cache of derived data (jobgen/planning/cache.py) goes to a directory of this test session, not
 # the user's ~/.cache; subprocesses inherit it. Tests of the cache set their own.
 os.environ.setdefault("JOBGEN_CACHE_DIR", tempfile.mkdtemp(prefix="jobgen-test-cache-"))
 TEMPLATES = REPO / "templates"

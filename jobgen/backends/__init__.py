@@ -10,16 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from jobgen import plan as planner
 from jobgen.errors import ConfigError
+from jobgen.planning import plan as planner
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from jobgen.backends.base import Backend
-    from jobgen.plan import JobPlan
-    from jobgen.profiles import ClusterProfile
-    from jobgen.spec import TrainingSpec
+    from jobgen.planning.plan import JobPlan
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.training import TrainingSpec
 
 #: scheduler name -> ``module:class`` of its backend.
 BACKENDS: dict[str, str] = {
@@ -54,11 +54,11 @@ def plan(
     profile_source: str = "<profile>",
     spec_file: str | None = None,
 ) -> JobPlan:
-    """:func:`jobgen.plan.plan` with the backend of ``profile.scheduler`` from this registry.
+    """:func:`jobgen.planning.plan.plan` with the backend of ``profile.scheduler`` from this registry.
 
     Raises:
-        ConfigError: no backend for the profile's scheduler, or as :func:`jobgen.plan.plan`.
-        PlanError: as :func:`jobgen.plan.plan`.
+        ConfigError: no backend for the profile's scheduler, or as :func:`jobgen.planning.plan.plan`.
+        PlanError: as :func:`jobgen.planning.plan.plan`.
     """
     return planner.plan(spec, profile, templates_dir, get_backend(profile.scheduler), spec_source=spec_source,
                         profile_source=profile_source, spec_file=spec_file)

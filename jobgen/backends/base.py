@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
 from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
-from jobgen.nccl import nccl_env
-from jobgen.plan import JobPlan, PlanContext
-from jobgen.render import render_template
-from jobgen.usage import Usage
+from jobgen.planning.nccl import nccl_env
+from jobgen.planning.plan import JobPlan, PlanContext
+from jobgen.planning.render import render_template
+from jobgen.reports.usage import Usage
 
 if TYPE_CHECKING:
-    from jobgen.rules import World
-    from jobgen.triage import Triage
+    from jobgen.planning.rules import World
+    from jobgen.reports.triage import Triage
 
 Echo = Callable[[str], None]
 
@@ -42,7 +42,7 @@ class SubmitOptions:
         kubeconfig: Kubernetes: kubeconfig file.
         allow_dirty: SLURM and local: snapshot the code although its git work tree has
             uncommitted changes; the changed files are copied over the committed tree and their
-            ``git diff`` and its sha256 recorded (:mod:`jobgen.snapshot`).
+            ``git diff`` and its sha256 recorded (:mod:`jobgen.usercode.snapshot`).
     """
 
     runs_dir: Path = Path("runs")
@@ -153,7 +153,7 @@ class Backend(ABC):
         """Stop the job and wait up to ``wait_s`` until every rank has stopped."""
 
     def first_error(self, handle: JobHandle) -> Triage:
-        """Every rank's first failure in the job's output, earliest first (:mod:`jobgen.triage`).
+        """Every rank's first failure in the job's output, earliest first (:mod:`jobgen.reports.triage`).
 
         Raises:
             NotSupportedError: this backend keeps no output jobgen can read.
@@ -209,7 +209,7 @@ class JobStatus:
             (the job-completion log), ``kube-apiserver``, or ``none``.
         details: further facts (nodes, reason, exit code, restarts, elapsed), all strings.
         usage: the GPU-hours (CPU-hours on CPU clusters) the job used so far, from the same
-            source as the state (:mod:`jobgen.usage`); ``None`` when that source does not say.
+            source as the state (:mod:`jobgen.reports.usage`); ``None`` when that source does not say.
         tasks: a SLURM job array: each task's status (handle ``slurm://<cluster>/<jobid>_<task>``),
             by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.array_state`).
             Empty for any other job.
@@ -295,7 +295,7 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
         ds_name = DS_CONFIG_FILE
-        from jobgen import deepspeed  # DeepSpeed specs only: off the render path of the others
+        from jobgen.planning import deepspeed  # DeepSpeed specs only: off the render path of the others
 
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
     resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)

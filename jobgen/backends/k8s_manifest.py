@@ -1,6 +1,6 @@
 """Kubernetes manifests: a Kubeflow PyTorchJob (kubeflow.org/v1) or a Trainer v2 TrainJob
 (trainer.kubeflow.org/v1alpha1) plus a ConfigMap, planned purely and checked offline
-(:mod:`jobgen.k8s_validate`). Submitting, status, logs and cancel live in
+(:mod:`jobgen.backends.k8s_validate`). Submitting, status, logs and cancel live in
 :mod:`jobgen.backends.kubernetes`; the API client in :mod:`jobgen.backends.k8s_api`.
 
 Launch contract (ARCHITECTURE.md): one pod per node, a container running ``torchrun``
@@ -29,7 +29,7 @@ TorchElasticEnvironment (KubeflowEnvironment assumes one process per pod and is 
   is plain ``torchrun -m jobgen.train``; pod settings travel as a ``runtimePatches`` entry.
 
 The resolved spec (and DeepSpeed config) travel in a ConfigMap mounted at /etc/jobgen. Planning
-is pure and never imports ``kubernetes``; the offline validators (:mod:`jobgen.k8s_validate`)
+is pure and never imports ``kubernetes``; the offline validators (:mod:`jobgen.backends.k8s_validate`)
 and the client are imported only when used.
 
 Size: above ~500 lines on purpose: the two job APIs (PyTorchJob, elastic PyTorchJob, TrainJob)
@@ -49,8 +49,6 @@ import yaml
 
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
-from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
-from jobgen.environment import launcher_owned
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import (
     CODE_DIR_ENV,
@@ -65,8 +63,10 @@ from jobgen.jobdir import (
     generated_header,
     kustomization_yaml,
 )
-from jobgen.k8s_names import DNS1035_LABEL
-from jobgen.plan import ApiRequest, ClusterObject, JobPlan, PlanContext
+from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
+from jobgen.planning.environment import launcher_owned
+from jobgen.planning.plan import ApiRequest, ClusterObject, JobPlan, PlanContext
+from jobgen.specs.k8s_names import DNS1035_LABEL
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
 TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"
@@ -226,7 +226,7 @@ def check_settings(ctx: PlanContext) -> None:
       ``cpus_per_node`` (request) vs ``kubernetes.cpu_limit``, ``kubernetes.mem_request_gib``
       vs ``mem_gib_per_node`` (limit); the memory-backed /dev/shm counts against the limit.
     - no secret values: an ``env`` entry whose name looks like a credential is refused for
-      every scheduler by :func:`jobgen.environment.check_job_env` (hint: ``kubernetes.secret_env``),
+      every scheduler by :func:`jobgen.planning.environment.check_job_env` (hint: ``kubernetes.secret_env``),
       which also requires every name of the spec's ``secrets`` in ``kubernetes.secret_env``.
     - launcher variables (MASTER_ADDR, RANK, WORLD_SIZE, PET_*, ...) are set by the operator and
       torchrun; a profile/spec value would override them and break rank semantics.
@@ -447,7 +447,7 @@ def elastic_policy(ctx: PlanContext) -> dict[str, Any]:
 def plan(ctx: PlanContext) -> JobPlan:
     """Plan ``pytorchjob.yaml`` (ConfigMap + PyTorchJob) or ``trainjob.yaml`` (ConfigMap +
     TrainJob), ``kustomization.yaml`` (for ``kubectl apply -k``) + ``spec.json``
-    (+ ``ds_config.json``), and check the objects offline (:mod:`jobgen.k8s_validate`).
+    (+ ``ds_config.json``), and check the objects offline (:mod:`jobgen.backends.k8s_validate`).
 
     Raises:
         PlanError: the profile breaks a rule of :func:`check_settings`, the job name cannot be a
@@ -492,7 +492,7 @@ def plan(ctx: PlanContext) -> JobPlan:
                                    replicated_job=TRAINJOB_NODE, container=TRAINJOB_NODE, **common)
     docs = parse_manifest(text, kind.manifest)
     _check_parsed(docs, kind, name, w.num_nodes, dict(files), min_nodes=w.min_nodes)
-    from jobgen import k8s_validate  # lazy: jsonschema and kubernetes-validate stay off other render paths
+    from jobgen.backends import k8s_validate  # lazy: jsonschema and kubernetes-validate stay off other render paths
 
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
                                             k8s_version=k.version, profile_source=ctx.profile_source)

@@ -38,14 +38,14 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
+from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
-from jobgen.k8s_names import is_dns1123_label
-from jobgen.k8s_validate import _kubernetes_parse_quantity
-from jobgen.plan import JobPlan, PlanContext
-from jobgen.rules import World
-from jobgen.triage import LogLine, Triage, parse_rfc3339, triage
-from jobgen.usage import Usage, from_iso, span_seconds
+from jobgen.planning.plan import JobPlan, PlanContext
+from jobgen.planning.rules import World
+from jobgen.reports.triage import LogLine, Triage, parse_rfc3339, triage
+from jobgen.reports.usage import Usage, from_iso, span_seconds
+from jobgen.specs.k8s_names import is_dns1123_label
 
 # --------------------------------------------------------------------------- the job directory
 
@@ -148,7 +148,7 @@ def replica_pods(job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """``(pod name, Pod object)`` for the first pod of each replica type, as the operator would
     create it from the template (name ``<job>-<type>-0``; the TrainJob's node pod gets
     ``<job>-node-0-0``), for a Pod server-side dry run."""
-    from jobgen.k8s_validate import pod_templates
+    from jobgen.backends.k8s_validate import pod_templates
 
     meta = job["metadata"]
     pods = []
@@ -713,7 +713,7 @@ class KubernetesBackend(Backend):
             profile_context, profile_kubeconfig = target.context, target.kubeconfig
         else:
             from jobgen.jobdir import read_resolved_spec
-            from jobgen.load import load_profile
+            from jobgen.specs.load import load_profile
 
             resolved = read_resolved_spec(job_dir)
             try:

@@ -6,8 +6,8 @@ each take every core and throughput drops 3-4x). Ctrl-C stops every rank: torchr
 its own process group, gets SIGINT forwarded, and the whole group is killed after a grace period.
 
 Output: torchrun labels every rank's lines (``--tee 3``); all of it goes to the run directory's
-:data:`OUTPUT_LOG`, the terminal gets the ranks' lines but no failure (:class:`jobgen.triage.LiveFilter`), and
-a failed run ends with the first failing rank's error (:func:`jobgen.triage.triage`, as
+:data:`OUTPUT_LOG`, the terminal gets the ranks' lines but no failure (:class:`jobgen.reports.triage.LiveFilter`), and
+a failed run ends with the first failing rank's error (:func:`jobgen.reports.triage.triage`, as
 ``jobgen logs --first-error`` prints it) and the log's path.
 """
 
@@ -37,8 +37,6 @@ from jobgen.backends.base import (
     not_supported,
     secrets_location,
 )
-from jobgen.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
-from jobgen.environment import check_present
 from jobgen.errors import ConfigError, JobgenError, SubmitError
 from jobgen.jobdir import (
     CODE_DIR_ENV,
@@ -52,10 +50,12 @@ from jobgen.jobdir import (
     read_resolved_spec,
     write_atomic,
 )
-from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for
-from jobgen.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
-from jobgen.usage import Usage, run_usage
+from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
+from jobgen.planning.environment import check_present
+from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
+from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
+from jobgen.reports.usage import Usage, run_usage
+from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -76,8 +76,8 @@ def launch_command(ctx: PlanContext) -> Command:
     profile) means the interpreter running jobgen. ``--tee 3`` labels every line a rank writes
     (``[default<rank>]:``), which is how :meth:`LocalBackend.submit` tells the ranks apart.
 
-    Command mode (``entrypoint``): torchrun runs the user's module/script (:func:`jobgen.command.target_argv`)
-    in the directory ``jobgen submit`` runs in (:data:`~jobgen.plan.SUBMIT_DIR_PLACEHOLDER`);
+    Command mode (``entrypoint``): torchrun runs the user's module/script (:func:`jobgen.planning.command.target_argv`)
+    in the directory ``jobgen submit`` runs in (:data:`~jobgen.planning.plan.SUBMIT_DIR_PLACEHOLDER`);
     torchrun gives each rank MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK. A DeepSpeed spec
     adds ``PL_DEEPSPEED_CONFIG_PATH=<job dir>/ds_config.json`` (absolute once submit fills it in).
     """
@@ -154,7 +154,7 @@ class LocalBackend(Backend):
         process: it gets ``(argv, cwd, env)`` and returns the exit code. torchrun inherits this
         process's environment, which carries the spec's ``secrets`` (checked before the start).
 
-        The code is snapshotted first (:mod:`jobgen.snapshot`: the git repository holding the
+        The code is snapshotted first (:mod:`jobgen.usercode.snapshot`: the git repository holding the
         plan's spec file, else the one holding ``job_dir``) into ``<run dir>/code/<id>/``, which
         goes first on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
 
@@ -274,7 +274,7 @@ def _write_command_summary(run_dir: Path, resolved: ResolvedSpec, cwd: Path, wal
     """Command mode: the user's script writes no summary.json, so the local backend writes it when
     torchrun exits 0 (``status``/``ls`` then say COMPLETED with the device time; a script that
     writes its own summary.json keeps it). Keys shared with the entrypoint's summary: ``name``,
-    ``wall_time_s`` (seconds), ``usage`` (:func:`jobgen.usage.run_usage`), ``world_size``,
+    ``wall_time_s`` (seconds), ``usage`` (:func:`jobgen.reports.usage.run_usage`), ``world_size``,
     ``strategy``, ``precision``, ``jobgen_version``, ``inputs_sha256``, ``profile``, ``code`` (the
     snapshot record plus ``dir``, or null); command mode adds ``entrypoint``, ``cwd`` and ``exit_code``."""
     path = run_dir / SUMMARY_FILE
@@ -312,7 +312,7 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
         ConfigError: the profile is not found, or the plan's inputs differ from the directory's.
     """
     from jobgen.backends import plan
-    from jobgen.load import load_profile, search_dirs
+    from jobgen.specs.load import load_profile, search_dirs
 
     preflight = ["preflight=true", f"preflight_timeout_s={resolved.launch.preflight_timeout_s}"] if resolved.launch.preflight else []
     job_plan = plan(resolved.spec, load_profile(resolved.profile, overrides=preflight), search_dirs("templates")[0])
@@ -323,7 +323,7 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
 
 
 def _log_triage(log: Path) -> Triage:
-    """:func:`~jobgen.triage.triage` of the last start's lines in ``log`` (:data:`OUTPUT_LOG`)."""
+    """:func:`~jobgen.reports.triage.triage` of the last start's lines in ``log`` (:data:`OUTPUT_LOG`)."""
     texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
     starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
     return triage(torchrun_lines(texts[starts[-1] if starts else 0:]))
@@ -334,7 +334,7 @@ def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Pat
 
     Its output (stdout and stderr) is appended to ``log`` line by line, after a start line
     (:data:`OUTPUT_START`, the UTC time, the command); ``echo`` gets the lines
-    :class:`~jobgen.triage.LiveFilter` shows (the ranks' and torchrun's, without failures).
+    :class:`~jobgen.reports.triage.LiveFilter` shows (the ranks' and torchrun's, without failures).
     """
     sink = log.open("ab")
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -33,7 +33,6 @@ from jobgen.backends.base import (
 )
 from jobgen.backends.slurm_array import task_log_name
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
-from jobgen.environment import check_present, unexported
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import (
     CODE_DIR_ENV,
@@ -50,9 +49,10 @@ from jobgen.jobdir import (
     read_array_index,
     read_resolved_spec,
 )
-from jobgen.plan import JobPlan, PlanContext
-from jobgen.triage import LogLine, Triage, triage
-from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
+from jobgen.planning.environment import check_present, unexported
+from jobgen.planning.plan import JobPlan, PlanContext
+from jobgen.reports.triage import LogLine, Triage, triage
+from jobgen.reports.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -107,7 +107,7 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
     runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
     queued), passes SLURM's answer to ``out`` and returns ``None``.
 
-    Before sbatch the code is snapshotted (:mod:`jobgen.snapshot`: the git repository holding
+    Before sbatch the code is snapshotted (:mod:`jobgen.usercode.snapshot`: the git repository holding
     ``spec_file``, or without one the repository holding ``job_dir``) into
     ``<run dir>/code/<id>/``; sbatch gets ``JOBGEN_CODE_DIR=<snapshot>`` and PYTHONPATH with the
     snapshot first, and exports both to the job. A requeued job keeps the environment it was
@@ -168,7 +168,7 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     for directory in (run_dir, *task_dirs):
         directory.mkdir(parents=True, exist_ok=True)
         ignore_run_dir(directory)
-    from jobgen.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
+    from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
 
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)

@@ -13,7 +13,7 @@ One job directory, named after the sweep's base name (the spec's ``name``), hold
 Every file names one hash over all the points' specs, the profile and the template. One array
 has one set of ``#SBATCH`` options, so every point must ask for the same resources, environment
 and launch line: a sweep over ``resources.nodes`` (say) is refused with the difference named.
-The planning rules are the single job's (:func:`jobgen.plan.plan_context`), run for each point.
+The planning rules are the single job's (:func:`jobgen.planning.plan.plan_context`), run for each point.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from jobgen.backends.slurm_script import (
 )
 from jobgen.errors import PlanError
 from jobgen.jobdir import ARRAY_INDEX_FILE, SBATCH_FILE, SPEC_FILE, ArrayIndex, ArrayPoint, point_file
-from jobgen.plan import JobPlan, PlanContext, fit_warnings, plan_context
-from jobgen.profiles import ClusterProfile
-from jobgen.render import ShellText
-from jobgen.spec import TrainingSpec
+from jobgen.planning.plan import JobPlan, PlanContext, fit_warnings, plan_context
+from jobgen.planning.render import ShellText
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 
 ARRAY_TEMPLATE = "slurm/array.sbatch.j2"
 #: The array's SLURM output file pattern (sbatch(1): %A the array's job id, %a the task id).

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 
 from jobgen.backends.base import common_files, job_env, render_job_template
-from jobgen.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
-from jobgen.environment import export_problem
 from jobgen.errors import PlanError
 from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
-from jobgen.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.render import ShellText
-from jobgen.rules import World
+from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
+from jobgen.planning.environment import export_problem
+from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
+from jobgen.planning.render import ShellText
+from jobgen.planning.rules import World
 
 TEMPLATE = "slurm/job.sbatch.j2"
 #: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
@@ -70,7 +70,7 @@ def check_site(ctx: PlanContext) -> None:
       so jobgen always adds ``--ntasks`` with it.
     - The requeue signal must come before the time limit: ``signal_grace_s`` < ``--time``.
     - An ``--export`` in the extra sbatch/srun arguments must pass the spec's ``secrets`` on
-      (``ALL`` or naming them) and carry no credential value (:func:`jobgen.environment.export_problem`).
+      (``ALL`` or naming them) and carry no credential value (:func:`jobgen.planning.environment.export_problem`).
 
     Raises:
         PlanError: with the field to change, in Lightning's "You set X, but Y" style.
@@ -271,7 +271,7 @@ def launch_argv(ctx: PlanContext, spec_path: ShellText | None = None) -> list[st
     its point's, :mod:`jobgen.backends.slurm_array`).
 
     Command mode (``entrypoint``): ``bash -c <task_setup> jobgen-task`` first (see
-    :func:`task_setup`), then the interpreter and :func:`jobgen.command.target_argv`.
+    :func:`task_setup`), then the interpreter and :func:`jobgen.planning.command.target_argv`.
     """
     s = ctx.profile.slurm_settings
     if ctx.spec.entrypoint is None:

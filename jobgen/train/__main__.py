@@ -54,7 +54,7 @@ from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
 from jobgen.jobdir import CODE_DIR_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world
 from jobgen.train.sources import SplitLayout, TextSources, check_enough_bytes, discover_sources, split_layout

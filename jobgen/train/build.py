@@ -14,7 +14,7 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 
 from jobgen.errors import ConfigError
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 from jobgen.train.data import ByteTextDataModule
 from jobgen.train.formats import InstructionFiles, TokenFiles
 from jobgen.train.hf import ParamCounts

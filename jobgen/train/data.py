@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 from jobgen.train.sources import TextSources, bins_are_current, build_bins
 
 _MASK64 = (1 << 64) - 1

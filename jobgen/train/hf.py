@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.spec import ModelSpec, TrainingSpec
+from jobgen.specs.training import ModelSpec, TrainingSpec
 from jobgen.train.model import LitGPT
 
 # Name components FSDP (torch.distributed.fsdp's FSDP_WRAPPED_MODULE) and activation
@@ -175,7 +175,7 @@ def load_causal_lm(
     if model.load_in_4bit:
         on_gpu = accelerator == "gpu" and torch.cuda.is_available()
         if not on_gpu:
-            from jobgen.rules import BNB_CPU_MIN_VERSION, bitsandbytes_cpu_problem
+            from jobgen.planning.rules import BNB_CPU_MIN_VERSION, bitsandbytes_cpu_problem
 
             problem = bitsandbytes_cpu_problem()
             if problem is not None:
@@ -219,7 +219,7 @@ def load_causal_lm(
             hf_model = prepare_model_for_kbit_training(hf_model)
         else:
             # What prepare_model_for_kbit_training would switch on, without its fp32 up-cast: the
-            # memory plan counts QLoRA activations as checkpointed (jobgen.estimate_hf).
+            # memory plan counts QLoRA activations as checkpointed (jobgen.planning.estimate_hf).
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(
         r=model.lora.r,

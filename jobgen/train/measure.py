@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 
 # Dense (no 2:4 sparsity) peak tensor-core / vector FLOP/s of one GPU, per compute dtype.
 # Sources: NVIDIA datasheets; where a datasheet gives "with sparsity" figures (marked * there),
@@ -51,7 +51,7 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "B200": {"fp32": 75e12, "tf32": 1.125e15, "bf16": 2.25e15, "fp16": 2.25e15},
 }
 """Dense peak FLOP/s of one GPU per compute dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``),
-keyed by :data:`jobgen.profiles.GpuType`; sources in the comment above."""
+keyed by :data:`jobgen.specs.profile.GpuType`; sources in the comment above."""
 
 #: ``transformer-engine`` (fp8 matmuls, bf16 weights) is measured against the bf16 peak, the
 #: usual convention for MFU of fp8 runs (the fp8 dense peak is twice that): MFU stays comparable

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 
 VOCAB_SIZE = 256
 """Byte-level vocabulary size."""

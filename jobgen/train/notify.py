@@ -1,6 +1,6 @@
 """Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``.
 
-The spec's ``notify:`` (:class:`jobgen.spec.NotifySpec`) names a webhook (a JSON body POSTed
+The spec's ``notify:`` (:class:`jobgen.specs.training.NotifySpec`) names a webhook (a JSON body POSTed
 with :mod:`urllib.request`, stdlib only) and/or a command (argv, the JSON body on stdin). Only
 global rank zero sends. Every attempt is bounded by ``notify.timeout_s`` and retried once; a
 failed notification prints one warning on stderr and never fails or stops training.
@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import Callback
 
 from jobgen import __version__
-from jobgen.spec import NotifySpec
-from jobgen.usage import run_usage
+from jobgen.reports.usage import run_usage
+from jobgen.specs.training import NotifySpec
 
 if TYPE_CHECKING:
     from jobgen.jobdir import ResolvedSpec

@@ -2,7 +2,7 @@
 
 The file format itself (:class:`jobgen.jobdir.ResolvedSpec`, read with
 :func:`jobgen.jobdir.load_resolved_spec`) is the job directory's contract; the rules that tie
-a spec to a world are :mod:`jobgen.rules`, the same ones the planner applied. Everything here
+a spec to a world are :mod:`jobgen.planning.rules`, the same ones the planner applied. Everything here
 raises :class:`jobgen.errors.JobgenError` subclasses (exit 2) with the file and JSON path.
 """
 
@@ -13,19 +13,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jobgen.deepspeed import check_deepspeed_config
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
-from jobgen.rules import check_elastic, check_support, elastic_nodes
+from jobgen.planning.deepspeed import check_deepspeed_config
+from jobgen.planning.rules import check_elastic, check_support, elastic_nodes
 
 
 def check_runtime_support(resolved: ResolvedSpec) -> None:
-    """Refuse what this node cannot run, with the planner's words (:func:`jobgen.rules.check_support`
+    """Refuse what this node cannot run, with the planner's words (:func:`jobgen.planning.rules.check_support`
     for the launch's accelerator and GPU type, plus the packages the node needs), and a
     DeepSpeed strategy without its config.
 
     Raises:
-        PlanError: see :func:`jobgen.rules.check_support`; the location is ``spec.<field>``.
+        PlanError: see :func:`jobgen.planning.rules.check_support`; the location is ``spec.<field>``.
         ConfigError: a DeepSpeed strategy without ``launch.deepspeed_config``; an unresolved
             ``micro_batch_size: auto``.
     """
@@ -73,7 +73,7 @@ def load_deepspeed_config(resolved: ResolvedSpec, spec_path: Path) -> tuple[Path
     Raises:
         ConfigError: unreadable file, or batch sizes / ZeRO stage that disagree with the spec.
         DeepSpeedConfigError: a rule DeepSpeed does not check (see
-            :func:`jobgen.deepspeed.check_deepspeed_config`).
+            :func:`jobgen.planning.deepspeed.check_deepspeed_config`).
     """
     if not resolved.launch.deepspeed_config:
         check_runtime_support(resolved)  # raises the "needs launch.deepspeed_config" error
@@ -116,7 +116,7 @@ def load_deepspeed_config(resolved: ResolvedSpec, spec_path: Path) -> tuple[Path
 def runtime_world(resolved: ResolvedSpec, environ: Mapping[str, str]) -> ResolvedSpec:
     """``resolved`` with the world this process runs in. A fixed world is the planned one. An
     elastic job's (``launch.min_nodes`` set) is the one torchrun's rendezvous formed, somewhere
-    in ``min_nodes..num_nodes`` (:func:`jobgen.rules.elastic_nodes`: WORLD_SIZE over the
+    in ``min_nodes..num_nodes`` (:func:`jobgen.planning.rules.elastic_nodes`: WORLD_SIZE over the
     processes per node): Lightning's TorchElasticEnvironment stops every rank unless
     Trainer(devices x num_nodes) equals WORLD_SIZE, and the data module's samples per step and
     DistributedSampler follow the same count. ``min_nodes`` stays, so the job is still known

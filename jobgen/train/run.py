@@ -34,6 +34,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from jobgen.jobdir import write_atomic
+from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint, reached_max_steps
@@ -43,7 +44,6 @@ from jobgen.train.notify import notify_finished
 from jobgen.train.resolved import ResolvedSpec
 from jobgen.train.sources import SplitLayout
 from jobgen.train.trainer import RunPaths, build_trainer
-from jobgen.usage import run_usage
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
 _QUIET_WARNINGS = (
@@ -216,7 +216,7 @@ def train(
                 "best_checkpoint": checkpoint.best_model_path or None,
                 "last_checkpoint": checkpoint.last_model_path or None,
                 "wall_time_s": round(time.time() - started, 3),
-                # GPU-hours (CPU-hours on CPU) of this run: world size x wall time (jobgen.usage.run_usage)
+                # GPU-hours (CPU-hours on CPU) of this run: world size x wall time (jobgen.reports.usage.run_usage)
                 "usage": run_usage(launch.accelerator, trainer.world_size, time.time() - started,
                                    launch.gpu_hour_price).to_json(),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
@@ -317,14 +317,14 @@ def _can_validate(module: Any, datamodule: Any) -> bool:
 
 def build_user_code(spec: Any) -> tuple[Any, Any, ParamCounts, str, str, int | None]:
     """The user's LightningModule and LightningDataModule (``class_path``), instantiated by
-    jsonargparse (:mod:`jobgen.user_code`); their parameter counts, banner lines and the tokens
+    jsonargparse (:mod:`jobgen.usercode.classes`); their parameter counts, banner lines and the tokens
     per sample they declare (``tokens_per_sample`` on the data module, else the module: a
     positive int, else ``None`` and tokens/s is not reported).
 
     Raises:
-        ConfigError: see :func:`jobgen.user_code.bind_user_code` (located at ``spec.<field>``).
+        ConfigError: see :func:`jobgen.usercode.classes.bind_user_code` (located at ``spec.<field>``).
     """
-    from jobgen.user_code import bind_user_code
+    from jobgen.usercode.classes import bind_user_code
 
     user = bind_user_code(spec, "spec.")
     module = user.model.instantiate()

@@ -59,7 +59,7 @@ def compile_on(trainer: Any, accelerator: str, *, hf_model: bool, user_code: boo
     ``transformer-engine``, on GPUs (see the module docstring for why each is off elsewhere).
 
     Args:
-        trainer: the spec's ``trainer`` (:class:`jobgen.spec_trainer.TrainerSpec`).
+        trainer: the spec's ``trainer`` (:class:`jobgen.specs.trainer.TrainerSpec`).
         accelerator: ``gpu`` or ``cpu`` (``launch.accelerator``).
         hf_model: the model is a Hugging Face one (``model.hf_path``).
         user_code: the model is the user's ``class_path`` module (never compiled by jobgen).

@@ -69,7 +69,7 @@ def _fsdp_policies(
             ``trainer.activation_checkpointing`` and no ``fsdp_activation_checkpointing_policy``.
     """
     t, user = resolved.spec.trainer, resolved.spec.user_code
-    from jobgen.user_code import policy_classes
+    from jobgen.usercode.classes import policy_classes
 
     if user:
         default: set[type] | None = None

@@ -69,7 +69,7 @@ def resolved_doc(spec: dict[str, Any], **launch: Any) -> dict[str, Any]:
     write a bad value and check the entrypoint refuses it)."""
     from jobgen import __version__
     from jobgen.jobdir import LaunchSpec, ResolvedSpec
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.training import TrainingSpec
 
     defaults = {"scheduler": "local", "accelerator": "cpu", "num_nodes": 1, "devices_per_node": 2, "world_size": 2}
     doc = ResolvedSpec.model_construct(

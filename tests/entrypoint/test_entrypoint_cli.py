@@ -14,8 +14,8 @@ import pytest
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import ResolvedSpec, load_resolved_spec
-from jobgen.rules import World
-from jobgen.spec import TrainingSpec
+from jobgen.planning.rules import World
+from jobgen.specs.training import TrainingSpec
 from jobgen.train.resolved import load_deepspeed_config
 
 ERROR_PREFIX = "python -m jobgen.train: error:"
@@ -148,7 +148,7 @@ def _write_deepspeed_job(
 def test_rendered_deepspeed_config_is_passed_through_without_accumulation(
     resolved_doc, deepspeed_spec, tmp_path: Path
 ) -> None:
-    from jobgen.deepspeed import deepspeed_config
+    from jobgen.planning.deepspeed import deepspeed_config
 
     rendered = deepspeed_config(spec := TrainingSpec.model_validate(deepspeed_spec),
                                 World(1, 2, "cpu", micro_batch_size=spec.trainer.micro_batch_size,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from jobgen.spec import ModelSpec, TrainingSpec
+from jobgen.specs.training import ModelSpec, TrainingSpec
 from jobgen.train.model import GPT, VOCAB_SIZE, Block, LitGPT, lr_factor
 
 SHAPES = [
@@ -116,7 +116,7 @@ def test_constant_schedule_holds_the_peak_after_warmup_and_cosine_can_end_at_zer
 
 
 def test_spec_schedule_reaches_the_optimizer() -> None:
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.training import TrainingSpec
 
     spec = TrainingSpec.model_validate({"name": "s", "trainer": {
         "max_steps": 100, "warmup_ratio": 0.03, "lr_schedule": "constant", "learning_rate": 1e-3}})

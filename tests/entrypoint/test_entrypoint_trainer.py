@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from jobgen.jobdir import load_resolved_spec
-from jobgen.rules import World
+from jobgen.planning.rules import World
 from jobgen.train import data as data_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step
@@ -182,8 +182,8 @@ def test_fsdp_activation_checkpointing_wraps_each_block(write_spec, tmp_path: Pa
 
 def test_activation_checkpointing_needs_fsdp() -> None:
     from jobgen.errors import ConfigError
-    from jobgen.load import validate
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.load import validate
+    from jobgen.specs.training import TrainingSpec
 
     with pytest.raises(ConfigError, match="activation_checkpointing is applied through FSDP"):
         validate(TrainingSpec, {"name": "x", "trainer": {"activation_checkpointing": True}}, "<test>")
@@ -191,8 +191,8 @@ def test_activation_checkpointing_needs_fsdp() -> None:
 
 def test_deepspeed_on_cpu_uses_the_cpu_subclass_with_gloo(write_spec, tmp_path: Path) -> None:
     require("deepspeed", "deepspeed not installed (pip install -e .[train])")
-    from jobgen.deepspeed import deepspeed_config, dumps
-    from jobgen.spec import TrainingSpec
+    from jobgen.planning.deepspeed import deepspeed_config, dumps
+    from jobgen.specs.training import TrainingSpec
 
     (tmp_path / "ds_config.json").write_text(
         dumps(deepspeed_config(TrainingSpec.model_validate({"name": "x", "trainer": {"strategy": "deepspeed_stage_3", "micro_batch_size": 4}}),

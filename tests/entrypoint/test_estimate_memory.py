@@ -1,4 +1,4 @@
-"""jobgen.estimate vs measured peak memory of fp32 AdamW training on CPU (benchmarks/memory.py).
+"""jobgen.planning.estimate vs measured peak memory of fp32 AdamW training on CPU (benchmarks/memory.py).
 
 Acceptance: within 25% of the RSS high-water mark attributable to training, for a model where
 model state dominates (~43M parameters) and for one where activations are a large share.

@@ -105,7 +105,7 @@ def test_lora_target_module_missing_from_model_is_a_config_error(
 def test_every_precision_has_a_load_dtype_for_hf_weights() -> None:
     from typing import get_args
 
-    from jobgen.spec import Precision
+    from jobgen.specs.training import Precision
     from jobgen.train.hf import _LOAD_DTYPE
 
     # `auto` never reaches a node: the planner resolves it and spec.json refuses it.

@@ -280,7 +280,7 @@ def test_qlora_with_a_full_replica_per_rank_pins_it_to_the_local_gpu(strategy: s
 def test_parameter_sharding_strategies_are_spec_strategies() -> None:
     from typing import get_args
 
-    from jobgen.spec_trainer import Strategy
+    from jobgen.specs.trainer import Strategy
     from jobgen.train.hf import PARAM_SHARDING_STRATEGIES
 
     assert PARAM_SHARDING_STRATEGIES <= set(get_args(Strategy))

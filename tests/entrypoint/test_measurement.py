@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 from jobgen.train import measure
 from jobgen.train.callbacks import Throughput
 from tests.entrypoint.conftest import TINY_SPEC
@@ -87,7 +87,7 @@ def test_peak_flops_table_dtype_and_cpu() -> None:
     assert measure.peak_flops_per_s("H100", "transformer-engine") == measure.peak_flops_per_s("H100", "bf16-mixed")  # fp8 vs the bf16 peak
     from typing import get_args
 
-    from jobgen.profiles import GpuType
+    from jobgen.specs.profile import GpuType
 
     assert set(measure.PEAK_FLOPS) == set(get_args(GpuType))
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobgen.spec_trainer import TrainerSpec
+from jobgen.specs.trainer import TrainerSpec
 from jobgen.train import speed
 from tests.conftest import require
 

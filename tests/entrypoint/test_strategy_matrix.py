@@ -58,8 +58,8 @@ def plan_job(
     """Plan TINY_SPEC (merged with ``base``, then the ``trainer`` overrides) for the ``local``
     profile with jobgen's planner and write its files into ``job_dir``; returns ``job_dir``."""
     from jobgen.backends import plan
-    from jobgen.load import load_profile, validate
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.load import load_profile, validate
+    from jobgen.specs.training import TrainingSpec
 
     overrides: dict[str, Any] = {"trainer": trainer}
     if max_steps is not None:

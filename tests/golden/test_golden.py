@@ -20,7 +20,7 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import JobgenError
-from jobgen.load import load_profile, load_spec
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, lint_bash
 
 GOLDEN = Path(__file__).parent / "data"
@@ -79,7 +79,7 @@ ARRAY_CASES = [("slurm-cpu-array", "quickstart", ("trainer.learning_rate=1e-4,3e
 
 def render_array_case(profile: str, example: str, sweeps: tuple[str, ...]) -> dict[str, str]:
     """Files of the array job directory (relative paths, points/<i>/ included), through GitOps' planner."""
-    from jobgen.gitops import plan_single
+    from jobgen.gitops.manifests import plan_single
 
     render = plan_single(str(EXAMPLES / f"{example}.yaml"), profile, sweeps=sweeps, out="/nonexistent-out",
                          profiles_dir=str(ARRAY_PROFILES), templates_dir=str(TEMPLATES))

@@ -20,9 +20,9 @@ import pytest
 from jobgen.backends import plan
 from jobgen.backends.slurm_script import run_dir_name
 from jobgen.errors import ConfigError
-from jobgen.load import load_profile, validate
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES, lint_bash
 
 STUB = """#!/bin/bash
@@ -370,7 +370,7 @@ def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
 
 
 def _array_plan(tmp_path: Path):
-    from jobgen.gitops import plan_single
+    from jobgen.gitops.manifests import plan_single
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()

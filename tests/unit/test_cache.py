@@ -1,4 +1,4 @@
-"""jobgen.cache: derived data kept between renders, never a rendered result; a broken cache is a
+"""jobgen.planning.cache: derived data kept between renders, never a rendered result; a broken cache is a
 miss, never an error; renders are byte-identical with the cache cold, warm or off."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jobgen import cache
-from jobgen import k8s_validate as kv
-from jobgen.render import _referenced_templates, environment, render_template, template_sha256
+from jobgen.backends import k8s_validate as kv
+from jobgen.planning import cache
+from jobgen.planning.render import _referenced_templates, environment, render_template, template_sha256
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import yaml
 from click.testing import CliRunner
 
 from jobgen.cli import cli
-from jobgen.load import load_profile
+from jobgen.specs.load import load_profile
 from tests.conftest import EXAMPLES, PROFILES, REPO, write
 from tests.fakes.slurm.fakeslurm import json_reply, reply, squeue_24_05
 

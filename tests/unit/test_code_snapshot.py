@@ -1,4 +1,4 @@
-"""Code shipped as an immutable snapshot (jobgen/snapshot.py, ARCHITECTURE.md "User code").
+"""Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py, ARCHITECTURE.md "User code").
 
 A temporary git repository holds a package and the spec. Submitting (local through
 LocalBackend's ``runner=``, SLURM through the fake client commands of tests/fakes/slurm) must
@@ -26,8 +26,8 @@ from jobgen.backends import get_backend, k8s_manifest, plan
 from jobgen.backends.base import SubmitOptions
 from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
-from jobgen.load import load_profile, load_spec, validate
-from jobgen.spec import TrainingSpec
+from jobgen.specs.load import load_profile, load_spec, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, lint_bash, write
 from tests.fakes.slurm.fakeslurm import FakeSlurm, reply
 
@@ -458,7 +458,7 @@ def _user_repo(tmp_path: Path, code: str) -> tuple[Path, Path]:
 @pytest.mark.parametrize("code", ["", "code: {}\n", "code: {python_path: .}\n", "code: {python_path: ./}\n"],
                          ids=["no-code-section", "empty-code", "dot", "dot-slash"])
 def test_local_import_dir_defaults_to_the_repository_root(tmp_path, code):
-    from jobgen.snapshot import local_import_dir
+    from jobgen.usercode.snapshot import local_import_dir
 
     root, spec_file = _user_repo(tmp_path, code)
     spec = load_spec(spec_file)
@@ -466,7 +466,7 @@ def test_local_import_dir_defaults_to_the_repository_root(tmp_path, code):
 
 
 def test_local_import_dir_of_a_python_path_and_of_no_repository(tmp_path):
-    from jobgen.snapshot import local_import_dir
+    from jobgen.usercode.snapshot import local_import_dir
 
     root, spec_file = _user_repo(tmp_path, "code: {python_path: src}\n")
     assert local_import_dir(load_spec(spec_file), spec_file) == root.resolve() / "src"

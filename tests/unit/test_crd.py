@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from jobgen.backends import plan
-from jobgen.k8s_validate import strict
-from jobgen.load import load_profile, load_spec
+from jobgen.backends.k8s_validate import strict
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES, require
 
 jsonschema = require("jsonschema", "jsonschema not installed (pip install -e .[dev])")

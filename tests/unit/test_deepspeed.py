@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from jobgen.deepspeed import deepspeed_config
 from jobgen.errors import PlanError
-from jobgen.load import validate
-from jobgen.rules import World
-from jobgen.spec import TrainingSpec
+from jobgen.planning.deepspeed import deepspeed_config
+from jobgen.planning.rules import World
+from jobgen.specs.load import validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import require
 
 ds_config = require("deepspeed.runtime.config", "deepspeed not installed (pip install -e .[train])")
@@ -96,8 +96,8 @@ def test_not_a_deepspeed_strategy():
 def test_check_deepspeed_config_catches_what_deepspeed_accepts(monkeypatch, config, location, message):
     """Each config passes DeepSpeed's own validator (LAB-NOTES), and jobgen refuses it with the
     file, the field path and a hint."""
-    from jobgen.deepspeed import check_deepspeed_config
     from jobgen.errors import DeepSpeedConfigError
+    from jobgen.planning.deepspeed import check_deepspeed_config
 
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: 1)
@@ -109,7 +109,7 @@ def test_check_deepspeed_config_catches_what_deepspeed_accepts(monkeypatch, conf
 
 
 def test_check_deepspeed_config_accepts_what_jobgen_renders_and_offload_none():
-    from jobgen.deepspeed import check_deepspeed_config
+    from jobgen.planning.deepspeed import check_deepspeed_config
 
     for trainer in CASES:
         spec = validate(TrainingSpec, {"name": "x", "trainer": trainer}, "<test>")

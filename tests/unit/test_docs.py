@@ -7,8 +7,14 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from jobgen import profiles, project, spec, spec_model, spec_notify, spec_trainer, spec_user
-from jobgen.reference import splice
+from jobgen.specs import model as spec_model
+from jobgen.specs import notify as spec_notify
+from jobgen.specs import profile as profiles
+from jobgen.specs import project
+from jobgen.specs import trainer as spec_trainer
+from jobgen.specs import training as spec
+from jobgen.specs import user as spec_user
+from jobgen.specs.reference import splice
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -29,7 +35,7 @@ def test_quickstart_command_pins_cpu_torch_and_runs_the_local_job():
 
 
 def test_reference_is_current():
-    assert splice(README) == README, "run: python -m jobgen.reference --write README.md"
+    assert splice(README) == README, "run: python -m jobgen.specs.reference --write README.md"
 
 
 def test_shipped_profiles_are_listed_in_readme():
@@ -37,7 +43,7 @@ def test_shipped_profiles_are_listed_in_readme():
         assert f"`{profile.stem}`" in README
 
 
-#: The modules the training spec's models are defined in (jobgen.spec re-exports them).
+#: The modules the training spec's models are defined in (jobgen.specs.training re-exports them).
 SPEC_MODULES = (spec, spec_model, spec_trainer, spec_user, spec_notify)
 
 
@@ -57,7 +63,7 @@ def test_every_field_has_a_description(model):
 @pytest.mark.parametrize("model", public_models(*SPEC_MODULES, profiles, project), ids=lambda m: m.__name__)
 def test_render_path_models_do_not_parse_their_source(model):
     """use_attribute_docstrings makes pydantic read and parse the class source at import (about half
-    the import time of jobgen.spec + jobgen.profiles); descriptions are Field(description=...) instead."""
+    the import time of jobgen.specs.training + jobgen.specs.profile); descriptions are Field(description=...) instead."""
     assert not model.model_config.get("use_attribute_docstrings")
 
 
@@ -94,8 +100,8 @@ def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypat
 
 def test_the_seed_table_is_cited_by_its_public_source():
     """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
-    from our tracker (one place: jobgen.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
-    from jobgen.seeds import SEED_SOURCE
+    from our tracker (one place: jobgen.planning.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
+    from jobgen.planning.seeds import SEED_SOURCE
 
     assert "SparkTrainer" in SEED_SOURCE and "Distributed Training Guide" in SEED_SOURCE
     assert "tracker" not in README and "tracker" not in SEED_SOURCE

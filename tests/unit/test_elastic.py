@@ -15,12 +15,12 @@ import yaml
 
 from jobgen import jobdir
 from jobgen.backends import k8s_manifest, plan
+from jobgen.backends.k8s_validate import validate_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
-from jobgen.k8s_validate import validate_manifest
-from jobgen.load import load_profile, load_spec, validate
-from jobgen.rules import World, elastic_nodes
-from jobgen.spec import ResourcesSpec, TrainingSpec
+from jobgen.planning.rules import World, elastic_nodes
+from jobgen.specs.load import load_profile, load_spec, validate
+from jobgen.specs.training import ResourcesSpec, TrainingSpec
 from jobgen.train.resolved import check_runtime_support, runtime_world
 from tests.conftest import PROFILES, REPO, TEMPLATES, write
 

@@ -1,4 +1,4 @@
-"""Credentials never sit in a rendered file, on any scheduler (jobgen.environment).
+"""Credentials never sit in a rendered file, on any scheduler (jobgen.planning.environment).
 
 - ``env`` names that look like credentials are refused at plan time for SLURM, local and
   Kubernetes profiles, in the spec's env and in the profile's env, each with the file + field
@@ -24,12 +24,12 @@ import yaml
 from jobgen import api
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
-from jobgen.environment import SECRET_SUFFIXES, SECRET_WORDS, looks_secret
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import SUBMISSION_FILE
-from jobgen.load import load_profile, validate
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
+from jobgen.planning.environment import SECRET_SUFFIXES, SECRET_WORDS, looks_secret
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES, write
 
 #: One realistic name per pattern, caught by that entry of the lists alone. Written out (not

@@ -160,7 +160,7 @@ def _shown(line: str) -> tuple[int, float, float, str]:
 @pytest.mark.parametrize(("kind", "devices", "seconds"), [("cpu", 2, 21.6), ("gpu", 8, 5400.0), ("cpu", 1, 1.0),
                                                           ("gpu", 64, 3 * 3600 + 7.3), ("cpu", 1000, 123.4), ("gpu", 3, 0.4)])
 def test_usage_line_arithmetic_holds_at_the_printed_precision(kind, devices, seconds):
-    from jobgen.usage import Usage
+    from jobgen.reports.usage import Usage
 
     usage = Usage(kind, devices, seconds, "test")
     n, elapsed_h, total, unit = _shown(usage.describe())
@@ -170,7 +170,7 @@ def test_usage_line_arithmetic_holds_at_the_printed_precision(kind, devices, sec
 
 
 def test_the_issue_s_status_line():
-    from jobgen.usage import Usage
+    from jobgen.reports.usage import Usage
 
     assert Usage("cpu", 2, 21.6, "src").describe() == "2 CPUs x 0.006 h = 0.012 CPU-hours (src)"
 

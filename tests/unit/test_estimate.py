@@ -1,4 +1,4 @@
-"""jobgen.estimate: the formulas (ZeRO paper, Korthikanti et al.), the recommender, determinism.
+"""jobgen.planning.estimate: the formulas (ZeRO paper, Korthikanti et al.), the recommender, determinism.
 
 Expected values are computed here from the published formulas, not pasted from outputs.
 """
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen import estimate as E
-from jobgen.load import load_profile, load_spec
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import MODEL_PRESETS, ModelSpec
+from jobgen.planning import estimate as E
+from jobgen.specs.load import load_profile, load_spec
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import MODEL_PRESETS, ModelSpec
 from tests.conftest import EXAMPLES
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
@@ -159,7 +159,7 @@ def test_zero12_buckets_are_two_reduce_buckets_whatever_the_model_size():
 def _plan(overrides=(), profile="slurm-a100"):
     spec = load_spec(QUICKSTART, overrides)
     prof = load_profile(profile)
-    from jobgen.plan import resolve_world
+    from jobgen.planning.plan import resolve_world
 
     w = resolve_world(spec, prof)
     return E.plan_memory(spec, prof, w.num_nodes, w.devices_per_node)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen import estimate as E
+from jobgen.planning import estimate as E
 from tests.conftest import require
 
 zero12 = require("deepspeed.runtime.zero.stage_1_and_2", "deepspeed not installed (pip install -e .[train])")

@@ -1,4 +1,4 @@
-"""jobgen.estimate_hf: Hugging Face shapes from config.json, LoRA/QLoRA memory, the seed table.
+"""jobgen.planning.estimate_hf: Hugging Face shapes from config.json, LoRA/QLoRA memory, the seed table.
 
 Expected counts are published figures (cited per test) or computed here from the formulas, not
 pasted from the estimator's output.
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from jobgen import estimate as E
-from jobgen import estimate_hf as H
-from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import Layout, estimate
-from jobgen.estimate_hf import plan_memory
-from jobgen.load import load_profile
-from jobgen.spec import TrainingSpec
+from jobgen.planning import estimate as E
+from jobgen.planning import estimate_hf as H
+from jobgen.planning import seeds
+from jobgen.planning.estimate import Layout, estimate
+from jobgen.planning.estimate_hf import plan_memory
+from jobgen.specs.load import load_profile
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import EXAMPLES, REPO
 
 LLAMA_DIR = EXAMPLES / "hf-configs" / "llama-2-7b"
@@ -28,7 +28,7 @@ GIB = 2**30
 
 
 def qlora_spec(strategy: str = "fsdp", gpus: int = 4, **model: object) -> TrainingSpec:
-    """The recipe of the seed table's rows (jobgen.seeds): Llama-2-7B QLoRA, r 64, alpha 16, the
+    """The recipe of the seed table's rows (jobgen.planning.seeds): Llama-2-7B QLoRA, r 64, alpha 16, the
     seven projections, bf16-mixed, micro batch 4 x 2048, accumulation 4."""
     doc = {
         "name": "llama-7b-qlora",
@@ -183,7 +183,7 @@ def test_frozen_layer_terms():
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_activations_reduce_to_the_gpt_terms_for_an_ungated_layernorm_model(tmp_path, checkpointing):
     """With i = 4h, LayerNorm, no LoRA and a 256-token vocabulary a GPT-2 config is jobgen's GPT:
-    the HF block's terms must then equal jobgen.estimate.activation_bytes (Korthikanti et al. eq. 1
+    the HF block's terms must then equal jobgen.planning.estimate.activation_bytes (Korthikanti et al. eq. 1
     as adapted there) exactly."""
     path = write_config(tmp_path, {"model_type": "gpt2", "n_embd": 256, "n_layer": 4, "n_head": 4,
                                    "vocab_size": 256, "n_positions": 512})
@@ -195,7 +195,7 @@ def test_activations_reduce_to_the_gpt_terms_for_an_ungated_layernorm_model(tmp_
 
 
 def test_full_fine_tuning_reuses_the_zero_formulas():
-    """Without lora the model states are jobgen.estimate.estimate's for the whole model (ZeRO-3:
+    """Without lora the model states are jobgen.planning.estimate.estimate's for the whole model (ZeRO-3:
     16Ψ/N plus named implementation terms), only the activations are the HF block's."""
     shape = llama_7b(micro_batch=1)
     lay = Layout("deepspeed_stage_3")
@@ -245,7 +245,7 @@ def test_qlora_on_gpt2_is_not_supported(tmp_path):
 
 
 def test_hf_specs_validate_with_every_strategy():
-    """jobgen.spec no longer refuses model.hf_path with FSDP/DeepSpeed (issue 12)."""
+    """jobgen.specs.training no longer refuses model.hf_path with FSDP/DeepSpeed (issue 12)."""
     for strategy in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3"):
         assert qlora_spec(strategy).trainer.strategy == strategy
 

@@ -1,6 +1,6 @@
 """``jobgen plan``'s memory estimate against GPU peaks the project measured: within 15%.
 
-:data:`MEASURED` is the one home of these figures (jobgen.estimate's docstrings name its rows
+:data:`MEASURED` is the one home of these figures (jobgen.planning.estimate's docstrings name its rows
 where a measured figure calibrates a formula term). Every row is one GPU, ``precision:
 bf16-mixed``, the peak ``torch.cuda.max_memory_allocated`` as jobgen's entrypoint reports it
 (``summary.json`` ``peak_memory_bytes``; the CUDA context and the allocator's reserve are not in
@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from jobgen import estimate as E
-from jobgen import estimate_hf as H
-from jobgen.load import load_spec
-from jobgen.profiles import ClusterProfile
+from jobgen.planning import estimate as E
+from jobgen.planning import estimate_hf as H
+from jobgen.specs.load import load_spec
+from jobgen.specs.profile import ClusterProfile
 from tests.conftest import EXAMPLES
 
 ISSUE_21 = ("issue 21 (benchmarks/gpu_suite.py on one H100 80GB HBM3, torch 2.11.0+cu130, lightning 2.6.6, "

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from jobgen.backends import plan
 from jobgen.errors import JobgenError
-from jobgen.load import apply_overrides, load_profile, load_spec
+from jobgen.specs.load import apply_overrides, load_profile, load_spec
 from tests.conftest import PROFILES, TEMPLATES
 
 SPEC_KEYS = ["name", "model", "data", "trainer", "resources", "checkpoint", "env", "preset", "n_layer", "n_head",

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from jobgen.errors import ConfigError
-from jobgen.gitops import plan_project, plan_single
+from jobgen.gitops.manifests import plan_project, plan_single
+from jobgen.gitops.sync import apply, compare, unified_diff
 from jobgen.jobdir import MAX_NAME
-from jobgen.project import Project, ProjectJob, load_project
-from jobgen.render import environment, template_sha256
-from jobgen.sweeps import parse_sweep, sweep_job_names, sweep_points
-from jobgen.sync import apply, compare, unified_diff
+from jobgen.planning.render import environment, template_sha256
+from jobgen.specs.project import Project, ProjectJob, load_project
+from jobgen.specs.sweeps import parse_sweep, sweep_job_names, sweep_points
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -5,7 +5,7 @@ A lower module never imports a higher one, "not even lazily inside a function": 
 takes every ``import`` statement of every module under jobgen/, wherever it stands (module
 level, inside a function, under ``if TYPE_CHECKING:``), read with :mod:`ast` (nothing is
 imported). An edge goes to the most specific jobgen module a statement names
-(``from jobgen import deepspeed`` -> ``jobgen.deepspeed``; ``from jobgen import __version__``
+(``from jobgen import deepspeed`` -> ``jobgen.planning.deepspeed``; ``from jobgen import __version__``
 -> ``jobgen``). Imports by string (``importlib.import_module``, the backend registry's lazy
 table) are not statements and are not edges: the registry names its backends, it does not
 import them at load.
@@ -133,14 +133,14 @@ def test_jobgen_has_no_import_cycle():
 
 def test_the_planner_does_not_know_the_backends():
     """The caller hands the planner its backend: plan.py names nothing of jobgen.backends."""
-    assert not {m for m in import_graph()["jobgen.plan"] if m.startswith("jobgen.backends")}
+    assert not {m for m in import_graph()["jobgen.planning.plan"] if m.startswith("jobgen.backends")}
 
 
 def test_the_generic_estimate_does_not_know_the_hf_one():
     """The HF estimate sits on top of the generic one (imports it), never the other way."""
     graph = import_graph()
-    assert "jobgen.estimate" in graph["jobgen.estimate_hf"]
-    assert "jobgen.estimate_hf" not in graph["jobgen.estimate"]
+    assert "jobgen.planning.estimate" in graph["jobgen.planning.estimate_hf"]
+    assert "jobgen.planning.estimate_hf" not in graph["jobgen.planning.estimate"]
 
 
 # --- the graph walker itself, on a made-up package (so a walker that sees nothing cannot pass) ---

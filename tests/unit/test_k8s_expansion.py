@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from jobgen import jobdir
 from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import JobgenError
-from jobgen.load import load_profile, validate
-from jobgen.spec import TrainingSpec
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import ADVERSARIAL, PROFILES, TEMPLATES, write
 
 #: What the training operator / torchrun give every pod, for expanding the launcher's references.

@@ -13,8 +13,8 @@ import yaml
 from jobgen import jobdir
 from jobgen.backends import k8s_manifest, plan
 from jobgen.errors import ConfigError, PlanError
-from jobgen.load import load_profile, load_spec, validate
-from jobgen.spec import TrainingSpec
+from jobgen.specs.load import load_profile, load_spec, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, write
 
 

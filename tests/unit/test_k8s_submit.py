@@ -15,7 +15,7 @@ from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
-from jobgen.load import load_profile, load_spec
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
 
 
@@ -379,8 +379,8 @@ def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake)
 def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_planned_with(tmp_path, monkeypatch):
     """``jobgen submit SPEC --profile P --profiles-dir D``: the backend uses the profile the plan
     was made from (loaded once), not a second lookup of P by name, which misses D."""
-    from jobgen import api, load
-
+    from jobgen import api
+    from jobgen.specs import load
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     profiles = tmp_path / "profiles"
     profiles.mkdir()

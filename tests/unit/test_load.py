@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobgen.errors import ConfigError
-from jobgen.load import apply_overrides, load_profile, load_spec, parse_yaml, search_dirs
+from jobgen.specs.load import apply_overrides, load_profile, load_spec, parse_yaml, search_dirs
 from tests.conftest import EXAMPLES, PROFILES, write
 
 

@@ -1,4 +1,4 @@
-"""The local profile uses this machine's GPUs (issue 22, jobgen.local_gpus): with the device
+"""The local profile uses this machine's GPUs (issue 22, jobgen.specs.local_gpus): with the device
 query faked (GPUs found), one rank per GPU, ``precision: auto`` from the GPU, the plan's budget
 from its memory; without GPUs (faked, and for real on this CPU machine) the profile, and so every
 rendered file, is what it was."""
@@ -12,10 +12,11 @@ import sys
 
 import pytest
 
-from jobgen import api, local_gpus
-from jobgen.load import load_profile, load_profile_doc, validate
-from jobgen.local_gpus import LocalGpus, gpu_type_of
-from jobgen.profiles import ClusterProfile
+from jobgen import api
+from jobgen.specs import local_gpus
+from jobgen.specs.load import load_profile, load_profile_doc, validate
+from jobgen.specs.local_gpus import LocalGpus, gpu_type_of
+from jobgen.specs.profile import ClusterProfile
 from tests.conftest import EXAMPLES, PROFILES, REPO
 
 H100 = LocalGpus(count=2, name="NVIDIA H100 80GB HBM3", mem_gib=79.19, capability=(9, 0), source="nvml")
@@ -54,8 +55,8 @@ def test_with_gpus_the_local_profile_runs_one_rank_per_gpu_in_bf16_within_their_
 
 
 def test_the_plans_budget_is_the_detected_gpu_memory(monkeypatch) -> None:
-    from jobgen.estimate import GIB, budget_bytes
-    from jobgen.load import load_spec
+    from jobgen.planning.estimate import GIB, budget_bytes
+    from jobgen.specs.load import load_spec
 
     _fake(monkeypatch, T4)
     profile = load_profile("local", PROFILES)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen.gitops import plan_project
-from jobgen.project import load_project
-from jobgen.sync import compare, unified_diff
+from jobgen.gitops.manifests import plan_project
+from jobgen.gitops.sync import compare, unified_diff
+from jobgen.specs.project import load_project
 from tests.conftest import PROFILES, REPO, TEMPLATES
 
 MANIFESTS = REPO / "manifests"

@@ -9,11 +9,11 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import ConfigError, PlanError
-from jobgen.estimate_hf import plan_memory
-from jobgen.load import load_profile, validate
-from jobgen.micro_batch import AUTO_MICRO_BATCH_MARGIN, CPU_AUTO_MICRO_BATCH, resolve_micro_batch
-from jobgen.rules import resolve_precision
-from jobgen.spec import TrainingSpec
+from jobgen.planning.estimate_hf import plan_memory
+from jobgen.planning.micro_batch import AUTO_MICRO_BATCH_MARGIN, CPU_AUTO_MICRO_BATCH, resolve_micro_batch
+from jobgen.planning.rules import resolve_precision
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
 
 GPT350M = {"preset": "gpt2-350m", "block_size": 1024}

@@ -10,8 +10,8 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import PlanError
-from jobgen.load import load_profile, validate
-from jobgen.spec import TrainingSpec
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, REPO, TEMPLATES
 
 
@@ -198,7 +198,7 @@ def test_inputs_hash_covers_included_templates(tmp_path):
     (templates / "slurm" / "extra.j2").write_text("# extra one\n")
     prof = load_profile("slurm-a100", PROFILES)
     first = plan(spec(), prof, templates)
-    from jobgen.render import environment, template_sha256
+    from jobgen.planning.render import environment, template_sha256
 
     (templates / "slurm" / "extra.j2").write_text("# extra two\n")
     template_sha256.cache_clear()

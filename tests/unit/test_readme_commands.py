@@ -209,7 +209,7 @@ def assert_shows(result: Result, shown: Shown, scratch: Scratch) -> None:
 def cluster_profile(scratch: Scratch, profile: str | None) -> bool:
     if profile is None:
         return False
-    from jobgen.load import load_profile
+    from jobgen.specs.load import load_profile
 
     return load_profile(profile).scheduler != "local"
 
@@ -265,7 +265,7 @@ def test_the_readme_commands_run(tmp_path, monkeypatch):
     # examples wrote would make the next `jobgen submit` refuse (jobgen's outputs never block it).
     check = scratch.jobgen("render", "--all", "--check")
     assert check.code == 0, check.out
-    from jobgen.snapshot import changes
+    from jobgen.usercode.snapshot import changes
 
     assert changes(scratch.root) == ()
     slowest = [f"{seconds:6.1f} s  {what}" for seconds, what in sorted(timings, reverse=True)[:5]]
@@ -339,7 +339,7 @@ def test_the_readme_yaml_snippets_parse_and_match_the_files_they_name(tmp_path):
     says what the shipped file says, and a profile the README invents (``mysite``) loads."""
     import yaml
 
-    from jobgen.load import load_profile
+    from jobgen.specs.load import load_profile
 
     snippets = yaml_snippets()
     assert len(snippets) >= 8
@@ -353,7 +353,7 @@ def test_the_readme_yaml_snippets_parse_and_match_the_files_they_name(tmp_path):
         named += 1
         path = REPO / header.group(1)
         if path.is_file() and header.group(1).startswith("examples/"):  # the same spec once defaults are filled in
-            from jobgen.load import load_spec
+            from jobgen.specs.load import load_spec
 
             (tmp_path / path.name).write_text(text)
             assert load_spec(tmp_path / path.name) == load_spec(path), f"README.md:{line}: the snippet differs from {header.group(1)}"

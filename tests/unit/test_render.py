@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from jobgen.errors import ConfigError
-from jobgen.render import ShellText, render_template, sh_argv, sh_quote, to_json, yaml_block
+from jobgen.planning.render import ShellText, render_template, sh_argv, sh_quote, to_json, yaml_block
 from tests.conftest import ADVERSARIAL
 
 
@@ -65,7 +65,7 @@ def test_missing_template(tmp_path):
 def test_a_template_included_twice_is_parsed_once_for_the_hash(tmp_path):
     """Hashing two templates that both include a third parses the third once (the Kubernetes
     backend hashes pytorchjob and trainjob, which both include _pod); an edit is parsed again."""
-    from jobgen.render import _referenced_templates, template_sha256
+    from jobgen.planning.render import _referenced_templates, template_sha256
 
     (tmp_path / "_shared.j2").write_text("shared\n")
     (tmp_path / "a.j2").write_text('a {% include "_shared.j2" %}\n')

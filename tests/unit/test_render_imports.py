@@ -19,14 +19,14 @@ from tests.conftest import EXAMPLES, REPO
 TRAINING_STACK = ("torch", "lightning", "deepspeed", "numpy", "transformers", "peft")
 VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: jobgen modules a SLURM render has no use for: every Kubernetes module and the entrypoint.
-#: (jobgen.gitops is not one: every `jobgen render` plans through it, and it takes what it needs
+#: (jobgen.gitops.manifests is not one: every `jobgen render` plans through it, and it takes what it needs
 #: for kustomizations from the plan, so it imports no Kubernetes module.)
-OFF_THE_SLURM_PATH = ("jobgen.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
+OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
                       "jobgen.train")
 #: jobgen modules a single render of a non-DeepSpeed spec has no use for (issue 23's profile):
 #: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
 #: the project file's model (--all only) and git (--commit only).
-OFF_THE_SINGLE_RENDER_PATH = ("jobgen.deepspeed", "jobgen.snapshot", "tarfile", "jobgen.project", "jobgen.git")
+OFF_THE_SINGLE_RENDER_PATH = ("jobgen.planning.deepspeed", "jobgen.usercode.snapshot", "tarfile", "jobgen.specs.project", "jobgen.gitops.git")
 
 
 def modules_after_render(profile: str, example: str = "quickstart.yaml") -> set[str]:
@@ -62,13 +62,13 @@ def test_kubernetes_render_loads_the_validators_but_not_the_client_or_training_s
     pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[k8s])")
     modules = modules_after_render("k8s-h100")
     assert loaded(modules, (*TRAINING_STACK, "kubernetes")) == []
-    assert "jsonschema" in modules and "jobgen.k8s_validate" in modules
+    assert "jsonschema" in modules and "jobgen.backends.k8s_validate" in modules
 
 
 def test_rendering_a_class_path_spec_imports_neither_user_code_nor_the_training_stack():
     # examples/usercode.yaml names tinychar.CharModel: rendering checks the path's shape only
     modules = modules_after_render("slurm-a100", "usercode.yaml")
-    assert loaded(modules, (*TRAINING_STACK, "jsonargparse", "tinychar", "jobgen.user_code", *OFF_THE_SLURM_PATH)) == []
+    assert loaded(modules, (*TRAINING_STACK, "jsonargparse", "tinychar", "jobgen.usercode.classes", *OFF_THE_SLURM_PATH)) == []
 
 
 @pytest.mark.parametrize("profile", ["slurm-a100", "k8s-h100"])
@@ -79,4 +79,4 @@ def test_a_single_render_leaves_deepspeed_snapshot_project_and_git_alone(profile
 
 
 def test_a_deepspeed_spec_still_renders_its_config():
-    assert "jobgen.deepspeed" in modules_after_render("slurm-h100", "gpt2-350m-zero3.yaml")
+    assert "jobgen.planning.deepspeed" in modules_after_render("slurm-h100", "gpt2-350m-zero3.yaml")

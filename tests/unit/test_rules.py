@@ -7,9 +7,9 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import PlanError
-from jobgen.load import load_profile, validate
-from jobgen.rules import World, resolve_world
-from jobgen.spec import TrainingSpec
+from jobgen.planning.rules import World, resolve_world
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
 
 #: Every CPU refusal: (trainer/model overrides, the field it is reported at).
@@ -41,7 +41,7 @@ def test_plan_and_entrypoint_refuse_with_the_same_words(doc, field):
     assert at_plan.value.location == f"spec.yaml: {field}" and at_plan.value.hint
 
     from jobgen.jobdir import LaunchSpec, ResolvedSpec
-    from jobgen.rules import resolve_precision
+    from jobgen.planning.rules import resolve_precision
 
     resolved = ResolvedSpec(jobgen_version="0", inputs_sha256="0", profile="local", spec=resolve_precision(spec, profile),
                             launch=LaunchSpec(scheduler="local", accelerator="cpu", num_nodes=1, devices_per_node=2, world_size=2))
@@ -63,7 +63,7 @@ def test_qlora_plans_for_cpu_and_the_node_checks_bitsandbytes(monkeypatch, insta
     entrypoint refuses it on a CPU node whose bitsandbytes cannot run 4-bit layers there."""
     import importlib.metadata
 
-    from jobgen.rules import check_support
+    from jobgen.planning.rules import check_support
 
     def version(name: str) -> str:
         if installed is None:
@@ -111,7 +111,7 @@ def test_precision_auto_resolves_from_the_profile_and_spec_json_records_it(profi
 
 
 def test_precision_auto_on_pre_ampere_gpus_is_fp16():
-    from jobgen.rules import resolve_precision
+    from jobgen.planning.rules import resolve_precision
 
     v100 = load_profile("slurm-a100", PROFILES).model_copy(update={"gpu_type": "V100"})
     assert resolve_precision(_spec({}), v100).trainer.precision == "16-mixed"

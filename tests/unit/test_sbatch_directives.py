@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.load import load_profile, load_spec
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES
 
 SPEC = EXAMPLES / "quickstart.yaml"

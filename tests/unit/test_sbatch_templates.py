@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 
-from jobgen.render import template_sha256
+from jobgen.planning.render import template_sha256
 from tests.conftest import TEMPLATES
 
 SINGLE = TEMPLATES / "slurm" / "job.sbatch.j2"

@@ -12,9 +12,9 @@ import pytest
 
 from jobgen.backends.slurm import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
-from jobgen.gitops import plan_single
+from jobgen.gitops.manifests import plan_single
 from jobgen.jobdir import JobHandle, Submission
-from jobgen.load import load_profile
+from jobgen.specs.load import load_profile
 from tests.conftest import EXAMPLES, PROFILES
 from tests.fakes.slurm.fakeslurm import (
     SACCT_NO_ACCOUNTING,

@@ -9,10 +9,10 @@ from jobgen.backends.slurm import filter_rank, job_id
 from jobgen.backends.slurm_script import check_directives, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import JobHandle
-from jobgen.load import load_profile, validate
-from jobgen.plan import World
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
+from jobgen.planning.plan import World
+from jobgen.specs.load import load_profile, validate
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
 
 

@@ -1,4 +1,4 @@
-"""``jobgen submit --smoke N`` (:meth:`jobgen.spec.TrainingSpec.smoke_doc`): the warmup of a
+"""``jobgen submit --smoke N`` (:meth:`jobgen.specs.training.TrainingSpec.smoke_doc`): the warmup of a
 smoke run scales with N (or is dropped when no step would be left after it), command-mode specs
 get a smoke run too, and every shipped example plans as a smoke run on every shipped profile that
 holds the full run. Pure: plans only, nothing trains."""
@@ -12,7 +12,7 @@ import pytest
 
 from jobgen import api
 from jobgen.errors import JobgenError
-from jobgen.load import load_spec
+from jobgen.specs.load import load_spec
 from tests.conftest import EXAMPLES, PROFILES
 
 LLAMA = EXAMPLES / "llama-7b-qlora-fsdp.yaml"

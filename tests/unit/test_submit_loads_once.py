@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 import jobgen.api
-import jobgen.load
-import jobgen.user_code
+import jobgen.specs.load
+import jobgen.usercode.classes
 from jobgen.cli import cli
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
 
 SPEC = EXAMPLES / "usercode.yaml"
@@ -24,7 +24,7 @@ SPEC = EXAMPLES / "usercode.yaml"
 def test_submit_reads_and_validates_the_spec_once(monkeypatch, tmp_path, smoke):
     reads: list[Path] = []
     validated: list[str] = []
-    read_yaml, validate = jobgen.load.read_yaml, jobgen.load.validate
+    read_yaml, validate = jobgen.specs.load.read_yaml, jobgen.specs.load.validate
 
     def counting_read(path):
         reads.append(Path(path).resolve())
@@ -37,9 +37,9 @@ def test_submit_reads_and_validates_the_spec_once(monkeypatch, tmp_path, smoke):
 
     checked: list[TrainingSpec] = []
     submitted = []
-    monkeypatch.setattr(jobgen.load, "read_yaml", counting_read)
-    monkeypatch.setattr(jobgen.load, "validate", counting_validate)
-    monkeypatch.setattr(jobgen.user_code, "check_user_code", lambda spec, source: checked.append(spec) or [])
+    monkeypatch.setattr(jobgen.specs.load, "read_yaml", counting_read)
+    monkeypatch.setattr(jobgen.specs.load, "validate", counting_validate)
+    monkeypatch.setattr(jobgen.usercode.classes, "check_user_code", lambda spec, source: checked.append(spec) or [])
     monkeypatch.setattr(jobgen.api, "submit", lambda plan, options, **kw: submitted.append(plan) or SimpleNamespace(handle=None))
 
     args = ["submit", str(SPEC), "-p", "local", "--profiles-dir", str(PROFILES), "--templates-dir", str(TEMPLATES),

@@ -14,7 +14,7 @@ from jobgen import api
 from jobgen.backends import get_backend
 from jobgen.backends import kubernetes as k8s
 from jobgen.backends.base import SubmitOptions
-from jobgen.plan import ApiRequest, Command
+from jobgen.planning.plan import ApiRequest, Command
 from tests.conftest import EXAMPLES
 from tests.unit.test_k8s_submit import FakeCluster
 
@@ -127,7 +127,7 @@ def test_the_plan_names_the_secrets_submit_takes_from_the_environment(tmp_path, 
 def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tmp_path, monkeypatch):
     """The planned torchrun command with its placeholders filled: cwd = where submit runs,
     RUN_DIR and PL_DEEPSPEED_CONFIG_PATH absolute in the job directory."""
-    from jobgen.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
+    from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 
     project = tmp_path / "project"
     project.mkdir()
@@ -158,7 +158,7 @@ def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tm
 def test_command_mode_slurm_submit_passes_the_submit_dir(tmp_path, monkeypatch):
     from jobgen.backends import slurm
     from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
-    from jobgen.plan import SUBMIT_DIR_PLACEHOLDER
+    from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER
 
     project = tmp_path / "project"
     project.mkdir()

@@ -1,10 +1,10 @@
-"""jobgen.triage: each rank's first failure, the earliest first (`jobgen logs --first-error`)."""
+"""jobgen.reports.triage: each rank's first failure, the earliest first (`jobgen logs --first-error`)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from jobgen.triage import LiveFilter, LogLine, format_triage, parse_rfc3339, torchrun_line, torchrun_lines, triage
+from jobgen.reports.triage import LiveFilter, LogLine, format_triage, parse_rfc3339, torchrun_line, torchrun_lines, triage
 
 #: A 2-node job in which rank 1 raised; rank 0 then failed in the next collective, and srun
 #: reported both tasks (the merged srun --label stream, in the order srun wrote it).

@@ -1,10 +1,10 @@
-"""jobgen.usage: TRES parsing, SLURM/Kubernetes times, GPU-hours and cost."""
+"""jobgen.reports.usage: TRES parsing, SLURM/Kubernetes times, GPU-hours and cost."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from jobgen.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
+from jobgen.reports.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
 
 
 def test_parse_tres_counts_cpus_nodes_and_gpus_once():
@@ -45,7 +45,7 @@ def test_a_gpu_hour_price_reaches_spec_json_and_is_refused_on_cpu_profiles(tmp_p
 
     from jobgen import api
     from jobgen.errors import ConfigError
-    from jobgen.load import load_profile
+    from jobgen.specs.load import load_profile
     from tests.conftest import EXAMPLES, PROFILES
 
     (tmp_path / "priced.yaml").write_text("extends: slurm-a100\ngpu_hour_price: 3.25\n")

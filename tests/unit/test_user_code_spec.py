@@ -11,9 +11,9 @@ import pytest
 
 from jobgen import api
 from jobgen.errors import ConfigError, PlanError
-from jobgen.load import load_profile, load_spec
-from jobgen.rules import check_batch, resolve_world
-from jobgen.spec import ClassSpec, DataSpec, ModelSpec, TrainingSpec
+from jobgen.planning.rules import check_batch, resolve_world
+from jobgen.specs.load import load_profile, load_spec
+from jobgen.specs.training import ClassSpec, DataSpec, ModelSpec, TrainingSpec
 from tests.conftest import EXAMPLES, PROFILES, write
 
 USER = """\
@@ -210,7 +210,7 @@ def test_local_ranks_get_relative_pythonpath_entries_made_absolute(tmp_path, mon
 
 def test_memory_plan_refuses_a_class_path_model(tmp_path):
     from jobgen.errors import NotSupportedError
-    from jobgen.estimate import fit_warning, plan_memory
+    from jobgen.planning.estimate import fit_warning, plan_memory
 
     spec, profile = _spec(tmp_path, USER), load_profile("slurm-a100", PROFILES)
     with pytest.raises(NotSupportedError, match="planning never imports user code") as info:

@@ -18,9 +18,9 @@ import pytest
 
 from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
+from jobgen.backends.k8s_validate import validate_manifest
 from jobgen.errors import PlanError, SubmitError
-from jobgen.k8s_validate import validate_manifest
-from jobgen.load import load_profile, load_spec
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES
 
 pytestmark = pytest.mark.k8s_lab

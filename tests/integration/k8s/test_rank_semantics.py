@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from jobgen.backends import k8s_manifest, plan
-from jobgen.load import load_profile, load_spec
+from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES, require
 from tests.ports import ATTEMPTS, address_in_use, next_port
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from jobgen.errors import PlanError
-from jobgen.profiles import GPU_COMPUTE_CAPABILITY
+from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY
 
 if TYPE_CHECKING:
-    from jobgen.profiles import ClusterProfile
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.training import TrainingSpec
 
 Accelerator = Literal["cpu", "gpu"]
 

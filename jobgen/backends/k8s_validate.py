@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from jobgen import __version__
-from jobgen.cache import cached_json, content_key
 from jobgen.errors import ConfigError, PlanError
-from jobgen.k8s_names import DNS1035_LABEL, is_dns1035_label, is_dns1123_label, is_port_name
+from jobgen.planning.cache import cached_json, content_key
+from jobgen.specs.k8s_names import DNS1035_LABEL, is_dns1035_label, is_dns1123_label, is_port_name
 
 #: Which CRD file holds each kind: (group, plural, preferred sub-directory, served version).
 CRD_FILES: dict[str, tuple[str, str, str, str]] = {
@@ -69,7 +69,7 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _OVERCOMMIT = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 #: The Kubeflow CRDs shipped inside the package (package data, see setup.cfg).
-PACKAGED_CRDS_DIR = Path(__file__).resolve().parent / "_crds"
+PACKAGED_CRDS_DIR = Path(__file__).resolve().parents[1] / "_crds"  # jobgen/_crds
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def strict(schema: Any) -> Any:
 def _crd_validator(path: str, mtime_ns: int, version: str) -> Any:
     """A jsonschema validator for ``version`` of the CRD at ``path`` (strict, see :func:`strict`).
 
-    The strict schema is derived from the file's bytes alone, so it is kept in :mod:`jobgen.cache`
+    The strict schema is derived from the file's bytes alone, so it is kept in :mod:`jobgen.planning.cache`
     (keyed by their sha256 and ``version``): parsing the CRD YAML is most of a cold Kubernetes
     render's time, and the packaged CRDs never change between renders.
     """

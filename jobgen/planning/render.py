@@ -29,8 +29,8 @@ import jinja2
 import jinja2.meta
 import pydantic_core
 
-from jobgen.cache import cached_json, content_key, template_bytecode_cache
 from jobgen.errors import ConfigError
+from jobgen.planning.cache import cached_json, content_key, template_bytecode_cache
 
 _UNSAFE = re.compile(r"[\n\r\x00]")
 
@@ -163,7 +163,7 @@ def _referenced_templates(templates_dir: str, source: str) -> tuple[str | None, 
     """Names ``source`` includes, imports or extends (None for one Jinja cannot resolve statically).
 
     Cached by the source text, so a template several others include (``kubernetes/_pod.yaml.j2``)
-    is parsed once per process, and across processes in :mod:`jobgen.cache` (keyed by the
+    is parsed once per process, and across processes in :mod:`jobgen.planning.cache` (keyed by the
     source and the Jinja version): an edited template is parsed again.
 
     Raises:

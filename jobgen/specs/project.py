@@ -2,7 +2,7 @@
 
 :class:`Project` is the file's model (``jobgen schema project``, the README reference);
 :func:`load_project` finds, reads and validates it. Planning a project into files is
-:func:`jobgen.gitops.plan_project`.
+:func:`jobgen.gitops.manifests.plan_project`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobgen.errors import ConfigError
-from jobgen.load import read_yaml, validate
-from jobgen.sweeps import SweepAxis, parse_axes
+from jobgen.specs.load import read_yaml, validate
+from jobgen.specs.sweeps import SweepAxis, parse_axes
 
 PROJECT_FILE = "jobgen.yaml"
 
 
 class _ProjectModel(BaseModel):
     # Descriptions as Field(description=...): use_attribute_docstrings would parse this file's
-    # source at import, and every render imports this module (through jobgen.gitops).
+    # source at import, and every render imports this module (through jobgen.gitops.manifests).
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -65,7 +65,7 @@ class ProjectJob(_ProjectModel):
 
     @property
     def axes(self) -> tuple[SweepAxis, ...]:
-        """The sweep axes (validated at load; see :func:`jobgen.sweeps.parse_axes`)."""
+        """The sweep axes (validated at load; see :func:`jobgen.specs.sweeps.parse_axes`)."""
         return parse_axes(self.sweep)
 
 

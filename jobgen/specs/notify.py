@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.spec_base import ENV_KEY_RE, _Model, check_shell_safe
+from jobgen.specs.base import ENV_KEY_RE, _Model, check_shell_safe
 
 NotifyEvent = Literal["started", "requeued", "finished", "failed"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("started", "requeued", "finished", "failed")

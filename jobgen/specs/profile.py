@@ -1,7 +1,7 @@
 """ClusterProfile: where a job runs — scheduler, node shape, site conventions.
 
 Profiles are YAML files under ``cluster_profiles/`` (lookup order in ARCHITECTURE.md) and
-may inherit from another with ``extends: <profile>`` (resolved by :mod:`jobgen.load`). This
+may inherit from another with ``extends: <profile>`` (resolved by :mod:`jobgen.specs.load`). This
 module only validates; it does no I/O.
 """
 
@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.k8s_names import is_dns1123_label, is_dns1123_subdomain
-from jobgen.spec import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
+from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
+from jobgen.specs.training import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
 
 Scheduler = Literal["slurm", "kubernetes", "local"]
 Fabric = Literal["infiniband", "roce", "efa", "tcp"]
@@ -399,7 +399,7 @@ class LocalSettings(_Model):
     omp_threads_per_process: int | None = Field(default=None, ge=1, description="OMP_NUM_THREADS per rank; ``null``: CPU cores / processes (at least 1).")
     python: str | None = Field(default=None, description="Interpreter for the ranks; ``null``: the one running jobgen.")
     detect_gpus: bool = Field(default=False, description=(
-        "Use this machine's GPUs when it has any (jobgen.local_gpus, when the profile is loaded): one\n"
+        "Use this machine's GPUs when it has any (jobgen.specs.local_gpus, when the profile is loaded): one\n"
         "rank per GPU, ``gpu_type``/``gpu_mem_gib`` (so ``precision: auto`` and the plan's budget) and\n"
         "the machine's cores and memory from the device query; without GPUs the profile is used as\n"
         "written. Renders then differ between GPU and CPU machines. Not part of the inputs hash\n"
@@ -434,7 +434,7 @@ class ClusterProfile(_Model):
     ))
     cpus_per_node: int = Field(default=2, ge=1, description="CPU cores per node available to the job.")
     mem_gib_per_node: float = Field(default=8.0, gt=0, description="Host memory per node available to the job, in GiB.")
-    network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.nccl).")
+    network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.planning.nccl).")
     env: dict[str, str] = Field(default={}, description=(
         "Extra environment variables for every rank (the spec's env wins on conflicts). Values are\n"
         "written into the rendered files, so names that look like credentials are refused: use the\n"

@@ -1,13 +1,13 @@
 """GitOps: the rendered files under ``manifests/`` are the source of truth that users commit.
 
-Planning the desired state of an output tree (a :class:`~jobgen.sync.Render`) without writing
+Planning the desired state of an output tree (a :class:`~jobgen.gitops.sync.Render`) without writing
 anything: one spec for one profile, with a sweep grid (:func:`plan_single`), or every job of the
 project file (:func:`plan_project`: plus ``index.yaml`` and the kustomizations that make the
 tree ``kubectl apply -k`` ready, built from what each plan says it applies); and the drivers of
 ``jobgen render`` (``--all/--check/--prune/--commit/--sweep``) and ``jobgen diff``.
 
-The pieces: :mod:`jobgen.project` (``jobgen.yaml``), :mod:`jobgen.sweeps` (grids and their job
-names), :mod:`jobgen.sync` (desired state vs disk: compare, diff, apply), :mod:`jobgen.git`
+The pieces: :mod:`jobgen.specs.project` (``jobgen.yaml``), :mod:`jobgen.specs.sweeps` (grids and their job
+names), :mod:`jobgen.gitops.sync` (desired state vs disk: compare, diff, apply), :mod:`jobgen.gitops.git`
 (``--commit``). Bad input raises a :class:`JobgenError` before a single file is written.
 """
 
@@ -24,16 +24,16 @@ from jobgen import __version__
 from jobgen.backends import plan
 from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
+from jobgen.gitops.sync import Render, RenderedJob, apply, compare, unified_diff
 from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
-from jobgen.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
-from jobgen.plan import ClusterObject
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
-from jobgen.sweeps import SweepAxis, parse_sweep, sweep_job_names, sweep_points
-from jobgen.sync import Render, RenderedJob, apply, compare, unified_diff
+from jobgen.planning.plan import ClusterObject
+from jobgen.specs.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.sweeps import SweepAxis, parse_sweep, sweep_job_names, sweep_points
+from jobgen.specs.training import TrainingSpec
 
-if TYPE_CHECKING:  # jobgen.project (a pydantic model) and jobgen.git load only for --all / --commit
-    from jobgen.project import LoadedProject, Project
+if TYPE_CHECKING:  # jobgen.specs.project (a pydantic model) and jobgen.gitops.git load only for --all / --commit
+    from jobgen.specs.project import LoadedProject, Project
 
 # --------------------------------------------------------------------------- planning
 
@@ -135,7 +135,7 @@ def plan_single(
     """Plan one spec for one profile (a sweep: one job per grid point) into ``out``.
 
     Raises:
-        ConfigError, PlanError: as :func:`jobgen.load.load_spec` and :func:`jobgen.backends.plan`;
+        ConfigError, PlanError: as :func:`jobgen.specs.load.load_spec` and :func:`jobgen.backends.plan`;
             a malformed ``--sweep``.
     """
     axes = [parse_sweep(s) for s in sweeps]
@@ -195,7 +195,7 @@ def _indent(text: str, pad: str) -> str:
 def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> dict[str, str]:
     """``index.yaml``, ``<profile>/kustomization.yaml`` per profile of applied jobs (those whose
     plan lists ``apply_files``: Kubernetes) and (optionally) the top-level ``kustomization.yaml``."""
-    from jobgen.project import PROJECT_FILE
+    from jobgen.specs.project import PROJECT_FILE
 
     files = {INDEX_FILE: index_yaml(jobs)}
     applied = [j for j in jobs if j.plan.apply_files]
@@ -217,7 +217,7 @@ def _aggregates(jobs: Sequence[RenderedJob], project: Project, where: str) -> di
 
 def _check_unique_objects(jobs: Sequence[RenderedJob], where: str, kustomization: str, top_level: bool = False) -> None:
     """Refuse two jobs under one kustomization whose cluster objects share a key (see
-    :class:`~jobgen.plan.ClusterObject`).
+    :class:`~jobgen.planning.plan.ClusterObject`).
 
     Raises:
         ConfigError: naming both job directories, the object and how to separate them.
@@ -244,7 +244,7 @@ def index_yaml(jobs: Sequence[RenderedJob]) -> str:
     """``index.yaml``: every rendered job with its profile, scheduler, spec, overrides and sweep
     point, sorted by directory. Made only from the project file and job names (no content
     hashes), so editing one spec changes that job's files and nothing else."""
-    from jobgen.project import PROJECT_FILE
+    from jobgen.specs.project import PROJECT_FILE
 
     lines = [
         f"{GENERATED_MARK} {__version__} from {PROJECT_FILE}; re-render with `jobgen render --all` instead of editing.",
@@ -298,7 +298,7 @@ def build_render(
             --all, no SPEC and no --all, SPEC without --profile), or what planning raises.
     """
     if all_jobs or spec is None:
-        from jobgen.project import PROJECT_FILE, load_project
+        from jobgen.specs.project import PROJECT_FILE, load_project
     if all_jobs:
         given = [flag for flag, on in (("SPEC", spec), ("--profile", profile), ("--set", overrides), ("--sweep", sweeps), ("--out", out_given)) if on]
         if given:
@@ -354,7 +354,7 @@ def render_command(render: Render, *, check: bool, prune: bool, commit_flag: boo
         echo(f"out of date: {len(comparison.changes)} file(s) under {display}/ differ from a fresh render{stale}; run: {fix}", err=True)
         return 1
     if commit_flag:
-        from jobgen.git import commit
+        from jobgen.gitops.git import commit
 
         written, removed, commit_id = commit(comparison, prune=prune, command=_command(render, True, prune))
     else:

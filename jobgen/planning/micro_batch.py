@@ -1,7 +1,7 @@
 """``trainer.micro_batch_size: auto``: the largest micro batch whose memory plan fits the profile.
 
-Sits above the memory plan (:mod:`jobgen.estimate_hf`, which covers the built-in GPT and Hugging
-Face models) and the world rules (:mod:`jobgen.rules`); used by the planner and ``jobgen plan``.
+Sits above the memory plan (:mod:`jobgen.planning.estimate_hf`, which covers the built-in GPT and Hugging
+Face models) and the world rules (:mod:`jobgen.planning.rules`); used by the planner and ``jobgen plan``.
 Torch-free.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jobgen.errors import PlanError
-from jobgen.estimate_hf import plan_memory
-from jobgen.rules import resolve_world
+from jobgen.planning.estimate_hf import plan_memory
+from jobgen.planning.rules import resolve_world
 
 if TYPE_CHECKING:
-    from jobgen.profiles import ClusterProfile
-    from jobgen.spec import TrainingSpec
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.training import TrainingSpec
 
 AUTO_MICRO_BATCH_MARGIN = 0.10
 """``micro_batch_size: auto`` leaves this fraction of the per-rank budget unplanned: a margin for
@@ -37,7 +37,7 @@ def resolve_micro_batch(spec: TrainingSpec, profile: ClusterProfile, spec_source
 
     The number is the largest power of two ``b <= AUTO_MICRO_BATCH_MAX`` (GPU profiles) or
     ``<= CPU_AUTO_MICRO_BATCH`` (CPU profiles) for which the memory plan of the spec's own layout
-    (:func:`jobgen.estimate_hf.plan_memory`, at the smallest world of an elastic range) fits
+    (:func:`jobgen.planning.estimate_hf.plan_memory`, at the smallest world of an elastic range) fits
     ``(1 - AUTO_MICRO_BATCH_MARGIN)`` of the per-rank budget and the node's host memory. Powers
     of two keep the matmul shapes tensor-core friendly and the search to ~10 plans.
 

@@ -1,6 +1,6 @@
 """Command mode: the user's own training script under jobgen's launch contracts.
 
-A spec with ``entrypoint`` (:class:`jobgen.spec.EntrypointSpec`) runs ``python -m MODULE`` or
+A spec with ``entrypoint`` (:class:`jobgen.specs.training.EntrypointSpec`) runs ``python -m MODULE`` or
 ``python SCRIPT`` plus its ``args`` on every rank instead of ``python -m jobgen.train``; the
 backends put the launcher in front (srun on SLURM, torchrun in each pod on Kubernetes,
 ``torchrun --standalone`` locally). This module decides what the launchers need:
@@ -14,7 +14,7 @@ backends put the launcher in front (srun on SLURM, torchrun in each pod on Kuber
   nothing is imported), and a ``--config`` YAML's ``trainer:`` section agrees with the world.
 
 Where the ranks run (decided here, documented in README "Command mode"): in the directory
-``jobgen submit`` runs in (local and SLURM; :data:`jobgen.plan.SUBMIT_DIR_PLACEHOLDER` in a plan),
+``jobgen submit`` runs in (local and SLURM; :data:`jobgen.planning.plan.SUBMIT_DIR_PLACEHOLDER` in a plan),
 or the image's working directory on Kubernetes. A relative ``script`` and relative paths in
 ``args`` resolve there.
 
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from jobgen.errors import PlanError
 
 if TYPE_CHECKING:
-    from jobgen.rules import World
-    from jobgen.spec import TrainingSpec
+    from jobgen.planning.rules import World
+    from jobgen.specs.training import TrainingSpec
 
 #: The environment variable Lightning's DeepSpeedStrategy reads its config path from when it
 #: is given no ``config`` (lightning/pytorch/strategies/deepspeed.py ``DEEPSPEED_ENV_VAR``).

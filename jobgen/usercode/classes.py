@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from jobgen.spec import ClassSpec, TrainingSpec
+    from jobgen.specs.training import ClassSpec, TrainingSpec
 
 #: The key the class's arguments live under in the jsonargparse parser.
 _KEY = "init_args"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from jobgen.errors import DeepSpeedConfigError, PlanError, did_you_mean
-from jobgen.render import pretty_json
-from jobgen.rules import World
-from jobgen.spec import TrainingSpec
+from jobgen.planning.render import pretty_json
+from jobgen.planning.rules import World
+from jobgen.specs.training import TrainingSpec
 
 #: Bucket sizes in elements (DeepSpeed's defaults are 5e8; 2e8 halves the communication
 #: buffers with no measurable loss of overlap on A100/H100 per DeepSpeed's tuning guide).

@@ -9,7 +9,7 @@ root (:data:`jobgen.jobdir.CODE_INFO_FILE`), and passes that directory to every 
 PYTHONPATH.
 
 Which specs: those with a ``code`` section, and those that run the user's code
-(:attr:`jobgen.spec.TrainingSpec.runs_user_code`: an ``entrypoint``, or a ``class_path`` model or
+(:attr:`jobgen.specs.training.TrainingSpec.runs_user_code`: an ``entrypoint``, or a ``class_path`` model or
 data module) even without one. A spec of the built-in models and data runs jobgen's installed
 code: nothing of the user's to snapshot, unless ``code`` asks for it.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, CodeSnapshot, is_jobgen_output, read_code_snapshot, write_atomic
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 
 Echo = Callable[[str], None]
 #: Uncommitted changes named in the refusal (the rest are counted).

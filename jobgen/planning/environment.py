@@ -12,7 +12,7 @@ Two ways into the environment of every rank:
   inherits it), checked before anything is submitted (:func:`check_present`). On Kubernetes
   each name must be mapped to a Secret by the profile's ``kubernetes.secret_env``.
 
-Plan-time rules: :func:`check_job_env` (called by :func:`jobgen.plan.plan` for every
+Plan-time rules: :func:`check_job_env` (called by :func:`jobgen.planning.plan.plan` for every
 scheduler) and :func:`export_problem` (SLURM's ``--export``). Submit-time rules:
 :func:`check_present` and :func:`unexported` (``$SBATCH_EXPORT``). Everything raises
 :class:`~jobgen.errors.PlanError` or :class:`~jobgen.errors.ConfigError` (exit 2) with the
@@ -26,12 +26,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from jobgen.errors import ConfigError, PlanError
-from jobgen.nccl import nccl_env
+from jobgen.planning.nccl import nccl_env
 
 if TYPE_CHECKING:
-    from jobgen.profiles import ClusterProfile
-    from jobgen.rules import World
-    from jobgen.spec import TrainingSpec
+    from jobgen.planning.rules import World
+    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.training import TrainingSpec
 
 #: Whole ``_``-separated words that mark a credential: ``HF_TOKEN``, ``DB_PASSWORD``,
 #: ``AWS_SECRET_ACCESS_KEY``, ``WANDB_APIKEY``, ``GOOGLE_APPLICATION_CREDENTIALS``. Whole words

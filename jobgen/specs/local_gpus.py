@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobgen.profiles import GPU_COMPUTE_CAPABILITY
+from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY
 
 GIB = 1024**3
 

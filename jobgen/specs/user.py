@@ -1,6 +1,6 @@
 """The user's code in a training spec: their classes (``model``/``data``: ``class_path`` +
 ``init_args``), command mode (``entrypoint``) and the code snapshot (``code``). No I/O; nothing
-here imports the user's code (``jobgen validate --import`` does, :mod:`jobgen.user_code`)."""
+here imports the user's code (``jobgen validate --import`` does, :mod:`jobgen.usercode.classes`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.spec_base import _check_json_value, _Model, check_class_path, check_shell_safe
+from jobgen.specs.base import _check_json_value, _Model, check_class_path, check_shell_safe
 
 
 class ClassSpec(_Model):

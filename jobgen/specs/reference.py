@@ -1,8 +1,8 @@
 """Markdown reference of the spec and profile fields, generated from the models' field docs.
 
-``python -m jobgen.reference`` prints it; README.md carries it between the
+``python -m jobgen.specs.reference`` prints it; README.md carries it between the
 ``<!-- reference:start -->`` / ``<!-- reference:end -->`` markers and a test keeps them equal
-(``python -m jobgen.reference --write README.md`` refreshes the README).
+(``python -m jobgen.specs.reference --write README.md`` refreshes the README).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import TrainingSpec
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
@@ -25,7 +25,7 @@ def _type_name(annotation: typing.Any) -> str:
     if any(typing.get_origin(a) is typing.Annotated for a in args):  # a union of constrained types: their base types
         bases = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args]
         return " \\| ".join("None" if a is type(None) else _type_name(a) for a in bases)
-    text = str(annotation).replace("typing.", "").replace("jobgen.spec.", "").replace("jobgen.profiles.", "")
+    text = str(annotation).replace("typing.", "").replace("jobgen.specs.training.", "").replace("jobgen.specs.profile.", "")
     if isinstance(annotation, type):
         text = annotation.__name__
     return text.replace("|", "\\|")
@@ -75,7 +75,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
 
 def reference() -> str:
     """The Markdown reference: one table for the training spec, one for cluster profiles."""
-    from jobgen.project import Project, ProjectJob
+    from jobgen.specs.project import Project, ProjectJob
 
     parts = []
     for title, model in (("Training spec (`examples/*.yaml`)", TrainingSpec), ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile),
@@ -102,7 +102,7 @@ def splice(readme: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m jobgen.reference [--write README.md]``."""
+    """``python -m jobgen.specs.reference [--write README.md]``."""
     if argv[:1] == ["--write"] and len(argv) == 2:
         path = Path(argv[1])
         path.write_text(splice(path.read_text()))

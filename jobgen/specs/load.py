@@ -18,12 +18,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from jobgen.errors import ConfigError, did_you_mean, json_path
-from jobgen.profiles import ClusterProfile
-from jobgen.spec import BUILTIN_TAG, USER_CLASS_TAG, ClassSpec, TrainingSpec
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import BUILTIN_TAG, USER_CLASS_TAG, ClassSpec, TrainingSpec
 
 M = TypeVar("M", bound=BaseModel)
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the jobgen package (this module is jobgen/specs/load.py)
 MAX_EXTENDS_DEPTH = 16
 
 
@@ -350,7 +350,7 @@ def load_profile(
 ) -> ClusterProfile:
     """Load a cluster profile by name or path, with inheritance and overrides resolved; a local
     profile with ``local.detect_gpus: true`` takes this machine's GPUs when it has any
-    (:mod:`jobgen.local_gpus`).
+    (:mod:`jobgen.specs.local_gpus`).
 
     Raises:
         ConfigError: see :func:`load_profile_doc` and :func:`validate`.
@@ -359,7 +359,7 @@ def load_profile(
     doc = apply_overrides(doc, list(overrides), source="--profile-set")
     profile = validate(ClusterProfile, doc, str(path))
     if profile.scheduler == "local" and profile.local.detect_gpus:
-        from jobgen import local_gpus  # only now: the device query's cost is documented there
+        from jobgen.specs import local_gpus  # only now: the device query's cost is documented there
 
         gpus = local_gpus.detect_gpus()
         if gpus is not None:

@@ -18,7 +18,7 @@ Sources of the formulas
   per transformer layer with 16-bit activations and 1-byte dropout masks (s: sequence length,
   b: micro batch, h: hidden size, a: attention heads). See :func:`activation_bytes` for how the
   terms map onto this model (fused attention, no dropout, 32-bit activations).
-* Hugging Face models (``model.hf_path``): :mod:`jobgen.estimate_hf` reads their ``config.json`` and
+* Hugging Face models (``model.hf_path``): :mod:`jobgen.planning.estimate_hf` reads their ``config.json`` and
   applies :func:`estimate` to the parameters that train (LoRA adapters, or the whole model), adding
   the frozen (optionally 4-bit) base and the Llama block's activations.
 * Implementation terms the papers do not have, each named where it is added: PyTorch DDP's
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jobgen.errors import NotSupportedError
-from jobgen.spec import TrainingSpec
+from jobgen.specs.training import TrainingSpec
 
 GIB = 2**30
 VOCAB_SIZE = 256
@@ -66,11 +66,11 @@ CPU_OVERHEAD_BYTES = int(0.5 * GIB)
 profiles (imports alone are a few hundred MB of RSS)."""
 
 DEEPSPEED_BUCKET_ELEMENTS = 200_000_000
-"""``reduce_bucket_size`` / ``allgather_bucket_size`` in elements, as jobgen.deepspeed renders them
+"""``reduce_bucket_size`` / ``allgather_bucket_size`` in elements, as jobgen.planning.deepspeed renders them
 (``BUCKET_ELEMENTS``; read from there when importable, this copy keeps the module standalone)."""
 
 DEEPSPEED_STAGE3_PREFETCH_ELEMENTS = DEEPSPEED_BUCKET_ELEMENTS // 4
-"""``stage3_prefetch_bucket_size`` as jobgen.deepspeed renders it."""
+"""``stage3_prefetch_bucket_size`` as jobgen.planning.deepspeed renders it."""
 
 DEEPSPEED_STAGE3_PERSISTENCE_THRESHOLD = 1_000_000
 """``stage3_param_persistence_threshold``: tensors with fewer elements stay gathered on every rank."""
@@ -149,7 +149,7 @@ class Shape:
     @property
     def n_params(self) -> int:
         """Parameters of the bundled GPT (tied embeddings): ``V·h + s·h + L(12h² + 13h) + 2h``
-        (same formula as :attr:`jobgen.spec.ModelSpec.n_params`)."""
+        (same formula as :attr:`jobgen.specs.training.ModelSpec.n_params`)."""
         d = self.d_model
         return VOCAB_SIZE * d + self.block_size * d + self.n_layer * self.block_params + 2 * d
 
@@ -376,7 +376,7 @@ def model_states(
     gradient partition buffer from initialisation. On CPU ranks nothing is counted as reused
     (the RSS high-water mark keeps freed memory; see the code).
 
-    Args: as :func:`estimate` (``shape``: also :class:`jobgen.estimate_hf.HFShape` or
+    Args: as :func:`estimate` (``shape``: also :class:`jobgen.planning.estimate_hf.HFShape` or
     ``AdapterShape``).
     """
     n = num_nodes * devices_per_node
@@ -486,7 +486,7 @@ def with_activations(est: Estimate, acts: int) -> Estimate:
 
 def deepspeed_bucket_bytes(stage: int, p: int, psi: int) -> int:
     """Bytes of DeepSpeed's gradient communication buffers for ZeRO ``stage`` with ``p``-byte
-    gradients and ``psi`` trainable parameters, as jobgen.deepspeed configures them
+    gradients and ``psi`` trainable parameters, as jobgen.planning.deepspeed configures them
     (``reduce_bucket_size`` = :data:`DEEPSPEED_BUCKET_ELEMENTS`, ``contiguous_gradients`` and
     ``overlap_comm`` on).
 
@@ -546,7 +546,7 @@ class MemoryPlan:
         suggestions: what would make the job fit (when the spec's layout or nothing fits).
         assumptions: the assumptions behind the numbers.
         hf: Hugging Face models only: the config read and the parameter split (``None`` otherwise).
-        seed: the matching seed-table row next to the estimate (:func:`jobgen.estimate_hf.seed_comparison`),
+        seed: the matching seed-table row next to the estimate (:func:`jobgen.planning.estimate_hf.seed_comparison`),
             or ``None``.
     """
 
@@ -675,21 +675,21 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     fits the rank's memory (and, with offload, the node's host memory). When nothing fits,
     ``chosen`` is ``None`` and ``suggestions`` say what would: more nodes, a smaller micro batch,
     activation checkpointing, offload. ``precision: auto`` is resolved for the profile first
-    (:func:`jobgen.rules.resolve_precision`).
+    (:func:`jobgen.planning.rules.resolve_precision`).
 
     This module sizes the built-in GPT (:meth:`Shape.of`, :func:`estimate`). A model sized
     elsewhere passes its ``shape`` (``n_params``, ``micro_batch_size``, ``block_size``), its
     ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator, checkpointing)
     -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
-    Face model is planned by :func:`jobgen.estimate_hf.plan_memory`, which sits on top of this
+    Face model is planned by :func:`jobgen.planning.estimate_hf.plan_memory`, which sits on top of this
     function (this module does not know it).
     ``spec_source`` (the user's spec file) is named in errors.
 
     Raises:
         NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is
-            built); a Hugging Face model without its ``shape`` (use :func:`jobgen.estimate_hf.plan_memory`).
+            built); a Hugging Face model without its ``shape`` (use :func:`jobgen.planning.estimate_hf.plan_memory`).
     """
-    from jobgen.rules import resolve_precision
+    from jobgen.planning.rules import resolve_precision
 
     spec = resolve_precision(spec, profile)
     if spec.user_code:
@@ -706,7 +706,7 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     spec_ckpt = spec.trainer.activation_checkpointing or bool(checkpointing)
     hf = spec.model.hf_path is not None
     if hf and (shape is None or size is None):
-        raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.estimate_hf.plan_memory",
+        raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.planning.estimate_hf.plan_memory",
                                 location="spec: model.hf_path")
     if shape is None:
         shape = Shape.of(spec)

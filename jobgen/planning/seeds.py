@@ -2,7 +2,7 @@
 
 Provenance: the throughput table of SparkTrainer's Distributed Training Guide (public). jobgen did not
 measure these figures (its build machines have no GPU); they are the reference ``jobgen plan``
-prints next to its estimate (:mod:`jobgen.estimate_hf`) and the test of that estimate
+prints next to its estimate (:mod:`jobgen.planning.estimate_hf`) and the test of that estimate
 (tests/unit/test_estimate_hf.py) compares against. This module is their one home.
 
 Recipe of every row (stated with the FSDP row, assumed for the others, which the table gives no

@@ -3,7 +3,7 @@ or randomness; the same inputs give byte-identical files).
 
 Holds the boundary objects :class:`JobPlan` (files + the exact steps submit takes) and
 :class:`PlanContext` (a backend's inputs), and :func:`plan`, which resolves the world and runs
-the rules of :mod:`jobgen.rules` before the backend renders. Backends come from the lazy table
+the rules of :mod:`jobgen.planning.rules` before the backend renders. Backends come from the lazy table
 in :mod:`jobgen.backends`, so rendering a SLURM script never imports kubernetes or torch.
 """
 
@@ -20,14 +20,14 @@ from typing import Protocol
 import pydantic_core
 
 from jobgen import __version__
-from jobgen.command import check_trainer_args
-from jobgen.environment import check_job_env
 from jobgen.errors import PlanError
 from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
-from jobgen.profiles import ClusterProfile
-from jobgen.render import template_sha256
-from jobgen.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
-from jobgen.spec import TrainingSpec
+from jobgen.planning.command import check_trainer_args
+from jobgen.planning.environment import check_job_env
+from jobgen.planning.render import template_sha256
+from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.training import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
            "SubmitStep", "World", "check_fit", "fit_warnings", "plan", "plan_context", "resolve_world"]
@@ -134,7 +134,7 @@ class JobPlan:
             ``apply_files``); None otherwise.
         spec_file: the spec file the plan was made from, as given (:func:`jobgen.api.plan_job`);
             ``jobgen submit`` snapshots the git repository holding it (``code.repo`` is relative
-            to it, :mod:`jobgen.snapshot`). None when unknown (a spec built in Python). Not a file
+            to it, :mod:`jobgen.usercode.snapshot`). None when unknown (a spec built in Python). Not a file
             and not an input of the hash: where a spec lies does not change what is rendered.
     """
 
@@ -182,7 +182,7 @@ class PlanContext:
     """Inputs of a backend's ``plan()``: validated models plus where they came from.
 
     ``templates``: ``(template name, sha256 of it and what it includes)`` for every template
-    the backend renders (see :func:`jobgen.render.template_sha256`); empty for backends that
+    the backend renders (see :func:`jobgen.planning.render.template_sha256`); empty for backends that
     render none.
     """
 
@@ -249,7 +249,7 @@ def plan_context(
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
     """Resolve ``precision: auto``, ``micro_batch_size: auto`` and the world of ``spec`` on
-    ``profile`` and run the rules (:mod:`jobgen.rules`, :func:`jobgen.environment.check_job_env`):
+    ``profile`` and run the rules (:mod:`jobgen.planning.rules`, :func:`jobgen.planning.environment.check_job_env`):
     the backend's inputs.
     ``template_names``: the templates the plan renders; when not given, the ``backend``'s
     :meth:`Planner.templates_for` the world (one of the two is needed).
@@ -263,7 +263,7 @@ def plan_context(
         raise TypeError("plan_context() needs the backend or the template names")
     spec = resolve_precision(spec, profile)
     if spec.trainer.micro_batch_size == "auto":  # the memory plan is imported only when it decides something
-        from jobgen.micro_batch import resolve_micro_batch
+        from jobgen.planning.micro_batch import resolve_micro_batch
 
         spec = resolve_micro_batch(spec, profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
@@ -278,10 +278,10 @@ def plan_context(
 
 
 def fit_warnings(ctx: PlanContext) -> tuple[str, ...]:
-    """The memory-fit warning of the built-in model on GPUs (:func:`jobgen.estimate.fit_warning`), if any."""
+    """The memory-fit warning of the built-in model on GPUs (:func:`jobgen.planning.estimate.fit_warning`), if any."""
     if not ctx.profile.gpus_per_node or ctx.spec.entrypoint is not None:  # the estimate is of the built-in model on GPUs
         return ()
-    from jobgen.estimate import fit_warning
+    from jobgen.planning.estimate import fit_warning
 
     # elastic: the smallest world, where FSDP/ZeRO shards (and so each GPU's share) are largest
     text = fit_warning(ctx.spec, ctx.profile, ctx.world.fewest_nodes, ctx.world.devices_per_node)
@@ -300,8 +300,8 @@ def plan(
 ) -> JobPlan:
     """Plan ``spec`` on ``profile`` with ``backend`` (the profile's scheduler's; the caller picks
     it, e.g. :func:`jobgen.backends.plan` from the registry: the planner does not know the
-    registry): resolve ``precision: auto`` and the world, run the rules (:mod:`jobgen.rules`,
-    :func:`jobgen.environment.check_job_env`), render the files.
+    registry): resolve ``precision: auto`` and the world, run the rules (:mod:`jobgen.planning.rules`,
+    :func:`jobgen.planning.environment.check_job_env`), render the files.
 
     Pure: the same inputs give an equal JobPlan with byte-identical files. ``spec_file`` (the
     spec's path, when it came from one) is only carried to submit (:attr:`JobPlan.spec_file`).

@@ -1,7 +1,7 @@
 """Per-rank memory of fine-tuning a Hugging Face causal LM: full, LoRA and QLoRA.
 
 The model's shape comes from its ``config.json`` (read as JSON: no torch or transformers import,
-``jobgen plan`` stays pure arithmetic). The model-state formulas are :mod:`jobgen.estimate`'s
+``jobgen plan`` stays pure arithmetic). The model-state formulas are :mod:`jobgen.planning.estimate`'s
 (ZeRO, Rajbhandari et al. 2020; FSDP; DeepSpeed's implementation terms), applied to the
 parameters that train; this module adds what a Hugging Face model has and the built-in GPT has
 not. Every number is in **bytes per rank** unless a name says otherwise.
@@ -38,7 +38,7 @@ Sources
   one adapter on a ``d_in x d_out`` Linear adds ``r·(d_in + d_out)`` parameters (A: d_in x r,
   B: r x d_out); peft's ``lora_dropout`` keeps its output (and mask) for A's backward.
 * Activations: Korthikanti et al. 2022 (arXiv:2205.05198) eq. (1) as in
-  :func:`jobgen.estimate.activation_bytes`, re-derived for the Llama block (gated MLP with
+  :func:`jobgen.planning.estimate.activation_bytes`, re-derived for the Llama block (gated MLP with
   ``intermediate_size``, RMSNorm, rotary embeddings, SDPA): see :func:`hf_activation_bytes`.
 
 Frozen base weights under each layout (they have no gradients or optimizer states):
@@ -51,11 +51,11 @@ Frozen base weights under each layout (they have no gradients or optimizer state
 * ``deepspeed_stage_3``: the base divided by the world, plus the gathered working set (largest
   module + the prefetch bucket); ``offload_params`` puts the partition on the host.
 
-Caveats: the estimate is the peak of one step as :mod:`jobgen.estimate` builds it, calibrated
+Caveats: the estimate is the peak of one step as :mod:`jobgen.planning.estimate` builds it, calibrated
 against the measured one-GPU QLoRA peaks of issue 22 (ddp 15.6 GiB, ZeRO-2 11.1 GiB: measured /
 planned 1.05 and 0.86, tests/unit/test_estimate_measured.py). It does not know the caching
 allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers beyond the
-largest Linear, or a framework's own copies. The seed table (:mod:`jobgen.seeds`) is a looser
+largest Linear, or a framework's own copies. The seed table (:mod:`jobgen.planning.seeds`) is a looser
 reference: tests/unit/test_estimate_hf.py states how far from it the estimate may be.
 """
 
@@ -67,10 +67,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from jobgen import seeds
 from jobgen.errors import ConfigError, NotSupportedError
-from jobgen.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, model_states, residual_bytes, with_activations
-from jobgen.estimate import plan_memory as generic_plan_memory
+from jobgen.planning import seeds
+from jobgen.planning.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, model_states, residual_bytes, with_activations
+from jobgen.planning.estimate import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight for 4-bit NF4 with double quantisation (Dettmers et al. 2023, sec. 3:
@@ -100,9 +100,9 @@ GPT2_LINEARS = ("c_attn", "c_proj", "c_fc")
 class HFShape:
     """A Hugging Face decoder's shape (from ``config.json``) and one micro batch.
 
-    Attribute names shared with :class:`jobgen.estimate.Shape` (``n_layer``, ``n_head``,
+    Attribute names shared with :class:`jobgen.planning.estimate.Shape` (``n_layer``, ``n_head``,
     ``d_model``, ``block_size``, ``micro_batch_size``, ``dropout``, ``n_params``, ``block_params``,
-    ``root_params``, ``largest_module_params``) mean the same, so :func:`jobgen.estimate.estimate`
+    ``root_params``, ``largest_module_params``) mean the same, so :func:`jobgen.planning.estimate.estimate`
     applies its model-state formulas to it unchanged.
     """
 
@@ -131,7 +131,7 @@ class HFShape:
     source: str = "config.json"
     """The config file read (for error locations)."""
     accumulation: int = 1
-    """``gradient_accumulation_steps`` (see :attr:`jobgen.estimate.Shape.accumulation`)."""
+    """``gradient_accumulation_steps`` (see :attr:`jobgen.planning.estimate.Shape.accumulation`)."""
 
     @property
     def linears(self) -> dict[str, tuple[tuple[int, int, bool], ...]]:
@@ -303,10 +303,10 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
                         frozen_base: bool = False, reuse: bool = True) -> int:
     """Peak bytes of activations on one rank for one micro batch of a Hugging Face decoder
     (Korthikanti et al. 2022 eq. (1), re-derived for the Llama block; the peak structure
-    ``saved + max(head, transient)`` of :func:`jobgen.estimate.activation_bytes`).
+    ``saved + max(head, transient)`` of :func:`jobgen.planning.estimate.activation_bytes`).
 
     In elements of ``t = s·b·h`` at the activation width ``e`` (2 bytes in 16-bit, 4 in fp32)
-    or the residual width ``r`` (:func:`jobgen.estimate.residual_bytes`), per layer with a
+    or the residual width ``r`` (:func:`jobgen.planning.estimate.residual_bytes`), per layer with a
     trainable base: attention 6t at ``e`` (q/k/v input, rotary q, k and v as SDPA saves them —
     k and v after ``repeat_kv``, so full width even with GQA —, SDPA output, o_proj input) plus
     SDPA's fp32 log-sum-exp ``4·a·s·b`` bytes; MLP ``t + 4·(i/h)·t`` gated (input; gate, its
@@ -327,11 +327,11 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
     Head (saved at the end of forward): the final norm's input (``r``, RMSNorm: at least its
     fp32 copy), with a trainable base also the embedding output (``r``) and the head input
     (``e``), and the logits ``s·b·V`` at ``e`` plus their fp32 copy and log-softmax
-    (``8·s·b·V``), as in :func:`jobgen.estimate.activation_bytes`. Backward working set: one
+    (``8·s·b·V``), as in :func:`jobgen.planning.estimate.activation_bytes`. Backward working set: one
     layer's MLP gradients ``(2·i/h + 2)·t`` at ``e`` (estimate.py's ``10t`` for ``i = 4h``).
     Activation checkpointing keeps ``t`` per layer at ``r`` and one layer's activations during
     recomputation. ``reuse=False`` (CPU ranks) sums the head and the transient instead of taking
-    the larger, as :func:`jobgen.estimate.activation_bytes` does.
+    the larger, as :func:`jobgen.planning.estimate.activation_bytes` does.
 
     Returns:
         bytes.
@@ -373,7 +373,7 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
 
 @dataclass(frozen=True)
 class AdapterShape:
-    """The trainable LoRA adapters seen as a model, so :func:`jobgen.estimate.estimate` applies its
+    """The trainable LoRA adapters seen as a model, so :func:`jobgen.planning.estimate.estimate` applies its
     formulas to them: ``block_params`` per decoder layer (FSDP's unit), no root parameters."""
 
     n_layer: int
@@ -437,17 +437,17 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
                 checkpointing: bool = False) -> Estimate:
     """Peak memory of one rank fine-tuning ``shape`` with ``layout``.
 
-    Full fine-tuning (``lora`` None): :func:`jobgen.estimate.estimate` on the whole model (its
+    Full fine-tuning (``lora`` None): :func:`jobgen.planning.estimate.estimate` on the whole model (its
     DDP/FSDP/ZeRO formulas, fp32 weights under mixed precision as jobgen's loader has them) with
     the activations of :func:`hf_activation_bytes`.
 
-    LoRA / QLoRA: :func:`jobgen.estimate.estimate` on the adapters alone (:class:`AdapterShape`:
+    LoRA / QLoRA: :func:`jobgen.planning.estimate.estimate` on the adapters alone (:class:`AdapterShape`:
     their weights, gradients, AdamW states, DDP bucket copy, FSDP/ZeRO sharding and buckets), plus
     the frozen base (:func:`base_bytes`) placed as the module docstring says per layout, plus, for
     QLoRA, one 16-bit dequantised copy of the largest quantised Linear (bitsandbytes dequantises a
     weight per matmul). Activations: :func:`hf_activation_bytes` of a frozen base at the layout's
-    residual width (:func:`jobgen.estimate.residual_bytes`), joined to the states by
-    :func:`jobgen.estimate.with_activations`. QLoRA always counts activation checkpointing (the
+    residual width (:func:`jobgen.planning.estimate.residual_bytes`), joined to the states by
+    :func:`jobgen.planning.estimate.with_activations`. QLoRA always counts activation checkpointing (the
     module docstring's assumption).
 
     Args:
@@ -455,13 +455,13 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
         precision: the spec's (resolved) precision.
         layout: strategy and sharding.
         num_nodes, devices_per_node: the world.
-        lora: the spec's :class:`jobgen.spec_model.LoraSpec`, or ``None``.
+        lora: the spec's :class:`jobgen.specs.model.LoraSpec`, or ``None``.
         quantized: 4-bit base (QLoRA; needs ``lora``).
         accelerator: ``gpu`` or ``cpu``.
         checkpointing: activation checkpointing.
 
     Returns:
-        the :class:`~jobgen.estimate.Estimate` (bytes per rank).
+        the :class:`~jobgen.planning.estimate.Estimate` (bytes per rank).
     """
     world = dict(num_nodes=num_nodes, devices_per_node=devices_per_node, accelerator=accelerator)
     residual = residual_bytes(precision, layout.strategy)
@@ -534,7 +534,7 @@ def hf_shape_of(spec: Any, hf_config: str | None, spec_source: str = "spec") -> 
 
 
 def seed_comparison(spec: Any, n_params: int, world_size: int, spec_row: Any) -> dict[str, Any] | None:
-    """The seed table's row (:mod:`jobgen.seeds`) for this spec next to the estimate of the spec's
+    """The seed table's row (:mod:`jobgen.planning.seeds`) for this spec next to the estimate of the spec's
     layout, or ``None`` when no row matches (strategy, world size, QLoRA, ~7B)."""
     row = seeds.match(spec.trainer.strategy, world_size, spec.model.load_in_4bit, n_params)
     if row is None:
@@ -565,7 +565,7 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
         lines.append(f"QLoRA base: {shape.quantized_params / 1e6:,.1f}M Linear weights at {NF4_DQ_BITS:.3f} bits "
                      "(NF4 + double quantisation, Dettmers et al. 2023), the rest fp32 under ddp (peft), bf16 under "
                      "DeepSpeed (its cast) and the fsdp/ZeRO-3 recipe; activation checkpointing assumed under every "
-                     "layout (jobgen/estimate_hf.py)")
+                     "layout (jobgen/planning/estimate_hf.py)")
     elif m.lora is not None:
         lines.append("LoRA base: fp32 weights under mixed precision (jobgen.train.hf), 16-bit under bf16-true")
     return info, lines
@@ -573,14 +573,14 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
 
 def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, *,
                 hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
-    """:func:`jobgen.estimate.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
+    """:func:`jobgen.planning.estimate.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
     is sized from its ``config.json`` (``hf_config``, or ``<hf_path>/config.json``) by this
     module (full fine-tuning, LoRA, QLoRA), and its plan also carries :attr:`MemoryPlan.hf` and,
-    when the spec matches a row of the seed table (:mod:`jobgen.seeds`), :attr:`MemoryPlan.seed`;
+    when the spec matches a row of the seed table (:mod:`jobgen.planning.seeds`), :attr:`MemoryPlan.seed`;
     any other spec goes to the generic plan unchanged.
 
     Raises:
-        NotSupportedError: ``model.class_path`` (see :func:`jobgen.estimate.plan_memory`); QLoRA on GPT-2.
+        NotSupportedError: ``model.class_path`` (see :func:`jobgen.planning.estimate.plan_memory`); QLoRA on GPT-2.
         ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
             or without a needed key; an unknown LoRA target module.
     """

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.spec_base import _Model, _omit_defaults, check_class_path, check_shell_safe
+from jobgen.specs.base import _Model, _omit_defaults, check_class_path, check_shell_safe
 
 Strategy = Literal["ddp", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "transformer-engine"]
@@ -104,7 +104,7 @@ class TrainerSpec(_Model):
         "at plan time (spec.json records the number): on GPU profiles the largest power of two whose\n"
         "memory plan (``jobgen plan``, the spec's own layout) fits 90% of the GPU's memory; on CPU\n"
         "profiles 8 (CPU throughput does not grow with the batch), or less when 8 does not fit\n"
-        "(:func:`jobgen.micro_batch.resolve_micro_batch`)."
+        "(:func:`jobgen.planning.micro_batch.resolve_micro_batch`)."
     ))
     gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro batches accumulated before each optimizer step.")
     global_batch_size: int | None = Field(default=None, ge=1, description=(

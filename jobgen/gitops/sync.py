@@ -4,7 +4,7 @@ writes that settle it (:func:`apply`).
 
 Everything before :func:`apply` only reads. Files jobgen did not write are never modified or
 deleted: in a job directory jobgen owns only the files of the job-directory contract
-(:mod:`jobgen.jobdir`) that carry its mark. Planning a Render is :mod:`jobgen.gitops`.
+(:mod:`jobgen.jobdir`) that carry its mark. Planning a Render is :mod:`jobgen.gitops.manifests`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from jobgen.jobdir import (
     remove_empty_point_dirs,
     write_atomic,
 )
-from jobgen.plan import JobPlan
+from jobgen.planning.plan import JobPlan
 
 # --------------------------------------------------------------------------- desired state
 

@@ -1,6 +1,6 @@
 """``model:`` of a training spec when it is one of jobgen's built-in models: the byte-level GPT
 (size presets or explicit sizes) or a Hugging Face causal LM from a local directory, with LoRA.
-(The user's own LightningModule is :class:`jobgen.spec_user.ClassSpec`.) No I/O."""
+(The user's own LightningModule is :class:`jobgen.specs.user.ClassSpec`.) No I/O."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.spec_base import _Model, _omit_defaults
+from jobgen.specs.base import _Model, _omit_defaults
 
 #: GPT size presets: name -> (n_layer, n_head, d_model, block_size). Byte-level vocabulary
 #: (256), so parameter counts are a little below the GPT-2 models of the same shape.

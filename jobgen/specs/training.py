@@ -1,6 +1,6 @@
 """TrainingSpec: what to train, independent of where it runs.
 
-A spec is loaded from YAML by :mod:`jobgen.load` and validated here (pydantic v2,
+A spec is loaded from YAML by :mod:`jobgen.specs.load` and validated here (pydantic v2,
 ``extra="forbid"``, frozen). No I/O happens in this module. Units are in field names
 (``time_limit_min``) or stated in the field description.
 """
@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.spec_base import (  # noqa: F401  (re-exported: the spec's public names live here)
+from jobgen.specs.base import (  # noqa: F401  (re-exported: the spec's public names live here)
     CLASS_PATH_RE,
     ENV_KEY_RE,
     _check_json_value,
@@ -33,9 +33,9 @@ from jobgen.spec_base import (  # noqa: F401  (re-exported: the spec's public na
     check_shell_safe,
     field_error,
 )
-from jobgen.spec_model import MODEL_PRESETS, LoraSpec, ModelSpec  # noqa: F401
-from jobgen.spec_notify import NOTIFY_EVENTS, NotifyEvent, NotifySpec, WebhookSpec  # noqa: F401
-from jobgen.spec_trainer import (  # noqa: F401
+from jobgen.specs.model import MODEL_PRESETS, LoraSpec, ModelSpec  # noqa: F401
+from jobgen.specs.notify import NOTIFY_EVENTS, NotifyEvent, NotifySpec, WebhookSpec  # noqa: F401
+from jobgen.specs.trainer import (  # noqa: F401
     _TRAINER_OPTIONAL_FIELDS,
     BUILTIN_OPTIMIZER_FIELDS,
     OffloadDevice,
@@ -44,7 +44,7 @@ from jobgen.spec_trainer import (  # noqa: F401
     TrainerSpec,
     warmup_steps_of,
 )
-from jobgen.spec_user import (  # noqa: F401
+from jobgen.specs.user import (  # noqa: F401
     BUILTIN_SECTIONS,
     COMMAND_TRAINER_FIELDS,
     ClassSpec,
@@ -66,7 +66,7 @@ def _user_or_builtin(value: Any) -> str:
 #: every rank (``env``): jobgen does not drive a user script's steps, the script reads it.
 SMOKE_STEPS_ENV = "JOBGEN_SMOKE_STEPS"
 #: Tags of the ``model``/``data`` unions. pydantic puts them into error locations
-#: (``model.<tag>.field``); :mod:`jobgen.load` drops them from the paths it prints.
+#: (``model.<tag>.field``); :mod:`jobgen.specs.load` drops them from the paths it prints.
 USER_CLASS_TAG = "class-path-branch"
 BUILTIN_TAG = "built-in-branch"
 
@@ -340,7 +340,7 @@ class TrainingSpec(_Model):
     def runs_user_code(self) -> bool:
         """Whether the job runs the user's code (an ``entrypoint``, or a ``class_path`` model or
         data module) rather than only jobgen's built-in models and data: such specs are
-        snapshotted at submit by default (:mod:`jobgen.snapshot`)."""
+        snapshotted at submit by default (:mod:`jobgen.usercode.snapshot`)."""
         return self.entrypoint is not None or self.user_code or isinstance(self.data, ClassSpec)
 
     def as_smoke(self, steps: int) -> TrainingSpec:

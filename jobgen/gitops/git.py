@@ -1,6 +1,6 @@
 """Committing a render with the git CLI (``jobgen render --commit``), always through argv lists.
 
-:func:`commit` writes a :class:`~jobgen.sync.Comparison` and commits exactly its files, with a
+:func:`commit` writes a :class:`~jobgen.gitops.sync.Comparison` and commits exactly its files, with a
 message naming the specs and profiles whose files changed (:func:`commit_message`).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from jobgen import __version__
 from jobgen.errors import EXIT_RUNTIME, ConfigError, JobgenError
-from jobgen.sync import Comparison, RenderedJob, apply, pending
+from jobgen.gitops.sync import Comparison, RenderedJob, apply, pending
 
 
 class GitError(JobgenError):

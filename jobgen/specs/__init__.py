@@ -1,0 +1,1 @@
+"""What a user writes: the training spec and cluster profile models, their loading, the project file and sweeps."""
