@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+import jobgen
 from jobgen.specs import model as spec_model
 from jobgen.specs import notify as spec_notify
 from jobgen.specs import profile as profiles
@@ -124,3 +126,17 @@ def test_the_repository_root_holds_only_project_files():
     top = {path.split("/")[0] for path in tracked}
     assert top <= {".ci", ".gitattributes", ".gitignore", "README.md", "benchmarks", "cluster_profiles", "examples", "jobgen", "jobgen.yaml",
                    "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top
+
+
+def test_readme_layout_names_every_package_and_module():
+    """The README's Layout entry is the map of jobgen/: a package or module added, moved or
+    renamed without it fails here (each `jobgen/<package>/` line names all of its modules)."""
+    layout = README.split("- Layout:", 1)[1].split("\n- ", 1)[0]
+    package = Path(jobgen.__file__).parent
+    for sub in sorted(p for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "train"):
+        assert f"`jobgen/{sub.name}/`" in layout, f"README Layout does not name jobgen/{sub.name}/"
+        entry = layout.split(f"`jobgen/{sub.name}/`", 1)[1].split("\n  - ", 1)[0]
+        for module in sorted(m.stem for m in sub.glob("*.py") if m.stem != "__init__"):
+            assert f"`{module}`" in entry, f"README Layout's jobgen/{sub.name}/ line does not name {module}"
+    for module in sorted(m.name for m in package.glob("*.py") if m.stem != "__init__"):
+        assert f"`jobgen/{module}`" in layout, f"README Layout does not name jobgen/{module}"
