@@ -143,6 +143,42 @@ def test_the_generic_estimate_does_not_know_the_hf_one():
     assert "jobgen.planning.estimate_hf" not in graph["jobgen.planning.estimate"]
 
 
+#: What each package of jobgen/ may not import: the pipeline's direction at package level
+#: (README "Layout"; ../shared/docs/ARCHITECTURE.md "Imports flow one way"). ``jobdir`` and
+#: ``planning`` meet in the middle (the contract records rules' World; the planner writes the
+#: contract), which the module-level cycle test above keeps acyclic.
+FORBIDDEN = {
+    "jobgen.specs": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
+                     "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.planning": ("jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports", "jobgen.train",
+                        "jobgen.api", "jobgen.cli"),
+    "jobgen.backends": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.gitops": ("jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.usercode": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
+                       "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),
+}
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_packages_import_only_downstream(package):
+    graph = import_graph()
+    wrong = sorted(f"{m} -> {t}" for m, targets in graph.items() if _inside(m, package)
+                   for t in targets if any(_inside(t, f) for f in FORBIDDEN[package]))
+    assert not wrong, f"{package} imports what sits above it in the pipeline:\n  " + "\n  ".join(wrong)
+
+
+def test_every_package_has_a_rule():
+    """A new package of jobgen/ states where it sits in the pipeline (an entry in FORBIDDEN)."""
+    packages = {m for m in import_graph() if m.count(".") == 1 and (PACKAGE / m.split(".")[1] / "__init__.py").is_file()}
+    assert packages == set(FORBIDDEN), packages ^ set(FORBIDDEN)
+
+
 # --- the graph walker itself, on a made-up package (so a walker that sees nothing cannot pass) ---
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
