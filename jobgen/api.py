@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from jobgen.specs.profile import ClusterProfile
     from jobgen.specs.training import TrainingSpec
 
-__all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "load",
+__all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "executor", "load",
            "logs", "plan_job", "render", "status", "submit", "templates_dir"]
 
 PathLike = str | os.PathLike[str]
@@ -232,23 +232,61 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
         handle = JobHandle.parse(record.handle)
         if progress is not None:
             progress(index, len(records), record.handle)
-        try:
-            resolved = read_resolved_spec(Path(record.job_dir))
-            name, launch, gone = resolved.spec.name, resolved.launch, None
-            if record.array:  # a job array is one row, named after the sweep (its tasks are in status.tasks)
-                index = read_array_index(Path(record.job_dir))
-                name = index.name if index is not None else name
-        except JobgenError as exc:
-            name, launch, gone = None, None, f"job directory unreadable: {exc.message}"
+        world: tuple[int | None, int | None, str | None] = (None, None, None)
+        if record.callable is not None:  # a Python callable (submitit): no spec.json, the record has its world
+            call = record.callable
+            name, gone = call.name, None
+            world = (call.num_nodes, call.gpus_per_node or call.tasks_per_node, "gpu" if call.gpus_per_node else "cpu")
+        else:
+            try:
+                resolved = read_resolved_spec(Path(record.job_dir))
+                name, gone = resolved.spec.name, None
+                world = (resolved.launch.num_nodes, resolved.launch.devices_per_node, resolved.launch.accelerator)
+                if record.array:  # a job array is one row, named after the sweep (its tasks are in status.tasks)
+                    index = read_array_index(Path(record.job_dir))
+                    name = index.name if index is not None else name
+            except JobgenError as exc:
+                name, gone = None, f"job directory unreadable: {exc.message}"
         try:
             status, stale = get_backend(handle.scheduler).status(handle), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
-        row = ListedJob(record, status, name, launch.num_nodes if launch else None, launch.devices_per_node if launch else None,
-                        launch.accelerator if launch else None, stale)
+        row = ListedJob(record, status, name, *world, stale)
         if not wanted or row.state.upper() in wanted:
             rows.append(row)
     return rows
+
+
+def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: PathLike | None = None, **overrides: Any) -> Any:
+    """A submitit executor for Python callables, configured from the SLURM ``profile`` (partition,
+    account, QoS, GPU request in the profile's style, time limit, requeue signal and grace,
+    NCCL/fabric environment, modules, container): a ``submitit.SlurmExecutor`` whose jobs are
+    recorded for ``jobgen ls`` / ``status`` / ``logs`` / ``cancel`` and watched through jobgen's
+    SLURM status. See :mod:`jobgen.backends.slurm_submitit`.
+
+        ex = api.executor("slurm-a100", gpus_per_node=1, time_limit_min=30)
+        job = ex.submit(evaluate, "ckpt-1000")      # a submitit Job
+        job.result()                                 # the function's return value
+
+    Args:
+        profile: a SLURM profile's name or path (``--profile``).
+        folder: where submitit keeps each job's pickles and logs (``%j``: the job id); default
+            ``runs/submitit/%j`` under the working directory; the nodes must see it.
+        profiles_dir: as ``--profiles-dir``.
+        overrides: :class:`jobgen.backends.slurm_submitit.ExecutorOptions` (``nodes``,
+            ``tasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gib``,
+            ``time_limit_min``, ``partition``, ``account``, ``qos``, ``constraint``,
+            ``exclusive``, ``signal_target``, ``name``, ``max_num_timeout``, ``python``).
+
+    Raises:
+        ConfigError: a bad profile or override (unknown keys with did-you-mean), a non-SLURM
+            profile, submitit not installed (``pip install 'jobgen[submitit]'``).
+        SubmitError: no SLURM client tools here; later, from ``submit``: sbatch refused.
+    """
+    from jobgen.backends.slurm_submitit import make_executor  # submitit is an optional extra: only here
+
+    return make_executor(load_profile(profile, profiles_dir), overrides, profile_source=profile,
+                         folder=Path(folder) if folder is not None else None)
 
 
 def first_error(job: str) -> Triage:

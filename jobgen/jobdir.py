@@ -14,7 +14,9 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
 - ``job.sbatch`` (SLURM), ``pytorchjob.yaml`` / ``trainjob.yaml`` + ``kustomization.yaml``
   (Kubernetes) — the scheduler's files, each starting with :data:`GENERATED_MARK`.
 - ``.jobgen-submission.json`` — :class:`Submission`, written by ``jobgen submit`` (runtime
-  state, not a rendered file: GitOps repos ignore it).
+  state, not a rendered file: GitOps repos ignore it). A Python callable submitted through
+  submitit (``jobgen.api.executor``) has no job directory: its record, marked by
+  :class:`CallableJob`, lives in submitit's folder for the job.
 
 A SLURM job array (a sweep on a profile with ``slurm.sweep_as_array``) is one job directory named
 after the sweep's base name: ``job.sbatch`` (``#SBATCH --array``), ``array.json``
@@ -664,6 +666,25 @@ class ArrayTask(BaseModel):
     overrides: dict[str, str] = Field(default={}, description="The sweep point (key path -> value).")
 
 
+class CallableJob(BaseModel):
+    """A Python callable submitted through submitit (:func:`jobgen.api.executor`): the marker that a
+    submission record belongs to no rendered job directory (its ``job_dir`` is submitit's folder
+    for the job: the pickled call, its result and logs), and the world it asked for."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    function: str = Field(description="The callable's qualified name, ``<module>.<qualname>`` (a callable object: its class's).")
+    profile: str = Field(description="The profile the executor was configured from.")
+    num_nodes: int = Field(ge=1, description="Nodes the job asked for (``--nodes``).")
+    tasks_per_node: int = Field(ge=1, description="Tasks per node (``--ntasks-per-node``): the callable runs once in each.")
+    gpus_per_node: int = Field(ge=0, description="GPUs per node the job asked for; 0 on CPU.")
+
+    @property
+    def name(self) -> str:
+        """The callable's short name (the last part of :attr:`function`), shown by ``jobgen ls``."""
+        return self.function.rpartition(".")[2]
+
+
 class Submission(BaseModel):
     """What ``jobgen submit`` recorded: enough for status/logs/cancel from a handle or a job dir.
 
@@ -695,6 +716,9 @@ class Submission(BaseModel):
     array: tuple[ArrayTask, ...] | None = Field(default=None, description=(
         "SLURM job arrays: every task (its run dir and log); the record's ``run_dir`` is then the array's "
         "directory under the runs dir (its working directory: the code snapshot and the tasks' logs). None: not an array."))
+    callable: CallableJob | None = Field(default=None, description=(
+        "A Python callable submitted through submitit (``jobgen.api.executor``): what it was and the world it asked for; "
+        "``job_dir`` and ``run_dir`` are then submitit's folder for the job (no spec.json). None: a rendered job."))
 
     def task(self, index: int) -> ArrayTask:
         """Task ``index`` of an array submission.

@@ -21,6 +21,7 @@ from jobgen.reports.usage import Usage
 if TYPE_CHECKING:
     from jobgen.planning.rules import World
     from jobgen.reports.triage import Triage
+    from jobgen.specs.profile import ClusterProfile
 
 Echo = Callable[[str], None]
 
@@ -311,11 +312,13 @@ def render_job_template(ctx: PlanContext, template: str, **context: Any) -> str:
     )
 
 
+def profile_env(profile: ClusterProfile, *, uses_nccl: bool) -> dict[str, str]:
+    """The profile's environment for every rank: the network fabric's NCCL preset
+    (:func:`jobgen.planning.nccl.nccl_env`, only when the job uses NCCL) < the profile's ``env``, sorted by name."""
+    return dict(sorted({**nccl_env(profile.network_fabric, uses_nccl=uses_nccl), **profile.env}.items()))
+
+
 def job_env(ctx: PlanContext) -> dict[str, str]:
     """Environment for every rank: NCCL preset < profile env < spec env, sorted by name."""
-    env = {
-        **nccl_env(ctx.profile.network_fabric, uses_nccl=ctx.world.accelerator == "gpu"),
-        **ctx.profile.env,
-        **ctx.spec.env,
-    }
+    env = {**profile_env(ctx.profile, uses_nccl=ctx.world.accelerator == "gpu"), **ctx.spec.env}
     return dict(sorted(env.items()))

@@ -19,6 +19,7 @@ from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText
 from jobgen.planning.rules import World
+from jobgen.specs.profile import SlurmSettings
 
 TEMPLATE = "slurm/job.sbatch.j2"
 #: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
@@ -164,6 +165,65 @@ def check_directives(directives: list[tuple[str, str | None]], world: World, ver
                         hint="jobgen must write --nodes == num_nodes (Lightning's SLURMEnvironment check)")
 
 
+def format_mem(gib: float) -> str:
+    """GiB -> the ``--mem`` value jobgen writes: whole MiB with SLURM's ``M`` suffix (sbatch(1), "--mem")."""
+    return f"{int(gib * 1024)}M"
+
+
+def gpu_directives(s: SlurmSettings, *, gpus_per_node: int, tasks_per_node: int, nodes: int) -> list[tuple[str, str | None]]:
+    """The GPU request of ``gpus_per_node`` GPUs on each of ``nodes`` nodes, ``tasks_per_node``
+    tasks each, in the profile's ``gpu_request_style`` (the one place that decides it: the batch
+    script and the submitit executor, :mod:`jobgen.backends.slurm_submitit`, both ask here).
+
+    - ``gres``: ``--gres=gpu[:<type>]:<gpus_per_node>`` (every SLURM version);
+    - ``gpus-per-node``: ``--gpus-per-node=[<type>:]<gpus_per_node>`` (SLURM >= 19.05);
+    - ``gpus-per-task``: ``--ntasks=<nodes x tasks_per_node>`` and
+      ``--gpus-per-task=[<type>:]<gpus_per_node / tasks_per_node>``; SLURM refuses
+      ``--gpus-per-task`` without ``--ntasks`` (see :func:`check_site`). A rendered job has one
+      task per GPU, so 1 GPU per task.
+
+    Returns ``[]`` for ``gpus_per_node == 0``.
+
+    Raises:
+        PlanError: ``gpus-per-task`` with a GPU count that the tasks of a node cannot share evenly.
+    """
+    if gpus_per_node == 0:
+        return []
+    typed = f"{s.gres_gpu_type}:" if s.gres_gpu_type else ""
+    if s.gpu_request_style == "gres":
+        return [("gres", f"gpu:{typed}{gpus_per_node}")]
+    if s.gpu_request_style == "gpus-per-node":
+        return [("gpus-per-node", f"{typed}{gpus_per_node}")]
+    per_task, rest = divmod(gpus_per_node, tasks_per_node)
+    if rest or not per_task:
+        raise PlanError(
+            f"{gpus_per_node} GPU(s) per node cannot be shared by {tasks_per_node} task(s) per node with "
+            "`gpu_request_style: gpus-per-task` (SLURM gives every task the same number of GPUs).",
+            location="slurm.gpu_request_style",
+            hint=f"Ask for a multiple of {tasks_per_node} GPUs per node, or change the tasks per node.",
+        )
+    return [("ntasks", str(nodes * tasks_per_node)), ("gpus-per-task", f"{typed}{per_task}")]
+
+
+def site_directives(s: SlurmSettings) -> list[tuple[str, str | None]]:
+    """The profile's site settings as ``#SBATCH`` options, in this order: ``--partition``,
+    ``--account``, ``--qos``, ``--constraint`` (those set), ``--exclusive``, and with
+    ``requeue``: ``--requeue`` plus ``--signal=[B:]<SIG>@<signal_grace_s>`` (``B:`` for
+    ``signal_target: batch``; sbatch(1), "--signal"). Shared by the batch script and the submitit
+    executor (:mod:`jobgen.backends.slurm_submitit`)."""
+    out: list[tuple[str, str | None]] = []
+    for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("constraint", s.constraint)):
+        if value:
+            out.append((option, value))
+    if s.exclusive:
+        out.append(("exclusive", None))
+    if s.requeue:
+        out.append(("requeue", None))
+        target = "B:" if s.signal_target == "batch" else ""
+        out.append(("signal", f"{target}{s.requeue_signal}@{s.signal_grace_s}"))
+    return out
+
+
 def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     """``(option, value)`` pairs for ``#SBATCH`` lines, in a stable order; value None: a flag.
 
@@ -187,27 +247,12 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
         ("nodes", str(w.num_nodes)),
         ("ntasks-per-node", str(w.devices_per_node)),
         ("cpus-per-task", str(w.cpus_per_rank)),
-        ("mem", f"{int(p.mem_gib_per_node * 1024)}M"),
+        ("mem", format_mem(p.mem_gib_per_node)),
         ("time", format_time_limit(minutes)),
     ]
     if w.accelerator == "gpu":
-        if s.gpu_request_style == "gres":
-            typed = f"{s.gres_gpu_type}:" if s.gres_gpu_type else ""
-            out.append(("gres", f"gpu:{typed}{w.devices_per_node}"))
-        elif s.gpu_request_style == "gpus-per-node":
-            out.append(("gpus-per-node", f"{s.gres_gpu_type}:{w.devices_per_node}" if s.gres_gpu_type else str(w.devices_per_node)))
-        else:
-            out.append(("ntasks", str(w.world_size)))
-            out.append(("gpus-per-task", f"{s.gres_gpu_type}:1" if s.gres_gpu_type else "1"))
-    for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("constraint", s.constraint)):
-        if value:
-            out.append((option, value))
-    if s.exclusive:
-        out.append(("exclusive", None))
-    if s.requeue:
-        out.append(("requeue", None))
-        target = "B:" if s.signal_target == "batch" else ""
-        out.append(("signal", f"{target}{s.requeue_signal}@{s.signal_grace_s}"))
+        out += gpu_directives(s, gpus_per_node=w.devices_per_node, tasks_per_node=w.devices_per_node, nodes=w.num_nodes)
+    out += site_directives(s)
     out.append(("open-mode", "append"))
     out.append(("output", "slurm-%j.out"))
     for arg in s.extra_sbatch_args:
@@ -279,10 +324,7 @@ def launch_argv(ctx: PlanContext, spec_path: ShellText | None = None) -> list[st
         entry = [s.python, "-m", "jobgen.train", "--spec", spec, "--run-dir", ShellText('"${RUN_DIR}"')]
     else:
         entry = [s.python, *target_argv(ctx.spec, ctx.world)]
-    entry = code_env_prefix(ctx) + entry
-    if s.container.runtime == "apptainer":
-        bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
-        entry = ["apptainer", "exec", "--nv", *bind, s.container.image or "", *entry]
+    entry = container_wrap(s, code_env_prefix(ctx) + entry)
     if ctx.spec.entrypoint is not None:
         setup = _double_quoted(task_setup(ctx.spec.trainer.deepspeed_stage is not None))
         entry = ["bash", "-c", setup, "jobgen-task", *entry]
@@ -293,12 +335,28 @@ def srun_options(ctx: PlanContext) -> list[str]:
     """Options for ``srun`` itself (pyxis container flags, the profile's extra arguments)."""
     s = ctx.profile.slurm_settings
     # --label prefixes every line with the task's global rank ("0: ..."): `jobgen logs --rank N` filters on it.
-    opts = ["--kill-on-bad-exit=1", "--label"]
-    if s.container.runtime == "pyxis":
-        opts.append(f"--container-image={s.container.image}")
-        if s.container.mounts:
-            opts.append(f"--container-mounts={','.join(s.container.mounts)}")
-    return opts + list(s.extra_srun_args)
+    return ["--kill-on-bad-exit=1", "--label", *container_srun_options(s), *s.extra_srun_args]
+
+
+def container_srun_options(s: SlurmSettings) -> list[str]:
+    """pyxis (NVIDIA enroot's SPANK plugin): ``--container-image=<image>`` and
+    ``--container-mounts=<src:dst>,...`` for ``srun``; ``[]`` for other runtimes."""
+    if s.container.runtime != "pyxis":
+        return []
+    opts = [f"--container-image={s.container.image}"]
+    if s.container.mounts:
+        opts.append(f"--container-mounts={','.join(s.container.mounts)}")
+    return opts
+
+
+def container_wrap(s: SlurmSettings, argv: list[str]) -> list[str]:
+    """``argv`` as each task runs it: inside ``apptainer exec --nv [--bind <mounts>] <image>``
+    for the apptainer runtime, unchanged otherwise (pyxis works through srun's options,
+    :func:`container_srun_options`)."""
+    if s.container.runtime != "apptainer":
+        return argv
+    bind = ["--bind", ",".join(s.container.mounts)] if s.container.mounts else []
+    return ["apptainer", "exec", "--nv", *bind, s.container.image or "", *argv]
 
 
 def plan(ctx: PlanContext) -> JobPlan:

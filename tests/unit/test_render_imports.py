@@ -22,7 +22,7 @@ VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: (jobgen.gitops.manifests is not one: every `jobgen render` plans through it, and it takes what it needs
 #: for kustomizations from the plan, so it imports no Kubernetes module.)
 OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
-                      "jobgen.train")
+                      "jobgen.train", "jobgen.backends.slurm_submitit")
 #: jobgen modules a single render of a non-DeepSpeed spec has no use for (issue 23's profile):
 #: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
 #: the project file's model (--all only) and git (--commit only).
@@ -55,7 +55,7 @@ def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 
 def test_slurm_render_imports_neither_training_stack_nor_kubernetes_nor_validators():
     modules = modules_after_render("slurm-a100")
-    assert loaded(modules, (*TRAINING_STACK, "kubernetes", *VALIDATORS, *OFF_THE_SLURM_PATH)) == []
+    assert loaded(modules, (*TRAINING_STACK, "kubernetes", *VALIDATORS, *OFF_THE_SLURM_PATH, "submitit")) == []
 
 
 def test_kubernetes_render_loads_the_validators_but_not_the_client_or_training_stack():
