@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from jobgen.specs.training import TrainingSpec
 
 __all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "executor", "load",
-           "logs", "plan_job", "render", "status", "submit", "templates_dir"]
+           "logs", "plan_job", "render", "status", "submit", "submit_profile", "templates_dir"]
 
 PathLike = str | os.PathLike[str]
 
@@ -67,7 +67,17 @@ def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list
     spec = load_spec(spec_path, overrides)
     if smoke is not None:
         spec = as_smoke(spec, smoke, str(spec_path))
-    return spec, load_profile(profile, profiles_dir, ["preflight=true"] if preflight else [])
+    return spec, submit_profile(profile, profiles_dir, preflight=preflight)
+
+
+def submit_profile(profile: str, profiles_dir: PathLike | None = None, *, preflight: bool = False) -> ClusterProfile:
+    """Load the profile ``profile`` (name or path) as ``jobgen submit`` plans with it: ``preflight``
+    turns its ``preflight`` on (``--preflight``).
+
+    Raises:
+        ConfigError: with the file and JSON path of the first problem.
+    """
+    return load_profile(profile, profiles_dir, ["preflight=true"] if preflight else [])
 
 
 def as_smoke(spec: TrainingSpec, steps: int, source: str) -> TrainingSpec:
@@ -201,7 +211,7 @@ class ListedJob:
             "num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node, "accelerator": self.accelerator,
             "submitted_at": self.record.submitted_at, "job_dir": self.record.job_dir, "run_dir": self.record.run_dir,
             "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
-            "stale": self.stale,
+            "stale": self.stale, "sweep": None if self.record.sweep is None else self.record.sweep.model_dump(mode="json"),
             **({"tasks": self.tasks()} if self.record.array else {}),
         }
 
@@ -216,8 +226,9 @@ class ListedJob:
 
 def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
               progress: Callable[[int, int, str], None] | None = None) -> list[ListedJob]:
-    """Every job submitted from this machine (the state index, newest first), each refreshed
-    from its backend (``status``). A backend that cannot be reached does not stop the listing:
+    """Every job submitted from this machine (the state index, newest first, a sweep's jobs
+    together: :func:`~jobgen.jobdir.recorded_submissions`), each refreshed from its backend
+    (``status``). A backend that cannot be reached does not stop the listing:
     that job's row says UNREACHABLE and why (``stale``), never a guessed state.
 
     Args:

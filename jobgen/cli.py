@@ -416,14 +416,18 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 @click.option("--no-import-check", "no_import_check", is_flag=True,
               help="Skip importing the spec's class_path classes in this environment before submitting "
                    "(for code that exists on the nodes only).")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY.PATH=V1,V2",
+              help="Render and submit a sweep (repeatable: the Cartesian grid; the syntax and names of `render --sweep`): "
+                   "ONE job array on a SLURM profile with slurm.sweep_as_array, else one job per point; every handle is "
+                   "printed and `jobgen ls` lists them together. Spec files only.")
 @_set_option
 @_profiles_dir_option
 @_templates_dir_option
 @_crds_dir_option
 def submit(target: str, profile: str | None, runs_dir: str, out: str | None, output: str, test_only: bool, force: bool, dry_run: str | None,
            allow_dirty: bool, replace: bool, k8s_context: str | None, k8s_namespace: str | None, kubeconfig: str | None,
-           preflight: bool, smoke: int | None, no_import_check: bool,
-           overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> None:
+           preflight: bool, smoke: int | None, no_import_check: bool, sweeps: tuple[str, ...],
+           overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None) -> int | None:
     """Run or submit TARGET: a spec file (rendered for --profile first) or a rendered job directory.
 
     \b
@@ -446,13 +450,17 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
     Running the same job again resumes from the newest checkpoint in
     <runs-dir>/<job name>/checkpoints (the spec's checkpoint.resume: auto);
     start over with --set checkpoint.resume=never, or a new --set name=...
+    --sweep renders and submits a sweep in one command (README "Submitting a sweep"); the
+    first failure stops it, naming the points submitted and those not (exit 1).
     -o json prints {"action", "handle", "job_dir", "run_dir", "log_file", "tasks", "lines"}
-    on stdout once submit is done; progress (a local run's ranks too) goes to stderr.
+    on stdout once submit is done (--sweep: {"sweep", "jobs": [that + "index", "name",
+    "point"], "failed", "not_submitted"}); progress (a local run's ranks too) goes to stderr.
 
     \b
     Examples:
       jobgen submit examples/quickstart.yaml --profile local
       jobgen submit examples/quickstart.yaml --profile slurm-cpu --set resources.nodes=2
+      jobgen submit examples/quickstart.yaml -p slurm-cpu-array --sweep trainer.learning_rate=1e-4,3e-4
       jobgen submit manifests/slurm-a100/quickstart --test-only
       jobgen submit examples/quickstart.yaml --profile k8s-h100 --dry-run=server
       jobgen submit manifests/k8s-h100/quickstart --context prod --replace
@@ -463,15 +471,18 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
                             allow_dirty=allow_dirty)
     target_or_plan: str | JobPlan = target
     if Path(target).is_dir():
-        if overrides or profile or preflight or smoke:
+        if overrides or profile or preflight or smoke or sweeps:
             raise ConfigError(
-                f"{target} is a rendered job directory: --set, --profile, --preflight and --smoke apply to spec files",
+                f"{target} is a rendered job directory: --set, --profile, --preflight, --smoke and --sweep apply to spec files",
                 hint="change the spec (or set `preflight: true` in the profile) and re-render (jobgen render SPEC --profile P), "
                      "then submit the directory",
             )
     else:
         if profile is None:
             raise ConfigError("submitting a spec needs --profile", hint=f"e.g. jobgen submit {target} --profile local")
+        if sweeps:
+            return _submit_sweep(target, profile, sweeps, options, out=out, overrides=overrides, profiles_dir=profiles_dir,
+                                 templates_dir=templates_dir, preflight=preflight, smoke=smoke, import_check=not no_import_check)
         loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
         target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         _warn(target_or_plan)
@@ -480,13 +491,24 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
     with _stdout_to_stderr():
         result = api.submit(target_or_plan, options, out=out, echo=_progress)
     if output == "json":
-        record = result.record
-        _echo_json({"action": result.action, "handle": None if result.handle is None else str(result.handle),
-                    "job_dir": record.job_dir if record else None, "run_dir": record.run_dir if record else None,
-                    "log_file": record.log_file if record else None, "lines": list(result.lines),
-                    "tasks": [{"handle": f"{result.handle}_{t.index}", **t.model_dump(mode="json")} for t in (record.array or ())]
-                    if record else []})
-        return
+        _echo_json(_submit_json(result))
+        return None
+    _print_submitted(result)
+    return None
+
+
+def _submit_json(result: Any) -> dict[str, Any]:
+    """One submitted job for ``jobgen submit -o json`` (a :class:`~jobgen.backends.base.SubmitResult`)."""
+    record = result.record
+    return {"action": result.action, "handle": None if result.handle is None else str(result.handle),
+            "job_dir": record.job_dir if record else None, "run_dir": record.run_dir if record else None,
+            "log_file": record.log_file if record else None, "lines": list(result.lines),
+            "tasks": [{"handle": f"{result.handle}_{t.index}", **t.model_dump(mode="json")} for t in (record.array or ())]
+            if record else []}
+
+
+def _print_submitted(result: Any) -> None:
+    """What ``jobgen submit`` prints for one job (a :class:`~jobgen.backends.base.SubmitResult`)."""
     if result.handle is None:
         click.echo("validated: the scheduler accepts the job; nothing was queued or created")
         return
@@ -503,6 +525,47 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
         click.echo(f"  run dir: {result.record.run_dir}" + (f"\n  log:     {result.record.log_file}" if result.record.log_file else ""))
     if result.action != "completed":
         click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
+
+
+def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: SubmitOptions, *, out: str | None,
+                  overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None, preflight: bool,
+                  smoke: int | None, import_check: bool) -> int:
+    """``jobgen submit SPEC --sweep ...`` (:mod:`jobgen.sweep_submit`): plan every point, check
+    their classes, submit, print every handle. Returns the exit code (1: partly submitted)."""
+    from jobgen import sweep_submit
+
+    sweep = sweep_submit.plan_sweep(spec, profile, sweeps, overrides=overrides, profiles_dir=profiles_dir,
+                                    templates_dir=templates_dir, preflight=preflight, smoke=smoke)
+    for warning in dict.fromkeys(w for job in sweep.jobs for w in job.plan.warnings):  # once, not once per point
+        click.echo(f"warning: {warning}", err=True)
+    if import_check:
+        shown: set[str] = set()
+        for label, point_spec in sweep.point_specs():
+            _import_check(spec, point_spec, shown=shown, source=f"{spec} ({label})")
+    how = "one SLURM job array" if sweep.array else "one job per point"
+    _progress(f"sweep of {sweep.name} on {sweep.profile}: {sweep.points} point(s), {how}")
+    try:
+        with _stdout_to_stderr():
+            outcome = sweep_submit.submit_sweep(sweep, options, out=out, echo=_progress)
+    except sweep_submit.SweepPartlySubmitted as exc:
+        if not _json_mode():
+            raise
+        _echo_json({"error": exc.message, "hint": exc.hint, "location": exc.location, "exit_code": exc.exit_code,
+                    **sweep_submit.outcome_json(exc.outcome, _submit_json)})
+        return exc.exit_code
+    if _json_mode():
+        _echo_json(sweep_submit.outcome_json(outcome, _submit_json))
+        return 0
+    if sweep.array:
+        click.echo(f"sweep {outcome.sweep_id}: {sweep.points} point(s) as one job array")
+        _print_submitted(outcome.submitted[0][1])
+        return 0
+    click.echo(f"sweep {outcome.sweep_id}: {sweep.points} job(s), one per point")
+    for job, result in outcome.submitted:
+        click.echo(f"  {result.action} {result.handle or '(nothing queued)'}  {job.describe()}")
+    if any(result.action != "completed" and result.handle is not None for _, result in outcome.submitted):
+        click.echo("  list them: jobgen ls   follow one: jobgen logs -f <handle>   status: jobgen status <handle>")
+    return 0
 
 
 _job_argument = click.argument("job", metavar="JOB")
@@ -542,23 +605,33 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     if not rows:
         click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
         return
-    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST")]
+    sweeps = any(row.record.sweep is not None for row in rows)  # a SWEEP column only when some job has one
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST") + (("SWEEP",) if sweeps else ())]
     for row in rows:
-        usage = row.status.usage if row.status is not None else None
         world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
-        started = usage.start.strftime("%Y-%m-%d %H:%M") if usage is not None and usage.start else "-"
-        elapsed = _duration(usage.elapsed_s) if usage is not None and usage.elapsed_s is not None else "-"
-        hours = usage.device_hours if usage is not None else None
-        spent = f"{hours:.3f} {usage.unit}" if hours is not None else "-"
-        cost = f"{usage.cost:.2f}" if usage is not None and usage.cost is not None else "-"
         name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
-        table.append((row.record.handle, name, row.state, world, started, elapsed, spent, cost))
+        sweep = ((row.record.sweep.id if row.record.sweep is not None else "-"),) if sweeps else ()
+        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None), *sweep))
+        task_usage = {t.handle.array_task: t.usage for t in row.status.tasks} if row.status is not None else {}
+        for task in row.tasks() if row.record.array else ():  # a job array's tasks, under it
+            table.append((f"  {task['handle']}", f"  {task['name']}", task["state"], world, *_usage_cells(task_usage.get(task["index"])),
+                          *sweep))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     for row in rows:
         if row.stale:
             click.echo(f"note: {row.record.handle}: {row.stale}")
+
+
+def _usage_cells(usage: Any) -> tuple[str, str, str, str]:
+    """``jobgen ls``'s STARTED, ELAPSED, DEVICE TIME and COST cells of a :class:`~jobgen.reports.usage.Usage` (or None)."""
+    if usage is None:
+        return ("-", "-", "-", "-")
+    started = usage.start.strftime("%Y-%m-%d %H:%M") if usage.start else "-"
+    elapsed = _duration(usage.elapsed_s) if usage.elapsed_s is not None else "-"
+    hours = usage.device_hours
+    return (started, elapsed, f"{hours:.3f} {usage.unit}" if hours is not None else "-", f"{usage.cost:.2f}" if usage.cost is not None else "-")
 
 
 def _duration(seconds: float) -> str:
@@ -663,19 +736,23 @@ def cancel(job: str, wait_s: float, output: str) -> None:
     click.echo(f"{st.handle}  {st.state}")
 
 
-def _import_check(spec: str, loaded: TrainingSpec) -> list[str]:
+def _import_check(spec: str, loaded: TrainingSpec, *, shown: set[str] | None = None, source: str | None = None) -> list[str]:
     """Import the class_path classes of ``loaded`` (the spec file ``spec``, already loaded) here
-    and bind their init_args (``validate --import``); prints and returns the notes. Imports torch
-    and Lightning (and the user's modules)."""
+    and bind their init_args (``validate --import``); prints the notes (those not in ``shown``,
+    which collects them: a sweep checks each point) and returns them. ``source``: where errors
+    point (default ``spec``). Imports torch and Lightning (and the user's modules)."""
     from jobgen.usercode.classes import check_user_code
     from jobgen.usercode.snapshot import local_import_dir
 
     first = local_import_dir(loaded, Path(spec))
     if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
         sys.path.insert(0, str(first))
-    notes = check_user_code(loaded, spec)
+    notes = check_user_code(loaded, source or spec)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        if shown is None or note not in shown:
+            click.echo(f"note: {note}", err=True)
+    if shown is not None:
+        shown.update(notes)
     return notes
 
 

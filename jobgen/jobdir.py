@@ -685,6 +685,29 @@ class CallableJob(BaseModel):
         return self.function.rpartition(".")[2]
 
 
+class SweepTag(BaseModel):
+    """The sweep a submission belongs to: every job that one ``jobgen submit SPEC --sweep ...``
+    submitted (one per point, or the one job array) carries a tag with the same :attr:`id`, so
+    ``jobgen ls`` lists them together."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str = Field(description="The sweep's id, new for each `jobgen submit --sweep` (:func:`new_sweep_id`).")
+    name: str = Field(description="The sweep's base name: the spec's name after --set (and --smoke); a job array's name.")
+    points: int = Field(ge=1, description="How many points the whole sweep has.")
+    index: int | None = Field(default=None, description=(
+        "This job's point, in grid order (first axis slowest, as --sweep lists them); None for a job array, whose tasks are the points."))
+    overrides: dict[str, str] = Field(default={}, description="This job's point: key path -> value, as given to --sweep (empty for a job array).")
+
+
+def new_sweep_id(name: str) -> str:
+    """A new sweep id: ``<name>-<UTC time as YYYYmmdd-HHMMSS>-<4 random hex digits>`` (two sweeps of
+    one spec started in the same second differ in the last part)."""
+    import secrets
+
+    return f"{name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
 class Submission(BaseModel):
     """What ``jobgen submit`` recorded: enough for status/logs/cancel from a handle or a job dir.
 
@@ -719,6 +742,9 @@ class Submission(BaseModel):
     callable: CallableJob | None = Field(default=None, description=(
         "A Python callable submitted through submitit (``jobgen.api.executor``): what it was and the world it asked for; "
         "``job_dir`` and ``run_dir`` are then submitit's folder for the job (no spec.json). None: a rendered job."))
+    sweep: SweepTag | None = Field(default=None, description=(
+        "``jobgen submit --sweep``: the sweep this job belongs to (its id, base name, size and this job's point). "
+        "None: submitted on its own."))
 
     def task(self, index: int) -> ArrayTask:
         """Task ``index`` of an array submission.
@@ -776,15 +802,25 @@ def state_record_path(handle: JobHandle) -> Path:
 
 def recorded_submissions() -> list[Submission]:
     """Every submission record in the state index (:func:`state_dir`), newest first (records
-    without a time last, by handle). Unreadable files are skipped: the index is a cache of what
-    submit did, and ``jobgen ls`` must list the rest."""
+    without a time last, by handle), the jobs of one sweep (:class:`SweepTag`) together, in point
+    order, where the newest of them stands. Unreadable files are skipped: the index is a cache of
+    what submit did, and ``jobgen ls`` must list the rest."""
     records = []
     for path in sorted(state_dir().glob("*/*.json")):
         try:
             records.append(Submission.load(path))
         except ConfigError:
             continue
-    return sorted(records, key=lambda r: (r.submitted_at is not None, r.submitted_at or "", r.handle), reverse=True)
+    records.sort(key=lambda r: (r.submitted_at is not None, r.submitted_at or "", r.handle), reverse=True)
+    place: dict[str, int] = {}
+    for position, record in enumerate(records):
+        place.setdefault(_group(record), position)
+    return sorted(records, key=lambda r: (place[_group(r)], r.sweep.index or 0 if r.sweep is not None else 0))
+
+
+def _group(record: Submission) -> str:
+    """What :func:`recorded_submissions` keeps together: a sweep's id, else the job's own handle."""
+    return f"sweep:{record.sweep.id}" if record.sweep is not None else record.handle
 
 
 def find_submission(handle: JobHandle) -> Submission | None:

@@ -67,6 +67,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_user_code_train.py": ALL,
     "tests/integration/k8s/test_rank_semantics.py": ALL,
     "tests/unit/test_cli.py": frozenset({"test_local_submit_trains_and_resumes"}),
+    "tests/unit/test_submit_sweep.py": frozenset({"test_a_two_point_local_sweep_trains_both_points_and_prints_two_handles"}),
     "tests/entrypoint/test_entrypoint_cli.py": frozenset({"test_hand_edited_deepspeed_config_is_checked"}),
     "tests/entrypoint/test_hf_lora.py": frozenset({
         "test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes",

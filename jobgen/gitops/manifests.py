@@ -35,6 +35,9 @@ from jobgen.specs.training import TrainingSpec
 if TYPE_CHECKING:  # jobgen.specs.project (a pydantic model) and jobgen.gitops.git load only for --all / --commit
     from jobgen.specs.project import LoadedProject, Project
 
+#: ``(spec, source) -> spec``: what :func:`plan_single` applies to each planned spec (``--smoke``).
+SpecTransform = Callable[[TrainingSpec, str], TrainingSpec]
+
 # --------------------------------------------------------------------------- planning
 
 
@@ -71,8 +74,12 @@ def _plan_spec(
     templates: Path,
     profile_cache: dict[str, ClusterProfile],
     profile_label: Callable[[int], str],
+    transform: SpecTransform | None = None,
+    spec_file: str | None = None,
 ) -> list[RenderedJob]:
-    """Plan one spec (with its overrides and sweep grid) for each profile."""
+    """Plan one spec (with its overrides and sweep grid) for each profile. ``transform`` (``jobgen
+    submit --smoke``) turns each point's spec, and the base spec that names a job array, into the
+    one planned; ``spec_file`` is carried to submit (:attr:`~jobgen.planning.plan.JobPlan.spec_file`)."""
     base_doc = apply_overrides(read_yaml(spec_path), overrides)
     base = validate(TrainingSpec, base_doc, spec_label)
     points = sweep_points(axes)
@@ -81,10 +88,12 @@ def _plan_spec(
         for point, name in zip(points, sweep_job_names(base.name, points), strict=True):
             doc = apply_overrides(base_doc, [f"{k}={v}" for k, v in point], source="--sweep")
             doc["name"] = name
-            shown = ", ".join(f"{k}={v}" for k, v in point)
-            specs.append((point, validate(TrainingSpec, doc, f"{spec_label} (sweep point {shown})")))
-    else:
-        specs.append(((), base))
+            label = f"{spec_label} (sweep point {', '.join(f'{k}={v}' for k, v in point)})"
+            spec = validate(TrainingSpec, doc, label)
+            specs.append((point, transform(spec, label) if transform else spec))
+    top = transform(base, spec_label) if transform else base
+    if not axes:
+        specs.append(((), top))
     jobs = []
     for i, profile_name in enumerate(profiles):
         if profile_name not in profile_cache:
@@ -94,15 +103,17 @@ def _plan_spec(
                 exc.location = f"{profile_label(i)}" + (f" > {exc.location}" if exc.location else "")
                 raise
         profile = profile_cache[profile_name]
+        sweep_name = top.name if axes else None
         if axes and wants_array(profile):  # the whole grid as one SLURM job array
             members = [ArrayMember(spec.name, point, spec) for point, spec in specs]
-            job_plan = plan_array(base.name, members, profile, templates, spec_source=spec_label, profile_source=profile_name)
+            job_plan = plan_array(top.name, members, profile, templates, spec_source=spec_label, profile_source=profile_name,
+                                  spec_file=spec_file)
             grid = tuple((a.key, a.values) for a in axes)
-            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), (), job_plan, grid))
+            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), (), job_plan, grid, sweep_name))
             continue
         for point, spec in specs:
-            job_plan = plan(spec, profile, templates, spec_source=spec_label, profile_source=profile_name)
-            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), point, job_plan))
+            job_plan = plan(spec, profile, templates, spec_source=spec_label, profile_source=profile_name, spec_file=spec_file)
+            jobs.append(RenderedJob(entry, spec_label, tuple(overrides), point, job_plan, sweep_name=sweep_name))
     return jobs
 
 
@@ -131,8 +142,14 @@ def plan_single(
     out: str | os.PathLike[str] = "manifests",
     profiles_dir: str | None = None,
     templates_dir: str | None = None,
+    loaded_profile: ClusterProfile | None = None,
+    transform: SpecTransform | None = None,
+    spec_file: str | None = None,
 ) -> Render:
-    """Plan one spec for one profile (a sweep: one job per grid point) into ``out``.
+    """Plan one spec for one profile (a sweep: one job per grid point, or one SLURM job array
+    where the profile says ``slurm.sweep_as_array``) into ``out``. ``jobgen submit --sweep``
+    (:mod:`jobgen.sweep_submit`) passes ``loaded_profile`` (``profile`` loaded with its
+    ``--preflight``), ``transform`` (``--smoke``: see :func:`_plan_spec`) and ``spec_file``.
 
     Raises:
         ConfigError, PlanError: as :func:`jobgen.specs.load.load_spec` and :func:`jobgen.backends.plan`;
@@ -141,7 +158,9 @@ def plan_single(
     axes = [parse_sweep(s) for s in sweeps]
     jobs = _plan_spec(
         entry="command line", spec_path=Path(spec), spec_label=spec, profiles=[profile], overrides=overrides, axes=axes,
-        profiles_dir=profiles_dir, templates=_templates_dir(templates_dir), profile_cache={}, profile_label=lambda i: "--profile",
+        profiles_dir=profiles_dir, templates=_templates_dir(templates_dir),
+        profile_cache={profile: loaded_profile} if loaded_profile is not None else {}, profile_label=lambda i: "--profile",
+        transform=transform, spec_file=spec_file,
     )
     _check_unique_dirs(jobs, "--sweep")
     jobs.sort(key=lambda j: j.subdir)

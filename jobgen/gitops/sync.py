@@ -38,7 +38,9 @@ class RenderedJob:
     ``entry``: what listed it (``jobs[i]`` of the project file, or ``command line``); ``spec``:
     the spec path as given; ``overrides``: its ``set``/``--set`` overrides; ``sweep``: its grid
     point ``((key, value), ...)`` (empty without a sweep, and for a job array); ``array``: a SLURM
-    job array's grid ``((key, (value, ...)), ...)`` (one task per point; empty otherwise).
+    job array's grid ``((key, (value, ...)), ...)`` (one task per point; empty otherwise);
+    ``sweep_name``: the sweep's base name (the spec's name after its overrides: a job array's
+    name), None without a sweep.
     """
 
     entry: str
@@ -47,6 +49,7 @@ class RenderedJob:
     sweep: tuple[tuple[str, str], ...]
     plan: JobPlan
     array: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    sweep_name: str | None = None
 
     @property
     def subdir(self) -> str:

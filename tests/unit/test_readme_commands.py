@@ -49,6 +49,8 @@ COPIED = ("examples", "cluster_profiles", "templates", "manifests", "jobgen.yaml
 PLACEHOLDERS = {"SPEC", "PROFILE", "DIR", "HANDLE-or-DIR", "N", "C", "S", "FILE", "NAME", "JOB"}
 #: Options of a cluster ``submit`` that ``render`` shares (the rest are submit-only).
 SHARED_OPTIONS = {"--set", "-s", "--profile", "-p"}
+#: Options of ``submit`` that ``render`` shares and ``validate`` does not take.
+RENDER_OPTIONS = {"--sweep"}
 #: The command-mode example that runs for real (3 steps of a 2-rank all-reduce, no training).
 REAL_RUN = "examples/command-ddp.yaml"
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
@@ -225,15 +227,16 @@ def option(words: list[str], *names: str) -> str | None:
 
 
 def plan_instead(scratch: Scratch, words: list[str], shown: Shown) -> None:
-    """``validate`` and ``render --stdout`` of a submit's spec, profile and --set overrides."""
-    spec, shared, i = words[1], [], 2
+    """``validate`` and ``render --stdout`` of a submit's spec, profile and --set overrides
+    (``render`` with its ``--sweep`` axes too)."""
+    spec, shared, swept, i = words[1], [], [], 2
     while i < len(words):
-        if words[i] in SHARED_OPTIONS and i + 1 < len(words):
-            shared += words[i:i + 2]
+        if words[i] in SHARED_OPTIONS | RENDER_OPTIONS and i + 1 < len(words):
+            (shared if words[i] in SHARED_OPTIONS else swept).extend(words[i:i + 2])
             i += 2
         else:
             i += 1
-    for argv in (["validate", spec, *shared], ["render", spec, *shared, "--stdout"]):
+    for argv in (["validate", spec, *shared], ["render", spec, *shared, *swept, "--stdout"]):
         result = scratch.jobgen(*argv)
         assert result.code == 0, f"{shown}: jobgen {shlex.join(argv)} -> {result.code}\n{result.out}"
 
