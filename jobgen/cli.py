@@ -41,9 +41,10 @@ _STATE: dict[str, Any] = {"debug": False, "output": "text"}
 # --------------------------------------------------------------------------- output format, errors, --debug
 #
 # The conventions every command follows (README "Usage"):
-# - `-o/--output FORMAT` is the output format (text|json, plus yaml where a profile or schema is
-#   printed); the output directory is `--out DIR` (render, diff, submit).
-# - With -o json, stdout holds exactly one JSON document: the result, or on failure
+# - `-o/--output FORMAT` is the output format (text|json, plus yaml where manifests, a profile or
+#   a schema are printed: render, profiles show, schema); the output directory is `--out DIR`
+#   (render, diff, submit).
+# - With -o json (or yaml), stdout holds exactly one document: the result, or on failure
 #   {"error", "hint", "location", "exit_code"}; progress, warnings and notes go to stderr.
 # - Exit codes: 0 done; 2 bad input (a JobgenError's default, click's usage errors); 1 a
 #   scheduler, cluster, git or training failure (SubmitError, GitError); 130 interrupted.
@@ -77,16 +78,17 @@ def _remember_output(ctx: click.Context, param: click.Parameter, value: str) -> 
     return value
 
 
-def output_option(*formats: str, has_out: bool = False) -> Callable[[Any], Any]:
+def output_option(*formats: str, has_out: bool = False, yaml_help: str = "the same document as json, in YAML") -> Callable[[Any], Any]:
     """``-o/--output``: the command's output formats, the first being the default (``text``,
-    ``json`` when none are given). Eager, so an error while parsing the rest of the command line
-    is already printed in the format asked for."""
+    ``json`` when none are given); ``yaml_help`` says what ``-o yaml`` prints where it is one.
+    Eager, so an error while parsing the rest of the command line is already printed in the
+    format asked for."""
     formats = formats or ("text", "json")
     return click.option(
         "--output", "-o", "output", type=OutputFormat(formats, has_out=has_out), default=formats[0], show_default=True,
         is_eager=True, callback=_remember_output,
         help="Output format: text for people; json for machines (one document, stable keys; errors too: "
-             '{"error", "hint", "location", "exit_code"})' + ("; yaml as the files jobgen reads" if "yaml" in formats else "") + "."
+             '{"error", "hint", "location", "exit_code"})' + (f"; yaml: {yaml_help}" if "yaml" in formats else "") + "."
         + (" The output directory is --out." if has_out else ""),
     )
 
@@ -102,24 +104,40 @@ def _debug_param() -> click.Option:
                         help="Show tracebacks for errors (also: JOBGEN_DEBUG=1).")
 
 
-def _json_mode() -> bool:
-    return _STATE["output"] == "json"
+def _document_mode() -> bool:
+    """-o json or -o yaml: stdout holds one document (the result or the error), nothing else."""
+    return _STATE["output"] in ("json", "yaml")
 
 
 def _progress(message: Any = "", **kwargs: Any) -> None:
-    """``click.echo`` for what a command says along the way: stderr with -o json (stdout holds the document)."""
-    click.echo(message, **{**kwargs, "err": kwargs.get("err", False) or _json_mode()})
+    """``click.echo`` for what a command says along the way: stderr with -o json|yaml (stdout holds the document)."""
+    click.echo(message, **{**kwargs, "err": kwargs.get("err", False) or _document_mode()})
 
 
-def _echo_json(doc: Any) -> None:
+class _BlockDumper(yaml.SafeDumper):
+    """YAML for -o yaml: a string of several lines (a rendered file) as a literal ``|`` block, so
+    it reads as the file itself; PyYAML falls back to a quoted scalar where a block cannot hold
+    the string exactly (e.g. trailing spaces)."""
+
+
+_BlockDumper.add_representer(
+    str, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
+def _echo_doc(doc: Any) -> None:
+    """Print the command's one document in the -o format: JSON (indented, sorted keys) or, with
+    -o yaml, the same document as YAML (sorted keys; multi-line strings as ``|`` blocks)."""
+    if _STATE["output"] == "yaml":
+        click.echo(yaml.dump(doc, Dumper=_BlockDumper, sort_keys=True, allow_unicode=True, width=float("inf")), nl=False)
+        return
     click.echo(json.dumps(doc, indent=2, sort_keys=True))
 
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """With -o json, file descriptor 1 points at stderr while this runs, so what child processes
-    print (a local run's ranks, a scheduler client) cannot mix into the JSON document."""
-    if not _json_mode():
+    """With -o json|yaml, file descriptor 1 points at stderr while this runs, so what child
+    processes print (a local run's ranks, a scheduler client) cannot mix into the document."""
+    if not _document_mode():
         yield
         return
     sys.stdout.flush()
@@ -134,7 +152,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def print_error(exc: JobgenError | click.ClickException | click.exceptions.Abort) -> int:
-    """Print ``exc`` the way the invocation asked (-o json: one JSON document on stdout; else
+    """Print ``exc`` the way the invocation asked (-o json|yaml: one document on stdout; else
     text on stderr, without a traceback unless --debug) and return its exit code."""
     if isinstance(exc, JobgenError):
         code = exc.exit_code
@@ -148,8 +166,8 @@ def print_error(exc: JobgenError | click.ClickException | click.exceptions.Abort
         code, error, location = exc.exit_code, exc.format_message(), None
         ctx = getattr(exc, "ctx", None)
         hint = f"{ctx.command_path} --help" if ctx is not None else None
-    if _json_mode():
-        click.echo(json.dumps({"error": error, "hint": hint, "location": location, "exit_code": code}, indent=2, sort_keys=True))
+    if _document_mode():
+        _echo_doc({"error": error, "hint": hint, "location": location, "exit_code": code})
     elif isinstance(exc, JobgenError):
         click.echo(f"error: {exc}", err=True)
     elif isinstance(exc, click.ClickException):
@@ -225,15 +243,10 @@ def cli() -> None:
       jobgen render examples/quickstart.yaml --profile k8s-h100
 
     \b
-    Every command that prints takes -o/--output text|json (errors too are JSON then);
+    Every command that prints takes -o/--output text|json (errors too are JSON then), and
+    yaml where manifests or a profile are printed (render, profiles show, schema);
     the output directory of render, diff and submit is --out DIR.
     """
-
-
-def _plan(spec_path: str, profile_name: str, overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None,
-          preflight: bool = False, smoke: int | None = None) -> JobPlan:
-    return api.plan_job(spec_path, profile_name, overrides=overrides, profiles_dir=profiles_dir, templates=templates_dir,
-                        preflight=preflight, smoke=smoke)
 
 
 def _warn(job_plan: JobPlan) -> None:
@@ -256,7 +269,8 @@ _project_option = click.option(
 @click.option("--profile", "-p", default=None, help="Cluster profile name (see `jobgen profiles list`) or a .yaml path.")
 @click.option("--out", default="manifests", show_default=True, type=click.Path(file_okay=False),
               help="Output root; files go to <out>/<profile>/<job name>/.")
-@output_option(has_out=True)
+@output_option("text", "json", "yaml", has_out=True,
+               yaml_help="the same document as json, in YAML, each file's text a literal block")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the plan (every file and the submit command) instead of writing.")
 @click.option("--all", "all_jobs", is_flag=True, help="Render every job jobgen.yaml lists (plus index.yaml and kustomizations).")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 and print a unified diff if the files differ from a fresh render, 0 if in sync.")
@@ -284,12 +298,15 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
     The same inputs always give byte-identical files (commit them: GitOps).
     --all also writes <out>/index.yaml and kustomization.yaml per Kubernetes profile and on top.
     -o json prints {"out", "jobs": [{name, profile, scheduler, job_dir, world, files, ...}]}
-    (with --stdout, files maps each name to its text; with --check, "in_sync" too).
+    (with --stdout, files maps each name to its text; with --check, "in_sync" too);
+    -o yaml prints the same document in YAML, each file's text a literal | block
+    (--stdout -o yaml: every rendered file, readable, in one machine-readable stream).
 
     \b
     Examples:
       jobgen render examples/quickstart.yaml --profile slurm-a100 --set resources.nodes=2
       jobgen render examples/quickstart.yaml --profile slurm-a100 --out build/manifests -o json
+      jobgen render examples/quickstart.yaml --profile k8s-h100 --stdout -o yaml
       jobgen render --all --check        # CI / pre-commit: exit 1 + diff when out of date
       jobgen render --all --prune --commit
       jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
@@ -309,15 +326,15 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
             _warn(job.plan)
             if output == "text":
                 click.echo(str(job.plan), nl=False)
-        if output == "json":
-            _echo_json({"out": None, "jobs": [_job_json(job.plan, None, with_text=True) for job in rendered.jobs]})
+        if output != "text":
+            _echo_doc({"out": None, "jobs": [_job_json(job.plan, None, with_text=True) for job in rendered.jobs]})
         return 0
     code = gitops.render_command(rendered, check=check, prune=prune, commit_flag=commit_flag, echo=_progress)
-    if output == "json":
+    if output != "text":
         doc: dict[str, Any] = {"out": str(rendered.out), "jobs": [_job_json(job.plan, rendered.out / job.subdir) for job in rendered.jobs]}
         if check:
             doc["in_sync"] = code == 0
-        _echo_json(doc)
+        _echo_doc(doc)
         return code
     if len(rendered.jobs) == 1 and not all_jobs and not check:
         job_plan = rendered.jobs[0].plan
@@ -380,7 +397,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
 
     code = gitops.diff_command(rendered, echo=capture)
     text = "".join(printed)
-    _echo_json({"out": str(rendered.out), "in_sync": not text, "diff": text})
+    _echo_doc({"out": str(rendered.out), "in_sync": not text, "diff": text})
     return code
 
 
@@ -491,7 +508,7 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
     with _stdout_to_stderr():
         result = api.submit(target_or_plan, options, out=out, echo=_progress)
     if output == "json":
-        _echo_json(_submit_json(result))
+        _echo_doc(_submit_json(result))
         return None
     _print_submitted(result)
     return None
@@ -548,13 +565,13 @@ def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: Sub
         with _stdout_to_stderr():
             outcome = sweep_submit.submit_sweep(sweep, options, out=out, echo=_progress)
     except sweep_submit.SweepPartlySubmitted as exc:
-        if not _json_mode():
+        if not _document_mode():
             raise
-        _echo_json({"error": exc.message, "hint": exc.hint, "location": exc.location, "exit_code": exc.exit_code,
+        _echo_doc({"error": exc.message, "hint": exc.hint, "location": exc.location, "exit_code": exc.exit_code,
                     **sweep_submit.outcome_json(exc.outcome, _submit_json)})
         return exc.exit_code
-    if _json_mode():
-        _echo_json(sweep_submit.outcome_json(outcome, _submit_json))
+    if _document_mode():
+        _echo_doc(sweep_submit.outcome_json(outcome, _submit_json))
         return 0
     if sweep.array:
         click.echo(f"sweep {outcome.sweep_id}: {sweep.points} point(s) as one job array")
@@ -731,9 +748,19 @@ def cancel(job: str, wait_s: float, output: str) -> None:
     Kubernetes: delete with foreground propagation, so the pods go before the job)."""
     st = api.cancel(job, wait_s=wait_s, echo=_progress)
     if output == "json":
-        _echo_json(st.to_json())
+        _echo_doc(st.to_json())
         return
     click.echo(f"{st.handle}  {st.state}")
+
+
+def _put_user_code_first(spec: str, loaded: TrainingSpec) -> None:
+    """Put the directory the spec's code imports from (the working tree's copy of what the
+    snapshot puts first on the ranks' PYTHONPATH) first on sys.path, before importing it here."""
+    from jobgen.usercode.snapshot import local_import_dir
+
+    first = local_import_dir(loaded, Path(spec))
+    if first is not None and str(first) not in sys.path:
+        sys.path.insert(0, str(first))
 
 
 def _import_check(spec: str, loaded: TrainingSpec, *, shown: set[str] | None = None, source: str | None = None) -> list[str]:
@@ -742,11 +769,8 @@ def _import_check(spec: str, loaded: TrainingSpec, *, shown: set[str] | None = N
     which collects them: a sweep checks each point) and returns them. ``source``: where errors
     point (default ``spec``). Imports torch and Lightning (and the user's modules)."""
     from jobgen.usercode.classes import check_user_code
-    from jobgen.usercode.snapshot import local_import_dir
 
-    first = local_import_dir(loaded, Path(spec))
-    if first is not None and str(first) not in sys.path:  # as the snapshot comes first on the ranks' PYTHONPATH
-        sys.path.insert(0, str(first))
+    _put_user_code_first(spec, loaded)
     notes = check_user_code(loaded, source or spec)
     for note in notes:
         if shown is None or note not in shown:
@@ -793,10 +817,11 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
     job_plan = None
     checked: list[str] = []
     if profile is not None:
-        job_plan = _plan(spec, profile, overrides, profiles_dir, templates_dir)
+        # the spec loaded above, planned (not read again); the plan hands its resolved spec over
+        job_plan = api.plan_loaded(loaded, load_profile(profile, profiles_dir), spec, profile_source=profile, templates=templates_dir)
         _warn(job_plan)
         w = job_plan.world
-        resolved = read_plan_spec(job_plan)
+        resolved = job_plan.resolved if job_plan.resolved is not None else read_plan_spec(job_plan)
         # command mode: the batch reaches the script only through ds_config.json (DeepSpeed)
         batch_used = loaded.entrypoint is None or resolved.spec.trainer.deepspeed_stage is not None
         doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
@@ -874,10 +899,14 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
 @click.option("--hf-config", "hf_config", type=click.Path(), default=None,
               help="config.json (or a directory holding it) of the model.hf_path model, read instead of <hf_path>/config.json "
                    "(for planning off the cluster), e.g. examples/hf-configs/llama-2-7b/config.json.")
+@click.option("--import", "import_model", is_flag=True,
+              help="model.class_path specs: import the classes here (as `validate --import`) and build the model on "
+                   "PyTorch's meta device (nothing allocated, no weights read) to count its parameters; activations "
+                   "are not estimated (each total is then a floor of the peak).")
 @output_option()
 @_set_option
 @_profiles_dir_option
-def plan_command(spec: str, profile: str, hf_config: str | None, output: str, overrides: tuple[str, ...],
+def plan_command(spec: str, profile: str, hf_config: str | None, import_model: bool, output: str, overrides: tuple[str, ...],
                  profiles_dir: str | None) -> None:
     """Estimate per-GPU memory of SPEC on a profile for each strategy, and recommend one.
 
@@ -893,6 +922,9 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     <hf_path>/config.json; llama, mistral, qwen2, gpt2): full fine-tuning, LoRA and QLoRA
     (jobgen/planning/estimate_hf.py); a QLoRA ~7B spec that matches a row of the seed benchmark table
     (jobgen/planning/seeds.py) shows the measured figure next to the estimate.
+    Your own model (model.class_path) is sized with --import: its classes are imported and it is
+    built on the meta device to count its parameters (jobgen/usercode/memory.py); its activations
+    are not estimated. Without --import such a spec is refused (planning imports no user code).
     Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (README "Memory
     plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
     does not fit (a warning goes to stderr); 2 for bad input.
@@ -904,6 +936,7 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
           --set model.n_head=32 --set model.d_model=4096 --set model.block_size=4096 --set trainer.micro_batch_size=1
       jobgen plan examples/quickstart.yaml -p k8s-h100 --output json
       jobgen plan examples/llama-lora-jsonl.yaml -p slurm-a100 --hf-config examples/hf-configs/llama-2-7b/config.json
+      jobgen plan examples/usercode.yaml -p slurm-a100 --import
     """
     from jobgen.planning.estimate_hf import plan_memory
     from jobgen.planning.micro_batch import resolve_micro_batch
@@ -921,7 +954,13 @@ def plan_command(spec: str, profile: str, hf_config: str | None, output: str, ov
     world = resolve_world(loaded, prof, spec)
     check_fit(loaded, prof, world, spec)
     # elastic: the smallest world (largest shards)
-    mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, hf_config=hf_config, spec_source=spec)
+    if loaded.user_code and import_model:
+        from jobgen.usercode.memory import plan_memory as plan_user_memory
+
+        _put_user_code_first(spec, loaded)
+        mp = plan_user_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, spec_source=spec)
+    else:
+        mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, hf_config=hf_config, spec_source=spec)
     if output == "json":
         click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json()}, indent=2, sort_keys=True))
     else:
@@ -941,10 +980,12 @@ def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
     g = 2**30
     unit = "GPU" if mp.accelerator == "gpu" else "CPU rank"
     n, d = mp.world
+    batch = (f"micro batch {spec.trainer.micro_batch_size} x {spec.model.block_size} tokens" if mp.user is None
+             else f"micro batch {spec.trainer.micro_batch_size}")
+    model = "" if mp.user is None else f"{mp.user['class_path']}, "
     lines = [
-        f"{spec.name} on {profile.name}: {mp.n_params / 1e6:,.1f}M parameters, {mp.precision}, micro batch "
-        f"{spec.trainer.micro_batch_size} x {spec.model.block_size} tokens, {n} node(s) x {d} {unit}(s) = world size {n * d}, "
-        f"budget {mp.budget_bytes / g:.1f} GiB per {unit}",
+        f"{spec.name} on {profile.name}: {model}{mp.n_params / 1e6:,.1f}M parameters, {mp.precision}, {batch}, "
+        f"{n} node(s) x {d} {unit}(s) = world size {n * d}, budget {mp.budget_bytes / g:.1f} GiB per {unit}",
         "",
         f"  {'layout':38} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'overhd':>7} {'total':>7}  fits  {'host/node':>9}",
     ]
@@ -1012,7 +1053,7 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
 
 @profiles.command("show")
 @click.argument("name")
-@output_option("text", "yaml", "json")
+@output_option("text", "yaml", "json", yaml_help="a profile file jobgen reads (with `extends:` resolved)")
 @_profiles_dir_option
 def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     """Show profile NAME with `extends:` resolved and defaults filled in: text (one line per
@@ -1021,7 +1062,7 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     _, path = load_profile_doc(name, profiles_dir)
     resolved = load_profile(name, profiles_dir).model_dump(mode="json")
     if output == "json":
-        _echo_json(resolved)
+        _echo_doc(resolved)
         return
     click.echo(f"# {path}")
     if output == "yaml":
@@ -1045,7 +1086,7 @@ def _flatten(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]
 
 @cli.command()
 @click.argument("kind", type=click.Choice(["spec", "profile", "project"]))
-@output_option("json", "yaml")
+@output_option("json", "yaml", yaml_help="the same schema in YAML")
 def schema(kind: str, output: str) -> None:
     """Print the JSON Schema of a training spec, a cluster profile or jobgen.yaml (for editors).
 
@@ -1061,7 +1102,7 @@ def schema(kind: str, output: str) -> None:
     if output == "yaml":
         click.echo(yaml.safe_dump(model.model_json_schema(), sort_keys=True), nl=False)
         return
-    _echo_json(model.model_json_schema())
+    _echo_doc(model.model_json_schema())
 
 
 def main(argv: list[str] | None = None) -> None:

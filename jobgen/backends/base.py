@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
-from jobgen.jobdir import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR, JobHandle, LaunchSpec, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir import (
+    DS_CONFIG_FILE,
+    SPEC_FILE,
+    SUBMIT_JOB_SUBDIR,
+    JobHandle,
+    LaunchSpec,
+    ResolvedSpec,
+    Submission,
+    find_submission,
+    read_resolved_spec,
+)
 from jobgen.planning.nccl import nccl_env
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.render import render_template
@@ -290,8 +300,11 @@ def secrets_location(job_dir: Path, spec_file: Path | None) -> str:
     return f"{spec_file}: secrets" if spec_file is not None else f"{job_dir / SPEC_FILE}: spec.secrets"
 
 
-def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster: str | None = None) -> list[tuple[str, str]]:
-    """``spec.json`` (the resolved spec the entrypoint reads) and, for DeepSpeed, ``ds_config.json``."""
+def common_files(ctx: PlanContext, *, requeue_signal: str | None = None,
+                 cluster: str | None = None) -> tuple[list[tuple[str, str]], ResolvedSpec]:
+    """``spec.json`` (the resolved spec the entrypoint reads) and, for DeepSpeed, ``ds_config.json``,
+    as ``(name, text)`` pairs sorted by name, and the :class:`~jobgen.jobdir.ResolvedSpec` written
+    as spec.json (for :attr:`JobPlan.resolved <jobgen.planning.plan.JobPlan.resolved>`)."""
     files = []
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
@@ -301,7 +314,7 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
     resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)
     files.append((SPEC_FILE, resolved.dumps()))
-    return sorted(files)
+    return sorted(files), resolved
 
 
 def render_job_template(ctx: PlanContext, template: str, **context: Any) -> str:

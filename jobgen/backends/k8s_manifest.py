@@ -459,7 +459,7 @@ def plan(ctx: PlanContext) -> JobPlan:
     kind = KINDS[k.job_api]
     name, warnings = object_name(ctx)
     check_settings(ctx)
-    files = common_files(ctx)
+    files, resolved = common_files(ctx)
     w = ctx.world
     labels = {**MANAGED_BY, "app.kubernetes.io/name": name}
     job_labels = dict(labels)
@@ -519,7 +519,9 @@ def plan(ctx: PlanContext) -> JobPlan:
         inputs_sha256=ctx.inputs_sha256,
         warnings=warnings,
         apply_files=(kind.manifest,),
-        cluster_object=ClusterObject(kind.kind, k.namespace, name, context=k.context, kubeconfig=k.kubeconfig),
+        cluster_object=ClusterObject(kind.kind, k.namespace, name, context=k.context, kubeconfig=k.kubeconfig,
+                                     objects=tuple(docs)),
+        resolved=resolved,
     )
 
 

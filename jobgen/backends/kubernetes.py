@@ -105,6 +105,18 @@ def read_job_dir(job_dir: Path) -> JobDir:
     return JobDir(job_dir.resolve(), kind, tuple(docs), jobs[0], str(digest))
 
 
+def planned_job_dir(job_dir: Path, plan: JobPlan) -> JobDir | None:
+    """The :class:`JobDir` of ``plan`` just written into ``job_dir``, from the objects the plan
+    parsed and checked (``plan.cluster_object.objects``) instead of the manifest read back;
+    None when the plan does not carry them."""
+    target = plan.cluster_object
+    if target is None or not target.objects:
+        return None
+    kind = next(k for k in (PYTORCHJOB, TRAINJOB) if k.kind == target.kind)
+    job = next(o for o in target.objects if o.get("kind") == kind.kind and o.get("apiVersion") == kind.api_version)
+    return JobDir(job_dir.resolve(), kind, target.objects, job, plan.inputs_sha256)
+
+
 # --------------------------------------------------------------------------- handles
 
 
@@ -289,8 +301,10 @@ def resolve_target(*, context: str | None, namespace: str | None, profile_contex
 
 def submit_dir(job_dir: Path, *, context: str | None = None, namespace: str | None = None, kubeconfig: str | None = None,
                dry_run: bool = False, replace: bool = False, wait_s: float = 120.0,
-               out: Callable[[str], None] = print) -> SubmitResult:
-    """Submit the rendered manifest in ``job_dir`` (what is committed is what runs).
+               out: Callable[[str], None] = print, planned: JobDir | None = None) -> SubmitResult:
+    """Submit the rendered manifest in ``job_dir`` (what is committed is what runs); ``planned``:
+    the manifest's objects as the plan just written there holds them (:func:`planned_job_dir`),
+    used instead of reading the manifest back.
 
     An existing job of the same name is compared by its ``jobgen.dev/inputs-sha256``
     annotation: identical inputs -> nothing is changed (``unchanged``, no request beyond the
@@ -306,7 +320,7 @@ def submit_dir(job_dir: Path, *, context: str | None = None, namespace: str | No
         SubmitError: the server rejected an object, the job exists with other inputs (without
             ``replace``), or the cluster cannot be reached.
     """
-    jd = read_job_dir(job_dir)
+    jd = planned if planned is not None else read_job_dir(job_dir)
     objects = [json.loads(json.dumps(o)) for o in jd.objects]  # deep copy; namespace may change
     ns = namespace or jd.namespace
     for obj in objects:
@@ -706,7 +720,7 @@ class KubernetesBackend(Backend):
         options, then ``$JOBGEN_K8S_CONTEXT`` / ``$JOBGEN_K8S_NAMESPACE``, then the profile the
         directory's spec.json names (when it can be found), then the kubeconfig's current context.
         With ``plan`` the profile is the one it was planned with (its ``cluster_object``), not
-        loaded again."""
+        loaded again, and the objects sent are the plan's (not read back from the manifest)."""
         self.check_options(options)
         target = plan.cluster_object if plan is not None else None
         if target is not None:
@@ -725,7 +739,8 @@ class KubernetesBackend(Backend):
             profile_kubeconfig = settings.kubeconfig if settings else None
         context, namespace = resolve_target(context=options.context, namespace=options.namespace, profile_context=profile_context)
         return submit_dir(job_dir, context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
-                          dry_run=options.dry_run, replace=options.replace, out=out)
+                          dry_run=options.dry_run, replace=options.replace, out=out,
+                          planned=planned_job_dir(job_dir, plan) if plan is not None else None)
 
     def status(self, handle: JobHandle) -> JobStatus:
         """See :func:`status`."""

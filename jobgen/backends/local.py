@@ -130,11 +130,13 @@ class LocalBackend(Backend):
 
     def plan(self, ctx: PlanContext) -> JobPlan:
         """Plan a local run: ``spec.json`` (+ ``ds_config.json``) and the torchrun command."""
+        files, resolved = common_files(ctx)
         return JobPlan(
             scheduler="local",
             profile=ctx.profile.name,
             job_name=ctx.spec.name,
-            files=tuple(common_files(ctx)),
+            files=tuple(files),
+            resolved=resolved,
             submit_steps=(launch_command(ctx),),
             world=ctx.world,
             inputs_sha256=ctx.inputs_sha256,
@@ -166,7 +168,8 @@ class LocalBackend(Backend):
         """
         self.check_options(options)
         job_dir = job_dir.resolve()
-        resolved = read_resolved_spec(job_dir)
+        # the plan just written there hands its resolved spec down; a job directory is read
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
         if resolved.launch.scheduler != "local":
             raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for a local run",
                               hint="submit it with its own profile, or render the spec with --profile local")

@@ -96,8 +96,13 @@ def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, st
 
 def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
                env: dict[str, str] | None = None, out: Callable[[str], None] = print, spec_file: Path | None = None,
-               allow_dirty: bool = False) -> JobHandle | None:
-    """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission.
+               allow_dirty: bool = False, resolved: ResolvedSpec | None = None) -> tuple[JobHandle, Submission] | None:
+    """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission;
+    returns the handle and the record written, or None for ``test_only``.
+
+    ``resolved``: the :class:`ResolvedSpec` of a single job just written into ``job_dir`` from
+    its plan (``jobgen submit SPEC``), used instead of reading spec.json back; None: read from
+    ``job_dir`` (a rendered directory submitted as is, a job array).
 
     The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
     created first) and the job's working directory (``--chdir``), so SLURM's output goes to
@@ -123,8 +128,10 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
     """
     job_dir = job_dir.resolve()
-    resolved = read_job_dir(job_dir)
-    array = read_array_index(job_dir)
+    array = None
+    if resolved is None:
+        resolved = read_job_dir(job_dir)
+        array = read_array_index(job_dir)
     environ = {**os.environ, **(env or {})}
     check_secrets(job_dir, resolved.spec.secrets, environ, spec_file)
     # a job array: the array's directory under the runs dir is its working directory (the tasks'
@@ -162,9 +169,9 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
 
 def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
             runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
-            allow_dirty: bool, queued: list[str]) -> JobHandle | None:
+            allow_dirty: bool, queued: list[str]) -> tuple[JobHandle, Submission] | None:
     """:func:`submit_dir` from the run directories on: snapshot, sbatch (its job id appended to
-    ``queued`` as soon as SLURM has queued it), the submission record."""
+    ``queued`` as soon as SLURM has queued it), the submission record (returned with the handle)."""
     for directory in (run_dir, *task_dirs):
         directory.mkdir(parents=True, exist_ok=True)
         ignore_run_dir(directory)
@@ -197,14 +204,15 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     if array is not None:
         tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
                                 overrides=p.overrides) for p, task_dir in zip(array.points, task_dirs, strict=True))
-    Submission.now(
+    record = Submission.now(
         handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
         log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
         slurm_cluster=slurm_cluster or None,
         code_dir=str(code[0]) if code else None, code=code[1] if code else None, array=tasks,
-    ).save()
-    return handle
+    )
+    record.save()
+    return handle, record
 
 
 def check_code_export(environ: dict[str, str], names: tuple[str, ...]) -> None:
@@ -694,14 +702,17 @@ class SlurmBackend(Backend):
         return plan(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """``sbatch`` the directory (see :func:`submit_dir`); ``test_only``: nothing is queued."""
+        """``sbatch`` the directory (see :func:`submit_dir`); ``test_only``: nothing is queued.
+        ``plan``: the plan just written into ``job_dir``; its spec file and resolved spec are
+        handed on (nothing is read back from the directory)."""
         self.check_options(options)
-        handle = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out,
-                            spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None,
-                            allow_dirty=options.allow_dirty)
-        if handle is None:
+        submitted = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out,
+                               spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None,
+                               allow_dirty=options.allow_dirty, resolved=plan.resolved if plan is not None else None)
+        if submitted is None:
             return SubmitResult("validated", None)
-        return SubmitResult("submitted", handle, Submission.load(job_dir / SUBMISSION_FILE))
+        handle, record = submitted
+        return SubmitResult("submitted", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
         """See :func:`status`."""

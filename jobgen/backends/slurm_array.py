@@ -186,7 +186,7 @@ def plan_array(
                             location=where, hint="Render one job per point (`sweep_as_array: false`).")
     files: list[tuple[str, str]] = []
     for i, ctx in enumerate(contexts):
-        files += [(point_file(i, name), text) for name, text in common_files(ctx, requeue_signal=requeue_signal, cluster=s.cluster)]
+        files += [(point_file(i, name), text) for name, text in common_files(ctx, requeue_signal=requeue_signal, cluster=s.cluster)[0]]
     ctx0 = contexts[0]
     index = ArrayIndex(jobgen_version=__version__, inputs_sha256=ctx0.inputs_sha256, profile=profile.name, name=base_name,
                        parallelism=s.array_parallelism,

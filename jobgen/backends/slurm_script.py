@@ -17,13 +17,16 @@ from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.planning.render import ShellText
+from jobgen.planning.render import ShellText, sh_quote
 from jobgen.planning.rules import World
 from jobgen.specs.profile import SlurmSettings
 
 TEMPLATE = "slurm/job.sbatch.j2"
 #: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
 RUNS_DIR_PLACEHOLDER = "<runs dir>"
+#: Command mode: the directory the ranks run in, as one double-quoted shell word expanded in the
+#: job: ``JOBGEN_WORKDIR`` (the directory ``jobgen submit`` ran in), by hand the submit directory.
+WORKDIR_WORD = f'"${{{WORKDIR_ENV}:-${{SLURM_SUBMIT_DIR}}}}"'
 
 
 def run_dir_name(job_name: str) -> str:
@@ -72,6 +75,8 @@ def check_site(ctx: PlanContext) -> None:
     - The requeue signal must come before the time limit: ``signal_grace_s`` < ``--time``.
     - An ``--export`` in the extra sbatch/srun arguments must pass the spec's ``secrets`` on
       (``ALL`` or naming them) and carry no credential value (:func:`jobgen.planning.environment.export_problem`).
+    - Under pyxis, the extra srun arguments may not repeat a ``--container-*`` flag jobgen writes
+      (:func:`pyxis_flags_written`).
 
     Raises:
         PlanError: with the field to change, in Lightning's "You set X, but Y" style.
@@ -106,6 +111,17 @@ def check_site(ctx: PlanContext) -> None:
                 location=f"{where}.extra_srun_args",
                 hint=f"Remove {arg}: jobgen runs srun with the batch allocation ({w.num_nodes} node(s) x "
                 f"{w.devices_per_node} task(s)); change `resources.nodes` / `resources.devices_per_node` instead.",
+            )
+    written = pyxis_flags_written(ctx)
+    for arg in s.extra_srun_args:
+        name = arg.partition("=")[0]
+        if name in written:
+            raise PlanError(
+                f"You set `slurm.extra_srun_args: {arg}`, but jobgen writes {name} itself for this job under pyxis "
+                "(one flag each: a second would replace or add to jobgen's).",
+                location=f"{where}.extra_srun_args",
+                hint=f"Remove {arg}; set `slurm.container.image` / `slurm.container.mounts` instead"
+                + (" (command mode mounts and starts in the working directory itself)" if ctx.spec.entrypoint is not None else ""),
             )
     for field, args in (("extra_sbatch_args", s.extra_sbatch_args), ("extra_srun_args", s.extra_srun_args)):
         for i, arg in enumerate(args):
@@ -276,7 +292,7 @@ def task_setup(deepspeed: bool) -> str:
     """
     lines = [
         "set -eu",
-        f'cd "${{{WORKDIR_ENV}:-${{SLURM_SUBMIT_DIR}}}}"',
+        f"cd {WORKDIR_WORD}",
         'export RANK="${SLURM_PROCID}" WORLD_SIZE="${SLURM_NTASKS}" LOCAL_RANK="${SLURM_LOCALID}" NODE_RANK="${SLURM_NODEID}"',
     ]
     if deepspeed:
@@ -331,21 +347,41 @@ def launch_argv(ctx: PlanContext, spec_path: ShellText | None = None) -> list[st
     return entry
 
 
+def pyxis_flags_written(ctx: PlanContext) -> frozenset[str]:
+    """The ``--container-*`` flags :func:`container_srun_options` writes for this job (none without pyxis)."""
+    s = ctx.profile.slurm_settings
+    return frozenset(str(opt).partition("=")[0] for opt in container_srun_options(s, command_mode=ctx.spec.entrypoint is not None))
+
+
 def srun_options(ctx: PlanContext) -> list[str]:
     """Options for ``srun`` itself (pyxis container flags, the profile's extra arguments)."""
     s = ctx.profile.slurm_settings
     # --label prefixes every line with the task's global rank ("0: ..."): `jobgen logs --rank N` filters on it.
-    return ["--kill-on-bad-exit=1", "--label", *container_srun_options(s), *s.extra_srun_args]
+    return ["--kill-on-bad-exit=1", "--label", *container_srun_options(s, command_mode=ctx.spec.entrypoint is not None),
+            *s.extra_srun_args]
 
 
-def container_srun_options(s: SlurmSettings) -> list[str]:
-    """pyxis (NVIDIA enroot's SPANK plugin): ``--container-image=<image>`` and
-    ``--container-mounts=<src:dst>,...`` for ``srun``; ``[]`` for other runtimes."""
+def container_srun_options(s: SlurmSettings, *, command_mode: bool = False) -> list[str]:
+    """The pyxis flags of ``srun`` (NVIDIA enroot's SPANK plugin; pyxis README, "Usage":
+    ``--container-image``, ``--container-mounts=SRC:DST[:FLAGS][,...]``, ``--container-workdir``),
+    each once; ``[]`` for other runtimes. Used by the batch script and the submitit executor.
+
+    A task sees only what is mounted into its container. Command mode (``command_mode``) runs the
+    user's command in :data:`WORKDIR_WORD` (see :func:`task_setup`), so that directory is mounted
+    at the same path, first in the one ``--container-mounts`` flag (the profile's
+    ``container.mounts`` follow, quoted), and is the container's working directory. The directory
+    is known only in the job (shell-expanded there); a path holding ``,`` or ``:`` cannot be a
+    pyxis mount."""
     if s.container.runtime != "pyxis":
         return []
     opts = [f"--container-image={s.container.image}"]
-    if s.container.mounts:
-        opts.append(f"--container-mounts={','.join(s.container.mounts)}")
+    profile_mounts = ",".join(s.container.mounts)
+    if command_mode:
+        rest = "," + sh_quote(profile_mounts) if profile_mounts else ""
+        opts.append(ShellText(f"--container-mounts={WORKDIR_WORD}:{WORKDIR_WORD}{rest}"))
+        opts.append(ShellText(f"--container-workdir={WORKDIR_WORD}"))
+    elif profile_mounts:
+        opts.append(f"--container-mounts={profile_mounts}")
     return opts
 
 
@@ -362,7 +398,7 @@ def container_wrap(s: SlurmSettings, argv: list[str]) -> list[str]:
 def plan(ctx: PlanContext) -> JobPlan:
     """Plan an sbatch job: ``job.sbatch`` + ``spec.json`` (+ ``ds_config.json``)."""
     s = ctx.profile.slurm_settings
-    files = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None, cluster=s.cluster)
+    files, resolved = common_files(ctx, requeue_signal=s.requeue_signal if s.requeue else None, cluster=s.cluster)
     script = render_job_template(
         ctx,
         TEMPLATE,
@@ -387,6 +423,7 @@ def plan(ctx: PlanContext) -> JobPlan:
                                      workdir=SUBMIT_DIR_PLACEHOLDER if ctx.spec.entrypoint is not None else None),),
         world=ctx.world,
         inputs_sha256=ctx.inputs_sha256,
+        resolved=resolved,
     )
 
 

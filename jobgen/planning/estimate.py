@@ -434,7 +434,9 @@ def model_states(
         if stage in (1, 2):
             working = 0
         else:
-            persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model  # biases + LayerNorms: below the persistence threshold
+            persistent = getattr(shape, "persistent_params", None)  # a model built to be sized counts them
+            if persistent is None:  # the GPT's biases + LayerNorms: below the persistence threshold
+                persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model
             working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
         if layout.offload_optimizer != "none":
             host += (opt + fp32_grad) * devices_per_node
@@ -548,6 +550,8 @@ class MemoryPlan:
         hf: Hugging Face models only: the config read and the parameter split (``None`` otherwise).
         seed: the matching seed-table row next to the estimate (:func:`jobgen.planning.estimate_hf.seed_comparison`),
             or ``None``.
+        user: ``model.class_path`` models only (``jobgen plan --import``): what building the model
+            told (:func:`jobgen.usercode.memory.plan_memory`); ``None`` otherwise.
     """
 
     n_params: int
@@ -563,6 +567,7 @@ class MemoryPlan:
     assumptions: tuple[str, ...]
     hf: dict[str, Any] | None = None
     seed: dict[str, Any] | None = None
+    user: dict[str, Any] | None = None
 
     @property
     def spec_row(self) -> Row:
@@ -571,8 +576,9 @@ class MemoryPlan:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with stable keys (documented in README "jobgen plan"); ``hf`` and ``seed``
-        only for Hugging Face models (``seed``: null when no seed row matches)."""
-        extra = {} if self.hf is None else {"hf": self.hf, "seed": self.seed}
+        only for Hugging Face models (``seed``: null when no seed row matches), ``user`` only for a
+        ``model.class_path`` model sized by building it."""
+        extra = ({} if self.hf is None else {"hf": self.hf, "seed": self.seed}) | ({} if self.user is None else {"user": self.user})
         return extra | {
             "n_params": self.n_params,
             "precision": self.precision,
@@ -668,7 +674,7 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
 
 def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
                 shape: Any = None, size: Any = None, checkpointing: bool | None = None,
-                spec_source: str = "spec") -> MemoryPlan:
+                spec_source: str = "spec", model_assumptions: tuple[str, ...] | None = None) -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -681,30 +687,35 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     elsewhere passes its ``shape`` (``n_params``, ``micro_batch_size``, ``block_size``), its
     ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator, checkpointing)
     -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
-    Face model is planned by :func:`jobgen.planning.estimate_hf.plan_memory`, which sits on top of this
-    function (this module does not know it).
+    Face model is planned by :func:`jobgen.planning.estimate_hf.plan_memory`, a ``model.class_path``
+    model (built to be counted) by :func:`jobgen.usercode.memory.plan_memory`: both sit on top of
+    this function (this module does not know them). ``model_assumptions`` replaces the
+    assumption lines about the GPT's optimizer and activations for such a model.
     ``spec_source`` (the user's spec file) is named in errors.
 
     Raises:
-        NotSupportedError: ``model.class_path`` (a user module's size is unknown before it is
-            built); a Hugging Face model without its ``shape`` (use :func:`jobgen.planning.estimate_hf.plan_memory`).
+        NotSupportedError: ``model.class_path`` without its ``shape`` (a user module's size is
+            unknown before it is built); a Hugging Face model without its ``shape`` (use
+            :func:`jobgen.planning.estimate_hf.plan_memory`).
     """
     from jobgen.planning.rules import resolve_precision
 
     spec = resolve_precision(spec, profile)
-    if spec.user_code:
+    if spec.user_code and (shape is None or size is None):
         raise NotSupportedError(
-            "jobgen plan estimates the built-in GPT only; a model.class_path module's size is known only once it "
-            "is built (planning never imports user code)",
+            "a model.class_path module's size is known only once it is built, and planning imports no user code "
+            "unless asked",
             location=f"{spec_source}: model.class_path",
-            hint="plan a GPT of similar shape instead (--set model='{preset: gpt2-124m}' ...), or measure: the "
-                 "summary.json of a --smoke run has peak_memory_bytes",
+            hint="size it by building it: add --import (imports your classes as `jobgen validate --import` does and "
+                 "counts the parameters on PyTorch's meta device; activations are not estimated), or plan a GPT of "
+                 "similar shape (--set model='{preset: gpt2-124m}' ...), or measure: the summary.json of a --smoke run "
+                 "has peak_memory_bytes",
         )
     accel = "gpu" if profile.gpus_per_node else "cpu"
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
     spec_ckpt = spec.trainer.activation_checkpointing or bool(checkpointing)
-    hf = spec.model.hf_path is not None
+    hf = not spec.user_code and spec.model.hf_path is not None
     if hf and (shape is None or size is None):
         raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.planning.estimate_hf.plan_memory",
                                 location="spec: model.hf_path")
@@ -752,9 +763,10 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     suggestions: list[str] = []
     if chosen is None or not spec_row.fits:
         suggestions = _suggestions(spec, profile, shape, chosen, ladder, run, num_nodes, budget)
-    assumptions = [
-        f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
-        + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"),
+    overhead = (f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
+                + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"))
+    assumptions = [overhead, *model_assumptions] if model_assumptions is not None else [
+        overhead,
         "AdamW; parameters + gradients + optimizer states + activations at their peak (the optimizer step's "
         "temporaries, and gradients without accumulation, reuse the activations' memory): an estimate of the "
         "peak, not a bound (within 15% of the one-GPU peaks measured in README \"Memory plan\")",

@@ -15,7 +15,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pydantic_core
 
@@ -98,13 +98,16 @@ class ClusterObject:
     GitOps: jobs applied together (one aggregating kustomization) must not share :attr:`key`.
     ``context`` and ``kubeconfig``: where the profile says to submit it (its
     ``kubernetes.context`` / ``kubernetes.kubeconfig``; None: the defaults), so submitting a
-    plan needs no second load of the profile."""
+    plan needs no second load of the profile. ``objects``: the manifest's objects as parsed
+    and checked when planning, in file order (what submit sends, so it need not read the
+    written manifest back; not compared); empty where unknown."""
 
     kind: str
     namespace: str
     name: str
     context: str | None = None
     kubeconfig: str | None = None
+    objects: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -136,6 +139,10 @@ class JobPlan:
             ``jobgen submit`` snapshots the git repository holding it (``code.repo`` is relative
             to it, :mod:`jobgen.usercode.snapshot`). None when unknown (a spec built in Python). Not a file
             and not an input of the hash: where a spec lies does not change what is rendered.
+        resolved: the :class:`~jobgen.jobdir.ResolvedSpec` the plan writes as ``spec.json``, as
+            the object it was dumped from, so that submitting the plan does not read back the
+            file it has just written; None for a job array (one per point) or where unknown.
+            Not compared: ``files`` holds its text.
     """
 
     scheduler: str
@@ -149,6 +156,7 @@ class JobPlan:
     apply_files: tuple[str, ...] = ()
     cluster_object: ClusterObject | None = None
     spec_file: str | None = None
+    resolved: ResolvedSpec | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def job_subdir(self) -> Path:

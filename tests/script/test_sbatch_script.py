@@ -357,6 +357,43 @@ def test_command_mode_plain_torch_ddp_script_runs_under_the_srun_launch(tmp_path
         assert f"ddp: rank {rank} 2 step(s), weights in sync across ranks: True" in proc.stdout
 
 
+def pyxis_command_plan(spec_doc: dict | None = None, mounts: tuple[str, ...] = ("/scratch:/scratch",)):
+    """A command-mode job on slurm-h100 (pyxis) with the container ``mounts`` given."""
+    base = load_profile("slurm-h100", PROFILES).model_dump()
+    base["slurm"]["container"]["mounts"] = list(mounts)
+    doc = spec_doc or {"name": "cmd-pyxis", "entrypoint": {"script": "train.py"}}
+    return plan(validate(TrainingSpec, doc, "<t>"), validate(ClusterProfile, base, "<t>"), TEMPLATES)
+
+
+@pytest.mark.parametrize("mounts", [("/scratch:/scratch",), ()], ids=["profile-mounts", "no-profile-mounts"])
+@pytest.mark.parametrize("workdir", ["submit dir", "my 'odd' $(touch PWNED) project"], ids=["default", "JOBGEN_WORKDIR"])
+def test_command_mode_under_pyxis_mounts_the_working_directory_and_starts_there(tmp_path, mounts, workdir):
+    """pyxis runs each task in a container that sees only what is mounted: the directory the
+    ranks run in (JOBGEN_WORKDIR, else the submit directory) is mounted at the same path, once,
+    in the one --container-mounts flag with the profile's mounts, and is the container's workdir."""
+    script = pyxis_command_plan(mounts=mounts).file("job.sbatch")
+    extra = {} if workdir == "submit dir" else {"JOBGEN_WORKDIR": str(tmp_path / workdir)}
+    argv, _, _ = run_sbatch(script, tmp_path, extra)
+    wd = str(tmp_path / workdir)
+    flags = [a for a in argv if a.startswith("--container-")]
+    assert flags == ["--container-image=nvcr.io#nvidia/pytorch:25.01-py3",
+                     "--container-mounts=" + ",".join([f"{wd}:{wd}", *mounts]), f"--container-workdir={wd}"]
+    assert not list(tmp_path.rglob("PWNED")), "the working directory was executed"
+
+
+def test_the_built_in_entrypoint_under_pyxis_keeps_the_profile_mounts_only(tmp_path):
+    base = load_profile("slurm-h100", PROFILES)
+    argv, _, _ = run_sbatch(plan(validate(TrainingSpec, {"name": "c"}, "<t>"), base, TEMPLATES).file("job.sbatch"), tmp_path)
+    assert [a for a in argv if a.startswith("--container-")] == [
+        "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts=/scratch:/scratch"]
+
+
+def test_command_mode_under_pyxis_passes_bash_n_and_shellcheck(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(pyxis_command_plan(mounts=("/scratch:/scratch", "/data:/data:ro")).file("job.sbatch"))
+    lint_bash(path)
+
+
 def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
     spec = {"name": "cmd-lint", "entrypoint": {"module": "pkg.train", "args": ["fit", "--config", "a b.yaml"], "lightning_cli": True},
             "trainer": {"strategy": "deepspeed_stage_3"}}

@@ -1,5 +1,5 @@
-"""One meaning of ``-o``: the output format (``-o/--output text|json``, ``yaml`` where a profile
-or schema is printed), on every command that prints; the output directory is ``--out``.
+"""One meaning of ``-o``: the output format (``-o/--output text|json``, ``yaml`` where manifests,
+a profile or a schema are printed), on every command that prints; the output directory is ``--out``.
 
 In ``-o json`` mode stdout holds exactly one JSON document: the result (exit 0) or
 ``{"error", "hint", "location", "exit_code"}`` (the same non-zero exit code as in text mode);
@@ -73,6 +73,42 @@ def test_render_stdout_o_json_holds_every_file_and_writes_nothing(cwd):
     assert set(job["files"]) == {"kustomization.yaml", "pytorchjob.yaml", "spec.json"}
     assert "kind: PyTorchJob" in job["files"]["pytorchjob.yaml"]
     assert not (cwd / "manifests").exists()
+
+
+@pytest.mark.parametrize("profile", ["slurm-a100", "k8s-h100"])
+def test_render_stdout_o_yaml_is_the_json_document_in_yaml_with_each_file_a_literal_block(cwd, profile):
+    as_json = invoke("render", QUICKSTART, "--profile", profile, "--stdout", "-o", "json")
+    as_yaml = invoke("render", QUICKSTART, "--profile", profile, "--stdout", "-o", "yaml")
+    assert as_yaml.exit_code == 0, as_yaml.stderr
+    doc = yaml.safe_load(as_yaml.stdout)
+    assert doc == json.loads(as_json.stdout)
+    (job,) = doc["jobs"]
+    for name, text in job["files"].items():  # every file readable as itself: a `|` block, not one escaped line
+        if "\n" in text.rstrip("\n"):
+            assert re.search(rf"^ +{re.escape(name)}: \|", as_yaml.stdout, flags=re.M), name
+    manifest = "job.sbatch" if profile.startswith("slurm") else "pytorchjob.yaml"
+    assert manifest in job["files"]
+    if profile.startswith("k8s"):
+        kinds = [obj["kind"] for obj in yaml.safe_load_all(job["files"]["pytorchjob.yaml"])]
+        assert "PyTorchJob" in kinds
+    assert not (cwd / "manifests").exists() and not (cwd / "yaml").exists()
+
+
+def test_render_o_yaml_writes_and_prints_what_it_wrote(cwd):
+    result = invoke("render", QUICKSTART, "--profile", "slurm-a100", "-o", "yaml")
+    assert result.exit_code == 0, result.stderr
+    (job,) = yaml.safe_load(result.stdout)["jobs"]
+    assert Path(job["job_dir"]) == cwd / "manifests" / "slurm-a100" / "quickstart"
+    assert (Path(job["job_dir"]) / "job.sbatch").is_file() and "job.sbatch" in job["files"]
+
+
+def test_render_o_yaml_error_is_a_yaml_document_with_the_same_exit_code(cwd):
+    spec = write(cwd / "bad.yaml", "name: x\ntrainer:\n  max_step: 10\n")
+    result = invoke("render", str(spec), "--profile", "slurm-a100", "--stdout", "-o", "yaml")
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    doc = yaml.safe_load(result.stdout)
+    assert set(doc) == {"error", "hint", "location", "exit_code"} and doc["exit_code"] == 2
+    assert "did you mean 'max_steps'" in doc["error"] and "error:" not in result.stderr
 
 
 def test_render_out_dir_writes_there(cwd):
@@ -206,6 +242,8 @@ def test_every_command_takes_o_as_the_format_and_debug(name, command):
     by_opt = {opt: param for param in command.params for opt in param.opts}
     output = by_opt["-o"]
     assert by_opt["--output"] is output and {"json"} <= set(output.type.choices)
+    if name in ("render", "profiles show", "schema"):  # they print manifests, a profile, a schema
+        assert "yaml" in output.type.choices and "yaml:" in output.help
     assert "--debug" in by_opt
     if name in ("render", "diff", "submit"):
         assert by_opt["--out"].name == "out"

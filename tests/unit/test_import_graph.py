@@ -154,7 +154,7 @@ FORBIDDEN = {
                         "jobgen.api", "jobgen.cli"),
     "jobgen.backends": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.gitops": ("jobgen.train", "jobgen.api", "jobgen.cli"),
-    "jobgen.usercode": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.usercode": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
                        "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),

@@ -80,3 +80,9 @@ def test_a_single_render_leaves_deepspeed_snapshot_project_and_git_alone(profile
 
 def test_a_deepspeed_spec_still_renders_its_config():
     assert "jobgen.planning.deepspeed" in modules_after_render("slurm-h100", "gpt2-350m-zero3.yaml")
+
+
+def test_a_numbered_batch_render_leaves_the_memory_plan_alone():
+    # quickstart.yaml sets micro_batch_size: 16; only `auto` needs the search (jobgen.planning.micro_batch)
+    # and the Hugging Face memory plan under it (jobgen.planning.estimate_hf)
+    assert loaded(modules_after_render("slurm-a100"), ("jobgen.planning.estimate_hf", "jobgen.planning.micro_batch")) == []

@@ -86,6 +86,23 @@ def test_container_runtime_without_image_is_refused(runtime):
     assert "slurm.container: You set" in info.value.message
 
 
+@pytest.mark.parametrize(("arg", "command_mode"), [
+    ("--container-mounts=/data:/data", False), ("--container-image=other", False),
+    ("--container-workdir=/w", True), ("--container-mounts=/data:/data", True),
+])
+def test_pyxis_flags_jobgen_writes_are_refused_in_extra_srun_args(arg, command_mode):
+    """One flag each: jobgen writes --container-image, --container-mounts (the profile's mounts,
+    plus the working directory in command mode) and, in command mode, --container-workdir."""
+    doc = {"name": "j"} | ({"entrypoint": {"script": "train.py"}} if command_mode else {})
+    with pytest.raises(PlanError, match=f"jobgen writes {arg.split('=')[0]}") as info:
+        plan(validate(TrainingSpec, doc, "s.yaml"), profile("slurm-h100", extra_srun_args=[arg]), TEMPLATES, profile_source="p.yaml")
+    assert info.value.location == "p.yaml: slurm.extra_srun_args" and "container" in info.value.hint
+
+
+def test_container_workdir_passes_through_for_the_built_in_entrypoint():
+    assert "--container-workdir=/w" in render(profile("slurm-h100", extra_srun_args=["--container-workdir=/w"]))
+
+
 def test_signal_grace_longer_than_the_time_limit_is_refused():
     with pytest.raises(PlanError, match=r"signal_grace_s: 120`, but the time limit is 2 min") as info:
         render(profile(time_limit_min=2))

@@ -1,6 +1,8 @@
 """`jobgen submit SPEC` reads and validates the spec once and hands the loaded object down (the
 plan, the --smoke variant made from it, the class_path import check), instead of reading the
-file again for each (issue 23, "Structure")."""
+file again for each (issue 23, "Structure"); below the API the backend takes the plan's own
+objects (the resolved spec, the manifest's objects, the submission record it saved) instead of
+reading back what submit has just written. `jobgen validate -p` plans the spec it loaded."""
 
 from __future__ import annotations
 
@@ -52,3 +54,63 @@ def test_submit_reads_and_validates_the_spec_once(monkeypatch, tmp_path, smoke):
     assert validated == [str(SPEC)] + ([f"{SPEC} (--smoke {smoke})"] if smoke else [])
     assert len(checked) == 1 and checked[0].model.class_path == "tinychar.CharModel"  # the import check got the loaded spec
     assert len(submitted) == 1 and submitted[0].job_name == ("usercode-smoke" if smoke else "usercode")
+
+
+# --------------------------------------------------------------------------- down the layers, once
+
+
+#: Files a backend would read back although `jobgen submit SPEC` has just made them from objects
+#: it hands down: the resolved spec, the submission record, the Kubernetes manifest.
+WRITTEN_HERE = {"spec.json", ".jobgen-submission.json", "pytorchjob.yaml", "trainjob.yaml", "array.json"}
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm-cpu", "k8s-h100"])
+def test_submit_hands_the_plan_down_instead_of_reading_back_what_it_wrote(profile, slurm, tmp_path, monkeypatch):
+    """From cli.submit through api.submit to the backend: the spec and each profile file are
+    read once, the spec planned once, and nothing the submit wrote (spec.json, the manifest,
+    the submission record) is read back: the backend takes the plan's objects."""
+    import jobgen.backends.kubernetes as k8s
+    import jobgen.backends.local as local
+    import jobgen.planning.plan
+    from tests.fakes.slurm.fakeslurm import reply
+    from tests.unit.test_k8s_submit import FakeCluster
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no snapshot
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
+    yaml_reads: list[Path] = []
+    read_back: list[str] = []
+    planned: list[str] = []
+    read_yaml, read_text, plan_context = jobgen.specs.load.read_yaml, Path.read_text, jobgen.planning.plan.plan_context
+
+    def counting_read_text(self, *args, **kwargs):
+        if self.name in WRITTEN_HERE:
+            read_back.append(str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(jobgen.specs.load, "read_yaml", lambda path: yaml_reads.append(Path(path).resolve()) or read_yaml(path))
+    monkeypatch.setattr(Path, "read_text", counting_read_text)
+    monkeypatch.setattr(jobgen.planning.plan, "plan_context", lambda spec, *a, **kw: planned.append(spec.name) or plan_context(spec, *a, **kw))
+    monkeypatch.setattr(local, "_run_foreground", lambda argv, cwd, env, log, echo: 0)
+    slurm.respond("sbatch", reply("123\n"))
+    cluster = FakeCluster()
+    monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
+
+    result = CliRunner().invoke(cli, ["submit", str(spec), "-p", profile, "--profiles-dir", str(PROFILES),
+                                      "--templates-dir", str(TEMPLATES)], catch_exceptions=False)
+
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith(("completed ", "submitted ", "created ")) for line in result.output.splitlines()), result.output
+    assert read_back == [], f"read back what submit had just written: {read_back}"
+    assert planned == ["quickstart"], f"planned {len(planned)} times"
+    assert yaml_reads and all(yaml_reads.count(path) == 1 for path in yaml_reads), yaml_reads
+
+
+def test_validate_with_a_profile_reads_the_spec_once(monkeypatch):
+    reads: list[Path] = []
+    read_yaml = jobgen.specs.load.read_yaml
+    monkeypatch.setattr(jobgen.specs.load, "read_yaml", lambda path: reads.append(Path(path).resolve()) or read_yaml(path))
+    result = CliRunner().invoke(cli, ["validate", str(EXAMPLES / "quickstart.yaml"), "-p", "slurm-a100", "--profiles-dir", str(PROFILES),
+                                      "--templates-dir", str(TEMPLATES)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert reads.count((EXAMPLES / "quickstart.yaml").resolve()) == 1 and "fits profile 'slurm-a100'" in result.output

@@ -213,7 +213,7 @@ def test_memory_plan_refuses_a_class_path_model(tmp_path):
     from jobgen.planning.estimate import fit_warning, plan_memory
 
     spec, profile = _spec(tmp_path, USER), load_profile("slurm-a100", PROFILES)
-    with pytest.raises(NotSupportedError, match="planning never imports user code") as info:
+    with pytest.raises(NotSupportedError, match="planning imports no user code unless asked") as info:
         plan_memory(spec, profile, 1, 8, spec_source="team/user.yaml")
-    assert info.value.location == "team/user.yaml: model.class_path"
+    assert info.value.location == "team/user.yaml: model.class_path" and "--import" in info.value.hint
     assert fit_warning(spec, profile, 1, 8) is None  # rendering for a GPU profile still works
