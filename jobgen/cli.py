@@ -697,7 +697,8 @@ def status(job: str, output: str, as_json: bool) -> None:
 @click.option("--rank", default=None, metavar="N|all",
               help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
-              help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1; TrainJob: node-0.")
+              help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1 (an elastic job's "
+                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0.")
 @click.option("--first-error", is_flag=True,
               help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")
@@ -827,7 +828,7 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         doc |= {"profile": job_plan.profile, "precision": resolved.spec.trainer.precision,
                 "num_nodes": w.num_nodes, "devices_per_node": w.devices_per_node, "world_size": w.world_size,
                 "global_batch_size": w.global_batch_size if batch_used else None, "warnings": list(job_plan.warnings)}
-        if w.elastic:  # num_nodes / world_size / global_batch_size are then the values at the maximum
+        if w.elastic:  # num_nodes / world_size are then the values at the maximum; global_batch_size is kept at every one
             doc["min_nodes"] = w.min_nodes
         if loaded.entrypoint is not None:
             checked = _check_command(resolved.spec, job_plan, spec)
@@ -858,11 +859,11 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
             click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, precision {doc['precision']}; "
                        "batch size: your script's own (command mode passes jobgen's batch settings only to DeepSpeed)")
             return
-        if w.elastic:
-            per_node = w.micro_batch_size * w.gradient_accumulation_steps * w.devices_per_node
-            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch "
-                       f"{per_node * w.fewest_nodes}..{w.global_batch_size} sequences (micro {w.micro_batch_size} x accumulation "
-                       f"{w.gradient_accumulation_steps} x world size), precision {doc['precision']}")
+        if w.elastic:  # the global batch is kept at every node count; the accumulation follows the world
+            most = w.global_batch_size // (w.micro_batch_size * w.fewest_nodes * w.devices_per_node)
+            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch {w.global_batch_size} sequences "
+                       f"at every world size (micro {w.micro_batch_size} x world size x accumulation {most} at {w.fewest_nodes} "
+                       f"node(s) .. {w.gradient_accumulation_steps} at {w.num_nodes}), precision {doc['precision']}")
             return
         click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
                    f"global batch {w.global_batch_size} sequences "

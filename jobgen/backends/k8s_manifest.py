@@ -23,7 +23,15 @@ TorchElasticEnvironment (KubeflowEnvironment assumes one process per pod and is 
   So the command passes torchrun ``--nnodes=min:max --nproc-per-node=<GPUs per pod>
   --rdzv-backend=c10d --rdzv-endpoint=$(PET_RDZV_ENDPOINT) --max-restarts=<n>``; without
   ``--nproc-per-node`` torchrun would start one process per pod. The rendezvous (a c10d TCP
-  store) is hosted by worker 0's torchrun agent.
+  store) is hosted by worker 0's torchrun agent: the operator's design ties the job to that pod.
+  Global rank 0 is not placed by the operator: the rendezvous numbers the agents of each round
+  in the order of their node descriptors (host FQDN, pid, counter; torch 2.13
+  ``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``, ``_mark_rendezvous_complete``),
+  so it lands on worker 0 only when that pod's name happens to sort first. Nothing jobgen
+  renders or runs is keyed on a pod name or replica index: every Worker runs the same command,
+  and rank 0's duties (data bins, checkpoints, summary.json, notifications) go to whichever
+  process is rank 0, in the run directory all pods share. An elastic job keeps its global
+  batch at every pod count (:func:`jobgen.planning.rules.check_elastic`).
 - TrainJob: the Trainer's torch plugin injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
   PET_MASTER_ADDR and PET_MASTER_PORT (and refuses them in ``spec.trainer.env``), so the command
   is plain ``torchrun -m jobgen.train``; pod settings travel as a ``runtimePatches`` entry.

@@ -593,9 +593,10 @@ def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -
 def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, poll_s: float = 2.0,
          kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
     """Print the output of one replica's pod (default ``master-0``: global rank zero lives
-    there; ``worker-0`` for an elastic PyTorchJob, which has no Master and whose rendezvous
-    assigns the ranks); with ``follow``, wait for the pod to start, stream until the job ends,
-    and attach again after a container restart.
+    there; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
+    there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
+    ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``follow``, wait for
+    the pod to start, stream until the job ends, and attach again after a container restart.
 
     Raises:
         ConfigError: bad ``replica``; no such job.
@@ -607,6 +608,9 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
     if replica is None:
         roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
         replica = "worker-0" if kind is PYTORCHJOB and roles and "Master" not in roles else "master-0"
+        if replica == "worker-0":
+            out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
+                "(the 'elastic: global rank 0 runs on <host>' line names it; --replica worker-N)")
     pod_name, selector, container = replica_selector(kind, name, replica)
     announced = ""
     attached = 0
@@ -748,7 +752,7 @@ class KubernetesBackend(Backend):
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
         """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``worker-0``
-        for an elastic job); see :func:`logs`."""
+        for an elastic job, where rank zero may or may not run); see :func:`logs`."""
         self.check_options(options)
         logs(handle, replica=options.replica or None, follow=options.follow, out=out)
 

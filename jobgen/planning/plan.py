@@ -25,7 +25,7 @@ from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
 from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
-from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_precision, resolve_world
+from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import TrainingSpec
 
@@ -256,9 +256,10 @@ def plan_context(
     backend: Planner | None = None,
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
-    """Resolve ``precision: auto``, ``micro_batch_size: auto`` and the world of ``spec`` on
-    ``profile`` and run the rules (:mod:`jobgen.planning.rules`, :func:`jobgen.planning.environment.check_job_env`):
-    the backend's inputs.
+    """Resolve ``precision: auto``, ``micro_batch_size: auto``, the world of ``spec`` on
+    ``profile`` and an elastic job's global batch (:func:`jobgen.planning.rules.resolve_elastic_batch`),
+    and run the rules (:mod:`jobgen.planning.rules`, :func:`jobgen.planning.environment.check_job_env`): the
+    backend's inputs.
     ``template_names``: the templates the plan renders; when not given, the ``backend``'s
     :meth:`Planner.templates_for` the world (one of the two is needed).
 
@@ -276,6 +277,7 @@ def plan_context(
         spec = resolve_micro_batch(spec, profile, spec_source)
     world = resolve_world(spec, profile, spec_source)
     check_fit(spec, profile, world, spec_source)
+    spec, world = resolve_elastic_batch(spec, world)  # elastic: spec.json records the global batch every world keeps
     check_trainer_args(spec, world, spec_source)
     names = backend.templates_for(world) if template_names is None else template_names  # type: ignore[union-attr]
     templates = tuple((name, template_sha256(str(templates_dir), name)) for name in sorted(names))

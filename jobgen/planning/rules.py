@@ -10,7 +10,10 @@ and re-checked by the entrypoint on every node, with the same words and one erro
   after rendering is refused before any rank starts.
 - :func:`check_batch` is the batch arithmetic (DeepSpeed's ``train_batch_size`` rule).
 - :func:`check_elastic` refuses what an elastic world (``resources.nodes: "min:max"``) cannot
-  run; :func:`elastic_nodes` is the node count torchrun formed, read by the entrypoint.
+  run, among it a global batch that some node count of the range cannot keep;
+  :func:`resolve_elastic_batch` writes that global batch into the spec; :func:`elastic_nodes`
+  is the node count torchrun formed and :func:`elastic_world` the world there (the same global
+  batch, the accumulation recomputed), both read by the entrypoint.
 
 Everything raises :class:`jobgen.errors.PlanError` (exit 2) with the file + field path and a
 hint. Torch-free and cheap to import.
@@ -18,7 +21,9 @@ hint. Torch-free and cheap to import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,8 +55,10 @@ class World:
             else the scheduler's default from the profile); ``None``: no limit.
         min_nodes: elastic worlds only (``resources.nodes: "min:max"``): the fewest nodes the
             job trains on; ``num_nodes`` is then the most (the pods requested, the Worker
-            replicas, torchrun's ``--nnodes=min_nodes:num_nodes``), and ``world_size`` /
-            ``global_batch_size`` are the values at that maximum. ``None``: a fixed world.
+            replicas, torchrun's ``--nnodes=min_nodes:num_nodes``), and ``world_size`` and
+            ``gradient_accumulation_steps`` are the values at that maximum. ``global_batch_size``
+            is the same at every node count of the range (:func:`elastic_world`). ``None``: a
+            fixed world.
     """
 
     num_nodes: int
@@ -214,18 +221,44 @@ def check_batch(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -
     )
 
 
+def accumulation_keeping(global_batch_size: int, micro_batch_size: int, world_size: int) -> int | None:
+    """The gradient accumulation that keeps ``global_batch_size`` sequences per optimizer step at
+    ``world_size`` ranks of ``micro_batch_size`` (global = micro x accumulation x world size), or
+    ``None`` when no whole number does (the global batch is not a multiple of micro x world size)."""
+    steps, rest = divmod(global_batch_size, micro_batch_size * world_size)
+    return steps if steps >= 1 and rest == 0 else None
+
+
+def elastic_global_batch(spec: TrainingSpec, world: World) -> int:
+    """The global batch (sequences per optimizer step) an elastic job keeps at every node count:
+    ``trainer.global_batch_size`` when given, else micro x accumulation x the world size at the
+    range's maximum (``world`` as planned: ``world.num_nodes`` is the maximum)."""
+    t = spec.trainer
+    return t.global_batch_size if t.global_batch_size is not None else world.global_batch_size
+
+
 def check_elastic(spec: TrainingSpec, world: World, spec_source: str = "<spec>") -> None:
     """What an elastic world (``resources.nodes: "min:max"``) cannot train, whatever the
     scheduler; the planner and the entrypoint check it in the same words.
 
-    The global batch is micro x accumulation x world size, and the world size changes with the
-    nodes torchrun admits, so:
-    - ``trainer.global_batch_size`` is refused: it cannot hold for every node count in the range.
-    - DeepSpeed strategies are refused: ``ds_config.json`` fixes ``train_batch_size`` for one
-      world size (DeepSpeed checks train_batch_size == micro x accumulation x world size at
-      start-up and stops every rank otherwise), and a ZeRO checkpoint is partitioned for the
+    A restart at another node count keeps the global batch (:func:`elastic_global_batch`) and
+    recomputes the accumulation for the world torchrun formed (:func:`elastic_world`), so that
+    the learning-rate schedule and ``max_steps`` (counted in optimizer steps) and the data
+    position (samples = steps x global batch) mean the same at every world size. Refused:
+    - a global batch that some node count of the range cannot keep: it must be a multiple of
+      micro_batch_size x world size at every node count (the hint gives the smallest global
+      batch that is);
+    - ``trainer.global_batch_size`` beside a ``gradient_accumulation_steps`` other than 1 that
+      disagrees with it at the maximum node count (the accumulation is derived from it);
+    - ``trainer.gradient_accumulation_schedule``: it fixes the accumulation per epoch for one
+      world size;
+    - DeepSpeed strategies: ``ds_config.json`` fixes ``train_batch_size`` *and* the accumulation
+      for one world size (DeepSpeed checks train_batch_size == micro x accumulation x world size
+      at start-up and stops every rank otherwise), and a ZeRO checkpoint is partitioned for the
       data-parallel degree that wrote it (resuming on another needs DeepSpeed's universal
       checkpoint conversion, which jobgen does not run).
+
+    The first two are skipped in command mode (``entrypoint:``): the script owns its batch.
 
     Raises:
         PlanError: located at ``spec_source: <field>`` with a hint.
@@ -233,28 +266,120 @@ def check_elastic(spec: TrainingSpec, world: World, spec_source: str = "<spec>")
     if not world.elastic:
         return
     t = spec.trainer
-    low, high = world.fewest_nodes * world.devices_per_node, world.world_size
-    if t.global_batch_size is not None:
-        per_node = t.micro_batch_size * t.gradient_accumulation_steps * world.devices_per_node
-        raise PlanError(
-            f"You set `trainer.global_batch_size={t.global_batch_size}` with the elastic range `resources.nodes: "
-            f"\"{world.fewest_nodes}:{world.num_nodes}\"`, but the global batch is micro_batch_size ({t.micro_batch_size}) x "
-            f"gradient_accumulation_steps ({t.gradient_accumulation_steps}) x world size, and the world size is "
-            f"{low}..{high} as nodes join and leave: {per_node * world.fewest_nodes}..{per_node * world.num_nodes} sequences per step.",
-            location=f"{spec_source}: trainer.global_batch_size",
-            hint="Remove trainer.global_batch_size (the batch then scales with the world), or give a fixed node count "
-                 f"(e.g. resources.nodes: {world.num_nodes}) to keep it.",
-        )
+    low, high = world.fewest_nodes, world.num_nodes
+    given = f"`resources.nodes: \"{low}:{high}\"`"
     if t.deepspeed_stage is not None:
         raise PlanError(
-            f"You set `trainer.strategy={t.strategy!r}` with the elastic range `resources.nodes: "
-            f"\"{world.fewest_nodes}:{world.num_nodes}\"`, but DeepSpeed fixes train_batch_size = micro x accumulation x "
-            f"world size in ds_config.json for one world size (it stops every rank when the world differs) and "
-            "partitions ZeRO checkpoints for the world that wrote them.",
+            f"You set `trainer.strategy={t.strategy!r}` with the elastic range {given}, but DeepSpeed fixes "
+            "train_batch_size = micro x accumulation x world size in ds_config.json for one world size (it stops every "
+            "rank when the world differs) and partitions ZeRO checkpoints for the world that wrote them.",
             location=f"{spec_source}: trainer.strategy",
             hint="Use `trainer.strategy: fsdp` (its sharded checkpoints load on another world size) or `ddp` for an "
-                 f"elastic job, or a fixed node count (e.g. resources.nodes: {world.num_nodes}) for DeepSpeed.",
+                 f"elastic job, or a fixed node count (e.g. resources.nodes: {high}) for DeepSpeed.",
         )
+    if t.gradient_accumulation_schedule is not None:
+        raise PlanError(
+            f"You set `trainer.gradient_accumulation_schedule` with the elastic range {given}, but the schedule fixes "
+            "the accumulation per epoch for one world size, and an elastic job recomputes it at every world size to "
+            "keep the global batch.",
+            location=f"{spec_source}: trainer.gradient_accumulation_schedule",
+            hint=f"Remove the schedule (give trainer.global_batch_size), or a fixed node count (e.g. resources.nodes: {high}).",
+        )
+    if spec.entrypoint is not None:
+        return  # command mode: the user's script owns its batch (jobgen passes it only to DeepSpeed, refused above)
+    micro, per_node = t.micro_batch_size, world.devices_per_node
+    batch = elastic_global_batch(spec, world)
+    at_max = accumulation_keeping(batch, micro, high * per_node)
+    if t.global_batch_size is not None and at_max is not None and t.gradient_accumulation_steps not in (1, at_max):
+        raise PlanError(
+            f"You set `trainer.global_batch_size={batch}` and `trainer.gradient_accumulation_steps="
+            f"{t.gradient_accumulation_steps}` with the elastic range {given}, but jobgen derives the accumulation from "
+            f"the global batch at every world size: {at_max} at {high} node(s) (micro_batch_size {micro} x {at_max} x "
+            f"world size {high * per_node} = {batch}).",
+            location=f"{spec_source}: trainer.gradient_accumulation_steps",
+            hint=f"Remove trainer.gradient_accumulation_steps (or set it to {at_max}).",
+        )
+    counts = range(low, high + 1)
+    bad = [n for n in counts if accumulation_keeping(batch, micro, n * per_node) is None]
+    if bad:
+        raise PlanError(
+            f"You set the elastic range {given} with a global batch of {batch} sequences ({_batch_origin(spec, world)}). "
+            "jobgen keeps the global batch at every node count, recomputing the gradient accumulation, so that a restart "
+            "at another world size keeps the learning-rate schedule and the data position; but "
+            f"{elastic_batch_problem(batch, micro, per_node, bad)}.",
+            location=f"{spec_source}: trainer.global_batch_size" if t.global_batch_size is not None else f"{spec_source}: resources.nodes",
+            hint=elastic_batch_hint(batch, micro, per_node, low, high),
+        )
+
+
+def elastic_batch_problem(batch: int, micro: int, per_node: int, nodes: list[int]) -> str:
+    """``"256 is not a multiple of micro_batch_size 8 x world size at 3 node(s) (8 x 24 = 192)"``:
+    the words :func:`check_elastic` and :func:`elastic_world` share."""
+    at = ", ".join(f"{n} node(s) ({micro} x {n * per_node} = {micro * n * per_node})" for n in nodes)
+    return f"{batch} is not a multiple of micro_batch_size {micro} x world size at {at}"
+
+
+def elastic_batch_hint(batch: int, micro: int, per_node: int, low: int, high: int) -> str:
+    """The fix for :func:`elastic_batch_problem`: the smallest global batch (at least ``batch``)
+    that every node count of ``low..high`` keeps, and the node counts that keep ``batch``."""
+    step = math.lcm(*(micro * n * per_node for n in range(low, high + 1)))
+    fits = -(-batch // step) * step
+    keeps = [n for n in range(low, high + 1) if accumulation_keeping(batch, micro, n * per_node) is not None]
+    tail = (f"; of {low}..{high} node(s), {', '.join(map(str, keeps))} keep {batch} (a range cannot leave a node count out)"
+            if keeps else "")
+    return (f"Set trainer.global_batch_size to a multiple of {step} (every node count of {low}..{high} keeps it), e.g. "
+            f"{fits}, or narrow resources.nodes{tail}.")
+
+
+def _batch_origin(spec: TrainingSpec, world: World) -> str:
+    t = spec.trainer
+    if t.global_batch_size is not None:
+        return "trainer.global_batch_size"
+    return (f"micro_batch_size {t.micro_batch_size} x gradient_accumulation_steps {t.gradient_accumulation_steps} x "
+            f"world size {world.world_size} at {world.num_nodes} node(s)")
+
+
+def resolve_elastic_batch(spec: TrainingSpec, world: World) -> tuple[TrainingSpec, World]:
+    """An elastic job's spec and world with the global batch it keeps written down: the spec's
+    ``trainer.global_batch_size`` set to :func:`elastic_global_batch` and its
+    ``gradient_accumulation_steps`` to the accumulation at the range's maximum, so spec.json
+    records the one number every world size keeps. A fixed world, and a command-mode job (its
+    script owns the batch), are returned unchanged.
+
+    Call after :func:`check_elastic` (through :func:`check_fit`), which proves the maximum
+    world keeps the batch.
+    """
+    if not world.elastic or spec.entrypoint is not None:
+        return spec, world
+    batch = elastic_global_batch(spec, world)
+    steps = accumulation_keeping(batch, world.micro_batch_size, world.world_size)
+    assert steps is not None, "check_elastic() refuses a global batch the largest world cannot keep"
+    t = spec.trainer.model_copy(update={"global_batch_size": batch, "gradient_accumulation_steps": steps})
+    return spec.model_copy(update={"trainer": t}), dataclasses.replace(world, gradient_accumulation_steps=steps)
+
+
+def elastic_world(world: World, nodes: int) -> World:
+    """The world of an elastic job at the ``nodes`` torchrun formed (:func:`elastic_nodes`): the
+    planned ``world``'s global batch kept, the accumulation recomputed for the new world size
+    (global = micro x accumulation x world size). ``min_nodes`` stays set; ``num_nodes`` is then
+    the count torchrun formed, not the range's maximum.
+
+    Raises:
+        PlanError: the global batch is not a multiple of micro x world size there (a spec.json
+            written by hand or by an older jobgen; the planner refuses such a range).
+    """
+    batch = world.global_batch_size
+    steps = accumulation_keeping(batch, world.micro_batch_size, nodes * world.devices_per_node)
+    if steps is None:
+        raise PlanError(
+            f"torchrun formed a world of {nodes} node(s) x {world.devices_per_node} process(es), but the job's global "
+            f"batch {elastic_batch_problem(batch, world.micro_batch_size, world.devices_per_node, [nodes])}: it cannot "
+            "keep its global batch (and with it the learning-rate schedule and the data position) there.",
+            location="spec.trainer.global_batch_size",
+            hint=elastic_batch_hint(batch, world.micro_batch_size, world.devices_per_node, world.fewest_nodes, world.num_nodes)
+                 + " Render the job again with jobgen (it refuses a range that cannot keep the batch).",
+        )
+    return dataclasses.replace(world, num_nodes=nodes, gradient_accumulation_steps=steps)
 
 
 def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: int, spec_source: str = "<spec>") -> None:

@@ -106,10 +106,17 @@ class TrainerSpec(_Model):
         "profiles 8 (CPU throughput does not grow with the batch), or less when 8 does not fit\n"
         "(:func:`jobgen.planning.micro_batch.resolve_micro_batch`)."
     ))
-    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro batches accumulated before each optimizer step.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description=(
+        "Micro batches accumulated before each optimizer step. Elastic range (``resources.nodes:\n"
+        "\"min:max\"``): the value at the maximum node count; at fewer nodes jobgen raises it to keep\n"
+        "the global batch (derived from ``global_batch_size`` when that is given)."
+    ))
     global_batch_size: int | None = Field(default=None, ge=1, description=(
         "Sequences per optimizer step over all ranks. When given it must equal\n"
-        "micro_batch_size x gradient_accumulation_steps x world size (checked at plan time)."
+        "micro_batch_size x gradient_accumulation_steps x world size (checked at plan time). Elastic\n"
+        "range: kept at every node count (the accumulation is recomputed for the world torchrun\n"
+        "forms), so it must be a multiple of micro_batch_size x world size at each; default there:\n"
+        "micro_batch_size x gradient_accumulation_steps x the largest world."
     ))
     max_steps: int | None = Field(default=1000, ge=1, description=(
         "Optimizer steps to train for; ``null`` (with ``max_epochs``): no step bound. With both,\n"

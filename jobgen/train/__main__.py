@@ -26,9 +26,15 @@ Code snapshot: when ``$JOBGEN_CODE_DIR`` names the snapshot ``jobgen submit`` to
 (``<run dir>/code/<commit>/``), its import directory goes first on ``sys.path`` and PYTHONPATH
 before anything else is read, and ``summary.json`` records what it is (``code``).
 
-Elastic PyTorchJob (``resources.nodes: "min:max"``), Worker pods only, a c10d rendezvous on
-worker 0 (the operator sets PET_RDZV_ENDPOINT); the node count is whatever torchrun admitted,
-and the entrypoint passes Trainer(num_nodes = WORLD_SIZE / processes per node)::
+Elastic PyTorchJob (``resources.nodes: "min:max"``), Worker pods only, a c10d rendezvous whose
+store runs in worker 0's torchrun agent (the operator sets PET_RDZV_ENDPOINT to it); the node
+count is whatever torchrun admitted, and the entrypoint passes Trainer(num_nodes = WORLD_SIZE /
+processes per node) and the accumulation that keeps the planned global batch there
+(:func:`jobgen.train.resolved.runtime_world`); a checkpoint written at another world size
+resumes at the same optimizer step, learning rate and sample (:mod:`jobgen.train.position`).
+Global rank 0 is on whichever pod the rendezvous ranks first (torch sorts the participants by
+host name, pid and a counter), not necessarily worker 0: nothing here depends on it, and the
+first line of every pod's log names it::
 
     python -m torch.distributed.run --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=$(PET_RDZV_ENDPOINT) --max-restarts=3 -m jobgen.train --spec ...
@@ -137,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = use_code_snapshot()
         resolved = load_resolved_spec(args.spec)
-        resolved = runtime_world(resolved, os.environ)  # elastic: the node count torchrun formed
+        check_runtime_support(resolved)  # the planned world (an elastic job: its whole range)
+        # elastic: the node count torchrun formed, the accumulation that keeps the global batch there
+        resolved = runtime_world(resolved, os.environ)
         spec = resolved.spec
         run_dir = (args.run_dir if args.run_dir is not None else Path("runs") / spec.name).resolve()
-        check_runtime_support(resolved)
         # a class_path data module is the user's: it finds and checks its own data on every rank
         sources, layout = (None, None) if spec.user_code else check_data(spec)
         if resolved.launch.preflight:  # before Lightning: it then uses the process group this sets up

@@ -10,9 +10,12 @@ The dataset is map-style and sharded by a ``DistributedSampler`` that gives rank
 the indices ``r, r + W, ...``: ranks never overlap. The data module passes that sampler itself,
 with ``shuffle=False``: Lightning's injected one always shuffles training data with a per-epoch
 permutation, which a mid-epoch restart would replay from its start; the windows are already
-pseudo-random, so order costs nothing. On resume the dataset starts at sample
-``global_step * samples_per_step``, so a restarted run trains on exactly the samples an
-uninterrupted run would have seen.
+pseudo-random, so order costs nothing. On resume the dataset starts at the sample the
+checkpoint recorded (:func:`jobgen.train.position.consumed_samples`: ``global_step x
+samples_per_step`` since the start, as the global batch is kept), so a restarted run trains on
+exactly the samples an uninterrupted run would have seen. Each optimizer step takes the next
+``samples_per_step`` sample numbers in one contiguous block whatever the world size (rank ``r``
+of ``W`` reads every ``W``-th of them), so this holds across a restart at another world size too.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from jobgen.specs.training import TrainingSpec
+from jobgen.train.position import consumed_samples
 from jobgen.train.sources import TextSources, bins_are_current, build_bins
 
 _MASK64 = (1 << 64) - 1
@@ -211,10 +215,10 @@ class ByteTextDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Micro batches ``(x, y)`` of shape ``(micro_batch_size, block_size)``, continuing at the
-        global step (Lightning reloads this every epoch and after a restore)."""
+        samples consumed (Lightning reloads this every epoch and after a restore)."""
         assert self.train_set is not None, "setup() must run first"
         trainer = self.trainer
-        self.train_set.start_sample = 0 if trainer is None else trainer.global_step * self.samples_per_step
+        self.train_set.start_sample = 0 if trainer is None else consumed_samples(trainer, self.samples_per_step)
         sampler = None
         if trainer is not None and trainer.world_size > 1:
             sampler = DistributedSampler(

@@ -4,8 +4,8 @@ Both follow the byte-level data module's contract (:mod:`jobgen.train.data`): a 
 ``(x, y)``, int64 tensors of shape ``(B, T)`` with ``T = block_size``, where ``y[t]`` is the
 target for the prediction made at ``x[:, :t+1]``; training sample ``g`` (counted from the start
 of the run) depends only on ``(seed, g)``; ranks take disjoint indices through a
-``DistributedSampler`` (``shuffle=False``); after a restart the dataset continues at sample
-``global_step x samples_per_step``. Targets equal to ``-100`` are ignored by the loss.
+``DistributedSampler`` (``shuffle=False``); after a restart the dataset continues at the
+sample the checkpoint recorded (:func:`jobgen.train.position.consumed_samples`). Targets equal to ``-100`` are ignored by the loss.
 
 Tokens: windows of ``block_size + 1`` tokens at pseudo-random offsets of the training part of
 the memory-mapped stream (numpy ``memmap``, nothing copied); fixed, evenly spaced validation

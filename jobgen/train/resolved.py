@@ -16,7 +16,7 @@ from typing import Any
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
 from jobgen.planning.deepspeed import check_deepspeed_config
-from jobgen.planning.rules import check_elastic, check_support, elastic_nodes
+from jobgen.planning.rules import check_elastic, check_support, elastic_nodes, elastic_world
 
 
 def check_runtime_support(resolved: ResolvedSpec) -> None:
@@ -119,15 +119,23 @@ def runtime_world(resolved: ResolvedSpec, environ: Mapping[str, str]) -> Resolve
     in ``min_nodes..num_nodes`` (:func:`jobgen.planning.rules.elastic_nodes`: WORLD_SIZE over the
     processes per node): Lightning's TorchElasticEnvironment stops every rank unless
     Trainer(devices x num_nodes) equals WORLD_SIZE, and the data module's samples per step and
-    DistributedSampler follow the same count. ``min_nodes`` stays, so the job is still known
-    to be elastic.
+    DistributedSampler follow the same count. The global batch stays the planned one and the
+    accumulation is recomputed for this world (:func:`jobgen.planning.rules.elastic_world`): the
+    returned spec's ``trainer.gradient_accumulation_steps`` is the accumulation here and its
+    ``trainer.global_batch_size`` the batch every world keeps. ``min_nodes`` stays, so the job
+    is still known to be elastic. Call it after :func:`check_runtime_support`, which checks the
+    planned range.
 
     Raises:
-        PlanError: not started by torchrun, or a world outside the planned range.
+        PlanError: not started by torchrun, a world outside the planned range, or one that
+            cannot keep the global batch.
     """
     launch = resolved.launch
     if launch.min_nodes is None:
         return resolved
-    nodes = elastic_nodes(resolved.world, environ)
-    launch = launch.model_copy(update={"num_nodes": nodes, "world_size": nodes * launch.devices_per_node})
-    return resolved.model_copy(update={"launch": launch})
+    planned = resolved.world
+    world = elastic_world(planned, elastic_nodes(planned, environ))
+    launch = launch.model_copy(update={"num_nodes": world.num_nodes, "world_size": world.world_size})
+    trainer = resolved.spec.trainer.model_copy(update={
+        "gradient_accumulation_steps": world.gradient_accumulation_steps, "global_batch_size": world.global_batch_size})
+    return resolved.model_copy(update={"launch": launch, "spec": resolved.spec.model_copy(update={"trainer": trainer})})

@@ -49,7 +49,7 @@ from jobgen.train.trainer import RunPaths, build_trainer
 _QUIET_WARNINGS = (
     # Data is a memory-mapped byte file: loading in the main process is fast enough.
     r".*does not have many workers.*",
-    # The data module continues at global_step x samples_per_step, so mid-epoch resume is exact.
+    # The data module continues at the samples consumed (jobgen.train.position), so mid-epoch resume is exact.
     r".*resuming from a checkpoint that ended before the epoch ended.*",
     # FSDP sharded checkpoints: torch's own deprecation notice, and the intended overwrite of last.ckpt.
     r".*Please use DTensor instead and we are deprecating ShardedTensor.*",

@@ -23,6 +23,7 @@ from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, LogInterv
 from jobgen.train.checkpoints import StepCheckpoint
 from jobgen.train.model import Block
 from jobgen.train.notify import notify_callback
+from jobgen.train.position import BatchLayout, TrainingPosition
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
 
@@ -213,7 +214,8 @@ def build_trainer(
 
     Intervals in the spec count optimizer steps; Lightning's ``val_check_interval`` counts
     micro batches, so it is multiplied by ``gradient_accumulation_steps`` and counted across
-    epochs (``check_val_every_n_epoch=None``); under a ``gradient_accumulation_schedule``
+    epochs (``check_val_every_n_epoch=None``; after a resume at another accumulation
+    :class:`~jobgen.train.position.TrainingPosition` re-expresses the restored count); under a ``gradient_accumulation_schedule``
     :class:`ValidateEveryNSteps` counts the optimizer steps instead. With ``trainer.tensorboard`` a TensorBoardLogger
     writes into the CSV logger's version directory (``tensorboard/`` below it).
 
@@ -231,6 +233,10 @@ def build_trainer(
     )
     # A smoke run (--smoke N) writes no checkpoints: the StepCheckpoint stays out of the Trainer.
     callbacks: list[Callback] = [throughput] if spec.smoke else [checkpoint, throughput]
+    # the samples consumed and the batch layout, in every checkpoint; checked and applied on resume
+    callbacks.append(TrainingPosition(
+        BatchLayout(t.micro_batch_size, t.gradient_accumulation_steps, launch.world_size),
+        elastic=launch.min_nodes is not None, scheduled=t.gradient_accumulation_schedule is not None))
     accumulation: int | None = t.gradient_accumulation_steps
     if t.gradient_accumulation_schedule is not None:
         from lightning.pytorch.callbacks import GradientAccumulationScheduler

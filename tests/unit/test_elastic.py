@@ -1,7 +1,8 @@
 """Elastic jobs (``resources.nodes: "min:max"``): the range in the spec and the YAML loader, the
 rendered PyTorchJob (elasticPolicy, Worker replicas, torchrun flags), the refusals (SLURM,
-local, TrainJob, global_batch_size, DeepSpeed), offline validation of broken elastic jobs, and
-the world the entrypoint takes from torchrun."""
+local, TrainJob, DeepSpeed, a global batch some node count cannot keep), offline validation of
+broken elastic jobs, and the world the entrypoint takes from torchrun (the same global batch,
+the accumulation recomputed)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,16 @@ def profile_file(tmp_path: Path, kubernetes: dict[str, Any] | None = None, base:
     return write(tmp_path / "site.yaml", yaml.safe_dump(doc))
 
 
+#: A global batch every node count of the range keeps with 8 GPUs per node and micro batch 8:
+#: a multiple of 8 x 8 x n for every n (2:4: lcm(128, 192, 256); 3:6: lcm(192, 256, 320, 384)).
+KEEPS = {"2:4": 768, "3:6": 3840}
+
+
 def plan_elastic(tmp_path: Path, nodes: str = "2:4", kubernetes: dict[str, Any] | None = None, base: str = "k8s-a100", **trainer: Any):
+    """Plan a job of ``nodes`` on (a copy of) ``base``; a range of :data:`KEEPS` gets its global batch
+    unless the test sets the batch itself."""
+    if nodes in KEEPS and not {"global_batch_size", "gradient_accumulation_steps", "micro_batch_size"} & set(trainer):
+        trainer["global_batch_size"] = KEEPS[nodes]
     profile = load_profile(str(profile_file(tmp_path, kubernetes, base)))
     spec = validate(TrainingSpec, {"name": "job", "resources": {"nodes": nodes}, "trainer": trainer}, "<spec>")
     return plan(spec, profile, TEMPLATES, spec_source="spec.yaml", profile_source="site.yaml")
@@ -100,8 +110,12 @@ def test_elastic_pytorchjob_has_worker_replicas_at_max_and_an_elastic_policy(tmp
     assert not any(arg.startswith("--master-addr") for arg in container["command"])  # no Master: MASTER_ADDR is never set
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]  # the operator's rendezvous port
-    launch = json.loads(config_map["data"]["spec.json"])["launch"]
+    written = json.loads(config_map["data"]["spec.json"])
+    launch = written["launch"]
     assert (launch["min_nodes"], launch["num_nodes"], launch["world_size"]) == (2, 4, 32)
+    # the global batch every world keeps, and the accumulation at the maximum: 768 = 8 x 3 x 32
+    assert (written["spec"]["trainer"]["global_batch_size"], written["spec"]["trainer"]["gradient_accumulation_steps"]) == (768, 3)
+    assert job_plan.world.global_batch_size == 768 and job_plan.world.gradient_accumulation_steps == 3
     assert job_plan.world.describe() == "2..4 node(s) x 8 gpu rank(s) = world size 16..32 (elastic)"
     assert "offline validation skipped" not in " ".join(job_plan.warnings)
     assert [str(s).split("   ")[0] for s in job_plan.submit_steps if "Pod from" in str(s)] == [
@@ -132,13 +146,14 @@ def test_memory_fit_is_checked_at_the_smallest_world():
     model = {"preset": None, "n_layer": 32, "n_head": 32, "d_model": 4096, "block_size": 1024}
     profile = load_profile("k8s-a100", PROFILES)
 
-    def fit(nodes: Any) -> list[str]:
-        spec = validate(TrainingSpec, {"name": "job", "model": model, "trainer": {"strategy": "fsdp", "micro_batch_size": 1},
+    def fit(nodes: Any, **trainer: Any) -> list[str]:
+        spec = validate(TrainingSpec, {"name": "job", "model": model, "trainer": {"strategy": "fsdp", "micro_batch_size": 1, **trainer},
                                        "resources": {"nodes": nodes, "devices_per_node": 1}}, "<spec>")
         return [w for w in plan(spec, profile, TEMPLATES).warnings if "GiB per GPU" in w]
 
     assert fit(8) == [] and fit(1) != []
-    assert fit("1:8") == fit(1)  # the elastic job is warned about its smallest world
+    # the elastic job is warned about its smallest world (840: a batch every count 1..8 keeps)
+    assert fit("1:8", global_batch_size=840) == fit(1)
 
 
 # --------------------------------------------------------------------------- refusals
@@ -163,10 +178,61 @@ def test_trainjob_profile_refuses_a_range(tmp_path):
     assert "job_api: pytorchjob" in info.value.hint
 
 
-def test_global_batch_size_is_refused_with_a_range(tmp_path):
-    with pytest.raises(PlanError, match=r"world size is 16\.\.32 as nodes join and leave: 256\.\.512") as info:
-        plan_elastic(tmp_path, micro_batch_size=8, gradient_accumulation_steps=2, global_batch_size=256)
-    assert info.value.location == "spec.yaml: trainer.global_batch_size" and "Remove trainer.global_batch_size" in info.value.hint
+# --------------------------------------------------------------------------- the global batch every world keeps
+
+
+def test_a_range_whose_middle_cannot_keep_the_batch_is_refused_with_the_batch_that_fits(tmp_path):
+    # micro 8 x accumulation 1 x 32 ranks = 256 at 4 nodes; at 3 nodes (24 ranks) 256 / (8 x 24) is not whole
+    with pytest.raises(PlanError) as info:
+        plan_elastic(tmp_path, "2:4", micro_batch_size=8)
+    err = info.value
+    assert err.location == "spec.yaml: resources.nodes"
+    assert "global batch of 256 sequences (micro_batch_size 8 x gradient_accumulation_steps 1 x world size 32 at 4 node(s))" in err.message
+    assert "256 is not a multiple of micro_batch_size 8 x world size at 3 node(s) (8 x 24 = 192)" in err.message
+    assert "a multiple of 768" in err.hint and "e.g. 768" in err.hint and "2, 4 keep 256" in err.hint
+    with pytest.raises(PlanError, match=r"1000 is not a multiple .* at 2 node\(s\) \(8 x 16 = 128\), 3 node\(s\) \(8 x 24 = 192\), 4 node\(s\)") as info:
+        plan_elastic(tmp_path, "2:4", micro_batch_size=8, global_batch_size=1000)
+    assert info.value.location == "spec.yaml: trainer.global_batch_size" and "e.g. 1536" in info.value.hint
+
+
+@pytest.mark.parametrize(("nodes", "batch", "at_max"), [("2:4", 768, 3), ("3:6", 3840, 10), ("1:2", 256, 2)])
+def test_the_planned_global_batch_is_kept_at_every_node_count(tmp_path, nodes, batch, at_max):
+    resolved = _resolved(tmp_path, nodes, micro_batch_size=8, global_batch_size=batch)
+    assert (resolved.spec.trainer.global_batch_size, resolved.spec.trainer.gradient_accumulation_steps) == (batch, at_max)
+    low, high = resolved.spec.resources.node_range
+    for n in range(low, high + 1):
+        here = runtime_world(resolved, {"WORLD_SIZE": str(8 * n)})
+        t = here.spec.trainer
+        assert (here.launch.num_nodes, here.launch.world_size) == (n, 8 * n)
+        assert t.micro_batch_size * t.gradient_accumulation_steps * here.launch.world_size == batch == t.global_batch_size
+        assert here.world.global_batch_size == batch and here.world.gradient_accumulation_steps == batch // (64 * n)
+
+
+def test_without_global_batch_size_the_batch_at_the_maximum_is_kept(tmp_path):
+    # micro 4 x accumulation 2 x 16 ranks (2 nodes) = 128: the 1-node world accumulates 4
+    resolved = _resolved(tmp_path, "1:2", micro_batch_size=4, gradient_accumulation_steps=2)
+    assert resolved.spec.trainer.global_batch_size == 128
+    one = runtime_world(resolved, {"WORLD_SIZE": "8"}).spec.trainer
+    assert (one.gradient_accumulation_steps, one.global_batch_size) == (4, 128)
+
+
+def test_accumulation_beside_a_global_batch_must_agree_at_the_maximum(tmp_path):
+    with pytest.raises(PlanError, match=r"derives the accumulation from the global batch at every world size: 3 at 4") as info:
+        plan_elastic(tmp_path, "2:4", micro_batch_size=8, gradient_accumulation_steps=2, global_batch_size=768)
+    assert info.value.location == "spec.yaml: trainer.gradient_accumulation_steps" and "or set it to 3" in info.value.hint
+    ok = _resolved(tmp_path, "2:4", micro_batch_size=8, gradient_accumulation_steps=3, global_batch_size=768)
+    assert ok.spec.trainer.gradient_accumulation_steps == 3
+
+
+def test_an_accumulation_schedule_is_refused_with_a_range(tmp_path):
+    profile = load_profile(str(profile_file(tmp_path)))
+    spec = validate(TrainingSpec, {
+        "name": "job", "resources": {"nodes": "1:2"},
+        "model": {"class_path": "mypkg.Model"}, "data": {"class_path": "mypkg.Data"},
+        "trainer": {"gradient_accumulation_schedule": {0: 4, 2: 2}}}, "<spec>")
+    with pytest.raises(PlanError, match="fixes the accumulation per epoch for one world size") as info:
+        plan(spec, profile, TEMPLATES, spec_source="spec.yaml")
+    assert info.value.location == "spec.yaml: trainer.gradient_accumulation_schedule"
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"])
@@ -254,7 +320,7 @@ def test_an_edited_template_that_drops_the_policy_is_caught(tmp_path):
         write(templates / src.relative_to(TEMPLATES), src.read_text())
     path = templates / k8s_manifest.ELASTIC_TEMPLATE
     path.write_text(path.read_text().replace("      replicas: {{ replicas }}", "      replicas: 3", 1))
-    spec = validate(TrainingSpec, {"name": "job", "resources": {"nodes": "2:4"}}, "<spec>")
+    spec = validate(TrainingSpec, {"name": "job", "resources": {"nodes": "2:4"}, "trainer": {"global_batch_size": 768}}, "<spec>")
     with pytest.raises(ConfigError, match="expected Worker 4 with minReplicas 2 and maxReplicas 4"):
         plan(spec, load_profile("k8s-a100", PROFILES), templates)
 
@@ -271,7 +337,8 @@ def test_entrypoint_takes_the_node_count_torchrun_formed(tmp_path):
     at_three = runtime_world(resolved, {"WORLD_SIZE": "24", "LOCAL_WORLD_SIZE": "8"})
     launch = at_three.launch
     assert (launch.num_nodes, launch.world_size, launch.min_nodes) == (3, 24, 2)
-    assert at_three.world.world_size == 24 and at_three.world.global_batch_size == 8 * 1 * 24
+    # the planned global batch (768) kept: micro 8 x accumulation 4 x 24 ranks
+    assert at_three.world.world_size == 24 and at_three.world.global_batch_size == 8 * 4 * 24 == 768
     fixed = ResolvedSpec.model_validate_json(plan_elastic(tmp_path, 2).file("spec.json"))
     assert runtime_world(fixed, {"WORLD_SIZE": "999"}) is fixed  # a fixed world is the planned one
 
@@ -295,10 +362,16 @@ def test_elastic_nodes_is_the_rule_the_entrypoint_uses():
 def test_entrypoint_rechecks_the_batch_rules_of_an_edited_spec_json(tmp_path):
     resolved = _resolved(tmp_path)
     edited = resolved.model_copy(update={"spec": resolved.spec.model_copy(update={
-        "trainer": resolved.spec.trainer.model_copy(update={"global_batch_size": 256})})})
+        "trainer": resolved.spec.trainer.model_copy(update={"global_batch_size": 256, "gradient_accumulation_steps": 1})})})
     with pytest.raises(PlanError, match="elastic range") as info:
         check_runtime_support(edited)
     assert info.value.location == "spec.trainer.global_batch_size"
+    # a world torchrun formed that cannot keep the batch stops before training, naming both sizes and the fix
+    with pytest.raises(PlanError, match=r"torchrun formed a world of 3 node\(s\) x 8 process\(es\), but the job's global batch "
+                                        r"256 is not a multiple of micro_batch_size 8 x world size at 3 node\(s\) \(8 x 24 = 192\)") as info:
+        runtime_world(edited, {"WORLD_SIZE": "24"})
+    assert info.value.location == "spec.trainer.global_batch_size" and "a multiple of 768" in info.value.hint
+    assert runtime_world(edited, {"WORLD_SIZE": "16"}).spec.trainer.gradient_accumulation_steps == 2  # 2 nodes keep 256
 
 
 def test_lightning_accepts_the_runtime_node_count_and_refuses_the_planned_maximum(tmp_path, monkeypatch):

@@ -73,10 +73,14 @@ def test_cli_creates_the_elastic_job_as_rendered_and_cancels_it(k8s_lab, tmp_pat
     assert command[3:8] == ["--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
                             "--max-restarts=3"]
     job_dir = tmp_path / "runs" / "elastic-fsdp" / "job"
-    launch = json.loads((job_dir / "spec.json").read_text())["launch"]
+    written = json.loads((job_dir / "spec.json").read_text())
+    launch = written["launch"]
     assert (launch["min_nodes"], launch["num_nodes"]) == (2, 4)
+    # the global batch every pod count keeps, and the accumulation at 4 pods (768 = 8 x 3 x 32)
+    assert (written["spec"]["trainer"]["global_batch_size"], written["spec"]["trainer"]["gradient_accumulation_steps"]) == (768, 3)
     logs = cli(k8s_lab, tmp_path, "logs", handle)  # no Master: the default replica is worker-0 (no kubelet: no pod yet)
     assert logs.returncode == 0 and "no pod for worker-0 yet" in logs.stdout, logs.stdout + logs.stderr
+    assert "global rank 0 may run on another worker" in logs.stdout, logs.stdout  # worker-0 is not assumed to be rank 0
     gone = cli(k8s_lab, tmp_path, "cancel", handle, "--wait-s", "60")
     assert gone.returncode == 0 and f"{handle}  DELETED" in gone.stdout, gone.stdout + gone.stderr
 
