@@ -136,7 +136,7 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     an already rendered job directory, as its backend does.
     When the backend refuses or fails before the job is queued or started, the plan's
     directory is put back as it was (:class:`~jobgen.jobdir.DirUndo`).
-    SLURM and local: the code is snapshotted first (:mod:`jobgen.usercode.snapshot`; the repository
+    SLURM, ssh and local: the code is snapshotted first (:mod:`jobgen.usercode.snapshot`; the repository
     holding the plan's spec file, or for a job directory the one holding the directory).
 
     Raises:

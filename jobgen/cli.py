@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -417,7 +418,7 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
               help="Kubernetes: `--dry-run=server`: the API server validates the job, its ConfigMap and a Pod from each "
                    "replica's template (dryRun=All, strict fields where supported); nothing is created.")
 @click.option("--allow-dirty", is_flag=True,
-              help="SLURM/local: snapshot the code although its git work tree has uncommitted changes; they are copied "
+              help="SLURM/local/ssh: snapshot the code although its git work tree has uncommitted changes; they are copied "
                    "over the committed tree and their git diff + sha256 recorded.")
 @click.option("--replace", is_flag=True, help="Kubernetes: when the job exists with other inputs, delete it (and its pods) and create this one.")
 @click.option("--context", "k8s_context", default=None, help="Kubernetes: kubeconfig context (default: $JOBGEN_K8S_CONTEXT, the profile's, the current one).")
@@ -457,8 +458,11 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
       then creates the ConfigMap and the PyTorchJob/TrainJob and prints the handle
       k8s://<context>/<namespace>/<name>. The same inputs again: nothing changes;
       other inputs: refused unless --replace.
+    ssh profile: checks that every host answers (ssh in BatchMode), copies the job
+      directory and code snapshot to <workdir>/<job name>/ on each, starts
+      `bash launch.sh <node rank>` there and prints ssh://<first host><run dir>.
     A rendered job directory (e.g. committed under manifests/) is submitted as is.
-    SLURM and local: the code (the git repository holding the spec, or the spec's
+    SLURM, ssh and local: the code (the git repository holding the spec, or the spec's
     `code.repo`) is snapshotted into <runs-dir>/<job name>/code/<commit>/ and put
     first on every rank's PYTHONPATH; uncommitted changes are refused unless --allow-dirty.
     A spec naming your own classes (model/data class_path) is imported and its
@@ -541,7 +545,8 @@ def _print_submitted(result: Any) -> None:
     elif result.record is not None and result.action == "submitted":
         click.echo(f"  run dir: {result.record.run_dir}" + (f"\n  log:     {result.record.log_file}" if result.record.log_file else ""))
     if result.action != "completed":
-        click.echo(f"  follow:  jobgen logs -f {handle}   status: jobgen status {handle}   stop: jobgen cancel {handle}")
+        quoted = shlex.quote(str(handle))  # an ssh handle holds the hosts' run directory, which may need quotes
+        click.echo(f"  follow:  jobgen logs -f {quoted}   status: jobgen status {quoted}   stop: jobgen cancel {quoted}")
 
 
 def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: SubmitOptions, *, out: str | None,
@@ -590,7 +595,7 @@ _job_argument = click.argument("job", metavar="JOB")
 
 @cli.command(name="ls")
 @click.option("--cluster", default=None, metavar="NAME",
-              help="Only jobs of this SLURM cluster or Kubernetes context (`local` for local runs).")
+              help="Only jobs of this SLURM cluster or Kubernetes context (`local` for local runs; the first host for ssh jobs).")
 @click.option("--state", "states", multiple=True, type=StateChoice(JOB_STATES),
               help="Only jobs in this state after the refresh (repeatable, any case), e.g. --state RUNNING --state PENDING.")
 @output_option()
@@ -698,7 +703,8 @@ def status(job: str, output: str, as_json: bool) -> None:
               help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1 (an elastic job's "
-                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0.")
+                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0. "
+                   "ssh: the node whose output to show, node-0 (default) .. node-<N-1>.")
 @click.option("--first-error", is_flag=True,
               help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
                    "node, traceback or NCCL error, then the others in order.")

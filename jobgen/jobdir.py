@@ -12,7 +12,8 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
   a key this version does not know is an error, never silently ignored.
 - ``ds_config.json`` — the DeepSpeed config (DeepSpeed strategies only).
 - ``job.sbatch`` (SLURM), ``pytorchjob.yaml`` / ``trainjob.yaml`` + ``kustomization.yaml``
-  (Kubernetes) — the scheduler's files, each starting with :data:`GENERATED_MARK`.
+  (Kubernetes), ``launch.sh`` (ssh) — the scheduler's files, each starting with :data:`GENERATED_MARK`
+  (after a ``#!`` line).
 - ``.jobgen-submission.json`` — :class:`Submission`, written by ``jobgen submit`` (runtime
   state, not a rendered file: GitOps repos ignore it). A Python callable submitted through
   submitit (``jobgen.api.executor``) has no job directory: its record, marked by
@@ -63,6 +64,7 @@ from pydantic import (
 
 from jobgen.errors import ConfigError, json_path
 from jobgen.planning.rules import World
+from jobgen.specs.profile import SshSettings
 from jobgen.specs.training import TrainingSpec
 
 # --------------------------------------------------------------------------- file names
@@ -73,6 +75,8 @@ SBATCH_FILE = "job.sbatch"
 PYTORCHJOB_FILE = "pytorchjob.yaml"
 TRAINJOB_FILE = "trainjob.yaml"
 KUSTOMIZATION_FILE = "kustomization.yaml"
+#: ssh profiles: the launch script every host runs with its node rank (``bash launch.sh <rank>``).
+LAUNCH_FILE = "launch.sh"
 #: The submission record (runtime state; GitOps repos ignore ``**/.jobgen-submission.json``).
 SUBMISSION_FILE = ".jobgen-submission.json"
 #: Written by the entrypoint into the run directory when training ends.
@@ -86,6 +90,9 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: ssh jobs: set (to the job's handle) in the environment of every process a job starts on a host,
+#: which all of them inherit; status counts them and cancel stops them by it.
+SSH_JOB_ENV = "JOBGEN_SSH_JOB"
 #: ``jobgen submit SPEC`` without ``--out`` writes the job directory here, inside the run directory.
 SUBMIT_JOB_SUBDIR = "job"
 #: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
@@ -101,11 +108,11 @@ POINTS_DIR = "points"
 POINT_FILES = frozenset({SPEC_FILE, DS_CONFIG_FILE})
 
 #: Files the planner writes into a job directory; stale ones from an earlier render are removed.
-OWNED_FILES = frozenset({SBATCH_FILE, PYTORCHJOB_FILE, TRAINJOB_FILE, SPEC_FILE, DS_CONFIG_FILE, ARRAY_INDEX_FILE})
+OWNED_FILES = frozenset({SBATCH_FILE, PYTORCHJOB_FILE, TRAINJOB_FILE, SPEC_FILE, DS_CONFIG_FILE, ARRAY_INDEX_FILE, LAUNCH_FILE})
 #: Everything jobgen may write into a job directory when rendering (GitOps compares these).
 JOB_FILES = OWNED_FILES | {KUSTOMIZATION_FILE}
 #: Rendered files that must be executable (mode 0755; the rest are 0644).
-EXECUTABLE_FILES = frozenset({SBATCH_FILE})
+EXECUTABLE_FILES = frozenset({SBATCH_FILE, LAUNCH_FILE})
 
 #: Longest job name (= job directory name) that every backend uses unchanged: Kubernetes names
 #: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
@@ -336,7 +343,7 @@ class LaunchSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    scheduler: Literal["local", "slurm", "kubernetes"] = Field(description="Which backend launches the job.")
+    scheduler: Literal["local", "slurm", "kubernetes", "ssh"] = Field(description="Which backend launches the job.")
     accelerator: Literal["cpu", "gpu"] = Field(description="Device type of every rank.")
     num_nodes: int = Field(ge=1, description="Nodes (SLURM nodes, Kubernetes pods, 1 for local).")
     devices_per_node: int = Field(ge=1, description="Processes (GPUs) per node.")
@@ -357,6 +364,9 @@ class LaunchSpec(BaseModel):
         "or ``jobgen submit --preflight``)."
     ))
     preflight_timeout_s: int = Field(default=60, ge=1, description="Seconds the preflight waits to join, and for its all-reduces.")
+    ssh: SshSettings | None = Field(default=None, description=(
+        "ssh profiles: the hosts the job runs on (the profile's first ``num_nodes``, in node-rank order) and how\n"
+        "jobgen reaches them; what ``jobgen submit`` of the job directory uses. Left out of the file otherwise."))
 
     @field_validator("requeue_signal")
     @classmethod
@@ -369,7 +379,7 @@ class LaunchSpec(BaseModel):
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         # Left out while unset / at their defaults, so jobs without them keep the spec.json (and
         # hashes) they had: the price (profiles without one), min_nodes (fixed-size jobs), the preflight.
-        defaults = {"gpu_hour_price": None, "min_nodes": None, "preflight": False, "preflight_timeout_s": 60}
+        defaults = {"gpu_hour_price": None, "min_nodes": None, "preflight": False, "preflight_timeout_s": 60, "ssh": None}
         return {k: v for k, v in handler(self).items() if not (k in defaults and v == defaults[k])}
 
     @model_validator(mode="after")
@@ -592,14 +602,15 @@ def read_code_snapshot(root: Path) -> CodeSnapshot:
 # --------------------------------------------------------------------------- handles
 
 #: Handle scheme -> the scheduler (backend table key) it belongs to.
-HANDLE_SCHEMES = {"slurm": "slurm", "k8s": "kubernetes", "local": "local"}
-_HANDLE_RE = re.compile(r"^(slurm|k8s|local)://(.+)$")
+HANDLE_SCHEMES = {"slurm": "slurm", "k8s": "kubernetes", "local": "local", "ssh": "ssh"}
+_HANDLE_RE = re.compile(r"^(slurm|k8s|local|ssh)://(.+)$")
 
 
 @dataclass(frozen=True)
 class JobHandle:
     """A submitted job as a URI: ``slurm://<cluster>/<jobid>`` (one task of a job array:
-    ``slurm://<cluster>/<jobid>_<task>``), ``k8s://<context>/<ns>/<name>``, ``local://<run dir>``."""
+    ``slurm://<cluster>/<jobid>_<task>``), ``k8s://<context>/<ns>/<name>``, ``local://<run dir>``,
+    ``ssh://<first host><run dir on the hosts>`` (the run dir is absolute)."""
 
     scheme: str
     path: str
@@ -609,15 +620,17 @@ class JobHandle:
 
     @property
     def scheduler(self) -> str:
-        """The backend this handle belongs to (``slurm``, ``kubernetes``, ``local``)."""
+        """The backend this handle belongs to (``slurm``, ``kubernetes``, ``local``, ``ssh``)."""
         return HANDLE_SCHEMES[self.scheme]
 
     @property
     def cluster(self) -> str:
         """Where the job runs: the SLURM cluster, the Kubernetes context (which may contain
-        ``/``), or ``local``."""
+        ``/``), ``local``, or the first host of an ssh job."""
         if self.scheme == "local":
             return "local"
+        if self.scheme == "ssh":
+            return self.path.split("/", 1)[0]
         return self.path.rsplit("/", 2 if self.scheme == "k8s" else 1)[0]
 
     @property
@@ -640,13 +653,14 @@ class JobHandle:
         """Parse a handle URI.
 
         Raises:
-            ConfigError: not of the form ``slurm://...``, ``k8s://...`` or ``local://...``.
+            ConfigError: not of the form ``slurm://...``, ``k8s://...``, ``local://...`` or ``ssh://...``.
         """
         match = _HANDLE_RE.match(text)
         if not match:
             raise ConfigError(
                 f"{text!r} is not a job handle",
-                hint="handles look like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name> or local://<run dir>",
+                hint="handles look like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>, local://<run dir> or "
+                "ssh://<first host>/<run dir>",
             )
         return cls(match.group(1), match.group(2))
 
@@ -720,7 +734,8 @@ class Submission(BaseModel):
 
     handle: str = Field(description="The job handle (URI).")
     job_dir: str = Field(description="Absolute path of the rendered job directory.")
-    run_dir: str = Field(description="Where checkpoints, metrics and summary.json go (a path in the pods on Kubernetes).")
+    run_dir: str = Field(description=(
+        "Where checkpoints, metrics and summary.json go (a path in the pods on Kubernetes; on every host for ssh)."))
     log_file: str | None = Field(default=None, description="The job's output file (SLURM, %j expanded; local: output.log); None when logs come from an API.")
     inputs_sha256: str | None = Field(default=None, description="The rendered files' inputs hash.")
     argv: tuple[str, ...] | None = Field(
@@ -732,10 +747,14 @@ class Submission(BaseModel):
         "with -M/--clusters, a multi-cluster site); squeue, sacct, scontrol and scancel then get ``--clusters=<it>``. "
         "None: sbatch named none, they ask the default cluster."))
     code_dir: str | None = Field(default=None, description=(
-        f"SLURM, local: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}); None: no snapshot."))
-    code: CodeSnapshot | None = Field(default=None, description="SLURM, local: what that snapshot is (commit, dirty, diff sha256).")
+        f"SLURM, local, ssh: the code snapshot the job runs (``<run dir>/{CODE_SUBDIR}/<id>``, ${CODE_DIR_ENV}; ssh: on every "
+        "host); None: no snapshot."))
+    code: CodeSnapshot | None = Field(default=None, description="SLURM, local, ssh: what that snapshot is (commit, dirty, diff sha256).")
     submitted_at: str | None = Field(default=None, description=(
         "When submit recorded the job (UTC, ISO 8601; :meth:`now`). None in records of older versions."))
+    ssh: SshSettings | None = Field(default=None, description=(
+        "ssh: the hosts the job was started on (node-rank order) and how jobgen reaches them; status, logs and "
+        "cancel ask them. None for other schedulers."))
     array: tuple[ArrayTask, ...] | None = Field(default=None, description=(
         "SLURM job arrays: every task (its run dir and log); the record's ``run_dir`` is then the array's "
         "directory under the runs dir (its working directory: the code snapshot and the tasks' logs). None: not an array."))
@@ -844,5 +863,5 @@ def resolve_job(job: str) -> JobHandle:
     raise ConfigError(
         f"{job!r} is neither a job handle nor a job directory",
         hint="pass the handle `jobgen submit` printed (slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>, "
-        "local://<run dir>) or the submitted job directory",
+        "local://<run dir>, ssh://<first host>/<run dir>) or the submitted job directory",
     )

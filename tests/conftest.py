@@ -45,9 +45,9 @@ ADVERSARIAL = [
 ]
 
 
-#: The markers of tests that need a lab (tests/integration/slurm and k8s conftest.py); each such
-#: test is marked ``lab`` too (setup.cfg), so ``-m "not lab"`` leaves both labs out.
-LAB_MARKERS = ("slurm_lab", "k8s_lab")
+#: The markers of tests that need a lab (tests/integration/slurm, k8s and ssh conftest.py); each such
+#: test is marked ``lab`` too (setup.cfg), so ``-m "not lab"`` leaves every lab out.
+LAB_MARKERS = ("slurm_lab", "k8s_lab", "ssh_lab")
 
 
 #: Every test of the module (in :data:`SLOW_TESTS`).

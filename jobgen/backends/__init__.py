@@ -26,6 +26,7 @@ BACKENDS: dict[str, str] = {
     "local": "jobgen.backends.local:LocalBackend",
     "slurm": "jobgen.backends.slurm:SlurmBackend",
     "kubernetes": "jobgen.backends.kubernetes:KubernetesBackend",
+    "ssh": "jobgen.backends.ssh:SshBackend",
 }
 
 _INSTANCES: dict[str, Backend] = {}

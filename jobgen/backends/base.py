@@ -31,7 +31,7 @@ from jobgen.reports.usage import Usage
 if TYPE_CHECKING:
     from jobgen.planning.rules import World
     from jobgen.reports.triage import Triage
-    from jobgen.specs.profile import ClusterProfile
+    from jobgen.specs.profile import ClusterProfile, SshSettings
 
 Echo = Callable[[str], None]
 
@@ -108,7 +108,7 @@ class SubmitResult:
 
 
 class Backend(ABC):
-    """A scheduler backend: the same five operations for local, SLURM and Kubernetes.
+    """A scheduler backend: the same five operations for local, SLURM, Kubernetes and ssh.
 
     ``plan`` is pure; ``submit`` consumes a written job directory (what is committed is what
     runs) and never changes it beyond the submission record; ``status``/``logs``/``cancel``
@@ -300,11 +300,12 @@ def secrets_location(job_dir: Path, spec_file: Path | None) -> str:
     return f"{spec_file}: secrets" if spec_file is not None else f"{job_dir / SPEC_FILE}: spec.secrets"
 
 
-def common_files(ctx: PlanContext, *, requeue_signal: str | None = None,
-                 cluster: str | None = None) -> tuple[list[tuple[str, str]], ResolvedSpec]:
+def common_files(ctx: PlanContext, *, requeue_signal: str | None = None, cluster: str | None = None,
+                 ssh: SshSettings | None = None) -> tuple[list[tuple[str, str]], ResolvedSpec]:
     """``spec.json`` (the resolved spec the entrypoint reads) and, for DeepSpeed, ``ds_config.json``,
     as ``(name, text)`` pairs sorted by name, and the :class:`~jobgen.jobdir.ResolvedSpec` written
-    as spec.json (for :attr:`JobPlan.resolved <jobgen.planning.plan.JobPlan.resolved>`)."""
+    as spec.json (for :attr:`JobPlan.resolved <jobgen.planning.plan.JobPlan.resolved>`); the keywords
+    are launch facts for spec.json (:meth:`jobgen.planning.plan.PlanContext.resolved_spec`)."""
     files = []
     ds_name = None
     if ctx.spec.trainer.deepspeed_stage is not None:
@@ -312,7 +313,7 @@ def common_files(ctx: PlanContext, *, requeue_signal: str | None = None,
         from jobgen.planning import deepspeed  # DeepSpeed specs only: off the render path of the others
 
         files.append((DS_CONFIG_FILE, deepspeed.dumps(deepspeed.deepspeed_config(ctx.spec, ctx.world))))
-    resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster)
+    resolved = ctx.resolved_spec(deepspeed_config=ds_name, requeue_signal=requeue_signal, cluster=cluster, ssh=ssh)
     files.append((SPEC_FILE, resolved.dumps()))
     return sorted(files), resolved
 

@@ -55,7 +55,8 @@ LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
 #: Further names jobgen's own launch sets (job.sbatch, the local run): a secret of that name
 #: would be overwritten before any rank starts. SLURM_* comes from SLURM itself.
 JOBGEN_SET_ENV = frozenset({"OMP_NUM_THREADS", "JOB_DIR", "RUN_DIR", "JOBGEN_JOB_DIR", "JOBGEN_RUN_DIR", "PYTHONPATH",
-                            "SLURM_EXPORT_ENV", "JOBGEN_WORKDIR", "PL_DEEPSPEED_CONFIG_PATH", "JOBGEN_CODE_DIR"})
+                            "SLURM_EXPORT_ENV", "JOBGEN_WORKDIR", "PL_DEEPSPEED_CONFIG_PATH", "JOBGEN_CODE_DIR",
+                            "JOBGEN_SSH_JOB"})
 _JOBGEN_SET_PREFIXES = ("SLURM_",)
 
 #: Where a literal ``env`` value ends up, per scheduler and per file the field comes from.
@@ -66,6 +67,8 @@ _WRITTEN_TO = {
     ("local", "spec"): "spec.json in the run directory",
     ("kubernetes", "profile"): "the manifest (committed under manifests/)",
     ("kubernetes", "spec"): "the manifest and the ConfigMap (committed under manifests/)",
+    ("ssh", "profile"): "launch.sh (copied to every host; committed under manifests/ with --out)",
+    ("ssh", "spec"): "launch.sh and spec.json (copied to every host; committed under manifests/ with --out)",
 }
 
 

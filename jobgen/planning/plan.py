@@ -26,7 +26,7 @@ from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
 from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
-from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.profile import ClusterProfile, SshSettings
 from jobgen.specs.training import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
@@ -47,17 +47,21 @@ class Command:
     are filled in at submit time (e.g. ``<runs dir>``: ``jobgen submit --runs-dir``;
     :data:`SUBMIT_DIR_PLACEHOLDER`). ``inherits``: variables the command takes from the
     submitting environment (the spec's ``secrets``; checked before it runs, never written into a
-    file)."""
+    file). ``stdin``: what submit feeds the command on its standard input, in words (empty:
+    nothing)."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     inherits: tuple[str, ...] = ()
     cwd: str | None = None
+    stdin: str = ""
 
     def __str__(self) -> str:
         text = f"cd {shlex.quote(self.cwd)} && " if self.cwd is not None else ""
         text += "".join(f"{key}={shlex.quote(value)} " for key, value in self.env) + shlex.join(self.argv)
-        return text + (f"   # from your environment: {', '.join(self.inherits)}" if self.inherits else "")
+        notes = ([f"stdin: {self.stdin}"] if self.stdin else []) + ([f"from your environment: {', '.join(self.inherits)}"]
+                                                                     if self.inherits else [])
+        return text + (f"   # {'; '.join(notes)}" if notes else "")
 
     def filled(self, placeholders: dict[str, str]) -> Command:
         """This command with each placeholder (key) replaced by its value in argv, env and cwd."""
@@ -68,7 +72,7 @@ class Command:
             return text
 
         return Command(tuple(fill(a) for a in self.argv), tuple((k, fill(v)) for k, v in self.env), self.inherits,
-                       None if self.cwd is None else fill(self.cwd))
+                       None if self.cwd is None else fill(self.cwd), self.stdin)
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class JobPlan:
     """Everything submit will write and do, computed without side effects.
 
     Attributes:
-        scheduler: ``slurm``, ``kubernetes`` or ``local``.
+        scheduler: ``slurm``, ``kubernetes``, ``local`` or ``ssh``.
         profile: profile name (first directory level under the output root).
         job_name: the spec's name (second directory level).
         files: ``(relative file name, text)`` pairs, sorted by name.
@@ -220,14 +224,15 @@ class PlanContext:
         return hashlib.sha256(pydantic_core.to_json(doc)).hexdigest()
 
     def resolved_spec(self, *, deepspeed_config: str | None = None, requeue_signal: str | None = None,
-                      cluster: str | None = None) -> ResolvedSpec:
-        """The :class:`~jobgen.jobdir.ResolvedSpec` this plan writes as ``spec.json``."""
+                      cluster: str | None = None, ssh: SshSettings | None = None) -> ResolvedSpec:
+        """The :class:`~jobgen.jobdir.ResolvedSpec` this plan writes as ``spec.json`` (``ssh``: the
+        hosts an ssh job runs on, :attr:`~jobgen.jobdir.LaunchSpec.ssh`)."""
         w = self.world
         launch = LaunchSpec(scheduler=self.profile.scheduler, accelerator=w.accelerator, num_nodes=w.num_nodes,
                             devices_per_node=w.devices_per_node, world_size=w.world_size, deepspeed_config=deepspeed_config,
                             requeue_signal=requeue_signal, gpu_type=self.profile.gpu_type, cluster=cluster,
                             gpu_hour_price=self.profile.gpu_hour_price, min_nodes=w.min_nodes,
-                            preflight=self.profile.preflight, preflight_timeout_s=self.profile.preflight_timeout_s)
+                            preflight=self.profile.preflight, preflight_timeout_s=self.profile.preflight_timeout_s, ssh=ssh)
         return ResolvedSpec(jobgen_version=__version__, inputs_sha256=self.inputs_sha256, profile=self.profile.name,
                             spec=self.spec, launch=launch)
 

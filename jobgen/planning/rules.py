@@ -388,6 +388,7 @@ def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: 
     - SLURM: an allocation has a fixed node count (``--nodes``; Lightning's SLURMEnvironment
       checks ``SLURM_NNODES == num_nodes`` on every rank).
     - local: one machine.
+    - ssh: torchrun's static rendezvous (``--nnodes N --node-rank i``) on a fixed list of hosts.
     - Kubernetes ``job_api: trainjob``: Trainer v2.3.0's TrainJob and runtime CRDs have no
       elastic policy (``spec.trainer.numNodes`` is one integer).
 
@@ -404,6 +405,14 @@ def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: 
             f"You set the elastic range {given}, but profile {profile.name!r} is a SLURM cluster: an allocation has a "
             "fixed node count (sbatch --nodes), and Lightning's SLURMEnvironment stops every rank unless SLURM_NNODES "
             "equals num_nodes.",
+            location=where,
+            hint=f"Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic "
+                 "ranges run as Kubernetes PyTorchJobs.",
+        )
+    if profile.scheduler == "ssh":
+        raise PlanError(
+            f"You set the elastic range {given}, but profile {profile.name!r} starts a fixed list of hosts over ssh "
+            "(torchrun --nnodes N --node-rank i, a static rendezvous).",
             location=where,
             hint=f"Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic "
                  "ranges run as Kubernetes PyTorchJobs.",

@@ -24,7 +24,7 @@ from pydantic import (
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.specs.training import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
 
-Scheduler = Literal["slurm", "kubernetes", "local"]
+Scheduler = Literal["slurm", "kubernetes", "local", "ssh"]
 Fabric = Literal["infiniband", "roce", "efa", "tcp"]
 GpuType = Literal["V100", "T4", "A10G", "A100", "L4", "L40S", "H100", "H200", "B200"]
 
@@ -412,8 +412,140 @@ class LocalSettings(_Model):
         return {k: v for k, v in handler(self).items() if k != "detect_gpus"}
 
 
+#: Characters OpenSSH refuses in a host or user name given on its command line (OpenSSH 9.6
+#: ssh.c ``valid_hostname`` / ``valid_ruser``, the fix of CVE-2023-51385): refused at load, so
+#: a profile that a newer ssh would reject fails here and not at submit.
+_SSH_REFUSED_CHARS = "'`\"$\\;&<>|(){}"
+#: ``ssh -o`` options jobgen sets itself (the field to use instead), or that break how it talks to a host.
+_SSH_OWN_OPTIONS = {
+    "batchmode": "(always yes: jobgen never waits for a password prompt)",
+    "connecttimeout": "ssh.connect_timeout_s", "port": "ssh.port", "user": "ssh.user", "identityfile": "ssh.identity_file",
+    "identitiesonly": "ssh.identity_file (jobgen adds IdentitiesOnly=yes with it)", "userknownhostsfile": "ssh.known_hosts",
+    "stricthostkeychecking": "ssh.known_hosts (yes with a file, accept-new without)",
+    "remotecommand": "(jobgen sends its own commands)", "requesttty": "(jobgen's commands need no terminal)",
+    "sessiontype": "(jobgen's commands need a shell session)", "stdinnull": "(jobgen feeds the copy on stdin)",
+    "forkafterauthentication": "(jobgen waits for each command)", "localcommand": "(runs on this machine)",
+    "permitlocalcommand": "(runs on this machine)",
+}
+
+
+def _ssh_name(value: str, what: str, *, spaces: bool) -> str:
+    """A host or user name as OpenSSH >= 9.6 takes it on its command line (see :data:`_SSH_REFUSED_CHARS`)."""
+    check_shell_safe(value)
+    if not value or value.startswith("-"):
+        raise ValueError(f"{what} {value!r} is empty or starts with '-' (ssh would read it as an option)")
+    bad = sorted({c for c in value if c in _SSH_REFUSED_CHARS or (not spaces and c.isspace()) or not c.isprintable()})
+    if bad:
+        raise ValueError(f"{what} {value!r} holds {''.join(bad)!r}, which OpenSSH refuses in names given on its command line "
+                         "(OpenSSH 9.6, CVE-2023-51385); use a Host alias from ~/.ssh/config")
+    return value
+
+
+class SshSettings(_Model):
+    """Machines without a scheduler, reached over OpenSSH (``scheduler: ssh``): the same
+    launch script on every host, started, watched and stopped by ``ssh`` in BatchMode."""
+
+    hosts: tuple[str, ...] = Field(min_length=1, description=(
+        "The machines, in node-rank order: ssh destinations (host names, addresses, or ``Host`` aliases\n"
+        "of ``~/.ssh/config``). A job on N nodes runs on the first N; the first is the rendezvous host\n"
+        "(torchrun ``--master-addr``) unless ``master_addr`` says otherwise."
+    ))
+    user: str | None = Field(default=None, description=(
+        "Login name on every host (``ssh -l``); ``null``: ssh's default (``~/.ssh/config``, else your local name)."))
+    port: int = Field(default=22, ge=1, le=65535, description="sshd port on every host (``ssh -p``).")
+    workdir: str = Field(description=(
+        "Absolute directory on every host under which jobs run: ``<workdir>/<job name>/`` is the run\n"
+        "directory (``job/``: the copied job directory, ``code/``: the code snapshot, checkpoints,\n"
+        "``node-<rank>.log``). Created when missing; any characters but newlines (quoted by jobgen)."
+    ))
+    python: str = Field(default="python3", description="Python interpreter on every host, with jobgen[train] installed (runs torchrun and the entrypoint).")
+    master_addr: str | None = Field(default=None, description=(
+        "Address the other hosts reach the first one at for the rendezvous (e.g. its InfiniBand or\n"
+        "private-network address); ``null``: the first host as written in ``hosts``."
+    ))
+    master_port: int = Field(default=29500, ge=1024, le=65535, description="Rendezvous port on the first host (torchrun ``--master-port``).")
+    identity_file: str | None = Field(default=None, description=(
+        "Private key to log in with (``ssh -i``, with ``IdentitiesOnly=yes``); ``null``: ssh's default keys\n"
+        "and agent. ssh expands ``~``."
+    ))
+    known_hosts: str | None = Field(default=None, description=(
+        "known_hosts file holding every host's key: ``StrictHostKeyChecking=yes`` against it (an unknown\n"
+        "or changed key is refused). ``null``: ``StrictHostKeyChecking=accept-new`` with your own\n"
+        "known_hosts (a host seen for the first time is trusted and recorded; a changed key is refused)."
+    ))
+    connect_timeout_s: int = Field(default=10, ge=1, le=300, description="Seconds ssh waits for each host to answer (``ConnectTimeout``).")
+    options: tuple[str, ...] = Field(default=(), description=(
+        "Further ``ssh -o`` options, ``Key=Value`` each (e.g. ``ProxyJump=bastion``); options jobgen sets\n"
+        "from the fields above are refused."
+    ))
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            _ssh_name(host, "host", spaces=False)
+        twice = sorted({h for h in value if value.count(h) > 1})
+        if twice:
+            raise ValueError(f"hosts lists {', '.join(twice)} more than once; each host is one node")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return None if value is None else _ssh_name(value, "user", spaces=True)
+
+    @field_validator("master_addr")
+    @classmethod
+    def _master_addr(cls, value: str | None) -> str | None:
+        return None if value is None else _ssh_name(value, "master_addr", spaces=False)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str) -> str:
+        check_shell_safe(value)
+        if not value.startswith("/"):
+            raise ValueError(f"workdir {value!r} is not an absolute path; give the directory as every host sees it, e.g. /home/alice/jobgen-runs")
+        return value.rstrip("/") or "/"
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        return check_shell_safe(value)
+
+    @field_validator("identity_file", "known_hosts")
+    @classmethod
+    def _path(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return None
+        check_shell_safe(value)
+        # ssh expands %-tokens in both, and splits an -o value (UserKnownHostsFile=...) at blanks and quotes
+        bad = "%" if info.field_name == "identity_file" else "%\"' \t\\"
+        found = "".join(sorted({c for c in value if c in bad}))
+        if not value or found:
+            raise ValueError(f"{info.field_name} {value!r} is empty or holds {found!r}, which ssh would expand or split "
+                             "(ssh_config(5): %-tokens, and -o values split at blanks and quotes); use a path without them")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for option in value:
+            check_shell_safe(option)
+            key, eq, arg = option.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key) or not arg.strip():
+                raise ValueError(f"options entry {option!r} is not Key=Value (an ssh_config(5) keyword and its value)")
+            if key.lower() in _SSH_OWN_OPTIONS:
+                raise ValueError(f"options entry {option!r}: jobgen sets {key} itself; use {_SSH_OWN_OPTIONS[key.lower()]}")
+        return value
+
+    @property
+    def rendezvous_host(self) -> str:
+        """The address torchrun's ``--master-addr`` names: ``master_addr``, else the first host."""
+        return self.master_addr or self.hosts[0]
+
+
 #: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.
-_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60}
+_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60, "ssh": None}
 
 
 class ClusterProfile(_Model):
@@ -421,7 +553,10 @@ class ClusterProfile(_Model):
 
     name: str = Field(min_length=1, description="Profile name (set from the file name by the loader).")
     description: str = Field(default="", description="One line shown by ``jobgen profiles list``.")
-    scheduler: Scheduler = Field(description="Where jobs go: ``slurm``, ``kubernetes`` or ``local`` (this machine).")
+    scheduler: Scheduler = Field(description=(
+        "Where jobs go: ``slurm``, ``kubernetes``, ``local`` (this machine) or ``ssh`` (machines without a\n"
+        "scheduler, listed in ``ssh.hosts``)."
+    ))
     max_nodes: int = Field(default=1, ge=1, description="Most nodes a job may use.")
     default_nodes: int = Field(default=1, ge=1, description="Nodes a job gets when its spec does not say.")
     gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs per node; 0 for CPU-only clusters (then ``cpu_processes_per_node`` ranks run).")
@@ -443,6 +578,7 @@ class ClusterProfile(_Model):
     slurm: SlurmSettings | None = Field(default=None, description="SLURM settings (used when ``scheduler: slurm``).")
     kubernetes: KubernetesSettings | None = Field(default=None, description="Kubernetes settings (required when ``scheduler: kubernetes``).")
     local: LocalSettings = Field(default=LocalSettings(), description="Local-run settings (used when ``scheduler: local``).")
+    ssh: SshSettings | None = Field(default=None, description="Hosts and login (required when ``scheduler: ssh``).")
     preflight: bool = Field(default=False, description=(
         "Before training, every rank joins a short all-reduce test (NCCL on GPUs, gloo on CPU) that\n"
         "prints the bus bandwidth per node and stops the job (exit 1, naming the node) when a node\n"
@@ -472,6 +608,11 @@ class ClusterProfile(_Model):
             raise ValueError("gpus_per_node > 0 needs gpu_type (one of: " + ", ".join(GPU_COMPUTE_CAPABILITY) + ")")
         if self.scheduler == "kubernetes" and self.kubernetes is None:
             raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
+        if self.scheduler == "ssh" and self.ssh is None:
+            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts' and 'workdir'")
+        if self.scheduler == "ssh" and self.ssh is not None and self.max_nodes > len(self.ssh.hosts):
+            raise ValueError(f"max_nodes={self.max_nodes} but ssh.hosts lists {len(self.ssh.hosts)} host(s): each node is one host; "
+                             f"set max_nodes to at most {len(self.ssh.hosts)} or add hosts")
         if self.scheduler == "local" and self.max_nodes != 1:
             raise ValueError("scheduler 'local' runs on this machine: max_nodes must be 1")
         if self.gpu_hour_price is not None and self.gpus_per_node == 0:

@@ -3,7 +3,7 @@
 ``UPDATE_GOLDEN=1 pytest tests/golden`` is the only writer; a missing golden fails. It refuses
 to write when ``CI`` is set: a CI run that rewrote the goldens would compare the output with
 itself and pass whatever changed. Goldens prove stability, not correctness, so every sbatch
-golden also passes ``bash -n`` and shellcheck, and tests/unit/test_sbatch_directives.py checks
+and ssh launch.sh golden also passes ``bash -n`` and shellcheck, and tests/unit/test_sbatch_directives.py checks
 each ``#SBATCH`` value against the profile and spec it comes from.
 """
 
@@ -130,6 +130,18 @@ def test_sbatch_golden_passes_bash_n_and_shellcheck(script):
 
 def test_there_are_sbatch_goldens():
     assert len(SBATCH_GOLDENS) >= 4
+
+
+LAUNCH_GOLDENS = sorted(GOLDEN.glob("*/*/launch.sh"))
+
+
+@pytest.mark.parametrize("script", LAUNCH_GOLDENS, ids=[f"{s.parent.parent.name}-{s.parent.name}" for s in LAUNCH_GOLDENS])
+def test_ssh_launch_golden_passes_bash_n_and_shellcheck(script):
+    lint_bash(script)
+
+
+def test_there_are_ssh_launch_goldens():
+    assert len(LAUNCH_GOLDENS) >= 4
 
 
 @pytest.mark.parametrize(("environ", "refused"), [

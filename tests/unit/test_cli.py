@@ -71,7 +71,7 @@ def test_profiles_list_and_show_resolve_inheritance(run_cli):
     listed = run_cli("profiles", "list")
     assert listed.code == 0
     assert [line.split()[0] for line in listed.stdout.splitlines()] == [
-        "k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-cpu", "slurm-cpu-array", "slurm-h100"]
+        "k8s-a100", "k8s-h100", "local", "slurm-a100", "slurm-cpu", "slurm-cpu-array", "slurm-h100", "ssh-2node"]
     shown = run_cli("profiles", "show", "k8s-h100", "-o", "yaml")
     assert shown.code == 0 and "gpu_type: H100" in shown.stdout and "namespace: training" in shown.stdout
 

@@ -77,3 +77,13 @@ def test_installed_wheel_validates_against_its_packaged_crds(wheel, tmp_path):
     assert Path(module_file).is_relative_to(site) and Path(crds) == site / "jobgen" / "_crds"
     assert "kind: PyTorchJob" in proc.stdout
     assert "offline validation skipped" not in proc.stderr, proc.stderr
+
+
+def test_wheel_ships_every_template_and_profile(wheel):
+    """``jobgen render`` from a non-editable install finds what a checkout has (package_data lists
+    the template directories one by one: a new backend's directory must be added there)."""
+    shipped = {f"jobgen/_templates/{p.relative_to(REPO / 'templates').as_posix()}" for p in (REPO / "templates").rglob("*.j2")}
+    shipped |= {f"jobgen/_profiles/{p.name}" for p in (REPO / "cluster_profiles").glob("*.yaml")}
+    with zipfile.ZipFile(wheel) as zf:
+        missing = sorted(shipped - set(zf.namelist()))
+    assert "jobgen/_templates/ssh/launch.sh.j2" in shipped and not missing, f"not in {wheel.name}: {missing}"

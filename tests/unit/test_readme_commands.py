@@ -8,10 +8,10 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
 
 - synopsis lines (``SPEC``, ``[--out manifests]``): every option they name must be in that
   subcommand's ``--help``;
-- ``submit`` to a SLURM or Kubernetes profile: ``validate`` + ``render --stdout`` of the same spec
+- ``submit`` to a SLURM, Kubernetes or ssh profile: ``validate`` + ``render --stdout`` of the same spec
   and ``--set``s (the submits themselves run against the labs in tests/integration);
   ``submit DIR``: DIR must be a rendered job directory;
-- ``status``/``logs``/``cancel`` of a ``slurm://``/``k8s://`` handle: the labs (skipped here);
+- ``status``/``logs``/``cancel`` of a ``slurm://``/``k8s://``/``ssh://`` handle: the labs (skipped here);
 - a local training run: ``validate`` + ``render --stdout`` (the trainings run in tests/entrypoint);
   the command-mode example, a 3-step all-reduce, runs for real (where it runs, its summary.json,
   ``jobgen status`` COMPLETED);
@@ -294,7 +294,7 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
     if any(w.strip("[]|") in PLACEHOLDERS or w.startswith("[") or w == "|" for w in words):
         check_synopsis(scratch, words, shown)
         return
-    if any(w.startswith(("slurm://", "k8s://")) for w in words):
+    if any(w.startswith(("slurm://", "k8s://", "ssh://")) for w in words):
         skipped.append(f"{shown}: needs the cluster (tests/integration runs it against the labs)")
         return
     profile = option(words, "--profile", "-p")

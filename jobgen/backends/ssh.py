@@ -1,0 +1,409 @@
+"""ssh backend: a job on machines without a scheduler, started, watched and stopped over OpenSSH.
+
+``submit`` first asks every host (in parallel) whether it can be reached and has what the launch
+needs (:func:`~jobgen.backends.ssh_launch.probe_command`): one that cannot is named in the error
+and nothing is copied or started. Then it snapshots the code (:mod:`jobgen.usercode.snapshot`, as SLURM
+and local submits do), packs the job directory and the snapshot into one tar archive, extracts it
+into ``<workdir>/<job name>/`` on every host (``ssh host 'tar -x ...'`` with the archive on stdin:
+only tar is needed there, and the bytes arrive as they are here), starts ``bash job/launch.sh
+<node rank>`` on every host in a session of its own, records the submission
+(:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``) and waits until
+every launch has written its PID. ``status`` asks each host for the launch's PID, its exit code
+and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`);
+``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
+each launch script (which passes it to torchrun, which stops its workers) and, after a grace
+period, SIGKILL to whatever of the job is left, then checks that nothing is.
+
+Every ssh call is an argv list (:func:`~jobgen.backends.ssh_launch.ssh_argv`, BatchMode); the
+command lines are planned in :mod:`jobgen.backends.ssh_launch`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, TypeVar
+
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
+from jobgen.backends.ssh_launch import (
+    MISSING,
+    NO_LOG_EXIT,
+    TEMPLATE,
+    NodeReport,
+    handle_for,
+    job_state,
+    kill_command,
+    log_command,
+    parse_report,
+    plan,
+    probe_command,
+    run_dir,
+    snapshot_dir,
+    ssh_argv,
+    status_command,
+    stop_command,
+    submit_commands,
+)
+from jobgen.errors import ConfigError, SubmitError
+from jobgen.jobdir import CODE_SUBDIR, SUBMISSION_FILE, CodeSnapshot, JobHandle, Submission, find_submission, read_resolved_spec
+from jobgen.planning.environment import check_present
+from jobgen.planning.plan import JobPlan, PlanContext
+from jobgen.reports.triage import Triage
+from jobgen.specs.profile import SshSettings
+
+#: Seconds ``submit`` waits for every launch to write its PID after starting it.
+START_WAIT_S = 30.0
+#: Seconds ``cancel`` gives the job after TERM (torchrun stops its workers) before SIGKILL.
+CANCEL_GRACE_S = 30.0
+#: Seconds between two looks at the hosts while waiting.
+POLL_S = 1.0
+#: Seconds a copy may take (the job directory and the code snapshot).
+COPY_TIMEOUT_S = 900.0
+#: Hosts asked at once.
+MAX_PARALLEL = 16
+
+T = TypeVar("T")
+
+
+def run_ssh(argv: Sequence[str], *, stdin: IO[bytes] | None = None, data: bytes | None = None,
+            timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
+    """Run one ssh argv (never a shell here) with ``stdin`` (a file) or ``data`` on its standard
+    input (else /dev/null); a timeout comes back as exit 255 with the reason on stderr, like any
+    failure to reach the host.
+
+    Raises:
+        SubmitError: ssh is not installed.
+    """
+    feed: dict[str, object] = {"input": data} if data is not None else {"stdin": stdin if stdin is not None else subprocess.DEVNULL}
+    try:
+        return subprocess.run(list(argv), capture_output=True, timeout=timeout_s, **feed)  # type: ignore[call-overload]
+    except FileNotFoundError:
+        raise SubmitError(f"{argv[0]} not found: cannot reach the hosts",
+                          hint="install the OpenSSH client (Debian/Ubuntu: apt-get install openssh-client)") from None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(list(argv), 255, b"", f"no answer within {timeout_s:.0f} s".encode())
+
+
+def _each(hosts: Sequence[str], work: Callable[[int, str], T]) -> list[T]:
+    """``work(rank, host)`` for every host at once (threads: each waits on an ssh process)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(hosts)))) as pool:
+        return list(pool.map(lambda pair: work(*pair), list(enumerate(hosts))))
+
+
+def _why(proc: subprocess.CompletedProcess[bytes]) -> str:
+    """ssh's own message (its last stderr line), or the exit code."""
+    lines = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else f"exit {proc.returncode}"
+
+
+def _timeout(settings: SshSettings, extra: float) -> float:
+    return settings.connect_timeout_s + extra
+
+
+def probe(settings: SshSettings) -> None:
+    """Every host answers over ssh and has :data:`~jobgen.backends.ssh_launch.HOST_TOOLS` and
+    the profile's python (asked in parallel).
+
+    Raises:
+        SubmitError: naming every host that could not be reached (with ssh's message) or lacks a tool.
+    """
+    def ask(rank: int, host: str) -> str | None:
+        proc = run_ssh(ssh_argv(settings, host, probe_command(settings)), timeout_s=_timeout(settings, 30))
+        if proc.returncode == 255:
+            return f"{host} (node {rank}): cannot be reached: {_why(proc)}"
+        missing = [ln.split(MISSING, 1)[1].strip() for ln in proc.stdout.decode(errors="replace").splitlines() if ln.startswith(MISSING)]
+        if proc.returncode != 0 or missing:
+            return f"{host} (node {rank}): " + (f"lacks {', '.join(missing)}" if missing else f"the check failed: {_why(proc)}")
+        return None
+
+    problems = [p for p in _each(settings.hosts, ask) if p is not None]
+    if problems:
+        unreachable = any("cannot be reached" in p for p in problems)
+        raise SubmitError(
+            f"{len(problems)} of {len(settings.hosts)} host(s) not ready; nothing was copied or started:\n  " + "\n  ".join(problems),
+            hint=("check that `ssh` reaches each host without a prompt (keys: ssh-copy-id; host keys: ssh once by hand or "
+                  "set ssh.known_hosts), or change ssh.hosts in the profile" if unreachable else
+                  "install the missing tools on those hosts (bash, util-linux's setsid, tar, and the profile's ssh.python "
+                  "with jobgen[train])"),
+        )
+
+
+def pack(job_dir: Path, code: tuple[Path, CodeSnapshot] | None, into: IO[bytes]) -> None:
+    """Write a tar archive of the job directory (as ``job/``, without its submission record) and
+    of the code snapshot (as ``code/<id>/``) into ``into``; owners are not recorded (the hosts'
+    user owns what is extracted)."""
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if Path(info.name).name == SUBMISSION_FILE:
+            return None
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(fileobj=into, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(str(job_dir), arcname="job", filter=anonymous)
+        if code is not None:
+            tar.add(str(code[0]), arcname=f"{CODE_SUBDIR}/{code[0].name}", filter=anonymous)
+
+
+def _secret_lines(names: tuple[str, ...], location: str) -> bytes | None:
+    """``NAME=VALUE`` lines of the spec's secrets from this environment (checked set before).
+
+    Raises:
+        ConfigError: a value holds a newline (one line per secret is what the hosts read).
+    """
+    if not names:
+        return None
+    for name in names:
+        if "\n" in os.environ[name] or "\0" in os.environ[name]:
+            raise ConfigError(f"secret {name} holds a newline or NUL, which the hosts cannot read as one NAME=VALUE line",
+                              location=location, hint=f"store {name} without line breaks (e.g. base64) and decode it in your code")
+    return "".join(f"{name}={os.environ[name]}\n" for name in names).encode()
+
+
+def _settings(handle: JobHandle) -> tuple[SshSettings, str]:
+    """The hosts and the run directory of a recorded ssh job.
+
+    Raises:
+        ConfigError: not an ssh handle, or no submission record of it on this machine.
+    """
+    if handle.scheme != "ssh":
+        raise ConfigError(f"{handle} is not an ssh job handle", hint="ssh handles look like ssh://<first host>/<run dir>")
+    record = find_submission(handle)
+    if record is None or record.ssh is None:
+        raise ConfigError(f"no submission of {handle} is recorded on this machine, so jobgen does not know its hosts",
+                          hint="run jobgen where the job was submitted: its state directory ($JOBGEN_STATE_DIR, else "
+                               "~/.local/state/jobgen) holds the record naming the hosts")
+    return record.ssh, record.run_dir
+
+
+def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeReport]:
+    """Every host's :class:`~jobgen.backends.ssh_launch.NodeReport` (asked in parallel)."""
+    def ask(rank: int, host: str) -> NodeReport:
+        proc = run_ssh(ssh_argv(settings, host, status_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
+        if proc.returncode != 0:
+            return NodeReport(host, rank, reached=False, error=_why(proc))
+        return parse_report(host, rank, proc.stdout.decode(errors="replace"))
+
+    return _each(settings.hosts, ask)
+
+
+def status(handle: JobHandle) -> JobStatus:
+    """The job's state from its hosts (:func:`~jobgen.backends.ssh_launch.job_state`); details:
+    each node's host, live processes and exit code, and the run directory.
+
+    Raises:
+        ConfigError: not an ssh handle, or no record of it here.
+        SubmitError: no host could be reached (the message names each and why).
+    """
+    settings, run = _settings(handle)
+    nodes = reports(settings, run, handle)
+    if not any(n.reached for n in nodes):
+        raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
+                          hint="check the network and that ssh reaches them without a prompt")
+    state, details = job_state(nodes)
+    return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
+
+
+def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
+    """Ask the hosts every :data:`POLL_S` until ``until(reports)`` or ``seconds`` have passed; the last reports."""
+    settings, run = _settings(handle)
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = reports(settings, run, handle)
+        if until(nodes) or time.monotonic() >= deadline:
+            return nodes
+        time.sleep(POLL_S)
+
+
+def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec_file: Path | None = None) -> JobHandle:
+    """Copy the job directory ``job_dir`` (and the code snapshot) to every host and start it
+    there (see the module docstring for the order of things).
+
+    Raises:
+        ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set; the
+            code's work tree has uncommitted changes (without ``options.allow_dirty``).
+        SubmitError: a host cannot be reached or lacks a tool (before anything is copied); the job
+            of this run directory is still running; a copy or a start failed (whatever started is
+            stopped again).
+    """
+    job_dir = job_dir.resolve()
+    resolved = read_resolved_spec(job_dir)
+    settings = resolved.launch.ssh
+    if resolved.launch.scheduler != "ssh" or settings is None:
+        raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
+                          hint="submit it with its own profile, or render the spec with an ssh profile")
+    name, secrets = resolved.spec.name, resolved.spec.secrets
+    location = secrets_location(job_dir, spec_file)
+    check_present(secrets, dict(os.environ), location=location)
+    secret_data = _secret_lines(secrets, location)
+    handle, run = handle_for(settings, name), run_dir(settings, name)
+    probe(settings)  # every host, before anything is copied or started
+    if find_submission(handle) is not None:
+        before = status(handle)
+        if before.state in ("RUNNING", "PENDING"):
+            raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
+                              hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
+    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
+
+    local_run = options.runs_dir.resolve() / name
+    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
+    commands = submit_commands(settings, name, snapshot_id=code[0].name if code else None, secrets=secrets)
+    with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
+        archive = Path(tmp) / "job.tar"
+        with archive.open("wb") as sink:
+            pack(job_dir, code, sink)
+        size = archive.stat().st_size
+
+        def copy(rank: int, host: str) -> str | None:
+            with archive.open("rb") as stream:  # each host reads the archive from its start
+                proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
+            return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+        out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code[0].name}" if code else "")
+            + f") to {run} on {len(settings.hosts)} host(s)")
+        failed = [f for f in _each(settings.hosts, copy) if f is not None]
+    if failed:
+        raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
+                          hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
+
+    def start(rank: int, host: str) -> str | None:
+        proc = run_ssh(commands.start[rank].argv, data=secret_data, timeout_s=_timeout(settings, 30))
+        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+    started = _each(settings.hosts, start)
+    if any(started):
+        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                         timeout_s=_timeout(settings, 30)))
+        raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
+                          + "\n  ".join(f for f in started if f), hint="the hosts' messages are above")
+    record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
+                            code_dir=snapshot_dir(run, code[0].name) if code else None, code=code[1] if code else None,
+                            ssh=settings)
+    record.save()
+    nodes = _wait(handle, lambda nodes: all(n.pid is not None or n.exit_code is not None for n in nodes), START_WAIT_S)
+    late = [n.host for n in nodes if n.pid is None and n.exit_code is None]
+    if late:
+        out(f"jobgen: warning: no launch PID from {', '.join(late)} after {START_WAIT_S:.0f} s (see `jobgen status {handle}`)")
+    master = settings.rendezvous_host
+    out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
+        + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
+    return handle
+
+
+_REPLICA_RE = re.compile(r"^node-(\d+)$")
+
+
+def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, out: Echo = print) -> None:
+    """Print node ``replica``'s output (``node-<rank>``, default ``node-0``: global rank zero runs
+    there) from its host; with ``follow``, keep printing until the job has ended (Ctrl-C stops).
+
+    Raises:
+        ConfigError: ``replica`` is not ``node-<rank>`` of this job; no record of the job here.
+        SubmitError: the host cannot be reached.
+    """
+    settings, run = _settings(handle)
+    match = _REPLICA_RE.match(replica or "node-0")
+    if match is None or int(match.group(1)) >= len(settings.hosts):
+        raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
+                          hint="one of: " + ", ".join(f"node-{i} ({h})" for i, h in enumerate(settings.hosts)))
+    rank = int(match.group(1))
+    host = settings.hosts[rank]
+    offset, pending, finished, checks = 0, b"", not follow, 0
+    while True:
+        proc = run_ssh(ssh_argv(settings, host, log_command(run, rank, offset)), timeout_s=_timeout(settings, 120))
+        if proc.returncode not in (0, NO_LOG_EXIT):
+            raise SubmitError(f"cannot read node {rank}'s output on {host}: {_why(proc)}", hint="check that ssh reaches the host")
+        if proc.returncode == 0:
+            offset += len(proc.stdout)
+            *lines, pending = (pending + proc.stdout).split(b"\n")
+            for line in lines:
+                out(line.decode(errors="replace"))
+        elif not follow:
+            out(f"jobgen: node {rank} ({host}) has written no output yet to {run}")
+            return
+        if finished:
+            if pending:
+                out(pending.decode(errors="replace"))
+            return
+        checks += 1
+        if checks % 5 == 0:
+            state = status(handle)
+            finished = state.finished or state.state == "UNKNOWN"
+            if finished:
+                continue  # one more read drains what the node wrote last
+        time.sleep(POLL_S)
+
+
+def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
+    its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
+    processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
+
+    Raises:
+        ConfigError: not an ssh handle, or no record of it here.
+        SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
+    """
+    settings, run = _settings(handle)
+
+    def stop(rank: int, host: str) -> str | None:
+        proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
+        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+    unreached = [f for f in _each(settings.hosts, stop) if f]
+    nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
+    if any(n.procs for n in nodes):
+        left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
+        out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
+        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                         timeout_s=_timeout(settings, 60)))
+        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
+    unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
+    left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
+    if unreached or left:
+        raise SubmitError(f"{handle} may not have stopped everywhere: " + "; ".join([*unreached, *left]),
+                          hint=f"run `jobgen cancel {handle}` again once the hosts answer")
+    state, details = job_state(nodes)
+    return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
+
+
+class SshBackend(Backend):
+    """Hosts without a scheduler, over OpenSSH (``scheduler: ssh``)."""
+
+    name = "ssh"
+    templates = (TEMPLATE,)
+    submit_options = frozenset({"allow_dirty"})
+    log_options = frozenset({"replica"})
+
+    def plan(self, ctx: PlanContext) -> JobPlan:
+        """See :func:`jobgen.backends.ssh_launch.plan`."""
+        return plan(ctx)
+
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
+        """See :func:`submit_dir`."""
+        self.check_options(options)
+        handle = submit_dir(job_dir, options, out, spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None)
+        return SubmitResult("submitted", handle, Submission.load(job_dir.resolve() / SUBMISSION_FILE))
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        """See :func:`status`."""
+        return status(handle)
+
+    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+        """Node ``options.replica``'s output (``node-<rank>``, default ``node-0``); see :func:`logs`."""
+        self.check_options(options)
+        logs(handle, replica=options.replica, follow=options.follow, out=out)
+
+    def first_error(self, handle: JobHandle) -> Triage:
+        """Not offered yet: each node's output is on its host."""
+        raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {handle}")
+
+    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+        """See :func:`cancel`."""
+        return cancel(handle, wait_s=wait_s, out=out)

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Two ssh hosts on this machine, for jobgen's ``scheduler: ssh`` integration tests.
+
+Each host is Debian's OpenSSH server (``sshd``, installed with apt when missing) in its own
+network namespace with its own IP, hostname and /etc/hosts (``host1`` 10.213.9.11, ``host2``
+10.213.9.12), joined by a bridge that gives this machine 10.213.9.1, so ``ssh`` run here reaches
+them. Each host also has its own disk: a private mount namespace binds ``<root>/disks/<host>``
+over the lab's work directory (:attr:`SshLab.workdir`), so what jobgen copies to one host is not
+on the other, as on real machines. Login is root with a key generated for the lab (no password),
+host keys are generated too and listed in a known_hosts file of the lab.
+
+The recipe follows the SLURM lab (tests/integration/slurm/lab.py, and LAB-NOTES.md "A real
+multi-node SLURM cluster on one machine"): daemons entered with ``nsenter --net`` (not ``ip netns
+exec``, pitfall 1), a private UTS + mount namespace per host with a bind-mounted hosts file
+(pitfall 2), a policy-rc.d while apt installs (pitfall 6). Names and subnet differ from the SLURM
+lab's (``js*``, 10.213.9.0/24), so both labs can be up at once.
+
+Needs root, iproute2, util-linux (unshare, nsenter) and apt. Everything lives under ROOT except
+``/run/sshd`` (sshd's privilege-separation directory, created when missing as Debian's package
+does at boot); it never edits /etc/hosts and only kills what it started or what lives in its
+namespaces.
+
+By hand:
+
+    python tests/integration/ssh/sshlab.py up --root /tmp/jobgen-ssh-lab
+    ssh -i /tmp/jobgen-ssh-lab/id_ed25519 -o UserKnownHostsFile=/tmp/jobgen-ssh-lab/known_hosts root@10.213.9.11 hostname
+    python tests/integration/ssh/sshlab.py down --root /tmp/jobgen-ssh-lab
+
+Imports nothing from jobgen; the generic helpers come from the SLURM lab's module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "slurm"))
+
+from lab import LabConflictError, LabError, apt_install, find_binary, pid_alive, run, wait_for  # noqa: E402
+
+SUBNET = ipaddress.ip_network("10.213.9.0/24")
+BRIDGE = "jsbr0"
+HOST_IP = "10.213.9.1"
+#: Prefix of the bridge's `ip link` alias: marks the bridge as this lab's and names its root.
+OWNER_TAG = "jobgen-ssh-lab root="
+PACKAGES = ("openssh-server",)
+BINARIES = ("sshd", "ssh-keygen", "ssh")
+#: The lab's work directory: a space and a quote in it, so every command jobgen sends must quote it.
+WORKDIR_NAME = "work dir's"
+#: An address on the lab subnet where nothing answers (for the unreachable-host test).
+NOBODY = "10.213.9.99"
+
+
+@dataclass(frozen=True)
+class SshHost:
+    """One lab host: a network namespace with its own hostname, IP and disk."""
+
+    name: str  #: hostname inside the namespace
+    netns: str  #: network namespace, /run/netns/<netns>
+    ip: str  #: address on the lab bridge
+    veth: str  #: host end of the veth pair (on the bridge)
+    peer: str  #: namespace end of the veth pair
+
+
+HOSTS = (
+    SshHost("host1", "jshost1", "10.213.9.11", "jsvhost1", "jsehost1"),
+    SshHost("host2", "jshost2", "10.213.9.12", "jsvhost2", "jsehost2"),
+)
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _link_alias(name: str) -> str:
+    try:
+        return Path("/sys/class/net", name, "ifalias").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
+def _netns_inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class SshLab:
+    """The two sshd hosts under ``root``: keys (``id_ed25519``, ``known_hosts``,
+    ``authorized_keys``), per-host ``sshd_config`` and host key (``<host>/``), disks
+    (``disks/<host>/``), logs (``log/``) and ``lab.json`` (the sshd PIDs), so ``down()`` works
+    from a new process given the same root."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        #: Wall seconds of the last ``up()``: install, keys, network, sshd, total.
+        self.timings: dict[str, float] = {}
+
+    # ----- paths
+
+    @property
+    def workdir(self) -> Path:
+        """The directory every host sees its own disk at (the profile's ``ssh.workdir``)."""
+        return self.root / WORKDIR_NAME
+
+    def disk(self, host: SshHost) -> Path:
+        """What ``host`` sees at :attr:`workdir` (read it from here, outside the lab)."""
+        return self.root / "disks" / host.name
+
+    @property
+    def identity_file(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def hosts(self) -> tuple[SshHost, ...]:
+        return HOSTS
+
+    def ssh(self, host: SshHost, command: str, *, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ssh root@<host> <command>`` with the lab's key and known_hosts (BatchMode)."""
+        return run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes",
+                    "-o", f"UserKnownHostsFile={self.known_hosts}", "-i", str(self.identity_file), "-o", "IdentitiesOnly=yes",
+                    "-l", "root", "--", host.ip, command], timeout=timeout, check=check)
+
+    # ----- bookkeeping
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, **changes: object) -> None:
+        state = {**self._read_state(), **changes}
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.state_file)
+
+    def sshd_pids(self) -> dict[str, int]:
+        """Live sshd PIDs by host name (checked: an sshd in that host's namespace)."""
+        out = {}
+        for host in HOSTS:
+            pid = self._read_state().get("sshd", {}).get(host.name)
+            if pid and pid_alive(pid) and _netns_inode(f"/proc/{pid}/ns/net") == _netns_inode(f"/run/netns/{host.netns}"):
+                try:
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    continue
+                if comm == "sshd":
+                    out[host.name] = pid
+        return out
+
+    def namespace_pids(self) -> dict[str, list[int]]:
+        """Every live PID in each host's network namespace (``ip netns pids``), by host name."""
+        out: dict[str, list[int]] = {}
+        for host in HOSTS:
+            if not _netns_exists(host.netns):
+                out[host.name] = []
+                continue
+            proc = run(["ip", "netns", "pids", host.netns], check=False, timeout=30)
+            out[host.name] = sorted(p for p in (int(x) for x in proc.stdout.split() if x.isdigit()) if pid_alive(p))
+        return out
+
+    def job_pids(self) -> dict[str, list[int]]:
+        """PIDs in each host's namespace other than its sshd listener: sessions and what jobs
+        started. A finished or cancelled job (and no open session) leaves every list empty."""
+        daemons = set(self.sshd_pids().values())
+        return {name: [p for p in pids if p not in daemons] for name, pids in self.namespace_pids().items()}
+
+    def log_tails(self, lines: int = 30) -> str:
+        parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()
+            parts.append(f"--- {path} (last {lines} lines)\n" + "\n".join(text[-lines:]))
+        return "\n".join(parts) or f"(no logs under {self.log_dir})"
+
+    # ----- up
+
+    def up(self, *, timeout: float = 30.0) -> SshLab:
+        """Install openssh-server if missing, make keys, network and disks, start sshd on each
+        host and wait until ``ssh <host> true`` works. Raises LabInstallError, LabConflictError
+        or LabError (with the sshd logs); on failure it tears down what it built."""
+        if os.geteuid() != 0:
+            raise LabError("the ssh lab needs root (network namespaces, bridge, sshd)")
+        t0 = time.monotonic()
+        apt_install(PACKAGES, BINARIES)
+        t1 = time.monotonic()
+        self._check_conflicts()
+        try:
+            self._write_state(root=str(self.root), network=True, sshd={})
+            self._write_files()
+            t2 = time.monotonic()
+            self._network_up()
+            t3 = time.monotonic()
+            self._start_sshd()
+            for host in HOSTS:
+                wait_for(lambda h=host: self.ssh(h, "true", check=False).returncode == 0, timeout, 0.2,
+                         what=f"ssh to {host.name} ({host.ip})")
+            t4 = time.monotonic()
+        except BaseException:
+            try:
+                self.down()
+            except Exception as exc:  # keep the original error
+                print(f"ssh lab: cleanup after a failed up() also failed: {exc}", file=sys.stderr)
+            raise
+        self.timings = {"install_s": t1 - t0, "files_s": t2 - t1, "network_s": t3 - t2, "sshd_s": t4 - t3, "total_s": t4 - t0}
+        return self
+
+    def _check_conflicts(self) -> None:
+        names = [BRIDGE, *(h.veth for h in HOSTS)]
+        taken = [n for n in names if _link_exists(n)] + [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
+        if taken:
+            alias = _link_alias(BRIDGE)
+            other = alias[len(OWNER_TAG):] if alias.startswith(OWNER_TAG) else None
+            if other is not None and (other == str(self.root) or not (Path(other) / "lab.json").exists()):
+                print(f"ssh lab: tearing down a lab left under {other}", file=sys.stderr)
+                SshLab(Path(other)).down()
+            elif other is not None:
+                raise LabConflictError(f"another jobgen ssh lab is up (root {other}); stop it with: "
+                                       f"{sys.executable} {Path(__file__).resolve()} down --root {other}")
+            else:
+                raise LabConflictError(f"{', '.join(taken)} exist and are not a jobgen ssh lab's; refusing to touch them")
+        for line in run(["ip", "-o", "-4", "addr", "show"]).stdout.splitlines():
+            dev, cidr = line.split()[1], line.split()[3]
+            if not dev.startswith("js") and ipaddress.ip_interface(cidr).network.overlaps(SUBNET):
+                raise LabConflictError(f"{dev} has {cidr}, which overlaps the ssh lab subnet {SUBNET}")
+
+    def _keygen(self, path: Path, comment: str) -> str:
+        if not path.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+        return path.with_name(path.name + ".pub").read_text().strip()
+
+    def _write_files(self) -> None:
+        for sub in ("log", "run", *(f"disks/{h.name}" for h in HOSTS), *(h.name for h in HOSTS)):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        self.workdir.mkdir(exist_ok=True)  # the mount point; each host binds its disk over it
+        user_key = self._keygen(self.identity_file, "jobgen-ssh-lab")
+        (self.root / "authorized_keys").write_text(user_key + "\n")
+        known = []
+        for host in HOSTS:
+            host_key = self._keygen(self.root / host.name / "ssh_host_ed25519_key", f"jobgen-ssh-lab-{host.name}")
+            known.append(f"{host.ip} {' '.join(host_key.split()[:2])}")
+            (self.root / host.name / "sshd_config").write_text("\n".join([
+                f"# jobgen ssh lab, {host.name}; written by {Path(__file__).name}",
+                f"ListenAddress {host.ip}",
+                "Port 22",
+                f"HostKey {self.root / host.name / 'ssh_host_ed25519_key'}",
+                f"PidFile {self.root / 'run' / f'sshd.{host.name}.pid'}",
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",  # the lab's files live under a temporary directory
+                "UseDNS no",
+                "PrintMotd no",
+                "PrintLastLog no",
+                "X11Forwarding no",
+                "MaxStartups 100",
+                "LogLevel VERBOSE",
+            ]) + "\n")
+        self.known_hosts.write_text("\n".join(known) + "\n")
+        lines = ["127.0.0.1\tlocalhost", f"{HOST_IP}\tjslabhost", *(f"{h.ip}\t{h.name}" for h in HOSTS)]
+        (self.root / "hosts").write_text("\n".join(lines) + "\n")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+
+    def _network_up(self) -> None:
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
+        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
+        run(["ip", "link", "set", BRIDGE, "up"])
+        for h in HOSTS:
+            run(["ip", "netns", "add", h.netns])
+            run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer])
+            run(["ip", "link", "set", h.peer, "netns", h.netns])
+            run(["ip", "link", "set", h.veth, "master", BRIDGE])
+            run(["ip", "link", "set", h.veth, "up"])
+            run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{SUBNET.prefixlen}", "dev", h.peer])
+            run(["ip", "-n", h.netns, "link", "set", h.peer, "up"])
+            run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+
+    def _start_sshd(self) -> None:
+        sshd = find_binary("sshd")
+        if sshd is None:
+            raise LabError("sshd not found after installing openssh-server")
+        pids = {}
+        for host in HOSTS:
+            argv = ["nsenter", f"--net=/run/netns/{host.netns}", "--",
+                    "unshare", "--uts", "--mount", "--propagation", "private", "--",
+                    sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec", "--hostname", host.name,
+                    "--hosts", str(self.root / "hosts"), "--disk", str(self.disk(host)), "--workdir", str(self.workdir), "--",
+                    sshd, "-D", "-e", "-f", str(self.root / host.name / "sshd_config")]
+            log = (self.log_dir / f"sshd.{host.name}.log").open("ab")
+            log.write(f"$ {shlex.join(argv)}\n".encode())
+            log.flush()
+            # nsenter, unshare and _nsexec exec each other: the PID is sshd's
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+            pids[host.name] = proc.pid
+            self._write_state(sshd=pids)
+
+    # ----- down
+
+    def down(self) -> None:
+        """Stop sshd and everything else in the lab namespaces, delete namespaces, veths and
+        the bridge. Idempotent. Raises LabError naming what could not be removed."""
+        ours = (_link_exists(BRIDGE) and _link_alias(BRIDGE) == OWNER_TAG + str(self.root)) or (
+            not _link_exists(BRIDGE) and self._read_state().get("network"))
+        if not ours:
+            return
+        for pids in self.namespace_pids().values():
+            for pid in pids:
+                self._stop(pid)
+        problems = []
+        for h in HOSTS:
+            if _netns_exists(h.netns) and run(["ip", "netns", "del", h.netns], check=False).returncode:
+                problems.append(f"netns {h.netns}")
+            if _link_exists(h.veth):
+                run(["ip", "link", "del", h.veth], check=False)
+        if _link_exists(BRIDGE):
+            run(["ip", "link", "del", BRIDGE], check=False)
+        problems += [n for n in (BRIDGE, *(h.veth for h in HOSTS)) if _link_exists(n)]
+        if self.state_file.exists():
+            self._write_state(network=False, sshd={})
+        if problems:
+            raise LabError("ssh lab teardown incomplete: still present: " + ", ".join(problems))
+
+    @staticmethod
+    def _stop(pid: int, grace: float = 3.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                if not pid_alive(pid):
+                    return
+                time.sleep(0.05)
+
+
+def _nsexec(hostname: str, hosts: str, disk: str, workdir: str, argv: list[str]) -> None:
+    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind the lab hosts
+    file over /etc/hosts and the host's disk over the work directory (this mount namespace
+    only), exec argv."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.sethostname(hostname.encode(), len(hostname.encode())) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sethostname({hostname}): {os.strerror(err)}")
+    ms_bind = 4096
+    for source, target in ((hosts, "/etc/hosts"), (disk, workdir)):
+        if libc.mount(source.encode(), target.encode(), None, ms_bind, None) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"bind-mount {source} over {target}: {os.strerror(err)}")
+    os.execv(argv[0], argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """up | down | _nsexec (with --root); returns the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "down"):
+        sub.add_parser(name).add_argument("--root", type=Path, default=Path("/tmp/jobgen-ssh-lab"))
+    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
+    for option in ("--hostname", "--hosts", "--disk", "--workdir"):
+        ns.add_argument(option, required=True)
+    ns.add_argument("argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "_nsexec":
+        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        _nsexec(args.hostname, args.hosts, args.disk, args.workdir, rest)
+        return 1  # not reached
+    lab = SshLab(args.root)
+    try:
+        if args.command == "up":
+            lab.up()
+            print(f"# ssh lab up in {lab.timings['total_s']:.1f} s: " + ", ".join(f"{h.name}={h.ip}" for h in HOSTS), file=sys.stderr)
+            print(f"# ssh -i {lab.identity_file} -o UserKnownHostsFile={lab.known_hosts} root@{HOSTS[0].ip}")
+        else:
+            lab.down()
+    except LabError as exc:
+        print(f"ssh lab {args.command} failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

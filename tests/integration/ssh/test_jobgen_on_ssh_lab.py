@@ -1,0 +1,181 @@
+"""jobgen against two real sshd hosts (``scheduler: ssh``): a 2-node job trains, cancel leaves
+nothing behind, an unreachable host is named before anything starts.
+
+Every job goes through the ``jobgen`` CLI with a profile naming the lab's hosts by address, its
+key and known_hosts; the work directory has a space and a quote in its name (sshlab.WORKDIR_NAME),
+so every command jobgen sends to a host must quote it. Each host has its own disk: what a test
+reads from ``lab.disk(host)`` is what that host alone saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sshlab import NOBODY, SshLab
+
+from tests.conftest import REPO
+from tests.integration.usercode_repo import user_repo
+
+pytestmark = pytest.mark.ssh_lab
+
+PROFILE = """\
+description: jobgen ssh lab, 2 hosts x 1 gloo rank
+scheduler: ssh
+max_nodes: 2
+default_nodes: 2
+gpus_per_node: 0
+cpu_processes_per_node: 1
+cpus_per_node: 1
+mem_gib_per_node: 2
+ssh:
+  hosts: {hosts}
+  user: root
+  workdir: {workdir}
+  python: {python}
+  identity_file: {identity}
+  known_hosts: {known_hosts}
+  connect_timeout_s: 3
+"""
+
+LONG_SPEC = """\
+name: {name}
+model: {{preset: null, n_layer: 1, n_head: 2, d_model: 32, block_size: 32}}
+data: {{max_bytes: 200000}}
+trainer: {{precision: 32-true, micro_batch_size: 4, max_steps: 100000, warmup_steps: 1, val_check_interval: 1000,
+          limit_val_batches: 1, log_every_n_steps: 1}}
+checkpoint: {{every_n_steps: 1000}}
+"""
+
+
+class Jobgen:
+    """The jobgen CLI with the lab's profiles and its own state directory."""
+
+    def __init__(self, lab: SshLab, root: Path):
+        self.lab, self.root = lab, root
+        self.env = {**os.environ, "JOBGEN_STATE_DIR": str(root / "state"), "PYTHONPATH": str(REPO)}
+        self.env.pop("JOBGEN_DEBUG", None)
+        (root / "profiles").mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=cwd or self.root, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"jobgen {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def profile(self, name: str, hosts: list[str]) -> str:
+        text = PROFILE.format(hosts=json.dumps(hosts), workdir=json.dumps(str(self.lab.workdir)), python=json.dumps(sys.executable),
+                              identity=json.dumps(str(self.lab.identity_file)), known_hosts=json.dumps(str(self.lab.known_hosts)))
+        (self.root / "profiles" / f"{name}.yaml").write_text(text)
+        return name
+
+    def submit(self, spec: Path, profile: str, *, cwd: Path | None = None) -> str:
+        # --no-import-check: importing torch and Lightning here is not what these tests are about
+        out = self("submit", str(spec), "--profile", profile, "--profiles-dir", str(self.root / "profiles"),
+                   "--runs-dir", str(self.root / "runs"), "--no-import-check", "-o", "json", cwd=cwd).stdout
+        return json.loads(out)["handle"]
+
+    def state(self, handle: str) -> dict:
+        return json.loads(self("status", handle, "-o", "json").stdout)
+
+    def wait(self, handle: str, states: set[str], timeout: float) -> dict:
+        """Poll ``jobgen status`` every 4 s (each is a process plus an ssh per host: on 2 shared
+        cores, polling faster slows the job it waits for)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.state(handle)
+            if status["state"] in states or time.monotonic() > deadline:
+                return status
+            time.sleep(4)
+
+
+@pytest.fixture(scope="module")
+def jobgen(ssh_lab: SshLab, tmp_path_factory: pytest.TempPathFactory) -> Jobgen:
+    return Jobgen(ssh_lab, tmp_path_factory.mktemp("jobgen-ssh"))
+
+
+def hosts_of(lab: SshLab) -> list[str]:
+    return [h.ip for h in lab.hosts]
+
+
+def nothing_left(lab: SshLab, timeout: float = 15) -> dict[str, list[int]]:
+    """The processes left in the hosts' namespaces besides sshd, once the last ssh sessions have
+    closed (waits up to ``timeout`` s for them to be none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = lab.job_pids()
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_two_node_job_trains_to_completion(jobgen, ssh_lab, tmp_path):
+    """A user-code job (tinychar, committed in its own git repository) on both hosts: each gets
+    the job directory and the code snapshot on its own disk, node 1 joins node 0's rendezvous,
+    rank 0 writes the summary on host1, status says COMPLETED with exit 0 on both, and nothing
+    of the job runs afterwards."""
+    started = time.monotonic()
+    repo, spec, head = user_repo(tmp_path, "ssh-two-node", max_steps=6, every=3)
+    handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)), cwd=repo)
+    assert handle == f"ssh://{ssh_lab.hosts[0].ip}{ssh_lab.workdir}/ssh-two-node"
+    status = jobgen.wait(handle, {"COMPLETED", "FAILED", "CANCELLED", "UNKNOWN"}, timeout=420)
+    node0, node1 = (ssh_lab.disk(h) / "ssh-two-node" for h in ssh_lab.hosts)
+    assert status["state"] == "COMPLETED", (status, (node0 / "node-0.log").read_text()[-3000:],
+                                            (node1 / "node-1.log").read_text()[-3000:])
+    assert status["details"]["exit_code"] == "0" and status["source"] == "ssh"
+    summary = json.loads((node0 / "summary.json").read_text())
+    assert summary["global_step"] == 6 and summary["world_size"] == 2
+    assert summary["code"]["commit"] == head and summary["code"]["dir"] == f"{ssh_lab.workdir}/ssh-two-node/code/{head}"
+    for disk in (node0, node1):  # each host has its own copy of the job and of the snapshot
+        assert (disk / "job" / "launch.sh").is_file() and (disk / "job" / "spec.json").is_file()
+        assert (disk / "code" / head / "usercode" / "tinychar").is_dir()
+        assert not (disk / "job" / ".jobgen-submission.json").exists()
+    assert not (node1 / "summary.json").exists()  # rank 0 lives on host1
+    assert (node0 / "node-0.exit").read_text().strip() == "0" and (node1 / "node-1.exit").read_text().strip() == "0"
+    shown = jobgen("logs", "--replica", "node-1", handle).stdout
+    assert "jobgen: node 1 of 2 on host2" in shown and "GLOBAL_RANK: 1" in shown, shown
+    assert "done: ssh-two-node at step 6/6" in jobgen("logs", handle).stdout
+    listed = jobgen("ls", "-o", "json").stdout
+    assert handle in listed
+    assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
+    print(f"\n2-node ssh job: submit to COMPLETED in {time.monotonic() - started:.1f} s (under load)")
+
+
+def test_cancel_stops_every_process_on_both_hosts(jobgen, ssh_lab, tmp_path):
+    spec = tmp_path / "ssh-cancel.yaml"
+    spec.write_text(LONG_SPEC.format(name="ssh-cancel"))
+    handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
+    deadline = time.monotonic() + 120
+    while True:  # training on both hosts: the launch, torchrun and a worker each
+        status = jobgen.state(handle)
+        per_host = ssh_lab.job_pids()
+        if status["state"] == "RUNNING" and all(len(p) >= 3 for p in per_host.values()):
+            break
+        assert status["state"] in ("PENDING", "RUNNING") and time.monotonic() < deadline, (status, per_host)
+        time.sleep(1)
+    started = time.monotonic()
+    cancelled = json.loads(jobgen("cancel", handle, "-o", "json").stdout)
+    assert cancelled["state"] == "CANCELLED", cancelled
+    assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
+    assert jobgen.state(handle)["state"] == "CANCELLED"
+    print(f"\nssh cancel: every process gone in {time.monotonic() - started:.1f} s (under load)")
+
+
+def test_an_unreachable_host_is_named_before_anything_starts(jobgen, ssh_lab, tmp_path):
+    spec = tmp_path / "ssh-unreachable.yaml"
+    spec.write_text(LONG_SPEC.format(name="ssh-unreachable"))
+    profile = jobgen.profile("ssh-lab-down", [ssh_lab.hosts[0].ip, NOBODY])
+    proc = jobgen("submit", str(spec), "--profile", profile, "--profiles-dir", str(jobgen.root / "profiles"),
+                  "--runs-dir", str(jobgen.root / "runs"), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{NOBODY} (node 1): cannot be reached" in proc.stderr and "nothing was copied or started" in proc.stderr, proc.stderr
+    assert "1 of 2 host(s) not ready" in proc.stderr and f"{ssh_lab.hosts[0].ip} (node 0)" not in proc.stderr, proc.stderr
+    assert not (ssh_lab.disk(ssh_lab.hosts[0]) / "ssh-unreachable").exists()  # nothing copied to the host that answered
+    assert not (jobgen.root / "runs" / "ssh-unreachable").exists()  # nor left here
+    assert nothing_left(ssh_lab) == {"host1": [], "host2": []}

@@ -1,0 +1,342 @@
+"""``scheduler: ssh`` without the lab: the profile's rules, the planned launch script and command
+lines, their quoting (the remote commands run here under a real shell, in directories with odd
+names), the job's state from the hosts' reports, and submit's order (every host probed before
+anything is copied; what starts is what the plan shows) through a fake ssh runner.
+The real thing, two sshd hosts, is tests/integration/ssh."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from jobgen import api
+from jobgen.backends import plan as plan_job
+from jobgen.backends import ssh
+from jobgen.backends.base import LogOptions, SubmitOptions
+from jobgen.backends.ssh_launch import (
+    NodeReport,
+    copy_command,
+    handle_for,
+    job_state,
+    parse_report,
+    run_dir,
+    ssh_argv,
+    start_command,
+    status_command,
+    stop_command,
+)
+from jobgen.errors import ConfigError, PlanError, SubmitError
+from jobgen.jobdir import LAUNCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, Submission, read_resolved_spec
+from jobgen.specs.load import load_profile, load_spec
+from jobgen.specs.profile import ClusterProfile, SshSettings
+from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, lint_bash, write
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+
+
+def ssh_profile(tmp_path: Path, ssh_section: str, **top: object) -> ClusterProfile:
+    fields = {"scheduler": "ssh", "max_nodes": 2, "default_nodes": 2, **top}
+    text = "".join(f"{k}: {json.dumps(v)}\n" for k, v in fields.items()) + f"ssh: {ssh_section}\n"
+    write(tmp_path / "profiles" / "site.yaml", text)
+    return load_profile("site", tmp_path / "profiles")
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+@pytest.mark.parametrize(("section", "top", "message"), [
+    ('{hosts: [a, "box 1"], workdir: /w}', {}, r"ssh\.hosts: host 'box 1' holds ' ', which OpenSSH refuses"),
+    ("{hosts: [a, -oProxyCommand=x], workdir: /w}", {}, r"starts with '-'"),
+    ("{hosts: [a, a], workdir: /w}", {}, r"lists a more than once"),
+    ("{hosts: [a, 'b;c'], workdir: /w}", {}, r"holds ';'"),
+    ("{hosts: [a, b], workdir: runs}", {}, r"ssh\.workdir: .*not an absolute path"),
+    ('{hosts: [a, b], workdir: "/w\\nx"}', {}, r"newlines"),
+    ('{hosts: [a, b], workdir: /w, known_hosts: "/my keys/kh"}', {}, r"known_hosts '/my keys/kh' is empty or holds ' '"),
+    ("{hosts: [a, b], workdir: /w, identity_file: /k/id_%h}", {}, r"identity_file .* holds '%'"),
+    ("{hosts: [a, b], workdir: /w, options: [BatchMode=no]}", {}, r"jobgen sets BatchMode itself"),
+    ("{hosts: [a, b], workdir: /w, options: [Port=2222]}", {}, r"use ssh\.port"),
+    ("{hosts: [a, b], workdir: /w, options: [ProxyJump]}", {}, r"is not Key=Value"),
+    ("{hosts: [a, b], workdir: /w}", {"max_nodes": 3}, r"max_nodes=3 but ssh\.hosts lists 2 host\(s\)"),
+    ("{hosts: [a, b], workdir: /w, user: '-l'}", {}, r"user '-l' is empty or starts with '-'"),
+])
+def test_bad_ssh_settings_are_refused_at_load(tmp_path, section, top, message):
+    with pytest.raises(ConfigError, match=message):
+        ssh_profile(tmp_path, section, **top)
+
+
+def test_scheduler_ssh_needs_its_section(tmp_path):
+    write(tmp_path / "profiles" / "site.yaml", "scheduler: ssh\n")
+    with pytest.raises(ConfigError, match="scheduler 'ssh' needs an 'ssh:' section"):
+        load_profile("site", tmp_path / "profiles")
+
+
+def test_a_user_name_with_a_space_is_one_argument_and_quoted_where_shown(tmp_path):
+    prof = ssh_profile(tmp_path, "{hosts: [gpu-a, gpu-b], workdir: /w, user: 'alice smith', port: 2222, "
+                                 "identity_file: '~/.ssh/lab key', known_hosts: /etc/jobgen/known_hosts, options: [ProxyJump=bastion]}")
+    argv = ssh_argv(prof.ssh, "gpu-b", "true")
+    assert argv[:5] == ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+    assert argv[argv.index("-l") + 1] == "alice smith" and argv[argv.index("-p") + 1] == "2222"
+    assert argv[argv.index("-i") + 1] == "~/.ssh/lab key" and "IdentitiesOnly=yes" in argv
+    assert "StrictHostKeyChecking=yes" in argv and "UserKnownHostsFile=/etc/jobgen/known_hosts" in argv
+    assert "ProxyJump=bastion" in argv and argv[-3:] == ("--", "gpu-b", "true")
+    job_plan = plan_job(load_spec(EXAMPLES / "quickstart.yaml"), prof, TEMPLATES)
+    assert "-l 'alice smith'" in str(job_plan) and "-i '~/.ssh/lab key'" in str(job_plan)
+    default = SshSettings(hosts=("h",), workdir="/w")
+    assert "StrictHostKeyChecking=accept-new" in ssh_argv(default, "h", "true") and "-l" not in ssh_argv(default, "h", "true")
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_launch_script_and_per_host_lines(tmp_path):
+    job_plan = plan_job(load_spec(EXAMPLES / "quickstart.yaml"), load_profile("ssh-2node", PROFILES), TEMPLATES)
+    assert job_plan.scheduler == "ssh" and sorted(dict(job_plan.files)) == [LAUNCH_FILE, SPEC_FILE]
+    script = job_plan.file(LAUNCH_FILE)
+    for rank, host in enumerate(("node1.example.org", "node2.example.org")):
+        assert (f"#   {host}: bash launch.sh {rank}\n#       = python3 -m torch.distributed.run --nnodes 2 --node-rank {rank} "
+                "--nproc-per-node 1 --master-addr node1.example.org --master-port 29500 --tee 3 -m jobgen.train "
+                '--spec "${JOB_DIR}"/spec.json --run-dir "${RUN_DIR}"\n') in script
+    assert ('python3 -m torch.distributed.run --nnodes 2 --node-rank "${NODE_RANK}" --nproc-per-node 1 --master-addr '
+            "node1.example.org --master-port 29500") in script
+    path = write(tmp_path / LAUNCH_FILE, script)
+    lint_bash(path)
+    launch = json.loads(job_plan.file(SPEC_FILE))["launch"]
+    assert launch["scheduler"] == "ssh" and launch["ssh"]["hosts"] == ["node1.example.org", "node2.example.org"]
+    starts = [s for s in job_plan.submit_steps if "launch.sh" in s.argv[-1]]
+    assert [s.argv[-3:-1] for s in starts] == [("--", "node1.example.org"), ("--", "node2.example.org")]
+    assert ["bash job/launch.sh 0" in starts[0].argv[-1], "bash job/launch.sh 1" in starts[1].argv[-1]] == [True, True]
+
+
+def test_gpu_hosts_run_one_rank_per_gpu_with_the_nccl_preset(tmp_path):
+    prof = ssh_profile(tmp_path, "{hosts: [a, b, c], workdir: /w, master_addr: 10.0.0.1, master_port: 29999}", max_nodes=3,
+                       gpus_per_node=8, gpu_type="H100", cpus_per_node=64, network_fabric="infiniband")
+    job_plan = plan_job(load_spec(EXAMPLES / "quickstart.yaml"), prof, TEMPLATES)
+    script = job_plan.file(LAUNCH_FILE)
+    assert "--nnodes 2 --node-rank 1 --nproc-per-node 8 --master-addr 10.0.0.1 --master-port 29999" in script
+    assert "export NCCL_IB_DISABLE=0\n" in script and "export OMP_NUM_THREADS=8\n" in script
+    assert "#   c: bash launch.sh" not in script  # a 2-node job runs on the first 2 hosts
+    assert json.loads(job_plan.file(SPEC_FILE))["launch"]["ssh"]["hosts"] == ["a", "b"]
+
+
+def test_elastic_ranges_and_command_mode_are_refused_at_plan_time(tmp_path):
+    prof = load_profile("ssh-2node", PROFILES)
+    spec = load_spec(EXAMPLES / "quickstart.yaml", ["resources.nodes=1:2"])
+    with pytest.raises(PlanError, match="starts a fixed list of hosts over ssh"):
+        plan_job(spec, prof, TEMPLATES)
+    with pytest.raises(PlanError, match=r"entrypoint.*runs the bundled entrypoint"):
+        plan_job(load_spec(EXAMPLES / "command-ddp.yaml"), prof, TEMPLATES)
+
+
+def test_handles_name_the_first_host():
+    handle = JobHandle.parse("ssh://gpu-a/srv/jobgen runs/quickstart")
+    assert (handle.scheduler, handle.cluster, handle.path) == ("ssh", "gpu-a", "gpu-a/srv/jobgen runs/quickstart")
+    settings = SshSettings(hosts=("gpu-a", "gpu-b"), workdir="/srv/jobgen runs/")
+    assert handle_for(settings, "quickstart") == handle and run_dir(settings, "quickstart") == "/srv/jobgen runs/quickstart"
+
+
+# --------------------------------------------------------------------------- the remote commands, run by a shell here
+
+
+def stub_python(tmp_path: Path) -> Path:
+    """An interpreter stand-in for launch.sh's torchrun line: records its arguments and the
+    secret it sees, then waits (as training would) until it is stopped."""
+    return write(tmp_path / "bin" / "python", '#!/bin/bash\nprintf "%s\\n" "$@" > "${RUN_DIR}/argv"\n'
+                 'printf "%s" "${HF_TOKEN:-}" > "${RUN_DIR}/secret"\nexec sleep 60\n')
+
+
+def sh(command: str, *, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``command`` as a remote login shell gets it from ssh (``bash -c``)."""
+    return subprocess.run(["bash", "-c", command], input=data, capture_output=True, timeout=30, cwd="/")
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch):
+    """Copy, start, status and cancel, as the hosts run them, in a work directory named ``name``:
+    the files land there, the launch gets its node rank and run directory intact, a secret arrives
+    through stdin, status sees the job's processes, cancel leaves none, nothing else is touched."""
+    stub = stub_python(tmp_path)
+    stub.chmod(0o755)
+    settings = SshSettings(hosts=("h",), workdir=str(tmp_path / name), python=str(stub))
+    prof = ClusterProfile(name="t", scheduler="ssh", max_nodes=1, ssh=settings)
+    spec = load_spec(EXAMPLES / "quickstart.yaml", ["secrets=[HF_TOKEN]"])
+    job_plan = plan_job(spec, prof, TEMPLATES)
+    job_dir = tmp_path / "local" / "job"
+    job_plan.write(job_dir)
+    archive = io.BytesIO()
+    ssh.pack(job_dir, None, archive)
+    run = run_dir(settings, "quickstart")
+    handle = handle_for(settings, "quickstart")
+    assert sh(copy_command(run), data=archive.getvalue()).returncode == 0
+    assert (Path(run) / "job" / LAUNCH_FILE).is_file() and os.access(Path(run) / "job" / LAUNCH_FILE, os.X_OK)
+    secret = "va'l ue $(touch PWNED) \\"
+    try:
+        started = sh(start_command(run, 0, handle, code_dir=None, secrets=("HF_TOKEN",)), data=f"HF_TOKEN={secret}\n".encode())
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 20
+        while not (Path(run) / "argv").is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report = parse_report("h", 0, sh(status_command(run, 0, handle)).stdout.decode())
+        assert report.pid is not None and report.procs == 2 and report.exit_code is None  # launch.sh + the stand-in
+        assert job_state([report])[0] == "RUNNING"
+        argv = (Path(run) / "argv").read_text().splitlines()
+        assert argv[argv.index("--node-rank") + 1] == "0" and argv[argv.index("--run-dir") + 1] == run
+        assert argv[argv.index("--spec") + 1] == f"{run}/job/{SPEC_FILE}"
+        time.sleep(0.2)
+        assert (Path(run) / "secret").read_text() == secret
+        assert sh(stop_command(run, 0, handle)).returncode == 0
+        deadline = time.monotonic() + 20
+        while (report := parse_report("h", 0, sh(status_command(run, 0, handle)).stdout.decode())).procs and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert report.procs == 0 and report.cancelled and report.exit_code is not None
+        assert job_state([report])[0] == "CANCELLED"
+    finally:
+        sh(ssh.kill_command(handle, 0))
+    assert not list(tmp_path.rglob("PWNED")) and not Path("/PWNED").exists()
+
+
+# --------------------------------------------------------------------------- the job's state
+
+
+def node(rank: int, **fields: object) -> NodeReport:
+    return NodeReport(f"h{rank}", rank, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("nodes", "state", "detail"), [
+    ([node(0, pid=1, procs=3), node(1, pid=2, exit_code=1)], "RUNNING", ("node 1", "h1: 0 process(es), exit 1")),
+    ([node(0, pid=1, exit_code=0), node(1, pid=2, exit_code=0)], "COMPLETED", ("exit_code", "0")),
+    ([node(0, pid=1, exit_code=0), node(1, pid=2, exit_code=3)], "FAILED", ("exit_code", "3")),
+    ([node(0, pid=1, exit_code=143, cancelled=True), node(1, pid=2, exit_code=143, cancelled=True)], "CANCELLED", None),
+    ([node(0, pid=1, exit_code=1, cancelled=True), node(1, reached=False, error="timed out")], "UNKNOWN", ("reason", "not reached: h1")),
+    ([node(0, pid=1), node(1)], "PENDING", ("node 1", "h1: 0 process(es), not started")),
+    ([node(0, pid=1), node(1, pid=2, exit_code=0)], "UNKNOWN", ("reason", "the launch ended without an exit code on h0")),
+    ([node(0, run_dir=False), node(1, pid=2, exit_code=0)], "UNKNOWN", ("reason", "no run directory on h0")),
+])
+def test_the_jobs_state_from_every_hosts_report(nodes, state, detail):
+    got, details = job_state(nodes)
+    assert got == state
+    if detail is not None:
+        assert details[detail[0]] == detail[1]
+
+
+def test_reports_are_read_from_the_status_commands_lines():
+    assert parse_report("h", 0, "pid=12\nexit=\ncancelled=0\nprocs=3\n") == NodeReport("h", 0, pid=12, procs=3)
+    assert parse_report("h", 1, "pid=\nexit=0\ncancelled=1\nprocs=0\n") == NodeReport("h", 1, exit_code=0, cancelled=True)
+    assert parse_report("h", 0, "dir=missing\n") == NodeReport("h", 0, run_dir=False)
+
+
+# --------------------------------------------------------------------------- submit, through a fake ssh
+
+
+class FakeHosts:
+    """Stands in for :func:`jobgen.backends.ssh.run_ssh`: records (argv, stdin bytes); hosts in
+    ``down`` do not answer (exit 255), ``missing`` tools are reported by the probe, and each
+    status says the launch runs."""
+
+    def __init__(self, down: tuple[str, ...] = (), missing: str = "", fail_start: str = ""):
+        self.calls: list[tuple[tuple[str, ...], bytes | None]] = []
+        self.down, self.missing, self.fail_start = down, missing, fail_start
+
+    def __call__(self, argv, *, stdin=None, data=None, timeout_s=60.0):
+        argv = tuple(argv)
+        host, remote = argv[argv.index("--") + 1], argv[-1]
+        self.calls.append((argv, stdin.read() if stdin is not None else data))
+        if host in self.down:
+            return subprocess.CompletedProcess(argv, 255, b"", b"ssh: connect to host " + host.encode() + b" port 22: No route to host\n")
+        if remote.startswith("for tool in") and self.missing:
+            return subprocess.CompletedProcess(argv, 0, f"jobgen-missing: {self.missing}\n".encode(), b"")
+        if "setsid -f" in remote and host == self.fail_start:
+            return subprocess.CompletedProcess(argv, 1, b"", b"bash: setsid: Permission denied\n")
+        if "procs=" in remote:
+            return subprocess.CompletedProcess(argv, 0, b"pid=42\nexit=\ncancelled=0\nprocs=3\n", b"")
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    def of(self, word: str) -> list[tuple[str, ...]]:
+        return sorted(argv for argv, _ in self.calls if word in argv[-1])
+
+
+@pytest.fixture
+def quickstart(tmp_path):
+    spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no code snapshot
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
+    return api.plan_job(spec, "ssh-2node")
+
+
+def test_submit_runs_the_planned_commands_and_records_the_hosts(tmp_path, monkeypatch, quickstart):
+    fake = FakeHosts()
+    monkeypatch.setattr(ssh, "run_ssh", fake)
+    result = api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    steps = [s.argv for s in quickstart.submit_steps]
+    probes, copies, starts = steps[:2], steps[2:4], steps[4:6]
+    assert [argv for argv, _ in fake.calls[:2]] in (probes, probes[::-1])  # every host probed first
+    assert fake.of("tar -x") == sorted(copies) and fake.of("setsid -f") == sorted(starts)
+    order = [next(i for i, (a, _) in enumerate(fake.calls) if a == argv) for argv in (*probes, *copies, *starts)]
+    assert max(order[:2]) < min(order[2:4]) and max(order[2:4]) < min(order[4:])
+    archive = next(body for argv, body in fake.calls if argv == copies[1])
+    names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
+    assert "job/launch.sh" in names and "job/spec.json" in names and not any(SUBMISSION_FILE in n for n in names)
+    assert result.action == "submitted" and str(result.handle) == "ssh://node1.example.org/srv/jobgen-runs/quickstart"
+    record = Submission.load(tmp_path / "runs" / "quickstart" / "job" / SUBMISSION_FILE)
+    assert record.ssh is not None and record.ssh.hosts == ("node1.example.org", "node2.example.org")
+    assert record.run_dir == "/srv/jobgen-runs/quickstart" and api.status(str(result.handle)).state == "RUNNING"
+
+
+def test_an_unreachable_host_is_named_and_nothing_is_copied_or_started(tmp_path, monkeypatch, quickstart):
+    fake = FakeHosts(down=("node2.example.org",))
+    monkeypatch.setattr(ssh, "run_ssh", fake)
+    with pytest.raises(SubmitError, match=r"1 of 2 host\(s\) not ready; nothing was copied or started:\n  node2\.example\.org "
+                                          r"\(node 1\): cannot be reached: ssh: connect to host node2\.example\.org port 22: No route"):
+        api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert all(argv[-1].startswith("for tool in") for argv, _ in fake.calls) and len(fake.calls) == 2
+    assert not (tmp_path / "runs" / "quickstart").exists()  # the rendered job directory is taken back too
+
+
+def test_a_missing_tool_is_named_before_anything_is_copied(tmp_path, monkeypatch, quickstart):
+    monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts(missing="setsid"))
+    with pytest.raises(SubmitError, match=r"node1\.example\.org \(node 0\): lacks setsid") as info:
+        api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert "util-linux" in info.value.hint and not fake.of("tar -x")
+
+
+def test_a_start_that_fails_on_one_host_stops_the_others(tmp_path, monkeypatch, quickstart):
+    monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts(fail_start="node2.example.org"))
+    with pytest.raises(SubmitError, match=r"what started was stopped again:\n  node2\.example\.org \(node 1\): bash: setsid"):
+        api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert len(fake.of("kill -KILL")) == 2
+
+
+def test_secrets_reach_the_start_on_stdin_only(tmp_path, monkeypatch):
+    spec = tmp_path / "quickstart.yaml"
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "secrets: [HF_TOKEN]\n")
+    job_plan = api.plan_job(spec, "ssh-2node")
+    monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts())
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="HF_TOKEN"):
+        api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert fake.calls == []  # refused before any host was asked
+    monkeypatch.setenv("HF_TOKEN", "s3cret value")
+    api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    starts = [(argv, body) for argv, body in fake.calls if "setsid -f" in argv[-1]]
+    assert [body for _, body in starts] == [b"HF_TOKEN=s3cret value\n"] * 2
+    assert not any("s3cret" in " ".join(argv) for argv, _ in fake.calls)
+    assert "s3cret" not in read_resolved_spec(tmp_path / "runs" / "quickstart" / "job").model_dump_json()
+
+
+def test_logs_name_the_nodes_of_the_job(tmp_path, monkeypatch, quickstart):
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    result = api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    with pytest.raises(ConfigError, match=r"(?s)--replica .node-2. is not a node of .*hint: one of: node-0 \(node1\.example\.org\), node-1"):
+        api.logs(str(result.handle), LogOptions(replica="node-2"), lambda _: None)
+    with pytest.raises(ConfigError, match=r"--rank does not apply to ssh jobs"):
+        api.logs(str(result.handle), LogOptions(rank="0"), lambda _: None)
+    with pytest.raises(ConfigError, match="no submission of ssh://elsewhere/x is recorded on this machine"):
+        api.status("ssh://elsewhere/x")
