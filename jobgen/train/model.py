@@ -284,8 +284,9 @@ class LitGPT(LightningModule):
 
         Lightning calls this after moving the module to its device (and after FSDP wrapped it), so
         the parameters' device decides: torch's fused AdamW when they are all on CUDA outside
-        DeepSpeed and ``16-mixed`` (:func:`jobgen.train.speed.fused_adamw`), torch's default
-        implementation otherwise (CPU ranks, FSDP CPU offload, DeepSpeed, loss scaling),
+        DeepSpeed and clipping under Lightning's mixed-precision plugin
+        (:func:`jobgen.train.speed.fused_adamw`), torch's default implementation otherwise (CPU
+        ranks, FSDP CPU offload, DeepSpeed, clipping under ``16-mixed``/``bf16-mixed``),
         ``DeepSpeedCPUAdam`` with DeepSpeed's optimizer offload.
         """
         from jobgen.train.speed import fused_adamw
@@ -297,9 +298,12 @@ class LitGPT(LightningModule):
 
             optimizer = DeepSpeedCPUAdam(groups, lr=hp.learning_rate, betas=(0.9, 0.95), adamw_mode=True)
         else:
+            from lightning.pytorch.plugins.precision import MixedPrecision
+
             trainer = self._trainer
-            scaled = trainer is not None and str(trainer.precision) == "16-mixed"
-            fused = fused_adamw(groups, deepspeed=self._under_deepspeed(), loss_scaling=scaled)
+            amp_clipping = (trainer is not None and isinstance(trainer.precision_plugin, MixedPrecision)
+                            and (trainer.gradient_clip_val or 0) > 0)
+            fused = fused_adamw(groups, deepspeed=self._under_deepspeed(), amp_clipping=amp_clipping)
             # fused is passed only when on: the CPU path's optimizer is exactly what it was
             optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))
         scheduler = torch.optim.lr_scheduler.LambdaLR(

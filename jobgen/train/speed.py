@@ -17,8 +17,9 @@ is what it was before the levers existed:
   to compile).
 * :func:`fused_adamw`: ``torch.optim.AdamW(fused=True)`` when every parameter is on CUDA, the
   strategy is not DeepSpeed (whose ZeRO optimizer wraps the torch one and owns the fp32 master
-  copy; its CPU-offload path uses ``DeepSpeedCPUAdam``) and the precision is not ``16-mixed``
-  (loss scaling: Lightning refuses clipping with an optimizer that unscales itself). One multi-tensor kernel per step instead
+  copy; its CPU-offload path uses ``DeepSpeedCPUAdam``) and the run does not clip gradients under
+  Lightning's mixed-precision plugin (which refuses clipping with an optimizer that unscales
+  itself, under bf16-mixed as under 16-mixed). One multi-tensor kernel per step instead
   of torch's ``foreach`` default (litgpt and nanoGPT do the same).
 * :func:`pin_memory`: page-locked host buffers for the data loaders on GPUs, so Lightning's
   ``non_blocking=True`` host-to-device copies (``lightning.fabric.utilities.apply_func``:
@@ -72,13 +73,16 @@ def compile_on(trainer: Any, accelerator: str, *, hf_model: bool, user_code: boo
             and trainer.precision != "transformer-engine")
 
 
-def fused_adamw(params: Iterable[Any], *, deepspeed: bool, loss_scaling: bool = False) -> bool:
+def fused_adamw(params: Iterable[Any], *, deepspeed: bool, amp_clipping: bool = False) -> bool:
     """Whether ``torch.optim.AdamW`` gets ``fused=True``: every parameter is a CUDA tensor, the
-    strategy is not DeepSpeed, and there is no loss scaling (``16-mixed``: a fused optimizer unscales
-    inside its step, so Lightning cannot unscale before clipping and refuses gradient clipping
-    with it, ``lightning.pytorch.plugins.precision.amp.MixedPrecision.clip_gradients``, 2.6).
-    ``params``: tensors, or AdamW parameter groups (dicts with ``params``)."""
-    if deepspeed or loss_scaling:
+    strategy is not DeepSpeed, and the run does not clip gradients under Lightning's mixed
+    precision plugin (``amp_clipping``: ``16-mixed`` or ``bf16-mixed`` outside FSDP/DeepSpeed with
+    ``gradient_clip_val`` > 0). A fused optimizer unscales inside its own step, and
+    ``lightning.pytorch.plugins.precision.amp.MixedPrecision.clip_gradients`` (2.6) refuses to clip
+    for any such optimizer, loss scaling or not ("does not allow for gradient clipping"; seen on
+    an H200 with bf16-mixed). Without clipping, 16-mixed takes it too (GradScaler steps fused
+    optimizers itself). ``params``: tensors, or AdamW parameter groups (dicts with ``params``)."""
+    if deepspeed or amp_clipping:
         return False
     tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
     return bool(tensors) and all(p.device.type == "cuda" for p in tensors)

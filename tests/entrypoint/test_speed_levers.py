@@ -93,8 +93,8 @@ def test_fused_adamw_only_when_every_parameter_is_on_cuda_outside_deepspeed() ->
     assert speed.fused_adamw(_fake_params("cpu"), deepspeed=False) is False  # CPU ranks, FSDP CPU offload
     assert speed.fused_adamw(_fake_params("cuda") + _fake_params("cpu"), deepspeed=False) is False
     assert speed.fused_adamw([], deepspeed=False) is False
-    # 16-mixed: Lightning unscales before clipping only for optimizers that do not unscale themselves
-    assert speed.fused_adamw(_fake_params("cuda"), deepspeed=False, loss_scaling=True) is False
+    # clipping under Lightning's MixedPrecision: it refuses optimizers that unscale themselves
+    assert speed.fused_adamw(_fake_params("cuda"), deepspeed=False, amp_clipping=True) is False
 
 
 def test_configure_optimizers_passes_fused_from_the_parameters_device(monkeypatch) -> None:
@@ -112,9 +112,44 @@ def test_configure_optimizers_passes_fused_from_the_parameters_device(monkeypatc
     monkeypatch.setattr(torch.optim, "AdamW", spy)
     module.configure_optimizers()
     assert "fused" not in made[-1]  # CPU: exactly the call of before
-    monkeypatch.setattr("jobgen.train.speed.fused_adamw", lambda params, deepspeed, loss_scaling: not deepspeed)  # "on CUDA"
+    monkeypatch.setattr("jobgen.train.speed.fused_adamw", lambda params, deepspeed, amp_clipping: not deepspeed)  # "on CUDA"
     module.configure_optimizers()
     assert made[-1]["fused"] is True
+
+
+def test_fused_adamw_never_meets_lightnings_clipping_refusal(monkeypatch) -> None:
+    """Seen on an H200 (gpu_suite gpt124m-bf16, llama7b-qlora-ddp): under ``bf16-mixed`` with
+    ``gradient_clip_val`` Lightning's MixedPrecision plugin refuses any optimizer that unscales
+    itself ("does not allow for gradient clipping ... Are you using a 'fused' optimizer?"), loss
+    scaling or not. Reproduced on CPU: a real fit, bf16-mixed, clipping on, with the lever's
+    device rule widened to CPU tensors (torch's fused AdamW runs on CPU too)."""
+    import lightning as L
+
+    from jobgen.train.model import LitGPT
+
+    real = speed.fused_adamw
+    monkeypatch.setattr(speed, "fused_adamw", lambda params, **kw: real(
+        [SimpleNamespace(device=torch.device("cuda")) for _ in [0]], **kw))  # "every parameter on CUDA"
+    made: list[dict] = []
+    adamw = torch.optim.AdamW
+
+    def spy(params, **kwargs):  # noqa: ANN001
+        made.append(dict(kwargs))
+        return adamw(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", spy)
+    module = LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2)
+    data = [torch.randint(0, 256, (2, 9)) for _ in range(2)]
+    loader = torch.utils.data.DataLoader([(x[:, :-1][0], x[:, 1:][0]) for x in data], batch_size=1)
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", gradient_clip_val=1.0, max_steps=2,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=loader)
+    assert made and "fused" not in made[-1]  # clipping under mixed precision: the unfused optimizer
+    # without clipping the same run takes the fused one
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=2,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2), train_dataloaders=loader)
+    assert made[-1].get("fused") is True
 
 
 # --- pinned memory ----------------------------------------------------------------------------
