@@ -97,6 +97,12 @@ class SubmitError(JobgenError):
     exit_code = EXIT_RUNTIME
 
 
+class TrackerError(JobgenError):
+    """An experiment tracker (W&B, MLflow) could not start its run: no key, no server (exit 1)."""
+
+    exit_code = EXIT_RUNTIME
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """Return ``"did you mean 'x'?"`` for the closest of ``choices``, or ``None``."""
     import difflib  # only on an error path: keeps difflib (and heapq) off every render

@@ -97,6 +97,16 @@ SSH_JOB_ENV = "JOBGEN_SSH_JOB"
 SUBMIT_JOB_SUBDIR = "job"
 #: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).
 RUN_DIR_GITIGNORE = ".gitignore"
+#: In a run directory whose spec names an experiment tracker (``trainer.loggers``: wandb, mlflow):
+#: :class:`TrackingRecord`, the run's identity across requeues and resubmissions. Created by
+#: ``jobgen submit`` (SLURM: in every array task's run directory) or, where submit cannot reach
+#: the run directory (Kubernetes), by the entrypoint's first start.
+TRACKING_FILE = ".jobgen-tracking.json"
+#: MLflow's database in the run directory when no tracking URI is given (``sqlite:///<run dir>/mlflow.db``).
+MLFLOW_DB_FILE = "mlflow.db"
+#: Where W&B writes its run directories (``run-*`` / ``offline-run-<time>-<id>/``): ``wandb.init(dir=<run dir>)``
+#: puts them under ``<run dir>/wandb/`` (wandb 0.31).
+WANDB_SUBDIR = "wandb"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
 
@@ -283,7 +293,8 @@ class DirUndo:
     Only what jobgen writes is touched: a directory that did not exist is removed with what is
     in it (and its parents that were created with it, while empty or holding only the run
     directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
-    rendered files (:func:`owned_files`) are put back as they were and new ones removed. A
+    rendered files (:func:`owned_files`) are put back as they were and new ones removed (a new
+    :data:`TRACKING_FILE` too). A
     submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
     queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
     """
@@ -292,13 +303,16 @@ class DirUndo:
     created: tuple[Path, ...]
     files: tuple[tuple[str, bytes, int], ...]
     record: bytes | None
+    had_tracking: bool = True
+    """Whether the directory held a :data:`TRACKING_FILE` (one made by a submit that did not go ahead is removed)."""
 
     @classmethod
     def capture(cls, path: Path) -> DirUndo:
         """The state of ``path`` now (call it before writing)."""
         files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
         record = path / SUBMISSION_FILE
-        return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None)
+        return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
+                   (path / TRACKING_FILE).exists())
 
     def submitted(self) -> bool:
         """Whether a submission record was written since :meth:`capture`."""
@@ -318,6 +332,8 @@ class DirUndo:
                 with contextlib.suppress(OSError):
                     parent.rmdir()  # only while empty: another job may have written there since
             return
+        if not self.had_tracking:
+            (self.path / TRACKING_FILE).unlink(missing_ok=True)
         before = {name: (data, mode) for name, data, mode in self.files}
         for name in owned_files(self.path):
             if name not in before:
@@ -597,6 +613,80 @@ def read_code_snapshot(root: Path) -> CodeSnapshot:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not a jobgen code snapshot record ({exc})", location=f"environment: {CODE_DIR_ENV}",
                           hint="submit again with jobgen submit (it takes a fresh snapshot)") from None
+
+
+# --------------------------------------------------------------------------- the trackers' run identity
+
+
+class TrackingRecord(BaseModel):
+    """:data:`TRACKING_FILE`: one experiment-tracker run per job, across requeues, resubmissions
+    and array tasks (each task has its own run directory, so its own record).
+
+    ``run_key`` is made at the first submit (random, 16 hex digits) and is the W&B run id (every
+    start passes it with ``resume="allow"``; offline, every piece carries it) and the MLflow tag
+    ``jobgen.run_key``. MLflow makes its own run ids, so the first start records it here; a start
+    that finds none looks the run up by that tag (a start killed between creating the run and
+    recording it). Written by ``jobgen submit`` and global rank zero only.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_key: str = Field(pattern=r"^[0-9a-f]{16}$", description="The job's tracker run key: the W&B run id, MLflow tag jobgen.run_key.")
+    created_at: str = Field(description="When the key was made (UTC, ISO 8601).")
+    mlflow_run_id: str | None = Field(default=None, description="The MLflow run, once the first start created it.")
+    logged_step: int | None = Field(default=None, description=(
+        "The highest optimizer step whose metrics were sent to the trackers (None: none yet); a later start sends "
+        "nothing at or below it, so no step is logged twice."))
+
+    @classmethod
+    def new(cls) -> TrackingRecord:
+        """A fresh record: a new random key, made now."""
+        import secrets
+
+        return cls(run_key=secrets.token_hex(8), created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def dumps(self) -> str:
+        """The file's text: sorted-key JSON, final newline (unset fields left out)."""
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
+
+
+def read_tracking_record(run_dir: Path) -> TrackingRecord | None:
+    """The :class:`TrackingRecord` of ``run_dir``, or None when it has none.
+
+    Raises:
+        ConfigError: the file exists but is not a record.
+    """
+    path = run_dir / TRACKING_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", location=str(path)) from None
+    try:
+        return TrackingRecord.model_validate_json(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a jobgen tracking record ({exc})", location=str(path),
+                          hint="delete it: the next start makes a new one (and so a new tracker run)") from None
+
+
+def write_tracking_record(run_dir: Path, record: TrackingRecord) -> None:
+    """Write ``record`` into ``run_dir`` (atomically)."""
+    write_atomic(run_dir / TRACKING_FILE, record.dumps())
+
+
+def ensure_tracking_record(run_dir: Path) -> TrackingRecord:
+    """The record of ``run_dir``, made (and written) when it has none: what ``jobgen submit``
+    calls for a spec with trackers, so that a requeued or resubmitted job finds the same run.
+
+    Raises:
+        ConfigError: an existing file is not a record (see :func:`read_tracking_record`).
+    """
+    record = read_tracking_record(run_dir)
+    if record is None:
+        record = TrackingRecord.new()
+        write_tracking_record(run_dir, record)
+    return record
 
 
 # --------------------------------------------------------------------------- handles

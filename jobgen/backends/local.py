@@ -46,6 +46,7 @@ from jobgen.jobdir import (
     JobHandle,
     ResolvedSpec,
     Submission,
+    ensure_tracking_record,
     ignore_run_dir,
     read_resolved_spec,
     write_atomic,
@@ -197,6 +198,8 @@ class LocalBackend(Backend):
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
         ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
+        if resolved.spec.trainer.trackers:  # one tracker run per job: its key, made at the first submit
+            ensure_tracking_record(job_dir)
         spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)

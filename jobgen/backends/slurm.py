@@ -44,8 +44,11 @@ from jobgen.jobdir import (
     JobHandle,
     ResolvedSpec,
     Submission,
+    ensure_tracking_record,
     find_submission,
     ignore_run_dir,
+    load_resolved_spec,
+    point_file,
     read_array_index,
     read_resolved_spec,
 )
@@ -175,6 +178,12 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     for directory in (run_dir, *task_dirs):
         directory.mkdir(parents=True, exist_ok=True)
         ignore_run_dir(directory)
+    if not test_only:  # one tracker run per job (per array task): its key, made at the first submit
+        trained = [(resolved, run_dir)] if array is None else [
+            (load_resolved_spec(job_dir / point_file(p.index, SPEC_FILE)), d) for p, d in zip(array.points, task_dirs, strict=True)]
+        for spec_of, directory in trained:
+            if spec_of.spec.trainer.trackers:
+                ensure_tracking_record(directory)
     from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
 
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,

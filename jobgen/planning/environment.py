@@ -42,6 +42,14 @@ SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
 #: entry: the word SECRET already marks it.) Every entry of both lists is load-bearing; a test
 #: checks that removing any one of them lets a credential through.
 SECRET_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_PRIVATE_KEY", "_AUTH_KEY")
+#: The variables each experiment tracker reads its credentials from (wandb 0.31: ``WANDB_API_KEY``;
+#: MLflow 3.x ``mlflow.environment_variables``: a bearer token, or basic auth's password). They are
+#: credentials by :func:`looks_secret` too (so ``env`` refuses them); the entrypoint also scrubs their
+#: values from what it sends to the trackers (jobgen.train.tracking).
+TRACKER_CREDENTIALS: dict[str, tuple[str, ...]] = {
+    "wandb": ("WANDB_API_KEY",),
+    "mlflow": ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"),
+}
 
 #: Environment the launchers own: the training-operator (envvar.go, master.go) sets these in
 #: every pod, torchrun sets RANK/LOCAL_RANK/WORLD_SIZE for each process, and the Trainer's torch

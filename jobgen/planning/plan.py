@@ -26,6 +26,7 @@ from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
 from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
+from jobgen.planning.tracking import check_tracking, resolve_tracking
 from jobgen.specs.profile import ClusterProfile, SshSettings
 from jobgen.specs.training import TrainingSpec
 
@@ -261,9 +262,12 @@ def plan_context(
     backend: Planner | None = None,
     template_names: tuple[str, ...] | None = None,
 ) -> PlanContext:
-    """Resolve ``precision: auto``, ``micro_batch_size: auto``, the world of ``spec`` on
-    ``profile`` and an elastic job's global batch (:func:`jobgen.planning.rules.resolve_elastic_batch`),
-    and run the rules (:mod:`jobgen.planning.rules`, :func:`jobgen.planning.environment.check_job_env`): the
+    """Resolve ``precision: auto``, ``micro_batch_size: auto``, the trackers' options (the
+    profile's ``tracking`` defaults, :func:`jobgen.planning.tracking.resolve_tracking`), the world of
+    ``spec`` on ``profile`` and an elastic job's global batch
+    (:func:`jobgen.planning.rules.resolve_elastic_batch`), and run the rules
+    (:mod:`jobgen.planning.rules`, :func:`jobgen.planning.environment.check_job_env`,
+    :func:`jobgen.planning.tracking.check_tracking`): the
     backend's inputs.
     ``template_names``: the templates the plan renders; when not given, the ``backend``'s
     :meth:`Planner.templates_for` the world (one of the two is needed).
@@ -276,6 +280,8 @@ def plan_context(
     if backend is None and template_names is None:
         raise TypeError("plan_context() needs the backend or the template names")
     spec = resolve_precision(spec, profile)
+    check_tracking(spec, profile, spec_source=spec_source, profile_source=profile_source)
+    spec = resolve_tracking(spec, profile)
     if spec.trainer.micro_batch_size == "auto":  # the memory plan is imported only when it decides something
         from jobgen.planning.micro_batch import resolve_micro_batch
 

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
+from jobgen.specs.tracking import TrackingDefaults
 from jobgen.specs.training import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
 
 Scheduler = Literal["slurm", "kubernetes", "local", "ssh"]
@@ -545,7 +546,8 @@ class SshSettings(_Model):
 
 
 #: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.
-_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60, "ssh": None}
+_PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60, "ssh": None,
+                                            "tracking": None}
 
 
 class ClusterProfile(_Model):
@@ -587,6 +589,11 @@ class ClusterProfile(_Model):
     ))
     preflight_timeout_s: int = Field(default=60, ge=5, le=3600, description=(
         "Seconds the preflight waits for every rank to join, and again for the all-reduces to finish."
+    ))
+    tracking: TrackingDefaults | None = Field(default=None, description=(
+        "The site's defaults for the experiment trackers: ``wandb`` (entity, project, mode, tags,\n"
+        "api_key_file) and ``mlflow`` (tracking_uri, experiment, token_file); a spec's\n"
+        "``trainer.wandb`` / ``trainer.mlflow`` win field by field. ``null``: none."
     ))
 
     @field_validator("env")

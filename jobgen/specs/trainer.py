@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from jobgen.specs.base import _Model, _omit_defaults, check_class_path, check_shell_safe
+from jobgen.specs.tracking import TRACKERS, LoggerName, MlflowSpec, WandbSpec, normalise_loggers
 
 Strategy = Literal["ddp", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "transformer-engine"]
@@ -28,7 +29,9 @@ _TRAINER_OPTIONAL_FIELDS = {
     "ddp_static_graph": False,
     "ddp_gradient_as_bucket_view": False,
     "fsdp_state_dict_type": "sharded",
-    "tensorboard": False,
+    "loggers": ("csv",),
+    "wandb": None,
+    "mlflow": None,
     "max_epochs": None,
     "gradient_clip_algorithm": "norm",
     "gradient_accumulation_schedule": None,
@@ -221,9 +224,22 @@ class TrainerSpec(_Model):
         "Write metrics (loss, learning rate, tokens/s, samples/s, MFU on GPUs, peak memory) every\n"
         "N optimizer steps."
     ))
-    tensorboard: bool = Field(default=False, description=(
-        "Also write TensorBoard event files (``<run_dir>/logs/version_<n>/tensorboard/``) beside\n"
-        "the CSV metrics, which are always written; needs the ``tensorboard`` package on the nodes."
+    loggers: tuple[LoggerName, ...] = Field(default=("csv",), description=(
+        "Where metrics go: ``csv`` (``<run_dir>/logs/version_<n>/metrics.csv``, always on),\n"
+        "``tensorboard`` (event files under ``logs/version_<n>/tensorboard/``; package ``tensorboard``),\n"
+        "``wandb`` (Weights & Biases, options in ``wandb``; package ``wandb``) and ``mlflow`` (options\n"
+        "in ``mlflow``; package ``mlflow-skinny`` or ``mlflow``). Extra ``jobgen[tracking]`` installs\n"
+        "both trackers. W&B and MLflow keep one run per job across requeues and resubmissions (the run\n"
+        "id lives in the run directory); global rank zero logs. ``trainer.tensorboard: true`` is an\n"
+        "alias of ``[csv, tensorboard]``."
+    ))
+    wandb: WandbSpec | None = Field(default=None, description=(
+        "Weights & Biases options (project, entity, mode, tags, api_key_file), over the profile's\n"
+        "``tracking.wandb``; needs ``wandb`` in ``loggers``."
+    ))
+    mlflow: MlflowSpec | None = Field(default=None, description=(
+        "MLflow options (tracking_uri, experiment, token_file), over the profile's\n"
+        "``tracking.mlflow``; needs ``mlflow`` in ``loggers``."
     ))
 
     @field_validator("micro_batch_size", mode="before")
@@ -236,6 +252,47 @@ class TrainerSpec(_Model):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError("expected a positive integer or 'auto'")  # the loader adds the value given
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_alias(cls, data: Any) -> Any:
+        # trainer.tensorboard (before loggers existed): true is loggers [csv, tensorboard]; the
+        # key is folded into loggers here, so spec.json and every reader know one field
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        on = data.pop("tensorboard")
+        if not isinstance(on, bool):
+            raise ValueError(f"tensorboard={on!r}: expected true or false (or use loggers: [csv, tensorboard])")
+        given = normalise_loggers(data.get("loggers"))
+        if "loggers" in data and isinstance(given, tuple) and ("tensorboard" in given) != on:
+            raise ValueError(
+                f"tensorboard: {str(on).lower()} contradicts loggers: [{', '.join(given)}]; trainer.tensorboard is the "
+                "old spelling of loggers: [csv, tensorboard]: remove it and keep loggers"
+            )
+        if on and "loggers" not in data:
+            data["loggers"] = ("csv", "tensorboard")
+        return data
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _loggers(cls, value: Any) -> Any:
+        return normalise_loggers(value)
+
+    @model_validator(mode="after")
+    def _tracker_options_need_the_tracker(self) -> TrainerSpec:
+        for name in TRACKERS:
+            if getattr(self, name) is not None and name not in self.loggers:
+                raise ValueError(
+                    f"{name}: options are set, but loggers [{', '.join(self.loggers)}] does not name {name}; "
+                    f"add it (loggers: [{', '.join((*self.loggers, name))}]) or remove the {name} section"
+                )
+        return self
+
+    @property
+    def trackers(self) -> tuple[LoggerName, ...]:
+        """The experiment trackers in ``loggers`` (``wandb``, ``mlflow``), in spec.json's order."""
+        return tuple(name for name in self.loggers if name in TRACKERS)
 
     @field_validator("nvme_path")
     @classmethod
@@ -387,7 +444,10 @@ class TrainerSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        return _omit_defaults(handler(self), _TRAINER_OPTIONAL_FIELDS)
+        data = _omit_defaults(handler(self), _TRAINER_OPTIONAL_FIELDS)
+        if tuple(data.get("loggers", ())) == ("csv",):  # the default, as a list in JSON mode
+            del data["loggers"]
+        return data
 
     @property
     def deepspeed_stage(self) -> int | None:

@@ -3,14 +3,13 @@ checkpoint-and-requeue on SLURM's pre-emption/time-limit signal."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -20,7 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
-from jobgen.train.checkpoints import save_checkpoint_atomically
+from jobgen.train.checkpoints import held_back, save_checkpoint_atomically
 from jobgen.train.measure import mfu, peak_memory
 
 
@@ -430,7 +429,7 @@ class RequeueOnSignal(Callback):
             argv = [*self.requeue_command, self.job_id]
             # A successful requeue makes SLURM SIGTERM every task at once: hold that signal back
             # on this rank until the requeue is reported (and notified), then let it through.
-            with _held_back(signal.SIGTERM):
+            with held_back(signal.SIGTERM):
                 try:
                     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
                     ok, detail = result.returncode == 0, (result.stderr or result.stdout).strip()
@@ -451,17 +450,3 @@ class RequeueOnSignal(Callback):
         if ok:
             self.requeued_at_step = step
             trainer.should_stop = True
-
-
-@contextlib.contextmanager
-def _held_back(signum: signal.Signals) -> Iterator[None]:
-    """Record ``signum`` instead of handling it inside the block; afterwards restore the handler
-    and, if the signal came, raise it again (main thread only)."""
-    got: list[int] = []
-    previous = signal.signal(signum, lambda number, frame: got.append(number))
-    try:
-        yield
-    finally:
-        signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-        if got:
-            signal.raise_signal(signum)

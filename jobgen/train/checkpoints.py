@@ -11,13 +11,16 @@ from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -149,6 +152,30 @@ def _move_into_place(partial: Path, final: Path) -> None:
     _remove_path(aside)
 
 
+@contextlib.contextmanager
+def held_back(*signums: signal.Signals) -> Iterator[None]:
+    """Record ``signums`` instead of handling them inside the block; afterwards restore the
+    handlers and raise each signal that came again (main thread only)."""
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda number, frame: got.append(number)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for number in dict.fromkeys(got):
+            signal.raise_signal(number)
+
+
+@runtime_checkable
+class CheckpointListener(Protocol):
+    """A logger told when a checkpoint is complete (:class:`jobgen.train.tracking.TrackerLogger`:
+    the trackers get the metrics a checkpoint covers)."""
+
+    def checkpoint_written(self, step: int) -> None:
+        """The checkpoint of optimizer step ``step`` is in place (called on global rank zero)."""
+
+
 def save_checkpoint_atomically(trainer: Trainer, path: Path) -> None:
     """``trainer.save_checkpoint`` to ``.<name>.partial``, then renamed to ``path`` (collective).
 
@@ -159,6 +186,9 @@ def save_checkpoint_atomically(trainer: Trainer, path: Path) -> None:
     save leaves only the hidden partial, which :func:`find_checkpoints` skips and the next save
     to the same name clears; never a truncated checkpoint under a name that resume picks.
     Sharded checkpoints need a directory all nodes share, as resuming from them does.
+
+    Once the checkpoint is in place, global rank zero tells every logger that is a
+    :class:`CheckpointListener` (the experiment trackers send the metrics it covers).
     """
     partial = path.with_name(f".{path.name}.partial")
     if trainer.is_global_zero:
@@ -167,6 +197,9 @@ def save_checkpoint_atomically(trainer: Trainer, path: Path) -> None:
     trainer.save_checkpoint(partial, weights_only=False)
     if trainer.is_global_zero:
         _move_into_place(partial, path)
+        for logger in trainer.loggers:
+            if isinstance(logger, CheckpointListener):
+                logger.checkpoint_written(trainer.global_step)
     trainer.strategy.barrier("jobgen-checkpoint-renamed")
 
 

@@ -9,8 +9,11 @@ Run directory layout (``<run_dir>``)::
     data/{train,val}.bin, data/manifest.json   the byte stream (built once, reused)
     checkpoints/step-<N>.ckpt, last.ckpt       step checkpoints; hpc_ckpt_<n>.ckpt on SLURM requeue
     logs/version_<n>/metrics.csv               CSV metrics, one version per (re)start
-    logs/version_<n>/tensorboard/              TensorBoard events (``trainer.tensorboard: true``)
-    summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints, code
+    logs/version_<n>/tensorboard/              TensorBoard events (``tensorboard`` in ``trainer.loggers``)
+    .jobgen-tracking.json, wandb/, mlflow.db   W&B / MLflow: the run's key and ids, W&B's (offline) run dirs, MLflow's
+                                               default database (``wandb`` / ``mlflow`` in ``trainer.loggers``)
+    summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints, code,
+                                               the trackers' runs (``tracking``)
     code/<commit>[-dirty-<sha>]/               the code snapshot jobgen submit took (SLURM, local; $JOBGEN_CODE_DIR)
     curves.png                                 loss and tokens/s over steps, all versions (rank zero, at the end)
 """
@@ -167,8 +170,15 @@ def train(
         batch_line = (f"tokens per optimizer step {datamodule.tokens_per_step:,} "
                       f"= micro batch {t.micro_batch_size} x block {spec.model.block_size} x accumulation "
                       f"{t.gradient_accumulation_steps} x world size {launch.world_size}")
+    tracker = None
+    if t.trackers:  # W&B / MLflow: one run per job (jobgen.train.tracking); started on global rank zero only
+        from jobgen.train.notify import job_handle
+        from jobgen.train.tracking import TrackerLogger
+
+        tracker = TrackerLogger(resolved, run_dir, None if resume is None else resume.global_step, code=code,
+                                handle=job_handle(resolved, run_dir))
     # The module first: the FSDP wrap classes of a Hugging Face model come from the loaded model.
-    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module)
+    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module, tracker=tracker)
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
 
@@ -199,10 +209,14 @@ def train(
         requeue = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
         if requeue is not None and requeue.requeued_at_step is not None:
             rank_zero_print(f"requeued at step {trainer.global_step}; SLURM will run the job again")
+            if tracker is not None:
+                tracker.close("KILLED")  # the next start continues the same runs
             return 0
         epochs_done = t.max_epochs is not None and trainer.current_epoch >= t.max_epochs
         if t.max_steps is not None and trainer.global_step < t.max_steps and not epochs_done:
             rank_zero_print(f"training stopped at step {trainer.global_step} before max_steps={t.max_steps}")
+            if tracker is not None:
+                tracker.close(tracker.status_of(None))
             return 1
         if validated.step != trainer.global_step and _can_validate(module, datamodule):
             trainer.validate(module, datamodule=datamodule, verbose=False)  # val_loss at the final step
@@ -250,13 +264,21 @@ def train(
                 "profile": resolved.profile,
                 # The code snapshot (commit, dirty, diff_sha256, repo, python_path, dir) or null.
                 "code": code,
+                # W&B / MLflow runs (jobgen.train.tracking.TrackerLogger.describe): ids, URLs or paths.
+                **({"tracking": tracker.describe()} if tracker is not None else {}),
             }
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)
             _plot_curves(logger, paths)
             notify_finished(trainer)
+            if tracker is not None:
+                tracker.close("FINISHED")
         trainer.strategy.barrier("jobgen-summary")  # all ranks leave together
         return 0
+    except BaseException as exc:
+        if tracker is not None:
+            tracker.close(tracker.status_of(exc))  # KILLED after a signal, FAILED otherwise (never raises)
+        raise
     finally:
         _destroy_process_group()
 

@@ -26,6 +26,7 @@ from jobgen.train.notify import notify_callback
 from jobgen.train.position import BatchLayout, TrainingPosition
 from jobgen.train.resolved import ResolvedSpec, load_deepspeed_config
 from jobgen.train.strategies import CPUDeepSpeedStrategy, CPUFSDPStrategy
+from jobgen.train.tracking import TrackerLogger, TrackingCallback
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class ValidateEveryNSteps(Callback):
 
 def build_trainer(
     resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput,
-    module: nn.Module | None = None,
+    module: nn.Module | None = None, tracker: TrackerLogger | None = None,
 ) -> tuple[Trainer, StepCheckpoint, CSVLogger]:
     """Create the Trainer (plus its checkpoint callback and CSV logger) for a resolved spec.
 
@@ -217,13 +218,15 @@ def build_trainer(
     epochs (``check_val_every_n_epoch=None``; after a resume at another accumulation
     :class:`~jobgen.train.position.TrainingPosition` re-expresses the restored count); under a ``gradient_accumulation_schedule``
     :class:`ValidateEveryNSteps` counts the optimizer steps instead. With ``trainer.tensorboard`` a TensorBoardLogger
-    writes into the CSV logger's version directory (``tensorboard/`` below it).
+    writes into the CSV logger's version directory (``tensorboard/`` below it). ``tracker`` (for
+    ``wandb`` / ``mlflow`` in ``trainer.loggers``) joins the loggers, with the
+    :class:`~jobgen.train.tracking.TrackingCallback` that starts it on global rank zero.
 
     ``module`` (the LightningModule to be trained) picks the FSDP wrap classes of a Hugging
     Face model (:func:`build_strategy`).
 
     Raises:
-        ConfigError: ``trainer.tensorboard`` is on but the ``tensorboard`` package is missing;
+        ConfigError: ``tensorboard`` is in ``trainer.loggers`` but the package is missing;
             see :func:`build_strategy`.
     """
     spec, launch = resolved.spec, resolved.launch
@@ -268,8 +271,11 @@ def build_trainer(
             callbacks.append(requeue)
     logger = CSVLogger(save_dir=paths.run_dir, name="logs")
     loggers: list[Logger] = [logger]  # the CSV logger first: trainer.logger, the summary's metrics
-    if t.tensorboard:
+    if "tensorboard" in t.loggers:
         loggers.append(_tensorboard_logger(paths, logger.version))
+    if tracker is not None:
+        loggers.append(tracker)
+        callbacks.insert(0, TrackingCallback(tracker))  # started before the other callbacks' on_train_start
     trainer = Trainer(
         accelerator=launch.accelerator,
         devices=launch.devices_per_node,
@@ -313,7 +319,7 @@ def _tensorboard_logger(paths: RunPaths, version: int | str) -> Logger:
         return TensorBoardLogger(save_dir=paths.run_dir, name="logs", version=version, sub_dir="tensorboard")
     except ModuleNotFoundError as exc:
         raise ConfigError(
-            f"trainer.tensorboard is on but TensorBoard cannot be imported ({exc})",
-            location="spec.trainer.tensorboard",
-            hint="pip install tensorboard on every node, or set trainer.tensorboard: false",
+            f"trainer.loggers has tensorboard but TensorBoard cannot be imported ({exc})",
+            location="spec.trainer.loggers",
+            hint="pip install tensorboard on every node, or remove tensorboard from trainer.loggers",
         ) from None

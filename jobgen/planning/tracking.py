@@ -1,0 +1,130 @@
+"""Plan-time rules of the experiment trackers (``trainer.loggers: [wandb, mlflow]``): the
+profile's defaults merged into the spec (:func:`resolve_tracking`), and where each tracker's
+credentials come from (:func:`check_tracking`). Torch-free, no I/O; the runtime side is
+:mod:`jobgen.train.tracking`, the run identity record :class:`jobgen.jobdir.TrackingRecord`.
+
+Credentials by reference only (the values never reach a rendered file, spec.json or a tracker's
+parameters):
+
+- SLURM and local: the variable named in the spec's ``secrets`` (``WANDB_API_KEY``,
+  ``MLFLOW_TRACKING_TOKEN``, ...), taken from the environment ``jobgen submit`` runs in, or a key
+  file on the nodes (``api_key_file`` / ``token_file``) read by global rank zero at start; W&B
+  may also use its own login (``~/.netrc`` on a shared home).
+- Kubernetes: a Secret mapped by the profile's ``kubernetes.secret_env`` (every pod gets it); a
+  key file is refused (jobgen mounts no such file).
+"""
+
+from __future__ import annotations
+
+from jobgen.errors import PlanError
+from jobgen.planning.environment import TRACKER_CREDENTIALS
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.tracking import MlflowSpec, WandbSpec, check_tracking_uri
+from jobgen.specs.training import TrainingSpec
+
+#: The variable MLflow reads its tracking URI from when none is given (mlflow.environment_variables).
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+#: Per tracker: its key-file field and the variable that file's content is read into.
+KEY_FILES: dict[str, tuple[str, str]] = {"wandb": ("api_key_file", "WANDB_API_KEY"),
+                                         "mlflow": ("token_file", "MLFLOW_TRACKING_TOKEN")}
+
+
+def resolve_tracking(spec: TrainingSpec, profile: ClusterProfile) -> TrainingSpec:
+    """``spec`` with, for each tracker in ``trainer.loggers``, its options merged over the
+    profile's ``tracking`` defaults (the spec's set fields win) and W&B's ``mode`` made explicit
+    (``online`` when neither says), so spec.json holds what the nodes use. A spec without
+    trackers is returned unchanged (a profile's defaults add nothing to it)."""
+    t = spec.trainer
+    if not t.trackers:
+        return spec
+    defaults = profile.tracking
+    update = {}
+    if "wandb" in t.trackers:
+        own = t.wandb or WandbSpec()
+        merged = WandbSpec.model_validate(own.merged_over(defaults.wandb if defaults else None))
+        update["wandb"] = merged.model_copy(update={"mode": merged.effective_mode})
+    if "mlflow" in t.trackers:
+        own_ml = t.mlflow or MlflowSpec()
+        update["mlflow"] = MlflowSpec.model_validate(own_ml.merged_over(defaults.mlflow if defaults else None))
+    return spec.model_copy(update={"trainer": t.model_copy(update=update)})
+
+
+def _origin(spec: TrainingSpec, tracker: str, field: str, spec_source: str, profile_source: str) -> str:
+    """Where a merged option came from: the spec's ``trainer.<tracker>.<field>`` or the profile's."""
+    own = getattr(spec.trainer, tracker)
+    if own is not None and getattr(own, field) not in (None, ()):
+        return f"{spec_source}: trainer.{tracker}.{field}"
+    return f"{profile_source}: tracking.{tracker}.{field}"
+
+
+def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: str = "<spec>",
+                   profile_source: str = "<profile>") -> None:
+    """Plan-time rules for the trackers of ``spec`` (as written; the profile's defaults are
+    merged here as :func:`resolve_tracking` merges them):
+
+    - one source per credential: a key file (``wandb.api_key_file``, ``mlflow.token_file``) and
+      the same variable in ``secrets`` exclude each other;
+    - Kubernetes: W&B ``online`` needs ``WANDB_API_KEY`` mapped to a Secret by
+      ``kubernetes.secret_env`` (pods have no other source); key files are refused;
+    - ``MLFLOW_TRACKING_URI`` in a profile's or spec's ``env`` is checked like
+      ``mlflow.tracking_uri`` (:func:`jobgen.specs.tracking.check_tracking_uri`: no file store, no
+      credentials in it) and cannot be given beside it.
+
+    Raises:
+        PlanError: with the file + field path and a hint.
+    """
+    resolved = resolve_tracking(spec, profile)
+    t = resolved.trainer
+    k8s = profile.kubernetes if profile.scheduler == "kubernetes" else None
+    for tracker in t.trackers:
+        options = getattr(t, tracker)
+        field, variable = KEY_FILES[tracker]
+        key_file = getattr(options, field)
+        where = _origin(spec, tracker, field, spec_source, profile_source)
+        if key_file is not None and variable in spec.secrets:
+            raise PlanError(
+                f"{tracker}.{field} and `secrets: [{variable}]` both give {tracker}'s credential; one variable cannot have "
+                "two sources.",
+                location=where,
+                hint=f"Keep one: remove {variable} from secrets, or remove {field}.",
+            )
+        if k8s is not None and key_file is not None:
+            raise PlanError(
+                f"{tracker}.{field} names a file on the nodes, but on Kubernetes jobgen mounts no such file into the pods.",
+                location=where,
+                hint=f"Map {variable} to a Secret in the profile ({profile_source}): kubernetes.secret_env: "
+                f"{{{variable}: {{secret: <Secret name>, key: <key>}}}}, and remove {field}.",
+            )
+    wandb = t.wandb if "wandb" in t.trackers else None
+    if k8s is not None and wandb is not None and wandb.effective_mode == "online":
+        (variable,) = TRACKER_CREDENTIALS["wandb"]
+        if variable not in k8s.secret_env:
+            raise PlanError(
+                f"trainer.loggers has wandb in online mode, but profile {profile.name!r} maps no Secret to {variable}: "
+                "the pods would have no W&B key.",
+                location=f"{spec_source}: trainer.loggers",
+                hint=f"kubectl create secret generic wandb --from-literal=api-key=... and add to the profile "
+                f"({profile_source}): kubernetes.secret_env: {{{variable}: {{secret: wandb, key: api-key}}}}; "
+                "or log offline (trainer.wandb.mode: offline) and run wandb sync later.",
+            )
+    if "mlflow" not in t.trackers:
+        return
+    assert t.mlflow is not None  # resolve_tracking set it
+    for source, env, what in ((profile_source, profile.env, "profile"), (spec_source, spec.env, "spec")):
+        value = env.get(MLFLOW_URI_ENV)
+        if value is None:
+            continue
+        location = f"{source}: env.{MLFLOW_URI_ENV}"
+        if t.mlflow.tracking_uri is not None:
+            raise PlanError(
+                f"the {what}'s env sets {MLFLOW_URI_ENV} and mlflow.tracking_uri is {t.mlflow.tracking_uri!r}; one setting "
+                "cannot have two sources.",
+                location=location,
+                hint=f"Remove {MLFLOW_URI_ENV} from env and keep trainer.mlflow.tracking_uri (or the profile's "
+                "tracking.mlflow.tracking_uri).",
+            )
+        try:
+            check_tracking_uri(value)
+        except ValueError as exc:
+            raise PlanError(str(exc), location=location,
+                            hint="set trainer.mlflow.tracking_uri instead, to a sqlite://// path or a server") from None

@@ -1,0 +1,662 @@
+"""Experiment trackers of the entrypoint: Weights & Biases and MLflow runs that survive requeue.
+
+``trainer.loggers: [wandb, mlflow]`` adds :class:`TrackerLogger` (a Lightning logger, beside the
+CSV one) and :class:`TrackingCallback`. Only global rank zero creates a tracker and imports
+``wandb`` / ``mlflow``, once Lightning knows the rank (``on_train_start``); the other ranks only
+join one all-gather of their host names at setup.
+
+One run per job. The run directory's :class:`~jobgen.jobdir.TrackingRecord` (made by ``jobgen
+submit``, else by the first start) holds the run key:
+
+- W&B: ``wandb.init(id=<run key>, resume="allow")`` on every start. Offline (``mode: offline``)
+  each start writes its own ``<run_dir>/wandb/offline-run-<time>-<run key>/``; W&B cannot resume
+  offline, but every piece carries the same id, and ``wandb sync <run_dir>/wandb/offline-run-*``
+  uploads the pieces of one run in order of start time into that run (wandb 0.31 ``wandb sync
+  --help``). ``resume_from`` / ``fork_from`` (W&B's rewind and fork) are not used: wandb 0.31
+  accepts them offline without error, but they are server-side operations that an offline run
+  cannot check, and the gating below makes them unnecessary.
+- MLflow: the first start creates the run (tags ``jobgen.run_key``, ``jobgen.job``,
+  ``jobgen.run_dir``) and records its id; later starts resume it by id (status back to
+  ``RUNNING``), or find it by the ``jobgen.run_key`` tag when the id was not recorded, or, when
+  the record itself is lost but a checkpoint is resumed, by ``jobgen.job`` + ``jobgen.run_dir``.
+- A new run: a new job name (a new run directory), ``checkpoint.resume: never`` (every start),
+  or a start from step 0 after metrics were already sent (the checkpoints were removed).
+
+No step is logged twice, and what a stopped run logged past its last checkpoint is superseded:
+metrics reach the trackers when a checkpoint that covers their optimizer step has been written
+(:func:`jobgen.train.checkpoints.save_checkpoint_atomically` tells the logger), plus the rest
+when the run ends (finished or failed). A run stopped by a signal (pre-emption, SLURM requeue,
+``scancel``, Ctrl-C, a pod eviction) sends nothing past its last checkpoint, and the resumed run
+trains and logs those steps again from the checkpoint's step on. The CSV and TensorBoard logs stay
+live; the trackers lag by at most ``checkpoint.every_n_steps``. The record keeps the highest step
+sent (``logged_step``): a start never sends a step at or below it (after a failed run that sent
+its tail, resumed from an earlier checkpoint, the first steps again are skipped, with a note).
+Every rank defers SIGINT/SIGTERM from the end of each batch to the start of the next (the
+span in which the step's checkpoint is written and its metrics logged and sent;
+:meth:`TrackerLogger.hold_signals`): a stop right after a checkpoint of step S would otherwise
+lose step S's metrics for good, as the resumed run continues at S + 1.
+
+Status: the MLflow run ends ``FINISHED``, ``KILLED`` (a signal, a SLURM requeue: the next start
+sets it ``RUNNING`` again) or ``FAILED`` (an exception); W&B's run is finished with exit code 0
+or 1, after ``mark_preempting()`` when killed. A ``SIGKILL`` leaves the MLflow run ``RUNNING``
+until the next start.
+
+Logged: the resolved spec as hyper-parameters (W&B config; MLflow params, first value kept: MLflow
+refuses to change a param), with URL credentials and the values of the spec's ``secrets`` and of
+:data:`jobgen.planning.environment.TRACKER_CREDENTIALS` replaced by ``***``; the job handle, node list,
+code commit and restart count (W&B config ``jobgen``, MLflow tags ``jobgen.*``); and every
+metric the CSV logger gets (loss, learning rate, tokens/s, samples/s, MFU, peak memory), with
+the optimizer step (``trainer.global_step``) as the step. ``summary.json`` gains ``tracking``
+(:meth:`TrackerLogger.describe`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers.logger import Logger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from jobgen.errors import REDACTED, ConfigError, TrackerError, redact_urls
+from jobgen.jobdir import (
+    MLFLOW_DB_FILE,
+    TRACKING_FILE,
+    WANDB_SUBDIR,
+    ResolvedSpec,
+    TrackingRecord,
+    read_tracking_record,
+    write_tracking_record,
+)
+from jobgen.planning.environment import TRACKER_CREDENTIALS
+from jobgen.planning.tracking import KEY_FILES, MLFLOW_URI_ENV
+from jobgen.specs.tracking import MlflowSpec, WandbSpec, check_tracking_uri
+
+Status = Literal["FINISHED", "KILLED", "FAILED"]
+Row = tuple[int, dict[str, float]]
+#: MLflow's limits (mlflow/utils/validation.py, MLflow 3.x): metrics and params per log_batch call, param value length.
+_MLFLOW_BATCH_METRICS, _MLFLOW_BATCH_PARAMS, _MLFLOW_PARAM_CHARS = 1000, 100, 6000
+
+
+def _say(text: str) -> None:
+    try:
+        print(f"tracking: {text}", flush=True)
+    except OSError:  # the job's output is gone (a launcher stopped reading it): nothing to tell
+        pass
+
+
+# --------------------------------------------------------------------------- what is sent
+
+
+def secret_values(resolved: ResolvedSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The values, in ``environ``, of the spec's ``secrets`` and of every tracker credential
+    variable (:data:`jobgen.planning.environment.TRACKER_CREDENTIALS`): what must never reach a tracker
+    (longest first, so that a value containing another is replaced whole)."""
+    names = {*resolved.spec.secrets, *(n for names in TRACKER_CREDENTIALS.values() for n in names)}
+    return sorted({v for n in names if len(v := environ.get(n, "")) >= 4}, key=len, reverse=True)
+
+
+def scrub(value: Any, secrets: list[str]) -> Any:
+    """``value`` (JSON data) with every string's URL credentials (:func:`jobgen.errors.redact_urls`)
+    and every occurrence of a value of ``secrets`` replaced by ``***``."""
+    if isinstance(value, str):
+        text = redact_urls(value)
+        for secret in secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+    if isinstance(value, dict):
+        return {k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, secrets) for v in value]
+    return value
+
+
+def flat_params(doc: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested JSON document as ``{"a.b.c": "<value>"}``: scalars as text (``null``, ``true``,
+    numbers as JSON writes them), lists as JSON, empty mappings left out; sorted by key."""
+    out: dict[str, str] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_params(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value)
+    return dict(sorted(out.items()))
+
+
+def read_key_files(resolved: ResolvedSpec, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """For each tracker with a key file (``wandb.api_key_file``, ``mlflow.token_file``), read it
+    (``~`` expanded) into its variable in ``environ`` (this process only: the tracker reads it
+    there). Global rank zero only.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or empty.
+    """
+    t = resolved.spec.trainer
+    for tracker in t.trackers:
+        field, variable = KEY_FILES[tracker]
+        path = getattr(getattr(t, tracker), field)
+        if path is None:
+            continue
+        location = f"spec.trainer.{tracker}.{field}"
+        try:
+            key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path} on {socket.gethostname()}: {exc.strerror or exc}", location=location,
+                              hint=f"put the key into {path} on a filesystem the nodes see (chmod 600), or list {variable} "
+                              "in secrets instead") from None
+        if not key:
+            raise ConfigError(f"{path} is empty", location=location, hint=f"write the key into {path}")
+        environ[variable] = key
+
+
+# --------------------------------------------------------------------------- the run's identity
+
+
+def run_identity(run_dir: Path, resolved: ResolvedSpec, resumed_step: int | None) -> tuple[TrackingRecord, bool]:
+    """The record this start logs under, written back when new; and whether the record was lost
+    (none, while a checkpoint is resumed: the MLflow run is then looked up by job and run dir).
+
+    A new record (a new tracker run) when ``checkpoint.resume`` is ``never``, when there is none,
+    or when training starts from step 0 (no checkpoint resumed) after metrics were sent.
+    """
+    record = read_tracking_record(run_dir)
+    lost = record is None and resumed_step is not None
+    renew = (record is None or resolved.spec.checkpoint.resume == "never"
+             or (resumed_step is None and record.logged_step is not None))
+    if renew:
+        record = TrackingRecord.new()
+        write_tracking_record(run_dir, record)
+    assert record is not None
+    return record, lost
+
+
+# --------------------------------------------------------------------------- the trackers
+
+
+class WandbRun:
+    """A W&B run on global rank zero (``wandb.init(id=<run key>, resume="allow")``), see the module doc.
+
+    Raises:
+        TrackerError: ``wandb`` is missing or ``wandb.init`` failed (no key, no network).
+    """
+
+    name = "wandb"
+
+    def __init__(self, options: WandbSpec, record: TrackingRecord, run_dir: Path, job: str, config: dict[str, Any]):
+        try:
+            import wandb
+        except ImportError as exc:
+            raise TrackerError(f"trainer.loggers has wandb, but it cannot be imported ({exc})", location="spec.trainer.loggers",
+                               hint="pip install 'jobgen[tracking]' (or wandb) on every node") from None
+        self.options, self.run_dir = options, run_dir
+        # console off: the job's output is the scheduler's log; git off: jobgen records the code
+        # snapshot's commit itself (and a remote URL may carry credentials)
+        settings = wandb.Settings(console="off", disable_git=True, save_code=False)
+        try:
+            self.run = wandb.init(
+                project=options.project, entity=options.entity, id=record.run_key, resume="allow",
+                mode=options.effective_mode, dir=str(run_dir), name=job, tags=list(options.tags) or None,
+                settings=settings,
+            )  # fmt: skip
+            self.run.config.update(config, allow_val_change=True)
+        except Exception as exc:  # noqa: BLE001 - wandb raises its own types (UsageError, CommError, ...)
+            raise TrackerError(
+                f"W&B could not start run {record.run_key} ({options.effective_mode}): {type(exc).__name__}: {exc}",
+                location="spec.trainer.wandb",
+                hint="online needs a key (secrets: [WANDB_API_KEY], trainer.wandb.api_key_file or `wandb login`) and "
+                "network access from the node; or log offline (trainer.wandb.mode: offline) and run wandb sync later",
+            ) from None
+
+    def log(self, rows: list[Row]) -> None:
+        """Send ``rows`` (optimizer step, metrics), in step order."""
+        for step, metrics in rows:
+            self.run.log(metrics, step=step)
+
+    def close(self, status: Status) -> None:
+        """Finish the run (exit code 0 when finished, 1 otherwise; pre-empting when killed)."""
+        if status == "KILLED":
+            self.run.mark_preempting()
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+
+    def describe(self) -> dict[str, Any]:
+        """``summary.json``'s ``tracking.wandb``: id, mode, project, entity, url (online), dir and
+        the sync command (offline)."""
+        offline = self.options.effective_mode == "offline"
+        pieces = f"{self.run_dir / WANDB_SUBDIR}/offline-run-*-{self.run.id}"
+        return {"id": self.run.id, "mode": self.options.effective_mode, "project": self.run.project or None,
+                "entity": self.options.entity, "url": None if offline else self.run.url,
+                "dir": str(Path(self.run.dir).parent),
+                **({"sync": f"wandb sync {pieces}"} if offline else {})}
+
+
+class MlflowRun:
+    """An MLflow run on global rank zero (``MlflowClient``), created once and resumed by id or
+    tag (see the module doc); its id is written into ``record``.
+
+    Raises:
+        TrackerError: ``mlflow`` is missing or the tracking store refused (no server, bad token).
+        ConfigError: ``$MLFLOW_TRACKING_URI`` on the node is a file store.
+    """
+
+    name = "mlflow"
+
+    def __init__(self, options: MlflowSpec, record: TrackingRecord, lost: bool, run_dir: Path, job: str,
+                 params: dict[str, str], tags: dict[str, str], resumed: bool):
+        try:
+            from mlflow.entities import Metric, Param, RunTag
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise TrackerError(f"trainer.loggers has mlflow, but it cannot be imported ({exc})", location="spec.trainer.loggers",
+                               hint="pip install 'jobgen[tracking]' (or mlflow-skinny with sqlalchemy and alembic) on every node") from None
+        self._metric, self._param, self._tag = Metric, Param, RunTag
+        uri = options.tracking_uri or os.environ.get(MLFLOW_URI_ENV) or f"sqlite:///{run_dir / MLFLOW_DB_FILE}"
+        if not options.tracking_uri and os.environ.get(MLFLOW_URI_ENV):
+            try:
+                check_tracking_uri(uri)
+            except ValueError as exc:
+                raise ConfigError(str(exc), location=f"environment: {MLFLOW_URI_ENV}") from None
+        self.uri = uri
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment(options.experiment)
+            run = self._find(record, lost, job, run_dir)
+            if run is None:
+                run = self.client.create_run(self.experiment_id, run_name=job, tags={
+                    "jobgen.run_key": record.run_key, "jobgen.job": job, "jobgen.run_dir": str(run_dir)})
+            elif resumed or run.info.status != "RUNNING":
+                self.client.update_run(run.info.run_id, status="RUNNING")
+            self.run_id = run.info.run_id
+            self._log_params(run.data.params, params)
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in sorted(tags.items())])
+        except TrackerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - MlflowException, SQLAlchemy and HTTP errors
+            raise TrackerError(f"MLflow could not start the run in {redact_urls(uri)}: {type(exc).__name__}: {exc}",
+                               location="spec.trainer.mlflow",
+                               hint="check the tracking URI and that the node reaches it (token: secrets: "
+                               "[MLFLOW_TRACKING_TOKEN] or trainer.mlflow.token_file)") from None
+        # a run found by job and run dir (the record was lost) keeps the run key it was created with
+        key = run.data.tags.get("jobgen.run_key", record.run_key) if lost else record.run_key
+        self.record = record.model_copy(update={"mlflow_run_id": self.run_id, "run_key": key})
+        write_tracking_record(run_dir, self.record)
+
+    def _experiment(self, name: str | None) -> str:
+        if name is None:
+            return "0"  # MLflow's Default experiment
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except Exception:  # noqa: BLE001 - another job created it meanwhile (RESOURCE_ALREADY_EXISTS)
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def _search(self, **tags: str) -> Any:
+        query = " and ".join(f"tags.`{k}` = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+        return runs[0] if runs else None
+
+    def _find(self, record: TrackingRecord, lost: bool, job: str, run_dir: Path) -> Any:
+        """The run to continue: by recorded id, by ``jobgen.run_key``, or (record lost) by job and run dir."""
+        if record.mlflow_run_id is not None:
+            try:
+                run = self.client.get_run(record.mlflow_run_id)
+                if run.info.lifecycle_stage == "active":
+                    return run
+            except Exception:  # noqa: BLE001 - not in this store (deleted, or another tracking URI)
+                pass
+        run = self._search(**{"jobgen.run_key": record.run_key})
+        if run is None and lost:
+            run = self._search(**{"jobgen.job": job, "jobgen.run_dir": str(run_dir)})
+            if run is not None:
+                _say(f"no {TRACKING_FILE} in {run_dir}; continuing MLflow run {run.info.run_id} "
+                     "(found by its jobgen.job and jobgen.run_dir tags)")
+        return run
+
+    def _log_params(self, existing: Mapping[str, str], params: dict[str, str]) -> None:
+        """Params not yet on the run (MLflow refuses to change one: a changed value is named, not sent)."""
+        new = [self._param(k[:250], v[:_MLFLOW_PARAM_CHARS]) for k, v in params.items() if k[:250] not in existing]
+        changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v[:_MLFLOW_PARAM_CHARS])
+        for i in range(0, len(new), _MLFLOW_BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=new[i:i + _MLFLOW_BATCH_PARAMS])
+        if changed:
+            _say(f"MLflow keeps the first value of changed parameter(s) {', '.join(changed[:5])}"
+                 + (f" and {len(changed) - 5} more" if len(changed) > 5 else "") + " (MLflow params cannot change)")
+
+    def log(self, rows: list[Row]) -> None:
+        """Send ``rows`` (optimizer step, metrics) as metrics with their step, in batches."""
+        now = int(time.time() * 1000)
+        metrics = [self._metric(k, v, now, step) for step, row in rows for k, v in row.items()]
+        for i in range(0, len(metrics), _MLFLOW_BATCH_METRICS):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + _MLFLOW_BATCH_METRICS])
+
+    def close(self, status: Status) -> None:
+        """Mark the run ``status`` (FINISHED, KILLED, FAILED)."""
+        self.client.set_terminated(self.run_id, status)
+
+    def describe(self) -> dict[str, Any]:
+        """``summary.json``'s ``tracking.mlflow``: run id, experiment id, tracking URI (credentials
+        hidden), and the run's page for a tracking server."""
+        web = self.uri.startswith(("http://", "https://"))
+        url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}" if web else None
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": redact_urls(self.uri),
+                "url": None if url is None else redact_urls(url)}
+
+
+# --------------------------------------------------------------------------- Lightning glue
+
+
+@contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT/SIGTERM ignored inside (main thread): a launcher's second signal (torchrun sends
+    one to every worker when it is stopped itself) must not cut the closing of a run short."""
+    try:
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class TrackerLogger(Logger):
+    """The trackers of ``spec.trainer.loggers`` as one Lightning logger (every rank holds one;
+    only global rank zero starts trackers, in :meth:`start`). Metrics are held back until a
+    checkpoint covers their step (see the module doc).
+
+    Args:
+        resolved: the resolved spec (trackers, their options, what is logged as parameters).
+        run_dir: the run directory (absolute): the record, W&B's directory, MLflow's default database.
+        resumed_step: the global step of the checkpoint this start resumes from; None: from step 0.
+        code: the code snapshot record (``commit``, ...) or None.
+        handle: the job handle, when the node can tell (:func:`jobgen.train.notify.job_handle`).
+    """
+
+    def __init__(self, resolved: ResolvedSpec, run_dir: Path, resumed_step: int | None,
+                 code: Mapping[str, Any] | None = None, handle: str | None = None):
+        super().__init__()
+        self.resolved, self.run_dir, self.resumed_step = resolved, run_dir, resumed_step
+        self.code, self.handle = code, handle
+        self.trackers: list[WandbRun | MlflowRun] = []
+        self.record: TrackingRecord | None = None
+        self.safe_step = resumed_step or 0
+        """Rows at or below this optimizer step are sent at once: a checkpoint covers them."""
+        self.floor = -1
+        """Rows at or below this step were sent by an earlier start and are never sent again."""
+        self.sent_step: int | None = None
+        self.skipped = 0
+        self.signalled: int | None = None
+        """SIGINT/SIGTERM seen on this rank since :meth:`start` (the run then ends KILLED)."""
+        self.closed = False
+        self._buffer: list[Row] = []
+        self._held: dict[int, Any] | None = None
+        self._pending: list[int] = []
+        self._last_sent: dict[str, int] = {}
+        self._trainer: Trainer | None = None
+
+    @property
+    def name(self) -> str:
+        """Lightning's logger name."""
+        return "jobgen-trackers"
+
+    @property
+    def version(self) -> str | None:
+        """The run key (None before :meth:`start` and on other ranks)."""
+        return None if self.record is None else self.record.run_key
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the resolved spec is logged by :meth:`start` (the module's own hparams are part of it)."""
+
+    def finalize(self, status: str) -> None:
+        """Nothing: Lightning calls this at the end of each fit/validate; the run goes on until :meth:`close`."""
+
+    def attach(self, trainer: Trainer) -> None:
+        """Read optimizer steps from ``trainer`` (every rank, at setup)."""
+        self._trainer = trainer
+
+    def start(self, trainer: Trainer, nodes: list[str]) -> None:
+        """Global rank zero: read the key files, settle the run's identity, start every tracker,
+        log the parameters; watch for SIGINT/SIGTERM (a run stopped by one ends KILLED)."""
+        self._trainer = trainer
+        resolved, spec = self.resolved, self.resolved.spec
+        read_key_files(resolved)
+        record, lost = run_identity(self.run_dir, resolved, self.resumed_step)
+        if record.logged_step is not None:
+            self.floor = record.logged_step
+            if self.resumed_step is not None and self.resumed_step < record.logged_step:
+                _say(f"the trackers have steps up to {record.logged_step}, this start resumes from step {self.resumed_step}: "
+                     f"steps up to {record.logged_step} are not sent again (they are in metrics.csv)")
+        secrets = secret_values(resolved)
+        doc = scrub(resolved.model_dump(mode="json"), secrets)
+        restart = next((os.environ[k] for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT") if os.environ.get(k)), "0")
+        meta = {"handle": self.handle, "nodes": ",".join(nodes), "commit": (self.code or {}).get("commit"),
+                "resumed_from_step": self.resumed_step, "restart": restart}
+        meta = scrub({k: v for k, v in meta.items() if v is not None}, secrets)
+        t = spec.trainer
+        self.record = record
+        try:
+            # MLflow first: when the record was lost, the run it finds by its tags brings the
+            # job's old run key back, and W&B continues under it
+            if "mlflow" in t.trackers:
+                assert t.mlflow is not None
+                ml = MlflowRun(t.mlflow, record, lost, self.run_dir, spec.name, flat_params(doc),
+                               {f"jobgen.{k}": str(v) for k, v in meta.items()}, resumed=self.resumed_step is not None)
+                self.record = record = ml.record
+                self.trackers.append(ml)
+            if "wandb" in t.trackers:
+                assert t.wandb is not None
+                self.trackers.insert(0, WandbRun(t.wandb, record, self.run_dir, spec.name, {**doc, "jobgen": meta}))
+        except BaseException:
+            self.close("FAILED")
+            raise
+        self._watch_signals()
+        for tracker in self.trackers:
+            where = tracker.describe()
+            if isinstance(tracker, WandbRun):
+                _say(f"wandb run {where['id']} ({where['mode']}" + (f", {where['url']})" if where["url"] else f", {where['dir']})"))
+            else:
+                _say(f"mlflow run {where['run_id']} in {where['tracking_uri']} (experiment {where['experiment_id']})")
+
+    def _watch_signals(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+
+            def observe(number: int, frame: Any, previous: Any = previous) -> None:
+                self.signalled = self.signalled or number
+                if callable(previous):
+                    previous(number, frame)
+                elif previous == signal.SIG_DFL:
+                    signal.signal(number, signal.SIG_DFL)
+                    signal.raise_signal(number)
+
+            try:
+                signal.signal(signum, observe)
+            except ValueError:  # not the main thread: statuses fall back on the exception type
+                return
+
+    def hold_signals(self) -> None:
+        """Defer SIGINT/SIGTERM (recorded, the run then ends KILLED) until :meth:`release_signals`:
+        :class:`TrackingCallback` holds them on every rank from the end of each batch to the start of the next,
+        the span in which the step's checkpoint is written and its metrics are logged and sent.
+        Without it a stop after a checkpoint of step S, before step S's metrics were logged,
+        would lose them for good (the resumed run continues at S + 1). Main thread only."""
+        if self._held is not None or self.closed:
+            return
+
+        def record(number: int, frame: Any) -> None:
+            self.signalled = self.signalled or number
+            self._pending.append(number)
+
+        try:
+            self._held = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread
+            self._held = None
+
+    def release_signals(self, deliver: bool = True) -> None:
+        """End :meth:`hold_signals`: restore the handlers and (``deliver``) raise each deferred signal again."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        for s, handler in held.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        pending, self._pending = list(dict.fromkeys(self._pending)), []
+        if deliver:
+            for number in pending:
+                signal.raise_signal(number)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Hold or send one row, at the trainer's optimizer step (see the class doc)."""
+        if not self.trackers or self.closed:
+            return
+        at = self._trainer.global_step if self._trainer is not None else int(step or 0)
+        if at <= self.floor:
+            self.skipped += 1
+            return
+        row = (at, {k: float(v) for k, v in metrics.items()})
+        if at <= self.safe_step:
+            self._send([row])
+        else:
+            self._buffer.append(row)
+
+    def checkpoint_written(self, step: int) -> None:
+        """A checkpoint of optimizer step ``step`` is complete (global rank zero; called by
+        :func:`jobgen.train.checkpoints.save_checkpoint_atomically`): send what it covers."""
+        if not self.trackers or self.closed:
+            return
+        self.safe_step = max(self.safe_step, step)
+        self._flush(upto=self.safe_step)
+        self._remember(max(self.safe_step, self.sent_step or 0))
+
+    def _flush(self, upto: int | None) -> None:
+        ready = [r for r in self._buffer if upto is None or r[0] <= upto]
+        self._buffer = [r for r in self._buffer if not (upto is None or r[0] <= upto)]
+        if ready:
+            self._send(ready)
+
+    def _send(self, rows: list[Row]) -> None:
+        # per metric, each step once: Lightning adds ``epoch`` to the training and the validation
+        # row of the same step (the same value), and MLflow would keep both
+        fresh: list[Row] = []
+        for step, metrics in rows:
+            kept = {k: v for k, v in metrics.items() if self._last_sent.get(k, -1) < step}
+            self._last_sent.update(dict.fromkeys(kept, step))
+            if kept:
+                fresh.append((step, kept))
+        if not fresh:
+            return
+        for tracker in self.trackers:
+            tracker.log(fresh)
+        self.sent_step = max(self.sent_step or 0, *(step for step, _ in fresh))
+
+    def _remember(self, step: int | None) -> None:
+        """Record ``step`` as the highest sent (it only grows)."""
+        if self.record is not None and step is not None and step > (self.record.logged_step or -1):
+            self.record = self.record.model_copy(update={"logged_step": step})
+            write_tracking_record(self.run_dir, self.record)
+
+    def status_of(self, exc: BaseException | None) -> Status:
+        """The run's end for an exception leaving training: KILLED after SIGINT/SIGTERM (also
+        Lightning's KeyboardInterrupt exit and SIGTERMException), FAILED otherwise."""
+        seen = exc
+        while seen is not None:
+            if isinstance(seen, KeyboardInterrupt) or type(seen).__name__ == "SIGTERMException":
+                return "KILLED"
+            seen = seen.__context__
+        return "KILLED" if self.signalled is not None else "FAILED"
+
+    def close(self, status: Status) -> None:
+        """End every tracker's run with ``status`` (once; global rank zero). FINISHED and FAILED
+        send the held-back rows first; KILLED drops them (the resumed run logs those steps
+        again). Never raises: a tracker's failure here is printed."""
+        self.release_signals(deliver=False)  # the run ends now: a deferred signal has been counted (KILLED)
+        if self.closed or not self.trackers:
+            self.closed = True
+            return
+        self.closed = True
+        with _signals_ignored():
+            try:
+                if status == "KILLED":
+                    if self._buffer:
+                        _say(f"{len(self._buffer)} metric row(s) after the last checkpoint (step {self.safe_step}) not "
+                             "sent: the resumed run logs those steps again")
+                    self._buffer = []
+                else:
+                    self._flush(upto=None)
+                self._remember(self.sent_step)
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the run's own outcome
+                _say(f"warning: sending the last metrics failed: {type(exc).__name__}: {exc}")
+            for tracker in self.trackers:
+                try:
+                    tracker.close(status)
+                except Exception as exc:  # noqa: BLE001
+                    _say(f"warning: closing the {tracker.name} run failed: {type(exc).__name__}: {exc}")
+        if self.skipped:
+            _say(f"{self.skipped} metric row(s) at or below step {self.floor} were not sent again")
+        _say(f"runs ended {status}")
+
+    def describe(self) -> dict[str, Any]:
+        """``summary.json``'s ``tracking``: the run key and each tracker's run (ids, URLs or paths)."""
+        return {"run_key": self.version, **{t.name: t.describe() for t in self.trackers}}
+
+
+class TrackingCallback(Callback):
+    """Starts :class:`TrackerLogger` on global rank zero when training starts (Lightning has set
+    the ranks and restored the checkpoint by then), after every rank has shared its host name
+    (one all-gather at setup: the node list)."""
+
+    def __init__(self, logger: TrackerLogger):
+        self.logger = logger
+        self.nodes: list[str] = []
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Every rank: attach the logger to the trainer; gather the host names (collective)."""
+        self.logger.attach(trainer)
+        if stage != "fit" or self.nodes:
+            return
+        host = socket.gethostname()
+        import torch.distributed as dist
+
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            hosts: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(hosts, host)
+            self.nodes = sorted({str(h) for h in hosts})
+        else:
+            self.nodes = [host]
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Global rank zero: start the trackers."""
+        if trainer.is_global_zero and not self.logger.trackers:
+            self.logger.start(trainer, self.nodes)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Every rank: defer SIGINT/SIGTERM while this step's checkpoint and metrics go out (this
+        callback runs before the others, the checkpoint callback last). Every rank, so that a
+        stop that reaches all of them (Ctrl-C, a launcher's signal) leaves them at the same
+        point, after the step's collectives: a rank that left early would fail rank zero's
+        checkpoint or validation before the step's metrics are logged."""
+        self.logger.hold_signals()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Deliver what was deferred at the previous step."""
+        self.logger.release_signals()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Deliver what was deferred at the last step."""
+        self.logger.release_signals()
