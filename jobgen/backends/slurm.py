@@ -4,13 +4,14 @@ handle (``slurm://<cluster>/<jobid>``), first-failure triage and GPU-hours from 
 sources. The batch script is planned in :mod:`jobgen.backends.slurm_script`.
 
 Size: above ~500 lines on purpose: every operation here — for a job, a job array and one of its
-tasks — reads the same scheduler sources (squeue's two JSON shapes, accounting, the
-job-completion log, the output files) through the same helpers, which stay together.
+tasks — reads the same scheduler sources (squeue, accounting, the job-completion log, the output
+files) through the same helpers, which stay together. squeue's JSON of each SLURM release is
+decoded in :mod:`jobgen.backends.slurm_json`; array tasks in the job-completion log are found
+by :mod:`jobgen.backends.slurm_jobcomp`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -32,6 +33,8 @@ from jobgen.backends.base import (
     secrets_location,
 )
 from jobgen.backends.slurm_array import task_log_name
+from jobgen.backends.slurm_jobcomp import FILETXT, completion_log, read_array
+from jobgen.backends.slurm_json import SqueueJob, SqueueReply, decode_squeue
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import (
@@ -55,7 +58,7 @@ from jobgen.jobdir import (
 from jobgen.planning.environment import check_present, unexported
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.reports.triage import LogLine, Triage, triage
-from jobgen.reports.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
+from jobgen.reports.usage import Usage, from_iso, parse_tres, span_seconds
 
 
 def read_job_dir(job_dir: Path) -> ResolvedSpec:
@@ -266,27 +269,17 @@ def cluster_options(handle: JobHandle) -> list[str]:
     return [f"--clusters={record.slurm_cluster}"] if record is not None and record.slurm_cluster else []
 
 
-def _squeue_jobs(jid: str, handle: JobHandle) -> list[dict[str, Any]] | None:
+def _squeue_jobs(jid: str, handle: JobHandle) -> SqueueReply | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
-    tasks, or one task), or None when the controller has forgotten it (after MinJobAge)."""
+    tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm_json`),
+    or None when the controller has forgotten it (after MinJobAge)."""
     try:
         proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" in exc.message:
             return None
         raise
-    return list(json.loads(proc.stdout).get("jobs", []))
-
-
-def _number(value: Any) -> int | None:
-    """A squeue JSON number: plain (22.05) or ``{"set", "infinite", "number"}`` (23.02+); None when unset."""
-    if isinstance(value, dict):
-        return int(value["number"]) if value.get("set") and not value.get("infinite") else None
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    return int(value) if str(value).isdigit() else None
+    return decode_squeue(proc.stdout)
 
 
 def expand_task_ids(text: str) -> list[int]:
@@ -303,35 +296,20 @@ def expand_task_ids(text: str) -> list[int]:
     return ids
 
 
-def _array_records(jobs: list[dict[str, Any]], array_id: str) -> dict[int, dict[str, Any]]:
+def _array_records(jobs: tuple[SqueueJob, ...], array_id: str) -> dict[int, SqueueJob]:
     """squeue records of array ``array_id`` by task id: each task SLURM has started (or split
     off) has its own record (``array_task_id``); the tasks still pending in the array's own
     record (``array_task_id`` unset) are listed in its ``array_task_string`` and share it."""
-    tasks: dict[int, dict[str, Any]] = {}
+    tasks: dict[int, SqueueJob] = {}
     for job in jobs:
-        if str(_number(job.get("array_job_id"))) != array_id:
+        if str(job.array_job_id) != array_id:
             continue
-        task = _number(job.get("array_task_id"))
-        if task is not None:
-            tasks[task] = job
+        if job.array_task_id is not None:
+            tasks[job.array_task_id] = job
         else:
-            for pending in expand_task_ids(str(job.get("array_task_string") or "")):
+            for pending in expand_task_ids(job.array_task_string):
                 tasks.setdefault(pending, job)
     return dict(sorted(tasks.items()))
-#: State flags that squeue's one-word state shows instead of the base state, in the order
-#: SLURM's job_state_string() checks them (src/common/slurm_protocol_defs.c).
-_SHOWN_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-                "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
-
-
-def _flag(value: Any) -> str:
-    """squeue/sacct JSON state fields are a string (22.05) or a list of flags (23.02+): the base
-    state plus flags, e.g. ``["CANCELLED", "COMPLETING"]`` while the ranks stop, which squeue
-    (and 22.05's JSON) shows as COMPLETING; so a flag from that list wins over the base state."""
-    if isinstance(value, list):
-        shown = [flag for flag in _SHOWN_FLAGS if flag in value]
-        return shown[0] if shown else value[0] if value else "UNKNOWN"
-    return str(value)
 
 
 #: sacct columns jobgen reads; JobName last, so a name containing "|" survives the split.
@@ -339,27 +317,43 @@ _SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Elapsed,ElapsedRaw,Start,End,Allo
 _SACCT_COLUMNS = _SACCT_FORMAT.count(",") + 1
 
 
-def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage | None] | None:
-    """``(state, source, details, usage)`` from accounting (``sacct``, needs slurmdbd), else
-    from the job-completion log (``sacct -c``, JobCompType=jobcomp/filetxt), else None.
+def _sacct_rows(jids: str, handle: JobHandle, *, jobcomp: bool) -> list[list[str]] | None:
+    """The rows (cells of :data:`_SACCT_FORMAT`) ``sacct`` (accounting; needs slurmdbd) or, with
+    ``jobcomp``, ``sacct -c`` (the job-completion log, JobCompType=jobcomp/filetxt) prints for
+    ``jids`` (comma-separated); None when that source fails ("accounting storage is disabled").
 
     Parsable text, not ``--json``: on SLURM 22.05 ``sacct --json`` reports exit code 0 for
     jobs that exited non-zero, while ``ExitCode`` in the text output is right.
     """
-    for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", jid, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
-        try:
-            proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
-        except SubmitError:
-            continue  # no slurmdbd: "accounting storage is disabled"; try the completion log
-        rows = [line.split("|") for line in proc.stdout.splitlines() if line.split("|")[0] == jid]
-        row = rows[-1] + [""] * _SACCT_COLUMNS if rows else []
-        # jobcomp/filetxt records are space-separated key=value pairs: a job name with spaces
-        # garbles sacct -c's parse; an unreadable state means "this source does not know".
-        if row and re.fullmatch(r"[A-Z_]+", (row[1].split() or [""])[0]):
-            name = "|".join(rows[-1][_SACCT_COLUMNS - 1:])
-            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": name}
-            return row[1].split()[0], source, details, _sacct_usage(row, source, handle)
+    extra = ["-c"] if jobcomp else []
+    argv = ["sacct", *cluster_options(handle), *extra, "--jobs", jids, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+    try:
+        proc = run_command(argv, what="sacct -c" if jobcomp else "sacct", timeout_s=30)
+    except SubmitError:
+        return None
+    return [line.split("|") for line in proc.stdout.splitlines()]
+
+
+def _row_status(cells: list[str], source: str, handle: JobHandle, *, usage: bool = True) -> tuple[str, dict[str, str], Usage | None] | None:
+    """``(state, details, usage)`` of one sacct row, or None when its state is unreadable:
+    jobcomp/filetxt records are space-separated key=value pairs, and a job name with spaces
+    garbles sacct -c's parse; an unreadable state means "this source does not know"."""
+    row = cells + [""] * _SACCT_COLUMNS
+    state = (row[1].split() or [""])[0]
+    if not re.fullmatch(r"[A-Z_]+", state):
+        return None
+    details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(cells[_SACCT_COLUMNS - 1:])}
+    return state, details, _sacct_usage(row, source, handle) if usage else None
+
+
+def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage | None] | None:
+    """``(state, source, details, usage)`` from accounting (``sacct``), else from the
+    job-completion log (``sacct -c``), else None (see :func:`_sacct_rows`)."""
+    for source in ("sacct", "jobcomp"):
+        rows = [cells for cells in _sacct_rows(jid, handle, jobcomp=source == "jobcomp") or [] if cells[0] == jid]
+        found = _row_status(rows[-1], source, handle) if rows else None
+        if found is not None:
+            return found[0], source, found[1], found[2]
     return None
 
 
@@ -387,37 +381,39 @@ def _sacct_usage(row: list[str], source: str, handle: JobHandle) -> Usage | None
     return Usage("cpu", cpus, float(elapsed), f"{source} {'AllocTRES' if 'cpu' in tres else 'NCPUS'} x ElapsedRaw", start, end)
 
 
-def _squeue_usage(job: dict[str, Any], state: str, handle: JobHandle) -> Usage | None:
+def _squeue_usage(job: SqueueJob, handle: JobHandle) -> Usage | None:
     """Usage from a ``squeue --json`` job: ``tres_alloc_str`` (set once resources are
     allocated) x (end or now - start)."""
-    tres = parse_tres(str(job.get("tres_alloc_str") or ""))
-    start = from_epoch(job.get("start_time"))
-    if not tres or start is None:
+    tres = parse_tres(job.tres_alloc)
+    if not tres or job.start is None:
         return None
     # end_time of a job that still runs is its time limit, not an end
-    end = from_epoch(job.get("end_time")) if state in FINISHED_STATES else None
-    elapsed = span_seconds(start, end, datetime.now(timezone.utc))
+    end = job.end if job.state in FINISHED_STATES else None
+    elapsed = span_seconds(job.start, end, datetime.now(timezone.utc))
     launch = recorded_launch(handle)
     price = launch.gpu_hour_price if launch is not None else None
     if "gpu" in tres:
-        return Usage("gpu", tres["gpu"], elapsed, "squeue tres_alloc_str", start, end, price)
+        return Usage("gpu", tres["gpu"], elapsed, "squeue tres_alloc_str", job.start, end, price)
     if "cpu" in tres:
-        return Usage("cpu", tres["cpu"], elapsed, "squeue tres_alloc_str", start, end)
+        return Usage("cpu", tres["cpu"], elapsed, "squeue tres_alloc_str", job.start, end)
     return None
 
 
-def _squeue_status(handle: JobHandle, job: dict[str, Any]) -> JobStatus:
+def _squeue_status(handle: JobHandle, job: SqueueJob) -> JobStatus:
+    """One decoded squeue record as a status; a record that did not decode is UNKNOWN with the reason."""
+    if job.problem is not None:
+        return JobStatus(handle, "UNKNOWN", "squeue", {"reason": job.problem})
     details = {
-        "name": str(job.get("name", "")),
-        "nodes": str(job.get("nodes", "")),
-        "reason": str(job.get("state_reason", "")),
-        "restarts": str(job.get("restart_cnt", "")),
+        "name": job.name,
+        "nodes": job.nodes,
+        "reason": job.reason,
+        "restarts": "" if job.restarts is None else str(job.restarts),
     }
-    raw_exit = job.get("exit_code")
-    state = _flag(job.get("job_state"))
-    if state in FINISHED_STATES and isinstance(raw_exit, int):
-        details["exit_code"] = f"{raw_exit >> 8}:{raw_exit & 0x7F}"  # a wait(2) status on 22.05
-    return JobStatus(handle, state, "squeue", details, _squeue_usage(job, state, handle))
+    if job.allocated_cpus is not None:
+        details["cpus"] = str(job.allocated_cpus)
+    if job.state in FINISHED_STATES and job.exit_code is not None:
+        details["exit_code"] = str(job.exit_code)
+    return JobStatus(handle, job.state, "squeue", details, _squeue_usage(job, handle))
 
 
 #: States of a task that has not ended and is not running yet.
@@ -469,14 +465,14 @@ def _task_handle(handle: JobHandle, array_id: str, task: int) -> JobHandle:
     return JobHandle(handle.scheme, f"{handle.cluster}/{array_id}_{task}")
 
 
-def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], record: Submission | None) -> JobStatus:
+def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], record: Submission | None,
+                  unknown_reason: str = "no source knows this task") -> JobStatus:
     """The whole array's status: :func:`array_state` over ``tasks`` (one per task; tasks of the
-    record that no source knows count as UNKNOWN), with the counts in ``details``."""
+    record that no source knows count as UNKNOWN, with ``unknown_reason``), with the counts in ``details``."""
     known = {t.handle.array_task: t for t in tasks}
     names = {t.index: t.name for t in record.array or ()} if record is not None and record.array else {}
     for index in sorted(set(names) - set(known)):
-        known[index] = JobStatus(_task_handle(handle, array_id, index), "UNKNOWN", "none",
-                                 {"reason": "no source knows this task"})
+        known[index] = JobStatus(_task_handle(handle, array_id, index), "UNKNOWN", "none", {"reason": unknown_reason})
     ordered = [known[i] for i in sorted(k for k in known if k is not None)]
     for i, task in enumerate(ordered):
         if task.handle.array_task in names:
@@ -490,40 +486,80 @@ def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], reco
                      tuple(ordered))
 
 
-def _sacct_array(array_id: str, handle: JobHandle) -> list[JobStatus]:
-    """The tasks of array ``array_id`` as accounting or the job-completion log list them
-    (``<jobid>_<task>`` rows; ``<jobid>_[2-3]`` for tasks that never started)."""
-    for source, extra in (("sacct", []), ("jobcomp", ["-c"])):
-        argv = ["sacct", *cluster_options(handle), *extra, "--jobs", array_id, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
-        try:
-            proc = run_command(argv, what="sacct -c" if extra else "sacct", timeout_s=30)
-        except SubmitError:
+def _accounting_tasks(jid: str, array_id: str, handle: JobHandle) -> dict[int, JobStatus]:
+    """The tasks of array ``array_id`` as accounting lists them for ``jid`` (the array, or one
+    task): ``<jobid>_<task>`` rows, and ``<jobid>_[2-3]`` for tasks that never started."""
+    tasks: dict[int, JobStatus] = {}
+    for cells in _sacct_rows(jid, handle, jobcomp=False) or []:
+        one = re.fullmatch(rf"{array_id}_(\d+)", cells[0])
+        many = re.fullmatch(rf"{array_id}_\[(.+)\]", cells[0])
+        if not (one or many):
             continue
-        tasks: dict[int, JobStatus] = {}
-        for line in proc.stdout.splitlines():
-            cells = line.split("|")
-            row = cells + [""] * _SACCT_COLUMNS
-            one = re.fullmatch(rf"{array_id}_(\d+)", cells[0])
-            many = re.fullmatch(rf"{array_id}_\[(.+)\]", cells[0])
-            state = (row[1].split() or [""])[0]
-            if not (one or many) or not re.fullmatch(r"[A-Z_]+", state):
-                continue
-            details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(cells[_SACCT_COLUMNS - 1:])}
-            for task in [int(one.group(1))] if one else expand_task_ids(many.group(1)):
-                task_handle = _task_handle(handle, array_id, task)
-                tasks[task] = JobStatus(task_handle, state, source, details, _sacct_usage(row, source, task_handle) if one else None)
-        if tasks:
-            return [tasks[i] for i in sorted(tasks)]
-    return []
+        for task in [int(one.group(1))] if one else expand_task_ids(many.group(1)):
+            task_handle = _task_handle(handle, array_id, task)
+            found = _row_status(cells, "sacct", task_handle, usage=one is not None)
+            if found is not None:
+                tasks[task] = JobStatus(task_handle, found[0], "sacct", found[1], found[2])
+    return tasks
+
+
+def _jobcomp_tasks(array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
+    """Tasks ``wanted`` of array ``array_id`` from the job-completion log: each task's job id
+    from the log file (:mod:`jobgen.backends.slurm_jobcomp`; ``scontrol show config`` names
+    it), then their rows from ``sacct -c``, as for a single job. Tasks that never started take
+    the array's own record. Returns the tasks found and why the others are unknown."""
+    try:
+        config = run_command(["scontrol", *cluster_options(handle), "show", "config"], what="scontrol show config", timeout_s=30)
+    except SubmitError as exc:
+        return {}, f"no accounting (slurmdbd), and `scontrol show config` failed, which names the job-completion log: {exc.message}"
+    kind, location = completion_log(config.stdout)
+    if kind != FILETXT or not location:
+        return {}, (f"no accounting (slurmdbd), and the controller keeps no job-completion log file "
+                    f"(JobCompType={kind or 'none'}; {FILETXT} has one)")
+    try:
+        logged = read_array(Path(location), int(array_id))
+    except OSError as exc:
+        return {}, f"no accounting (slurmdbd), and the job-completion log {location} cannot be read here ({exc.strerror or exc})"
+    jobs = {task: str(logged.tasks[task]) for task in wanted if task in logged.tasks}
+    never_started = [task for task in wanted if task not in jobs] if logged.own_record else []
+    ids = list(dict.fromkeys([*jobs.values(), *([array_id] if never_started else [])]))
+    why = f"no accounting (slurmdbd), and the job-completion log {location} has no line for this task (yet)"
+    if not ids:
+        return {}, why
+    rows: dict[str, list[str]] = {}
+    for cells in _sacct_rows(",".join(ids), handle, jobcomp=True) or []:
+        rows[cells[0]] = cells  # a requeued job has a row per run: the last one is the latest
+    found: dict[int, JobStatus] = {}
+    for task in wanted:
+        jid = jobs.get(task, array_id if task in never_started else None)
+        task_handle = _task_handle(handle, array_id, task)
+        one = _row_status(rows[jid], "jobcomp", task_handle, usage=task in jobs) if jid in rows else None
+        if one is not None:
+            found[task] = JobStatus(task_handle, one[0], "jobcomp", one[1], one[2])
+    return found, why
+
+
+def _ended_tasks(jid: str, array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
+    """Tasks ``wanted`` of array ``array_id`` that squeue no longer lists, by the route single
+    jobs take after squeue: accounting, then the job-completion log. Returns the tasks found
+    and why the others are unknown."""
+    tasks = {task: st for task, st in _accounting_tasks(jid, array_id, handle).items() if task in wanted}
+    if tasks:
+        return tasks, "accounting does not list this task"
+    return _jobcomp_tasks(array_id, handle, wanted)
 
 
 def status(handle: JobHandle) -> JobStatus:
     """The job's state: ``squeue`` while the controller knows it (queued, running, and for
     MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
-    (never a guess).
+    (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
+    (:mod:`jobgen.backends.slurm_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
 
     A job array (``slurm://<cluster>/<jobid>`` of an array): every task's status in ``tasks``
     and the array's state by :func:`array_state`; one task (``<jobid>_<task>``): that task's.
+    A task squeue no longer lists (slurmctld purges each ended task MinJobAge after it ended)
+    takes the same route as a single job: accounting, then the job-completion log, whose
+    ``ArrayJobId``/``ArrayTaskId`` keys give each task's job id (:mod:`jobgen.backends.slurm_jobcomp`).
 
     Raises:
         ConfigError: not a SLURM handle.
@@ -532,21 +568,27 @@ def status(handle: JobHandle) -> JobStatus:
     jid = job_id(handle)
     array_id, _, task = jid.partition("_")
     record = find_submission(handle)
-    jobs = _squeue_jobs(jid, handle)
-    if jobs is not None:
-        members = _array_records(jobs, array_id)
-        if task:
-            if int(task) in members:
-                return _squeue_status(handle, members[int(task)])
-        elif members:
-            return _array_status(handle, array_id, [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()],
-                                 record)
-        else:
-            plain = [j for j in jobs if str(j.get("job_id")) == jid]
-            if plain:
-                return _squeue_status(handle, plain[0])
-    if not task and record is not None and record.array:
-        return _array_status(handle, array_id, _sacct_array(array_id, handle), record)
+    reply = _squeue_jobs(jid, handle)
+    if reply is not None and reply.problem is not None:
+        return JobStatus(handle, "UNKNOWN", "squeue", {"reason": reply.problem})
+    jobs = reply.jobs if reply is not None else ()
+    members = _array_records(jobs, array_id)
+    if task:
+        if int(task) in members:
+            return _squeue_status(handle, members[int(task)])
+        ended, why = _ended_tasks(jid, array_id, handle, [int(task)])
+        if int(task) in ended:
+            return ended[int(task)]
+        return JobStatus(handle, "UNKNOWN", "none", {"reason": f"squeue no longer lists this task; {why}"})
+    recorded = [t.index for t in record.array] if record is not None and record.array else []
+    if members or recorded:
+        tasks = [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()]
+        missing = [i for i in recorded if i not in members]
+        ended, why = _ended_tasks(jid, array_id, handle, missing) if missing else ({}, "")
+        return _array_status(handle, array_id, [*tasks, *ended.values()], record, f"squeue no longer lists this task; {why}")
+    plain = [j for j in jobs if str(j.job_id) == jid]
+    if plain:
+        return _squeue_status(handle, plain[0])
     found = _sacct(jid, handle)
     if found is not None:
         return JobStatus(handle, *found)

@@ -135,18 +135,6 @@ def parse_tres(text: str) -> dict[str, int]:
     return counts
 
 
-def from_epoch(value: Any) -> datetime | None:
-    """A SLURM time (seconds since the epoch; 22.05: an int; 23.02+: ``{"set": bool, "number":
-    int}``) as an aware UTC datetime; ``None`` for 0 / unset."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return None
-        value = value.get("number")
-    if not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return datetime.fromtimestamp(value, tz=timezone.utc)
-
-
 def from_iso(text: str | None, *, local: bool = False) -> datetime | None:
     """``2026-11-23T06:47:43`` (sacct, the controller's local time when ``local``) or
     ``2026-11-23T06:47:43Z`` (Kubernetes) as an aware datetime; ``None`` for ``Unknown``/empty."""

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from jobgen.backends import slurm as slurm_backend
 from jobgen.backends.slurm import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
 from jobgen.gitops.manifests import plan_single
-from jobgen.jobdir import JobHandle, Submission
+from jobgen.jobdir import ArrayTask, JobHandle, Submission
 from jobgen.specs.load import load_profile
 from tests.conftest import EXAMPLES, PROFILES
 from tests.fakes.slurm.fakeslurm import (
@@ -249,14 +250,132 @@ def test_all_tasks_completed_is_completed_and_one_failure_is_failed(slurm, submi
 
 def test_after_squeue_forgot_the_array_accounting_rows_name_the_tasks(slurm, submitted, run_cli):
     slurm.respond("squeue", SQUEUE_INVALID_JOB)
-    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
     rows = [(f"123_{i}", "COMPLETED", "0:0", "node1", "00:01:00", "60", "", "", "", "2", "quickstart") for i in range(3)]
     rows.append(("123_3", "TIMEOUT", "0:0", "node2", "00:30:00", "1800", "", "", "", "2", "quickstart"))
-    slurm.respond("sacct -c", sacct_rows(*rows))
+    slurm.respond("sacct", sacct_rows(*rows))
     got = json.loads(run_cli("status", "-o", "json", HANDLE).stdout)
-    assert (got["state"], got["source"]) == ("FAILED", "jobcomp")
+    assert (got["state"], got["source"]) == ("FAILED", "sacct")
     assert [t["state"] for t in got["tasks"]] == ["COMPLETED"] * 3 + ["TIMEOUT"]
-    assert slurm.argvs()[-1] == ["sacct", "-c", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
+    assert slurm.argvs()[-1] == ["sacct", "--jobs", "123", "--noheader", "--parsable2", SACCT_FORMAT]
+
+
+# Without accounting: the job-completion log (JobCompType=jobcomp/filetxt) has a line per task with
+# the task's own job id and "ArrayJobId=<array> ArrayTaskId=<task>", which `sacct -c` does not
+# read (it prints "<jobid>" rows and warns "Unknown type ArrayJobId"): jobgen maps tasks to job
+# ids from the log, then reads their rows with `sacct -c` as for any job. Lines as SLURM 22.05 writes them.
+JOBCOMP_LINE = ("JobId={jid} UserId=u(1000) GroupId=u(1000) Name=quickstart JobState={state} Partition=lab TimeLimit=30 "
+                "StartTime=2026-11-23T06:00:00 EndTime=2026-11-23T06:01:00 NodeList=node1 NodeCnt=1 ProcCnt=2 WorkDir=/w "
+                "ReservationName= Tres=cpu=2,node=1,billing=2 Account= QOS= WcKey= Cluster=unknown "
+                "SubmitTime=2026-11-23T05:59:00 EligibleTime=2026-11-23T05:59:00{array} DerivedExitCode=0:0 ExitCode={exit} \n")
+
+
+def jobcomp_log(tmp_path: Path, *lines: tuple[int, str, str, int | None, int | None]) -> Path:
+    """The job-completion log: (job id, state, exit code, array job id, task id) per line."""
+    path = tmp_path / "jobcomp.txt"
+    path.write_text("".join(JOBCOMP_LINE.format(jid=jid, state=state, exit=code, array="" if task is None else
+                                                f" ArrayJobId={array} ArrayTaskId={task}")
+                            for jid, state, code, array, task in lines))
+    return path
+
+
+def show_config(log: Path, kind: str = "jobcomp/filetxt") -> dict:
+    return reply(f"Configuration data as of 2026-11-23T06:02:00\nJobCompHost             = localhost\n"
+                 f"JobCompLoc              = {log}\nJobCompType             = {kind}\nMinJobAge               = 300 sec\n")
+
+
+def jobcomp_row(jid: int, state: str, code: str) -> tuple[str, ...]:
+    """What `sacct -c` prints for one job (no TRES in the job-completion log: NCPUS)."""
+    return (str(jid), state, code, "node1", "00:01:00", "60", "2026-11-23T06:00:00", "2026-11-23T06:01:00", "", "2", "quickstart")
+
+
+SCONTROL_CONFIG = ["scontrol", "show", "config"]
+
+
+@pytest.fixture
+def recorded(slurm, tmp_path) -> None:
+    """The record `jobgen submit` leaves for the 2x2 sweep submitted as array 123 (written directly: quicker than `submitted`)."""
+    runs = tmp_path / "runs"
+    tasks = tuple(ArrayTask(index=i, name=name, run_dir=str(runs / name), log_file=str(runs / "quickstart" / f"slurm-123_{i}.out"))
+                  for i, name in enumerate(NAMES))
+    job_dir = tmp_path / "m" / "quickstart"
+    job_dir.mkdir(parents=True)
+    Submission(handle=HANDLE, job_dir=str(job_dir), run_dir=str(runs / "quickstart"), array=tasks).save()
+
+
+def status_json(job: str = HANDLE) -> dict:
+    """`jobgen status -o json JOB`, in this process (the CLI's own path is tested above)."""
+    return slurm_backend.status(JobHandle.parse(job)).to_json()
+
+
+def jobcomp_argv(ids: str) -> list[str]:
+    return ["sacct", "-c", "--jobs", ids, "--noheader", "--parsable2", SACCT_FORMAT]
+
+
+def test_without_accounting_the_job_completion_log_names_each_tasks_job(slurm, recorded, tmp_path):
+    log = jobcomp_log(tmp_path, (124, "COMPLETED", "0:0", 123, 0), (99, "COMPLETED", "0:0", None, None),
+                      (125, "FAILED", "1:0", 123, 1), (1240, "FAILED", "1:0", 1230, 1), (126, "COMPLETED", "0:0", 123, 2),
+                      (123, "CANCELLED", "0:15", 123, 3))
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("scontrol", show_config(log))
+    slurm.respond("sacct -c", sacct_rows(jobcomp_row(124, "COMPLETED", "0:0"), jobcomp_row(125, "FAILED", "1:0"),
+                                         jobcomp_row(126, "COMPLETED", "0:0"), jobcomp_row(123, "CANCELLED", "0:15")))
+    got = status_json()
+    assert (got["state"], got["source"]) == ("FAILED", "jobcomp"), got
+    assert [(t["handle"], t["state"], t["details"]["exit_code"], t["details"]["name"]) for t in got["tasks"]] == [
+        (f"{HANDLE}_{i}", state, code, NAMES[i])
+        for i, (state, code) in enumerate([("COMPLETED", "0:0"), ("FAILED", "1:0"), ("COMPLETED", "0:0"), ("CANCELLED", "0:15")])]
+    assert got["tasks"][1]["usage"]["cpu_hours"] == round(2 * 60 / 3600, 6)
+    assert slurm.argvs()[-2:] == [SCONTROL_CONFIG, jobcomp_argv("124,125,126,123")]
+    one = status_json(f"{HANDLE}_1")
+    assert (one["handle"], one["state"], one["source"], one["details"]["exit_code"]) == (f"{HANDLE}_1", "FAILED", "jobcomp", "1:0")
+    assert slurm.argvs()[-1] == jobcomp_argv("125")
+
+
+def test_tasks_squeue_has_purged_while_the_array_runs_come_from_the_job_completion_log(slurm, recorded, tmp_path):
+    """slurmctld purges each ended task's record MinJobAge after it ended, while the array's own
+    record stays until every task has ended (job_mgr.c _list_find_job_old, SLURM 22.05)."""
+    log = jobcomp_log(tmp_path, (124, "COMPLETED", "0:0", 123, 0), (125, "FAILED", "1:0", 123, 1))
+    slurm.respond("squeue", json_reply(squeue_merged(
+        squeue_22_05(126, "RUNNING", array_job_id=123, array_task_id=2),
+        squeue_22_05(123, "PENDING", array_job_id=123, array_task_string="3", start=0, end=0))))
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("scontrol", show_config(log))
+    slurm.respond("sacct -c", sacct_rows(jobcomp_row(124, "COMPLETED", "0:0"), jobcomp_row(125, "FAILED", "1:0")))
+    got = status_json()
+    assert (got["state"], got["source"]) == ("RUNNING", "jobcomp+squeue"), got
+    assert [(t["state"], t["source"]) for t in got["tasks"]] == [
+        ("COMPLETED", "jobcomp"), ("FAILED", "jobcomp"), ("RUNNING", "squeue"), ("PENDING", "squeue")]
+    assert slurm.argvs()[-1] == jobcomp_argv("124,125")
+
+
+def test_tasks_that_never_started_share_the_arrays_own_record_in_the_log(slurm, recorded, tmp_path):
+    """scancel of an array with tasks still pending: task 0 ran (its own line); the array's own
+    record, which held tasks 1-3, is logged once, without ArrayJobId/ArrayTaskId."""
+    log = jobcomp_log(tmp_path, (123, "CANCELLED", "0:0", None, None), (124, "CANCELLED", "0:15", 123, 0))
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    slurm.respond("scontrol", show_config(log))
+    slurm.respond("sacct -c", sacct_rows(jobcomp_row(124, "CANCELLED", "0:15"), jobcomp_row(123, "CANCELLED", "0:0")))
+    got = status_json()
+    assert (got["state"], [t["state"] for t in got["tasks"]]) == ("CANCELLED", ["CANCELLED"] * 4), got
+    assert [t["usage"] is None for t in got["tasks"]] == [False, True, True, True]
+    assert slurm.argvs()[-1] == jobcomp_argv("124,123")
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ("jobcomp/none", "JobCompType=jobcomp/none"),
+    ("unreadable", "cannot be read"),
+])
+def test_without_a_readable_job_completion_log_the_tasks_are_unknown_with_the_reason(slurm, recorded, tmp_path, config, words):
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", SACCT_NO_ACCOUNTING)
+    missing = tmp_path / "no-such-dir" / "jobcomp.txt"
+    slurm.respond("scontrol", show_config(missing, "jobcomp/none" if config == "jobcomp/none" else "jobcomp/filetxt"))
+    got = status_json()
+    assert got["state"] == "UNKNOWN" and [t["state"] for t in got["tasks"]] == ["UNKNOWN"] * 4, got
+    assert all(words in t["details"]["reason"] for t in got["tasks"]), got["tasks"][0]
+    assert "sacct -c" not in [" ".join(a[:2]) for a in slurm.argvs()]
 
 
 def test_logs_of_one_task_read_its_own_output_file(slurm, submitted, run_cli, tmp_path):

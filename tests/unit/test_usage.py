@@ -1,10 +1,10 @@
-"""jobgen.reports.usage: TRES parsing, SLURM/Kubernetes times, GPU-hours and cost."""
+"""jobgen.reports.usage: TRES parsing, sacct/Kubernetes times, GPU-hours and cost (squeue's times: test_slurm_json.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from jobgen.reports.usage import Usage, from_epoch, from_iso, parse_tres, span_seconds
+from jobgen.reports.usage import Usage, from_iso, parse_tres, span_seconds
 
 
 def test_parse_tres_counts_cpus_nodes_and_gpus_once():
@@ -12,13 +12,6 @@ def test_parse_tres_counts_cpus_nodes_and_gpus_once():
     assert parse_tres("cpu=4,gres/gpu:a100=2,gres/gpu:h100=2") == {"cpu": 4, "gpu": 4}  # typed only: summed
     assert parse_tres("cpu=2,node=2,billing=2") == {"cpu": 2, "node": 2}
     assert parse_tres("") == {}
-
-
-def test_slurm_times_in_both_json_shapes():
-    assert from_epoch(1700000000) == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
-    assert from_epoch({"set": True, "infinite": False, "number": 1700000000}) == from_epoch(1700000000)
-    assert from_epoch(0) is None and from_epoch({"set": False, "number": 0}) is None
-    assert from_epoch({"set": True, "infinite": True, "number": 0}) is None
 
 
 def test_iso_times():

@@ -10,9 +10,10 @@ silently.
 
 Imported, it gives the tests :class:`FakeSlurm` and builders for the documents real SLURM
 prints: ``squeue --json`` in the 22.05 shape (``job_state`` a string, ``exit_code`` a wait(2)
-status, plain numbers) and the 23.02+ shape (``job_state`` a list of base state + flags,
+status, plain numbers) and the 23.11+ shape (``job_state`` a list of base state + flags,
 numbers as ``{"set", "infinite", "number"}`` objects, ``exit_code`` an object), and
-``sacct --parsable2`` rows.
+``sacct --parsable2`` rows. Every release's shape, 22.05 - 25.05, as whole documents:
+tests/unit/fixtures/slurm_json/ (tests/unit/test_slurm_json.py).
 """
 
 from __future__ import annotations
@@ -168,9 +169,10 @@ def squeue_24_05(job_id: int, states: list[str], *, name: str = "quickstart", no
                  restarts: int = 0, return_code: int | None = 0, signal: int | None = None, tres_alloc: str = "",
                  start: int = 1700000000, end: int = 1700003600, array_job_id: int = 0, array_task_id: int | None = None,
                  array_task_string: str = "") -> dict[str, Any]:
-    """``squeue --json`` of SLURM 23.02 - 24.x (data_parser v0.0.39 - v0.0.41 shape) holding one
-    job; ``states`` is ``job_state`` as SLURM lists it: the base state, then any flags; times
-    are ``{"set", "infinite", "number"}`` objects there (the array fields too; see :func:`squeue_22_05`)."""
+    """``squeue --json`` of SLURM 24.05 (data_parser v0.0.41; 23.11 - 25.05 spell these fields
+    alike) holding one job; ``states`` is ``job_state`` as SLURM lists it: the base state, then
+    any flags; times are ``{"set", "infinite", "number"}`` objects there (the array fields too;
+    see :func:`squeue_22_05`)."""
     return {
         "jobs": [{
             "account": "", "array_job_id": _number(array_job_id), "array_task_id": _number(array_task_id),

@@ -65,6 +65,8 @@ BASE_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "s
                  "scontrol", "sinfo", "sacct")
 ACCOUNTING_BINARIES = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db",
                        "my_print_defaults")
+#: How long slurmctld keeps an ended job in squeue (slurm.conf MinJobAge; SLURM's default).
+MIN_JOB_AGE_S = 300
 #: Places searched for daemons besides $PATH (pytest may run with a PATH without sbin).
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
@@ -718,7 +720,7 @@ class SlurmLab:
             # SIGTERM -> SIGKILL after 5 s on scancel (default 30) keeps cancel tests short
             "InactiveLimit=0",
             "KillWait=5",
-            "MinJobAge=300",
+            f"MinJobAge={MIN_JOB_AGE_S}",
             "Waittime=0",
             # pitfall 8: `sacct -c` works from the job completion file without slurmdbd
             "JobCompType=jobcomp/filetxt",
@@ -913,6 +915,16 @@ class SlurmLab:
             time.sleep(0.2)
         raise LabStartError(f"nodes not idle after {timeout:g} s (sinfo: {states or 'no answer'})"
                             f"\n{self.log_tails()}")
+
+    def set_min_job_age(self, seconds: int) -> None:
+        """Make slurmctld forget ended jobs ``seconds`` after their end (slurm.conf MinJobAge,
+        which ``scontrol reconfigure`` applies to the running controller; SLURM's minimum is 2)
+        — what a test of "after squeue forgot the job" needs without waiting 300 s. The next
+        ``up()`` writes :data:`MIN_JOB_AGE_S` again. Raises LabCommandError."""
+        lines = [f"MinJobAge={seconds}" if line.startswith("MinJobAge=") else line
+                 for line in self.slurm_conf.read_text().splitlines()]
+        self.slurm_conf.write_text("\n".join(lines) + "\n")
+        run_slurm(self, "scontrol", "reconfigure")
 
     # ----- down
 
