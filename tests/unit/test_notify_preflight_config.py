@@ -66,4 +66,4 @@ def test_submit_preflight_is_refused_for_a_rendered_directory(run_cli, tmp_path:
     out = run_cli("render", QUICKSTART, "--profile", "slurm-cpu", "--out", str(tmp_path))
     assert out.code == 0, out.stderr
     result = run_cli("submit", str(tmp_path / "slurm-cpu" / "quickstart"), "--preflight")
-    assert result.code == 2 and "--preflight and --smoke apply to spec files" in result.stderr and "hint:" in result.stderr
+    assert result.code == 2 and "--preflight, --smoke and --sweep apply to spec files" in result.stderr and "hint:" in result.stderr
