@@ -183,7 +183,7 @@ def test_smoke_on_a_rendered_directory_is_refused(run_cli, tmp_path):
     (tmp_path / "job").mkdir()
     result = run_cli("submit", str(tmp_path / "job"), "--smoke", "3")
     assert result.code == 2, result.stderr
-    assert "--preflight and --smoke apply to spec files" in result.stderr
+    assert "--preflight, --smoke and --sweep apply to spec files" in result.stderr
 
 
 # --------------------------------------------------------------------------- local runs, jobgen plan
