@@ -216,11 +216,14 @@ def _job_pids(handle: JobHandle, rank: int) -> str:
 def status_command(run: str, rank: int, handle: JobHandle) -> str:
     """Remote: ``key=value`` lines (:func:`parse_report`): ``dir=missing`` when there is no run
     directory, else ``pid`` and ``exit`` (empty when not written), ``cancelled`` (0/1) and
-    ``procs``, the number of the job's processes alive on the host."""
+    ``procs``, the number of the job's processes alive on the host. The processes are counted
+    first: launch.sh writes its exit code before it ends, so a launch counted as gone has its exit
+    code read (the other order misses one that ends between the two reads)."""
     return (f"cd {shlex.quote(run)} 2>/dev/null || {{ echo dir=missing; exit 0; }}; "
+            f"procs=$({_job_pids(handle, rank)} | wc -l); "
             f"echo \"pid=$(cat {node_file(rank, 'pid')} 2>/dev/null)\"; echo \"exit=$(cat {node_file(rank, 'exit')} 2>/dev/null)\"; "
             f"if [ -e {CANCELLED_FILE} ]; then echo cancelled=1; else echo cancelled=0; fi; "
-            f"echo \"procs=$({_job_pids(handle, rank)} | wc -l)\"")
+            f"echo \"procs=$procs\"")
 
 
 def stop_command(run: str, rank: int, handle: JobHandle) -> str:

@@ -25,6 +25,7 @@ from jobgen.backends.ssh_launch import (
     copy_command,
     handle_for,
     job_state,
+    job_tag,
     parse_report,
     run_dir,
     ssh_argv,
@@ -33,7 +34,7 @@ from jobgen.backends.ssh_launch import (
     stop_command,
 )
 from jobgen.errors import ConfigError, PlanError, SubmitError
-from jobgen.jobdir import LAUNCH_FILE, SPEC_FILE, SUBMISSION_FILE, JobHandle, Submission, read_resolved_spec
+from jobgen.jobdir import LAUNCH_FILE, SPEC_FILE, SSH_JOB_ENV, SUBMISSION_FILE, JobHandle, Submission, read_resolved_spec
 from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import ClusterProfile, SshSettings
 from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, lint_bash, write
@@ -202,6 +203,30 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
     finally:
         sh(ssh.kill_command(handle, 0))
     assert not list(tmp_path.rglob("PWNED")) and not Path("/PWNED").exists()
+
+
+def test_status_never_reads_no_processes_and_no_exit_code_for_a_launch_that_ended(tmp_path):
+    """CI saw a cancelled launch reported with 0 processes and no exit code: status read the exit
+    file, then the launch wrote it and ended, then status counted 0 processes. The process count
+    comes first, so a launch that counted as gone wrote its exit code before status reads it. A
+    ``grep`` that waits 0.6 s before counting holds status in that window: the stand-in launch
+    (tagged like a job's process) writes its exit code and ends 0.3 s after status starts."""
+    run = tmp_path / "run"
+    run.mkdir()
+    handle = JobHandle("ssh", "h/w/job")
+    real_grep = subprocess.run(["bash", "-c", "command -v grep"], capture_output=True, text=True).stdout.strip()
+    slow = write(tmp_path / "bin" / "grep", f'#!/bin/bash\nsleep 0.6\nexec {real_grep} "$@"\n')
+    slow.chmod(0o755)
+    env = {**os.environ, SSH_JOB_ENV: job_tag(handle, 0)}
+    launch = subprocess.Popen(["bash", "-c", "sleep 0.3; echo 143 > node-0.exit.tmp && mv node-0.exit.tmp node-0.exit"],
+                              cwd=run, env=env)
+    try:
+        out = subprocess.run(["bash", "-c", status_command(str(run), 0, handle)], capture_output=True, timeout=30,
+                             env={**os.environ, "PATH": f"{slow.parent}:{os.environ['PATH']}"})
+    finally:
+        launch.wait(timeout=30)
+    report = parse_report("h", 0, out.stdout.decode())
+    assert report.procs == 0 and report.exit_code == 143, report
 
 
 # --------------------------------------------------------------------------- the job's state

@@ -127,7 +127,7 @@ def test_two_node_job_trains_to_completion_with_status_and_logs(jobgen):
     """Acceptance: 2 nodes x 1 rank (gloo), real text, COMPLETED, val loss falls, checkpoints left."""
     jobgen.profile()
     started = time.monotonic()
-    handle = jobgen.submit(jobgen.specs.training("lab-train", max_steps=60, every=20))
+    handle = jobgen.submit(jobgen.spec("lab-train", max_steps=60, every=20))
     submitted = time.monotonic()
     assert handle.startswith("slurm://jobgenlab/")
     running, seen = jobgen.wait_state(handle, {"RUNNING", "COMPLETED", "FAILED"}, timeout=60)
@@ -180,7 +180,7 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(jobgen, slurm_lab):
     """
     jobgen.profile()
     started = time.monotonic()
-    handle = jobgen.submit(jobgen.specs.training("lab-requeue", max_steps=300, every=50))
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=300, every=50))
     run = run_dir(jobgen, "lab-requeue")
     _wait_for_checkpoint(run, 600)
     checkpointed = time.monotonic() - started
@@ -232,7 +232,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     """
     jobgen.profile(time_limit_min=10, grace_s=GRACE_S)
     started = time.monotonic()
-    handle = jobgen.submit(jobgen.specs.training("lab-timelimit", max_steps=TIME_LIMIT_STEPS, every=1000))
+    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=TIME_LIMIT_STEPS, every=1000))
     run, jid = run_dir(jobgen, "lab-timelimit"), job_id(handle)
     wait_for(lambda: "step 10/" in jobgen("logs", handle).stdout, 600, 1.0, what="training progress")
     ran = _run_time_s(slurm_lab, jid)
@@ -273,7 +273,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
 
 def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
     jobgen.profile()
-    handle = jobgen.submit(jobgen.specs.training("lab-cancel", max_steps=100000, every=1000))
+    handle = jobgen.submit(jobgen.spec("lab-cancel", max_steps=100000, every=1000))
     wait_for(lambda: "step 10/" in jobgen("logs", handle).stdout, 180, 1.0, what="training progress")
     assert any(slurm_lab.node_pids()[node] for node in ("node1", "node2"))
     out = jobgen("cancel", handle).stdout
@@ -334,7 +334,7 @@ def test_gitops_path_submits_a_rendered_directory_once(jobgen):
     queues nothing; a second submit while the first is queued or running is refused."""
     jobgen.profile()
     # still starting or training when the second submit comes a few seconds later (start-up alone takes longer)
-    spec = jobgen.specs.training("lab-gitops", max_steps=100, every=50)
+    spec = jobgen.spec("lab-gitops", max_steps=100, every=50)
     jobgen("render", spec, "--profile", "slurm-lab", "--profiles-dir", str(jobgen.root / "profiles"), "--out", "manifests")
     job_dir = jobgen.root / "manifests" / "slurm-lab" / "lab-gitops"
     preflight = jobgen("submit", str(job_dir), "--test-only")

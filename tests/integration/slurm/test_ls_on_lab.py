@@ -27,7 +27,7 @@ def test_ls_lists_local_and_slurm_submissions_with_their_states_and_cpu_hours(jo
     (jobgen.root / "local.yaml").write_text(LOCAL_SPEC)
     local = jobgen("submit", "local.yaml", "--profile", "local", "--runs-dir", str(jobgen.root / "local-runs"), timeout=300)
     assert "jobgen: run directory" in local.stdout, local.stdout
-    handle = jobgen.submit(jobgen.specs.training("ls-lab", max_steps=20, every=10))
+    handle = jobgen.submit(jobgen.spec("ls-lab", max_steps=20, every=10))
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
     assert final == "COMPLETED", seen
 
