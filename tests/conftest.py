@@ -96,6 +96,15 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     }),
     # Issue 19: real wandb (offline) and MLflow (SQLite) runs: a 2-rank local job stopped and resubmitted, a requeue, a failure.
     "tests/entrypoint/test_tracking.py": ALL,
+    # Each imports Lightning in a `jobgen validate --import` process (~6 s of CPU on a 2-core
+    # Xeon, load 2): 13 such tests were 79 s of the quick tier's 270 s of CPU. The quick tier
+    # keeps a passing import (the example package) and a failing one through submit.
+    "tests/unit/test_validate_import.py": frozenset({
+        "test_validate_import_failures_exit_2_with_path_and_hint",
+        "test_data_module_of_the_wrong_base_is_refused",
+        "test_validate_import_passes_for_another_librarys_module_with_a_note",
+        "test_validate_import_finds_a_module_at_the_repository_root",
+    }),
     "tests/entrypoint/test_preflight.py": frozenset({
         "test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_process_group",
         "test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node",

@@ -38,10 +38,34 @@ class _Loader(yaml.SafeLoader):
     def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
         if kind is yaml.ScalarNode and implicit[0] and isinstance(value, str) and _BASE60.fullmatch(value):
             return "tag:yaml.org,2002:str"
-        return super().resolve(kind, value, implicit)
+        return yaml.resolver.Resolver.resolve(self, kind, value, implicit)  # both loaders' resolver
+
+
+if getattr(yaml, "__with_libyaml__", False):
+
+    class _FastLoader(yaml.CSafeLoader):
+        """:class:`_Loader`'s rules on libyaml's parser (~6x faster on a spec; ``render --all``
+        reads one spec per job). Only valid YAML goes this way: errors come from :class:`_Loader`."""
+
+        resolve = _Loader.resolve
+
+else:  # PyYAML built without libyaml
+    _FastLoader = _Loader  # type: ignore[misc]
 
 
 def _load_yaml(text: str) -> Any:
+    """The document in ``text`` under :class:`_Loader`'s rules. Parsed with libyaml where PyYAML
+    has it; YAML that libyaml refuses is parsed again by the pure-Python loader, so the error
+    (its message, line and column) is PyYAML's own, the same with or without libyaml.
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML.
+    """
+    try:
+        return yaml.load(text, Loader=_FastLoader)  # noqa: S506 - SafeLoader rules
+    except yaml.YAMLError:
+        if _FastLoader is _Loader:
+            raise
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 

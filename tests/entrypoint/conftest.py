@@ -7,6 +7,7 @@ stderr are part of the contract under test.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -133,9 +134,30 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children, their children, ...), from /proc's parent links
+    (proc(5), /proc/PID/stat field 4); empty where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def run_process(argv: list[str], cwd: Path, timeout: float) -> Result:
-    """Run ``argv`` in its own session; on timeout kill the whole process group (torchrun and its
-    workers) and fail the test with the output so far."""
+    """Run ``argv`` in its own session; on timeout kill it and every process it started, and
+    fail the test with the output so far. The descendants are found and killed one by one, not
+    only through the process group: torchrun starts each worker in a session of its own, and a
+    worker left alive keeps the output pipes open (tests/entrypoint/test_run_process.py)."""
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -148,8 +170,17 @@ def run_process(argv: list[str], cwd: Path, timeout: float) -> Result:
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
+        workers = descendants(proc.pid)  # before the launcher dies and they are handed to init
+        for pid in [proc.pid, *workers]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a grandchild outside the tree still holds a pipe
+            proc.kill()
+            stdout, stderr = "", f"(no output: the pipes stayed open after the kill of {[proc.pid, *workers]})"
         pytest.fail(f"{argv} timed out after {timeout} s\n{Result(-9, stdout, stderr).output}")
     return Result(proc.returncode, stdout, stderr)
 

@@ -23,6 +23,7 @@ was busy); each training run takes 8-12 s of which most is start-up.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import sys
@@ -152,3 +153,25 @@ def test_resume_from_a_deepspeed_checkpoint_continues_the_run(matrix, tmp_path: 
     assert Path(summary["resumed_from"]).name == "step-00000010.ckpt"
     assert summary["global_step"] == 20
     assert summary["val_loss"] == pytest.approx(full["val_loss"], abs=LOSS_ATOL)
+
+
+def test_fsdp_resumes_from_its_sharded_checkpoint_and_validates_inside_fit(matrix, tmp_path: Path) -> None:
+    """FULL_SHARD's checkpoint is sharded (a directory: one file per rank plus ``meta.pt``), and a
+    run given more steps resumes from it. 25 is off the validation interval (10): the last
+    validation runs inside fit, as a separate trainer.validate() cannot re-enter a model FSDP has
+    wrapped (jobgen.train.run._ValidationTracker). (Until issue 23 test_entrypoint_train's
+    FSDP test, which trained its own DDP and FSDP runs for the comparison that
+    test_strategy_trains_to_the_same_loss_as_ddp makes; it resumes the matrix's FSDP run now.)"""
+    src_dir, full = matrix["fsdp_full_shard"]
+    last = Path(full["last_checkpoint"])
+    assert last.is_dir() and (last / "meta.pt").is_file(), last
+    job_dir = tmp_path / "resume"
+    shutil.copytree(src_dir, job_dir)
+    plan_job(job_dir, CASES["fsdp_full_shard"], max_steps=25)
+    _, resumed = train(job_dir)
+    assert resumed["resumed_from_step"] == 20 and resumed["global_step"] == 25
+    assert resumed["val_loss"] < full["val_loss"]
+    # the resumed run (its own metrics file) validated once: at its last step, inside fit (logged
+    # at step index 24, as in-fit validations are)
+    with open(resumed["metrics_csv"], newline="") as fh:
+        assert [int(row["step"]) for row in csv.DictReader(fh) if row.get("val_loss")] == [24]

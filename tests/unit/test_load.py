@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from jobgen.errors import ConfigError
+from jobgen.specs import load
 from jobgen.specs.load import apply_overrides, load_profile, load_spec, parse_yaml, search_dirs
-from tests.conftest import EXAMPLES, PROFILES, write
+from tests.conftest import EXAMPLES, PROFILES, REPO, write
 
 
 def test_misspelt_key_names_path_and_suggests(tmp_path):
@@ -28,6 +30,57 @@ def test_yaml_syntax_error_has_line(tmp_path):
     with pytest.raises(ConfigError, match="invalid YAML") as info:
         load_spec(spec)
     assert info.value.location.startswith(f"{spec}:")
+
+
+#: YAML that makes the two loaders differ if the libyaml one lost a rule: base-60 strings, YAML
+#: 1.1 octal/hex/booleans/nulls, floats, timestamps, anchors, flow collections, quoting.
+TRICKY_YAML = """\
+nodes: 2:4
+t: 1:30.5
+neg: -1:00
+octal: 0o17
+old_octal: 017
+hex: 0x1F
+under: 1_000
+yes_no: [yes, no, on, off, y, n]
+nulls: [~, null, '']
+floats: [1e3, 1.5e-4, .inf, -.inf, .nan]
+date: 2024-01-02
+time: 2024-01-02T03:04:05Z
+anchor: &a {x: 1, y: [1, 2]}
+alias: *a
+merged: {<<: *a, z: 3}
+quoted: ["08", '2:4', "a\\tb"]
+block: |
+  line one
+  line two
+folded: >
+  one
+  two
+"""
+
+
+@pytest.mark.parametrize("source", ["tricky", *sorted(p.relative_to(REPO).as_posix() for d in (EXAMPLES, PROFILES, REPO / "tests" / "golden" / "specs")
+                                                   for p in d.glob("*.yaml"))])
+def test_the_libyaml_loader_reads_what_the_python_loader_reads(source):
+    """``_load_yaml`` parses with libyaml (speed: ``render --all``); every shipped spec and profile
+    and the tricky document must come out equal to the pure-Python loader's reading."""
+    text = TRICKY_YAML if source == "tricky" else (REPO / source).read_text()
+    if load._FastLoader is load._Loader:
+        pytest.skip("PyYAML without libyaml: one loader only")
+    pure = yaml.load(text, Loader=load._Loader)  # noqa: S506 - a SafeLoader subclass
+    assert load._load_yaml(text) == pure
+    assert yaml.load(text, Loader=load._FastLoader) == pure  # noqa: S506 - SafeLoader rules
+
+
+@pytest.mark.parametrize("text", ["a: [1,\n", "a: b: c\n", "a:\n\t- 1\n", "key: 'unterminated\n", "x: \x07\n"])
+def test_invalid_yaml_is_reported_as_the_python_loader_reports_it(text):
+    """Broken YAML gives PyYAML's own message, line and column, not libyaml's wording."""
+    with pytest.raises(yaml.YAMLError) as pure:
+        yaml.load(text, Loader=load._Loader)  # noqa: S506 - a SafeLoader subclass
+    with pytest.raises(yaml.YAMLError) as used:
+        load._load_yaml(text)
+    assert str(used.value) == str(pure.value)
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])

@@ -9,11 +9,20 @@ can host it is an error (with the build log or daemon log tails), not a skip. ``
 ``JOBGEN_K8S_LAB_ROOT`` keeps the lab's files (logs, kubeconfig) in a directory of your choice.
 The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
 does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
+
+Test time: the lab's tests run last in a session, and when the session selects any of them and
+the cache lacks a binary they need, the build starts in the background as soon as collection
+ends (kubelab.build_in_background: nice 19, its log in the cache's logs/background.log), so
+minutes of compiling overlap the rest of the suite instead of following it; the fixtures then
+wait for it. A session that ends first stops the build it started (the cache keeps no half-built
+stamp).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from kubelab import K8sLab, LabUnavailable, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
+from kubelab import K8sLab, LabUnavailable, build_in_background, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
 
 from tests.conftest import skip_or_fail  # noqa: E402
 
@@ -36,6 +45,47 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}: needs a real kube-apiserver built from Debian's kubernetes source package (root, apt); "
         "skipped with a reason elsewhere, or with JOBGEN_SKIP_K8S_LAB=1",
     )
+
+
+#: The background build this session started (:func:`pytest_collection_modifyitems`), if any.
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the tests that need the lab to the end of the session (stable order otherwise), and
+    start the lab's build in the background when they need binaries the cache lacks (see the
+    module docstring)."""
+    lab_items = [item for item in items if item.get_closest_marker(MARKER)]
+    if not lab_items:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker(MARKER)] + lab_items
+    if (config.option.collectonly or os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1" or lab_unavailable_reason()
+            or os.environ.get("JOBGEN_K8S_BACKGROUND_BUILD") == "0"):
+        return
+    crd_server = os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") != "1" and any(
+        "k8s_crd_server" in getattr(item, "fixturenames", ()) for item in lab_items)
+    log = cache_dir() / "logs" / "background.log"
+    try:
+        proc = build_in_background(crd_server=crd_server, log=log)
+    except OSError as exc:  # e.g. the cache directory cannot be made: the fixture reports it
+        print(f"k8s lab: no background build ({exc})", file=sys.stderr)
+        return
+    if proc is not None:
+        _BACKGROUND.append(proc)
+        print(f"\nk8s lab: building in the background (nice 19) while the other tests run; log: {log}", file=sys.stderr)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop a background build this session started that is still running (an early end, -x)."""
+    for proc in _BACKGROUND:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
 
 
 def lab_unavailable_reason() -> str | None:
@@ -55,6 +105,8 @@ def k8s_build() -> dict[str, Any]:
     reason = lab_unavailable_reason()
     if reason:
         skip_or_fail(reason)
+    if any(proc.poll() is None for proc in _BACKGROUND):
+        print(f"\nk8s lab: waiting for the background build (log: {cache_dir() / 'logs' / 'background.log'})", file=sys.stderr)
     try:
         info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:

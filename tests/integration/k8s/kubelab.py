@@ -10,7 +10,8 @@ server on one machine"):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
   SOURCE package (1.20.2, vendored) with ``golang-1.19-go`` + ``rsync``:
-  ``make WHAT=...`` with ``GOPROXY=off CGO_ENABLED=0 KUBE_GIT_VERSION=v1.20.2``. The source
+  ``make WHAT=...`` with ``GOPROXY=off CGO_ENABLED=0 KUBE_GIT_VERSION=v1.20.2`` and the
+  ``providerless`` build tag (no in-tree cloud providers: less to compile). The source
   comes from a PRIVATE apt configuration (a ``deb-src`` line for the machine's configured
   Debian mirror, its own lists directory): the system's sources are never edited.
 - The vendored ``github.com/modern-go/reflect2`` v1.0.1 segfaults on the first custom-resource
@@ -23,7 +24,7 @@ server on one machine"):
 
 Binaries are cached between runs in ``$JOBGEN_K8S_CACHE`` (default /var/cache/jobgen-k8s),
 keyed by the recipe, the source package version, the reflect2 and Go versions
-(``bin/BUILD-INFO.json``); a cold build takes minutes, a warm start seconds. Everything a
+(``bin-recipe<N>/BUILD-INFO.json``); a cold build takes minutes, a warm start seconds. Everything a
 running lab writes lives under its ROOT; it stops only the processes it started (PID files).
 
 By hand:
@@ -63,12 +64,17 @@ if __package__ in (None, ""):  # run as a script: make the repository's tests pa
 from tests.ports import ATTEMPTS, address_in_use, next_port  # noqa: E402
 
 #: Bump when the build recipe changes: a cached build with another recipe is rebuilt.
-RECIPE = 1
+#: 2: built with the ``providerless`` tag.
+RECIPE = 2
 CACHE_ENV = "JOBGEN_K8S_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jobgen-k8s")
 KUBE_VERSION = "v1.20.2"
 SOURCE_PACKAGE = "kubernetes"
 BUILD_TARGETS = ("cmd/kube-apiserver", "cmd/kube-controller-manager")
+#: Go build tags: ``providerless`` leaves the in-tree cloud providers (AWS, Azure, GCE, OpenStack,
+#: vSphere SDKs) out of both binaries (kubernetes 1.20's cmd/*/app/*_providerless.go); the lab has
+#: no cloud, and they were a large part of the compile.
+BUILD_TAGS = ("providerless",)
 BINARIES = ("kube-apiserver", "kube-controller-manager")
 #: Packages the build needs (installed with apt-get when missing): the Go toolchain, rsync
 #: (the kube build scripts), the reflect2 fix, make, dpkg-source, openssl (certificates).
@@ -313,6 +319,10 @@ class PrivateApt:
         return found[-1]
 
 
+#: How long apt-get waits for another apt/dpkg run to release dpkg's lock, seconds.
+DPKG_LOCK_WAIT_S = 600
+
+
 def apt_install(packages: Sequence[str], log: Path) -> None:
     """``apt-get install`` (no recommends), running ``apt-get update`` only when the first try fails.
 
@@ -320,12 +330,13 @@ def apt_install(packages: Sequence[str], log: Path) -> None:
     if shutil.which("apt-get") is None:
         raise LabUnavailable(f"need {', '.join(packages)} and there is no apt-get to install them")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    argv = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    # Wait for dpkg's lock (a build in the background may install while the SLURM lab does).
+    argv = ["apt-get", "-o", f"DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S}", "install", "-y", "--no-install-recommends", *packages]
     try:
         run(argv, env=env, log=log, timeout=1200)
     except LabCommandError as first:
         try:
-            run(["apt-get", "update"], env=env, log=log, timeout=600)
+            run(["apt-get", "-o", f"DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S}", "update"], env=env, log=log, timeout=600)
             run(argv, env=env, log=log, timeout=1200)
         except LabCommandError as second:
             raise LabUnavailable(f"could not install {' '.join(packages)}: {second}\n(before apt-get update: {first})") from None
@@ -357,9 +368,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def bin_dir(cache: Path) -> Path:
+    """Where the cache keeps this recipe's binaries: ``bin-recipe<RECIPE>``, so checkouts that
+    build by different recipes (branches, an older jobgen) share one cache without rebuilding
+    over each other."""
+    return cache / f"bin-recipe{RECIPE}"
+
+
 def build_info_path(cache: Path) -> Path:
     """The cache's stamp: what was built, from what, and how long it took."""
-    return cache / "bin" / "BUILD-INFO.json"
+    return bin_dir(cache) / "BUILD-INFO.json"
 
 
 def cached_binaries(cache: Path) -> dict[str, Any] | None:
@@ -368,7 +386,7 @@ def cached_binaries(cache: Path) -> dict[str, Any] | None:
         info = json.loads(build_info_path(cache).read_text())
     except (OSError, ValueError):
         return None
-    paths = [cache / "bin" / b for b in BINARIES] + [Path(info.get("etcd", "/nonexistent"))]
+    paths = [bin_dir(cache) / b for b in BINARIES] + [Path(info.get("etcd", "/nonexistent"))]
     if info.get("recipe") != RECIPE or not all(os.access(p, os.X_OK) for p in paths):
         return None
     return info
@@ -422,28 +440,28 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
     (vendored / "go.mod").unlink(missing_ok=True)
     env = {
         **os.environ, "PATH": f"{GO_ROOT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "GOPROXY": "off", "CGO_ENABLED": "0",
-        "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": "-mod=vendor", "GOCACHE": str(cache / "gocache"),
+        "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": f"-mod=vendor -tags={','.join(BUILD_TAGS)}", "GOCACHE": str(cache / "gocache"),
         "GOPATH": str(cache / "gopath"), "HOME": str(cache),
     }
     log(f"k8s lab: building {' '.join(BUILD_TARGETS)} (log: {build_log})")
     compile_started = time.monotonic()
     run(["make", f"WHAT={' '.join(BUILD_TARGETS)}"], cwd=tree, env=env, log=build_log, timeout=3600)
     compile_s = time.monotonic() - compile_started
-    bin_dir = cache / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
+    binaries = bin_dir(cache)
+    binaries.mkdir(parents=True, exist_ok=True)
     for name in BINARIES:
         built = next(iter(sorted(tree.glob(f"_output/**/{name}"))), None)
         if built is None:
             raise LabCommandError(["make"], 0, f"the build produced no {name}")
-        shutil.copy2(built, bin_dir / f".{name}.tmp")
-        os.replace(bin_dir / f".{name}.tmp", bin_dir / name)
+        shutil.copy2(built, binaries / f".{name}.tmp")
+        os.replace(binaries / f".{name}.tmp", binaries / name)
     etcd = _fetch_etcd(cache, build_log)
     source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
     shutil.rmtree(tree, ignore_errors=True)  # ~1 GB; the Go build cache stays for a faster rebuild
     info = {
-        "recipe": RECIPE, "kube_version": KUBE_VERSION, "source_version": source_version,
+        "recipe": RECIPE, "kube_version": KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
         "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "go_version": _dpkg_version("golang-1.19-go"),
-        "etcd": str(etcd), "etcd_version": _dpkg_version_of_deb(cache / "debs"), "mirror": f"{uri} {suite}",
+        "etcd": str(etcd), "etcd_version": _dpkg_version_of_deb(bin_dir(cache) / "debs"), "mirror": f"{uri} {suite}",
         "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -453,16 +471,16 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
 
 def _fetch_etcd(cache: Path, log: Path) -> Path:
     """``apt-get download etcd-server`` + ``dpkg -x`` into the cache (nothing is installed)."""
-    debs = cache / "debs"
+    debs = bin_dir(cache) / "debs"
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
     try:
         run(["apt-get", "download", ETCD_PACKAGE], cwd=debs, log=log, timeout=600)
     except LabCommandError:
-        run(["apt-get", "update"], log=log, timeout=600)
+        run(["apt-get", "-o", f"DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S}", "update"], log=log, timeout=600)
         run(["apt-get", "download", ETCD_PACKAGE], cwd=debs, log=log, timeout=600)
     deb = next(iter(sorted(debs.glob(f"{ETCD_PACKAGE}_*.deb"))))
-    root = cache / "etcd"
+    root = bin_dir(cache) / "etcd"
     shutil.rmtree(root, ignore_errors=True)
     run(["dpkg", "-x", str(deb), str(root)], log=log, timeout=300)
     etcd = next((p for p in (root / "usr" / "bin" / "etcd", root / "usr" / "sbin" / "etcd") if p.is_file()), None)
@@ -474,6 +492,28 @@ def _fetch_etcd(cache: Path, log: Path) -> Path:
 def _dpkg_version_of_deb(debs: Path) -> str:
     found = sorted(debs.glob(f"{ETCD_PACKAGE}_*.deb"))
     return found[-1].name.split("_")[1] if found else ""
+
+
+def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = None) -> subprocess.Popen[bytes] | None:
+    """Start ``kubelab.py build [--crd-server]`` (this file as a script, this interpreter) at
+    the lowest CPU priority (``nice -n 19``), in its own process group, its output appended to
+    ``log``; returns the process, or None when the cache already holds what is asked for.
+
+    The build takes minutes of CPU on 2 cores; started early, it runs in the CPU a test session
+    leaves idle (a single-threaded test, a lab waiting on a scheduler), and the ``k8s_build``
+    fixture's :func:`ensure_binaries` (and :func:`ensure_crd_server`) then wait for its lock and
+    read its cache instead of building in series with the tests. Nothing else changes: a failed
+    background build leaves no stamp, and the fixture builds again in the foreground, reporting
+    the error. Stop it with ``os.killpg(proc.pid, SIGTERM)``.
+    """
+    cache = cache or cache_dir()
+    if cached_binaries(cache) is not None and (not crd_server or cached_crd_server(cache) is not None):
+        return None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["nice", "-n", "19", sys.executable, str(Path(__file__).resolve()), "build", *(["--crd-server"] if crd_server else [])]
+    with open(log, "ab") as fh:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, CACHE_ENV: str(cache)})
 
 
 # --------------------------------------------------------------------------- optional: 1.36 CRD semantics
@@ -489,6 +529,15 @@ def crd_server_info_path(cache: Path) -> Path:
     return cache / "crd-server" / "BUILD-INFO.json"
 
 
+def cached_crd_server(cache: Path) -> dict[str, Any] | None:
+    """The CRD server's stamp when it matches :data:`CRD_SERVER_RECIPE` and its binary is there, else None."""
+    try:
+        info = json.loads(crd_server_info_path(cache).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK) else None
+
+
 def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Build (or find cached) ``apiextensions-apiserver`` from Debian sid's Go source packages:
     the package's dependency closure is downloaded with a private apt configuration for sid and
@@ -499,16 +548,13 @@ def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] =
         LabUnavailable: any step fails (sid moves: this level is optional; tests skip).
     """
     cache = cache or cache_dir()
-    info_path = crd_server_info_path(cache)
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads(info_path.read_text())
-        if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK):
-            return {**info, "cached": True}
+    info = cached_crd_server(cache)
+    if info is not None:
+        return {**info, "cached": True}
     with _locked(cache / ".lock-crd-server"):
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(info_path.read_text())
-            if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK):
-                return {**info, "cached": True}
+        info = cached_crd_server(cache)  # another session (or a background build) may have built it meanwhile
+        if info is not None:
+            return {**info, "cached": True}
         try:
             return {**_build_crd_server(cache, log), "cached": False}
         except (LabCommandError, OSError, StopIteration) as exc:
@@ -570,8 +616,8 @@ class K8sLab:
     def __init__(self, root: Path, build: Mapping[str, Any], *, cache: Path | None = None, crds_dir: Path | None = None,
                  controller_manager: bool = True):
         self.root = Path(root)
-        bin_dir = (cache or cache_dir()) / "bin"
-        self.bin = {name: str(bin_dir / name) for name in BINARIES} | {"etcd": str(build.get("etcd", ""))}
+        binaries = bin_dir(cache or cache_dir())
+        self.bin = {name: str(binaries / name) for name in BINARIES} | {"etcd": str(build.get("etcd", ""))}
         self.crds_dir = crds_dir or default_crds_dir()
         self.controller_manager = controller_manager
         self.timings: dict[str, float] = {}
@@ -668,14 +714,18 @@ class K8sLab:
                       file=sys.stderr)
                 shutil.rmtree(self.root / "etcd-data", ignore_errors=True)
                 (self.root / "etcd-data").mkdir()
+        crd_started = time.monotonic()
+        self._install_crds(timeout)
+        self.timings["crds_s"] = round(time.monotonic() - crd_started, 2)
+        # After the CRDs: the garbage collector discovers the resources it watches when it starts
+        # and again only every 30 s (kube-controller-manager 1.20), so one started first left the
+        # custom resources unwatched, and a foreground deletion of a PyTorchJob waiting, for up to
+        # 30 s (a cancel --wait took 29 s of a 96 s session).
         if self.controller_manager:
             self._launch("kube-controller-manager", [
                 self.bin["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}", "--controllers=garbagecollector,namespace",
                 "--leader-elect=false", "--port=0", "--secure-port=0", "--use-service-account-credentials=false", "--v=1",
             ])
-        crd_started = time.monotonic()
-        self._install_crds(timeout)
-        self.timings["crds_s"] = round(time.monotonic() - crd_started, 2)
         self.timings["total_s"] = round(time.monotonic() - started, 2)
         (self.root / "lab.json").write_text(json.dumps({"server": self.server, "kubeconfig": str(self.kubeconfig),
                                                         "timings": self.timings, "crd_rejections": self.crd_rejections}, indent=2))

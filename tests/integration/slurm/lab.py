@@ -250,13 +250,14 @@ def apt_install(packages: Sequence[str], binaries: Sequence[str]) -> None:
                           "exit 101\n")
         policy.chmod(0o755)
         created_policy = True
-    argv = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    # Wait for dpkg's lock (the Kubernetes lab's build may install in the background meanwhile).
+    argv = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "--no-install-recommends", *packages]
     try:
         try:
             run(argv, env=env, timeout=900)
         except LabCommandError as first:
             try:
-                run(["apt-get", "update"], env=env, timeout=600)
+                run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"], env=env, timeout=600)
                 run(argv, env=env, timeout=900)
             except LabCommandError as second:
                 raise LabInstallError(f"could not install {' '.join(packages)}: {second}\n"

@@ -4,8 +4,9 @@ A 2x2 sweep (trainer.learning_rate x trainer.micro_batch_size) of a tiny 1-node,
 rendered into one job directory and submitted with one sbatch; the lab's 2 nodes run 2 tasks at
 a time. Proven from what each task left: its own run directory (``<runs dir>/<point name>``),
 its summary.json (the point's name; tokens per step = its micro batch x block size) and the
-hyper-parameters Lightning saved (its learning rate). Then ``scontrol requeue <jobid>_2`` puts
-task 2 alone back in the queue: it resumes from its checkpoint, the other tasks are untouched.
+hyper-parameters Lightning saved (its learning rate). In the same array, ``scontrol requeue
+<jobid>_2`` puts task 2 alone back in the queue: it resumes from its checkpoint, the other tasks
+are untouched.
 Helpers come from test_jobgen_on_lab.py; the lab is the ``slurm_lab`` fixture (conftest.py).
 """
 
@@ -73,38 +74,17 @@ def hparams(run: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(run.glob("logs/version_*/hparams.yaml")))
 
 
-def test_a_sweep_runs_as_one_array_each_task_with_its_point_and_run_dir(jobgen, slurm_lab):
+def test_a_sweep_runs_as_one_array_and_a_requeued_task_resumes_alone(jobgen, slurm_lab):
+    """One array run proves both: each task ran its own point into its own run directory, with
+    its own status and log, and ``ls`` shows the array once; and a ``scontrol requeue`` of task 2
+    resumes that task from its checkpoint, the other tasks untouched. (Two tests before, each
+    with its own array; one array does for both: same assertions, one array's wall time less.)"""
+    # The requeue comes within a second of task 2's first step checkpoint (step 25); the task would
+    # need 125 more steps (~4 s at ~30 steps/s) to finish on its own, so the requeued run is the one
+    # that completes.
     started = time.monotonic()
-    handle, _, points = submit_array(jobgen, "lab-array", max_steps=20, every=10)
+    handle, _, points = submit_array(jobgen, "lab-array", max_steps=150, every=25)
     assert handle.startswith("slurm://jobgenlab/") and "_" not in job_id(handle)
-    final, seen = jobgen.wait_state(handle, FINAL, timeout=480)
-    status = jobgen.status(handle)
-    assert final == "COMPLETED", (seen, status, [jobgen("logs", "--rank", "all", f"{handle}_{i}", check=False).stdout[-2000:]
-                                                 for i in range(4)])
-    assert [(t["handle"], t["state"]) for t in status["tasks"]] == [(f"{handle}_{i}", "COMPLETED") for i in range(4)]
-    for i, (lr, mbs) in enumerate(POINTS):
-        name = points[i]["name"]
-        assert points[i]["overrides"] == {"trainer.learning_rate": lr, "trainer.micro_batch_size": str(mbs)}
-        run = run_dir(jobgen, name)
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["name"] == name and summary["global_step"] == 20 and summary["world_size"] == 1, summary
-        assert summary["tokens_per_step"] == mbs * 64, summary
-        assert f"learning_rate: {float(lr)}" in hparams(run), hparams(run)
-        # one status per task, one log per task (the task's own point in its first line)
-        assert jobgen.status(f"{handle}_{i}")["state"] == "COMPLETED"
-        log = jobgen("logs", f"{handle}_{i}").stdout
-        assert f"jobgen: job {job_id(handle)}_{i} ({name})" in log, log[-2000:]
-    logs = sorted(p.name for p in (jobgen.root / "runs" / "lab-array").glob("slurm-*.out"))
-    assert logs == [f"slurm-{job_id(handle)}_{i}.out" for i in range(4)]
-    listed = json.loads(jobgen("ls", "-o", "json").stdout)
-    assert [(r["handle"], r["name"], len(r["tasks"])) for r in listed] == [(handle, "lab-array", 4)]
-    print(f"\nlab array: 4 tasks COMPLETED {time.monotonic() - started:.0f} s after submit; states {seen}")
-
-
-def test_scontrol_requeue_of_one_task_resumes_that_task_only(jobgen, slurm_lab):
-    # The requeue comes within a second of task 2's first step checkpoint (step 50); the task would
-    # need 250 more steps to finish on its own, so the requeued run is the one that completes.
-    handle, _, points = submit_array(jobgen, "lab-array-requeue", max_steps=300, every=50)
     jid = job_id(handle)
     task2 = run_dir(jobgen, points[2]["name"])
     # tasks 0 and 1 take both nodes; task 2 starts when one of them ends
@@ -117,15 +97,32 @@ def test_scontrol_requeue_of_one_task_resumes_that_task_only(jobgen, slurm_lab):
     wait_for(pending, 60, 0.5, what=f"task {jid}_2 back in the queue")
     run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}_2", "StartTime=now")  # LAB-NOTES pitfall 9
     final, seen = jobgen.wait_state(handle, FINAL, timeout=600)
-    assert final == "COMPLETED", (seen, jobgen("logs", f"{handle}_2", check=False).stdout[-3000:])
+    status = jobgen.status(handle)
+    assert final == "COMPLETED", (seen, status, [jobgen("logs", "--rank", "all", f"{handle}_{i}", check=False).stdout[-2000:]
+                                                 for i in range(4)])
+    assert [(t["handle"], t["state"]) for t in status["tasks"]] == [(f"{handle}_{i}", "COMPLETED") for i in range(4)]
+    # each task: its point, its run directory, its status and its log
+    for i, (lr, mbs) in enumerate(POINTS):
+        name = points[i]["name"]
+        assert points[i]["overrides"] == {"trainer.learning_rate": lr, "trainer.micro_batch_size": str(mbs)}
+        run = run_dir(jobgen, name)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["name"] == name and summary["global_step"] == 150 and summary["world_size"] == 1, summary
+        assert summary["tokens_per_step"] == mbs * 64, summary
+        assert f"learning_rate: {float(lr)}" in hparams(run), hparams(run)
+        assert jobgen.status(f"{handle}_{i}")["state"] == "COMPLETED"
+        log = jobgen("logs", f"{handle}_{i}").stdout
+        assert f"jobgen: job {jid}_{i} ({name})" in log, log[-2000:]
+        if i == 2:  # the requeued task resumed from its checkpoint
+            assert "restart 1" in log and "resuming from" in log, log[-3000:]
+            assert summary["resumed_from_step"] and 25 <= summary["resumed_from_step"] < 150, summary
+        else:  # the others ran once, from the start
+            assert "restart 1" not in log and "resuming from" not in log, log[-2000:]
+            assert not summary.get("resumed_from_step"), summary
     restarts = {i: jobgen.status(f"{handle}_{i}")["details"].get("restarts") for i in range(4)}
     assert restarts[2] not in (None, "", "0") and all(restarts[i] == "0" for i in (0, 1, 3)), restarts
-    log2 = jobgen("logs", f"{handle}_2").stdout
-    assert "restart 1" in log2 and "resuming from" in log2, log2[-3000:]
-    summary2 = json.loads((task2 / "summary.json").read_text())
-    assert summary2["global_step"] == 300 and summary2["resumed_from_step"] and 50 <= summary2["resumed_from_step"] < 300, summary2
-    for i in (0, 1, 3):
-        log = jobgen("logs", f"{handle}_{i}").stdout
-        assert "restart 1" not in log and "resuming from" not in log, log[-2000:]
-        summary = json.loads((run_dir(jobgen, points[i]["name"]) / "summary.json").read_text())
-        assert summary["global_step"] == 300 and not summary.get("resumed_from_step"), summary
+    logs = sorted(p.name for p in (jobgen.root / "runs" / "lab-array").glob("slurm-*.out"))
+    assert logs == [f"slurm-{jid}_{i}.out" for i in range(4)]
+    listed = json.loads(jobgen("ls", "-o", "json").stdout)
+    assert [(r["handle"], r["name"], len(r["tasks"])) for r in listed] == [(handle, "lab-array", 4)]
+    print(f"\nlab array: 4 tasks COMPLETED (task 2 requeued) {time.monotonic() - started:.0f} s after submit; states {seen}")

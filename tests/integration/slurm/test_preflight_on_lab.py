@@ -20,7 +20,7 @@ import subprocess
 import time
 
 import pytest
-from lab import NODES, LabInstallError, apt_install, find_binary, run_slurm, wait_for
+from lab import NODES, LabInstallError, apt_install, find_binary, run_slurm
 
 from tests.conftest import skip_or_fail
 from tests.integration.slurm.test_jobgen_on_lab import job_id, jobgen  # noqa: F401 - the fixture
@@ -86,8 +86,7 @@ def test_cut_node_fails_the_job_within_a_minute_naming_it(jobgen, slurm_lab):  #
         _in_node2(argv)
     try:
         handle = jobgen.submit(_spec(jobgen, "lab-preflight-cut", 100000), "slurm-lab", "--preflight")
-        wait_for(lambda: "preflight: 2 ranks joining" in jobgen("logs", handle).stdout, 180, 0.5,
-                 what="the preflight to start")
+        jobgen.wait_log(handle, "preflight: 2 ranks joining", 180)
         started = time.monotonic()
         final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=180)
         elapsed = time.monotonic() - started
