@@ -118,13 +118,22 @@ def is_slow(module: str, function: str) -> bool:
     return names is not None and (names == ALL or function in names)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+#: The pytest-xdist group of every lab test (setup.cfg runs the suite with ``-n 2 --dist
+#: loadgroup``): one worker runs the labs one after the other (the SLURM and ssh labs share
+#: namespace and bridge names, and each lab starts once per worker session), while the other
+#: worker runs the rest. xdist hands out the biggest group first, so the labs, mostly waiting on
+#: schedulers and daemons, start at once beside the CPU-bound tests.
+LAB_GROUP = "labs"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection and xdist's grouping read the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`, and ``slow`` to
-    those of :data:`SLOW_TESTS`."""
+    """Add the ``lab`` marker and the :data:`LAB_GROUP` xdist group to every test carrying one of
+    :data:`LAB_MARKERS`, and ``slow`` to those of :data:`SLOW_TESTS`."""
     for item in items:
         if any(item.get_closest_marker(name) for name in LAB_MARKERS):
             item.add_marker(pytest.mark.lab)
+            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
         function = getattr(item, "originalname", None) or item.name
         if item.path.is_relative_to(REPO) and is_slow(item.path.relative_to(REPO).as_posix(), function):
             item.add_marker(pytest.mark.slow)

@@ -31,6 +31,11 @@ from tests.entrypoint.conftest import REPO, TINY_SPEC, child_env, resolved_doc
 pytest.importorskip("wandb", reason="wandb not installed (pip install -e .[tracking])")
 pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
 
+# Imported here, at collection, not in the first poll of a running job: importing Lightning beside
+# two training ranks took longer than the whole 60-step run twice in full suites (the Ctrl-C then
+# came after the run had completed).
+from jobgen.train.checkpoints import newest_checkpoint  # noqa: E402
+
 TIMEOUT_S = 300
 KEY = "wk-5f1c0a9e7d3b2468ace0fdb97531eca86420fdb9"  # fake; only ever in the test's environment
 
@@ -86,8 +91,6 @@ def metric_steps(client: Any, run_id: str) -> dict[str, list[int]]:
 
 
 def _newest_step(run_dir: Path) -> int | None:
-    from jobgen.train.checkpoints import newest_checkpoint
-
     found = newest_checkpoint(run_dir / "checkpoints")
     return None if found is None else found.global_step
 

@@ -163,7 +163,7 @@ def test_update_golden_in_ci_fails_and_leaves_the_goldens_alone(tmp_path):
     before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in case_dir.iterdir()}
     env = {**os.environ, "UPDATE_GOLDEN": "1", "CI": "true", "PYTHONPATH": str(REPO)}
     test_id = f"{Path(__file__)}::test_golden[{profile}-{example.stem}]"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id], cwd=tmp_path, env=env,
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test_id], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "UPDATE_GOLDEN=1 refuses to rewrite golden files when CI is set" in proc.stdout, proc.stdout

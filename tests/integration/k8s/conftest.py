@@ -10,12 +10,13 @@ can host it is an error (with the build log or daemon log tails), not a skip. ``
 The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
 does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
 
-Test time: the lab's tests run last in a session, and when the session selects any of them and
-the cache lacks a binary they need, the build starts in the background as soon as collection
-ends (kubelab.build_in_background: nice 19, its log in the cache's logs/background.log), so
-minutes of compiling overlap the rest of the suite instead of following it; the fixtures then
-wait for it. A session that ends first stops the build it started (the cache keeps no half-built
-stamp).
+Test time: the lab's tests run last among the labs (the xdist worker that runs the labs runs the
+SLURM and ssh labs first), and when the session selects any of them and the cache lacks a
+binary they need, the build starts in the background as soon as collection ends
+(kubelab.build_in_background: nice 19, its log in the cache's logs/background.log; under xdist
+in worker gw0 only), so minutes of compiling overlap the rest of the suite instead of following
+it; the fixtures then wait for it. A single-process session that ends first stops the build it
+started (the cache keeps no half-built stamp); an xdist worker leaves it to finish.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if (config.option.collectonly or os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1" or lab_unavailable_reason()
             or os.environ.get("JOBGEN_K8S_BACKGROUND_BUILD") == "0"):
         return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # every xdist worker collects: one build is enough
+        return
     crd_server = os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") != "1" and any(
         "k8s_crd_server" in getattr(item, "fixturenames", ()) for item in lab_items)
     log = cache_dir() / "logs" / "background.log"
@@ -77,7 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop a background build this session started that is still running (an early end, -x)."""
+    """Stop a background build this session started that is still running (an early end, -x).
+    Not in an xdist worker: the lab's tests may run on another worker, which waits for this build
+    (its lock); it ends by itself (nice 19) and leaves its cache for the next session."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     for proc in _BACKGROUND:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
