@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -118,22 +118,50 @@ def is_slow(module: str, function: str) -> bool:
     return names is not None and (names == ALL or function in names)
 
 
-#: The pytest-xdist group of every lab test (setup.cfg runs the suite with ``-n 2 --dist
-#: loadgroup``): one worker runs the labs one after the other (the SLURM and ssh labs share
-#: namespace and bridge names, and each lab starts once per worker session), while the other
-#: worker runs the rest. xdist hands out the biggest group first, so the labs, mostly waiting on
-#: schedulers and daemons, start at once beside the CPU-bound tests.
-LAB_GROUP = "labs"
+#: Where the lab tests live (``tests/integration/<lab>/``): the xdist scheduler below keeps
+#: them on one worker.
+LAB_TESTS_DIR = "tests/integration/"
+#: Where the training tests live: their modules share trainings through module-scoped fixtures
+#: (the strategy matrix's runs: ~140 s of setup), so each module stays on one worker (split, both
+#: workers ran the fixture).
+TRAINING_TESTS_DIR = "tests/entrypoint/"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection and xdist's grouping read the markers
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The suite runs on two pytest-xdist workers (setup.cfg's addopts, ``-n 2``; CI has 2
+    cores). Under ``--dist load`` (what ``-n`` implies) every test under :data:`LAB_TESTS_DIR` is
+    one work unit, the others one unit each: one worker runs the labs one after the other (each
+    lab starts once per worker session; the SLURM lab must never be up twice), while the other
+    worker runs the rest, then both share what is left. A module under :data:`TRAINING_TESTS_DIR`
+    is one unit too (its module-scoped trainings run once). xdist's scope scheduler hands out the
+    biggest unit first, so the labs, which mostly wait on schedulers and daemons, start at once
+    beside the CPU-bound tests.
+
+    The unit is chosen from the test's node ID, not with ``xdist_group`` marks: on pytest 9.2
+    those are silently ignored (pytest-xdist issue #1386: xdist's node-ID suffix no longer takes
+    effect). Another ``--dist`` mode keeps xdist's own scheduler."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LabsOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(LAB_TESTS_DIR):
+                return LAB_TESTS_DIR
+            if nodeid.startswith(TRAINING_TESTS_DIR):
+                return nodeid.split("::", 1)[0]
+            return nodeid
+
+    return LabsOnOneWorker(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the ``lab`` marker and the :data:`LAB_GROUP` xdist group to every test carrying one of
-    :data:`LAB_MARKERS`, and ``slow`` to those of :data:`SLOW_TESTS`."""
+    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`, and ``slow`` to
+    those of :data:`SLOW_TESTS`."""
     for item in items:
         if any(item.get_closest_marker(name) for name in LAB_MARKERS):
             item.add_marker(pytest.mark.lab)
-            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
         function = getattr(item, "originalname", None) or item.name
         if item.path.is_relative_to(REPO) and is_slow(item.path.relative_to(REPO).as_posix(), function):
             item.add_marker(pytest.mark.slow)

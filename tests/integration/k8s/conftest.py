@@ -14,7 +14,7 @@ Test time: the lab's tests run last among the labs (the xdist worker that runs t
 SLURM and ssh labs first), and when the session selects any of them and the cache lacks a
 binary they need, the build starts in the background as soon as collection ends
 (kubelab.build_in_background: nice 19, its log in the cache's logs/background.log; under xdist
-in worker gw0 only), so minutes of compiling overlap the rest of the suite instead of following
+from worker gw0 only), so minutes of compiling overlap the rest of the suite instead of following
 it; the fixtures then wait for it. A single-process session that ends first stops the build it
 started (the cache keeps no half-built stamp); an xdist worker leaves it to finish.
 """
