@@ -185,6 +185,29 @@ def run_process(argv: list[str], cwd: Path, timeout: float) -> Result:
     return Result(proc.returncode, stdout, stderr)
 
 
+#: DeepSpeed's CPU ops (op builder class names) that trainings JIT-compile on first use:
+#: shm_comm (DeepSpeed's communication on the CPU accelerator) and cpu_adam (optimizer offload).
+DEEPSPEED_CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
+#: Seconds the compile of :data:`DEEPSPEED_CPU_OPS` may take (LAB-NOTES: ~23 s + ~55 s on an idle
+#: 2-core machine; over 240 s beside a loaded suite and the Kubernetes lab's build).
+DEEPSPEED_OPS_TIMEOUT_S = 1200
+
+
+@pytest.fixture(scope="session")
+def deepspeed_cpu_ops() -> None:
+    """Compile :data:`DEEPSPEED_CPU_OPS` once, before any training's timeout starts counting:
+    in a fresh ``TORCH_EXTENSIONS_DIR`` (CI) the first ZeRO offload run of the strategy matrix
+    compiled cpu_adam inside its 240 s and timed out under a loaded 2-core machine, and the killed
+    compile left torch's build lock behind for every later run. A cached op loads in seconds; a
+    second worker waits on torch's lock (cpp_extension's FileBaton) while the first compiles."""
+    code = ("from deepspeed.accelerator import get_accelerator\n"
+            f"for name in {DEEPSPEED_CPU_OPS!r}:\n"
+            "    get_accelerator().create_op_builder(name).load()\n")
+    result = run_process([sys.executable, "-c", code], cwd=REPO, timeout=DEEPSPEED_OPS_TIMEOUT_S)
+    if result.code != 0:
+        pytest.fail(f"building DeepSpeed's CPU ops {DEEPSPEED_CPU_OPS} failed\n{result.output}")
+
+
 @pytest.fixture
 def run_entrypoint(tmp_path: Path) -> Callable[..., Result]:
     """``run_entrypoint(*args, nproc=None, timeout=...)``: ``python -m jobgen.train ARGS`` in

@@ -125,7 +125,7 @@ print("ds-check: " + json.dumps({"rank": int(os.environ["RANK"]), "world": int(o
 '''
 
 
-def test_deepspeed_config_reaches_lightning_through_the_env_var(tmp_path):
+def test_deepspeed_config_reaches_lightning_through_the_env_var(tmp_path, deepspeed_cpu_ops):
     require("deepspeed")
     (tmp_path / "ds_check.py").write_text(DS_CHECK)
     (tmp_path / "spec.yaml").write_text(

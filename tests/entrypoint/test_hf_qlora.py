@@ -90,7 +90,7 @@ def _avx512_cpu() -> bool:
 
 
 @pytest.fixture(scope="module")
-def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_ops: None) -> dict[str, dict[str, Any]]:
     """Case id -> summary.json (plus ``"val"``: step -> val_loss) of one 2-rank QLoRA run; a case
     of a strategy in :data:`KNOWN_AVX512_FAILURE_STRATEGIES` that failed on an AVX512 CPU maps to
     ``{"xfail": reason}``."""

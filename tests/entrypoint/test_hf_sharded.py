@@ -62,7 +62,7 @@ def _base(hf_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_ops: None) -> dict[str, dict[str, Any]]:
     """Case id -> {"job": job dir, "full": summary of the uninterrupted run, "resumed": summary
     and "resume_stdout" of the run resumed from the step STEPS // 2 checkpoint}."""
     root = tmp_path_factory.mktemp("hf_sharded")

@@ -91,7 +91,7 @@ def deepspeed_state_file(ckpt: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+def matrix(tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_ops: None) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Case id -> (job directory, summary.json), one 2-rank training run per case, run once for
     the module (the cases are compared with each other)."""
     root = tmp_path_factory.mktemp("matrix")
