@@ -4,8 +4,10 @@ reason on a developer's machine, fail under CI."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +22,12 @@ from jobgen.backends.k8s_validate import PACKAGED_CRDS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 # jobgen's cache of derived data (jobgen/planning/cache.py) goes to a directory of this test session, not
-# the user's ~/.cache; subprocesses inherit it. Tests of the cache set their own.
-os.environ.setdefault("JOBGEN_CACHE_DIR", tempfile.mkdtemp(prefix="jobgen-test-cache-"))
+# the user's ~/.cache; subprocesses (xdist workers too) inherit it. Tests of the cache set their own.
+# Made only where none is set (setdefault's argument used to make one in every worker and inner
+# pytest, ~560 left in /tmp) and removed when the process that made it exits.
+if "JOBGEN_CACHE_DIR" not in os.environ:
+    os.environ["JOBGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="jobgen-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["JOBGEN_CACHE_DIR"], ignore_errors=True)
 TEMPLATES = REPO / "templates"
 PROFILES = REPO / "cluster_profiles"
 EXAMPLES = REPO / "examples"
