@@ -151,14 +151,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class LabsOnOneWorker(LoadScopeScheduling):
+        # LoadScopeScheduling._split_scope is xdist's own (private) hook for the unit of a test;
+        # setup.cfg pins pytest-xdist 3.x and tests/test_markers.py checks the method is there.
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(LAB_TESTS_DIR):
-                return LAB_TESTS_DIR
-            if nodeid.startswith(TRAINING_TESTS_DIR):
-                return nodeid.split("::", 1)[0]
-            return nodeid
+            return xdist_unit(nodeid)
 
     return LabsOnOneWorker(config, log)
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The work unit of the test ``nodeid`` (see :func:`pytest_xdist_make_scheduler`): every
+    test under :data:`LAB_TESTS_DIR` -> that directory, a test under :data:`TRAINING_TESTS_DIR`
+    -> its module, any other test -> itself."""
+    if nodeid.startswith(LAB_TESTS_DIR):
+        return LAB_TESTS_DIR
+    if nodeid.startswith(TRAINING_TESTS_DIR):
+        return nodeid.split("::", 1)[0]
+    return nodeid
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers

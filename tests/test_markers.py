@@ -70,3 +70,25 @@ def test_quick_tier_leaves_out_the_labs_and_the_slow_tests(tmp_path):
     names = {t.split("::")[1].split("[")[0] for t in everything if partly in t}
     kept = {t.split("::")[1].split("[")[0] for t in quick if partly in t}
     assert kept == {n for n in names if not is_slow(partly, n)} and kept and kept != names
+
+
+def test_the_xdist_units_keep_the_labs_on_one_worker_and_a_training_module_together():
+    """tests/conftest.py's scheduler: one unit for every lab test, one per training module, one per
+    other test (what lets `-n 2` start each lab once and each module-scoped training once)."""
+    from tests.conftest import LAB_TESTS_DIR, xdist_unit
+
+    labs = {xdist_unit(n) for n in ("tests/integration/slurm/test_lab.py::test_a", "tests/integration/k8s/test_x.py::test_b[1]",
+                                    "tests/integration/ssh/test_jobgen_on_ssh_lab.py::test_c")}
+    assert labs == {LAB_TESTS_DIR}
+    matrix = {xdist_unit(f"tests/entrypoint/test_strategy_matrix.py::test_strategy_trains_to_the_same_loss_as_ddp[{c}]") for c in ("ddp", "zero2")}
+    assert matrix == {"tests/entrypoint/test_strategy_matrix.py"}
+    units = {xdist_unit("tests/unit/test_rules.py::test_a"), xdist_unit("tests/unit/test_rules.py::test_b")}
+    assert len(units) == 2 and LAB_TESTS_DIR not in units
+
+
+def test_xdists_private_scope_hook_is_still_there():
+    """The scheduler overrides LoadScopeScheduling._split_scope (private; pytest-xdist pinned to
+    3.x in setup.cfg): an xdist that renamed it would silently spread the labs over both workers."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    assert callable(vars(LoadScopeScheduling).get("_split_scope"))
