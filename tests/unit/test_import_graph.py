@@ -144,7 +144,7 @@ def test_the_generic_estimate_does_not_know_the_hf_one():
 
 
 #: What each package of jobgen/ may not import: the pipeline's direction at package level
-#: (README "Layout"; ../shared/docs/ARCHITECTURE.md "Imports flow one way"). ``jobdir`` and
+#: (README "Layout": imports flow one way). ``jobdir`` and
 #: ``planning`` meet in the middle (the contract records rules' World; the planner writes the
 #: contract), which the module-level cycle test above keeps acyclic.
 FORBIDDEN = {
