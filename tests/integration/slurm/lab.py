@@ -366,12 +366,15 @@ class SlurmLab:
     (run/), logs (log/), job completion records (log/jobcomp.txt) and lab.json, so ``down()``
     works from a new process given the same root. ``cpus_per_node`` and ``real_memory_mb`` (MB)
     are what each node advertises to SLURM (SlurmdParameters=config_overrides: they need not
-    match the machine). ``accounting=True`` adds slurmdbd + MariaDB in the controller namespace
+    match the machine). One CPU per node by default: the nodes share this machine's cores (2
+    on CI), and a rank per node with 2 OpenMP threads oversubscribes them (measured in issue
+    23: 2 ranks x OMP_NUM_THREADS=2 on 2 cores trained the lab's job 2.5x slower on 2.5x the
+    CPU of OMP_NUM_THREADS=1, the threads spinning while they wait). ``accounting=True`` adds slurmdbd + MariaDB in the controller namespace
     so that plain ``sacct``/``sacct --json`` work; without it ``sacct -c`` (jobcomp/filetxt)
     still does (pitfall 8).
     """
 
-    def __init__(self, root: Path, *, accounting: bool = False, cpus_per_node: int = 2,
+    def __init__(self, root: Path, *, accounting: bool = False, cpus_per_node: int = 1,
                  real_memory_mb: int = 4000):
         self.root = Path(root).resolve()
         self.accounting = accounting
@@ -1069,7 +1072,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "up":
             p.add_argument("--accounting", action="store_true",
                            help="also run slurmdbd + MariaDB (plain sacct, sacct --json)")
-            p.add_argument("--cpus-per-node", type=int, default=2)
+            p.add_argument("--cpus-per-node", type=int, default=1)
             p.add_argument("--real-memory-mb", type=int, default=4000)
     ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
     ns.add_argument("--hostname", required=True)

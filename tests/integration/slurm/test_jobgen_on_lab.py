@@ -27,9 +27,11 @@ from tests.conftest import ADVERSARIAL, REPO
 pytestmark = pytest.mark.slurm_lab
 
 LAB_PROFILE = """\
-# The project's lab cluster (tests/integration/slurm/lab.py): 2 CPU nodes, partition lab.
+# The project's lab cluster (tests/integration/slurm/lab.py): 2 CPU nodes of 1 CPU each (they
+# share the machine's cores: one OpenMP thread per rank), partition lab.
 extends: slurm-cpu
 description: jobgen SLURM lab, 2 CPU nodes
+cpus_per_node: 1
 slurm:
   cluster: jobgenlab
   partition: lab

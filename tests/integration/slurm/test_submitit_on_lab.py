@@ -49,7 +49,7 @@ def test_a_callables_result_comes_back_and_jobgen_ls_lists_it(lab_env, slurm_lab
     result = job.result()
     took = time.monotonic() - started
     assert result["product"] == 42 and result["job_id"] == job.job_id and result["host"] in slurm_lab.nodes, result
-    assert (result["preempt_signal"], result["omp_threads"]) == ("USR2", "2"), result  # the profile's signal; 2 CPUs per node
+    assert (result["preempt_signal"], result["omp_threads"]) == ("USR2", "1"), result  # the profile's signal; the lab's 1 CPU per node
     [row] = json.loads(lab_env("ls", "-o", "json").stdout)
     assert (row["handle"], row["name"], row["state"], row["num_nodes"], row["accelerator"], row["stale"]) == \
         (f"slurm://jobgenlab/{job.job_id}", "where_am_i", "COMPLETED", 1, "cpu", None), row

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slurm_lab
 PROFILE = """\
 extends: slurm-cpu-array
 description: jobgen SLURM lab, sweeps as one job array
+cpus_per_node: 1
 slurm:
   cluster: jobgenlab
   partition: lab
