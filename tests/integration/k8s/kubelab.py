@@ -611,7 +611,8 @@ def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(debs, ignore_errors=True)
     info = {"recipe": CRD_SERVER_RECIPE, "binary": str(bin_dir / "apiextensions-apiserver"), "package_version": package_version,
-            "go": goroot.name, "go_flags": list(CRD_SERVER_GO_FLAGS), "packages": len(files), "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
+            "go": goroot.name, "go_flags": list(CRD_SERVER_GO_FLAGS), "packages": len(files),
+            "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     crd_server_info_path(cache).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
