@@ -13,7 +13,7 @@ does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD
 Test time: the lab's tests run last among the labs (the xdist worker that runs the labs runs the
 SLURM and ssh labs first), and when the session selects any of them and the cache lacks a
 binary they need, the build starts in the background as soon as collection ends
-(kubelab.build_in_background: nice 19, its log in the cache's logs/background.log; under xdist
+(kubelab.build_in_background: nice 19 for it and its session's scheduling group, its log in the cache's logs/background.log; under xdist
 from worker gw0 only), so minutes of compiling overlap the rest of the suite instead of following
 it; the fixtures then wait for it. A single-process session that ends first stops the build it
 started (the cache keeps no half-built stamp); an xdist worker leaves it to finish.
@@ -76,13 +76,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if proc is not None:
         _BACKGROUND.append(proc)
-        print(f"\nk8s lab: building in the background (nice 19) while the other tests run; log: {log}", file=sys.stderr)
+        print(f"\nk8s lab: building in the background (lowest CPU priority) while the other tests run; log: {log}", file=sys.stderr)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop a background build this session started that is still running (an early end, -x).
     Not in an xdist worker: the lab's tests may run on another worker, which waits for this build
-    (its lock); it ends by itself (nice 19) and leaves its cache for the next session."""
+    (its lock); it ends by itself (lowest CPU priority) and leaves its cache for the next session."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     for proc in _BACKGROUND:

@@ -1,0 +1,56 @@
+"""The Kubernetes lab's background build must take only the CPU the tests leave idle.
+
+Linux groups the processes of each session for the scheduler (autogroups, sched(7)), and shares
+the CPU between groups by the GROUP's nice value: a build started with ``setsid nice -n 19`` sat
+in a group of its own at nice 0 and took as much CPU as the whole test session (measured in
+issue 23: two such hogs on 2 cores slowed a CPU-bound loop 3x, 1.1x once their group's nice was
+19). Needs no lab (Linux with autogroups; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KUBELAB = Path(__file__).resolve().parent / "kubelab.py"
+AUTOGROUP = Path("/proc/self/autogroup")
+
+pytestmark = pytest.mark.skipif(not AUTOGROUP.exists(), reason="the kernel has no autogroups (CONFIG_SCHED_AUTOGROUP)")
+
+#: Prints this process's nice value and its autogroup's, after ``lowest_cpu_priority()`` when asked.
+REPORT = """\
+import os, sys
+sys.path.insert(0, {dir!r})
+if sys.argv[1] == "lower":
+    import kubelab
+    kubelab.lowest_cpu_priority()
+print(os.getpriority(os.PRIO_PROCESS, 0), open("/proc/self/autogroup").read().split()[-1])
+"""
+
+
+def _priorities(*prefix: str, lower: bool) -> tuple[int, int]:
+    code = REPORT.format(dir=str(KUBELAB.parent))
+    out = subprocess.run([*prefix, sys.executable, "-c", code, "lower" if lower else "as-is"], capture_output=True,
+                         text=True, check=True, start_new_session=True, timeout=60).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def test_nice_alone_leaves_a_new_sessions_group_at_full_share():
+    """What the build did before: the process is at 19, its session's group is not."""
+    assert _priorities("nice", "-n", "19", lower=False) == (19, 0)
+
+
+def test_lowest_cpu_priority_lowers_the_process_and_its_sessions_group():
+    assert _priorities(lower=True) == (19, 19)
+
+
+def test_both_background_builds_ask_for_it():
+    """.ci/run's build and the one a session starts at collection (build_in_background)."""
+    import kubelab
+
+    ci_line = next(line for line in (KUBELAB.parents[3] / ".ci" / "run").read_text().splitlines()
+                   if "kubelab.py build" in line)
+    assert "--lowest-priority" in ci_line, ci_line
+    assert "--lowest-priority" in kubelab.background_build_argv(crd_server=True)
