@@ -30,19 +30,15 @@ print(os.getpriority(os.PRIO_PROCESS, 0), open("/proc/self/autogroup").read().sp
 """
 
 
-def _priorities(*prefix: str, lower: bool) -> tuple[int, int]:
+def _priorities(*, lower: bool) -> tuple[int, int]:
     code = REPORT.format(dir=str(KUBELAB.parent))
-    out = subprocess.run([*prefix, sys.executable, "-c", code, "lower" if lower else "as-is"], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, "lower" if lower else "as-is"], capture_output=True,
                          text=True, check=True, start_new_session=True, timeout=60).stdout.split()
     return int(out[0]), int(out[1])
 
 
-def test_nice_alone_leaves_a_new_sessions_group_at_full_share():
-    """What the build did before: the process is at 19, its session's group is not."""
-    assert _priorities("nice", "-n", "19", lower=False) == (19, 0)
-
-
 def test_lowest_cpu_priority_lowers_the_process_and_its_sessions_group():
+    assert _priorities(lower=False) == (0, 0)  # a new session starts at full share
     assert _priorities(lower=True) == (19, 19)
 
 
