@@ -368,9 +368,9 @@ class SlurmLab:
     are what each node advertises to SLURM (SlurmdParameters=config_overrides: they need not
     match the machine). One CPU per node by default: the nodes share this machine's cores (2
     on CI), and a rank per node with 2 OpenMP threads oversubscribes them (measured in issue
-    23: 2 ranks x OMP_NUM_THREADS=2 on 2 cores trained the lab's job 2.5x slower on 2.5x the
-    CPU of OMP_NUM_THREADS=1, the threads spinning while they wait). ``accounting=True`` adds slurmdbd + MariaDB in the controller namespace
-    so that plain ``sacct``/``sacct --json`` work; without it ``sacct -c`` (jobcomp/filetxt)
+    23: 2 ranks x OMP_NUM_THREADS=2 on 2 cores took 2.3x the wall time and 2.5x the CPU of
+    OMP_NUM_THREADS=1 for the lab's job). ``accounting=True`` adds slurmdbd + MariaDB in the
+    controller namespace so that plain ``sacct``/``sacct --json`` work; without it ``sacct -c`` (jobcomp/filetxt)
     still does (pitfall 8).
     """
 
