@@ -28,6 +28,7 @@ import argparse
 import ctypes
 import ipaddress
 import json
+import math
 import os
 import shlex
 import shutil
@@ -218,6 +219,18 @@ def wait_for_job(lab: SlurmLab, job_id: str, timeout: float = 60,
     except TimeoutError:
         raise TimeoutError(f"job {job_id} is {last or 'unknown to squeue'} after {timeout:g} s; "
                            f"waited for one of {sorted(states)}") from None
+
+
+def release_requeued(lab: SlurmLab, job_id: str, *updates: str, requeued_at: float) -> None:
+    """Release a requeued job from its ~120 s hold (``scontrol update StartTime=now``, plus
+    ``updates`` such as ``TimeLimit=30``), no sooner than the second after ``requeued_at``
+    (``time.time()`` of the ``scontrol requeue`` or of the signal that requeued it).
+
+    slurmctld revokes the job's credential at the requeue and slurmd refuses any credential made
+    in the revocation's second ("Killing non-startable batch JobId=21: Job credential revoked",
+    seen in issue 23 when the release came 0.2 s after the requeue, on the same node)."""
+    time.sleep(max(0.0, math.floor(requeued_at) + 1.05 - time.time()))
+    run_slurm(lab, "scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
 
 
 def find_binary(name: str) -> str | None:

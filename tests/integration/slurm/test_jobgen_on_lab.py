@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab import run_slurm, wait_for
+from lab import release_requeued, run_slurm, wait_for
 
 from jobgen.backends.slurm_script import run_dir_name
 from tests.conftest import ADVERSARIAL, REPO
@@ -175,7 +175,7 @@ def _requeue_now(lab, jid: str, *updates: str) -> None:
         return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
 
     wait_for(pending, 60, 0.5, what=f"job {jid} back in the queue")
-    run_slurm(lab, "scontrol", "update", f"JobId={jid}", "StartTime=now", *updates)
+    release_requeued(lab, jid, *updates, requeued_at=time.time())  # requeued by now
 
 
 def _wait_for_checkpoint(run: Path, timeout: float) -> Path:

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from lab import (
     SlurmLab,
     _process_identity,
     job_state,
+    release_requeued,
     run_slurm,
     sbatch,
     wait_for,
@@ -121,10 +123,11 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then sleep 300; fi
                     f"--output={tmp_path}/out.txt", str(job))
     try:
         wait_for(lambda: runs.exists() and runs.read_text(), 60, what="the first run")
+        requeued_at = time.time()
         run_slurm(slurm_lab, "scontrol", "requeue", job_id)
         wait_for_job(slurm_lab, job_id, timeout=30, states={"PENDING"})
         # Requeued jobs wait ~120 s (credential lifetime) before they may start: pitfall 9.
-        run_slurm(slurm_lab, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        release_requeued(slurm_lab, job_id, requeued_at=requeued_at)
         assert wait_for_job(slurm_lab, job_id, timeout=60) == "COMPLETED"
     finally:
         run_slurm(slurm_lab, "scancel", job_id, check=False)
