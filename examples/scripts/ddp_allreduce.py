@@ -9,20 +9,21 @@ steps on a tiny linear model, then checks that every rank holds the same weights
     jobgen submit examples/command-ddp.yaml --profile local      # the same, launched by jobgen
     jobgen submit examples/command-ddp.yaml --profile slurm-cpu  # srun, one task per device
 
-Exits 1 when a check fails.
+Exits 1 when a check fails. Ends with ``os._exit`` (see the end of the file for why).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="DDP optimizer steps")
     args = parser.parse_args()
@@ -58,14 +59,21 @@ def main() -> None:
     dist.all_gather(gathered, weights)
     in_sync = all(torch.equal(gathered[0], w) for w in gathered)
     print(f"ddp: rank {rank} {args.steps} step(s), weights in sync across ranks: {in_sync}", flush=True)
-    # DDP's reducer holds the process group: release it first, or the group's teardown at exit can
-    # abort the process ("terminate called without an active exception") after a complete run.
-    del model, optimizer
+    ok = value.item() == expected and in_sync
+    del model, optimizer  # DDP's reducer holds the process group
     dist.barrier()
     dist.destroy_process_group()
-    if value.item() != expected or not in_sync:
-        raise SystemExit(1)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    code = main()
+    # Leave without interpreter teardown. A gloo worker thread can still hold the last collective's
+    # work (here the all_gather's tensors) when Python starts finalising; dropping it then frees
+    # their Python objects, which needs the GIL, and Python ends a thread that asks for the GIL while
+    # finalising, inside the work's destructor: std::terminate, "terminate called without an active
+    # exception", and SLURM marks the finished job FAILED (README, "Command mode"). Everything this
+    # script writes is printed and flushed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -14,6 +14,7 @@ torchrun --standalone with 2 ranks (subprocesses, no mocks).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,10 +59,47 @@ def project(root: Path, *, git: bool = False) -> Path:
     return root
 
 
-def test_plain_torch_ddp_script_with_two_ranks(tmp_path):
+#: A sitecustomize whose atexit handler records, per process, the script it ran: atexit handlers
+#: run at the start of interpreter teardown, so a process that leaves one ended through it.
+EXIT_PROBE = """import atexit, json, os, sys
+
+def _record():
+    with open(os.path.join({directory!r}, str(os.getpid())), "w") as fh:
+        json.dump(sys.argv, fh)
+
+atexit.register(_record)
+"""
+
+
+def exit_probe(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put :data:`EXIT_PROBE` on the PYTHONPATH of every process a test starts; returns where its
+    records land (one file per process that ended through interpreter teardown: its argv as JSON)."""
+    records = directory / "records"
+    records.mkdir(parents=True)
+    (directory / "sitecustomize.py").write_text(EXIT_PROBE.format(directory=str(records)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p))
+    return records
+
+
+def assert_ranks_skipped_teardown(records: Path, script: str) -> None:
+    """The example's ranks ended without interpreter teardown (no record of a process running
+    ``script``), while
+    jobgen's own CLI process, which exits normally, left one (the probe was loaded). A rank that
+    tears the interpreter down can abort after a complete run: PyTorch's gloo worker thread drops
+    its last collective's tensors after Python has begun finalising, needs the GIL to free their
+    Python objects and is ended by the interpreter inside a destructor, which is std::terminate
+    ("terminate called without an active exception"; README, "Command mode")."""
+    ran = [json.loads(path.read_text()) for path in records.iterdir()]
+    assert any(argv[0].endswith("jobgen/cli.py") for argv in ran), ran  # the probe was loaded
+    assert not [argv for argv in ran if argv[0].endswith(script)], ran  # the ranks (torchrun's agent may)
+
+
+def test_plain_torch_ddp_script_with_two_ranks(tmp_path, monkeypatch):
     proj = project(tmp_path / "proj")
+    records = exit_probe(tmp_path / "probe", monkeypatch)
     result = submit(proj / "examples" / "command-ddp.yaml", tmp_path / "runs", proj)
     assert result.code == 0, result.output
+    assert_ranks_skipped_teardown(records, "ddp_allreduce.py")
     for rank in (0, 1):
         assert f"ddp: rank {rank} of world size 2, local rank {rank}, node rank 0" in result.stdout, result.output
         assert f"ddp: rank {rank} all_reduce(sum of rank+1) = 3 (expected 3)" in result.stdout
@@ -87,10 +125,12 @@ def test_in_a_git_repository_the_ranks_run_the_committed_script_from_the_snapsho
     assert "ddp: rank 1 3 step(s), weights in sync across ranks: True" in result.stdout
 
 
-def test_lightning_cli_script_gets_the_world_from_jobgen(tmp_path):
+def test_lightning_cli_script_gets_the_world_from_jobgen(tmp_path, monkeypatch):
     proj = project(tmp_path / "proj")
+    records = exit_probe(tmp_path / "probe", monkeypatch)
     result = submit(proj / "examples" / "command-lightning-cli.yaml", tmp_path / "runs", proj)
     assert result.code == 0, result.output
+    assert_ranks_skipped_teardown(records, "lightning_cli.py")
     for rank in (0, 1):
         assert (f"lightning: global rank {rank} of world size 2, num_nodes 1, devices 2, strategy DDPStrategy, "
                 "precision 32-true, environment TorchElasticEnvironment") in result.stdout, result.output
