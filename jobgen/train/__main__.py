@@ -207,13 +207,15 @@ def _notify_failed(resolved: ResolvedSpec | None, run_dir: Path | None, error: s
 def exit_process(code: int) -> None:
     """Leave the process with ``code``; after training, without interpreter teardown.
 
-    Once torch.distributed has run, the C++ teardown at interpreter exit (process-group worker
-    threads, FSDP/DeepSpeed objects destroyed in arbitrary order) can abort a rank whose run
-    has finished and written everything: "terminate called without an active exception",
-    SIGABRT, and the launcher reports the whole job failed (seen once in 600 CI tests, rank 1
-    after a complete FSDP run). Every file the run writes is closed by then (checkpoints,
-    summary.json, loggers finalised by Lightning), so after flushing stdout/stderr the process
-    ends with ``os._exit``. Without training (bad input, --help) it exits normally.
+    Once torch.distributed has run, interpreter teardown can abort a rank whose run has finished
+    and written everything: "terminate called without an active exception", SIGABRT, and the
+    launcher reports the whole job failed (seen once in 600 CI tests, rank 1 after a complete
+    FSDP run). A core dump of the same abort in a plain gloo script showed why: a process-group
+    worker thread dropped its last collective's tensors while Python was finalising (README,
+    "Command mode", where users' scripts get the same advice). Every file the run writes is
+    closed by then (checkpoints, summary.json, loggers finalised by Lightning), so after flushing
+    stdout/stderr the process ends with ``os._exit``. Without training (bad input, --help) it
+    exits normally.
     """
     if "jobgen.train.run" not in sys.modules:
         sys.exit(code)

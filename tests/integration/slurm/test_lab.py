@@ -78,6 +78,7 @@ dist.all_reduce(value)
 print(f"rank={rank} world={world} host={socket.gethostname()} "
       f"master={os.environ['MASTER_ADDR']} sum={value.item():g}", flush=True)
 dist.destroy_process_group()
+os._exit(0)  # no interpreter teardown beside gloo's worker threads (README, "Command mode")
 """
 
 
