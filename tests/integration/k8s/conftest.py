@@ -33,7 +33,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from kubelab import K8sLab, LabUnavailable, build_in_background, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
+from kubelab import K8sLab, LabUnavailable, build_in_background, build_running, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
 
 from tests.conftest import skip_or_fail  # noqa: E402
 
@@ -69,6 +69,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     crd_server = os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") != "1" and any(
         "k8s_crd_server" in getattr(item, "fixturenames", ()) for item in lab_items)
     log = cache_dir() / "logs" / "background.log"
+    if build_running(cache_dir()):
+        print("\nk8s lab: a build into the cache is under way (e.g. .ci/run's); the lab's tests will wait for it",
+              file=sys.stderr)
+        return
     try:
         proc = build_in_background(crd_server=crd_server, log=log)
     except OSError as exc:  # e.g. the cache directory cannot be made: the fixture reports it

@@ -373,6 +373,26 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+#: The locks a build of the cache holds while it runs (:func:`ensure_binaries`, :func:`ensure_crd_server`).
+BUILD_LOCKS = (".lock", ".lock-crd-server")
+
+
+def build_running(cache: Path) -> bool:
+    """Whether another open file holds one of ``cache``'s :data:`BUILD_LOCKS`, i.e. a build into
+    it is under way (``.ci/run`` starts one before pytest). Tries each lock without waiting."""
+    for name in BUILD_LOCKS:
+        path = cache / name
+        if not path.exists():
+            continue
+        with open(path, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
 def bin_dir(cache: Path) -> Path:
     """Where the cache keeps this recipe's binaries: ``bin-recipe<RECIPE>``, so checkouts that
     build by different recipes (branches, an older jobgen) share one cache without rebuilding
@@ -525,7 +545,8 @@ def background_build_argv(*, crd_server: bool) -> list[str]:
 def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = None) -> subprocess.Popen[bytes] | None:
     """Start :func:`background_build_argv` in a session of its own at the lowest CPU priority
     (:func:`lowest_cpu_priority`), its output appended to ``log``; returns the process, or None
-    when the cache already holds what is asked for.
+    when the cache already holds what is asked for or a build into it is under way
+    (:func:`build_running`: the tests wait for that one's lock instead).
 
     The build takes minutes of CPU on 2 cores; started early, it runs in the CPU a test session
     leaves idle (a single-threaded test, a lab waiting on a scheduler), and the ``k8s_build``
@@ -536,6 +557,8 @@ def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = Non
     """
     cache = cache or cache_dir()
     if cached_binaries(cache) is not None and (not crd_server or cached_crd_server(cache) is not None):
+        return None
+    if build_running(cache):
         return None
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
