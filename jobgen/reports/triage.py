@@ -17,14 +17,18 @@ A failure is, per source (a rank, or a pod when ranks are not labelled):
 - a Python traceback (``Traceback (most recent call last):`` up to the exception line; also
   as torch.distributed's excepthook writes it, each line prefixed ``[rank<N>]: ``),
 - an NCCL error line (``NCCL WARN``, ``ncclSystemError`` and the other ``nccl*Error`` codes,
-  ``ProcessGroupNCCL``'s watchdog timeout), or
-- the entrypoint's own one-line error (``python -m jobgen.train: error: ...``).
+  ``ProcessGroupNCCL``'s watchdog timeout),
+- the entrypoint's own one-line error (``python -m jobgen.train: error: ...``), or
+- a C++ abort: ``terminate called ...``, the line libstdc++'s terminate handler writes before
+  ``abort()`` (an uncaught C++ exception, with its ``what():`` line, or none: "without an active
+  exception", which a torch.distributed rank hits at interpreter teardown: :data:`TEARDOWN_HINT`).
 
 Pure: no I/O. The backends read the output and pass lines in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +39,17 @@ TRACEBACK_START = "Traceback (most recent call last):"
 NCCL_ERROR_RE = re.compile(
     r"NCCL WARN|NCCL ERROR|\bnccl(?:System|Internal|InvalidUsage|Invalid|UnhandledCuda|Remote)Error\b"
     r"|ProcessGroupNCCL.*(?:[Tt]imeout|[Ww]atchdog caught)|DistBackendError"
+)
+#: libstdc++'s verbose terminate handler (the default): the line it writes before ``abort()``.
+TERMINATE_RE = re.compile(r"^terminate called (?:without an active exception|after throwing an instance of |recursively)")
+#: An uncaught exception's message, on the line after :data:`TERMINATE_RE`'s.
+TERMINATE_WHAT_PREFIX = "  what():"
+#: What an abort "without an active exception" most often is in a training job, and its remedy
+#: (README, "Command mode", where the core dump behind it is described).
+TEARDOWN_HINT = (
+    "std::terminate with no exception: when it follows the rank's last output, a torch.distributed worker thread "
+    "freed tensors while Python was shutting down; end the script with destroy_process_group() and then "
+    "os._exit(0) once its work is written and flushed (README, \"Command mode\")"
 )
 #: The bundled entrypoint's one-line error (jobgen.train.__main__: ``<prog>: error: ...``).
 ENTRYPOINT_ERROR_RE = re.compile(r"^python -m jobgen\.train: error: ")
@@ -85,10 +100,13 @@ class Failure:
 
     Attributes:
         source, rank, node: as in :class:`LogLine` (``node`` completed from srun's task lines).
-        kind: ``traceback``, ``nccl`` or ``error`` (the entrypoint's one-line error).
-        headline: the line that says what failed (the exception line of a traceback).
+        kind: ``traceback``, ``nccl``, ``error`` (the entrypoint's one-line error) or ``abort``
+            (a C++ ``terminate called ...``).
+        headline: the line that says what failed (the exception line of a traceback; an abort's
+            terminate line and its ``what():`` line, joined).
         lines: the traceback, or the error line with a little context.
         position, timestamp: of the failure's first line.
+        hint: what to do, for a failure whose usual cause is known (:data:`TEARDOWN_HINT`).
     """
 
     source: str
@@ -99,12 +117,13 @@ class Failure:
     lines: tuple[str, ...]
     position: int
     timestamp: datetime | None = None
+    hint: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready dict (timestamp as ISO 8601)."""
         return {"source": self.source, "rank": self.rank, "node": self.node, "kind": self.kind,
                 "headline": self.headline, "timestamp": None if self.timestamp is None else self.timestamp.isoformat(),
-                "lines": list(self.lines)}
+                "lines": list(self.lines), "hint": self.hint}
 
 
 @dataclass(frozen=True)
@@ -154,7 +173,7 @@ def _traceback_end(texts: list[str], start: int) -> int:
 def _first_failure(lines: list[LogLine]) -> Failure | None:
     texts = [TORCH_RANK_PREFIX_RE.sub("", line.text, count=1) for line in lines]
     for i, text in enumerate(texts):
-        kind = None
+        kind, hint = None, None
         if text.startswith(TRACEBACK_START):
             end = _traceback_end(texts, i)
             body = tuple(texts[i:end + 1])
@@ -164,9 +183,16 @@ def _first_failure(lines: list[LogLine]) -> Failure | None:
             kind, headline, body = "error", text, tuple(texts[i:i + 1 + CONTEXT_LINES])
         elif NCCL_ERROR_RE.search(text):
             kind, headline, body = "nccl", text, tuple(texts[i:i + 1 + CONTEXT_LINES])
+        elif TERMINATE_RE.search(text):
+            kind, headline, body = "abort", text, tuple(texts[i:i + 1 + CONTEXT_LINES])
+            if i + 1 < len(texts) and texts[i + 1].startswith(TERMINATE_WHAT_PREFIX):
+                headline = f"{text.rstrip()}: {texts[i + 1].strip()}"
+            elif "without an active exception" in text:
+                hint = TEARDOWN_HINT
         if kind is not None:
             first = lines[i]
-            return Failure(first.source, first.rank, first.node, kind, headline.strip(), body, first.position, first.timestamp)
+            return Failure(first.source, first.rank, first.node, kind, headline.strip(), body, first.position,
+                           first.timestamp, hint)
     return None
 
 
@@ -213,8 +239,7 @@ def triage(lines: Iterable[LogLine]) -> Triage:
         source_lines.sort(key=lambda line: line.position)
         found = _first_failure(source_lines)
         if found is not None and found.node is None and found.rank is not None and found.rank in nodes:
-            found = Failure(found.source, found.rank, nodes[found.rank], found.kind, found.headline, found.lines,
-                            found.position, found.timestamp)
+            found = dataclasses.replace(found, node=nodes[found.rank])
         if found is not None:
             failures.append(found)
     timed = bool(failures) and all(f.timestamp is not None for f in failures)
@@ -250,10 +275,11 @@ class LiveFilter:
     """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: every
     rank's (without torchrun's label, as they were printed) and torchrun's own, without
     failures, so that a failed run's terminal shows jobgen's triage (:func:`format_triage`)
-    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22). Failures are tracebacks (up to the exception line,
-    chained ones included), the entrypoint's error line and NCCL error lines, as :func:`triage`
-    finds them; after the first failure torchrun's own lines are held back too (its worker
-    exit reports and ChildFailedError block). Every line still goes to the run's log.
+    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22).
+    Failures are tracebacks (up to the exception line, chained ones included), the entrypoint's
+    error line, NCCL error lines and C++ abort lines, as :func:`triage` finds them; after the
+    first failure torchrun's own lines are held back too (its worker exit reports and
+    ChildFailedError block). Every line still goes to the run's log.
     """
 
     def __init__(self) -> None:
@@ -275,7 +301,7 @@ class LiveFilter:
             self._state[line.source] = "traceback"
             self.failed = True
             return None
-        if ENTRYPOINT_ERROR_RE.search(text) or NCCL_ERROR_RE.search(text):
+        if ENTRYPOINT_ERROR_RE.search(text) or NCCL_ERROR_RE.search(text) or TERMINATE_RE.search(text):
             self.failed = True
             return None
         if line.rank is None:
@@ -301,7 +327,7 @@ def format_triage(result: Triage, handle: str) -> list[str]:
     """Human-readable lines: the first failure with its traceback, then the others in one line each."""
     first = result.first
     if first is None:
-        lines = [f"{handle}: no rank's output shows a traceback, an NCCL error or an entrypoint error"]
+        lines = [f"{handle}: no rank's output shows a traceback, an NCCL error, an entrypoint error or a C++ abort"]
         return lines + [f"  srun: {e}" for e in result.exits]
     where = first.source + (f" on {first.node}" if first.node else "")
     when = f" at {first.timestamp.isoformat()}" if first.timestamp else ""
@@ -314,6 +340,8 @@ def format_triage(result: Triage, handle: str) -> list[str]:
     lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s){after})",
              f"  {first.headline}", ""]
     lines += [f"  | {text}" for text in first.lines]
+    if first.hint:
+        lines += ["", f"  hint: {first.hint}"]
     if len(result.failures) > 1:
         lines += ["", "then:"]
         for other in result.failures[1:]:

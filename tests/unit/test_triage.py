@@ -217,3 +217,54 @@ def test_the_live_filter_shows_the_ranks_lines_and_holds_back_failures_and_torch
     assert shown == ["step 1/4 | loss 1.0", "rank 1 says hello", "W1125 16:15:35 api.py:1028] some torchrun warning",
                      "teardown note"]
     assert live.failed
+
+
+#: CI's failed run of issue 23 (the SLURM lab, examples/scripts/ddp_allreduce.py before it ended
+#: with os._exit): both ranks finished, then rank 1 aborted in interpreter teardown and srun
+#: killed rank 0. No traceback anywhere.
+TEARDOWN_ABORT_LOG = """\
+jobgen: job 7 on 2 node(s), restart 0, master node1:29500
+0: ddp: rank 0 3 step(s), weights in sync across ranks: True
+1: ddp: rank 1 3 step(s), weights in sync across ranks: True
+1: terminate called without an active exception
+srun: error: node2: task 1: Aborted
+srun: launch/slurm: _step_signal: Terminating StepId=7.0
+0: slurmstepd-node1: error: *** STEP 7.0 ON node1 CANCELLED AT 2026-11-26T09:33:43 ***
+srun: error: node1: task 0: Terminated
+srun: Force Terminated StepId=7.0
+"""
+
+
+def test_a_cpp_abort_is_a_failure_and_one_at_teardown_names_the_remedy():
+    result = triage(srun_lines(TEARDOWN_ABORT_LOG))
+    assert [(f.rank, f.node, f.kind) for f in result.failures] == [(1, "node2", "abort")]
+    assert result.first.headline == "terminate called without an active exception"
+    assert "os._exit" in result.first.hint and "Command mode" in result.first.hint
+    assert result.first.to_json()["hint"] == result.first.hint
+    text = "\n".join(format_triage(result, "slurm://c/7"))
+    assert text.startswith("first failure: rank 1 on node2 (abort;")
+    assert f"  hint: {result.first.hint}" in text
+
+
+def test_an_uncaught_cpp_exception_is_an_abort_with_its_what_and_no_teardown_hint():
+    text = """\
+0: terminate called after throwing an instance of 'gloo::IoException'
+0:   what():  [../gloo/transport/tcp/pair.cc:589] Read error [10.0.0.2]:3977: Connection reset by peer
+1: Traceback (most recent call last):
+1:   File "train.py", line 3, in <module>
+1: KeyError: 'x'
+"""
+    result = triage(srun_lines(text))
+    # rank 0's abort says it lost its peer: rank 1's own error comes first
+    assert [(f.rank, f.kind) for f in result.failures] == [(1, "traceback"), (0, "abort")]
+    abort = result.failures[1]
+    assert abort.headline == ("terminate called after throwing an instance of 'gloo::IoException': what():  "
+                              "[../gloo/transport/tcp/pair.cc:589] Read error [10.0.0.2]:3977: Connection reset by peer")
+    assert abort.hint is None and result.first.hint is None
+
+
+def test_the_live_filter_holds_back_an_abort_line():
+    live = LiveFilter()
+    assert live.show(torchrun_line("[default1]:step 4/4", 0)) == "step 4/4"
+    assert live.show(torchrun_line("[default1]:terminate called without an active exception", 1)) is None
+    assert live.failed
