@@ -203,6 +203,8 @@ def load_causal_lm(
             location="spec.model.hf_path",
             hint="the directory needs config.json and model weights as written by model.save_pretrained()",
         ) from None
+    if model.load_in_4bit:
+        keep_4bit_layers_in_autograd(hf_model)
     max_positions = getattr(hf_model.config, "max_position_embeddings", None)
     if isinstance(max_positions, int) and model.block_size > max_positions:
         raise ConfigError(
@@ -239,6 +241,30 @@ def load_causal_lm(
             location="spec.model.lora.target_modules",
             hint=f"pick from the model's Linear modules: {', '.join(linear)}",
         ) from None
+
+
+def keep_4bit_layers_in_autograd(module: torch.nn.Module) -> int:
+    """Turn off bitsandbytes' CPU inference repacking on every 4-bit layer of ``module``;
+    returns how many layers there are.
+
+    bitsandbytes (0.50.2: ``bnb.nn.Linear4bit.forward``) repacks a layer's 4-bit weight, in place,
+    for its AVX512-BF16 CPU kernel on the first forward in eval mode without grad (a validation
+    pass) when the layer's ``support_avx512bf16_for_cpu`` is set, which it is on CPUs with
+    AVX512-BF16; every later forward, in training too, then runs through that kernel outside
+    autograd, so backward loses the gradient to the layer's input (the base model's path). Seen
+    on a Xeon with AVX512/AMX: under ddp the adapters trained on those wrong gradients, under FSDP
+    and ZeRO backward failed ("All sharded parameters that received a gradient in the
+    post-backward should use `_saved_grad_shard`", "'NoneType' object has no attribute 'view'").
+    A training rank needs the layers differentiable, so the flag is cleared (an undocumented
+    attribute: tests/entrypoint/test_hf_qlora.py checks the gradient across a validation pass).
+    GPU ranks never take that path; clearing it there changes nothing.
+    """
+    import bitsandbytes as bnb
+
+    layers = [m for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def decoder_layer_classes(module: torch.nn.Module) -> set[type[torch.nn.Module]]:
