@@ -243,9 +243,8 @@ def load_causal_lm(
         ) from None
 
 
-def keep_4bit_layers_in_autograd(module: torch.nn.Module) -> int:
-    """Turn off bitsandbytes' CPU inference repacking on every 4-bit layer of ``module``;
-    returns how many layers there are.
+def keep_4bit_layers_in_autograd(module: torch.nn.Module) -> None:
+    """Turn off bitsandbytes' CPU inference repacking on every 4-bit layer of ``module``.
 
     bitsandbytes (0.50.2: ``bnb.nn.Linear4bit.forward``) repacks a layer's 4-bit weight, in place,
     for its AVX512-BF16 CPU kernel on the first forward in eval mode without grad (a validation
@@ -261,10 +260,9 @@ def keep_4bit_layers_in_autograd(module: torch.nn.Module) -> int:
     """
     import bitsandbytes as bnb
 
-    layers = [m for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    for layer in layers:
-        layer.support_avx512bf16_for_cpu = False
-    return len(layers)
+    for layer in module.modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            layer.support_avx512bf16_for_cpu = False
 
 
 def decoder_layer_classes(module: torch.nn.Module) -> set[type[torch.nn.Module]]:
