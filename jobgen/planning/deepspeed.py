@@ -80,6 +80,10 @@ def deepspeed_config(spec: TrainingSpec, world: World) -> dict[str, Any]:
         "zero_optimization": zero,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer is on by default and synchronises the device at the start
+        # and end of every micro batch (deepspeed/utils/timer.py ThroughputTimer, 0.19.8) to time
+        # samples/s, which jobgen's entrypoint measures itself without a sync (issue 28).
+        "timers": {"throughput": {"enabled": False}},
     }
     if t.precision.startswith("bf16"):
         config["bf16"] = {"enabled": True}

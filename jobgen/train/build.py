@@ -25,8 +25,12 @@ DataSources = TextSources | TokenFiles | InstructionFiles
 """What the entrypoint found for ``spec.data`` (by format: text, tokens, jsonl)."""
 
 
-def build_module(spec: TrainingSpec, accelerator: str) -> tuple[LitGPT, ParamCounts, str]:
+def build_module(spec: TrainingSpec, accelerator: str, strategy: str | None = None) -> tuple[LitGPT, ParamCounts, str]:
     """The LightningModule for ``spec.model``, its parameter counts and a banner line.
+
+    ``strategy``: the strategy the run trains with, when it is not ``spec.trainer.strategy``
+    (``ddp`` on the single-device path, :func:`jobgen.train.speed.single_device`): a QLoRA model
+    is loaded for it (:func:`jobgen.train.hf.qlora_load`).
 
     Raises:
         ConfigError, NotSupportedError: a Hugging Face model that cannot be loaded as asked
@@ -44,7 +48,7 @@ def build_module(spec: TrainingSpec, accelerator: str) -> tuple[LitGPT, ParamCou
         return module, counts, line
     from jobgen.train.hf import LitHFCausalLM
 
-    hf_module = LitHFCausalLM(spec, accelerator)
+    hf_module = LitHFCausalLM(spec, accelerator, strategy)
     c = hf_module.counts
     if m.lora is None:
         how = "full fine-tuning"

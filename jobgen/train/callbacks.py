@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -21,6 +22,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from jobgen.train.checkpoints import held_back, save_checkpoint_atomically
 from jobgen.train.measure import mfu, peak_memory
+from jobgen.train.speed import host_scalar, lever_on
+
+STEADY_WINDOW = 1000
+"""Steps in :attr:`Throughput.steady_seconds_per_step`'s median at most (the later half of the
+last ``2 x STEADY_WINDOW`` timed steps)."""
 
 
 class Throughput(Callback):
@@ -92,6 +98,10 @@ class Throughput(Callback):
         self._last_step: int | None = None
         self._last_time = 0.0
         self._val_started: float | None = None
+        self._step_seconds: deque[float] = deque(maxlen=2 * STEADY_WINDOW)
+        """Seconds per optimizer step of the latest timed steps (for :attr:`steady_seconds_per_step`)."""
+        self.host_logging = lever_on("host_logging")
+        """Log the per-step rates as host tensors (:func:`jobgen.train.speed.host_scalar`)."""
 
     @property
     def mean_tokens_per_s(self) -> float | None:
@@ -161,24 +171,64 @@ class Throughput(Callback):
             tokens = None if samples is None or self.tokens_per_sample is None else samples * self.tokens_per_sample
             if self._batch_samples is not None:
                 self._batch_samples = 0
+        log = self._log_host if self.host_logging else self._log_number
         if step % trainer.log_every_n_steps == 0 or step == trainer.max_steps:
             self.peak_memory_bytes, self.peak_memory_kind = peak_memory(pl_module.device)
-            pl_module.log("peak_memory_mb", self.peak_memory_bytes / 1e6, on_step=True, on_epoch=False)
+            log(pl_module, "peak_memory_mb", self.peak_memory_bytes / 1e6)
         if elapsed <= 0:
             return
         self.last_tokens_per_s = None if tokens is None else tokens / elapsed
         if self.last_tokens_per_s is not None:
-            pl_module.log("tokens_per_s", self.last_tokens_per_s, on_step=True, on_epoch=False)
+            log(pl_module, "tokens_per_s", self.last_tokens_per_s)
         if samples is not None:
-            pl_module.log("samples_per_s", samples / elapsed, on_step=True, on_epoch=False)
+            log(pl_module, "samples_per_s", samples / elapsed)
         if (step_mfu := self.last_mfu) is not None:
-            pl_module.log("mfu", step_mfu, on_step=True, on_epoch=False)
+            log(pl_module, "mfu", step_mfu)
         if step <= self._start_step + self.warmup_steps:
             return  # start-up steps: allocation, first-call overheads
         self.steps_timed += steps
         self.seconds_timed += elapsed
         self.samples_timed += samples or 0
         self.seconds_per_step = self.seconds_timed / self.steps_timed
+        self._step_seconds.append(elapsed / steps)
+
+    @staticmethod
+    def _log_host(pl_module: LightningModule, name: str, value: float) -> None:
+        """``pl_module.log`` of a per-step number as a host tensor (no host-to-device copy)."""
+        pl_module.log(name, host_scalar(value), on_step=True, on_epoch=False)
+
+    @staticmethod
+    def _log_number(pl_module: LightningModule, name: str, value: float) -> None:  # the lever off: as before
+        pl_module.log(name, value, on_step=True, on_epoch=False)
+
+    @property
+    def steady_seconds_per_step(self) -> float | None:
+        """The median wall time of one optimizer step over the later half of the timed steps
+        (seconds; at most the last :data:`STEADY_WINDOW` steps), ``None`` before two timed steps.
+
+        The mean (``seconds_per_step``) includes every one-off after the first step (compilation
+        of a second graph, the allocator's growth, a validation's after-effects); the median of
+        the later steps is what the run settles at.
+        """
+        times = list(self._step_seconds)
+        if len(times) < 2:
+            return None
+        later = sorted(times[len(times) // 2:])
+        return later[len(later) // 2] if len(later) % 2 else (later[len(later) // 2 - 1] + later[len(later) // 2]) / 2
+
+    @property
+    def steady_tokens_per_s(self) -> float | None:
+        """Tokens/s (all ranks) at :attr:`steady_seconds_per_step`; ``None`` when unknown or
+        counted from the batches (a class_path data module: the step's tokens vary)."""
+        spent = self.steady_seconds_per_step
+        if spent is None or spent <= 0 or self.tokens_per_step is None or self.count_batches_of_world is not None:
+            return None
+        return self.tokens_per_step / spent
+
+    @property
+    def steady_mfu(self) -> float | None:
+        """MFU at :attr:`steady_tokens_per_s` (a fraction), ``None`` when unknown."""
+        return mfu(self.steady_tokens_per_s, self.flops_per_token, self.peak_flops_per_s)
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Pause the clock: validation time is not training throughput."""

@@ -349,10 +349,13 @@ class LitHFCausalLM(LitGPT):
     Args:
         spec: the training spec (``spec.model.hf_path`` set).
         accelerator: ``"cpu"`` or ``"gpu"`` (QLoRA refuses CPU).
+        strategy: the strategy the run trains with when it is not ``spec.trainer.strategy`` (``ddp``
+            on the single-device path, :func:`jobgen.train.speed.single_device`); ``None``: the spec's.
     """
 
-    def __init__(self, spec: TrainingSpec, accelerator: str = "cpu"):
+    def __init__(self, spec: TrainingSpec, accelerator: str = "cpu", strategy: str | None = None):
         LightningModule.__init__(self)  # LitGPT.__init__ would build the byte-level GPT
+        self._init_levers()
         m, t = spec.model, spec.trainer
         self.save_hyperparameters(
             {
@@ -369,7 +372,8 @@ class LitHFCausalLM(LitGPT):
                 "min_lr_ratio": t.min_lr_ratio,
             }
         )
-        self.model = load_causal_lm(m, t.precision, accelerator, t.strategy)
+        # the strategy that runs (ddp on the single-device path: jobgen.train.speed.single_device)
+        self.model = load_causal_lm(m, t.precision, accelerator, strategy or t.strategy)
         # from_pretrained returns the model in eval mode, and Lightning keeps the modes it finds
         # at fit (it only warns): without this, lora.dropout and the model's dropouts never apply.
         self.model.train()

@@ -22,6 +22,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from jobgen.specs.training import TrainingSpec
+from jobgen.train.speed import host_scalar
 
 VOCAB_SIZE = 256
 """Byte-level vocabulary size."""
@@ -198,6 +199,16 @@ class LitGPT(LightningModule):
         self.model = GPT(n_layer, n_head, d_model, block_size, dropout)
         self.last_val_step: int | None = None
         """Global step of the latest completed validation (``None``: none yet in this process)."""
+        self._init_levers()
+
+    def _init_levers(self) -> None:
+        """Read the speed levers this module applies itself (:mod:`jobgen.train.speed`) once."""
+        from jobgen.train.speed import lever_on
+
+        self.log_lr_on_host = lever_on("host_logging")
+        """Log ``lr`` as a host tensor (:func:`jobgen.train.speed.host_scalar`)."""
+        self.clip_without_scaler = lever_on("fused_clip")
+        """Clip gradients itself under ``bf16-mixed`` (:meth:`configure_gradient_clipping`)."""
 
     @classmethod
     def from_spec(cls, spec: TrainingSpec) -> LitGPT:
@@ -235,7 +246,8 @@ class LitGPT(LightningModule):
         # (a host-device sync per step on GPUs); the logger reads it at log intervals only, and
         # LineProgress / LogIntervalBar show it from there (issue 21).
         self.log("train_loss", loss, on_step=True, on_epoch=False)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log("lr", host_scalar(lr) if self.log_lr_on_host else lr, on_step=True, on_epoch=False)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -279,14 +291,45 @@ class LitGPT(LightningModule):
             {"params": no_decay, "weight_decay": 0.0},
         ]
 
+    def _clips_itself(self, gradient_clip_val: float | None) -> bool:
+        """Whether :meth:`configure_gradient_clipping` clips here instead of through Lightning:
+        clipping is asked for and the precision plugin is Lightning's ``MixedPrecision`` without
+        a loss scaler (``bf16-mixed``), and the ``fused_clip`` lever is on."""
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        trainer = self._trainer
+        plugin = None if trainer is None else trainer.precision_plugin
+        return (self.clip_without_scaler and bool(gradient_clip_val) and isinstance(plugin, MixedPrecision)
+                and plugin.scaler is None)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients before each optimizer step (Lightning's hook).
+
+        Under ``bf16-mixed`` the gradients are not scaled (no GradScaler), so they are clipped
+        here exactly as Lightning's base precision plugin would (``clip_grad_norm_`` /
+        ``clip_grad_value_`` over the optimizer's parameters): Lightning's ``MixedPrecision``
+        refuses to clip for an optimizer that unscales itself, fused AdamW included, although
+        there is nothing to unscale (Lightning-AI/pytorch-lightning#21435). Everywhere else
+        (``16-mixed`` with its scaler, FSDP, DeepSpeed, full precision) Lightning clips.
+        """
+        if not self._clips_itself(gradient_clip_val):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule.
 
         Lightning calls this after moving the module to its device (and after FSDP wrapped it), so
         the parameters' device decides: torch's fused AdamW when they are all on CUDA outside
-        DeepSpeed and clipping under Lightning's mixed-precision plugin
-        (:func:`jobgen.train.speed.fused_adamw`), torch's default implementation otherwise (CPU
-        ranks, FSDP CPU offload, DeepSpeed, clipping under ``16-mixed``/``bf16-mixed``),
+        DeepSpeed and clipping under a loss scaler (:func:`jobgen.train.speed.fused_adamw`),
+        torch's default implementation otherwise (CPU ranks, FSDP CPU offload, DeepSpeed,
+        clipping under ``16-mixed``),
         ``DeepSpeedCPUAdam`` with DeepSpeed's optimizer offload.
         """
         from jobgen.train.speed import fused_adamw
@@ -301,8 +344,10 @@ class LitGPT(LightningModule):
             from lightning.pytorch.plugins.precision import MixedPrecision
 
             trainer = self._trainer
+            clip = None if trainer is None else trainer.gradient_clip_val
+            # clipping under a loss scaler (16-mixed) keeps Lightning's rule: no fused optimizer
             amp_clipping = (trainer is not None and isinstance(trainer.precision_plugin, MixedPrecision)
-                            and (trainer.gradient_clip_val or 0) > 0)
+                            and (clip or 0) > 0 and not self._clips_itself(clip))
             fused = fused_adamw(groups, deepspeed=self._under_deepspeed(), amp_clipping=amp_clipping)
             # fused is passed only when on: the CPU path's optimizer is exactly what it was
             optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))

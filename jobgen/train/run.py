@@ -145,7 +145,8 @@ def train(
         return 0
 
     lightning.seed_everything(t.seed, workers=True, verbose=False)
-    levers = _speed_levers(resolved)
+    levers = _speed_levers(resolved, resume)
+    layout_strategy = "ddp" if levers["single_device"] else t.strategy  # the strategy that trains
     # the MFU peak of the dtype the matmuls run in: 32-true with the TF32 lever (set below) against TF32 (None: the current setting)
     peak_flops = (peak_flops_per_s(launch.gpu_type, t.precision, levers["matmul_precision"])
                   if launch.accelerator == "gpu" else None)
@@ -158,7 +159,7 @@ def train(
                       + ("unknown (tokens/s n/a)" if tokens_per_sample is None else f"{tokens_per_sample:,}"))
     else:
         assert sources is not None
-        module, counts, model_line = build_module(spec, launch.accelerator)
+        module, counts, model_line = build_module(spec, launch.accelerator, layout_strategy)
         datamodule, data_line = build_datamodule(spec, sources, layout, run_dir, launch.world_size, counts.vocab_size,
                                                  pin_memory=levers["pin_memory"])
         throughput = Throughput(
@@ -178,7 +179,8 @@ def train(
         tracker = TrackerLogger(resolved, run_dir, None if resume is None else resume.global_step, code=code,
                                 handle=job_handle(resolved, run_dir))
     # The module first: the FSDP wrap classes of a Hugging Face model come from the loaded model.
-    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module, tracker=tracker)
+    trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module, tracker=tracker,
+                                                single_device=levers["single_device"])
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
 
@@ -191,6 +193,8 @@ def train(
         f"  run dir: {run_dir}"
     )
 
+    if levers["single_device"]:
+        rank_zero_print(f"  layout: {t.single_device_reason(launch.world_size)}")
     if levers["matmul_precision"] is not None:
         torch.set_float32_matmul_precision(levers["matmul_precision"])
         rank_zero_print(f"  fp32 matmuls: TF32 (torch.set_float32_matmul_precision({levers['matmul_precision']!r}), "
@@ -234,6 +238,9 @@ def train(
                 "usage": run_usage(launch.accelerator, trainer.world_size, time.time() - started,
                                    launch.gpu_hour_price).to_json(),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
+                # the median step of the later timed steps (Throughput.steady_seconds_per_step): one-off costs left out
+                "tokens_per_s_steady": throughput.steady_tokens_per_s,
+                "mfu_steady": throughput.steady_mfu,
                 "samples_per_s_mean": throughput.mean_samples_per_s,
                 "tokens_per_step": getattr(datamodule, "tokens_per_step", None) if not spec.user_code else None,
                 # Model FLOPs per token (jobgen.train.measure); MFU needs a GPU peak: null on CPU.
@@ -256,8 +263,12 @@ def train(
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),
                 "strategy": t.strategy,
+                # the strategy that trained: "single_device" where the spec's has nothing to shard
+                # (world size 1, jobgen.train.speed.single_device), else the spec's own
+                "layout": "single_device" if levers["single_device"] else t.strategy,
                 "precision": t.precision,
-                # The speed levers this run used (jobgen.train.speed): compile, TF32, fused AdamW, pinned loaders.
+                # The speed levers this run used (jobgen.train.speed): compile, TF32, fused AdamW, pinned
+                # loaders, the single-device path, host-tensor logging; and those JOBGEN_LEVERS_OFF turned off.
                 "levers": levers | {"fused_adamw": _fused(trainer)},
                 "jobgen_version": resolved.jobgen_version,
                 "inputs_sha256": resolved.inputs_sha256,
@@ -283,19 +294,39 @@ def train(
         _destroy_process_group()
 
 
-def _speed_levers(resolved: ResolvedSpec) -> dict[str, Any]:
-    """The device-dependent speed levers of this rank (:mod:`jobgen.train.speed`): ``compile``
-    (bool), ``matmul_precision`` (``"high"`` or None), ``pin_memory`` (bool). The device query
-    runs only for GPU launches."""
-    from jobgen.train.speed import compile_on, cuda_capability, matmul_precision, pin_memory
+def _speed_levers(resolved: ResolvedSpec, resume: FoundCheckpoint | None = None) -> dict[str, Any]:
+    """The speed levers of this rank (:mod:`jobgen.train.speed`): ``compile`` (bool),
+    ``matmul_precision`` (``"high"`` or None), ``pin_memory`` (bool), ``single_device`` (bool),
+    ``host_logging`` (bool), ``fused_clip`` (bool: fused AdamW may clip under ``bf16-mixed``),
+    ``off`` (the names ``JOBGEN_LEVERS_OFF`` turned off, sorted). The device query runs only for
+    GPU launches.
 
-    spec, accelerator = resolved.spec, resolved.launch.accelerator
-    capability = cuda_capability() if accelerator == "gpu" else None
+    The single-device path is not taken when ``resume`` is a checkpoint directory (an FSDP
+    sharded or DeepSpeed checkpoint that only its strategy can load): that run keeps its strategy.
+
+    Raises:
+        ConfigError: ``JOBGEN_LEVERS_OFF`` names an unknown lever.
+    """
+    from jobgen.train.speed import compile_on, cuda_capability, levers_off, matmul_precision, pin_memory, single_device
+
+    spec, launch = resolved.spec, resolved.launch
+    off = levers_off()
+    accelerator = launch.accelerator
+    capability = cuda_capability() if accelerator == "gpu" and "tf32" not in off else None
+    sharded_resume = resume is not None and resume.path.is_dir()
+    one = single_device(spec.trainer, launch.world_size, lever="single_device" not in off) and not sharded_resume
+    compiled = compile_on(spec.trainer, accelerator, hf_model=spec.model.is_hf if not spec.user_code else False,
+                          user_code=bool(spec.user_code), strategy="ddp" if one else None)
+    if "compile_auto" in off and spec.trainer.compile == "auto":
+        compiled = False
     return {
-        "compile": compile_on(spec.trainer, accelerator, hf_model=spec.model.is_hf if not spec.user_code else False,
-                              user_code=bool(spec.user_code)),
+        "compile": compiled,
         "matmul_precision": matmul_precision(accelerator, capability),
-        "pin_memory": pin_memory(accelerator),
+        "pin_memory": pin_memory(accelerator) and "pin_memory" not in off,
+        "single_device": one,
+        "host_logging": "host_logging" not in off,
+        "fused_clip": "fused_clip" not in off,
+        "off": sorted(off),
     }
 
 

@@ -25,13 +25,57 @@ is what it was before the levers existed:
   ``non_blocking=True`` host-to-device copies (``lightning.fabric.utilities.apply_func``:
   non-blocking for every device but CPU and MPS) overlap with compute.
 
+* :func:`single_device`: ``fsdp`` and ZeRO-1/2 at world size 1 (no offload, no activation
+  checkpointing) train on Lightning's single-device path, as ``ddp`` does there
+  (:meth:`jobgen.specs.trainer.TrainerSpec.single_device_reason` says when and why).
+* :func:`host_scalar`: values the loop logs every step (``lr``, ``tokens_per_s``, ...) are
+  host tensors: Lightning turns a logged Python number into ``torch.tensor(value,
+  device=module.device)``, a blocking host-to-device copy on a GPU every step.
+
+Each lever can be turned off for a before/after measurement with ``JOBGEN_LEVERS_OFF``, a
+comma-separated list of :data:`LEVERS` (e.g. ``JOBGEN_LEVERS_OFF=single_device,fused_clip``):
+a run then takes the path it took before that lever existed (``summary.json`` records the
+levers used). Unknown names are refused, so a typo cannot pass for a measurement.
+
 Torch is imported lazily: the module is importable on the render path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from jobgen.errors import ConfigError
+
+LEVERS = ("single_device", "fused_clip", "host_logging", "compile_auto", "tf32", "pin_memory")
+"""Names ``JOBGEN_LEVERS_OFF`` takes: :func:`single_device`, the fused AdamW with clipping under
+``bf16-mixed`` (:func:`fused_adamw`), :func:`host_scalar` logging, :func:`compile_on`'s
+``auto``, :func:`matmul_precision` and :func:`pin_memory`."""
+
+LEVERS_OFF_ENV = "JOBGEN_LEVERS_OFF"
+"""Environment variable with the levers turned off (comma-separated names of :data:`LEVERS`)."""
+
+
+def levers_off(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The levers ``JOBGEN_LEVERS_OFF`` turns off (empty when unset).
+
+    Raises:
+        ConfigError: a name that is not in :data:`LEVERS`.
+    """
+    raw = (os.environ if environ is None else environ).get(LEVERS_OFF_ENV, "")
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    unknown = sorted(names - set(LEVERS))
+    if unknown:
+        raise ConfigError(f"{LEVERS_OFF_ENV} names unknown lever(s) {', '.join(map(repr, unknown))}",
+                          location=f"${LEVERS_OFF_ENV}", hint=f"known levers: {', '.join(LEVERS)}")
+    return names
+
+
+def lever_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether lever ``name`` (one of :data:`LEVERS`) is on: not named in ``JOBGEN_LEVERS_OFF``."""
+    assert name in LEVERS, name
+    return name not in levers_off(environ)
 
 AMPERE = (8, 0)
 """The first compute capability with TF32 tensor cores (A100)."""
@@ -54,9 +98,10 @@ def matmul_precision(accelerator: str, capability: tuple[int, int] | None) -> st
     return None
 
 
-def compile_on(trainer: Any, accelerator: str, *, hf_model: bool, user_code: bool) -> bool:
+def compile_on(trainer: Any, accelerator: str, *, hf_model: bool, user_code: bool, strategy: str | None = None) -> bool:
     """Whether to ``torch.compile`` the network: ``trainer.compile`` when it is ``true``/``false``;
-    for ``auto`` on only for the built-in GPT, ``ddp``, a precision other than
+    for ``auto`` on only for the built-in GPT, ``ddp`` (or the single-device path a sharding
+    strategy takes at world size 1, :func:`single_device`), a precision other than
     ``transformer-engine``, on GPUs (see the module docstring for why each is off elsewhere).
 
     Args:
@@ -64,28 +109,55 @@ def compile_on(trainer: Any, accelerator: str, *, hf_model: bool, user_code: boo
         accelerator: ``gpu`` or ``cpu`` (``launch.accelerator``).
         hf_model: the model is a Hugging Face one (``model.hf_path``).
         user_code: the model is the user's ``class_path`` module (never compiled by jobgen).
+        strategy: the strategy that trains (``ddp`` on the single-device path); ``None``: the spec's.
     """
     if user_code:
         return False
     if trainer.compile != "auto":
         return bool(trainer.compile)
-    return (accelerator == "gpu" and not hf_model and trainer.strategy == "ddp"
+    return (accelerator == "gpu" and not hf_model and (strategy or trainer.strategy) == "ddp"
             and trainer.precision != "transformer-engine")
+
+
+def single_device(trainer: Any, world_size: int, *, lever: bool = True) -> bool:
+    """Whether the run trains on Lightning's single-device path although the spec names a
+    sharding strategy: :meth:`jobgen.specs.trainer.TrainerSpec.single_device_reason` is not
+    ``None`` (``fsdp``/ZeRO-1/2 at world size 1 without offload or activation checkpointing) and
+    the lever is on (``lever``: not turned off by ``JOBGEN_LEVERS_OFF``)."""
+    return lever and trainer.single_device_reason(world_size) is not None
 
 
 def fused_adamw(params: Iterable[Any], *, deepspeed: bool, amp_clipping: bool = False) -> bool:
     """Whether ``torch.optim.AdamW`` gets ``fused=True``: every parameter is a CUDA tensor, the
-    strategy is not DeepSpeed, and the run does not clip gradients under Lightning's mixed
-    precision plugin (``amp_clipping``: ``16-mixed`` or ``bf16-mixed`` outside FSDP/DeepSpeed with
-    ``gradient_clip_val`` > 0). A fused optimizer unscales inside its own step, and
-    ``lightning.pytorch.plugins.precision.amp.MixedPrecision.clip_gradients`` (2.6) refuses to clip
-    for any such optimizer, loss scaling or not ("does not allow for gradient clipping"; seen on
-    an H200 with bf16-mixed). Without clipping, 16-mixed takes it too (GradScaler steps fused
-    optimizers itself). ``params``: tensors, or AdamW parameter groups (dicts with ``params``)."""
+    strategy is not DeepSpeed, and the run does not clip gradients under a loss scaler
+    (``amp_clipping``: ``16-mixed`` with ``gradient_clip_val`` > 0).
+
+    A fused optimizer unscales inside its own step, so the gradients a GradScaler scaled cannot
+    be clipped before it; Lightning's ``MixedPrecision.clip_gradients`` (2.6) refuses to clip for
+    any such optimizer. Under ``bf16-mixed`` there is no scaler and nothing to unscale: jobgen's
+    modules clip there themselves (:meth:`jobgen.train.model.LitGPT.configure_gradient_clipping`;
+    Lightning-AI/pytorch-lightning#21435), so fused AdamW stays on. Without clipping, 16-mixed
+    takes it too (GradScaler steps fused optimizers itself). ``params``: tensors, or AdamW
+    parameter groups (dicts with ``params``)."""
     if deepspeed or amp_clipping:
         return False
     tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
     return bool(tensors) and all(p.device.type == "cuda" for p in tensors)
+
+
+def host_scalar(value: float) -> Any:
+    """``value`` as a 0-dim float32 tensor in host memory, for ``LightningModule.log``.
+
+    Lightning logs a Python number as ``torch.tensor(value, device=module.device)``
+    (``LightningModule.__to_tensor``, Lightning 2.6): on a GPU a host-to-device copy from
+    pageable memory, which waits for the device, every step. A host tensor is cloned on the
+    host and its result metric follows its device (``_ResultCollection.log``), so nothing
+    reaches the GPU; the logger reads it at log intervals as it would any metric. float32 is
+    the dtype Lightning gives a logged number.
+    """
+    import torch
+
+    return torch.tensor(value, dtype=torch.float32)
 
 
 def pin_memory(accelerator: str) -> bool:

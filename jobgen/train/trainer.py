@@ -109,8 +109,12 @@ def _fsdp_policies(
     return wrap, ckpt
 
 
-def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | None = None) -> Strategy | str:
+def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | None = None, *,
+                   single_device: bool = False) -> Strategy | str:
     """The Lightning strategy for ``spec.trainer.strategy`` on ``launch.accelerator``.
+
+    ``single_device``: the run takes Lightning's single-device path whatever the spec's strategy
+    (``"auto"``; :func:`jobgen.train.speed.single_device` decides).
 
     ddp: ``DDPStrategy`` with gloo on CPU and NCCL on GPU (``"auto"`` for a single process),
     ``static_graph`` / ``gradient_as_bucket_view`` / ``find_unused_parameters`` from the spec.
@@ -132,6 +136,8 @@ def build_strategy(resolved: ResolvedSpec, spec_path: Path, module: nn.Module | 
             (see :func:`jobgen.train.resolved.load_deepspeed_config`); see :func:`_fsdp_policies`.
     """
     trainer, launch = resolved.spec.trainer, resolved.launch
+    if single_device:
+        return "auto"
     if trainer.strategy == "ddp":
         if launch.world_size == 1:
             return "auto"
@@ -209,7 +215,7 @@ class ValidateEveryNSteps(Callback):
 
 def build_trainer(
     resolved: ResolvedSpec, spec_path: Path, paths: RunPaths, throughput: Throughput,
-    module: nn.Module | None = None, tracker: TrackerLogger | None = None,
+    module: nn.Module | None = None, tracker: TrackerLogger | None = None, single_device: bool = False,
 ) -> tuple[Trainer, StepCheckpoint, CSVLogger]:
     """Create the Trainer (plus its checkpoint callback and CSV logger) for a resolved spec.
 
@@ -223,7 +229,8 @@ def build_trainer(
     :class:`~jobgen.train.tracking.TrackingCallback` that starts it on global rank zero.
 
     ``module`` (the LightningModule to be trained) picks the FSDP wrap classes of a Hugging
-    Face model (:func:`build_strategy`).
+    Face model (:func:`build_strategy`). ``single_device``: train on Lightning's single-device
+    path whatever the spec's strategy (:func:`jobgen.train.speed.single_device`).
 
     Raises:
         ConfigError: ``tensorboard`` is in ``trainer.loggers`` but the package is missing;
@@ -248,7 +255,8 @@ def build_trainer(
         callbacks.append(ValidateEveryNSteps(t.val_check_interval))  # the interval in optimizer steps in every epoch
         accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
     gradient_clip_val = t.gradient_clip_val
-    if t.strategy == "fsdp" and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
+    fsdp = t.strategy == "fsdp" and not single_device
+    if fsdp and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
         callbacks.append(FSDPGradNormClipping(gradient_clip_val))
         gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
     show_bar = sys.stdout.isatty()
@@ -280,7 +288,7 @@ def build_trainer(
         accelerator=launch.accelerator,
         devices=launch.devices_per_node,
         num_nodes=launch.num_nodes,
-        strategy=build_strategy(resolved, spec_path, module),
+        strategy=build_strategy(resolved, spec_path, module, single_device=single_device),
         precision=t.precision,
         max_steps=-1 if t.max_steps is None else t.max_steps,
         max_epochs=-1 if t.max_epochs is None else t.max_epochs,

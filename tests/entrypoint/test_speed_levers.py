@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from jobgen.errors import ConfigError
 from jobgen.specs.trainer import TrainerSpec
 from jobgen.train import speed
 from tests.conftest import require
@@ -40,15 +41,25 @@ def test_the_entrypoint_sets_tf32_from_the_faked_device_query(monkeypatch) -> No
 
     resolved = SimpleNamespace(spec=SimpleNamespace(trainer=TrainerSpec(), model=SimpleNamespace(is_hf=False),
                                                     user_code=None),
-                               launch=SimpleNamespace(accelerator="gpu"))  # fmt: skip
+                               launch=SimpleNamespace(accelerator="gpu", world_size=1))  # fmt: skip
+    monkeypatch.delenv("JOBGEN_LEVERS_OFF", raising=False)
     monkeypatch.setattr(speed, "cuda_capability", lambda: (9, 0))
     levers = run._speed_levers(resolved)
-    assert levers == {"compile": True, "matmul_precision": "high", "pin_memory": True}
+    on = {"single_device": False, "host_logging": True, "fused_clip": True, "off": []}
+    assert levers == {"compile": True, "matmul_precision": "high", "pin_memory": True} | on
     monkeypatch.setattr(speed, "cuda_capability", lambda: (7, 0))
     assert run._speed_levers(resolved)["matmul_precision"] is None
+    monkeypatch.setenv("JOBGEN_LEVERS_OFF", "tf32,pin_memory,compile_auto")  # the before/after switches
+    monkeypatch.setattr(speed, "cuda_capability", lambda: pytest.fail("tf32 off queried the GPU"))
+    assert run._speed_levers(resolved) == {"compile": False, "matmul_precision": None, "pin_memory": False} | on | {
+        "off": ["compile_auto", "pin_memory", "tf32"]}
+    monkeypatch.setenv("JOBGEN_LEVERS_OFF", "tf23")
+    with pytest.raises(ConfigError, match="unknown lever.*'tf23'"):
+        run._speed_levers(resolved)
+    monkeypatch.delenv("JOBGEN_LEVERS_OFF")
     resolved.launch.accelerator = "cpu"
     monkeypatch.setattr(speed, "cuda_capability", lambda: pytest.fail("a CPU launch queried the GPU"))
-    assert run._speed_levers(resolved) == {"compile": False, "matmul_precision": None, "pin_memory": False}
+    assert run._speed_levers(resolved) == {"compile": False, "matmul_precision": None, "pin_memory": False} | on
 
 
 # --- torch.compile ----------------------------------------------------------------------------
@@ -117,16 +128,9 @@ def test_configure_optimizers_passes_fused_from_the_parameters_device(monkeypatc
     assert made[-1]["fused"] is True
 
 
-def test_fused_adamw_never_meets_lightnings_clipping_refusal(monkeypatch) -> None:
-    """Seen on an H200 (gpu_suite gpt124m-bf16, llama7b-qlora-ddp): under ``bf16-mixed`` with
-    ``gradient_clip_val`` Lightning's MixedPrecision plugin refuses any optimizer that unscales
-    itself ("does not allow for gradient clipping ... Are you using a 'fused' optimizer?"), loss
-    scaling or not. Reproduced on CPU: a real fit, bf16-mixed, clipping on, with the lever's
-    device rule widened to CPU tensors (torch's fused AdamW runs on CPU too)."""
-    import lightning as L
-
-    from jobgen.train.model import LitGPT
-
+def _fused_on_cpu(monkeypatch) -> list[dict]:
+    """Widen the fused-AdamW lever's device rule to CPU tensors (torch's fused AdamW runs on CPU
+    too) and record every ``torch.optim.AdamW`` call's keyword arguments."""
     real = speed.fused_adamw
     monkeypatch.setattr(speed, "fused_adamw", lambda params, **kw: real(
         [SimpleNamespace(device=torch.device("cuda")) for _ in [0]], **kw))  # "every parameter on CUDA"
@@ -138,18 +142,84 @@ def test_fused_adamw_never_meets_lightnings_clipping_refusal(monkeypatch) -> Non
         return adamw(params, **kwargs)
 
     monkeypatch.setattr(torch.optim, "AdamW", spy)
-    module = LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2)
-    data = [torch.randint(0, 256, (2, 9)) for _ in range(2)]
-    loader = torch.utils.data.DataLoader([(x[:, :-1][0], x[:, 1:][0]) for x in data], batch_size=1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", gradient_clip_val=1.0, max_steps=2,
+    return made
+
+
+def _byte_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, 256, (9,), generator=gen) for _ in range(n)]
+    return [(x[:-1], x[1:]) for x in data]
+
+
+def _fit(module, precision: str, clip: float | None, steps: int, batches) -> None:  # noqa: ANN001
+    """A real fit on CPU. ``16-mixed`` is Lightning's plugin with a GradScaler given explicitly
+    (the Trainer maps ``precision="16-mixed"`` to bf16 on CPU)."""
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    loader = torch.utils.data.DataLoader(batches, batch_size=2)
+    precision_args: dict = ({"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}
+                            if precision == "16-mixed" else {"precision": precision})
+    trainer = L.Trainer(accelerator="cpu", devices=1, gradient_clip_val=clip, max_steps=steps, **precision_args,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=loader)
-    assert made and "fused" not in made[-1]  # clipping under mixed precision: the unfused optimizer
-    # without clipping the same run takes the fused one
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=2,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2), train_dataloaders=loader)
+
+
+def test_fused_adamw_clips_under_bf16_mixed_exactly_as_a_plain_fused_loop(monkeypatch) -> None:
+    """Lightning's MixedPrecision plugin refuses to clip for any optimizer that unscales itself
+    ("does not allow for gradient clipping ... Are you using a 'fused' optimizer?"; seen on an
+    H200 under bf16-mixed), although bf16 has no loss scaler (Lightning-AI/pytorch-lightning
+    #21435). The module clips itself there: a real fit under bf16-mixed with clipping now takes
+    fused AdamW (the lever's device rule widened to CPU tensors) and ends with exactly the
+    parameters of a plain loop: autocast forward, backward, ``clip_grad_norm_``, fused AdamW
+    step, the same schedule. A clip bound of 0.05 clips every step."""
+    from jobgen.train.model import LitGPT
+
+    made = _fused_on_cpu(monkeypatch)
+    steps, batches = 4, _byte_batches(8)
+    torch.manual_seed(0)
+    module = LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=steps, warmup_steps=2)
+    plain = LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=steps, warmup_steps=2)
+    plain.load_state_dict(module.state_dict())
+    _fit(module, "bf16-mixed", 0.05, steps, batches)
     assert made[-1].get("fused") is True
+
+    groups = plain.parameter_groups()
+    optimizer = torch.optim.AdamW(groups, lr=plain.hparams.learning_rate, betas=(0.9, 0.95), fused=True)
+    from jobgen.train.model import lr_factor
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, 2, steps))
+    loader = torch.utils.data.DataLoader(batches, batch_size=2)
+    norms = []
+    for _, (x, y) in zip(range(steps), loader):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            loss = plain.loss(plain(x), y)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 0.05)))
+        optimizer.step()
+        schedule.step()
+    assert min(norms) > 0.05  # every step was clipped
+    for (name, ours), theirs in zip(module.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+
+
+def test_16_mixed_keeps_lightnings_rule_and_the_lever_switch_restores_the_old_choice(monkeypatch) -> None:
+    """Under 16-mixed the GradScaler scales the gradients, which a fused optimizer unscales only
+    inside its step: clipping there keeps the unfused optimizer (Lightning's rule). With
+    ``JOBGEN_LEVERS_OFF=fused_clip`` bf16-mixed with clipping takes the unfused optimizer again,
+    as before the lever; without clipping both precisions take the fused one."""
+    from jobgen.train.model import LitGPT
+
+    made = _fused_on_cpu(monkeypatch)
+    batches = _byte_batches(4)
+    _fit(LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2), "16-mixed", 1.0, 2, batches)
+    assert "fused" not in made[-1]
+    _fit(LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2), "16-mixed", None, 2, batches)
+    assert made[-1].get("fused") is True
+    monkeypatch.setenv("JOBGEN_LEVERS_OFF", "fused_clip")
+    _fit(LitGPT(n_layer=1, n_head=2, d_model=16, block_size=8, max_steps=2), "bf16-mixed", 1.0, 2, batches)
+    assert "fused" not in made[-1]
 
 
 # --- pinned memory ----------------------------------------------------------------------------
@@ -232,3 +302,160 @@ def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: 
     assert not off_interval, f"host reads at steps {off_interval} (log steps {sorted(log_steps)}): {reads}"
     assert {step for step, _ in reads} >= {every}, reads  # the spy sees the log-interval reads
     assert not synchronize
+
+
+# --- host <-> device traffic per step, both directions, every layout (issue 28) -------------
+
+#: Where a sharding engine itself moves host values or reads the device every step (its own code,
+#: not jobgen's or Lightning's): allowed in the layouts that run the engine (``JOBGEN_LEVERS_OFF=
+#: single_device`` at world size 1 here; every multi-rank run of that strategy).
+ENGINE_FILES = ("/deepspeed/", "/torch/distributed/fsdp/")
+
+
+def _caller_files(limit: int = 12) -> list[str]:
+    return [frame.filename for frame in traceback.extract_stack(limit=limit)[:-2]]
+
+
+@pytest.mark.parametrize(("strategy", "levers_off"), [
+    ("ddp", ""),
+    ("fsdp", ""),                                  # world size 1: the single-device path
+    ("deepspeed_stage_2", ""),
+    ("fsdp", "single_device"),                     # FSDP itself at world size 1
+    ("deepspeed_stage_2", "single_device"),        # DeepSpeed's engine itself
+    ("ddp", "host_logging"),                       # the lever off: Lightning's per-step copies are back
+])  # fmt: skip
+def test_no_host_device_traffic_per_step_in_either_direction(tmp_path: Path, monkeypatch, request, strategy: str,
+                                                             levers_off: str) -> None:
+    """Counts, per global step of training (sanity check and validation excluded), each way a
+    step can wait for the device on a GPU, on this CPU run of the same code:
+
+    - device to host: ``Tensor.item`` / ``float`` / ``int`` / ``bool`` / ``tolist``;
+    - host to device: ``torch.tensor(value, device=...)`` / ``torch.as_tensor(..., device=...)``
+      of host values: Lightning's ``self.log`` of a Python number does this with the module's
+      device, on a GPU a copy from pageable memory that waits for the queued work;
+    - synchronisation: ``torch.cuda.synchronize`` and DeepSpeed's ``get_accelerator().synchronize``
+      (its throughput timer synchronises at every step unless ``ds_config.json`` turns it off).
+
+    Allowed only at log steps (every ``log_every_n_steps`` and the last), except inside the
+    sharding engines' own code (:data:`ENGINE_FILES`) where they run. torch.optim's own host
+    step counter (the single-tensor AdamW of a CPU run) is left out (a GPU run's fused AdamW
+    keeps it on the device), and so are a data sampler's index lists (host tensors only).
+    """
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.planning.deepspeed import deepspeed_config
+    from jobgen.planning.rules import World
+    from jobgen.specs.training import TrainingSpec
+    from jobgen.train import run
+    from jobgen.train.__main__ import check_data
+    from jobgen.train.callbacks import Throughput
+    from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+
+    monkeypatch.setenv("JOBGEN_LEVERS_OFF", levers_off)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    steps, every = 8, 4
+    spec = _merge(TINY_SPEC, {"trainer": {"max_steps": steps, "val_check_interval": 100, "log_every_n_steps": every,
+                                          "strategy": strategy, "gradient_clip_val": 1.0},
+                              "checkpoint": {"every_n_steps": 100}})  # fmt: skip
+    launch: dict[str, object] = {"devices_per_node": 1, "world_size": 1}
+    if strategy.startswith("deepspeed"):
+        request.getfixturevalue("deepspeed_cpu_ops")
+        config = deepspeed_config(TrainingSpec.model_validate(spec), World(1, 1, "cpu", micro_batch_size=4))
+        (tmp_path / "ds_config.json").write_text(json.dumps(config))
+        launch["deepspeed_config"] = "ds_config.json"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(resolved_doc(spec, **launch)))
+    resolved = load_resolved_spec(path)
+    sources, layout = check_data(resolved.spec)
+
+    live: dict[str, object] = {}
+    events: list[tuple[int, str, str]] = []  # (global step, what, where)
+
+    def training_step() -> int | None:
+        trainer = live.get("trainer")
+        if trainer is not None and trainer.training and not trainer.sanity_checking:  # type: ignore[attr-defined]
+            return trainer.global_step  # type: ignore[attr-defined]
+        return None
+
+    def record(kind: str, files: list[str]) -> None:
+        step = training_step()
+        if step is not None:
+            where = next((f for f in reversed(files) if "/site-packages/" in f or "/jobgen/" in f), files[-1])
+            events.append((step, kind, where))
+
+    def reads(name: str, original):  # noqa: ANN001, ANN202
+        def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
+            if training_step() is not None:
+                files = _caller_files(6)
+                if not any(("/torch/optim/" in f or "/torch/utils/data/" in f) for f in files):
+                    record(f"d2h Tensor.{name}", files)
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in SYNC_METHODS:
+        monkeypatch.setattr(torch.Tensor, name, reads(name, getattr(torch.Tensor, name)))
+
+    def creates(name: str, original):  # noqa: ANN001, ANN202
+        def wrapper(data, *args, **kwargs):  # noqa: ANN001, ANN202
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor) and training_step() is not None:
+                files = _caller_files(6)
+                if not any("/torch/optim/" in f for f in files):
+                    record(f"h2d torch.{name}(device=...)", files)
+            return original(data, *args, **kwargs)
+
+        return wrapper
+
+    for name in ("tensor", "as_tensor"):
+        monkeypatch.setattr(torch, name, creates(name, getattr(torch, name)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: record("sync torch.cuda.synchronize", _caller_files()))
+    if strategy.startswith("deepspeed"):
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        original_sync = accelerator.synchronize
+
+        def ds_sync(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            record("sync deepspeed get_accelerator().synchronize", _caller_files())
+            return original_sync(*args, **kwargs)
+
+        monkeypatch.setattr(accelerator, "synchronize", ds_sync)
+
+    on_train_start = Throughput.on_train_start
+
+    def remember(self, trainer, pl_module):  # noqa: ANN001, ANN202
+        live["trainer"] = trainer
+        return on_train_start(self, trainer, pl_module)
+
+    monkeypatch.setattr(Throughput, "on_train_start", remember)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    assert run.train(resolved, path, tmp_path / "run", sources, layout, time.time()) == 0
+    single = strategy != "ddp" and "single_device" not in levers_off
+    log_steps = {s for s in range(1, steps + 1) if s % every == 0} | {steps}
+    engine = not single and strategy != "ddp"
+    off_interval = [e for e in events if e[0] not in log_steps and not (engine and any(x in e[2] for x in ENGINE_FILES))]
+    if levers_off == "host_logging":  # the spies see what the lever removes: Lightning's copy of each logged number
+        assert any("h2d torch.tensor" in kind and "lightning/pytorch/core/module.py" in where
+                   for step, kind, where in off_interval), events
+        return
+    assert not off_interval, f"host<->device traffic at non-log steps (log steps {sorted(log_steps)}): {off_interval}"
+    assert {e[0] for e in events} >= {every}, events  # the spies see the log-interval reads
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["layout"] == ("single_device" if single else strategy)
+
+
+def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_off() -> None:
+    """DeepSpeed's ThroughputTimer synchronises the device at every micro batch while enabled
+    (its default); the config jobgen renders turns it off, read back by DeepSpeed's own parser."""
+    require("deepspeed", "deepspeed not installed")
+    from deepspeed.utils.config import get_timers_config
+
+    from jobgen.planning.deepspeed import deepspeed_config
+    from jobgen.planning.rules import World
+    from jobgen.specs.training import TrainingSpec
+    from tests.entrypoint.conftest import TINY_SPEC, _merge
+
+    assert get_timers_config({}).enabled and get_timers_config({}).synchronized  # DeepSpeed's default
+    spec = TrainingSpec.model_validate(_merge(TINY_SPEC, {"trainer": {"strategy": "deepspeed_stage_2"}}))
+    config = deepspeed_config(spec, World(1, 2, "gpu", micro_batch_size=4))
+    assert get_timers_config(config).enabled is False
