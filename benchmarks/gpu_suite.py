@@ -367,8 +367,11 @@ def skip_reason(row: Row, gpu: dict[str, Any] | None, cpu: dict[str, Any], cpu_m
 
 
 def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, steps: int, timeout: float,
-            extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Plan and submit one row through jobgen's CLI (``extra``: more ``--set`` overrides, last); read its summary.json."""
+            extra: tuple[str, ...] = (), levers_off: str = "", suffix: str = "") -> dict[str, Any]:
+    """Plan and submit one row through jobgen's CLI (``extra``: more ``--set`` overrides, last); read its summary.json.
+
+    ``levers_off``: ``JOBGEN_LEVERS_OFF`` for the run (jobgen.train.speed: the levers' "before");
+    ``suffix``: appended to the run's name (``-before``), so both runs keep their directories."""
     ranks = {"1": 1, "2": 2, "all": gpu["count"] if gpu else 2}[row.ranks]
     result: dict[str, Any] = {"ranks": ranks}
     try:
@@ -377,19 +380,22 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
         return result | {"status": f"failed: building the {row.model} spec: {type(exc).__name__}: {exc}"}
     # log often enough that a short run has a logged train loss at its end
     sets = [*row.overrides(), f"resources.devices_per_node={ranks}", f"trainer.log_every_n_steps={min(5, steps)}", *extra]
+    if suffix:
+        sets.append(f"name={row.name}{suffix}")
     planned, plan_note, overhead = planned_bytes(spec, profile, sets)
     argv = [sys.executable, "-m", "jobgen.cli", "submit", str(spec), "--profile", str(profile),
             "--runs-dir", str(out / "runs"), "--smoke", str(steps), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
-    log = out / "logs" / f"{row.name}.log"
+    log = out / "logs" / f"{row.name}{suffix}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = out / "runs" / f"{row.name}-smoke"
+    run_dir = out / "runs" / f"{row.name}{suffix}-smoke"
     result |= {"spec": str(spec), "overrides": sets, "command": argv, "log": str(log), "run_dir": str(run_dir),
                "planned_bytes": planned, "planned_overhead_bytes": overhead, "plan_note": plan_note}  # fmt: skip
     summary_path = run_dir / "summary.json"
     summary_path.unlink(missing_ok=True)
     started = time.perf_counter()
     with log.open("w") as fh:
-        proc = subprocess.Popen(argv, env=child_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        env = child_env() | ({"JOBGEN_LEVERS_OFF": levers_off} if levers_off else {})
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -408,11 +414,18 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
     if not summary_path.is_file():
         return result | {"status": "failed: no summary.json"}
     summary = json.loads(summary_path.read_text())
-    tps, peak = summary.get("tokens_per_s_mean"), summary.get("peak_memory_bytes")
+    # steady state (the later half of the timed steps) where the entrypoint reports it, else the mean
+    tps = summary.get("tokens_per_s_steady") or summary.get("tokens_per_s_mean")
+    peak = summary.get("peak_memory_bytes")
     result |= {
         "summary_json": str(summary_path),
         "tokens_per_s": tps,
-        "mfu": summary.get("mfu_mean"),
+        "tokens_per_s_mean": summary.get("tokens_per_s_mean"),
+        "mfu": summary.get("mfu_steady") or summary.get("mfu_mean"),
+        "flops_per_token": summary.get("flops_per_token"),
+        "layout": summary.get("layout"),
+        "levers": summary.get("levers"),
+        "levers_off": levers_off,
         "peak_memory_bytes": peak,
         "peak_memory_kind": summary.get("peak_memory_kind"),
         "ratio": round(peak / planned, 3) if peak and planned else None,
@@ -451,7 +464,7 @@ def run_plain(row: Row, res: dict[str, Any], out: Path, cpu: dict[str, Any], tim
     if proc.returncode != 0 or not json_out.is_file():
         return {"plain_status": f"failed: exit {proc.returncode}: {error_line(proc.stdout + proc.stderr)}", "plain_log": str(log)}
     plain = json.loads(json_out.read_text())
-    tps, ours = plain.get("tokens_per_s"), res.get("tokens_per_s")
+    tps, ours = plain.get("tokens_per_s_steady") or plain.get("tokens_per_s"), res.get("tokens_per_s")
     return {"plain_status": "ok", "plain_log": str(log), "plain": plain, "plain_tokens_per_s": tps,
             "jobgen_over_plain": round(ours / tps, 3) if ours and tps else None}  # fmt: skip
 
@@ -461,18 +474,19 @@ def fmt(value: Any, spec: str, unit: str = "") -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'row':<22} {'ranks':>5} {'tokens/s':>10} {'plain':>10} {'j/plain':>7} {'MFU':>6} {'peak GiB':>9} "
-            f"{'plan GiB':>9} {'ratio':>6} {'loss':>7} {'wall s':>7}  status")  # fmt: skip
+    head = (f"{'row':<22} {'ranks':>5} {'tokens/s':>10} {'before':>10} {'a/b':>5} {'plain':>10} {'j/plain':>7} "
+            f"{'MFU':>6} {'peak GiB':>9} {'plan GiB':>9} {'ratio':>6} {'val':>7} {'wall s':>7}  status")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = r.get("peak_memory_bytes")
         lines.append(
             f"{r['name']:<22} {fmt(r.get('ranks'), 'd'):>5} {fmt(r.get('tokens_per_s'), ',.0f'):>10} "
+            f"{fmt((r.get('before') or {}).get('tokens_per_s'), ',.0f'):>10} {fmt(r.get('after_over_before'), '.2f'):>5} "
             f"{fmt(r.get('plain_tokens_per_s'), ',.0f'):>10} {fmt(r.get('jobgen_over_plain'), '.3f'):>7} "
             f"{fmt(None if r.get('mfu') is None else 100 * r['mfu'], '.1f', '%'):>6} "
             f"{fmt(None if peak is None else peak / GIB, '.2f'):>9} "
             f"{fmt(None if r.get('planned_bytes') is None else r['planned_bytes'] / GIB, '.2f'):>9} "
-            f"{fmt(r.get('ratio'), '.2f'):>6} {fmt(r.get('final_loss'), '.3f'):>7} {fmt(r.get('wall_s'), '.1f'):>7}  {r['status']}"
+            f"{fmt(r.get('ratio'), '.2f'):>6} {fmt(r.get('val_loss'), '.3f'):>7} {fmt(r.get('wall_s'), '.1f'):>7}  {r['status']}"
         )
     return "\n".join(lines)
 
@@ -487,6 +501,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="a spec override for every row run, after the row's own (repeatable), "
                              "e.g. --set trainer.micro_batch_size=16")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed (default 900)")
+    parser.add_argument("--before", metavar="LEVERS", default="",
+                        help="also run each row with JOBGEN_LEVERS_OFF=LEVERS (comma-separated names of "
+                             "jobgen.train.speed.LEVERS), the 'before' column beside each row")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="start no run after this many seconds from the suite's start (the rows left "
+                             "are 'unmeasured: deadline'); the JSON is written after every row")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain-loop ceiling beside the GPT rows")
     args = parser.parse_args(argv)
     names = [r.name for r in ROWS]
     wanted = names if args.rows is None else [n.strip() for n in args.rows.split(",") if n.strip()]
@@ -518,46 +539,68 @@ def main(argv: list[str] | None = None) -> int:
     # --rows: those rows, in the order given (issue 21); default: the suite's order (CPU rows in CPU mode)
     selected = ([by_name[n] for n in dict.fromkeys(wanted)] if args.rows is not None
                 else [r for r in ROWS if r.device == "gpu" or cpu_mode])
+    import lightning
+
+    from jobgen.train.speed import levers_off
+
+    levers_off({"JOBGEN_LEVERS_OFF": args.before})  # refuse an unknown lever before any run
+    started = time.perf_counter()
     results: list[dict[str, Any]] = []
+
+    def write_json() -> None:  # after every row: a suite stopped by a time limit keeps what it measured
+        doc = {
+            "mode": "cpu" if cpu_mode else "gpu",
+            "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+            "steps": steps,
+            "before": args.before or None,
+            "load_average_before": load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "cpu": cpu,
+            "gpu": gpu,
+            "profile": str(profile),
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "python": platform.python_version(),
+            "rows": results,
+        }
+        (out / "gpu_suite.json").write_text(json.dumps(doc, indent=2) + "\n")
+
     for i, row in enumerate(selected, 1):
         base = {"name": row.name, "device": row.device, "model": row.model, "precision": row.precision,
                 "strategy": row.strategy, "compile": row.compile}  # fmt: skip
         reason = skip_reason(row, gpu, cpu, cpu_mode)
         if reason is None and row.device == "cpu" and not cpu_mode:
             reason = "unmeasured: CPU row in GPU mode (give --cpu)"
+        if reason is None and args.deadline is not None and time.perf_counter() - started > args.deadline:
+            reason = f"unmeasured: deadline ({args.deadline:.0f} s) passed"
         if reason is not None:
             print(f"[{i}/{len(selected)}] {row.name}: {reason}", flush=True)
             results.append(base | {"status": reason})
+            write_json()
             continue
         print(f"[{i}/{len(selected)}] {row.name}: running {steps} steps ({row.model}, {row.precision}, {row.strategy}"
               f"{', compile' if row.compile else ''}) ...", flush=True)  # fmt: skip
         res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets))
         print(f"[{i}/{len(selected)}] {row.name}: {res['status']} ({fmt(res.get('tokens_per_s'), ',.0f')} tok/s, "
               f"{res.get('wall_s')} s; log {res.get('log')})", flush=True)  # fmt: skip
-        if row.model.startswith("gpt"):
+        if row.model.startswith("gpt") and not args.no_plain and row.strategy == "ddp":
+            # one plain ceiling per model, precision and compile: the plain loop has no strategy
             res |= run_plain(row, res, out, cpu, args.timeout)
             print(f"[{i}/{len(selected)}] {row.name}: plain loop {res['plain_status']} "
                   f"({fmt(res.get('plain_tokens_per_s'), ',.0f')} tok/s; jobgen / plain "
                   f"{fmt(res.get('jobgen_over_plain'), '.3f')})", flush=True)  # fmt: skip
         results.append(res)
+        write_json()
+        if args.before and (args.deadline is None or time.perf_counter() - started <= args.deadline):
+            before = run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets),
+                             levers_off=args.before, suffix="-before")
+            res["before"] = before
+            ours, theirs = res.get("tokens_per_s"), before.get("tokens_per_s")
+            res["after_over_before"] = round(ours / theirs, 3) if ours and theirs else None
+            print(f"[{i}/{len(selected)}] {row.name}: before (JOBGEN_LEVERS_OFF={args.before}) {before['status']} "
+                  f"({fmt(theirs, ',.0f')} tok/s; after / before {fmt(res['after_over_before'], '.2f')})", flush=True)
+            write_json()
 
-    import lightning
-
-    doc = {
-        "mode": "cpu" if cpu_mode else "gpu",
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
-        "steps": steps,
-        "load_average_before": load_before,
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "cpu": cpu,
-        "gpu": gpu,
-        "profile": str(profile),
-        "torch": torch.__version__,
-        "lightning": lightning.__version__,
-        "python": platform.python_version(),
-        "rows": results,
-    }
-    (out / "gpu_suite.json").write_text(json.dumps(doc, indent=2) + "\n")
     print()
     print(table(results))
     print(f"\nwrote {out / 'gpu_suite.json'}")

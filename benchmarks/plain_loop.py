@@ -22,7 +22,10 @@ step, with allocation and compilation, is left out) to the end of the last step,
 synchronisation at both ends on CUDA. One process (the single-device ceiling; multi-rank runs
 have no plain figure here). CPU: as many threads as the jobgen rank had (``OMP_NUM_THREADS``).
 
-Prints one line and, with --json, writes ``{"tokens_per_s", "final_loss", "steps", "device",
+``tokens_per_s_steady``: the later half of those steps alone (one more device synchronisation
+at its start), as the entrypoint's ``tokens_per_s_steady``.
+
+Prints one line and, with --json, writes ``{"tokens_per_s", "tokens_per_s_steady", "final_loss", "steps", "device",
 "precision", "compile", "fused_adamw", "peak_memory_bytes"}``.
 """
 
@@ -104,6 +107,7 @@ def plain_loop(run_dir: Path, *, device: str | None = None, compile_net: bool | 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     accumulated, step, started, loss = 0, 0, 0.0, None
+    middle, middle_time = WARMUP_STEPS + 1 + (steps - WARMUP_STEPS) // 2, 0.0
     for x, y in loader:
         x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
         with autocast():
@@ -129,14 +133,20 @@ def plain_loop(run_dir: Path, *, device: str | None = None, compile_net: bool | 
         if step == WARMUP_STEPS:
             sync()
             started = time.perf_counter()
+        if step == middle:  # the later half's start, as the entrypoint's Throughput.steady_seconds_per_step
+            sync()
+            middle_time = time.perf_counter()
         if step == steps:
             break
     sync()
-    elapsed = time.perf_counter() - started
+    ended = time.perf_counter()
+    elapsed = ended - started
     timed = steps - WARMUP_STEPS
     tokens_per_step = batch * spec.model.block_size
+    steady = (steps - middle) * tokens_per_step / (ended - middle_time) if steps > middle and ended > middle_time else None
     return {
         "tokens_per_s": timed * tokens_per_step / elapsed if timed > 0 and elapsed > 0 else None,
+        "tokens_per_s_steady": steady,
         "final_loss": None if loss is None else float(loss),
         "steps": steps,
         "device": device,

@@ -25,7 +25,7 @@ from jobgen.train.measure import mfu, peak_memory
 from jobgen.train.speed import host_scalar, lever_on
 
 STEADY_WINDOW = 1000
-"""Steps in :attr:`Throughput.steady_seconds_per_step`'s median at most (the later half of the
+"""Steps in :attr:`Throughput.steady_seconds_per_step`'s span at most (the later half of the
 last ``2 x STEADY_WINDOW`` timed steps)."""
 
 
@@ -98,8 +98,10 @@ class Throughput(Callback):
         self._last_step: int | None = None
         self._last_time = 0.0
         self._val_started: float | None = None
-        self._step_seconds: deque[float] = deque(maxlen=2 * STEADY_WINDOW)
-        """Seconds per optimizer step of the latest timed steps (for :attr:`steady_seconds_per_step`)."""
+        self._paused = 0.0
+        """Seconds spent in validation during fit so far (left out of the step clock)."""
+        self._step_ends: deque[tuple[int, float]] = deque(maxlen=2 * STEADY_WINDOW)
+        """``(global step, perf_counter)`` at the end of the latest timed steps (:attr:`steady_seconds_per_step`)."""
         self.host_logging = lever_on("host_logging")
         """Log the per-step rates as host tensors (:func:`jobgen.train.speed.host_scalar`)."""
 
@@ -190,7 +192,7 @@ class Throughput(Callback):
         self.seconds_timed += elapsed
         self.samples_timed += samples or 0
         self.seconds_per_step = self.seconds_timed / self.steps_timed
-        self._step_seconds.append(elapsed / steps)
+        self._step_ends.append((step, now - self._paused))
 
     @staticmethod
     def _log_host(pl_module: LightningModule, name: str, value: float) -> None:
@@ -203,18 +205,20 @@ class Throughput(Callback):
 
     @property
     def steady_seconds_per_step(self) -> float | None:
-        """The median wall time of one optimizer step over the later half of the timed steps
-        (seconds; at most the last :data:`STEADY_WINDOW` steps), ``None`` before two timed steps.
+        """Mean wall time of one optimizer step over the later half of the timed steps (at most
+        the last :data:`STEADY_WINDOW`), in seconds; ``None`` before two timed steps.
 
-        The mean (``seconds_per_step``) includes every one-off after the first step (compilation
-        of a second graph, the allocator's growth, a validation's after-effects); the median of
-        the later steps is what the run settles at.
+        The full mean (``seconds_per_step``) includes every one-off after the first step
+        (compiling a second graph, the allocator's growth, the after-effects of a validation).
+        Clock to clock over a span of steps rather than a median of single steps: the host
+        queues a GPU's work ahead of it between the log steps' reads, so a single step's host
+        time is not its device time, while a span's is, to within the queue's depth.
         """
-        times = list(self._step_seconds)
-        if len(times) < 2:
+        if len(self._step_ends) < 3:
             return None
-        later = sorted(times[len(times) // 2:])
-        return later[len(later) // 2] if len(later) % 2 else (later[len(later) // 2 - 1] + later[len(later) // 2]) / 2
+        points = list(self._step_ends)
+        (s0, t0), (s1, t1) = points[len(points) // 2], points[-1]
+        return (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else None
 
     @property
     def steady_tokens_per_s(self) -> float | None:
@@ -237,7 +241,9 @@ class Throughput(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Resume the clock after validation."""
         if self._val_started is not None and trainer.state.fn == TrainerFn.FITTING:
-            self._last_time += time.perf_counter() - self._val_started
+            paused = time.perf_counter() - self._val_started
+            self._last_time += paused
+            self._paused += paused
         self._val_started = None
 
 
