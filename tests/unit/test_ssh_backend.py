@@ -365,3 +365,40 @@ def test_logs_name_the_nodes_of_the_job(tmp_path, monkeypatch, quickstart):
         api.logs(str(result.handle), LogOptions(rank="0"), lambda _: None)
     with pytest.raises(ConfigError, match="no submission of ssh://elsewhere/x is recorded on this machine"):
         api.status("ssh://elsewhere/x")
+
+
+# --------------------------------------------------------------------------- issue 29: hostile names and workdirs
+
+#: Names that tar (or another remote tool) would read as escapes: GNU tar un-escapes ``\057`` (``/``),
+#: ``\t``, ``\\`` in its ``-C`` directory, so ``..\057..\057escaped`` left the run directory.
+TAR_ESCAPES = ["..\\057..\\057escaped", "tab\\tand\\\\", "oct\\101\\", "nel\x85del\x7f", "日本語 é"]
+
+
+@pytest.mark.parametrize("where", ["name", "workdir"])
+@pytest.mark.parametrize("name", [*TAR_ESCAPES, *[a for a in ADVERSARIAL if not a.startswith("-")]])
+def test_the_copy_lands_in_the_run_directory_whatever_the_job_and_workdir_names(tmp_path, name, where):
+    """The copy, as a host runs it, with ``name`` as the job name or in the workdir: launch.sh
+    and spec.json arrive in ``<workdir>/<job name>/job/`` byte for byte, and nothing is written
+    anywhere else on the host (``a/escaped`` exists, as a directory an attacker aims at would)."""
+    host = tmp_path / "host"
+    (host / "a" / "escaped").mkdir(parents=True)
+    workdir = host / "a" / "b" / "runs"
+    settings = SshSettings(hosts=("h",), workdir=str(workdir / name if where == "workdir" else workdir))
+    prof = ClusterProfile(name="t", scheduler="ssh", max_nodes=1, ssh=settings)
+    job_name = name if where == "name" else "quickstart"
+    spec = load_spec(EXAMPLES / "quickstart.yaml", [f"name={json.dumps(job_name)}"])
+    assert spec.name == job_name
+    job_plan = plan_job(spec, prof, TEMPLATES)
+    job_dir = tmp_path / "local" / "job"
+    job_plan.write(job_dir)
+    archive = io.BytesIO()
+    ssh.pack(job_dir, None, archive)
+    run = run_dir(settings, job_name)
+    copied = sh(copy_command(run), data=archive.getvalue())
+    assert copied.returncode == 0, copied.stderr
+    for file in (LAUNCH_FILE, SPEC_FILE):
+        assert (Path(run) / "job" / file).read_bytes() == (job_dir / file).read_bytes()
+    inside = Path(run).relative_to(host)
+    written = [p.relative_to(host) for p in host.rglob("*")]
+    strays = [p for p in written if not (p == inside or inside in p.parents or p in inside.parents or p.parts == ("a", "escaped"))]
+    assert strays == []
