@@ -1,0 +1,58 @@
+"""Hostile input, second round (issue 29): every value a user controls on the ssh, tracker, sweep,
+notify and Kubernetes surfaces is either refused at load, exit 2, with the file and the field
+named, or arrives intact byte for byte where it is used. Never a traceback, never a half-written
+job directory. In-process through click's CliRunner (as tests/unit/test_cli_output.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from jobgen.cli import cli
+from tests.conftest import EXAMPLES, write
+
+QUICKSTART = str(EXAMPLES / "quickstart.yaml")
+
+
+def invoke(*args: str):
+    """``jobgen ARGS`` in this process; the result has ``exit_code``, ``stdout``, ``stderr``."""
+    return CliRunner().invoke(cli, list(args), prog_name="jobgen")
+
+
+def refused(result, *words: str) -> str:
+    """The error text of a refusal: exit 2 (never a traceback) naming each of ``words``."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    text = result.stderr + result.stdout
+    assert "Traceback" not in text
+    for word in words:
+        assert word in text, (word, text)
+    return text
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+
+
+# --------------------------------------------------------------------------- finding 3: names in bytes
+
+@pytest.mark.parametrize("name", ["日" * 100, "é" * 128], ids=["cjk-100", "e-acute-128"])
+def test_a_job_name_too_long_in_bytes_is_refused_naming_the_field(tmp_path, name):
+    """At most 128 characters but over 255 bytes: the job directory could not be made
+    (``OSError: File name too long``, a traceback). Refused at load, naming the field."""
+    refused(invoke("render", QUICKSTART, "-p", "slurm-a100", "--set", f"name={name}"), "name", "bytes")
+    spec = write(tmp_path / "s.yaml", Path(QUICKSTART).read_text() + f"\nname: {name}\n")
+    refused(invoke("render", str(spec), "-p", "slurm-a100"), "name", "bytes", str(spec))
+    assert not (tmp_path / "manifests").exists() or not any((tmp_path / "manifests").rglob("*.json"))
+
+
+def test_a_long_name_that_fits_in_bytes_renders(tmp_path):
+    name = "日" * 60  # 180 bytes: its directory, and <name>-smoke, fit a file system's 255
+    result = invoke("render", QUICKSTART, "-p", "slurm-a100", "--set", f"name={name}")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "manifests" / "slurm-a100" / name / "spec.json").read_text())["spec"]["name"] == name
