@@ -56,3 +56,21 @@ def test_a_long_name_that_fits_in_bytes_renders(tmp_path):
     result = invoke("render", QUICKSTART, "-p", "slurm-a100", "--set", f"name={name}")
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "manifests" / "slurm-a100" / name / "spec.json").read_text())["spec"]["name"] == name
+
+
+# --------------------------------------------------------------------------- finding 4: --sweep values
+
+@pytest.mark.parametrize("value", ["a'b", 'a"b', "it's", "$(touch PWNED)", "日本"])
+def test_a_sweep_value_with_a_quote_inside_a_word_is_its_own_point(tmp_path, value):
+    """``--sweep "env.JG_PAYLOAD=a'b,plain"`` rendered ONE job with ``a'b,plain``: two, each intact."""
+    result = invoke("render", QUICKSTART, "-p", "slurm-a100", "--sweep", f"env.JG_PAYLOAD={value},plain")
+    assert result.exit_code == 0, result.stderr
+    payloads = sorted(json.loads(p.read_text())["spec"]["env"]["JG_PAYLOAD"]
+                      for p in (tmp_path / "manifests" / "slurm-a100").glob("*/spec.json"))
+    assert payloads == sorted([value, "plain"])
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_a_sweep_value_the_grammar_cannot_split_is_refused_before_anything_is_written(tmp_path):
+    refused(invoke("render", QUICKSTART, "-p", "slurm-a100", "--sweep", "env.JG_PAYLOAD='a,plain"), "--sweep", "unterminated quote")
+    assert not (tmp_path / "manifests").exists()
