@@ -80,6 +80,14 @@ def ssh_profile(tmp_path: Path, ssh_section: str, **top: object) -> ClusterProfi
     ("{hosts: [a, b], workdir: /w, options: [ProxyJump]}", {}, r"is not Key=Value"),
     ("{hosts: [a, b], workdir: /w}", {"max_nodes": 3}, r"max_nodes=3 but ssh\.hosts lists 2 host\(s\)"),
     ("{hosts: [a, b], workdir: /w, user: '-l'}", {}, r"user '-l' is empty or starts with '-'"),
+    # issue 29: OpenSSH (9.6 valid_ruser) refuses '-' after a blank and '\' at the end of a user name
+    ("{hosts: [a, b], workdir: /w, user: 'bob -oProxyCommand=touch x'}", {}, r"ssh\.user: .*'-' after a blank"),
+    ("{hosts: [a, b], workdir: /w, user: 'alice smith -i'}", {}, r"ssh\.user: .*'-' after a blank"),
+    ("{hosts: [a, b], workdir: /w, user: 'bob\\'}", {}, r"ssh\.user: .*holds '\\\\'"),
+    # options that run a program (or load code) on the submitting machine: one rule
+    *[("{hosts: [a, b], workdir: /w, options: ['%s=x']}" % key, {}, rf"ssh\.options: .*{key}.*runs a program or loads code on this machine")
+      for key in ("ProxyCommand", "proxycommand", "KnownHostsCommand", "LocalCommand", "PermitLocalCommand", "PKCS11Provider",
+                  "SecurityKeyProvider", "XAuthLocation")],
 ])
 def test_bad_ssh_settings_are_refused_at_load(tmp_path, section, top, message):
     with pytest.raises(ConfigError, match=message):
