@@ -129,3 +129,87 @@ def test_urls_without_a_credential_arrive_intact(tmp_path, surface, url):
     result = invoke("render", str(spec_with(tmp_path, extra)), "-p", "k8s-a100" if surface == "git" else "slurm-a100")
     assert result.exit_code == 0, result.stderr + result.stdout
     assert any(url in p.read_text() for p in (tmp_path / "manifests").rglob("*.json"))
+
+
+# --------------------------------------------------------------------------- findings 7, 8: control characters in manifests
+
+#: Characters YAML reads as a line break (NEL, U+2028, U+2029: a double-quoted scalar folds them
+#: into a space) or may not hold unescaped (DEL, the C1 controls, ESC, BOM).
+CONTROL_VALUES = ["nel\x85x", "del\x7fx", "ls\u2028x", "ps\u2029x", "esc\x1b[31mx", "csi\x9bx", "bom\ufeffx", "tab\tx"]
+
+
+def strings_in(value: object) -> list[str]:
+    """Every string in a parsed document; a string that is itself JSON (spec.json in a ConfigMap) is searched too."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*strings_in(k), *strings_in(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    if isinstance(value, str):
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return [value]
+        return [value, *strings_in(inner)] if isinstance(inner, (dict, list)) else [value]
+    return []
+
+
+def manifest_strings(root: Path) -> list[str]:
+    import yaml
+
+    found: list[str] = []
+    for path in root.rglob("*"):
+        if path.suffix in (".yaml", ".yml"):
+            found += [s for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) for s in strings_in(doc)]
+        elif path.suffix == ".json":
+            found += strings_in(json.loads(path.read_text(encoding="utf-8")))
+    return found
+
+
+def k8s_surfaces(value: str) -> dict[str, tuple[dict, dict]]:
+    """field -> (spec fields, profile fields) that put ``value`` into a Kubernetes job."""
+    return {
+        "env": ({"env": {"JG_X": value}}, {}),
+        "trainer.wandb.project": ({"trainer": {"loggers": ["wandb"], "wandb": {"project": value, "mode": "offline"}}}, {}),
+        "trainer.wandb.tags": ({"trainer": {"loggers": ["wandb"], "wandb": {"tags": [value], "mode": "offline"}}}, {}),
+        "trainer.mlflow.experiment": ({"trainer": {"loggers": ["mlflow"], "mlflow": {"experiment": value}}}, {}),
+        "notify.command": ({"notify": {"command": ["/bin/notify", value]}}, {}),
+        "model.init_args": ({"model": {"class_path": "my_pkg.models.M", "init_args": {"label": value}}}, {}),
+        "trainer.mlflow.tracking_uri": ({"trainer": {"loggers": ["mlflow"], "mlflow": {"tracking_uri": f"https://m.example.com/{value}"}}}, {}),
+        "entrypoint.args": ({"entrypoint": {"module": "my_pkg.train", "args": ["--label", value]}}, {}),
+        "profile env": ({}, {"env": {"JG_Y": value}}),
+        "kubernetes.image": ({}, {"kubernetes": {"image": f"registry.example.com/img:{value}"}}),
+        "kubernetes.node_selector": ({}, {"kubernetes": {"node_selector": {"pool": value}}}),
+    }
+
+
+@pytest.mark.parametrize("value", CONTROL_VALUES, ids=lambda v: v[:3])
+@pytest.mark.parametrize("surface", list(k8s_surfaces("x")))
+def test_control_characters_reach_a_manifest_intact_or_are_refused_naming_the_field(tmp_path, surface, value):
+    """U+0085 became a space in the manifest (PyYAML folds it), DEL made "pytorchjob.yaml is not
+    valid YAML ... check templates/kubernetes/": either verdict of the hostile-input rule now,
+    refused at load naming the field, or the value byte for byte in what Kubernetes reads."""
+    spec_fields, profile_fields = k8s_surfaces(value)[surface]
+    spec = spec_with(tmp_path, spec_fields)
+    profile = write(tmp_path / "profiles" / "site.yaml", "extends: k8s-a100\n" + "".join(
+        f"{k}: {json.dumps(v)}\n" for k, v in profile_fields.items()))
+    result = invoke("render", str(spec), "-p", str(profile))
+    check_verdict(tmp_path, result, value, surface.split()[-1].split(".")[-1], str(spec if spec_fields else profile))
+
+
+def check_verdict(tmp_path: Path, result, value: str, *words: str) -> None:
+    """The hostile-input rule: refused with exit 2 naming ``words`` (field, file) and nothing
+    written, or rendered with ``value`` byte for byte in what the cluster reads."""
+    if result.exit_code == 2:
+        refused(result, *words)
+        assert not (tmp_path / "manifests").exists()
+    else:
+        assert result.exit_code == 0, result.stderr + result.stdout
+        assert any(value in s for s in manifest_strings(tmp_path / "manifests")), f"{value!r} not intact"
+
+
+@pytest.mark.parametrize("value", CONTROL_VALUES, ids=lambda v: v[:3])
+@pytest.mark.parametrize("key", ["env.JG_X", "name"])
+def test_control_characters_given_by_set_arrive_intact_or_are_refused(tmp_path, key, value):
+    """``--set`` values are YAML: U+0085 in one became a space before any check ran."""
+    result = invoke("render", QUICKSTART, "-p", "k8s-a100", "--set", f"{key}={value}")
+    check_verdict(tmp_path, result, value, key.split(".")[-1])
