@@ -85,7 +85,7 @@ def ssh_profile(tmp_path: Path, ssh_section: str, **top: object) -> ClusterProfi
     ("{hosts: [a, b], workdir: /w, user: 'alice smith -i'}", {}, r"ssh\.user: .*'-' after a blank"),
     ("{hosts: [a, b], workdir: /w, user: 'bob\\'}", {}, r"ssh\.user: .*holds '\\\\'"),
     # options that run a program (or load code) on the submitting machine: one rule
-    *[("{hosts: [a, b], workdir: /w, options: ['%s=x']}" % key, {}, rf"ssh\.options: .*{key}.*runs a program or loads code on this machine")
+    *[("{hosts: [a, b], workdir: /w, options: ['" + key + "=x']}", {}, rf"ssh\.options: .*{key}.*runs a program or loads code on this machine")
       for key in ("ProxyCommand", "proxycommand", "KnownHostsCommand", "LocalCommand", "PermitLocalCommand", "PKCS11Provider",
                   "SecurityKeyProvider", "XAuthLocation")],
 ])
