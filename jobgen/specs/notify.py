@@ -48,6 +48,16 @@ class WebhookSpec(_Model):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
+        # What urllib sends (http.client): no blank or control character anywhere (InvalidURL), and
+        # ASCII only but in the host name (UnicodeEncodeError; a host name is IDNA-encoded).
+        bad = sorted({c for c in value if c <= " " or c == "\x7f" or (not c.isascii() and c not in parts.netloc)}
+                     | {c for c in parts.netloc if not c.isprintable() or c.isspace()})
+        if bad:
+            from urllib.parse import quote
+
+            encoded = quote(value, safe=":/?#[]@!$&'()*+,;=%~")
+            raise ValueError(f"the URL holds {''.join(bad)!r}, which the notification's HTTP request cannot carry "
+                             f"(it would fail when the run sends it); percent-encode it: {encoded}")
         credential = url_credential(value)
         if credential:
             raise ValueError(f"{credential}; it would be written into spec.json (and committed). Send the token by "

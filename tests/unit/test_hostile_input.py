@@ -213,3 +213,28 @@ def test_control_characters_given_by_set_arrive_intact_or_are_refused(tmp_path, 
     """``--set`` values are YAML: U+0085 in one became a space before any check ran."""
     result = invoke("render", QUICKSTART, "-p", "k8s-a100", "--set", f"{key}={value}")
     check_verdict(tmp_path, result, value, key.split(".")[-1])
+
+
+# --------------------------------------------------------------------------- finding 6: notify URLs the sender cannot send
+
+@pytest.mark.parametrize("url", [
+    "https://h.example.com/a b", "https://h.example.com/a\tb", "https://h.example.com/a\x7fb", "https://h.example.com/é",
+    "https://h.example.com/x?q=日本", "https://h.example.com/x?q=a b", "https://h.example.com/x#a b", "https://h.example.com/a\x85b",
+    "https://h.example.com/a\u2028b", "https://h.example.com/a\x1bb", "https://h.exa mple.com/x",
+])
+def test_a_webhook_url_that_cannot_be_sent_is_refused_at_load(tmp_path, url):
+    """urllib refuses these when the run sends its first notification (InvalidURL,
+    UnicodeEncodeError) and nothing is delivered: refused at load instead, with the encoded form."""
+    result = invoke("render", str(spec_with(tmp_path, {"notify": {"webhook": {"url": url}}})), "-p", "slurm-a100")
+    refused(result, "notify.webhook.url", "percent-encode")
+    assert not (tmp_path / "manifests").exists()
+
+
+@pytest.mark.parametrize("url", ["https://h.example.com/a%20b?q=%E6%97%A5", "https://bücher.example/hook", "http://127.0.0.1:8080/x?a=1&b=2"])
+def test_webhook_urls_the_sender_takes_arrive_intact(tmp_path, url):
+    import urllib.request
+
+    urllib.request.Request(url).get_full_url()  # what the sender builds
+    result = invoke("render", str(spec_with(tmp_path, {"notify": {"webhook": {"url": url}}})), "-p", "slurm-a100")
+    assert result.exit_code == 0, result.stderr
+    assert any(url in s for s in manifest_strings(tmp_path / "manifests"))
