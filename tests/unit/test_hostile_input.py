@@ -238,3 +238,58 @@ def test_webhook_urls_the_sender_takes_arrive_intact(tmp_path, url):
     result = invoke("render", str(spec_with(tmp_path, {"notify": {"webhook": {"url": url}}})), "-p", "slurm-a100")
     assert result.exit_code == 0, result.stderr
     assert any(url in s for s in manifest_strings(tmp_path / "manifests"))
+
+
+# --------------------------------------------------------------------------- the verdict rule on the ssh, tracker and notify surfaces
+
+from tests.conftest import ADVERSARIAL  # noqa: E402
+
+#: The project's adversarial values, the tar escapes of finding 1, control characters and a long multi-byte value.
+HOSTILE = [*ADVERSARIAL, "..\\057..\\057escaped", "tab\\tand\\\\", "nel\x85x", "del\x7fx", "日本語", "-oProxyCommand=touch PWNED",
+           "a -oProxyCommand=x"]
+
+
+def ssh_fields(value: str) -> dict[str, dict]:
+    """ssh field -> the profile's ssh section with ``value`` there."""
+    base = {"hosts": ["node-a", "node-b"], "workdir": "/srv/runs"}
+    return {
+        "hosts": {**base, "hosts": [value, "node-b"]},
+        "user": {**base, "user": value},
+        "workdir": {**base, "workdir": f"/srv/{value}"},
+        "python": {**base, "python": f"/opt/{value}/python3"},
+        "master_addr": {**base, "master_addr": value},
+        "identity_file": {**base, "identity_file": f"~/.ssh/{value}"},
+        "known_hosts": {**base, "known_hosts": f"/etc/{value}"},
+        "options": {**base, "options": [f"ProxyJump={value}"]},
+    }
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("field", list(ssh_fields("x")))
+def test_hostile_ssh_settings_are_refused_naming_the_field_or_arrive_intact(tmp_path, field, value):
+    profile = write(tmp_path / "profiles" / "site.yaml", "scheduler: ssh\nmax_nodes: 2\ndefault_nodes: 2\nssh: "
+                    + json.dumps(ssh_fields(value)[field]) + "\n")
+    result = invoke("render", QUICKSTART, "-p", str(profile))
+    check_verdict(tmp_path, result, value, f"ssh.{field}", str(profile))
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def tracker_and_notify_fields(value: str) -> dict[str, dict]:
+    return {
+        "trainer.wandb.project": {"trainer": {"loggers": ["wandb"], "wandb": {"project": value}}},
+        "trainer.wandb.entity": {"trainer": {"loggers": ["wandb"], "wandb": {"entity": value}}},
+        "trainer.wandb.tags": {"trainer": {"loggers": ["wandb"], "wandb": {"tags": [value]}}},
+        "trainer.mlflow.experiment": {"trainer": {"loggers": ["mlflow"], "mlflow": {"experiment": value}}},
+        "trainer.mlflow.tracking_uri": {"trainer": {"loggers": ["mlflow"], "mlflow": {"tracking_uri": f"https://m.example.com/{value}"}}},
+        "notify.command": {"notify": {"command": ["/usr/local/bin/notify", value]}},
+        "notify.webhook.url": {"notify": {"webhook": {"url": f"https://h.example.com/{value}"}}},
+    }
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("field", list(tracker_and_notify_fields("x")))
+def test_hostile_tracker_and_notify_values_are_refused_naming_the_field_or_arrive_intact(tmp_path, field, value):
+    spec = spec_with(tmp_path, tracker_and_notify_fields(value)[field])
+    result = invoke("render", str(spec), "-p", "slurm-a100")
+    check_verdict(tmp_path, result, value, field, str(spec))
+    assert not list(tmp_path.rglob("PWNED"))
