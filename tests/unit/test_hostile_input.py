@@ -93,7 +93,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def spec_with(tmp_path: Path, extra: dict) -> Path:
-    doc = {**json.loads(json.dumps(__import__("yaml").safe_load(Path(QUICKSTART).read_text()))), **extra}
+    """quickstart.yaml with ``extra``'s top-level sections instead of its own (a section ``None``: left out)."""
+    import yaml
+
+    doc = {k: v for k, v in {**yaml.safe_load(Path(QUICKSTART).read_text()), **extra}.items() if v is not None}
     return write(tmp_path / "s.yaml", json.dumps(doc))
 
 
@@ -173,9 +176,11 @@ def k8s_surfaces(value: str) -> dict[str, tuple[dict, dict]]:
         "trainer.wandb.tags": ({"trainer": {"loggers": ["wandb"], "wandb": {"tags": [value], "mode": "offline"}}}, {}),
         "trainer.mlflow.experiment": ({"trainer": {"loggers": ["mlflow"], "mlflow": {"experiment": value}}}, {}),
         "notify.command": ({"notify": {"command": ["/bin/notify", value]}}, {}),
-        "model.init_args": ({"model": {"class_path": "my_pkg.models.M", "init_args": {"label": value}}}, {}),
+        "model.init_args": ({"model": {"class_path": "my_pkg.models.M", "init_args": {"label": value}},
+                             "data": {"class_path": "my_pkg.data.D"}, "trainer": {"max_steps": 10}}, {}),
         "trainer.mlflow.tracking_uri": ({"trainer": {"loggers": ["mlflow"], "mlflow": {"tracking_uri": f"https://m.example.com/{value}"}}}, {}),
-        "entrypoint.args": ({"entrypoint": {"module": "my_pkg.train", "args": ["--label", value]}}, {}),
+        "entrypoint.args": ({"entrypoint": {"module": "my_pkg.train", "args": ["--label", value]}, "model": None, "data": None,
+                             "trainer": None, "checkpoint": None}, {}),
         "profile env": ({}, {"env": {"JG_Y": value}}),
         "kubernetes.image": ({}, {"kubernetes": {"image": f"registry.example.com/img:{value}"}}),
         "kubernetes.node_selector": ({}, {"kubernetes": {"node_selector": {"pool": value}}}),
