@@ -20,22 +20,29 @@ _URL_RE = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 REDACTED = "***"
 
 
+def _redact_params(text: str) -> str:
+    """``a=1&b`` with every value replaced by ``***`` (``a=***&b``)."""
+    return "&".join((name + "=" + REDACTED) if value else name + eq
+                    for name, eq, value in (p.partition("=") for p in text.split("&")))
+
+
 def _redact_url(url: str) -> str:
-    """``url`` with its userinfo (``user:password@``) and every query value replaced by ``***``;
-    trailing sentence punctuation (``).,;:``) is left outside and kept as it was."""
+    """``url`` with its userinfo (``user:password@``) and every query value and fragment
+    parameter value (``#access_token=...``) replaced by ``***``; trailing sentence punctuation
+    (``).,;:``) is left outside and kept as it was."""
     core = url.rstrip(").,;:")
     tail = url[len(core):]
     scheme, _, rest = core.partition("://")
+    rest, hash_, fragment = rest.partition("#")
     authority, slash, path = rest.partition("/")
     if "@" in authority:
         authority = REDACTED + "@" + authority.rpartition("@")[2]
     path, question, query = f"{slash}{path}".partition("?")
     if question:
-        query, hash_, fragment = query.partition("#")
-        params = [(name + "=" + REDACTED) if value else name + eq
-                  for name, eq, value in (p.partition("=") for p in query.split("&"))]
-        query = "&".join(params) + hash_ + fragment
-    return f"{scheme}://{authority}{path}{question}{query}{tail}"
+        query = _redact_params(query)
+    if "=" in fragment:
+        fragment = _redact_params(fragment)
+    return f"{scheme}://{authority}{path}{question}{query}{hash_}{fragment}{tail}"
 
 
 def redact_urls(text: str) -> str:

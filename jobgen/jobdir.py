@@ -39,6 +39,7 @@ record —, the handle, the writer), so that no reader spells a file name or a k
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -880,6 +881,11 @@ class Submission(BaseModel):
         write_atomic(state_record_path(JobHandle.parse(self.handle)), text)
         return target
 
+    def discard(self) -> None:
+        """Remove what :meth:`save` wrote (a submission that was undone: nothing of it runs)."""
+        (Path(self.job_dir) / SUBMISSION_FILE).unlink(missing_ok=True)
+        state_record_path(JobHandle.parse(self.handle)).unlink(missing_ok=True)
+
     @classmethod
     def load(cls, path: Path) -> Submission:
         """Read a record written by :meth:`save`.
@@ -904,9 +910,23 @@ def state_dir() -> Path:
     return Path(base) / "jobgen"
 
 
+#: Longest state-record file name, in bytes: file systems allow 255, and :func:`write_atomic`'s
+#: temporary file adds 14 to it.
+MAX_RECORD_NAME_BYTES = 200
+
+
 def state_record_path(handle: JobHandle) -> Path:
-    """The state-index file for ``handle`` (``<state dir>/<scheme>/<path, '/' -> '__'>.json``)."""
-    return state_dir() / handle.scheme / (handle.path.replace("/", "__") + ".json")
+    """The state-index file for ``handle``: ``<state dir>/<scheme>/<path, '/' -> '__'>.json``
+    while that name fits :data:`MAX_RECORD_NAME_BYTES` (as earlier versions named every record);
+    a longer one (a long workdir, a host of many multi-byte characters) is cut and ends in 16 hex
+    digits of the path's sha256, so that it stays a legal, distinct file name."""
+    stem = handle.path.replace("/", "__")
+    if len((stem + ".json").encode("utf-8", "surrogatepass")) <= MAX_RECORD_NAME_BYTES:
+        return state_dir() / handle.scheme / (stem + ".json")
+    digest = hashlib.sha256(handle.path.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    room = MAX_RECORD_NAME_BYTES - len(f"-{digest}.json")
+    cut = stem.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+    return state_dir() / handle.scheme / f"{cut}-{digest}.json"
 
 
 def recorded_submissions() -> list[Submission]:

@@ -4,11 +4,12 @@
 needs (:func:`~jobgen.backends.ssh_launch.probe_command`): one that cannot is named in the error
 and nothing is copied or started. Then it snapshots the code (:mod:`jobgen.usercode.snapshot`, as SLURM
 and local submits do), packs the job directory and the snapshot into one tar archive, extracts it
-into ``<workdir>/<job name>/`` on every host (``ssh host 'tar -x ...'`` with the archive on stdin:
+into ``<workdir>/<job name>/`` on every host (``ssh host 'cd <run dir> && tar -x ...'`` with the archive on stdin:
 only tar is needed there, and the bytes arrive as they are here), starts ``bash job/launch.sh
-<node rank>`` on every host in a session of its own, records the submission
-(:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``) and waits until
-every launch has written its PID. ``status`` asks each host for the launch's PID, its exit code
+<node rank>`` on every host in a session of its own and waits until every launch has written its
+PID. The submission (:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``)
+is recorded before anything starts; a start that fails, or a launch that ends without writing its
+PID, stops the job on every host, takes the record back and fails the submit. ``status`` asks each host for the launch's PID, its exit code
 and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`);
 ``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
 each launch script (which passes it to torchrun, which stops its workers) and, after a grace
@@ -273,28 +274,63 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
         raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
                           hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
 
+    # Recorded before anything starts: a job running on the hosts always has its record here
+    # (status, logs and cancel find its hosts); an undone start takes the record back.
+    record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
+                            code_dir=snapshot_dir(run, code[0].name) if code else None, code=code[1] if code else None,
+                            ssh=settings)
+    record.save()
+
     def start(rank: int, host: str) -> str | None:
         proc = run_ssh(commands.start[rank].argv, data=secret_data, timeout_s=_timeout(settings, 30))
         return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
 
     started = _each(settings.hosts, start)
     if any(started):
-        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
-                                                         timeout_s=_timeout(settings, 30)))
+        _undo(settings, handle, record)
         raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
                           + "\n  ".join(f for f in started if f), hint="the hosts' messages are above")
-    record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
-                            code_dir=snapshot_dir(run, code[0].name) if code else None, code=code[1] if code else None,
-                            ssh=settings)
-    record.save()
-    nodes = _wait(handle, lambda nodes: all(n.pid is not None or n.exit_code is not None for n in nodes), START_WAIT_S)
-    late = [n.host for n in nodes if n.pid is None and n.exit_code is None]
-    if late:
-        out(f"jobgen: warning: no launch PID from {', '.join(late)} after {START_WAIT_S:.0f} s (see `jobgen status {handle}`)")
+    nodes = _wait(handle, lambda nodes: all(_launched(n) or _ended_unlaunched(n) for n in nodes), START_WAIT_S)
+    unconfirmed = [n for n in nodes if not _launched(n)]
+    if unconfirmed:
+        problems = [f"{n.host} (node {n.rank}): " + _not_launched(settings, run, n) for n in unconfirmed]
+        _undo(settings, handle, record)
+        raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
+                          + "\n  ".join(problems),
+                          hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
     master = settings.rendezvous_host
     out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
         + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
     return handle
+
+
+def _launched(node: NodeReport) -> bool:
+    """The launch script ran on the node: it wrote its PID (or already its exit code)."""
+    return node.pid is not None or node.exit_code is not None
+
+
+def _ended_unlaunched(node: NodeReport) -> bool:
+    """Nothing of the job is left on the node, and its launch never wrote its PID (bash could not
+    read launch.sh, or the run directory is not writable): it will never start."""
+    return node.reached and node.procs == 0 and not _launched(node)
+
+
+def _not_launched(settings: SshSettings, run: str, node: NodeReport) -> str:
+    """Why ``node``'s launch is not confirmed, with the last lines of its output when it ended."""
+    if not node.reached:
+        return f"not reached while waiting for the launch: {node.error}"
+    if not _ended_unlaunched(node):
+        return f"no launch PID after {START_WAIT_S:.0f} s"
+    proc = run_ssh(ssh_argv(settings, node.host, log_command(run, node.rank, 0)), timeout_s=_timeout(settings, 30))
+    lines = [ln for ln in proc.stdout.decode(errors="replace").splitlines() if ln.strip()] if proc.returncode == 0 else []
+    return "the launch ended before it wrote its PID" + (": " + " / ".join(lines[-3:]) if lines else " (no output)")
+
+
+def _undo(settings: SshSettings, handle: JobHandle, record: Submission) -> None:
+    """Stop whatever of the job started on any host (SIGKILL) and take its record back."""
+    _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                     timeout_s=_timeout(settings, 30)))
+    record.discard()
 
 
 _REPLICA_RE = re.compile(r"^node-(\d+)$")

@@ -178,9 +178,14 @@ def probe_command(settings: SshSettings) -> str:
 
 def copy_command(run: str) -> str:
     """Remote: replace ``<run>/job`` by the tar archive on stdin (the job directory and the code
-    snapshot, :func:`jobgen.backends.ssh.pack`), extracted into the run directory."""
+    snapshot, :func:`jobgen.backends.ssh.pack`), extracted into the run directory.
+
+    The run directory reaches the shell only (``cd``), never tar: GNU tar un-escapes backslash
+    sequences in a ``-C`` directory (``..\\057..`` is ``../..``), which took a name such as
+    ``..\\057..\\057escaped`` out of the run directory. tar extracts into its working directory
+    the members jobgen packed (``job/...``, ``code/<id>/...``)."""
     q = shlex.quote(run)
-    return f"rm -rf {shlex.quote(posixpath.join(run, JOB_SUBDIR))} && mkdir -p {q} && tar -x --no-same-owner -f - -C {q}"
+    return f"rm -rf -- {shlex.quote(posixpath.join(run, JOB_SUBDIR))} && mkdir -p -- {q} && cd -- {q} && tar -x --no-same-owner -f -"
 
 
 def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | None, secrets: tuple[str, ...] = ()) -> str:

@@ -89,9 +89,18 @@ def pretty_json(value: Any) -> str:
     return pydantic_core.to_json(value, indent=2).decode() + "\n"
 
 
+#: Characters a YAML reader does not take as they are inside a double-quoted scalar: DEL and the C1
+#: controls (not printable in YAML 1.1/1.2: "not valid YAML"), NEL, U+2028, U+2029 (line breaks:
+#: folded into a space), the BOM, surrogates and U+FFFE/U+FFFF. JSON's ``\uXXXX`` escapes are
+#: YAML's too, so :func:`to_json` writes them escaped (json.dumps escapes the C0 controls itself).
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+
+
 def to_json(value: Any) -> str:
-    """A JSON scalar or flow collection: safe as a YAML value in any position."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    """A JSON scalar or flow collection: safe as a YAML value in any position; every string
+    arrives byte for byte (characters YAML would refuse or fold are ``\\uXXXX`` escapes)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
 def yaml_block(value: str, indent: int) -> str:

@@ -46,6 +46,50 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+#: Words of a URL parameter's name (whole words, case-insensitive, camelCase split: ``accessToken``
+#: is ``access token``) that mark a credential: ``?token=``, ``?api_key=``, ``?apiKey=``, ``?sig=``,
+#: ``?X-Amz-Signature=``, ``?clientSecret=``, ``?code=`` (an OAuth code), ``#access_token=``.
+URL_SECRET_WORDS = frozenset({
+    "token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "auth", "authorization",
+    "sig", "signature", "credential", "credentials", "session", "code",
+})
+
+
+def url_secret_params(query: str) -> list[str]:
+    """Names of the parameters in ``query`` (a URL's query or fragment, ``a=1&b=2``, percent
+    escapes decoded: ``%74oken`` is ``token``) whose name looks like a credential (:data:`URL_SECRET_WORDS`)."""
+    from urllib.parse import parse_qsl
+
+    found = []
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+        if set(re.split(r"[^a-z0-9]+", words)) & URL_SECRET_WORDS or name.lower() in URL_SECRET_WORDS:
+            found.append(name)
+    return found
+
+
+def url_credential(url: str) -> str | None:
+    """What in ``url`` is a credential, or None: the one check for every URL a spec or profile
+    holds (spec.json and the rendered files, often committed, would carry it).
+
+    A credential is a password (``user:password@``); a user name in an ``http(s)`` URL (tokens
+    travel as one: ``https://<token>@host``; ``ssh://git@host`` and ``postgresql://alice@db``
+    name a user); a query or fragment parameter named like one (:func:`url_secret_params`)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        password, username = parts.password, parts.username
+    except ValueError:  # a malformed authority (e.g. an unclosed IPv6 bracket): the caller's shape check says so
+        return None
+    if password is not None or (username is not None and parts.scheme.split("+", 1)[0].lower() in ("http", "https")):
+        return "the URL carries user:password@ (or a user name, which is how a token travels in an http(s) URL)"
+    secret = url_secret_params(parts.query) + url_secret_params(parts.fragment)
+    if secret:
+        return f"the URL's parameter(s) {', '.join(dict.fromkeys(secret))} look like a credential"
+    return None
+
+
 def check_class_path(value: str) -> str:
     """The shape of a dotted class path (``pkg.mod.Class``); nothing is imported.
 

@@ -181,11 +181,17 @@ def parse_yaml(text: str, source: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- overrides
 
 
+#: Characters YAML reads as line breaks besides \n and \r (YAML 1.1): an override holding one is not parsed.
+_YAML_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
 def apply_overrides(doc: Mapping[str, Any], overrides: Sequence[str], source: str = "--set") -> dict[str, Any]:
     """Return a copy of ``doc`` with ``key.path=value`` overrides applied.
 
     The value is parsed as a YAML scalar/flow value (``8`` -> int, ``[a, b]`` -> list,
-    ``'08'`` -> str). Only the first ``=`` separates key and value.
+    ``'08'`` -> str); text YAML cannot read as written (invalid YAML, or holding NEL, U+2028 or
+    U+2029, which YAML folds into a space) is taken as a string, as it is. Only the first ``=``
+    separates key and value.
 
     Raises:
         ConfigError: an override without ``=``, an empty key segment, or a path through a
@@ -200,7 +206,8 @@ def apply_overrides(doc: Mapping[str, Any], overrides: Sequence[str], source: st
         if any(not p for p in parts):
             raise ConfigError(f"override key {key!r} has an empty segment", location=source, hint="e.g. --set trainer.max_steps=200")
         try:
-            value = _load_yaml(raw) if raw.strip() else ""
+            # YAML reads NEL, U+2028 and U+2029 as line breaks (folded into a space): such text is taken as it is
+            value = _load_yaml(raw) if raw.strip() and not _YAML_LINE_BREAKS.search(raw) else raw
         except yaml.YAMLError:
             value = raw
         node: dict[str, Any] = result

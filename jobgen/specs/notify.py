@@ -3,7 +3,6 @@ requeued, finished and failed; credentials only by reference. No I/O."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import (
@@ -12,30 +11,10 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.specs.base import ENV_KEY_RE, _Model, check_shell_safe
+from jobgen.specs.base import ENV_KEY_RE, _Model, check_shell_safe, url_credential
 
 NotifyEvent = Literal["started", "requeued", "finished", "failed"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("started", "requeued", "finished", "failed")
-
-#: Query parameter names (whole words, case-insensitive) that carry credentials in a webhook URL:
-#: ``?token=``, ``?api_key=``, ``?apiKey=``, ``?sig=``, ``?X-Amz-Signature=``, ``?access_token=``.
-_URL_SECRET_WORDS = frozenset({
-    "token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "auth", "authorization",
-    "sig", "signature", "credential", "credentials", "session", "code",
-})
-
-
-def _url_secret_params(query: str) -> list[str]:
-    """Names of query parameters in ``query`` whose name looks like a credential."""
-    from urllib.parse import parse_qsl
-
-    found = []
-    for name, _ in parse_qsl(query, keep_blank_values=True):
-        words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
-        if set(re.split(r"[^a-z0-9]+", words)) & _URL_SECRET_WORDS or name.lower() in _URL_SECRET_WORDS:
-            found.append(name)
-    return found
-
 
 class WebhookSpec(_Model):
     """An HTTP(S) endpoint that gets each notification as a JSON body (``POST``,
@@ -69,14 +48,20 @@ class WebhookSpec(_Model):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("the URL carries user:password@; it would be written into spec.json. Remove it and "
-                             "put a token in an environment variable named by token_env (listed in secrets)")
-        secret = _url_secret_params(parts.query)
-        if secret:
-            raise ValueError(f"the URL's query parameter(s) {', '.join(secret)} look like a credential; it would be "
-                             "written into spec.json (and committed). Send the token by reference instead: "
-                             "token_env: <VARIABLE> (listed in secrets), or give the whole URL by url_env")
+        # What urllib sends (http.client): no blank or control character anywhere (InvalidURL), and
+        # ASCII only but in the host name (UnicodeEncodeError; a host name is IDNA-encoded).
+        bad = sorted({c for c in value if c <= " " or c == "\x7f" or (not c.isascii() and c not in parts.netloc)}
+                     | {c for c in parts.netloc if not c.isprintable() or c.isspace()})
+        if bad:
+            from urllib.parse import quote
+
+            encoded = quote(value, safe=":/?#[]@!$&'()*+,;=%~")
+            raise ValueError(f"the URL holds {''.join(bad)!r}, which the notification's HTTP request cannot carry "
+                             f"(it would fail when the run sends it); percent-encode it: {encoded}")
+        credential = url_credential(value)
+        if credential:
+            raise ValueError(f"{credential}; it would be written into spec.json (and committed). Send the token by "
+                             "reference instead: token_env: <VARIABLE> (listed in secrets), or give the whole URL by url_env")
         return value
 
     @field_validator("url_env", "token_env")

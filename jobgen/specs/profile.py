@@ -425,9 +425,16 @@ _SSH_OWN_OPTIONS = {
     "stricthostkeychecking": "ssh.known_hosts (yes with a file, accept-new without)",
     "remotecommand": "(jobgen sends its own commands)", "requesttty": "(jobgen's commands need no terminal)",
     "sessiontype": "(jobgen's commands need a shell session)", "stdinnull": "(jobgen feeds the copy on stdin)",
-    "forkafterauthentication": "(jobgen waits for each command)", "localcommand": "(runs on this machine)",
-    "permitlocalcommand": "(runs on this machine)",
+    "forkafterauthentication": "(jobgen waits for each command)",
 }
+#: ``ssh -o`` options that make ssh run a program or load code on the submitting machine
+#: (ssh_config(5), OpenSSH 9.6): a profile is shared and committed, and jobgen runs ssh for every
+#: submit, status, logs and cancel, so none of them is taken from it (a Host block in your own
+#: ~/.ssh/config may still set them: name its alias in ssh.hosts).
+_SSH_LOCAL_PROGRAM_OPTIONS = frozenset({
+    "proxycommand", "knownhostscommand", "localcommand", "permitlocalcommand", "pkcs11provider", "securitykeyprovider",
+    "xauthlocation",
+})
 
 
 def _ssh_name(value: str, what: str, *, spaces: bool) -> str:
@@ -439,6 +446,9 @@ def _ssh_name(value: str, what: str, *, spaces: bool) -> str:
     if bad:
         raise ValueError(f"{what} {value!r} holds {''.join(bad)!r}, which OpenSSH refuses in names given on its command line "
                          "(OpenSSH 9.6, CVE-2023-51385); use a Host alias from ~/.ssh/config")
+    if re.search(r"\s-", value):  # OpenSSH 9.6 valid_ruser: no '-' after a blank (an option smuggled into a name)
+        raise ValueError(f"{what} {value!r} has a '-' after a blank, which OpenSSH refuses in names given on its command line "
+                         "(OpenSSH 9.6, CVE-2023-51385); use a Host alias from ~/.ssh/config with its User")
     return value
 
 
@@ -477,7 +487,9 @@ class SshSettings(_Model):
     connect_timeout_s: int = Field(default=10, ge=1, le=300, description="Seconds ssh waits for each host to answer (``ConnectTimeout``).")
     options: tuple[str, ...] = Field(default=(), description=(
         "Further ``ssh -o`` options, ``Key=Value`` each (e.g. ``ProxyJump=bastion``); options jobgen sets\n"
-        "from the fields above are refused."
+        "from the fields above are refused, and so are those that run a program or load code on this\n"
+        "machine (ProxyCommand, KnownHostsCommand, LocalCommand, PermitLocalCommand, PKCS11Provider,\n"
+        "SecurityKeyProvider, XAuthLocation: set them in ~/.ssh/config for a Host alias)."
     ))
 
     @field_validator("hosts")
@@ -537,6 +549,10 @@ class SshSettings(_Model):
                 raise ValueError(f"options entry {option!r} is not Key=Value (an ssh_config(5) keyword and its value)")
             if key.lower() in _SSH_OWN_OPTIONS:
                 raise ValueError(f"options entry {option!r}: jobgen sets {key} itself; use {_SSH_OWN_OPTIONS[key.lower()]}")
+            if key.lower() in _SSH_LOCAL_PROGRAM_OPTIONS:
+                raise ValueError(f"options entry {option!r}: {key} runs a program or loads code on this machine at every "
+                                 "ssh call jobgen makes, so a profile may not set it; put it in a Host block of your own "
+                                 "~/.ssh/config and name that Host in ssh.hosts (ProxyJump=... is taken here)")
         return value
 
     @property

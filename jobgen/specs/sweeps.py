@@ -54,23 +54,59 @@ class SweepAxis:
     values: tuple[str, ...]
 
 
+_CLOSER = {"[": "]", "{": "}"}
+
+
+def _quoted_end(raw: str, start: int) -> int:
+    """The index after the YAML quoted scalar opening at ``raw[start]`` (``'...'`` with ``''``
+    for a quote inside, ``"..."`` with backslash escapes); raises ValueError when it never closes."""
+    quote, i = raw[start], start + 1
+    while i < len(raw):
+        if quote == '"' and raw[i] == "\\":
+            i += 2
+            continue
+        if raw[i] == quote:
+            if quote == "'" and raw[i + 1:i + 2] == "'":
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    raise ValueError(f"sweep value {raw[start:]!r} opens a quote ({quote}) that is never closed (unterminated quote); "
+                     "close it, or leave quotes out: a quote inside a word is an ordinary character")
+
+
 def _split_values(raw: str) -> list[str]:
-    """Split ``v1,v2,...`` on commas outside brackets, braces and quotes (``[a,b],c`` -> 2 values)."""
-    values, depth, quote, current = [], 0, "", []
-    for char in raw:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{":
-            depth += 1
+    """Split ``v1,v2,...`` into values (README, "Sweeps"): at commas, except inside ``[...]`` or
+    ``{...}`` (which must balance) and inside a quoted string (YAML ``'...'`` or ``"..."``) that
+    begins a value or an item of a ``[...]``/``{...}``. A quote inside a word (``a'b``) is an
+    ordinary character. Raises ValueError for an unterminated quote or unbalanced brackets."""
+    values: list[str] = []
+    current: list[str] = []
+    open_brackets: list[str] = []
+    token_start = True  # only blanks since the value's start, or since [ { , (or : inside brackets)
+    i = 0
+    while i < len(raw):
+        char = raw[i]
+        if char in "'\"" and token_start:
+            end = _quoted_end(raw, i)
+            current.append(raw[i:end])
+            i, token_start = end, False
+            continue
+        if char in _CLOSER:
+            open_brackets.append(char)
         elif char in "]}":
-            depth -= 1
-        elif char == "," and depth == 0:
+            if not open_brackets or _CLOSER[open_brackets.pop()] != char:
+                raise ValueError(f"sweep values {raw!r}: unbalanced {char!r}; a value that is a list or mapping needs "
+                                 "matching brackets ([a, b] or {k: v})")
+        elif char == "," and not open_brackets:
             values.append("".join(current).strip())
-            current = []
+            current, token_start, i = [], True, i + 1
             continue
         current.append(char)
+        token_start = char in "[{," or (char == ":" and bool(open_brackets)) or (char.isspace() and token_start)
+        i += 1
+    if open_brackets:
+        raise ValueError(f"sweep values {raw!r}: unclosed {open_brackets[-1]!r}; close it with {_CLOSER[open_brackets[-1]]!r}")
     values.append("".join(current).strip())
     return values
 
@@ -105,15 +141,17 @@ def _repeated_key(axes: Sequence[SweepAxis]) -> str | None:
 
 
 def parse_sweep(text: str, source: str = "--sweep") -> SweepAxis:
-    """Parse ``key.path=v1,v2,...`` (commas inside ``[...]``, ``{...}`` or quotes do not split).
+    """Parse ``key.path=v1,v2,...`` (values split as :func:`_split_values` says).
 
     Raises:
-        ConfigError: no ``=``, an empty key segment, ``name`` as key, an empty or repeated value.
+        ConfigError: no ``=``, an empty key segment, ``name`` as key, an empty or repeated value,
+            an unterminated quote or unbalanced brackets.
     """
     try:
         return _axis_from_text(text)
     except ValueError as exc:
-        raise ConfigError(str(exc), location=source, hint="e.g. --sweep trainer.learning_rate=1e-4,3e-4") from None
+        raise ConfigError(str(exc), location=source, hint="e.g. --sweep trainer.learning_rate=1e-4,3e-4; how values split: "
+                          "README, \"Sweeps\"") from None
 
 
 def _scalar_text(value: str | bool | int | float) -> str:

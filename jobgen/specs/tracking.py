@@ -24,7 +24,7 @@ from pydantic import (
     model_serializer,
 )
 
-from jobgen.specs.base import _Model, check_shell_safe
+from jobgen.specs.base import _Model, check_shell_safe, url_credential
 
 LoggerName = Literal["csv", "tensorboard", "wandb", "mlflow"]
 #: Every logger, in the order spec.json lists them (``csv`` is always on).
@@ -34,9 +34,6 @@ TRACKERS: tuple[LoggerName, ...] = ("wandb", "mlflow")
 
 #: Database schemes MLflow's SQLAlchemy store takes (mlflow/store/db/db_types.py), optionally ``+driver``.
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
-#: Query parameter names (whole words) that carry a credential in a tracking URI.
-_URI_SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pwd", "auth", "sig",
-                               "signature", "credential", "credentials"})
 #: W&B forbids these in project and entity names (wandb/sdk/wandb_settings.py, project name checks).
 _WANDB_NAME_FORBIDDEN = "/\\#?%:"
 _FILE_STORE_HINT = ("use a database such as sqlite:////shared/mlflow/mlflow.db (four slashes: an absolute path) or a "
@@ -72,15 +69,11 @@ def check_tracking_uri(value: str) -> str:
         raise ValueError(f"{value!r}: MLflow tracking URIs are sqlite:///, postgresql://, mysql://, mssql:// (a database), "
                          "http(s):// (a tracking server) or databricks; " + _FILE_STORE_HINT)
     parts = urlsplit(value)
-    if parts.password is not None or (parts.username is not None and base in ("http", "https")):
-        raise ValueError("the tracking URI carries user:password@; it would be written into spec.json and the rendered "
-                         "files. Remove it and pass MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or "
-                         "MLFLOW_TRACKING_TOKEN) as secrets, or use trainer.mlflow.token_file")
-    secret = [p.partition("=")[0] for p in parts.query.split("&")
-              if set(re.split(r"[^a-z0-9]+", p.partition("=")[0].lower())) & _URI_SECRET_WORDS]
-    if secret:
-        raise ValueError(f"the tracking URI's query parameter(s) {', '.join(secret)} look like a credential; it would be "
-                         "written into spec.json. Pass the credential as a secret (MLFLOW_TRACKING_TOKEN) instead")
+    credential = url_credential(value)
+    if credential:
+        raise ValueError(f"{credential}; it would be written into spec.json and the rendered files. Remove it and pass "
+                         "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) as secrets, or use "
+                         "trainer.mlflow.token_file")
     if base == "sqlite":
         path = value.split("://", 1)[1] if "://" in value else ""
         if path in ("", "/", "/:memory:") or not path.startswith("//"):

@@ -74,6 +74,10 @@ BUILTIN_TAG = "built-in-branch"
 _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None, "tokenizer_path": None}
 
 
+#: Most bytes (UTF-8) in a job name: it is a directory name (255 bytes on most file systems),
+#: with room for what jobgen appends (``-smoke``, a log file's ``-<jobid>.out``).
+MAX_NAME_BYTES = 200
+
 class DataSpec(_Model):
     """Training data: local text read as raw bytes (``format: text``, byte-level tokens, no
     tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
@@ -195,7 +199,9 @@ class CheckpointSpec(_Model):
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
-    name: str = Field(min_length=1, max_length=128, description="Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``.")
+    name: str = Field(min_length=1, max_length=128, description=(
+        "Job name; also the directory name under ``manifests/<profile>/`` and ``runs/``: at most 128\n"
+        "characters and 200 bytes in UTF-8."))
     model: Annotated[
         Annotated[ModelSpec, Tag(BUILTIN_TAG)] | Annotated[ClassSpec, Tag(USER_CLASS_TAG)], Discriminator(_user_or_builtin)
     ] = Field(default_factory=lambda: ModelSpec.model_validate({}), description=(
@@ -295,6 +301,12 @@ class TrainingSpec(_Model):
         if "/" in value or value in (".", "..") or value.startswith("-"):
             raise ValueError(
                 "the job name becomes a directory name: it must not contain '/', start with '-', or be '.'/'..'"
+            )
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_NAME_BYTES:
+            raise ValueError(
+                f"the job name is {size} bytes in UTF-8 (at most {MAX_NAME_BYTES}): it becomes a directory name, and file "
+                "systems allow 255 bytes with room for what jobgen appends (-smoke); use a shorter name"
             )
         return value
 

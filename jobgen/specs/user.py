@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobgen.specs.base import _check_json_value, _Model, check_class_path, check_shell_safe
+from jobgen.specs.base import _check_json_value, _Model, check_class_path, check_shell_safe, url_credential
 
 
 class ClassSpec(_Model):
@@ -154,7 +154,12 @@ class CodeGitSource(_Model):
     @field_validator("url")
     @classmethod
     def _shell_safe(cls, value: str) -> str:
-        return check_shell_safe(value)
+        check_shell_safe(value)
+        credential = url_credential(value)
+        if credential:
+            raise ValueError(f"{credential}; it would be written into the rendered manifest (and committed). Use a public "
+                             "repository, or a URL the cluster's git setup can read with its own credentials")
+        return value
 
     @field_validator("ref")
     @classmethod

@@ -57,6 +57,36 @@ def test_parse_sweep_splits_on_top_level_commas_only():
     assert parse_sweep("env={A: '1,2'},{}").values == ("{A: '1,2'}", "{}")
 
 
+@pytest.mark.parametrize(("text", "values"), [
+    # issue 29: a quote inside a word is an ordinary character (it made one value of a'b,plain)
+    ("env.P=a'b,plain", ("a'b", "plain")),
+    ('env.P=a"b,plain', ('a"b', "plain")),
+    ("env.P=it's,x'", ("it's", "x'")),
+    ("data.paths=[a'b, c],d", ("[a'b, c]", "d")),
+    # a value quoted as a whole keeps its commas (YAML quoting: '' and \" inside)
+    ("env.P='a,b',c", ("'a,b'", "c")),
+    ('env.P="a,b", c', ('"a,b"', "c")),
+    ("env.P='it''s, ok',c", ("'it''s, ok'", "c")),
+    ('env.P="say \\"hi,\\" x",c', ('"say \\"hi,\\" x"', "c")),
+    ('env={"A":"1,2"},{B: \'3,4\'}', ('{"A":"1,2"}', "{B: '3,4'}")),
+])
+def test_sweep_values_follow_the_documented_grammar(text, values):
+    assert parse_sweep(text).values == values
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("env.P='a,b", "unterminated quote"),
+    ('env.P=x,"a', "unterminated quote"),
+    ("data.paths=[a,b", "unclosed '['"),
+    ("data.paths=a],b", "unbalanced ']'"),
+    ("data.paths=[a},b", "unbalanced '}'"),
+])
+def test_sweep_values_the_grammar_cannot_split_are_refused(text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        parse_sweep(text)
+    assert info.value.location == "--sweep" and "README" in info.value.hint
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -46,6 +46,18 @@ def test_tojson_scalars_stay_strings_in_yaml(value):
     assert yaml.safe_load(f"k: {to_json(value)}") == {"k": value}
 
 
+#: Every character a YAML reader refuses raw or folds (issue 29: NEL became a space, DEL made the
+#: manifest "not valid YAML"), and the C0 controls.
+YAML_HOSTILE = "".join(map(chr, [*range(1, 32), *range(0x7F, 0xA0), 0x2028, 0x2029, 0xFEFF, 0xFFFE, 0xFFFF]))
+
+
+@pytest.mark.parametrize("char", YAML_HOSTILE, ids=lambda c: f"U+{ord(c):04X}")
+def test_tojson_carries_every_control_and_line_break_character_through_yaml(char):
+    value = f"a{char}b"
+    assert yaml.safe_load(f"k: {to_json(value)}") == {"k": value}
+    assert yaml.safe_load(f"k: {yaml_block(value + chr(10), 2)}\n") == {"k": value + chr(10)}
+
+
 @pytest.mark.parametrize("text", ['{\n  "a": 1\n}\n', "plain\n", "trailing \n", "no newline", "\ttab\n", " lead\n", "x\n\n"])
 def test_yaml_block_round_trips(text):
     assert yaml.safe_load("k: " + yaml_block(text, 2) + "\n") == {"k": text}

@@ -12,6 +12,7 @@ import os
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,17 @@ from jobgen.backends.ssh_launch import (
     stop_command,
 )
 from jobgen.errors import ConfigError, PlanError, SubmitError
-from jobgen.jobdir import LAUNCH_FILE, SPEC_FILE, SSH_JOB_ENV, SUBMISSION_FILE, JobHandle, Submission, read_resolved_spec
+from jobgen.jobdir import (
+    LAUNCH_FILE,
+    SPEC_FILE,
+    SSH_JOB_ENV,
+    SUBMISSION_FILE,
+    JobHandle,
+    Submission,
+    find_submission,
+    read_resolved_spec,
+    state_record_path,
+)
 from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import ClusterProfile, SshSettings
 from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, lint_bash, write
@@ -69,6 +80,14 @@ def ssh_profile(tmp_path: Path, ssh_section: str, **top: object) -> ClusterProfi
     ("{hosts: [a, b], workdir: /w, options: [ProxyJump]}", {}, r"is not Key=Value"),
     ("{hosts: [a, b], workdir: /w}", {"max_nodes": 3}, r"max_nodes=3 but ssh\.hosts lists 2 host\(s\)"),
     ("{hosts: [a, b], workdir: /w, user: '-l'}", {}, r"user '-l' is empty or starts with '-'"),
+    # issue 29: OpenSSH (9.6 valid_ruser) refuses '-' after a blank and '\' at the end of a user name
+    ("{hosts: [a, b], workdir: /w, user: 'bob -oProxyCommand=touch x'}", {}, r"ssh\.user: .*'-' after a blank"),
+    ("{hosts: [a, b], workdir: /w, user: 'alice smith -i'}", {}, r"ssh\.user: .*'-' after a blank"),
+    ("{hosts: [a, b], workdir: /w, user: 'bob\\'}", {}, r"ssh\.user: .*holds '\\\\'"),
+    # options that run a program (or load code) on the submitting machine: one rule
+    *[("{hosts: [a, b], workdir: /w, options: ['" + key + "=x']}", {}, rf"ssh\.options: .*{key}.*runs a program or loads code on this machine")
+      for key in ("ProxyCommand", "proxycommand", "KnownHostsCommand", "LocalCommand", "PermitLocalCommand", "PKCS11Provider",
+                  "SecurityKeyProvider", "XAuthLocation")],
 ])
 def test_bad_ssh_settings_are_refused_at_load(tmp_path, section, top, message):
     with pytest.raises(ConfigError, match=message):
@@ -267,9 +286,10 @@ class FakeHosts:
     ``down`` do not answer (exit 255), ``missing`` tools are reported by the probe, and each
     status says the launch runs."""
 
-    def __init__(self, down: tuple[str, ...] = (), missing: str = "", fail_start: str = ""):
+    def __init__(self, down: tuple[str, ...] = (), missing: str = "", fail_start: str = "", dead: str = "",
+                 on_start: Callable[[str], None] | None = None):
         self.calls: list[tuple[tuple[str, ...], bytes | None]] = []
-        self.down, self.missing, self.fail_start = down, missing, fail_start
+        self.down, self.missing, self.fail_start, self.dead, self.on_start = down, missing, fail_start, dead, on_start
 
     def __call__(self, argv, *, stdin=None, data=None, timeout_s=60.0):
         argv = tuple(argv)
@@ -281,6 +301,12 @@ class FakeHosts:
             return subprocess.CompletedProcess(argv, 0, f"jobgen-missing: {self.missing}\n".encode(), b"")
         if "setsid -f" in remote and host == self.fail_start:
             return subprocess.CompletedProcess(argv, 1, b"", b"bash: setsid: Permission denied\n")
+        if "setsid -f" in remote and self.on_start is not None:
+            self.on_start(host)
+        if "procs=" in remote and host == self.dead:  # the launch ended before it wrote its PID
+            return subprocess.CompletedProcess(argv, 0, b"pid=\nexit=\ncancelled=0\nprocs=0\n", b"")
+        if "tail -c" in remote and host == self.dead:
+            return subprocess.CompletedProcess(argv, 0, b"bash: job/launch.sh: No such file or directory\n", b"")
         if "procs=" in remote:
             return subprocess.CompletedProcess(argv, 0, b"pid=42\nexit=\ncancelled=0\nprocs=3\n", b"")
         return subprocess.CompletedProcess(argv, 0, b"", b"")
@@ -365,3 +391,90 @@ def test_logs_name_the_nodes_of_the_job(tmp_path, monkeypatch, quickstart):
         api.logs(str(result.handle), LogOptions(rank="0"), lambda _: None)
     with pytest.raises(ConfigError, match="no submission of ssh://elsewhere/x is recorded on this machine"):
         api.status("ssh://elsewhere/x")
+
+
+# --------------------------------------------------------------------------- issue 29: hostile names and workdirs
+
+#: Names that tar (or another remote tool) would read as escapes: GNU tar un-escapes ``\057`` (``/``),
+#: ``\t``, ``\\`` in its ``-C`` directory, so ``..\057..\057escaped`` left the run directory.
+TAR_ESCAPES = ["..\\057..\\057escaped", "tab\\tand\\\\", "oct\\101\\", "nel\x85del\x7f", "日本語 é"]
+
+
+@pytest.mark.parametrize("where", ["name", "workdir"])
+@pytest.mark.parametrize("name", [*TAR_ESCAPES, *[a for a in ADVERSARIAL if not a.startswith("-")]])
+def test_the_copy_lands_in_the_run_directory_whatever_the_job_and_workdir_names(tmp_path, name, where):
+    """The copy, as a host runs it, with ``name`` as the job name or in the workdir: launch.sh
+    and spec.json arrive in ``<workdir>/<job name>/job/`` byte for byte, and nothing is written
+    anywhere else on the host (``a/escaped`` exists, as a directory an attacker aims at would)."""
+    host = tmp_path / "host"
+    (host / "a" / "escaped").mkdir(parents=True)
+    workdir = host / "a" / "b" / "runs"
+    settings = SshSettings(hosts=("h",), workdir=str(workdir / name if where == "workdir" else workdir))
+    prof = ClusterProfile(name="t", scheduler="ssh", max_nodes=1, ssh=settings)
+    job_name = name if where == "name" else "quickstart"
+    spec = load_spec(EXAMPLES / "quickstart.yaml", [f"name={json.dumps(job_name)}"])
+    assert spec.name == job_name
+    job_plan = plan_job(spec, prof, TEMPLATES)
+    job_dir = tmp_path / "local" / "job"
+    job_plan.write(job_dir)
+    archive = io.BytesIO()
+    ssh.pack(job_dir, None, archive)
+    run = run_dir(settings, job_name)
+    copied = sh(copy_command(run), data=archive.getvalue())
+    assert copied.returncode == 0, copied.stderr
+    for file in (LAUNCH_FILE, SPEC_FILE):
+        assert (Path(run) / "job" / file).read_bytes() == (job_dir / file).read_bytes()
+    inside = Path(run).relative_to(host)
+    written = [p.relative_to(host) for p in host.rglob("*")]
+    strays = [p for p in written if not (p == inside or inside in p.parents or p in inside.parents or p.parts == ("a", "escaped"))]
+    assert strays == []
+
+
+def test_a_launch_that_ends_before_it_starts_fails_the_submit_and_is_undone(tmp_path, monkeypatch, quickstart):
+    """A launch that ends without writing its PID (``bash: job/launch.sh: No such file or
+    directory``, as after the tar escape) used to leave submit saying "submitted" and status
+    PENDING for ever: submit now names the host and its output, stops every host, and keeps no record."""
+    monkeypatch.setattr(ssh, "START_WAIT_S", 3.0)
+    monkeypatch.setattr(ssh, "POLL_S", 0.05)
+    monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts(dead="node2.example.org"))
+    with pytest.raises(SubmitError, match=r"(?s)did not start on every host.*node2\.example\.org \(node 1\).*"
+                                          r"bash: job/launch\.sh: No such file or directory") as info:
+        api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert info.value.exit_code == 1 and "node1.example.org (node 0)" not in info.value.message
+    assert len(fake.of("kill -KILL")) == 2  # what started elsewhere is stopped
+    assert find_submission(JobHandle.parse("ssh://node1.example.org/srv/jobgen-runs/quickstart")) is None
+
+
+def test_the_record_is_written_before_any_host_starts(tmp_path, monkeypatch, quickstart):
+    handle = JobHandle.parse("ssh://node1.example.org/srv/jobgen-runs/quickstart")
+    seen: list[bool] = []
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts(on_start=lambda host: seen.append(find_submission(handle) is not None)))
+    api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert seen == [True, True]
+
+
+@pytest.mark.parametrize(("hosts", "workdir"), [
+    (["gpu-a", "gpu-b"], "/srv/" + "w" * 230 + "/runs"),
+    (["日" * 100, "gpu-b"], "/srv/runs"),
+])
+def test_long_hosts_and_workdirs_are_recorded_under_a_bounded_file_name(tmp_path, monkeypatch, hosts, workdir):
+    """A workdir component of 230 characters or a host of 100 x 日 made the state record's file
+    name longer than 255 bytes: ``OSError: File name too long`` after the job had started."""
+    write(tmp_path / "profiles" / "site.yaml", f"scheduler: ssh\nmax_nodes: 2\ndefault_nodes: 2\n"
+          f"ssh: {json.dumps({'hosts': hosts, 'workdir': workdir})}\n")
+    spec = write(tmp_path / "quickstart.yaml", (EXAMPLES / "quickstart.yaml").read_text())
+    job_plan = api.plan_job(spec, "site", profiles_dir=tmp_path / "profiles")
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    result = api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert str(result.handle) == f"ssh://{hosts[0]}{workdir}/quickstart"
+    path = state_record_path(result.handle)
+    assert path.is_file() and len(path.name.encode()) <= 255
+    assert api.status(str(result.handle)).state == "RUNNING"
+
+
+def test_short_handles_keep_the_state_record_name_of_earlier_versions(tmp_path):
+    """Records written before issue 29 are still found: a name that fits is spelt as before."""
+    assert state_record_path(JobHandle.parse("ssh://gpu-a/srv/runs/q")).name == "gpu-a__srv__runs__q.json"
+    long_one = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 200))
+    other = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 199 + "e"))
+    assert len(long_one.name.encode()) <= 255 and long_one != other
