@@ -679,7 +679,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     no source knows the job (never a guess).
     Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
     FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
-    local: COMPLETED once the run directory holds summary.json.
+    local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
+    error) or CANCELLED (Ctrl-C).
     -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");
     a scheduler that cannot be asked is an error (exit 1), as JSON too.
     """

@@ -109,6 +109,9 @@ MLFLOW_DB_FILE = "mlflow.db"
 WANDB_SUBDIR = "wandb"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
+#: In a local run directory: :class:`LocalRun`, how the last start of the run went (RUNNING while
+#: jobgen holds it in the foreground, then COMPLETED, FAILED or CANCELLED with torchrun's exit code).
+LOCAL_RUN_FILE = ".jobgen-local-run.json"
 
 #: A job array's index of points (:class:`ArrayIndex`), beside its ``job.sbatch``.
 ARRAY_INDEX_FILE = "array.json"
@@ -613,6 +616,48 @@ def read_code_snapshot(root: Path) -> CodeSnapshot:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not a jobgen code snapshot record ({exc})", location=f"environment: {CODE_DIR_ENV}",
                           hint="submit again with jobgen submit (it takes a fresh snapshot)") from None
+
+
+# --------------------------------------------------------------------------- a local run's last start
+
+#: The states a :class:`LocalRun` records.
+LocalRunState = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
+
+
+class LocalRun(BaseModel):
+    """How the last start of a local run went (:data:`LOCAL_RUN_FILE`), written by ``jobgen submit``
+    when it starts torchrun (RUNNING, with jobgen's own process id) and when torchrun ends:
+    COMPLETED (exit 0), FAILED (another exit code; ``first_error``: the first failing rank's
+    error, as the triage found it) or CANCELLED (Ctrl-C). A local run has no scheduler to ask:
+    this record is what ``jobgen status`` / ``ls`` read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    state: LocalRunState = Field(description="RUNNING while jobgen holds the run, then how it ended.")
+    pid: int = Field(description="The jobgen process that holds (held) the run in its foreground.")
+    started_at: str = Field(description="When this start began (UTC, ISO 8601).")
+    ended_at: str | None = Field(default=None, description="When it ended (UTC, ISO 8601); None while RUNNING.")
+    exit_code: int | None = Field(default=None, description="torchrun's exit code; None while RUNNING or when it never ended on its own.")
+    first_error: str | None = Field(default=None, description="FAILED: ``<rank>: <headline>`` of the first failure in output.log.")
+
+    def ended(self, state: LocalRunState, exit_code: int | None, first_error: str | None = None) -> LocalRun:
+        """This start, ended now in ``state``."""
+        return self.model_copy(update={"state": state, "exit_code": exit_code, "first_error": first_error,
+                                       "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+
+def write_local_run(run_dir: Path, record: LocalRun) -> None:
+    """Write ``record`` into ``run_dir`` (atomically)."""
+    write_atomic(run_dir / LOCAL_RUN_FILE, record.model_dump_json(indent=2) + "\n")
+
+
+def read_local_run(run_dir: Path) -> LocalRun | None:
+    """The :class:`LocalRun` of ``run_dir``; None when it has none (a run of a jobgen that kept
+    none) or it cannot be read (a cache of what submit saw: status then says UNKNOWN, never a guess)."""
+    try:
+        return LocalRun.model_validate_json((run_dir / LOCAL_RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- the trackers' run identity

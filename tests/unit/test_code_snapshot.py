@@ -504,7 +504,7 @@ def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_p
     assert summary["wall_time_s"] >= 0 and summary["usage"]["devices"] == 2
 
 
-def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatch):
+def test_a_failed_local_command_run_writes_no_summary_and_is_failed(repo, tmp_path, monkeypatch):
     write(repo / "train.py", "raise SystemExit(3)\n")
     spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py}\n")
     git(repo, "add", "-A")
@@ -513,4 +513,5 @@ def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatc
     with pytest.raises(SubmitError, match="exited with code 3"):
         local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
     assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
-    assert get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve()))).state == "UNKNOWN"
+    status = get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve())))
+    assert (status.state, status.details["exit_code"]) == ("FAILED", "3"), status  # issue 30: not UNKNOWN for good
