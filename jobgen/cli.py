@@ -840,9 +840,13 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         if loaded.entrypoint is not None:
             checked = _check_command(resolved.spec, job_plan, spec)
             doc["checked"] = checked
-    elif loaded.entrypoint is not None:
-        checked = _check_command(loaded, None, spec)
-        doc["checked"] = checked
+    else:
+        from jobgen.planning.environment import check_env_credentials
+
+        check_env_credentials(loaded.env, source=spec, origin="spec")  # the rule needs no profile
+        if loaded.entrypoint is not None:
+            checked = _check_command(loaded, None, spec)
+            doc["checked"] = checked
     if import_check:
         doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":
