@@ -10,7 +10,8 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
 - ``spec.json`` — :class:`ResolvedSpec`: the training spec plus the launch facts
   (:class:`LaunchSpec`), read by ``python -m jobgen.train`` on every node. ``extra="forbid"``:
   a key this version does not know is an error, never silently ignored.
-- ``ds_config.json`` — the DeepSpeed config (DeepSpeed strategies only).
+- ``ds_config.json`` — the DeepSpeed config (DeepSpeed strategies only); jobgen's when the spec.json
+  beside it names it (:func:`is_generated`).
 - ``job.sbatch`` (SLURM), ``pytorchjob.yaml`` / ``trainjob.yaml`` + ``kustomization.yaml``
   (Kubernetes), ``launch.sh`` (ssh) — the scheduler's files, each starting with :data:`GENERATED_MARK`
   (after a ``#!`` line).
@@ -210,13 +211,29 @@ def is_generated_text(name: str, head: str) -> bool:
 
 
 def is_generated(path: Path) -> bool:
-    """True when ``path`` is a file jobgen rendered (see :func:`is_generated_text`)."""
+    """True when ``path`` is a file jobgen rendered (see :func:`is_generated_text`). A
+    :data:`DS_CONFIG_FILE` is DeepSpeed's format, with no room for a mark: it is jobgen's when the
+    :data:`SPEC_FILE` beside it is (a job directory, or a job array's ``points/<i>/``) and names it
+    as its DeepSpeed config."""
+    if path.name == DS_CONFIG_FILE:
+        return path.is_file() and _names_ds_config(path.with_name(SPEC_FILE))
     try:
         with path.open("rb") as fh:
             head = fh.read(_MARK_WINDOW).decode("utf-8", "replace")
     except OSError:
         return False
     return is_generated_text(path.name, head)
+
+
+def _names_ds_config(spec_file: Path) -> bool:
+    """Whether ``spec_file`` is a spec.json jobgen rendered whose launch names :data:`DS_CONFIG_FILE`."""
+    if not is_generated(spec_file):
+        return False
+    try:
+        launch = json.loads(spec_file.read_text(encoding="utf-8")).get("launch", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(launch, dict) and launch.get("deepspeed_config") == DS_CONFIG_FILE
 
 
 def is_jobgen_output(path: Path) -> bool:

@@ -132,6 +132,19 @@ def test_the_repository_root_holds_only_project_files():
                    "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top
 
 
+def test_the_output_directories_the_readme_suggests_are_ignored_by_git():
+    """Issue 30: `benchmarks/gpu_suite.py --out results/` left an untracked results/ in the clone,
+    and an untracked file blocks the next snapshotted submit (a dirty tree)."""
+    import subprocess
+
+    outs = set(re.findall(r"benchmarks/gpu_suite\.py --out ([^\s`/][^\s`]*)", README))  # relative: in the clone
+    assert outs, "the README names no gpu_suite.py --out directory any more: update this test"
+    for out in sorted(outs):
+        probe = f"{out.rstrip('/')}/gpu_suite.json"
+        check = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=REPO)
+        assert check.returncode == 0, f"{probe} is not ignored by .gitignore"
+
+
 def test_readme_layout_names_every_package_and_module():
     """The README's Layout entry is the map of jobgen/: a package or module added, moved or
     renamed without it fails here (each `jobgen/<package>/` line names all of its modules)."""
