@@ -110,6 +110,9 @@ MLFLOW_DB_FILE = "mlflow.db"
 WANDB_SUBDIR = "wandb"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
+#: In every run directory: :class:`RunIdentity`, the profile and shape of the run it holds (written by
+#: the first start; a start of another profile or shape is refused there: :func:`check_run_dir`).
+RUN_IDENTITY_FILE = ".jobgen-run.json"
 #: In a local run directory: :class:`LocalRun`, how the last start of the run went (RUNNING while
 #: jobgen holds it in the foreground, then COMPLETED, FAILED or CANCELLED with torchrun's exit code).
 LOCAL_RUN_FILE = ".jobgen-local-run.json"
@@ -633,6 +636,86 @@ def read_code_snapshot(root: Path) -> CodeSnapshot:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not a jobgen code snapshot record ({exc})", location=f"environment: {CODE_DIR_ENV}",
                           hint="submit again with jobgen submit (it takes a fresh snapshot)") from None
+
+
+# --------------------------------------------------------------------------- whose run a run directory holds
+
+
+class RunIdentity(BaseModel):
+    """The profile and shape of the run a run directory holds (:data:`RUN_IDENTITY_FILE`). A run
+    directory is named after the job only (``<runs dir>/<job name>``): the same spec submitted with
+    another profile would find the other run's checkpoints and resume them (or stop: "nothing to
+    do"). Other inputs of the same profile and shape (``--set trainer.max_steps=1200``: train
+    longer) are the same run."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    profile: str = Field(description="The cluster profile's name.")
+    scheduler: str = Field(description="local, slurm, kubernetes or ssh.")
+    accelerator: str = Field(description="cpu or gpu.")
+    num_nodes: int | None = Field(description="Nodes; None for an elastic job (its count changes between restarts).")
+    devices_per_node: int = Field(description="Ranks per node.")
+    strategy: str = Field(description="The trainer's strategy (how the checkpoints are laid out).")
+
+    @classmethod
+    def of(cls, resolved: ResolvedSpec) -> RunIdentity:
+        """The identity of a run of ``resolved``."""
+        launch = resolved.launch
+        nodes = None if launch.min_nodes is not None else launch.num_nodes
+        return cls(profile=resolved.profile, scheduler=launch.scheduler, accelerator=launch.accelerator, num_nodes=nodes,
+                   devices_per_node=launch.devices_per_node, strategy=resolved.spec.trainer.strategy)
+
+    def describe(self) -> str:
+        nodes = "elastic" if self.num_nodes is None else self.num_nodes
+        return (f"profile {self.profile!r} ({nodes} node(s) x {self.devices_per_node} {self.accelerator} rank(s), "
+                f"{self.strategy})")
+
+
+def check_run_dir(run_dir: Path, resolved: ResolvedSpec, *, claim: bool = False) -> None:
+    """Refuse to start a run of ``resolved`` in ``run_dir`` when it holds a run of another profile or
+    shape: its :data:`RUN_IDENTITY_FILE`, else (a run directory of an older jobgen) its
+    summary.json's ``profile``, ``world_size`` and ``strategy``. ``claim``: write this run's identity
+    when the directory has none (``jobgen submit`` of a local run, rank zero of the entrypoint).
+
+    Raises:
+        ConfigError: another run's directory (exit 2), naming both and the way out.
+    """
+    mine = RunIdentity.of(resolved)
+    path = run_dir / RUN_IDENTITY_FILE
+    try:
+        theirs: RunIdentity | None = RunIdentity.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        theirs = None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a jobgen run identity ({exc})", location=str(path),
+                          hint="delete it: the next start records the identity of its own run") from None
+    if theirs is not None:
+        if theirs != mine:
+            _refuse_run_dir(run_dir, theirs.describe(), mine, path, path)
+        return
+    summary_path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and summary.get("profile") is not None:
+        recorded = (summary.get("profile"), summary.get("world_size"), summary.get("strategy"))
+        world = recorded[1] if mine.num_nodes is None else resolved.launch.world_size  # elastic: any world of its range
+        if recorded != (mine.profile, world, mine.strategy):
+            _refuse_run_dir(run_dir, f"profile {recorded[0]!r} (world size {recorded[1]}, {recorded[2]})", mine, summary_path, None)
+    if claim:
+        write_atomic(path, mine.model_dump_json(indent=2) + "\n")
+
+
+def _refuse_run_dir(run_dir: Path, theirs: str, mine: RunIdentity, location: Path, record: Path | None) -> None:
+    on_purpose = (f"; to continue that run's checkpoints with this profile on purpose, delete {record}" if record is not None else
+                  f"; to continue it on purpose, move its {SUMMARY_FILE} away")
+    raise ConfigError(
+        f"run directory {run_dir} holds a run of {theirs}; this job is {mine.describe()}: it would resume that run's "
+        "checkpoints (or stop at its max_steps) instead of starting its own",
+        location=str(location),
+        hint=f"give this job its own run directory: --set name=<another name> (e.g. the profile in it) or another --runs-dir{on_purpose}",
+    )
 
 
 # --------------------------------------------------------------------------- a local run's last start

@@ -48,6 +48,7 @@ from jobgen.jobdir import (
     LocalRun,
     ResolvedSpec,
     Submission,
+    check_run_dir,
     ensure_tracking_record,
     ignore_run_dir,
     read_local_run,
@@ -166,7 +167,8 @@ class LocalBackend(Backend):
         goes first on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
 
         Raises:
-            ConfigError: ``job_dir`` is not a local job directory, a secret of the spec is not
+            ConfigError: ``job_dir`` is not a local job directory, holds a run of another profile
+                or shape (:func:`~jobgen.jobdir.check_run_dir`), a secret of the spec is not
                 set in this environment, or the code's git work tree has uncommitted changes
                 (without ``options.allow_dirty``); nothing is started.
             SubmitError: torchrun or a rank exited non-zero.
@@ -182,6 +184,7 @@ class LocalBackend(Backend):
         if resolved.launch.scheduler != "local":
             raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for a local run",
                               hint="submit it with its own profile, or render the spec with --profile local")
+        check_run_dir(job_dir, resolved)  # another profile's or shape's run is not resumed here
         slow = bf16_emulation_warning(resolved.spec.trainer.precision, resolved.launch.accelerator)
         if slow:
             out(f"jobgen: warning: {slow}")
@@ -225,6 +228,7 @@ class LocalBackend(Backend):
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
         started = time.time()
+        check_run_dir(job_dir, resolved, claim=True)  # the directory is this run's from now on
         # status/ls read how this start goes from here (a local run has no scheduler to ask)
         run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_local_run(job_dir, run)

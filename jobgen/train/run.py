@@ -36,7 +36,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from jobgen.jobdir import write_atomic
+from jobgen.jobdir import check_run_dir, write_atomic
 from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import RequeueOnSignal, Throughput
@@ -134,6 +134,8 @@ def train(
     paths = RunPaths(run_dir)
     _quiet_lightning(spec.user_code)
 
+    # a run directory holds one run: another profile's or shape's is not resumed (jobgen.jobdir.check_run_dir)
+    check_run_dir(run_dir, resolved, claim=rank_zero_only.rank == 0)
     resume = None if spec.smoke else _describe_resume(resolved, paths)
     if spec.smoke:
         rank_zero_print(f"smoke run: {t.max_steps} step(s), no checkpoints written or resumed")

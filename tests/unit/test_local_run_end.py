@@ -173,3 +173,48 @@ def test_a_run_whose_jobgen_is_gone_without_an_end_is_unknown_not_running(setup)
     (run_dir / LOCAL_RUN_FILE).write_text(record.model_copy(update={"state": "RUNNING", "exit_code": None, "pid": int(dead)}).model_dump_json())
     status = _status(setup)
     assert status["state"] == "UNKNOWN" and "no longer runs" in status["details"]["reason"], status
+
+
+# --------------------------------------------------------------------------- finding 6: one run directory, one run
+
+
+def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
+    fake = setup["root"] / "fake-torchrun"
+    return write(setup["root"] / "profiles" / f"{name}.yaml",
+                 f"description: another machine\nscheduler: local\nmax_nodes: 1\ndefault_nodes: 1\ngpus_per_node: 0\n"
+                 f"cpu_processes_per_node: {ranks}\ncpus_per_node: 4\nmem_gib_per_node: 8\nlocal: {{python: {fake}}}\n")
+
+
+def test_a_run_directory_of_another_profile_or_shape_is_refused_before_anything_runs(setup):
+    """issue 30: the README's SLURM example after the quick start ran in runs/quickstart, found the
+    local run's checkpoint and stopped with "nothing to do". A run directory belongs to the profile
+    and shape of its first run; another one is refused (exit 2, nothing started), the same one
+    (a longer run, --set trainer.max_steps) resumes there."""
+    assert _submit(setup, "ok").returncode == 0
+    run_dir = setup["runs"] / "cmd"
+    log_before = (run_dir / "output.log").read_text()
+    other = _other_profile(setup, "bigger", 4)
+    refused = _jobgen(setup, "ok", "submit", str(setup["spec"]), "--profile", str(other), "--runs-dir", str(setup["runs"]))
+    assert refused.returncode == 2, refused.stderr
+    assert str(run_dir.resolve()) in refused.stderr and "'fakelocal'" in refused.stderr and "'bigger'" in refused.stderr, refused.stderr
+    assert "--set name=" in refused.stderr and "--runs-dir" in refused.stderr, refused.stderr
+    assert (run_dir / "output.log").read_text() == log_before  # nothing was started
+    assert _status(setup)["state"] == "COMPLETED"  # the first run's state stands
+    longer = _submit(setup, "ok", "--set", "env.STEPS='2'")  # other inputs, same profile and shape: the same run
+    assert longer.returncode == 0, longer.stderr
+
+
+def test_a_run_directory_of_an_older_jobgen_is_known_by_its_summary(setup):
+    """No identity record (a run directory an older jobgen wrote): summary.json's profile and world size say whose it is."""
+    from jobgen.jobdir import RUN_IDENTITY_FILE, check_run_dir, read_resolved_spec
+
+    assert _submit(setup, "ok").returncode == 0
+    run_dir = setup["runs"] / "cmd"
+    (run_dir / RUN_IDENTITY_FILE).unlink()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    resolved = read_resolved_spec(run_dir)
+    check_run_dir(run_dir, resolved)  # its own: fine
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"profile": "slurm-a100", "world_size": 16}))
+    with pytest.raises(Exception, match="'slurm-a100'") as info:
+        check_run_dir(run_dir, resolved)
+    assert getattr(info.value, "exit_code", None) == 2 and info.value.hint
