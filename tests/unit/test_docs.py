@@ -157,3 +157,23 @@ def test_readme_layout_names_every_package_and_module():
             assert f"`{module}`" in entry, f"README Layout's jobgen/{sub.name}/ line does not name {module}"
     for module in sorted(m.name for m in package.glob("*.py") if m.stem != "__init__"):
         assert f"`jobgen/{module}`" in layout, f"README Layout does not name jobgen/{module}"
+
+
+def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, monkeypatch):
+    """Issue 30: the README's API example rendered a two-node plan into manifests/, over the committed
+    manifests/slurm-a100/quickstart/, and `render --all --check` failed after it. Its plan and
+    render lines run here (in a copy of the checkout's manifests/, examples and profiles)."""
+    import shutil
+
+    block = README.split("### Python API", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    lines = block.splitlines()
+    runnable = "\n".join(lines[:next(i for i, line in enumerate(lines) if line.startswith("result = api.submit"))])
+    assert "api.render(" in runnable, runnable
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    for name in ("examples", "cluster_profiles", "templates", "jobgen.yaml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    monkeypatch.chdir(tmp_path)
+    before = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
+    exec(compile(runnable.replace("print(job_plan)", "str(job_plan)"), "README.md", "exec"), {})
+    after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
+    assert after == before, sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
