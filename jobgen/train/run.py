@@ -229,7 +229,8 @@ def train(
                 "global_step": trainer.global_step,
                 "max_steps": t.max_steps,
                 "val_loss": _float_or_none(trainer.callback_metrics.get("val_loss")),
-                "best_checkpoint": checkpoint.best_model_path or None,
+                # the newest step checkpoint kept (retention is by step, newest first; no loss decides it)
+                "newest_step_checkpoint": checkpoint.best_model_path or None,
                 "last_checkpoint": checkpoint.last_model_path or None,
                 "wall_time_s": round(time.time() - started, 3),
                 # GPU-hours (CPU-hours on CPU) of this run: world size x wall time (jobgen.reports.usage.run_usage)
