@@ -31,6 +31,17 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (REPO / ".ci" / "run").read_text().splitlines()
 
 
+def test_the_quick_starts_test_line_says_it_runs_the_labs_and_names_the_quick_tier():
+    """Issue 30: the Quick start's "Test" line said "unit, golden, script and real 2-process training
+    tests" for a command that also runs the SLURM, ssh and Kubernetes labs (root, apt installs, a
+    build of many minutes)."""
+    quick_start = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    test_line = quick_start.split("**Test**", 1)[1].split("```bash", 1)[0]
+    for words in ("SLURM, ssh and Kubernetes labs", "root", "apt", '-m "not lab and not slow"', "(#test-tiers)"):
+        assert words in test_line, f"the Quick start's Test line does not say {words!r}: {test_line}"
+    assert '-m "not lab and not slow"`: the quick tier' in README  # the tier it names is the one Test tiers defines
+
+
 def test_quickstart_command_pins_cpu_torch_and_runs_the_local_job():
     main = fenced_commands()[0]
     assert "torch==2.13.0" in main and "jobgen submit examples/quickstart.yaml --profile local" in main
