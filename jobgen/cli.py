@@ -712,7 +712,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
     """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
-    Master pod's output (Kubernetes), by default.
+    Master pod's output (Kubernetes), by default; a local run's output.log (every rank's lines).
 
     With --first-error, triage a failed job: when one rank fails, the others fail after it, and
     the earliest failure (Kubernetes: by the kubelet's timestamps; SLURM: by its place in srun's

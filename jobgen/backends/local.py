@@ -289,9 +289,37 @@ class LocalBackend(Backend):
         return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir))
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Not offered: a local run prints to the terminal that started it (and to its output.log)."""
-        raise not_supported("local", "logs", f"its output is in {handle.path}/{OUTPUT_LOG}, its metrics in "
-                            f"{handle.path}/logs/ (CSV) and summary.json")
+        """Print the run's :data:`OUTPUT_LOG` (every start, each rank's lines labelled
+        ``[default<rank>]:``); ``follow``: keep printing what is appended while the jobgen holding
+        the run (:class:`~jobgen.jobdir.LocalRun`) is running it. ``rank`` / ``replica`` are not
+        offered: torchrun's labels name the ranks in the one file.
+
+        Raises:
+            ConfigError: --rank or --replica given; the run directory has no output.log.
+        """
+        if options.rank is not None or options.replica is not None:
+            raise ConfigError("--rank and --replica do not apply to a local run: its output.log labels every rank's lines",
+                              hint="drop them (grep the log for [default<rank>]:)")
+        log = Path(handle.path) / OUTPUT_LOG
+        if not log.is_file():
+            raise ConfigError(f"{log} does not exist: the run was started by an older jobgen (it printed to its terminal "
+                              "only) or never started", location=str(log),
+                              hint=f"its metrics are in {handle.path}/logs/ (CSV) and summary.json")
+        with log.open("rb") as fh:
+            while True:
+                chunk = fh.read()
+                if chunk:
+                    for line in chunk.decode("utf-8", errors="replace").splitlines():
+                        out(line)
+                if not options.follow:
+                    return
+                run = read_local_run(Path(handle.path))
+                if run is None or run.state != "RUNNING" or not _alive(run.pid):
+                    rest = fh.read()
+                    for line in rest.decode("utf-8", errors="replace").splitlines():
+                        out(line)
+                    return
+                time.sleep(1.0)
 
     def first_error(self, handle: JobHandle) -> Triage:
         """Every rank's first failure in the last start's part of the run's :data:`OUTPUT_LOG`.

@@ -218,3 +218,13 @@ def test_a_run_directory_of_an_older_jobgen_is_known_by_its_summary(setup):
     with pytest.raises(Exception, match="'slurm-a100'") as info:
         check_run_dir(run_dir, resolved)
     assert getattr(info.value, "exit_code", None) == 2 and info.value.hint
+
+
+def test_logs_of_a_local_run_print_its_output_log(setup):
+    """issue 30 (finding 14): `jobgen logs local://...` refused; it prints the run's output.log."""
+    assert _submit(setup, "boom").returncode == 1
+    run_dir = (setup["runs"] / "cmd").resolve()
+    proc = _jobgen(setup, "ok", "logs", f"local://{run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (run_dir / "output.log").read_text(), proc.stdout
+    assert "[default0]:boom: the config names no dataset" in proc.stdout
