@@ -232,7 +232,8 @@ class LocalBackend(Backend):
         # status/ls read how this start goes from here (a local run has no scheduler to ask)
         run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_local_run(job_dir, run)
-        resume_hint = "run the same command again to resume from the last checkpoint"
+        resume_hint = ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
+                       "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
         try:
             code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
         except KeyboardInterrupt as exc:
@@ -245,6 +246,8 @@ class LocalBackend(Backend):
             _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
             hint = resume_hint
+            if code == 2 and resolved.spec.entrypoint is None:  # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT)
+                hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
             found = _log_triage(log) if log.is_file() else None
             first = found.first if found is not None else None
             write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}"))

@@ -56,6 +56,9 @@ mode = os.environ["FAKE_TORCHRUN"]
 if mode == "boom":
     sys.stdout.write({BOOM!r})
     sys.exit(1)
+if mode == "bad-input":  # the entrypoint's one-line error on an input it refuses (exit 2)
+    print("[default0]:python -m jobgen.train: error: spec.json: data.paths: no file matches notes/*.txt")
+    sys.exit(2)
 if mode == "ok":
     print("[default0]:done")
     sys.exit(0)
@@ -228,3 +231,22 @@ def test_logs_of_a_local_run_print_its_output_log(setup):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (run_dir / "output.log").read_text(), proc.stdout
     assert "[default0]:boom: the config names no dataset" in proc.stdout
+
+
+def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
+    """issue 30 (finding 14): jobgen keeps no checkpoints of a command-mode script: "rerun to resume
+    from the last checkpoint" is not jobgen's to promise there."""
+    proc = _submit(setup, "boom")
+    assert proc.returncode == 1
+    assert "resume from the last checkpoint" not in proc.stderr, proc.stderr
+    assert "fix" in proc.stderr.split("hint:", 1)[1], proc.stderr
+
+
+def test_an_entrypoint_input_error_is_not_told_to_rerun_to_resume(setup):
+    """The entrypoint refused its input (exit 2): the same command unchanged fails the same way."""
+    builtin = write(setup["root"] / "builtin.yaml", "name: builtin\n")
+    proc = _jobgen(setup, "bad-input", "submit", str(builtin), "--profile", str(setup["profile"]), "--runs-dir", str(setup["runs"]))
+    assert proc.returncode == 1, proc.stderr
+    hint = proc.stderr.split("hint:", 1)[1]
+    assert "resume from the last checkpoint" not in hint and "fix what its error names" in hint, proc.stderr
+    assert "data.paths: no file matches" in proc.stdout + proc.stderr  # the triage shows it
