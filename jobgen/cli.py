@@ -679,7 +679,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     no source knows the job (never a guess).
     Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
     FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
-    local: COMPLETED once the run directory holds summary.json.
+    local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
+    error) or CANCELLED (Ctrl-C).
     -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");
     a scheduler that cannot be asked is an error (exit 1), as JSON too.
     """
@@ -711,7 +712,7 @@ def status(job: str, output: str, as_json: bool) -> None:
 @output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
     """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
-    Master pod's output (Kubernetes), by default.
+    Master pod's output (Kubernetes), by default; a local run's output.log (every rank's lines).
 
     With --first-error, triage a failed job: when one rank fails, the others fail after it, and
     the earliest failure (Kubernetes: by the kubelet's timestamps; SLURM: by its place in srun's
@@ -839,9 +840,13 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
         if loaded.entrypoint is not None:
             checked = _check_command(resolved.spec, job_plan, spec)
             doc["checked"] = checked
-    elif loaded.entrypoint is not None:
-        checked = _check_command(loaded, None, spec)
-        doc["checked"] = checked
+    else:
+        from jobgen.planning.environment import check_env_credentials
+
+        check_env_credentials(loaded.env, source=spec, origin="spec")  # the rule needs no profile
+        if loaded.entrypoint is not None:
+            checked = _check_command(loaded, None, spec)
+            doc["checked"] = checked
     if import_check:
         doc["import_notes"] = _import_check(spec, loaded)
     if output == "json":

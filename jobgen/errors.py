@@ -3,7 +3,7 @@
 Every error a user can cause is a :class:`JobgenError`: it says what was given, where
 (file + JSON path of the field), and carries a ``hint`` with the exact fix. The CLI prints
 it without a traceback and exits with :attr:`JobgenError.exit_code` (2 for bad input, 1 for
-cluster/submit failures, see ARCHITECTURE.md "Errors").
+cluster/submit failures, 130 for an interrupted run; see ARCHITECTURE.md "Errors").
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 1
+#: Interrupted (Ctrl-C): 128 + SIGINT, the Unix shells' convention.
+EXIT_INTERRUPTED = 130
 
 #: A URL with a scheme (``https://...``, ``git+ssh://...``) inside running text: up to a space or quote.
 _URL_RE = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
@@ -102,6 +104,12 @@ class SubmitError(JobgenError):
     """The scheduler or a launched process failed (exit 1)."""
 
     exit_code = EXIT_RUNTIME
+
+
+class InterruptedRun(SubmitError):
+    """A run jobgen held in the foreground was stopped by Ctrl-C (exit 130, as a shell reports SIGINT)."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class TrackerError(JobgenError):

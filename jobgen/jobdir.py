@@ -10,7 +10,8 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
 - ``spec.json`` — :class:`ResolvedSpec`: the training spec plus the launch facts
   (:class:`LaunchSpec`), read by ``python -m jobgen.train`` on every node. ``extra="forbid"``:
   a key this version does not know is an error, never silently ignored.
-- ``ds_config.json`` — the DeepSpeed config (DeepSpeed strategies only).
+- ``ds_config.json`` — the DeepSpeed config (DeepSpeed strategies only); jobgen's when the spec.json
+  beside it names it (:func:`is_generated`).
 - ``job.sbatch`` (SLURM), ``pytorchjob.yaml`` / ``trainjob.yaml`` + ``kustomization.yaml``
   (Kubernetes), ``launch.sh`` (ssh) — the scheduler's files, each starting with :data:`GENERATED_MARK`
   (after a ``#!`` line).
@@ -110,6 +111,12 @@ MLFLOW_DB_FILE = "mlflow.db"
 WANDB_SUBDIR = "wandb"
 #: At the root of a project render (``jobgen render --all``): every job of the project.
 INDEX_FILE = "index.yaml"
+#: In every run directory: :class:`RunIdentity`, the profile and shape of the run it holds (written by
+#: the first start; a start of another profile or shape is refused there: :func:`check_run_dir`).
+RUN_IDENTITY_FILE = ".jobgen-run.json"
+#: In a local run directory: :class:`LocalRun`, how the last start of the run went (RUNNING while
+#: jobgen holds it in the foreground, then COMPLETED, FAILED or CANCELLED with torchrun's exit code).
+LOCAL_RUN_FILE = ".jobgen-local-run.json"
 
 #: A job array's index of points (:class:`ArrayIndex`), beside its ``job.sbatch``.
 ARRAY_INDEX_FILE = "array.json"
@@ -208,13 +215,29 @@ def is_generated_text(name: str, head: str) -> bool:
 
 
 def is_generated(path: Path) -> bool:
-    """True when ``path`` is a file jobgen rendered (see :func:`is_generated_text`)."""
+    """True when ``path`` is a file jobgen rendered (see :func:`is_generated_text`). A
+    :data:`DS_CONFIG_FILE` is DeepSpeed's format, with no room for a mark: it is jobgen's when the
+    :data:`SPEC_FILE` beside it is (a job directory, or a job array's ``points/<i>/``) and names it
+    as its DeepSpeed config."""
+    if path.name == DS_CONFIG_FILE:
+        return path.is_file() and _names_ds_config(path.with_name(SPEC_FILE))
     try:
         with path.open("rb") as fh:
             head = fh.read(_MARK_WINDOW).decode("utf-8", "replace")
     except OSError:
         return False
     return is_generated_text(path.name, head)
+
+
+def _names_ds_config(spec_file: Path) -> bool:
+    """Whether ``spec_file`` is a spec.json jobgen rendered whose launch names :data:`DS_CONFIG_FILE`."""
+    if not is_generated(spec_file):
+        return False
+    try:
+        launch = json.loads(spec_file.read_text(encoding="utf-8")).get("launch", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(launch, dict) and launch.get("deepspeed_config") == DS_CONFIG_FILE
 
 
 def is_jobgen_output(path: Path) -> bool:
@@ -614,6 +637,128 @@ def read_code_snapshot(root: Path) -> CodeSnapshot:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not a jobgen code snapshot record ({exc})", location=f"environment: {CODE_DIR_ENV}",
                           hint="submit again with jobgen submit (it takes a fresh snapshot)") from None
+
+
+# --------------------------------------------------------------------------- whose run a run directory holds
+
+
+class RunIdentity(BaseModel):
+    """The profile and shape of the run a run directory holds (:data:`RUN_IDENTITY_FILE`). A run
+    directory is named after the job only (``<runs dir>/<job name>``): the same spec submitted with
+    another profile would find the other run's checkpoints and resume them (or stop: "nothing to
+    do"). Other inputs of the same profile and shape (``--set trainer.max_steps=1200``: train
+    longer) are the same run."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    profile: str = Field(description="The cluster profile's name.")
+    scheduler: str = Field(description="local, slurm, kubernetes or ssh.")
+    accelerator: str = Field(description="cpu or gpu.")
+    num_nodes: int | None = Field(description="Nodes; None for an elastic job (its count changes between restarts).")
+    devices_per_node: int = Field(description="Ranks per node.")
+    strategy: str = Field(description="The trainer's strategy (how the checkpoints are laid out).")
+
+    @classmethod
+    def of(cls, resolved: ResolvedSpec) -> RunIdentity:
+        """The identity of a run of ``resolved``."""
+        launch = resolved.launch
+        nodes = None if launch.min_nodes is not None else launch.num_nodes
+        return cls(profile=resolved.profile, scheduler=launch.scheduler, accelerator=launch.accelerator, num_nodes=nodes,
+                   devices_per_node=launch.devices_per_node, strategy=resolved.spec.trainer.strategy)
+
+    def describe(self) -> str:
+        nodes = "elastic" if self.num_nodes is None else self.num_nodes
+        return (f"profile {self.profile!r} ({nodes} node(s) x {self.devices_per_node} {self.accelerator} rank(s), "
+                f"{self.strategy})")
+
+
+def check_run_dir(run_dir: Path, resolved: ResolvedSpec, *, claim: bool = False) -> None:
+    """Refuse to start a run of ``resolved`` in ``run_dir`` when it holds a run of another profile or
+    shape: its :data:`RUN_IDENTITY_FILE`, else (a run directory of an older jobgen) its
+    summary.json's ``profile``, ``world_size`` and ``strategy``. ``claim``: write this run's identity
+    when the directory has none (``jobgen submit`` of a local run, rank zero of the entrypoint).
+
+    Raises:
+        ConfigError: another run's directory (exit 2), naming both and the way out.
+    """
+    mine = RunIdentity.of(resolved)
+    path = run_dir / RUN_IDENTITY_FILE
+    try:
+        theirs: RunIdentity | None = RunIdentity.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        theirs = None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a jobgen run identity ({exc})", location=str(path),
+                          hint="delete it: the next start records the identity of its own run") from None
+    if theirs is not None:
+        if theirs != mine:
+            _refuse_run_dir(run_dir, theirs.describe(), mine, path, path)
+        return
+    summary_path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and summary.get("profile") is not None:
+        recorded = (summary.get("profile"), summary.get("world_size"), summary.get("strategy"))
+        world = recorded[1] if mine.num_nodes is None else resolved.launch.world_size  # elastic: any world of its range
+        if recorded != (mine.profile, world, mine.strategy):
+            _refuse_run_dir(run_dir, f"profile {recorded[0]!r} (world size {recorded[1]}, {recorded[2]})", mine, summary_path, None)
+    if claim:
+        write_atomic(path, mine.model_dump_json(indent=2) + "\n")
+
+
+def _refuse_run_dir(run_dir: Path, theirs: str, mine: RunIdentity, location: Path, record: Path | None) -> None:
+    on_purpose = (f"; to continue that run's checkpoints with this profile on purpose, delete {record}" if record is not None else
+                  f"; to continue it on purpose, move its {SUMMARY_FILE} away")
+    raise ConfigError(
+        f"run directory {run_dir} holds a run of {theirs}; this job is {mine.describe()}: it would resume that run's "
+        "checkpoints (or stop at its max_steps) instead of starting its own",
+        location=str(location),
+        hint=f"give this job its own run directory: --set name=<another name> (e.g. the profile in it) or another --runs-dir{on_purpose}",
+    )
+
+
+# --------------------------------------------------------------------------- a local run's last start
+
+#: The states a :class:`LocalRun` records.
+LocalRunState = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
+
+
+class LocalRun(BaseModel):
+    """How the last start of a local run went (:data:`LOCAL_RUN_FILE`), written by ``jobgen submit``
+    when it starts torchrun (RUNNING, with jobgen's own process id) and when torchrun ends:
+    COMPLETED (exit 0), FAILED (another exit code; ``first_error``: the first failing rank's
+    error, as the triage found it) or CANCELLED (Ctrl-C). A local run has no scheduler to ask:
+    this record is what ``jobgen status`` / ``ls`` read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    state: LocalRunState = Field(description="RUNNING while jobgen holds the run, then how it ended.")
+    pid: int = Field(description="The jobgen process that holds (held) the run in its foreground.")
+    started_at: str = Field(description="When this start began (UTC, ISO 8601).")
+    ended_at: str | None = Field(default=None, description="When it ended (UTC, ISO 8601); None while RUNNING.")
+    exit_code: int | None = Field(default=None, description="torchrun's exit code; None while RUNNING or when it never ended on its own.")
+    first_error: str | None = Field(default=None, description="FAILED: ``<rank>: <headline>`` of the first failure in output.log.")
+
+    def ended(self, state: LocalRunState, exit_code: int | None, first_error: str | None = None) -> LocalRun:
+        """This start, ended now in ``state``."""
+        return self.model_copy(update={"state": state, "exit_code": exit_code, "first_error": first_error,
+                                       "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+
+def write_local_run(run_dir: Path, record: LocalRun) -> None:
+    """Write ``record`` into ``run_dir`` (atomically)."""
+    write_atomic(run_dir / LOCAL_RUN_FILE, record.model_dump_json(indent=2) + "\n")
+
+
+def read_local_run(run_dir: Path) -> LocalRun | None:
+    """The :class:`LocalRun` of ``run_dir``; None when it has none (a run of a jobgen that kept
+    none) or it cannot be read (a cache of what submit saw: status then says UNKNOWN, never a guess)."""
+    try:
+        return LocalRun.model_validate_json((run_dir / LOCAL_RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- the trackers' run identity

@@ -37,19 +37,24 @@ from jobgen.backends.base import (
     not_supported,
     secrets_location,
 )
-from jobgen.errors import ConfigError, JobgenError, SubmitError
+from jobgen.errors import ConfigError, InterruptedRun, JobgenError, SubmitError
 from jobgen.jobdir import (
     CODE_DIR_ENV,
     DS_CONFIG_FILE,
+    LOCAL_RUN_FILE,
     SPEC_FILE,
     SUMMARY_FILE,
     JobHandle,
+    LocalRun,
     ResolvedSpec,
     Submission,
+    check_run_dir,
     ensure_tracking_record,
     ignore_run_dir,
+    read_local_run,
     read_resolved_spec,
     write_atomic,
+    write_local_run,
 )
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import check_present
@@ -162,10 +167,15 @@ class LocalBackend(Backend):
         goes first on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
 
         Raises:
-            ConfigError: ``job_dir`` is not a local job directory, a secret of the spec is not
+            ConfigError: ``job_dir`` is not a local job directory, holds a run of another profile
+                or shape (:func:`~jobgen.jobdir.check_run_dir`), a secret of the spec is not
                 set in this environment, or the code's git work tree has uncommitted changes
                 (without ``options.allow_dirty``); nothing is started.
-            SubmitError: torchrun or a rank exited non-zero, or the run was interrupted.
+            SubmitError: torchrun or a rank exited non-zero.
+            InterruptedRun: the run was interrupted (Ctrl-C; exit 130).
+
+        How this start goes is recorded in the run directory (:class:`~jobgen.jobdir.LocalRun`,
+        read by :meth:`status`): RUNNING, then COMPLETED, FAILED or CANCELLED.
         """
         self.check_options(options)
         job_dir = job_dir.resolve()
@@ -174,6 +184,7 @@ class LocalBackend(Backend):
         if resolved.launch.scheduler != "local":
             raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for a local run",
                               hint="submit it with its own profile, or render the spec with --profile local")
+        check_run_dir(job_dir, resolved)  # another profile's or shape's run is not resumed here
         slow = bf16_emulation_warning(resolved.spec.trainer.precision, resolved.launch.accelerator)
         if slow:
             out(f"jobgen: warning: {slow}")
@@ -217,36 +228,101 @@ class LocalBackend(Backend):
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
         started = time.time()
-        code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+        check_run_dir(job_dir, resolved, claim=True)  # the directory is this run's from now on
+        # status/ls read how this start goes from here (a local run has no scheduler to ask)
+        run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        write_local_run(job_dir, run)
+        resume_hint = ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
+                       "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
+        try:
+            code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+        except KeyboardInterrupt as exc:
+            write_local_run(job_dir, run.ended("CANCELLED", getattr(exc, "exit_code", None)))
+            raise InterruptedRun("run interrupted (Ctrl-C); every rank was stopped", hint=resume_hint) from None
+        except JobgenError as exc:  # torchrun could not be started
+            write_local_run(job_dir, run.ended("FAILED", None, exc.message))
+            raise
         if code == 0 and resolved.spec.entrypoint is not None:
             _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
-            hint = "rerun with the same command to resume from the last checkpoint"
-            if log.is_file():
+            hint = resume_hint
+            if code == 2 and resolved.spec.entrypoint is None:  # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT)
+                hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
+            found = _log_triage(log) if log.is_file() else None
+            first = found.first if found is not None else None
+            write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}"))
+            if found is not None:
                 out("")
-                for line in format_triage(_log_triage(log), str(handle)):
+                for line in format_triage(found, str(handle)):
                     out(line)
                 out(f"jobgen: every rank's output and torchrun's report: {log}")
                 hint = f"the first failing rank's error is above (all of it: {log}); " + hint
             raise SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
+        write_local_run(job_dir, run.ended("COMPLETED", 0))
         if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
             left = [f"summary: {SUMMARY_FILE}", *(f"{d}/" for d in ("checkpoints", "logs") if any((job_dir / d).glob("*")))]
             out(f"jobgen: run directory {job_dir} ({', '.join(left)})")
         return SubmitResult("completed", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
-        """COMPLETED when the run directory holds ``summary.json`` (written when training ends),
-        else UNKNOWN: a local run lives in the foreground of the shell that started it."""
+        """How the run's last start went, as ``jobgen submit`` recorded it (:class:`~jobgen.jobdir.LocalRun`):
+        RUNNING while the jobgen process holding it runs, then COMPLETED, FAILED or CANCELLED
+        (Ctrl-C) with torchrun's exit code (``details``: ``exit_code``; a failure's ``first_error``);
+        UNKNOWN when the jobgen that held it is gone without recording an end. A run directory
+        without that record (an older jobgen): COMPLETED when it holds ``summary.json``, else UNKNOWN."""
         run_dir = Path(handle.path)
-        if (run_dir / SUMMARY_FILE).is_file():
-            return JobStatus(handle, "COMPLETED", SUMMARY_FILE, {"run_dir": str(run_dir)}, _summary_usage(run_dir))
-        reason = "no summary.json: the run is still in the foreground, was interrupted, or failed (see its terminal)"
-        return JobStatus(handle, "UNKNOWN", "none", {"run_dir": str(run_dir), "reason": reason})
+        details = {"run_dir": str(run_dir)}
+        run = read_local_run(run_dir)
+        if run is None:
+            if (run_dir / SUMMARY_FILE).is_file():
+                return JobStatus(handle, "COMPLETED", SUMMARY_FILE, details, _summary_usage(run_dir))
+            reason = f"no summary.json and no {LOCAL_RUN_FILE}: the run was started by an older jobgen, or never started"
+            return JobStatus(handle, "UNKNOWN", "none", details | {"reason": reason})
+        details["started_at"] = run.started_at
+        if run.state == "RUNNING":
+            if _alive(run.pid):
+                return JobStatus(handle, "RUNNING", LOCAL_RUN_FILE, details | {"pid": str(run.pid)}, _usage(run, run_dir))
+            reason = (f"the jobgen process that ran it (pid {run.pid}) no longer runs and recorded no end "
+                      "(killed, or the machine restarted); see its output.log")
+            return JobStatus(handle, "UNKNOWN", "none", details | {"reason": reason})
+        details |= {"ended_at": run.ended_at or "", "exit_code": "" if run.exit_code is None else str(run.exit_code)}
+        if run.first_error:
+            details["first_error"] = run.first_error
+        usage = _summary_usage(run_dir) if run.state == "COMPLETED" else None
+        return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir))
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Not offered: a local run prints to the terminal that started it (and to its output.log)."""
-        raise not_supported("local", "logs", f"its output is in {handle.path}/{OUTPUT_LOG}, its metrics in "
-                            f"{handle.path}/logs/ (CSV) and summary.json")
+        """Print the run's :data:`OUTPUT_LOG` (every start, each rank's lines labelled
+        ``[default<rank>]:``); ``follow``: keep printing what is appended while the jobgen holding
+        the run (:class:`~jobgen.jobdir.LocalRun`) is running it. ``rank`` / ``replica`` are not
+        offered: torchrun's labels name the ranks in the one file.
+
+        Raises:
+            ConfigError: --rank or --replica given; the run directory has no output.log.
+        """
+        if options.rank is not None or options.replica is not None:
+            raise ConfigError("--rank and --replica do not apply to a local run: its output.log labels every rank's lines",
+                              hint="drop them (grep the log for [default<rank>]:)")
+        log = Path(handle.path) / OUTPUT_LOG
+        if not log.is_file():
+            raise ConfigError(f"{log} does not exist: the run was started by an older jobgen (it printed to its terminal "
+                              "only) or never started", location=str(log),
+                              hint=f"its metrics are in {handle.path}/logs/ (CSV) and summary.json")
+        with log.open("rb") as fh:
+            while True:
+                chunk = fh.read()
+                if chunk:
+                    for line in chunk.decode("utf-8", errors="replace").splitlines():
+                        out(line)
+                if not options.follow:
+                    return
+                run = read_local_run(Path(handle.path))
+                if run is None or run.state != "RUNNING" or not _alive(run.pid):
+                    rest = fh.read()
+                    for line in rest.decode("utf-8", errors="replace").splitlines():
+                        out(line)
+                    return
+                time.sleep(1.0)
 
     def first_error(self, handle: JobHandle) -> Triage:
         """Every rank's first failure in the last start's part of the run's :data:`OUTPUT_LOG`.
@@ -262,6 +338,33 @@ class LocalBackend(Backend):
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
         raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _usage(run: LocalRun, run_dir: Path) -> Usage | None:
+    """The device time of the start ``run`` records: its ranks (spec.json) x its start to its end
+    (to now while it runs); ``None`` when spec.json or the times cannot be read."""
+    try:
+        launch = read_resolved_spec(run_dir).launch
+        start = datetime.fromisoformat(run.started_at)
+        end = datetime.fromisoformat(run.ended_at) if run.ended_at else None
+    except (ValueError, JobgenError):
+        return None
+    elapsed = ((end or datetime.now(timezone.utc)) - start).total_seconds()
+    return Usage(launch.accelerator, launch.world_size, max(elapsed, 0.0), f"{LOCAL_RUN_FILE} start to end x ranks",
+                 start=start, end=end, gpu_hour_price=launch.gpu_hour_price)
 
 
 def _summary_usage(run_dir: Path) -> Usage | None:
@@ -365,11 +468,19 @@ def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Pat
     except KeyboardInterrupt:
         print("\njobgen: interrupted; stopping every rank ...", file=sys.stderr, flush=True)
         _stop_group(proc)
-        raise SubmitError("run interrupted (Ctrl-C); every rank was stopped", hint="run the same command again to resume from the last checkpoint") from None
+        raise _Stopped(proc.returncode) from None
     finally:
         if proc.poll() is None:
             _stop_group(proc)
         sink.close()
+
+
+class _Stopped(KeyboardInterrupt):
+    """Ctrl-C stopped a foreground run; ``exit_code``: torchrun's, once its group was stopped."""
+
+    def __init__(self, exit_code: int | None):
+        super().__init__()
+        self.exit_code = exit_code
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

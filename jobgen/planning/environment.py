@@ -13,7 +13,8 @@ Two ways into the environment of every rank:
   each name must be mapped to a Secret by the profile's ``kubernetes.secret_env``.
 
 Plan-time rules: :func:`check_job_env` (called by :func:`jobgen.planning.plan.plan` for every
-scheduler) and :func:`export_problem` (SLURM's ``--export``). Submit-time rules:
+scheduler; its credential rule, :func:`check_env_credentials`, also by ``jobgen validate`` without
+a profile) and :func:`export_problem` (SLURM's ``--export``). Submit-time rules:
 :func:`check_present` and :func:`unexported` (``$SBATCH_EXPORT``). Everything raises
 :class:`~jobgen.errors.PlanError` or :class:`~jobgen.errors.ConfigError` (exit 2) with the
 file + field path and a hint.
@@ -93,12 +94,35 @@ def launcher_owned(name: str) -> bool:
     return name in LAUNCHER_ENV or name.startswith(LAUNCHER_PREFIXES)
 
 
-def _env_hint(scheduler: str, name: str, field: str) -> str:
+def _env_hint(scheduler: str | None, name: str, field: str) -> str:
+    k8s = f"kubernetes.secret_env: {{{name}: {{secret: <Secret name>, key: <key>}}}}"
     if scheduler == "kubernetes":
-        return (f"Create a Secret in the cluster and reference it from the profile: kubernetes.secret_env: "
-                f"{{{name}: {{secret: <Secret name>, key: <key>}}}}; remove {name} from {field}.")
+        return f"Create a Secret in the cluster and reference it from the profile: {k8s}; remove {name} from {field}."
+    if scheduler is None:  # no profile: both ways
+        return (f"Remove {name} from {field} and name it in the spec instead: `secrets: [{name}]`; jobgen submit takes its "
+                f"value from the environment it runs in (SLURM, ssh, local: export {name} there first; Kubernetes: map it "
+                f"to a Secret in the profile, {k8s}) and no file holds it.")
     return (f"Remove {name} from {field} and name it in the spec instead: `secrets: [{name}]`; jobgen submit then takes "
             f"its value from the environment it runs in (export {name} there first) and no file holds it.")
+
+
+def check_env_credentials(env: Mapping[str, str], *, source: str, origin: str, scheduler: str | None = None) -> None:
+    """No credential in a literal ``env`` (of the ``origin`` ``"spec"`` or ``"profile"``, read from
+    ``source``): a name that :func:`looks_secret` is refused, since its value would be written into
+    the rendered files. ``scheduler`` (None: not known, ``jobgen validate`` without a profile) picks
+    where the hint sends the value.
+
+    Raises:
+        PlanError: naming ``<source>: env.<name>``, with the hint.
+    """
+    for name in env:
+        if looks_secret(name):
+            written = _WRITTEN_TO[scheduler, origin] if scheduler is not None else "spec.json and the rendered job files, on every scheduler"
+            raise PlanError(
+                f"`env.{name}` looks like a credential; its value would be written into {written}.",
+                location=f"{source}: env.{name}",
+                hint=_env_hint(scheduler, name, "env"),
+            )
 
 
 def check_job_env(spec: TrainingSpec, profile: ClusterProfile, world: World, *, spec_source: str = "<spec>",
@@ -119,13 +143,7 @@ def check_job_env(spec: TrainingSpec, profile: ClusterProfile, world: World, *, 
     """
     scheduler = profile.scheduler
     for source, env, origin in ((profile_source, profile.env, "profile"), (spec_source, spec.env, "spec")):
-        for name in env:
-            if looks_secret(name):
-                raise PlanError(
-                    f"`env.{name}` looks like a credential; its value would be written into {_WRITTEN_TO[scheduler, origin]}.",
-                    location=f"{source}: env.{name}",
-                    hint=_env_hint(scheduler, name, "env"),
-                )
+        check_env_credentials(env, source=source, origin=origin, scheduler=scheduler)
     preset = nccl_env(profile.network_fabric, uses_nccl=world.accelerator == "gpu")
     for i, name in enumerate(spec.secrets):
         where = f"{spec_source}: secrets[{i}]"

@@ -21,7 +21,11 @@ A failure is, per source (a rank, or a pod when ranks are not labelled):
 - the entrypoint's own one-line error (``python -m jobgen.train: error: ...``), or
 - a C++ abort: ``terminate called ...``, the line libstdc++'s terminate handler writes before
   ``abort()`` (an uncaught C++ exception, with its ``what():`` line, or none: "without an active
-  exception", which a torch.distributed rank hits at interpreter teardown: :data:`TEARDOWN_HINT`).
+  exception", which a torch.distributed rank hits at interpreter teardown: :data:`TEARDOWN_HINT`), or
+- failing all of those, for a rank its launcher reports as exited non-zero (torchrun's
+  ChildFailedError report, srun's ``Exited with exit code N``): the rank's last output line
+  (kind ``exit``), which is what ``sys.exit("message")`` / ``raise SystemExit("message")`` leaves
+  (the message on stderr, no traceback). These come after every other kind of failure.
 
 Pure: no I/O. The backends read the output and pass lines in.
 """
@@ -69,8 +73,17 @@ PEER_LOST_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crashing|ncclRemoteError"
     r"|remote process exited|[Cc]ommunicator was aborted"
 )
-#: Lines of context kept after an NCCL or entrypoint error line.
+#: Lines of context kept after an NCCL or entrypoint error line (and before a rank's last line).
 CONTEXT_LINES = 3
+#: torchrun's ChildFailedError report, one failed worker: ``  rank      : 1 (local_rank: 1)`` then
+#: ``  exitcode  : 1 (pid: 4243)`` (torch.distributed.elastic.multiprocessing.errors).
+TORCHRUN_REPORT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\b")
+TORCHRUN_REPORT_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)\b")
+#: srun's report of a task's end (the ``what`` of :data:`SRUN_TASK_RE`).
+SRUN_EXIT_RE = re.compile(r"Exited with exit code (?P<code>\d+)")
+#: What the ``exit`` kind means.
+EXIT_HINT = ("the rank exited with code {code} without a traceback; its last output line is shown (what "
+             "sys.exit(\"message\") or raise SystemExit(\"message\") prints; all of its output is in the log)")
 
 
 @dataclass(frozen=True)
@@ -100,8 +113,9 @@ class Failure:
 
     Attributes:
         source, rank, node: as in :class:`LogLine` (``node`` completed from srun's task lines).
-        kind: ``traceback``, ``nccl``, ``error`` (the entrypoint's one-line error) or ``abort``
-            (a C++ ``terminate called ...``).
+        kind: ``traceback``, ``nccl``, ``error`` (the entrypoint's one-line error), ``abort``
+            (a C++ ``terminate called ...``) or ``exit`` (a rank its launcher reports as exited
+            non-zero, with none of those: its last output line).
         headline: the line that says what failed (the exception line of a traceback; an abort's
             terminate line and its ``what():`` line, joined).
         lines: the traceback, or the error line with a little context.
@@ -212,6 +226,46 @@ def _task_nodes(lines: Iterable[LogLine]) -> tuple[dict[int, str], tuple[str, ..
     return nodes, tuple(exits)
 
 
+def _exited_ranks(lines: list[LogLine]) -> dict[int, int]:
+    """Rank -> exit code of the ranks their launcher reports as exited non-zero: torchrun's
+    ChildFailedError report (its own, unlabelled lines) and srun's task lines."""
+    exited: dict[int, int] = {}
+    rank: int | None = None
+    for line in lines:
+        if line.rank is not None:
+            continue
+        srun = SRUN_TASK_RE.match(line.text)
+        if srun is not None:
+            code = SRUN_EXIT_RE.search(srun.group("what"))
+            for part in srun.group("tasks").split(",") if code is not None and code.group("code") != "0" else ():
+                low, _, high = part.partition("-")
+                for task in range(int(low), int(high or low) + 1):
+                    exited.setdefault(task, int(code.group("code")))
+            continue
+        match = TORCHRUN_REPORT_RANK_RE.match(line.text)
+        if match is not None:
+            rank = int(match.group("rank"))
+            continue
+        match = TORCHRUN_REPORT_EXIT_RE.match(line.text)
+        if match is not None and rank is not None:
+            if match.group("code") != "0":
+                exited.setdefault(rank, int(match.group("code")))
+            rank = None
+    return exited
+
+
+def _last_words(lines: list[LogLine], code: int) -> Failure | None:
+    """A rank's ``exit`` failure: its last non-blank line, with the lines before it."""
+    texts = [TORCH_RANK_PREFIX_RE.sub("", line.text, count=1) for line in lines]
+    last = next((i for i in range(len(texts) - 1, -1, -1) if texts[i].strip()), None)
+    if last is None:
+        return None
+    line = lines[last]
+    return Failure(line.source, line.rank, line.node, "exit", texts[last].strip(),
+                   tuple(texts[max(0, last - CONTEXT_LINES):last + 1]), line.position, line.timestamp,
+                   EXIT_HINT.format(code=code))
+
+
 def lost_peer(failure: Failure) -> bool:
     """Whether ``failure`` is a rank's reaction to a dead peer (:data:`PEER_LOST_RE`)."""
     return PEER_LOST_RE.search(failure.headline) is not None
@@ -230,6 +284,7 @@ def triage(lines: Iterable[LogLine]) -> Triage:
     """
     every = list(lines)
     nodes, exits = _task_nodes(every)
+    exited = _exited_ranks(every)
     by_source: dict[str, list[LogLine]] = {}
     for line in every:
         if line.rank is not None or line.source.startswith("pod "):
@@ -238,15 +293,18 @@ def triage(lines: Iterable[LogLine]) -> Triage:
     for source_lines in by_source.values():
         source_lines.sort(key=lambda line: line.position)
         found = _first_failure(source_lines)
+        rank = source_lines[0].rank
+        if found is None and rank is not None and rank in exited:
+            found = _last_words(source_lines, exited[rank])
         if found is not None and found.node is None and found.rank is not None and found.rank in nodes:
             found = dataclasses.replace(found, node=nodes[found.rank])
         if found is not None:
             failures.append(found)
     timed = bool(failures) and all(f.timestamp is not None for f in failures)
     if timed:
-        failures.sort(key=lambda f: (lost_peer(f), f.timestamp, f.position, f.source))
+        failures.sort(key=lambda f: (lost_peer(f), f.kind == "exit", f.timestamp, f.position, f.source))
     else:
-        failures.sort(key=lambda f: (lost_peer(f), f.position, f.source))
+        failures.sort(key=lambda f: (lost_peer(f), f.kind == "exit", f.position, f.source))
     return Triage(tuple(failures), "timestamp" if timed else "position", exits)
 
 
@@ -335,7 +393,7 @@ def format_triage(result: Triage, handle: str) -> list[str]:
     def seen(f: Failure) -> tuple[object, ...]:
         return (f.timestamp, f.position) if result.ordered_by == "timestamp" else (f.position,)
 
-    earlier = [f.source for f in result.failures[1:] if seen(f) < seen(first)]  # lost peers (see triage)
+    earlier = [f.source for f in result.failures[1:] if lost_peer(f) and seen(f) < seen(first)]  # see triage
     after = f"; {', '.join(earlier)} reported a lost peer earlier" if earlier else ""
     lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s){after})",
              f"  {first.headline}", ""]

@@ -36,7 +36,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from jobgen.jobdir import write_atomic
+from jobgen.jobdir import check_run_dir, write_atomic
 from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import RequeueOnSignal, Throughput
@@ -134,6 +134,8 @@ def train(
     paths = RunPaths(run_dir)
     _quiet_lightning(spec.user_code)
 
+    # a run directory holds one run: another profile's or shape's is not resumed (jobgen.jobdir.check_run_dir)
+    check_run_dir(run_dir, resolved, claim=rank_zero_only.rank == 0)
     resume = None if spec.smoke else _describe_resume(resolved, paths)
     if spec.smoke:
         rank_zero_print(f"smoke run: {t.max_steps} step(s), no checkpoints written or resumed")
@@ -231,7 +233,8 @@ def train(
                 "global_step": trainer.global_step,
                 "max_steps": t.max_steps,
                 "val_loss": _float_or_none(trainer.callback_metrics.get("val_loss")),
-                "best_checkpoint": checkpoint.best_model_path or None,
+                # the newest step checkpoint kept (retention is by step, newest first; no loss decides it)
+                "newest_step_checkpoint": checkpoint.best_model_path or None,
                 "last_checkpoint": checkpoint.last_model_path or None,
                 "wall_time_s": round(time.time() - started, 3),
                 # GPU-hours (CPU-hours on CPU) of this run: world size x wall time (jobgen.reports.usage.run_usage)

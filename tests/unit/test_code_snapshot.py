@@ -504,7 +504,7 @@ def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_p
     assert summary["wall_time_s"] >= 0 and summary["usage"]["devices"] == 2
 
 
-def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatch):
+def test_a_failed_local_command_run_writes_no_summary_and_is_failed(repo, tmp_path, monkeypatch):
     write(repo / "train.py", "raise SystemExit(3)\n")
     spec = write(repo / "jobs" / "cmd.yaml", "name: cmd\nentrypoint: {script: train.py}\n")
     git(repo, "add", "-A")
@@ -513,4 +513,25 @@ def test_a_failed_local_command_run_writes_no_summary(repo, tmp_path, monkeypatc
     with pytest.raises(SubmitError, match="exited with code 3"):
         local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
     assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
-    assert get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve()))).state == "UNKNOWN"
+    status = get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve())))
+    assert (status.state, status.details["exit_code"]) == ("FAILED", "3"), status  # issue 30: not UNKNOWN for good
+
+
+def test_a_rendered_deepspeed_job_does_not_block_a_submit(repo, tmp_path, run_cli):
+    """issue 30: ``ds_config.json`` carries no mark of its own (it is DeepSpeed's format): it is
+    jobgen's output when the spec.json jobgen rendered beside it names it, in a job directory and
+    in a job array's ``points/<i>/``. A ds_config.json of the user's elsewhere is still a change."""
+    from jobgen.usercode.snapshot import changes
+
+    spec = write(repo / "jobs" / "zero.yaml", "name: zero\ntrainer: {strategy: deepspeed_stage_2}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a DeepSpeed spec")
+    for profile, sweep in (("slurm-cpu", ()), ("slurm-cpu-array", ("--sweep", "trainer.learning_rate=1e-4,3e-4"))):
+        render = run_cli("render", str(spec), "--profile", profile, "--profiles-dir", str(PROFILES),
+                         "--out", str(repo / "manifests"), *sweep, cwd=repo)
+        assert render.code == 0, render.stderr
+    written = sorted(p.relative_to(repo).as_posix() for p in (repo / "manifests").rglob("ds_config.json"))
+    assert "manifests/slurm-cpu/zero/ds_config.json" in written and any("/points/1/" in p for p in written), written
+    assert changes(repo) == ()
+    write(repo / "configs" / "ds_config.json", "{}\n")  # the user's own: not beside a spec.json of jobgen's
+    assert [c.path for c in changes(repo)] == ["configs/ds_config.json"]

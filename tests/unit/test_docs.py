@@ -31,6 +31,17 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (REPO / ".ci" / "run").read_text().splitlines()
 
 
+def test_the_quick_starts_test_line_says_it_runs_the_labs_and_names_the_quick_tier():
+    """Issue 30: the Quick start's "Test" line said "unit, golden, script and real 2-process training
+    tests" for a command that also runs the SLURM, ssh and Kubernetes labs (root, apt installs, a
+    build of many minutes)."""
+    quick_start = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    test_line = quick_start.split("**Test**", 1)[1].split("```bash", 1)[0]
+    for words in ("SLURM, ssh and Kubernetes labs", "root", "apt", '-m "not lab and not slow"', "(#test-tiers)"):
+        assert words in test_line, f"the Quick start's Test line does not say {words!r}: {test_line}"
+    assert '-m "not lab and not slow"`: the quick tier' in README  # the tier it names is the one Test tiers defines
+
+
 def test_quickstart_command_pins_cpu_torch_and_runs_the_local_job():
     main = fenced_commands()[0]
     assert "torch==2.13.0" in main and "jobgen submit examples/quickstart.yaml --profile local" in main
@@ -132,6 +143,19 @@ def test_the_repository_root_holds_only_project_files():
                    "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top
 
 
+def test_the_output_directories_the_readme_suggests_are_ignored_by_git():
+    """Issue 30: `benchmarks/gpu_suite.py --out results/` left an untracked results/ in the clone,
+    and an untracked file blocks the next snapshotted submit (a dirty tree)."""
+    import subprocess
+
+    outs = set(re.findall(r"benchmarks/gpu_suite\.py --out ([^\s`/][^\s`]*)", README))  # relative: in the clone
+    assert outs, "the README names no gpu_suite.py --out directory any more: update this test"
+    for out in sorted(outs):
+        probe = f"{out.rstrip('/')}/gpu_suite.json"
+        check = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=REPO)
+        assert check.returncode == 0, f"{probe} is not ignored by .gitignore"
+
+
 def test_readme_layout_names_every_package_and_module():
     """The README's Layout entry is the map of jobgen/: a package or module added, moved or
     renamed without it fails here (each `jobgen/<package>/` line names all of its modules)."""
@@ -144,3 +168,23 @@ def test_readme_layout_names_every_package_and_module():
             assert f"`{module}`" in entry, f"README Layout's jobgen/{sub.name}/ line does not name {module}"
     for module in sorted(m.name for m in package.glob("*.py") if m.stem != "__init__"):
         assert f"`jobgen/{module}`" in layout, f"README Layout does not name jobgen/{module}"
+
+
+def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, monkeypatch):
+    """Issue 30: the README's API example rendered a two-node plan into manifests/, over the committed
+    manifests/slurm-a100/quickstart/, and `render --all --check` failed after it. Its plan and
+    render lines run here (in a copy of the checkout's manifests/, examples and profiles)."""
+    import shutil
+
+    block = README.split("### Python API", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    lines = block.splitlines()
+    runnable = "\n".join(lines[:next(i for i, line in enumerate(lines) if line.startswith("result = api.submit"))])
+    assert "api.render(" in runnable, runnable
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    for name in ("examples", "cluster_profiles", "templates", "jobgen.yaml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    monkeypatch.chdir(tmp_path)
+    before = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
+    exec(compile(runnable.replace("print(job_plan)", "str(job_plan)"), "README.md", "exec"), {})
+    after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
+    assert after == before, sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))

@@ -123,6 +123,24 @@ def test_cli_refuses_a_credential_in_a_slurm_spec_with_exit_2(run_cli, tmp_path)
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_validate_without_a_profile_refuses_a_credential_in_env(run_cli, tmp_path, output):
+    """issue 30: the credential rule does not depend on a profile: `validate SPEC` said "valid spec"
+    for what render and submit refuse."""
+    spec = write(tmp_path / "spec.yaml", yaml.safe_dump({"name": "j", "env": {"HF_TOKEN": MARKER, "TOKENIZERS_PARALLELISM": "false"}}))
+    out = run_cli("validate", str(spec), "-o", output)
+    assert out.code == 2, out.stdout + out.stderr
+    assert "valid spec" not in out.stdout and MARKER not in out.stdout + out.stderr
+    if output == "json":
+        error = json.loads(out.stdout)
+        assert error["location"] == f"{spec}: env.HF_TOKEN" and error["exit_code"] == 2, error
+        assert "`secrets: [HF_TOKEN]`" in error["hint"] and "kubernetes.secret_env" in error["hint"], error
+    else:
+        assert f"{spec}: env.HF_TOKEN" in out.stderr and "looks like a credential" in out.stderr and "hint:" in out.stderr
+    fine = write(tmp_path / "fine.yaml", yaml.safe_dump({"name": "j", "env": {"TOKENIZERS_PARALLELISM": "false"}}))
+    assert run_cli("validate", str(fine)).code == 0
+
+
 # --------------------------------------------------------------------------- secrets at plan time
 
 

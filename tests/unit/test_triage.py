@@ -268,3 +268,17 @@ def test_the_live_filter_holds_back_an_abort_line():
     assert live.show(torchrun_line("[default1]:step 4/4", 0)) == "step 4/4"
     assert live.show(torchrun_line("[default1]:terminate called without an active exception", 1)) is None
     assert live.failed
+
+
+def test_a_rank_srun_reports_exited_without_a_traceback_is_named_by_its_last_line():
+    """issue 30: ``sys.exit("message")`` on a rank leaves no traceback, only the message; srun's
+    exit line says the task failed, so its last line is its failure (kind ``exit``), after any
+    rank with a traceback; a rank srun reports as exiting 0 is no failure."""
+    log = ("0: step 10/100 loss 5.10\n1: step 10/100 loss 5.11\n1: config error: no dataset named 'wiki'\n"
+           "srun: error: node2: task 1: Exited with exit code 3\n")
+    found = triage(srun_lines(log))
+    assert [(f.source, f.kind, f.node) for f in found.failures] == [("rank 1", "exit", "node2")]
+    assert found.first.headline == "config error: no dataset named 'wiki'" and "code 3" in found.first.hint
+    with_traceback = triage(srun_lines(log + "0: Traceback (most recent call last):\n0:   File \"x\", line 1\n0: KeyError: 'a'\n"))
+    assert [(f.source, f.kind) for f in with_traceback.failures] == [("rank 0", "traceback"), ("rank 1", "exit")]
+    assert triage(srun_lines("0: all done\n")).first is None  # no launcher report of an exit: nothing guessed

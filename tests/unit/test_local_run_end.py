@@ -1,0 +1,252 @@
+"""How a local run ends, as ``jobgen status`` / ``ls`` and the exit code say it (issue 30,
+findings 1, 2 and the end of 5).
+
+The run is real as far as jobgen goes (``jobgen submit SPEC --profile P`` in a subprocess: the
+foreground run, output.log, the triage, the state record) but torchrun is a stand-in: the
+profile's ``local.python`` names a script that prints what ``torchrun --tee 3`` prints (each
+rank's lines labelled ``[default<rank>]:``, then torchrun's own ChildFailedError report) and
+exits as torchrun does, so the test needs no torch and runs in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, write
+
+#: What ``torchrun --tee 3`` printed for a command-mode script whose rank 0 ends with
+#: ``raise SystemExit("boom: ...")`` (the message on stderr, no traceback), torch 2.13.
+BOOM = """\
+[default1]:step 1 on rank 1
+[default0]:step 1 on rank 0
+[default0]:boom: the config names no dataset
+W1201 10:00:00.000000 4242 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 4244 closing signal SIGTERM
+E1201 10:00:00.100000 4242 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 0 (pid: 4243) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_10:00:00
+  host      : here
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4243)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+FAKE_TORCHRUN = f"""#!{sys.executable}
+import os, signal, sys, time
+mode = os.environ["FAKE_TORCHRUN"]
+if mode == "boom":
+    sys.stdout.write({BOOM!r})
+    sys.exit(1)
+if mode == "bad-input":  # the entrypoint's one-line error on an input it refuses (exit 2)
+    print("[default0]:python -m jobgen.train: error: spec.json: data.paths: no file matches notes/*.txt")
+    sys.exit(2)
+if mode == "ok":
+    print("[default0]:done")
+    sys.exit(0)
+# "hang": run until SIGINT, then end as torchrun does when its agent is interrupted
+def stop(signum, frame):
+    print("[default0]:stopping", flush=True)
+    sys.exit(1)
+signal.signal(signal.SIGINT, stop)
+print("[default0]:started", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> dict[str, Path]:
+    """A command-mode spec (no git repository: no snapshot), a local profile whose torchrun is
+    :data:`FAKE_TORCHRUN`, the runs and state directories."""
+    fake = write(tmp_path / "fake-torchrun", FAKE_TORCHRUN)
+    fake.chmod(0o755)
+    write(tmp_path / "train.py", "raise SystemExit('boom')\n")
+    spec = write(tmp_path / "job.yaml", "name: cmd\nentrypoint: {script: train.py}\n")
+    profile = write(tmp_path / "profiles" / "fakelocal.yaml",
+                    "description: local with a stand-in torchrun\nscheduler: local\nmax_nodes: 1\ndefault_nodes: 1\n"
+                    "gpus_per_node: 0\ncpu_processes_per_node: 2\ncpus_per_node: 2\nmem_gib_per_node: 8\n"
+                    f"local: {{python: {fake}}}\n")
+    return {"root": tmp_path, "spec": spec, "profile": profile, "runs": tmp_path / "runs", "state": tmp_path / "state"}
+
+
+def _env(setup: dict[str, Path], mode: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JOBGEN_STATE_DIR": str(setup["state"]), "FAKE_TORCHRUN": mode}
+    env.pop("JOBGEN_DEBUG", None)
+    return env
+
+
+def _jobgen(setup: dict[str, Path], mode: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=setup["root"], env=_env(setup, mode),
+                          capture_output=True, text=True, timeout=60)
+
+
+def _submit(setup: dict[str, Path], mode: str, *more: str) -> subprocess.CompletedProcess[str]:
+    return _jobgen(setup, mode, "submit", str(setup["spec"]), "--profile", str(setup["profile"]),
+                   "--runs-dir", str(setup["runs"]), *more)
+
+
+def _status(setup: dict[str, Path]) -> dict:
+    run_dir = (setup["runs"] / "cmd").resolve()
+    proc = _jobgen(setup, "ok", "status", f"local://{run_dir}", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _ls_states(setup: dict[str, Path], *states: str) -> list[str]:
+    proc = _jobgen(setup, "ok", "ls", *(a for s in states for a in ("--state", s)), "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return [row["state"] for row in json.loads(proc.stdout)]
+
+
+def test_a_failed_local_run_is_failed_with_its_exit_code_and_first_error(setup):
+    proc = _submit(setup, "boom")
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 1, terminal
+    # the triage names the rank's last words (SystemExit's message, written to stderr), not "no traceback"
+    assert "no rank's output shows" not in terminal, terminal
+    assert "first failure: rank 0" in terminal and "  boom: the config names no dataset" in terminal, terminal
+    status = _status(setup)
+    assert status["state"] == "FAILED", status
+    assert status["details"]["exit_code"] == "1", status
+    assert "boom: the config names no dataset" in status["details"]["first_error"], status
+    assert _ls_states(setup, "FAILED") == ["FAILED"]
+    assert _ls_states(setup, "COMPLETED") == []
+
+
+def test_ctrl_c_exits_130_and_the_run_is_cancelled(setup):
+    proc = subprocess.Popen([sys.executable, "-m", "jobgen.cli", "submit", str(setup["spec"]), "--profile", str(setup["profile"]),
+                             "--runs-dir", str(setup["runs"])], cwd=setup["root"], env=_env(setup, "hang"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = setup["runs"] / "cmd" / "output.log"
+    deadline = time.monotonic() + 30
+    while not (log.is_file() and "[default0]:started" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    running = _status(setup)  # jobgen still holds it in the foreground
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to jobgen (torchrun runs in its own session)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr  # Unix: 128 + SIGINT, as the README says
+    assert running["state"] == "RUNNING" and running["details"]["pid"] == str(proc.pid), running
+    assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+    status = _status(setup)
+    assert status["state"] == "CANCELLED", status
+    assert _ls_states(setup, "CANCELLED") == ["CANCELLED"]
+
+
+def test_the_last_start_decides_an_old_summary_does_not_outlive_a_failed_restart(setup):
+    """A completed run started again (``--set trainer.max_steps=...``, the README's "train longer")
+    and then failing or interrupted is not COMPLETED any more: the state is the last start's."""
+    assert _submit(setup, "ok").returncode == 0
+    status = _status(setup)
+    assert status["state"] == "COMPLETED" and status["details"]["exit_code"] == "0", status
+    assert (setup["runs"] / "cmd" / "summary.json").is_file()
+    assert _submit(setup, "boom").returncode == 1
+    assert _status(setup)["state"] == "FAILED"
+    assert _submit(setup, "ok").returncode == 0
+    assert _status(setup)["state"] == "COMPLETED"
+
+
+def test_a_run_whose_jobgen_is_gone_without_an_end_is_unknown_not_running(setup):
+    """jobgen killed outright (SIGKILL, the machine rebooted) records no end: never a guessed state."""
+    assert _submit(setup, "ok").returncode == 0
+    from jobgen.jobdir import LOCAL_RUN_FILE, LocalRun
+
+    run_dir = setup["runs"] / "cmd"
+    record = LocalRun.model_validate_json((run_dir / LOCAL_RUN_FILE).read_text())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    (run_dir / LOCAL_RUN_FILE).write_text(record.model_copy(update={"state": "RUNNING", "exit_code": None, "pid": int(dead)}).model_dump_json())
+    status = _status(setup)
+    assert status["state"] == "UNKNOWN" and "no longer runs" in status["details"]["reason"], status
+
+
+# --------------------------------------------------------------------------- finding 6: one run directory, one run
+
+
+def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
+    fake = setup["root"] / "fake-torchrun"
+    return write(setup["root"] / "profiles" / f"{name}.yaml",
+                 f"description: another machine\nscheduler: local\nmax_nodes: 1\ndefault_nodes: 1\ngpus_per_node: 0\n"
+                 f"cpu_processes_per_node: {ranks}\ncpus_per_node: 4\nmem_gib_per_node: 8\nlocal: {{python: {fake}}}\n")
+
+
+def test_a_run_directory_of_another_profile_or_shape_is_refused_before_anything_runs(setup):
+    """issue 30: the README's SLURM example after the quick start ran in runs/quickstart, found the
+    local run's checkpoint and stopped with "nothing to do". A run directory belongs to the profile
+    and shape of its first run; another one is refused (exit 2, nothing started), the same one
+    (a longer run, --set trainer.max_steps) resumes there."""
+    assert _submit(setup, "ok").returncode == 0
+    run_dir = setup["runs"] / "cmd"
+    log_before = (run_dir / "output.log").read_text()
+    other = _other_profile(setup, "bigger", 4)
+    refused = _jobgen(setup, "ok", "submit", str(setup["spec"]), "--profile", str(other), "--runs-dir", str(setup["runs"]))
+    assert refused.returncode == 2, refused.stderr
+    assert str(run_dir.resolve()) in refused.stderr and "'fakelocal'" in refused.stderr and "'bigger'" in refused.stderr, refused.stderr
+    assert "--set name=" in refused.stderr and "--runs-dir" in refused.stderr, refused.stderr
+    assert (run_dir / "output.log").read_text() == log_before  # nothing was started
+    assert _status(setup)["state"] == "COMPLETED"  # the first run's state stands
+    longer = _submit(setup, "ok", "--set", "env.STEPS='2'")  # other inputs, same profile and shape: the same run
+    assert longer.returncode == 0, longer.stderr
+
+
+def test_a_run_directory_of_an_older_jobgen_is_known_by_its_summary(setup):
+    """No identity record (a run directory an older jobgen wrote): summary.json's profile and world size say whose it is."""
+    from jobgen.jobdir import RUN_IDENTITY_FILE, check_run_dir, read_resolved_spec
+
+    assert _submit(setup, "ok").returncode == 0
+    run_dir = setup["runs"] / "cmd"
+    (run_dir / RUN_IDENTITY_FILE).unlink()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    resolved = read_resolved_spec(run_dir)
+    check_run_dir(run_dir, resolved)  # its own: fine
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"profile": "slurm-a100", "world_size": 16}))
+    with pytest.raises(Exception, match="'slurm-a100'") as info:
+        check_run_dir(run_dir, resolved)
+    assert getattr(info.value, "exit_code", None) == 2 and info.value.hint
+
+
+def test_logs_of_a_local_run_print_its_output_log(setup):
+    """issue 30 (finding 14): `jobgen logs local://...` refused; it prints the run's output.log."""
+    assert _submit(setup, "boom").returncode == 1
+    run_dir = (setup["runs"] / "cmd").resolve()
+    proc = _jobgen(setup, "ok", "logs", f"local://{run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (run_dir / "output.log").read_text(), proc.stdout
+    assert "[default0]:boom: the config names no dataset" in proc.stdout
+
+
+def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
+    """issue 30 (finding 14): jobgen keeps no checkpoints of a command-mode script: "rerun to resume
+    from the last checkpoint" is not jobgen's to promise there."""
+    proc = _submit(setup, "boom")
+    assert proc.returncode == 1
+    assert "resume from the last checkpoint" not in proc.stderr, proc.stderr
+    assert "fix" in proc.stderr.split("hint:", 1)[1], proc.stderr
+
+
+def test_an_entrypoint_input_error_is_not_told_to_rerun_to_resume(setup):
+    """The entrypoint refused its input (exit 2): the same command unchanged fails the same way."""
+    builtin = write(setup["root"] / "builtin.yaml", "name: builtin\n")
+    proc = _jobgen(setup, "bad-input", "submit", str(builtin), "--profile", str(setup["profile"]), "--runs-dir", str(setup["runs"]))
+    assert proc.returncode == 1, proc.stderr
+    hint = proc.stderr.split("hint:", 1)[1]
+    assert "resume from the last checkpoint" not in hint and "fix what its error names" in hint, proc.stderr
+    assert "data.paths: no file matches" in proc.stdout + proc.stderr  # the triage shows it
