@@ -130,6 +130,9 @@ MODELS: dict[str, dict[str, Any]] = {
                   "trainer": {"micro_batch_size": 8}},
     "gpt-tiny": {"model": {"preset": None, "n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128},
                  "data": {"max_bytes": 2_000_000}, "trainer": {"micro_batch_size": 8}},
+    # host-bound: 24 blocks of d_model 64 on 32-token windows, one sequence per step (benchmarks/layout_host_time.py)
+    "gpt-24x64": {"model": {"preset": None, "n_layer": 24, "n_head": 4, "d_model": 64, "block_size": 32},
+                  "data": {"max_bytes": 2_000_000}, "trainer": {"micro_batch_size": 1}},
     "llama-tiny": {},  # filled in by llama_spec(): a local model directory and a JSONL file
     "llama7b": {},  # filled in by llama7b_spec(): examples/llama-7b-qlora-fsdp.yaml on a random-init 7B
 }  # fmt: skip

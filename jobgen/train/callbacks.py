@@ -247,6 +247,72 @@ class Throughput(Callback):
         self._val_started = None
 
 
+class StepTrace(Callback):
+    """A ``torch.profiler`` trace of optimizer steps ``first`` to ``last`` (1-based, inclusive),
+    exported as a Chrome trace (``chrome://tracing`` / Perfetto; gzip when the name ends in
+    ``.gz``) by every rank to ``<directory>/steps-<first>-<last>-rank<global rank>.json.gz``.
+
+    Set by ``JOBGEN_TRACE_STEPS=FIRST-LAST`` (:func:`trace_steps`): for looking at a few steady
+    steps (CPU work, CUDA kernels, host-device copies and synchronisations) without profiling
+    the whole run. The profiler starts before the first micro batch of step ``first`` and stops
+    after step ``last``; the steps in between run slower by the profiler's own cost.
+
+    Args:
+        first: first optimizer step traced (>= 1).
+        last: last optimizer step traced (>= first).
+        directory: where the trace is written (created).
+    """
+
+    def __init__(self, first: int, last: int, directory: Path):
+        self.first, self.last, self.directory = first, last, directory
+        self.path: Path | None = None
+        """The trace written (``None`` until the last traced step ends)."""
+        self._profiler: Any = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Start the profiler at the first micro batch of step ``first``."""
+        if self._profiler is None and self.path is None and trainer.global_step == self.first - 1:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self._profiler = profile(activities=activities, record_shapes=False)
+            self._profiler.__enter__()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Stop and export after step ``last``."""
+        if self._profiler is not None and trainer.global_step >= self.last:
+            self._profiler.__exit__(None, None, None)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.path = self.directory / f"steps-{self.first}-{self.last}-rank{trainer.global_rank}.json.gz"
+            self._profiler.export_chrome_trace(str(self.path))
+            self._profiler = None
+            if trainer.is_global_zero:
+                print(f"trace: steps {self.first}-{self.last} written to {self.path}", flush=True)
+
+
+TRACE_STEPS_ENV = "JOBGEN_TRACE_STEPS"
+"""Environment variable naming the optimizer steps :class:`StepTrace` traces, ``FIRST-LAST``."""
+
+
+def trace_steps(value: str | None) -> tuple[int, int] | None:
+    """``(first, last)`` from a ``JOBGEN_TRACE_STEPS`` value ``FIRST-LAST`` (``None``: unset or empty).
+
+    Raises:
+        ConfigError: not two positive integers with ``first <= last``.
+    """
+    if not value:
+        return None
+    match = re.fullmatch(r"([0-9]+)-([0-9]+)", value.strip())
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        from jobgen.errors import ConfigError
+
+        raise ConfigError(f"{TRACE_STEPS_ENV}={value!r} is not FIRST-LAST optimizer steps",
+                          location=f"${TRACE_STEPS_ENV}", hint="e.g. JOBGEN_TRACE_STEPS=61-63 (steps counted from 1)")
+    return int(match.group(1)), int(match.group(2))
+
+
 def _format_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 

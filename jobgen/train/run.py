@@ -39,7 +39,7 @@ from lightning.pytorch.loggers import CSVLogger
 from jobgen.jobdir import check_run_dir, write_atomic
 from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
-from jobgen.train.callbacks import RequeueOnSignal, Throughput
+from jobgen.train.callbacks import TRACE_STEPS_ENV, RequeueOnSignal, StepTrace, Throughput, trace_steps
 from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint, reached_max_steps
 from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
@@ -185,6 +185,9 @@ def train(
                                                 single_device=levers["single_device"])
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
+    traced = trace_steps(os.environ.get(TRACE_STEPS_ENV))
+    if traced is not None:  # a torch.profiler trace of a few steps (callbacks.StepTrace)
+        trainer.callbacks.insert(0, StepTrace(*traced, run_dir / "traces"))
 
     rank_zero_print(
         f"jobgen.train: {spec.name}: {model_line}, strategy {t.strategy}, precision {t.precision}\n"

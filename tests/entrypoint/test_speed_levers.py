@@ -459,3 +459,37 @@ def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_
     spec = TrainingSpec.model_validate(_merge(TINY_SPEC, {"trainer": {"strategy": "deepspeed_stage_2"}}))
     config = deepspeed_config(spec, World(1, 2, "gpu", micro_batch_size=4))
     assert get_timers_config(config).enabled is False
+
+
+# --- a trace of a few steps -------------------------------------------------------------------
+
+def test_jobgen_trace_steps_writes_a_chrome_trace_of_those_steps_only(tmp_path: Path, monkeypatch) -> None:
+    """``JOBGEN_TRACE_STEPS=3-4`` traces optimizer steps 3 and 4 of a real run into
+    ``<run>/traces/steps-3-4-rank0.json.gz``: a gzip Chrome trace whose optimizer steps are the
+    two asked for (Lightning's ``optimizer_step`` record once per step); a bad value is refused."""
+    import gzip
+
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.train import run
+    from jobgen.train.__main__ import check_data
+    from jobgen.train.callbacks import trace_steps
+    from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    spec = _merge(TINY_SPEC, {"trainer": {"max_steps": 6, "val_check_interval": 100}, "checkpoint": {"every_n_steps": 100}})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(resolved_doc(spec, devices_per_node=1, world_size=1)))
+    resolved = load_resolved_spec(path)
+    sources, layout = check_data(resolved.spec)
+    monkeypatch.setenv("JOBGEN_TRACE_STEPS", "3-4")
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    assert run.train(resolved, path, tmp_path / "run", sources, layout, time.time()) == 0
+    trace = tmp_path / "run" / "traces" / "steps-3-4-rank0.json.gz"
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("Optimizer.step#") and e.get("ph") == "X"]
+    assert len(steps) == 2, sorted({e.get("name") for e in events if "ptim" in str(e.get("name"))})
+    assert trace_steps(None) is None and trace_steps("61-63") == (61, 63)
+    for bad in ("3", "4-3", "0-2", "a-b", "1-2-3"):
+        with pytest.raises(ConfigError, match="JOBGEN_TRACE_STEPS"):
+            trace_steps(bad)
