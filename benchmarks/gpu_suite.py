@@ -370,11 +370,13 @@ def skip_reason(row: Row, gpu: dict[str, Any] | None, cpu: dict[str, Any], cpu_m
 
 
 def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, steps: int, timeout: float,
-            extra: tuple[str, ...] = (), levers_off: str = "", suffix: str = "") -> dict[str, Any]:
+            extra: tuple[str, ...] = (), levers_off: str = "", suffix: str = "", trace: str = "") -> dict[str, Any]:
     """Plan and submit one row through jobgen's CLI (``extra``: more ``--set`` overrides, last); read its summary.json.
 
     ``levers_off``: ``JOBGEN_LEVERS_OFF`` for the run (jobgen.train.speed: the levers' "before");
-    ``suffix``: appended to the run's name (``-before``), so both runs keep their directories."""
+    ``suffix``: appended to the run's name (``-before``), so both runs keep their directories;
+    ``trace``: ``JOBGEN_TRACE_STEPS`` for the run (a torch.profiler trace of those steps under the
+    run directory's ``traces/``, jobgen.train.callbacks.StepTrace)."""
     ranks = {"1": 1, "2": 2, "all": gpu["count"] if gpu else 2}[row.ranks]
     result: dict[str, Any] = {"ranks": ranks}
     try:
@@ -397,7 +399,8 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
     summary_path.unlink(missing_ok=True)
     started = time.perf_counter()
     with log.open("w") as fh:
-        env = child_env() | ({"JOBGEN_LEVERS_OFF": levers_off} if levers_off else {})
+        env = (child_env() | ({"JOBGEN_LEVERS_OFF": levers_off} if levers_off else {})
+               | ({"JOBGEN_TRACE_STEPS": trace} if trace else {}))
         proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
@@ -427,6 +430,7 @@ def run_row(row: Row, out: Path, profile: Path, gpu: dict[str, Any] | None, step
         "mfu": summary.get("mfu_steady") or summary.get("mfu_mean"),
         "flops_per_token": summary.get("flops_per_token"),
         "layout": summary.get("layout"),
+        "traces": sorted(str(t) for t in (run_dir / "traces").glob("*.json.gz")),
         "levers": summary.get("levers"),
         "levers_off": levers_off,
         "peak_memory_bytes": peak,
@@ -511,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="start no run after this many seconds from the suite's start (the rows left "
                              "are 'unmeasured: deadline'); the JSON is written after every row")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-loop ceiling beside the GPT rows")
+    parser.add_argument("--trace-rows", default="", metavar="ROWS",
+                        help="comma-separated rows whose runs (and --before runs) write a torch.profiler trace "
+                             "of --trace-steps (JOBGEN_TRACE_STEPS) under their run directory's traces/")
+    parser.add_argument("--trace-steps", default="", metavar="FIRST-LAST",
+                        help="the optimizer steps --trace-rows trace (default: three steps at 3/4 of --steps)")
     args = parser.parse_args(argv)
     names = [r.name for r in ROWS]
     wanted = names if args.rows is None else [n.strip() for n in args.rows.split(",") if n.strip()]
@@ -583,7 +592,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{i}/{len(selected)}] {row.name}: running {steps} steps ({row.model}, {row.precision}, {row.strategy}"
               f"{', compile' if row.compile else ''}) ...", flush=True)  # fmt: skip
-        res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets))
+        trace = ""
+        if row.name in {r.strip() for r in args.trace_rows.split(",")}:
+            trace = args.trace_steps or f"{max(2, 3 * steps // 4)}-{max(2, 3 * steps // 4) + 2}"
+        res = base | run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets),
+                             trace=trace)
         print(f"[{i}/{len(selected)}] {row.name}: {res['status']} ({fmt(res.get('tokens_per_s'), ',.0f')} tok/s, "
               f"{res.get('wall_s')} s; log {res.get('log')})", flush=True)  # fmt: skip
         if row.model.startswith("gpt") and not args.no_plain and row.strategy == "ddp":
@@ -596,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json()
         if args.before and (args.deadline is None or time.perf_counter() - started <= args.deadline):
             before = run_row(row, out, profile, None if cpu_mode else gpu, steps, args.timeout, tuple(args.sets),
-                             levers_off=args.before, suffix="-before")
+                             levers_off=args.before, suffix="-before", trace=trace)
             res["before"] = before
             ours, theirs = res.get("tokens_per_s"), before.get("tokens_per_s")
             res["after_over_before"] = round(ours / theirs, 3) if ours and theirs else None
