@@ -17,7 +17,16 @@ put in its own ``DistributedSampler(shuffle=True)``: a permutation of the epoch'
 resume from the step-2 checkpoint must then read exactly what the uninterrupted run read at
 steps 3 and 4 (with the shuffling sampler a restart re-permuted the rest of the epoch).
 
-Wall time on the shared 2-core machine: ~6-10 s per run (mostly start-up), 8 runs.
+A user's ``class_path`` data module (Lightning's BoringDataModule: a plain sequential loader)
+must read the same samples under fsdp and deepspeed as under ddp at each world size: its own
+order at world size 1, Lightning's seeded ``DistributedSampler`` at 2. Before the fix
+``users...[fsdp-ws1]`` and ``[deepspeed-ws1]`` failed (Lightning shuffled there, not under ddp).
+
+The last test checks each jobgen data module (text, tokens, jsonl) in-process against
+Lightning's own sampler rule under FSDP; ``[text-1]``, ``[tokens-1]``, ``[jsonl-1]`` failed before.
+
+Wall time of the slow tests on the shared 2-core machine (other sessions' tests beside them):
+4 min 35 s for the 12 runs and 2 resumes, 15-30 s each, mostly start-up.
 """
 
 from __future__ import annotations
@@ -76,6 +85,33 @@ def _job(job_dir: Path, strategy: str, world: int) -> Path:
     return job_dir
 
 
+#: A user's own modules (``class_path``): Lightning's BoringModel and BoringDataModule, whose
+#: training loader is a plain ``DataLoader(dataset)`` (sequential, batch size 1, no sampler).
+BORING = "lightning.pytorch.demos.boring_classes"
+
+
+def _user_job(job_dir: Path, strategy: str, world: int) -> Path:
+    """:func:`_job` for the BoringModel on the BoringDataModule (one sample per micro batch, no accumulation)."""
+    from jobgen.planning.deepspeed import deepspeed_config, dumps
+    from jobgen.planning.rules import World
+    from jobgen.specs.training import TrainingSpec
+
+    trainer = {k: v for k, v in _merge(TINY_SPEC, OVERRIDES)["trainer"].items()
+               if k not in ("learning_rate", "warmup_steps", "weight_decay")}
+    spec = {"name": "boring", "model": {"class_path": f"{BORING}.BoringModel", "init_args": {}},
+            "data": {"class_path": f"{BORING}.BoringDataModule", "init_args": {}},
+            "trainer": trainer | {**STRATEGIES[strategy], "micro_batch_size": 1}, "checkpoint": OVERRIDES["checkpoint"]}
+    launch: dict[str, Any] = {"devices_per_node": world, "world_size": world}
+    job_dir.mkdir(parents=True)
+    if strategy == "deepspeed":
+        config = deepspeed_config(TrainingSpec.model_validate(spec), World(1, world, "cpu", micro_batch_size=1))
+        config["zero_allow_untested_optimizer"] = True  # BoringModel trains with SGD
+        (job_dir / "ds_config.json").write_text(dumps(config))
+        launch["deepspeed_config"] = "ds_config.json"
+    (job_dir / "spec.json").write_text(json.dumps(resolved_doc(spec, **launch)))
+    return job_dir
+
+
 def _train(job_dir: Path, world: int, record: str) -> str:
     """Run the entrypoint on ``world`` ranks in ``job_dir`` (run dir ``run``), recording into ``job_dir/record``."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
@@ -104,6 +140,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_ops: None) -> d
     out = {}
     for strategy, world in CASES:
         job_dir = _job(root / f"{strategy}-{world}", strategy, world)
+        _train(job_dir, world, "record")
+        out[(strategy, world)] = job_dir
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_runs(tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_ops: None) -> dict[tuple[str, int], Path]:
+    """(strategy, world size) -> job directory of one run of the user's modules."""
+    root = tmp_path_factory.mktemp("user_order")
+    out = {}
+    for strategy, world in CASES:
+        job_dir = _user_job(root / f"{strategy}-{world}", strategy, world)
         _train(job_dir, world, "record")
         out[(strategy, world)] = job_dir
     return out
@@ -154,6 +202,33 @@ def test_a_resume_reads_exactly_the_samples_of_the_uninterrupted_run(runs, strat
     full_steps, full_inputs = _global_sequence(src / "record", 1)
     assert steps.tolist() == [s for s in range(2, STEPS) for _ in range(GLOBAL_BATCH)]
     torch.testing.assert_close(inputs, full_inputs[full_steps >= 2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("strategy", "world"), [c for c in CASES if c[0] != "ddp"],
+                         ids=[f"{s}-ws{w}" for s, w in CASES if s != "ddp"])
+def test_a_users_data_module_reads_the_same_samples_under_every_strategy(user_runs, strategy: str, world: int) -> None:
+    """A ``class_path`` data module's loaders are the user's: at world size 1 Lightning leaves them
+    as they are under every strategy (the order ddp always had: here sequential), above it
+    Lightning puts in its ``DistributedSampler`` (shuffled with the run's seed) under every
+    strategy alike. Before the fix fsdp and deepspeed got that shuffling sampler at world size 1
+    too, ddp did not."""
+    for rank in range(world):
+        seen = torch.load(user_runs[(strategy, world)] / "record" / f"rank{rank}.pt")
+        ddp = torch.load(user_runs[("ddp", world)] / "record" / f"rank{rank}.pt")
+        assert seen["step"].tolist() == ddp["step"].tolist() == list(range(STEPS))
+        torch.testing.assert_close(seen["x"], ddp["x"], rtol=0, atol=0)
+    if world == 1:  # ddp's order at world size 1 is the loader's own: BoringDataModule's first samples
+        from lightning.pytorch import seed_everything
+        from lightning.pytorch.demos.boring_classes import BoringDataModule
+
+        spec = json.loads((user_runs[(strategy, world)] / "spec.json").read_text())["spec"]
+        seed_everything(spec["trainer"]["seed"], verbose=False)  # as the entrypoint does before building the modules
+        from lightning.pytorch.demos.boring_classes import BoringModel
+
+        BoringModel()  # built first, from the same random stream
+        data = BoringDataModule()
+        expected = torch.stack([data.random_full[i] for i in range(STEPS)]).unsqueeze(1)
+        torch.testing.assert_close(seen["x"], expected, rtol=0, atol=0)
 
 
 # --- Every jobgen data module against Lightning's sampler rule, in-process (no training) -------
