@@ -8,12 +8,17 @@ Sampling: training sample ``g`` (a global sample number, counted from the start 
 the window of ``block_size + 1`` bytes at a pseudo-random offset derived from ``(seed, g)``.
 The dataset is map-style and sharded by a ``DistributedSampler`` that gives rank ``r`` of ``W``
 the indices ``r, r + W, ...``: ranks never overlap. The data module passes that sampler itself,
-with ``shuffle=False``: Lightning's injected one always shuffles training data with a per-epoch
-permutation, which a mid-epoch restart would replay from its start; the windows are already
-pseudo-random, so order costs nothing. On resume the dataset starts at the sample the
-checkpoint recorded (:func:`jobgen.train.position.consumed_samples`: ``global_step x
-samples_per_step`` since the start, as the global batch is kept), so a restarted run trains on
-exactly the samples an uninterrupted run would have seen. Each optimizer step takes the next
+with ``shuffle=False``, at every world size (1 included) and under every strategy: Lightning's
+injected one always shuffles training data with a per-epoch permutation, which a mid-epoch
+restart would replay from its start, and Lightning injects it wherever the loader has no
+``DistributedSampler`` and the strategy is one it counts as distributed: DDP, FSDP and
+DeepSpeed at any world size (so at world size 1 fsdp and deepspeed would read another order
+than ddp). The windows are already pseudo-random, so order costs nothing. The sample order is
+therefore the same for every strategy and world size (tests/entrypoint/test_sample_order.py).
+On resume the dataset starts at the sample the checkpoint recorded
+(:func:`jobgen.train.position.consumed_samples`: ``global_step x samples_per_step`` since the
+start, as the global batch is kept), so a restarted run trains on exactly the samples an
+uninterrupted run would have seen. Each optimizer step takes the next
 ``samples_per_step`` sample numbers in one contiguous block whatever the world size (rank ``r``
 of ``W`` reads every ``W``-th of them), so this holds across a restart at another world size too.
 """
@@ -219,22 +224,27 @@ class ByteTextDataModule(LightningDataModule):
         assert self.train_set is not None, "setup() must run first"
         trainer = self.trainer
         self.train_set.start_sample = 0 if trainer is None else consumed_samples(trainer, self.samples_per_step)
-        sampler = None
-        if trainer is not None and trainer.world_size > 1:
-            sampler = DistributedSampler(
-                self.train_set,
-                num_replicas=trainer.world_size,
-                rank=trainer.global_rank,
-                shuffle=False,
-                drop_last=True,
-            )
-        return DataLoader(self.train_set, batch_size=self.micro_batch_size, sampler=sampler, drop_last=True,
-                          **self._pin())
+        return DataLoader(self.train_set, batch_size=self.micro_batch_size, sampler=self._sampler(self.train_set, True),
+                          drop_last=True, **self._pin())
 
     def val_dataloader(self) -> DataLoader:
-        """The fixed validation windows in micro batches of ``micro_batch_size``."""
+        """The fixed validation windows in micro batches of ``micro_batch_size`` (rank ``r`` of
+        ``W``: windows ``r, r + W, ...``)."""
         assert self.val_set is not None, "setup() must run first"
-        return DataLoader(self.val_set, batch_size=self.micro_batch_size, shuffle=False, **self._pin())
+        return DataLoader(self.val_set, batch_size=self.micro_batch_size, sampler=self._sampler(self.val_set, False),
+                          shuffle=False, **self._pin())
+
+    def _sampler(self, dataset: Dataset, drop_last: bool) -> DistributedSampler | None:
+        """This rank's indices ``r, r + W, ...`` in order (``shuffle=False``), at EVERY world size,
+        1 included: a loader without a ``DistributedSampler`` gets Lightning's own under any
+        strategy it counts as distributed, which FSDP and DeepSpeed are at world size 1 too
+        (``_DataConnector._requires_distributed_sampler``, Lightning 2.6), and for training that
+        one shuffles. ``None`` without a trainer (plain iteration: the same order)."""
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        return DistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False,
+                                  drop_last=drop_last)
 
     def _pin(self) -> dict[str, bool]:
         # passed only when on: a CPU run's DataLoader is built exactly as before the lever

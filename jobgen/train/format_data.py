@@ -4,7 +4,8 @@ Both follow the byte-level data module's contract (:mod:`jobgen.train.data`): a 
 ``(x, y)``, int64 tensors of shape ``(B, T)`` with ``T = block_size``, where ``y[t]`` is the
 target for the prediction made at ``x[:, :t+1]``; training sample ``g`` (counted from the start
 of the run) depends only on ``(seed, g)``; ranks take disjoint indices through a
-``DistributedSampler`` (``shuffle=False``); after a restart the dataset continues at the
+``DistributedSampler`` (``shuffle=False``, passed by the byte module's loaders at every world
+size, so the order is the same under every strategy); after a restart the dataset continues at the
 sample the checkpoint recorded (:func:`jobgen.train.position.consumed_samples`). Targets equal to ``-100`` are ignored by the loss.
 
 Tokens: windows of ``block_size + 1`` tokens at pseudo-random offsets of the training part of

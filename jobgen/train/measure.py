@@ -15,6 +15,7 @@ Nothing here imports matplotlib unless :func:`plot_curves` runs.
 from __future__ import annotations
 
 import csv
+import math
 import re
 import resource
 import sys
@@ -132,9 +133,26 @@ def gpt_flops_per_token(spec: TrainingSpec) -> int:
     return transformer_flops_per_token(m.n_layer, m.d_model, m.block_size, gpt_matmul_params(spec))
 
 
-def _numel(p: torch.nn.Parameter) -> int:
-    # bitsandbytes packs two 4-bit weights per byte (QLoRA): count them unpacked, as peft does.
-    return p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+def logical_numel(p: torch.Tensor) -> int:
+    """Elements of ``p`` in the model's logical shape, whatever its storage: the count FLOPs go by.
+
+    A bitsandbytes 4-bit weight (``Params4bit``, QLoRA) is stored packed, two 4-bit values per
+    byte, in its ``quant_storage`` dtype: uint8 under ddp and ZeRO-1/2 (``numel()`` = half the
+    weight's elements), bf16 under fsdp and ZeRO-3 (:func:`jobgen.train.hf.qlora_load`; a
+    quarter). Its logical shape is ``p.quant_state.shape`` (bitsandbytes' ``QuantState``, set
+    when the weight is quantised), e.g. ``(out_features, in_features)``; without a quant state
+    the packing gives it: ``numel() x 2 x element_size()`` (peft's
+    ``get_nb_trainable_parameters`` counts the same way). Any other tensor: ``numel()``.
+
+    Returns:
+        the element count of the unquantised weight (the same in every layout).
+    """
+    if type(p).__name__ == "Params4bit":
+        shape = getattr(getattr(p, "quant_state", None), "shape", None)
+        if shape is not None:
+            return math.prod(int(n) for n in shape)
+        return p.numel() * 2 * p.element_size()
+    return p.numel()
 
 
 def hf_flops_per_token(model: torch.nn.Module, block_size: int) -> int | None:
@@ -143,8 +161,11 @@ def hf_flops_per_token(model: torch.nn.Module, block_size: int) -> int | None:
     N counts every parameter except embedding tables (lookups), but keeps an input embedding that
     is tied to the output projection (a matmul); trainable and frozen parameters are counted
     apart (:func:`transformer_flops_per_token`: LoRA's frozen base costs ~4 FLOPs per parameter
-    per token, its adapters 6). ``n_layer`` and ``d_model`` are the config's
-    ``num_hidden_layers`` and ``hidden_size``.
+    per token, its adapters 6). Each parameter counts by its logical shape
+    (:func:`logical_numel`: a QLoRA 4-bit weight as the unquantised weight it stands for), so the
+    figure is the same in every layout of one model (uint8 or bf16 quant storage). ``n_layer``
+    and ``d_model`` are the config's ``num_hidden_layers`` and ``hidden_size``. Call it before
+    the strategy shards the model (the entrypoint does): it counts the parameters it is given.
 
     Returns:
         FLOPs per token, or ``None`` when the config lacks those sizes.
@@ -166,9 +187,9 @@ def hf_flops_per_token(model: torch.nn.Module, block_size: int) -> int | None:
             continue
         seen.add(id(p))
         if p.requires_grad:
-            trainable += _numel(p)
+            trainable += logical_numel(p)
         else:
-            frozen += _numel(p)
+            frozen += logical_numel(p)
     return transformer_flops_per_token(n_layer, d_model, block_size, trainable, frozen)
 
 

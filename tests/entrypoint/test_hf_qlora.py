@@ -216,3 +216,52 @@ def test_qlora_on_cpu_without_a_cpu_capable_bitsandbytes_is_a_located_error(
     with pytest.raises(NotSupportedError, match="bitsandbytes 0.45.5 is older than") as info:
         _load(write_spec, hf_dir, "ddp")
     assert info.value.location == "spec.model.load_in_4bit" and "bitsandbytes>=" in info.value.hint
+
+
+def test_flops_per_token_is_the_logical_models_in_every_quant_storage(write_spec, hf_dir: Path) -> None:
+    """MFU's FLOPs per token come from the model's logical shape (issue 28, scope 5): the same
+    number whether bitsandbytes stores the 4-bit weights as uint8 (ddp, ZeRO-2: two values per
+    element) or as bf16 (fsdp, ZeRO-3: four per element), equal to 6 x adapters + 4 x frozen +
+    attention with the frozen count read off the planner's config shape (every decoder Linear,
+    the norms and the untied lm_head; the input embedding is a lookup), and to the same LoRA
+    model loaded without quantisation. Before the fix the bf16-storage layouts counted each
+    4-bit weight at half its size (this tiny Llama: 467,456 FLOPs per token under ddp and ZeRO-2,
+    320,000 under fsdp and ZeRO-3; 467,456 in all four after it)."""
+    import torch
+
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.planning.estimate_hf import read_hf_shape
+    from jobgen.train.build import build_module
+    from jobgen.train.measure import flops_per_token
+
+    def logical(p: torch.Tensor) -> int:  # bitsandbytes keeps a 4-bit weight's own shape in its quant state
+        return math.prod(p.quant_state.shape) if type(p).__name__ == "Params4bit" else p.numel()
+
+    base = _base(hf_dir)
+    block = base["model"]["block_size"]
+    shape = read_hf_shape(hf_dir / "llama" / "config.json", block, 1)
+    assert not shape.tied
+    frozen = shape.n_layer * shape.block_params + shape.norm_params + shape.vocab_size * shape.d_model
+    expected = 6 * expected_lora_params() + 4 * frozen + 12 * shape.n_layer * shape.d_model * block
+
+    per_layout = {}
+    for strategy, storage in [("ddp", torch.uint8), ("deepspeed_stage_2", torch.uint8), ("fsdp", torch.bfloat16),
+                              ("deepspeed_stage_3", torch.bfloat16)]:
+        path = write_spec({**base, "trainer": {**base["trainer"], "strategy": strategy}}, filename=f"{strategy}.json")
+        spec = load_resolved_spec(path).spec
+        module, counts, _ = build_module(spec, "cpu")
+        packed = [p for p in module.parameters() if type(p).__name__ == "Params4bit"]
+        assert packed and {p.dtype for p in packed} == {storage}, strategy
+        # 4 bits per weight: the storage holds a quarter (bf16) or half (uint8) as many elements
+        assert sum(logical(p) for p in packed) == shape.quantized_params
+        assert sum(p.numel() for p in packed) * 8 * storage.itemsize // 4 == shape.quantized_params
+        assert counts.total == sum(logical(p) for p in module.parameters())  # peft's count agrees
+        per_layout[strategy] = flops_per_token(spec, module)
+    assert set(per_layout.values()) == {expected}, per_layout
+
+    plain = {**base, "model": {**base["model"], "load_in_4bit": False}}
+    path = write_spec({**plain, "trainer": {**plain["trainer"], "strategy": "ddp", "precision": "32-true"}},
+                      filename="plain.json")
+    spec = load_resolved_spec(path).spec
+    module, _, _ = build_module(spec, "cpu")
+    assert flops_per_token(spec, module) == expected

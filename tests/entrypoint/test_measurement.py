@@ -140,3 +140,19 @@ def test_tiny_run_reports_measurements_curves_and_tensorboard(run_entrypoint, wr
     assert (width, height) == (800, 600)
     events = list((run_dir / "logs" / "version_0" / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+class Params4bit(torch.nn.Parameter):
+    """Stands in for bitsandbytes' class (matched by name): 4-bit values packed into its storage dtype."""
+
+
+def test_logical_numel_unpacks_4bit_storage_of_any_dtype() -> None:
+    class QuantState:
+        shape = torch.Size([64, 32])
+
+    for storage, per_element in [(torch.uint8, 2), (torch.bfloat16, 4), (torch.float32, 8)]:
+        packed = Params4bit(torch.zeros(64 * 32 // per_element, 1, dtype=storage), requires_grad=False)
+        assert measure.logical_numel(packed) == 64 * 32  # from the storage: numel x 2 x element size
+        packed.quant_state = QuantState()
+        assert measure.logical_numel(packed) == 64 * 32  # from bitsandbytes' quant state
+    assert measure.logical_numel(torch.nn.Parameter(torch.zeros(3, 5))) == 15
