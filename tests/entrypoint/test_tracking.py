@@ -52,7 +52,13 @@ def tracker_env(tmp_path: Path) -> dict[str, str]:
 
 
 def wandb_steps(path: Path) -> list[int]:
-    """The history steps in an offline W&B run file (``run-<id>.wandb``): W&B's datastore format,
+    """The history steps in an offline W&B run file (``run-<id>.wandb``), in file order."""
+    return [step for step, _ in wandb_history(path)]
+
+
+def wandb_history(path: Path) -> list[tuple[int, dict[str, float]]]:
+    """The history rows (step, the row's own metrics: W&B's ``_step``, ``_runtime``, ... left out) in
+    an offline W&B run file (``run-<id>.wandb``), in file order: W&B's datastore format,
     LevelDB's log format after a 7-byte ``:W&B`` header (32 KiB blocks; each record a 7-byte header
     (crc32c, length, type: full 1, first 2, middle 3, last 4) and data), each record a
     ``wandb_internal_pb2.Record``."""
@@ -60,7 +66,8 @@ def wandb_steps(path: Path) -> list[int]:
 
     data, block = path.read_bytes(), 32768
     assert data[:4] == b":W&B", data[:8]
-    pos, pending, steps = 7, b"", []
+    pos, pending = 7, b""
+    steps: list[tuple[int, dict[str, float]]] = []
     while pos + 7 <= len(data):
         if block - pos % block < 7:
             pos += block - pos % block
@@ -74,7 +81,8 @@ def wandb_steps(path: Path) -> list[int]:
             record = pb.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == "history":
-                steps.append(record.history.step.num)
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                steps.append((record.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
     return steps
 
 
