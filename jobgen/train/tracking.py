@@ -28,9 +28,21 @@ metrics reach the trackers when a checkpoint that covers their optimizer step ha
 when the run ends (finished or failed). A run stopped by a signal (pre-emption, SLURM requeue,
 ``scancel``, Ctrl-C, a pod eviction) sends nothing past its last checkpoint, and the resumed run
 trains and logs those steps again from the checkpoint's step on. The CSV and TensorBoard logs stay
-live; the trackers lag by at most ``checkpoint.every_n_steps``. The record keeps the highest step
-sent (``logged_step``): a start never sends a step at or below it (after a failed run that sent
-its tail, resumed from an earlier checkpoint, the first steps again are skipped, with a note).
+live; the trackers lag by at most ``checkpoint.every_n_steps``.
+
+What a tracker holds, not what was sent, decides what a later start sends (issue 33: SLURM's
+SIGTERM on requeue reaches ``wandb-core`` too, and what it had not written was lost). W&B gets
+one committed row per step (the step's rows merged first); ``wandb-core`` writes the run's file
+every :data:`WANDB_FLUSH_S` s. The record keeps, per tracker, the highest step it confirmed
+(``logged_steps``; ``logged_step`` the lowest): MLflow once its call returned, W&B offline once
+the row is in the ``.wandb`` file (:class:`WandbFileSteps`). Each start reads back what each
+tracker holds (:attr:`WandbRun.floor`, :attr:`MlflowRun.floor`; the record where it cannot
+tell), sends a tracker nothing at or below it, and sends it from the earlier starts'
+metrics.csv the steps up to the resumed checkpoint it lacks
+(:func:`jobgen.train.metrics_csv.read_metrics_rows`). jobgen's own requeue ends the runs before
+``scontrol requeue`` (:meth:`TrackerLogger.before_requeue`). After a failed run that sent its tail,
+resumed from an earlier checkpoint, the first steps again are skipped, with a note.
+
 Every rank defers SIGINT/SIGTERM from the end of each batch to the start of the next (the
 span in which the step's checkpoint is written and its metrics logged and sent;
 :meth:`TrackerLogger.hold_signals`): a stop right after a checkpoint of step S would otherwise
