@@ -781,8 +781,12 @@ class TrackingRecord(BaseModel):
     created_at: str = Field(description="When the key was made (UTC, ISO 8601).")
     mlflow_run_id: str | None = Field(default=None, description="The MLflow run, once the first start created it.")
     logged_step: int | None = Field(default=None, description=(
-        "The highest optimizer step whose metrics were sent to the trackers (None: none yet); a later start sends "
-        "nothing at or below it, so no step is logged twice."))
+        "The highest optimizer step up to which every tracker has confirmed the metrics (MLflow: the call returned; "
+        "W&B offline: in the run's .wandb file; None: none yet)."))
+    logged_steps: dict[str, int] = Field(default_factory=dict, description=(
+        "Per tracker (wandb, mlflow), the highest optimizer step it has confirmed. A later start sends each tracker "
+        "nothing at or below what the tracker itself holds (read back from it where it can tell, else this), and "
+        "sends again from metrics.csv the steps up to its checkpoint that the tracker lacks."))
 
     @classmethod
     def new(cls) -> TrackingRecord:
@@ -793,7 +797,10 @@ class TrackingRecord(BaseModel):
 
     def dumps(self) -> str:
         """The file's text: sorted-key JSON, final newline (unset fields left out)."""
-        return json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
+        doc = self.model_dump(mode="json", exclude_none=True)
+        if not doc.get("logged_steps"):
+            doc.pop("logged_steps", None)
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 def read_tracking_record(run_dir: Path) -> TrackingRecord | None:

@@ -467,6 +467,12 @@ class RequeueOnSignal(Callback):
         self.on_requeued: Callable[[int], None] | None = None
         """Called on global rank 0 with the step after ``scontrol requeue`` succeeded (the
         ``requeued`` notification), before SLURM's SIGTERM is let through."""
+        self.before_requeue: Callable[[int], None] | None = None
+        """Called on global rank 0 with the step, its checkpoint written, right before the requeue
+        command: SLURM's SIGTERM after a requeue reaches every process of the step at once, helper
+        processes too (the trackers end their runs here: ``wandb-core``)."""
+        self.requeue_failed: Callable[[int], None] | None = None
+        """Called on global rank 0 with the step when the requeue command failed (training goes on)."""
         self._checked_step: int | None = None
         self._group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -549,6 +555,8 @@ class RequeueOnSignal(Callback):
         ok = True
         if trainer.is_global_zero:
             argv = [*self.requeue_command, self.job_id]
+            if self.before_requeue is not None:
+                self.before_requeue(step)
             # A successful requeue makes SLURM SIGTERM every task at once: hold that signal back
             # on this rank until the requeue is reported (and notified), then let it through.
             with held_back(signal.SIGTERM):
@@ -567,6 +575,8 @@ class RequeueOnSignal(Callback):
                     f"{path} stays for a resubmit",
                     flush=True,
                 )
+                if self.requeue_failed is not None:
+                    self.requeue_failed(step)
         ok = trainer.strategy.broadcast(ok, src=0)
         self.received = False
         if ok:

@@ -43,6 +43,7 @@ from jobgen.train.callbacks import TRACE_STEPS_ENV, RequeueOnSignal, StepTrace, 
 from jobgen.train.checkpoints import FoundCheckpoint, newest_checkpoint, reached_max_steps
 from jobgen.train.hf import ParamCounts
 from jobgen.train.measure import MEMORY_KINDS, flops_per_token, peak_flops_per_s, peak_memory, plot_curves
+from jobgen.train.metrics_csv import log_at_optimizer_steps
 from jobgen.train.notify import notify_finished
 from jobgen.train.resolved import ResolvedSpec
 from jobgen.train.sources import SplitLayout
@@ -183,6 +184,10 @@ def train(
     # The module first: the FSDP wrap classes of a Hugging Face model come from the loaded model.
     trainer, checkpoint, logger = build_trainer(resolved, spec_path, paths, throughput, module, tracker=tracker,
                                                 single_device=levers["single_device"])
+    logger = log_at_optimizer_steps(trainer, logger)  # metrics.csv's step: the optimizer step, as the trackers'
+    requeue = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
+    if requeue is not None and tracker is not None:  # the trackers end their runs before jobgen's own requeue
+        requeue.before_requeue, requeue.requeue_failed = tracker.before_requeue, tracker.requeue_failed
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
     traced = trace_steps(os.environ.get(TRACE_STEPS_ENV))

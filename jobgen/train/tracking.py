@@ -28,9 +28,21 @@ metrics reach the trackers when a checkpoint that covers their optimizer step ha
 when the run ends (finished or failed). A run stopped by a signal (pre-emption, SLURM requeue,
 ``scancel``, Ctrl-C, a pod eviction) sends nothing past its last checkpoint, and the resumed run
 trains and logs those steps again from the checkpoint's step on. The CSV and TensorBoard logs stay
-live; the trackers lag by at most ``checkpoint.every_n_steps``. The record keeps the highest step
-sent (``logged_step``): a start never sends a step at or below it (after a failed run that sent
-its tail, resumed from an earlier checkpoint, the first steps again are skipped, with a note).
+live; the trackers lag by at most ``checkpoint.every_n_steps``.
+
+What a tracker holds, not what was sent, decides what a later start sends (issue 33: SLURM's
+SIGTERM on requeue reaches ``wandb-core`` too, and what it had not written was lost). W&B gets
+one committed row per step (the step's rows merged first); ``wandb-core`` writes the run's file
+every :data:`WANDB_FLUSH_S` s. The record keeps, per tracker, the highest step it confirmed
+(``logged_steps``; ``logged_step`` the lowest): MLflow once its call returned, W&B offline once
+the row is in the ``.wandb`` file (:class:`WandbFileSteps`). Each start reads back what each
+tracker holds (:attr:`WandbRun.floor`, :attr:`MlflowRun.floor`; the record where it cannot
+tell), sends a tracker nothing at or below it, and sends it from the earlier starts'
+metrics.csv the steps up to the resumed checkpoint it lacks
+(:func:`jobgen.train.metrics_csv.read_metrics_rows`). jobgen's own requeue ends the runs before
+``scontrol requeue`` (:meth:`TrackerLogger.before_requeue`). After a failed run that sent its tail,
+resumed from an earlier checkpoint, the first steps again are skipped, with a note.
+
 Every rank defers SIGINT/SIGTERM from the end of each batch to the start of the next (the
 span in which the step's checkpoint is written and its metrics logged and sent;
 :meth:`TrackerLogger.hold_signals`): a stop right after a checkpoint of step S would otherwise
@@ -171,7 +183,7 @@ def run_identity(run_dir: Path, resolved: ResolvedSpec, resumed_step: int | None
     record = read_tracking_record(run_dir)
     lost = record is None and resumed_step is not None
     renew = (record is None or resolved.spec.checkpoint.resume == "never"
-             or (resumed_step is None and record.logged_step is not None))
+             or (resumed_step is None and (record.logged_step is not None or bool(record.logged_steps))))
     if renew:
         record = TrackingRecord.new()
         write_tracking_record(run_dir, record)
@@ -180,6 +192,84 @@ def run_identity(run_dir: Path, resolved: ResolvedSpec, resumed_step: int | None
 
 
 # --------------------------------------------------------------------------- the trackers
+
+#: Seconds between ``wandb-core``'s writes of the run's ``.wandb`` file (wandb's
+#: ``x_transaction_log_flush_interval``, 15 s by default in wandb 0.31): what it holds in memory
+#: is lost when it is killed (SLURM sends every process of a requeued step SIGTERM).
+WANDB_FLUSH_S = 1.0
+_BLOCK, _HEADER = 32768, 7  # LevelDB's log format: 32 KiB blocks, 7-byte record headers
+
+
+def _flush_setting(wandb: Any) -> dict[str, float]:
+    """``x_transaction_log_flush_interval`` for ``wandb.Settings``, where this wandb has it."""
+    fields = getattr(wandb.Settings, "model_fields", {})
+    return {"x_transaction_log_flush_interval": WANDB_FLUSH_S} if "x_transaction_log_flush_interval" in fields else {}
+
+
+class WandbFileSteps:
+    """The history steps in a W&B run file (``run-<id>.wandb``, the transaction log ``wandb-core``
+    writes: offline, the whole run), read as it grows.
+
+    The format (wandb 0.31 has no Python reader; ``wandb.proto`` has the records): a 7-byte
+    header (``:W&B``, ...), then LevelDB's log format (32 KiB blocks, each record a 7-byte header:
+    checksum, length, type: full 1, first 2, middle 3, last 4; then its bytes) of
+    ``wandb_internal_pb2.Record`` messages. A record not yet complete (the end of the file, where
+    ``wandb-core`` is writing or was killed) is read at the next :meth:`read`.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.max_step: int | None = None
+        self._pos = 0
+        self._pending = b""
+
+    def read(self) -> int | None:
+        """Read what was added since the last call; the highest history step so far (None: none)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+        except OSError:
+            return self.max_step
+        if self._pos == 0:
+            if len(data) < _HEADER or data[:4] != b":W&B":
+                return self.max_step
+            self._pos, data = _HEADER, data[_HEADER:]
+        off = 0
+        while True:
+            room = _BLOCK - (self._pos + off) % _BLOCK
+            if room < _HEADER:  # a block's zero trailer
+                if len(data) - off < room:
+                    break
+                off += room
+                continue
+            if len(data) - off < _HEADER:
+                break
+            length, kind = int.from_bytes(data[off + 4:off + 6], "little"), data[off + 6]
+            if kind not in (1, 2, 3, 4) or len(data) - off < _HEADER + length:
+                break  # not written yet
+            chunk = data[off + _HEADER:off + _HEADER + length]
+            off += _HEADER + length
+            if kind in (1, 2):
+                self._pending = chunk
+            else:
+                self._pending += chunk
+            if kind in (1, 4):
+                self._record(self._pending)
+                self._pending = b""
+        self._pos += off
+        return self.max_step
+
+    def _record(self, data: bytes) -> None:
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        record = pb.Record()
+        try:
+            record.ParseFromString(data)
+        except Exception:  # noqa: BLE001 - a damaged record: not a step W&B holds
+            return
+        if record.WhichOneof("record_type") == "history":
+            self.max_step = max(self.max_step if self.max_step is not None else -1, record.history.step.num)
 
 
 class WandbRun:
@@ -200,7 +290,7 @@ class WandbRun:
         self.options, self.run_dir = options, run_dir
         # console off: the job's output is the scheduler's log; git off: jobgen records the code
         # snapshot's commit itself (and a remote URL may carry credentials)
-        settings = wandb.Settings(console="off", disable_git=True, save_code=False)
+        settings = wandb.Settings(console="off", disable_git=True, save_code=False, **_flush_setting(wandb))
         try:
             self.run = wandb.init(
                 project=options.project, entity=options.entity, id=record.run_key, resume="allow",
@@ -215,17 +305,75 @@ class WandbRun:
                 hint="online needs a key (secrets: [WANDB_API_KEY], trainer.wandb.api_key_file or `wandb login`) and "
                 "network access from the node; or log offline (trainer.wandb.mode: offline) and run wandb sync later",
             ) from None
+        self.offline = options.effective_mode == "offline"
+        self._open: Row | None = None
+        self._committed: int | None = None
+        self._file = WandbFileSteps(Path(self.run.settings.sync_file)) if self.offline else None
+        self.floor = self._held_before(record.run_key)
+        """The highest step this W&B run held before this start (None: cannot tell; see :meth:`_held_before`)."""
+
+    def _held_before(self, key: str) -> int | None:
+        """Offline: the highest history step in the earlier pieces' files of this run
+        (``<run_dir>/wandb/offline-run-*-<key>/run-<key>.wandb``; -1 when they hold none, None
+        when there is no earlier piece). Online: the step before the resumed run's
+        ``starting_step`` (W&B continues a run after its last step; -1 for a new run)."""
+        if not self.offline:
+            return self.run.starting_step - 1 if self.run.resumed else -1
+        assert self._file is not None
+        own = self._file.path.resolve()
+        found = None
+        for path in (self.run_dir / WANDB_SUBDIR).glob(f"offline-run-*-{key}/run-{key}.wandb"):
+            if path.resolve() != own:
+                step = WandbFileSteps(path).read()
+                found = max(found if found is not None else -1, -1 if step is None else step)
+        return found
 
     def log(self, rows: list[Row]) -> None:
-        """Send ``rows`` (optimizer step, metrics), in step order."""
+        """Send ``rows`` (optimizer step, metrics), in step order. Each step is one W&B row,
+        committed (``commit=True``: it goes to ``wandb-core`` and the run's file) once a later step
+        arrives or :meth:`flush` is called: the rows of one step (the training row and the
+        validation row come in separate calls) are merged first, as W&B drops a row logged at a
+        step it has already committed."""
         for step, metrics in rows:
-            self.run.log(metrics, step=step)
+            if self._open is not None and step == self._open[0]:
+                self._open = (step, {**self._open[1], **metrics})
+                continue
+            self.flush()
+            if self._committed is not None and step <= self._committed:
+                _say(f"W&B row at step {step} not sent: W&B has committed step {self._committed}")
+                continue
+            self._open = (step, dict(metrics))
+
+    def flush(self) -> None:
+        """Commit the step still open (see :meth:`log`)."""
+        if self._open is not None:
+            step, metrics = self._open
+            self._open = None
+            self.run.log(metrics, step=step, commit=True)
+            self._committed = step
+
+    def confirmed_step(self) -> int | None:
+        """The highest step W&B holds for sure (None: none). Offline: the highest history step in
+        this piece's ``.wandb`` file (``wandb-core`` writes it every
+        :data:`WANDB_FLUSH_S` seconds, and on finish), else the earlier pieces'. Online: the highest
+        step committed to ``wandb-core`` (it uploads it; W&B tells a resumed start where it stands)."""
+        before = self.floor
+        if self._file is None:
+            held = self._committed
+        else:
+            held = self._file.read()
+        candidates = [s for s in (before, held) if s is not None and s >= 0]
+        return max(candidates) if candidates else None
 
     def close(self, status: Status) -> None:
-        """Finish the run (exit code 0 when finished, 1 otherwise; pre-empting when killed)."""
-        if status == "KILLED":
-            self.run.mark_preempting()
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        """Commit the open step and finish the run (exit code 0 when finished, 1 otherwise;
+        pre-empting when killed); finishing writes the rest of the run's file."""
+        try:
+            self.flush()
+        finally:
+            if status == "KILLED":
+                self.run.mark_preempting()
+            self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
     def describe(self) -> dict[str, Any]:
         """``summary.json``'s ``tracking.wandb``: id, mode, project, entity, url (online), dir and
@@ -269,12 +417,18 @@ class MlflowRun:
             self.client = MlflowClient(tracking_uri=uri)
             self.experiment_id = self._experiment(options.experiment)
             run = self._find(record, lost, job, run_dir)
+            self.floor = -1
+            """The highest step of the run's metrics before this start (-1: none)."""
             if run is None:
                 run = self.client.create_run(self.experiment_id, run_name=job, tags={
                     "jobgen.run_key": record.run_key, "jobgen.job": job, "jobgen.run_dir": str(run_dir)})
-            elif resumed or run.info.status != "RUNNING":
-                self.client.update_run(run.info.run_id, status="RUNNING")
+            else:
+                self.floor = max((m.step for key in run.data.metrics
+                                  for m in self.client.get_metric_history(run.info.run_id, key)), default=-1)
+                if resumed or run.info.status != "RUNNING":
+                    self.client.update_run(run.info.run_id, status="RUNNING")
             self.run_id = run.info.run_id
+            self._sent: int | None = None
             self._log_params(run.data.params, params)
             self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in sorted(tags.items())])
         except TrackerError:
@@ -342,6 +496,17 @@ class MlflowRun:
         metrics = [self._metric(k, v, now, step) for step, row in rows for k, v in row.items()]
         for i in range(0, len(metrics), _MLFLOW_BATCH_METRICS):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + _MLFLOW_BATCH_METRICS])
+        if rows:
+            self._sent = max(self._sent if self._sent is not None else -1, *(step for step, _ in rows))
+
+    def flush(self) -> None:
+        """Nothing: :meth:`log` returns once the tracking store has the metrics."""
+
+    def confirmed_step(self) -> int | None:
+        """The highest step the run holds (its metrics before this start, or a returned
+        :meth:`log` call); None: none."""
+        held = max(self.floor, -1 if self._sent is None else self._sent)
+        return held if held >= 0 else None
 
     def close(self, status: Status) -> None:
         """Mark the run ``status`` (FINISHED, KILLED, FAILED)."""
@@ -397,9 +562,13 @@ class TrackerLogger(Logger):
         self.record: TrackingRecord | None = None
         self.safe_step = resumed_step or 0
         """Rows at or below this optimizer step are sent at once: a checkpoint covers them."""
+        self.floors: dict[str, int] = {}
+        """Per tracker, the highest step it held when this start began: it is sent nothing at or below it."""
         self.floor = -1
-        """Rows at or below this step were sent by an earlier start and are never sent again."""
+        """The lowest of :attr:`floors`: rows at or below it are sent to no tracker."""
         self.sent_step: int | None = None
+        self.resent: dict[str, int] = {}
+        """Per tracker, the rows of metrics.csv sent again at the start (steps the tracker lacked)."""
         self.skipped = 0
         self.signalled: int | None = None
         """SIGINT/SIGTERM seen on this rank since :meth:`start` (the run then ends KILLED)."""
@@ -409,6 +578,7 @@ class TrackerLogger(Logger):
         self._pending: list[int] = []
         self._last_sent: dict[str, int] = {}
         self._trainer: Trainer | None = None
+        self._nodes: list[str] = []
 
     @property
     def name(self) -> str:
@@ -433,15 +603,10 @@ class TrackerLogger(Logger):
     def start(self, trainer: Trainer, nodes: list[str]) -> None:
         """Global rank zero: read the key files, settle the run's identity, start every tracker,
         log the parameters; watch for SIGINT/SIGTERM (a run stopped by one ends KILLED)."""
-        self._trainer = trainer
+        self._trainer, self._nodes = trainer, nodes
         resolved, spec = self.resolved, self.resolved.spec
         read_key_files(resolved)
         record, lost = run_identity(self.run_dir, resolved, self.resumed_step)
-        if record.logged_step is not None:
-            self.floor = record.logged_step
-            if self.resumed_step is not None and self.resumed_step < record.logged_step:
-                _say(f"the trackers have steps up to {record.logged_step}, this start resumes from step {self.resumed_step}: "
-                     f"steps up to {record.logged_step} are not sent again (they are in metrics.csv)")
         secrets = secret_values(resolved)
         doc = scrub(resolved.model_dump(mode="json"), secrets)
         restart = next((os.environ[k] for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT") if os.environ.get(k)), "0")
@@ -465,13 +630,60 @@ class TrackerLogger(Logger):
         except BaseException:
             self.close("FAILED")
             raise
+        self._settle_floors(record)
         self._watch_signals()
+        self._resend()
         for tracker in self.trackers:
             where = tracker.describe()
             if isinstance(tracker, WandbRun):
                 _say(f"wandb run {where['id']} ({where['mode']}" + (f", {where['url']})" if where["url"] else f", {where['dir']})"))
             else:
                 _say(f"mlflow run {where['run_id']} in {where['tracking_uri']} (experiment {where['experiment_id']})")
+
+    def _settle_floors(self, record: TrackingRecord) -> None:
+        """Each tracker's floor: what the tracker itself says it holds (the earlier W&B pieces'
+        files, the MLflow run's metrics, a resumed online W&B run's step), else the record's."""
+        for tracker in self.trackers:
+            held = tracker.floor
+            if held is None:
+                held = record.logged_steps.get(tracker.name, record.logged_step)
+            self.floors[tracker.name] = -1 if held is None else held
+        self.floor = min(self.floors.values(), default=-1)
+        top = max(self.floors.values(), default=-1)
+        if self.resumed_step is not None and self.resumed_step < top:
+            _say(f"the trackers have steps up to {top}, this start resumes from step {self.resumed_step}: "
+                 f"steps up to {top} are not sent again to a tracker that has them (they are in metrics.csv)")
+
+    def _resend(self) -> None:
+        """Send each tracker the rows of metrics.csv (the earlier starts' versions) from its floor up
+        to the resumed checkpoint's step: what an earlier start logged but the tracker never got
+        (``wandb-core`` killed before writing them, a failed call)."""
+        if self.resumed_step is None or all(f >= self.resumed_step for f in self.floors.values()):
+            return
+        from jobgen.train.metrics_csv import read_metrics_rows
+
+        try:
+            rows = read_metrics_rows(self.run_dir, upto=self.resumed_step)
+        except (OSError, ValueError) as exc:
+            _say(f"warning: cannot read metrics.csv to send the steps the trackers lack: {type(exc).__name__}: {exc}")
+            return
+        for tracker in self.trackers:
+            missing = [r for r in rows if r[0] > self.floors[tracker.name]]
+            if not missing:
+                continue
+            try:
+                tracker.log(missing)
+                tracker.flush()
+            except Exception as exc:  # noqa: BLE001 - the run goes on; the next start tries again
+                _say(f"warning: sending {tracker.name} the steps it lacks failed: {type(exc).__name__}: {exc}")
+                continue
+            self.resent[tracker.name] = len(missing)
+            self.floors[tracker.name] = max(self.floors[tracker.name], missing[-1][0])
+            _say(f"{tracker.name}: sent again {len(missing)} step(s) {missing[0][0]}-{missing[-1][0]} from metrics.csv "
+                 "(logged by an earlier start, never confirmed)")
+        for step, metrics in rows:
+            self._last_sent.update({k: max(step, self._last_sent.get(k, -1)) for k in metrics})
+        self.floor = min(self.floors.values(), default=-1)
 
     def _watch_signals(self) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -542,7 +754,7 @@ class TrackerLogger(Logger):
             return
         self.safe_step = max(self.safe_step, step)
         self._flush(upto=self.safe_step)
-        self._remember(max(self.safe_step, self.sent_step or 0))
+        self._remember()
 
     def _flush(self, upto: int | None) -> None:
         ready = [r for r in self._buffer if upto is None or r[0] <= upto]
@@ -562,13 +774,27 @@ class TrackerLogger(Logger):
         if not fresh:
             return
         for tracker in self.trackers:
-            tracker.log(fresh)
+            own = [r for r in fresh if r[0] > self.floors.get(tracker.name, -1)]
+            if own:
+                tracker.log(own)
         self.sent_step = max(self.sent_step or 0, *(step for step, _ in fresh))
 
-    def _remember(self, step: int | None) -> None:
-        """Record ``step`` as the highest sent (it only grows)."""
-        if self.record is not None and step is not None and step > (self.record.logged_step or -1):
-            self.record = self.record.model_copy(update={"logged_step": step})
+    def _remember(self) -> None:
+        """Record, per tracker and for all of them, the highest step the trackers have confirmed
+        (:attr:`TrackingRecord.logged_steps`, :attr:`TrackingRecord.logged_step`)."""
+        if self.record is None:
+            return
+        steps: dict[str, int] = {}
+        for tracker in self.trackers:
+            try:
+                held = tracker.confirmed_step()
+            except Exception:  # noqa: BLE001 - a tracker that cannot tell has confirmed nothing new
+                held = self.record.logged_steps.get(tracker.name)
+            if held is not None:
+                steps[tracker.name] = held
+        every = min(steps.values()) if len(steps) == len(self.trackers) and steps else None
+        if steps != self.record.logged_steps or every != self.record.logged_step:
+            self.record = self.record.model_copy(update={"logged_steps": steps, "logged_step": every})
             write_tracking_record(self.run_dir, self.record)
 
     def status_of(self, exc: BaseException | None) -> Status:
@@ -582,9 +808,9 @@ class TrackerLogger(Logger):
         return "KILLED" if self.signalled is not None else "FAILED"
 
     def close(self, status: Status) -> None:
-        """End every tracker's run with ``status`` (once; global rank zero). FINISHED and FAILED
-        send the held-back rows first; KILLED drops them (the resumed run logs those steps
-        again). Never raises: a tracker's failure here is printed."""
+        """End every tracker's run with ``status`` (once; global rank zero) and record what they
+        confirmed. FINISHED and FAILED send the held-back rows first; KILLED drops them (the
+        resumed run logs those steps again). Never raises: a tracker's failure here is printed."""
         self.release_signals(deliver=False)  # the run ends now: a deferred signal has been counted (KILLED)
         if self.closed or not self.trackers:
             self.closed = True
@@ -599,7 +825,6 @@ class TrackerLogger(Logger):
                     self._buffer = []
                 else:
                     self._flush(upto=None)
-                self._remember(self.sent_step)
             except Exception as exc:  # noqa: BLE001 - closing must not hide the run's own outcome
                 _say(f"warning: sending the last metrics failed: {type(exc).__name__}: {exc}")
             for tracker in self.trackers:
@@ -607,9 +832,33 @@ class TrackerLogger(Logger):
                     tracker.close(status)
                 except Exception as exc:  # noqa: BLE001
                     _say(f"warning: closing the {tracker.name} run failed: {type(exc).__name__}: {exc}")
+            try:
+                self._remember()  # after closing: a finished W&B run has written its whole file
+            except Exception as exc:  # noqa: BLE001
+                _say(f"warning: recording the confirmed steps failed: {type(exc).__name__}: {exc}")
         if self.skipped:
             _say(f"{self.skipped} metric row(s) at or below step {self.floor} were not sent again")
         _say(f"runs ended {status}")
+
+    def before_requeue(self, step: int) -> None:
+        """Before jobgen's own ``scontrol requeue`` (global rank zero, the checkpoint of ``step``
+        written): end the runs KILLED now, so that W&B has written every row when SLURM's
+        SIGTERM reaches ``wandb-core`` with every other process of the step."""
+        self.close("KILLED")
+
+    def requeue_failed(self, step: int) -> None:
+        """The requeue after :meth:`before_requeue` failed and training goes on: start the
+        trackers again, resuming from ``step`` (a new offline W&B piece of the same run). A
+        failure is printed; the runs then stay ended and a later start sends what they lack."""
+        if not self.closed or self._trainer is None:
+            return
+        self.closed, self.trackers, self.skipped = False, [], 0
+        self.resumed_step, self.safe_step = step, max(self.safe_step, step)
+        try:
+            self.start(self._trainer, self._nodes)
+        except Exception as exc:  # noqa: BLE001 - training goes on without the trackers
+            _say(f"warning: the trackers could not start again after the failed requeue: {type(exc).__name__}: {exc}")
+            self.closed = True
 
     def describe(self) -> dict[str, Any]:
         """``summary.json``'s ``tracking``: the run key and each tracker's run (ids, URLs or paths)."""

@@ -102,9 +102,9 @@ def test_resumed_run_continues_exactly_like_an_uninterrupted_one(
     # Same samples in the same order after the restart, so the same losses (gloo on CPU is
     # deterministic for a fixed world size).
     losses_a, losses_b = _train_losses(Path(a["metrics_csv"])), _train_losses(Path(b["metrics_csv"]))
-    # logged every 5 steps (step index 24 is the 25th step) and at the last step (index 25)
-    assert set(losses_b) == {24, 25}
-    for index in (24, 25):
+    # logged every 5 steps (step 25) and at the last step (26); metrics.csv's step is the optimizer step
+    assert set(losses_b) == {25, 26}
+    for index in (25, 26):
         assert math.isclose(losses_b[index], losses_a[index], rel_tol=1e-5), (losses_a, losses_b)
     assert math.isclose(b["val_loss"], a["val_loss"], rel_tol=1e-5), (a["val_loss"], b["val_loss"])
 

@@ -60,12 +60,12 @@ def _base(hf_dir: Path) -> dict[str, Any]:
 
 
 def _val_losses(summary: dict[str, Any]) -> dict[int, float]:
-    """step -> val_loss from the run's metrics CSV (Lightning logs val_loss at global step - 1)."""
+    """step -> val_loss from the run's metrics CSV (its step column is the optimizer step)."""
     out = {}
     with open(summary["metrics_csv"], newline="") as f:
         for row in csv.DictReader(f):
             if row.get("val_loss"):
-                out[int(row["step"]) + 1] = float(row["val_loss"])
+                out[int(row["step"])] = float(row["val_loss"])
     return out
 
 

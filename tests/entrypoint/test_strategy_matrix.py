@@ -171,7 +171,7 @@ def test_fsdp_resumes_from_its_sharded_checkpoint_and_validates_inside_fit(matri
     _, resumed = train(job_dir)
     assert resumed["resumed_from_step"] == 20 and resumed["global_step"] == 25
     assert resumed["val_loss"] < full["val_loss"]
-    # the resumed run (its own metrics file) validated once: at its last step, inside fit (logged
-    # at step index 24, as in-fit validations are)
+    # the resumed run (its own metrics file) validated once: at its last step, inside fit (metrics.csv's
+    # step is the optimizer step)
     with open(resumed["metrics_csv"], newline="") as fh:
-        assert [int(row["step"]) for row in csv.DictReader(fh) if row.get("val_loss")] == [24]
+        assert [int(row["step"]) for row in csv.DictReader(fh) if row.get("val_loss")] == [25]

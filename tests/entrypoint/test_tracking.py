@@ -52,7 +52,13 @@ def tracker_env(tmp_path: Path) -> dict[str, str]:
 
 
 def wandb_steps(path: Path) -> list[int]:
-    """The history steps in an offline W&B run file (``run-<id>.wandb``): W&B's datastore format,
+    """The history steps in an offline W&B run file (``run-<id>.wandb``), in file order."""
+    return [step for step, _ in wandb_history(path)]
+
+
+def wandb_history(path: Path) -> list[tuple[int, dict[str, float]]]:
+    """The history rows (step, the row's own metrics: W&B's ``_step``, ``_runtime``, ... left out) in
+    an offline W&B run file (``run-<id>.wandb``), in file order: W&B's datastore format,
     LevelDB's log format after a 7-byte ``:W&B`` header (32 KiB blocks; each record a 7-byte header
     (crc32c, length, type: full 1, first 2, middle 3, last 4) and data), each record a
     ``wandb_internal_pb2.Record``."""
@@ -60,7 +66,8 @@ def wandb_steps(path: Path) -> list[int]:
 
     data, block = path.read_bytes(), 32768
     assert data[:4] == b":W&B", data[:8]
-    pos, pending, steps = 7, b"", []
+    pos, pending = 7, b""
+    steps: list[tuple[int, dict[str, float]]] = []
     while pos + 7 <= len(data):
         if block - pos % block < 7:
             pos += block - pos % block
@@ -74,7 +81,8 @@ def wandb_steps(path: Path) -> list[int]:
             record = pb.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == "history":
-                steps.append(record.history.step.num)
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                steps.append((record.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
     return steps
 
 
@@ -201,38 +209,111 @@ def _srun_start(tmp_path: Path, spec: Path, run_dir: Path, scontrol: str | None 
 
 
 def _mlflow_only_spec(tmp_path: Path, uri: str, **launch: Any) -> Path:
-    spec = {**TINY_SPEC, "trainer": {**TINY_SPEC["trainer"], "max_steps": 400, "val_check_interval": 1000,
-                                     "loggers": ["mlflow"], "mlflow": {"tracking_uri": uri}}}
+    return _tracked_spec(tmp_path, {"loggers": ["mlflow"], "mlflow": {"tracking_uri": uri}}, **launch)
+
+
+def _tracked_spec(tmp_path: Path, trackers: dict[str, Any], **launch: Any) -> Path:
+    spec = {**TINY_SPEC, "trainer": {**TINY_SPEC["trainer"], "max_steps": 400, "val_check_interval": 1000, **trackers}}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(resolved_doc(spec, **({"num_nodes": 1, "devices_per_node": 1, "world_size": 1} | launch))))
     return path
 
 
-def test_a_slurm_requeue_marks_the_mlflow_run_killed_with_nothing_past_its_checkpoint(tmp_path: Path) -> None:
+#: ``scontrol requeue`` as SLURM carries it out: accepted, then slurmstepd sends SIGTERM to every
+#: process of the step at once: the rank and the ``wandb-core`` it started (its child, in a session
+#: of its own, which a Ctrl-C never reaches).
+SLURMSTEPD_SCONTROL = """#!/bin/sh
+echo "$@" >> "$FAKE_SCONTROL_LOG"
+for pid in $(pgrep -P "$PPID"); do
+    if [ "$(cat /proc/$pid/comm 2>/dev/null)" = wandb-core ]; then kill -TERM "$pid"; echo "TERM wandb-core" >> "$FAKE_SCONTROL_LOG"; fi
+done
+kill -TERM "$PPID"
+exit 0
+"""
+
+
+def csv_steps(run_dir: Path, metric: str) -> list[int]:
+    """The steps of ``metric`` in the run's metrics.csv files, each step from the newest version
+    that has the step (a resumed start supersedes what an earlier one logged past its checkpoint)."""
+    import csv
+
+    by_step: dict[int, set[str]] = {}
+    for path in sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        own: dict[int, set[str]] = {}
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                own.setdefault(int(row["step"]), set()).update(k for k, v in row.items() if v not in ("", None))
+        by_step.update(own)
+    return sorted(step for step, names in by_step.items() if metric in names)
+
+
+def test_a_slurm_requeue_keeps_every_step_once_in_wandb_and_mlflow_though_wandb_core_is_sigtermed(tmp_path: Path) -> None:
+    """jobgen's own requeue (USR2, the time-limit path) with slurmstepd's SIGTERM to wandb-core
+    (issue 33): the trackers end their runs before ``scontrol requeue``; the resumed start sends
+    from metrics.csv what they lack (the requeue step's row, logged after the requeue); every step
+    of metrics.csv once in each tracker, one W&B id, one MLflow run."""
     from tests.entrypoint.test_entrypoint_requeue import _kill, _wait, _wait_for_step
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = _mlflow_only_spec(tmp_path, uri, scheduler="slurm", requeue_signal="USR2", cluster="lab")
+    spec = _tracked_spec(tmp_path, {"max_steps": 60, "loggers": ["wandb", "mlflow"], "mlflow": {"tracking_uri": uri},
+                                    "wandb": {"mode": "offline", "project": "jobgen-test"}},
+                         scheduler="slurm", requeue_signal="USR2", cluster="lab")
     run_dir = tmp_path / "run"
-    proc = _srun_start(tmp_path, spec, run_dir)
+    proc = _srun_start(tmp_path, spec, run_dir, scontrol=SLURMSTEPD_SCONTROL)
     procs = [(proc, tmp_path / "out-0.txt")]
     try:
         _wait_for_step(procs[0][1], 20, procs)
         os.kill(proc.pid, signal.SIGUSR2)
-        assert _wait(procs, TIMEOUT_S) == [0]
+        _wait(procs, TIMEOUT_S)
     finally:
         _kill(procs)
-    text = procs[0][1].read_text()
-    assert "requeue: scontrol requeue 4242 done" in text, text[-3000:]
+    first = procs[0][1].read_text()
+    assert "requeue: scontrol requeue 4242 done" in first, first[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\nTERM wandb-core\n", first[-3000:]
     step = _newest_step(run_dir)
+    assert step is not None and 20 <= step < 60 and not (run_dir / "summary.json").exists(), (step, first[-3000:])
     record = json.loads((run_dir / ".jobgen-tracking.json").read_text())
-    client = mlflow_client(uri)
-    run = client.get_run(record["mlflow_run_id"])
-    assert run.info.status == "KILLED" and record["logged_step"] == step, (record, step)
-    series = metric_steps(client, run.info.run_id)["train_loss"]
-    # every log interval up to the checkpoint, plus the requeue step itself (Lightning logs when it stops)
-    assert series == sorted(set(series)) and max(series) == step, (series, step)
-    assert set(range(5, step + 1, 5)) <= set(series), (series, step)
+    key, client = record["run_key"], mlflow_client(uri)
+    assert client.get_run(record["mlflow_run_id"]).info.status == "KILLED"
+    (piece,) = (run_dir / "wandb").glob(f"offline-run-*-{key}")
+    kept = wandb_steps(piece / f"run-{key}.wandb")
+    # ended before the requeue: W&B wrote all it got, and the record says so
+    assert record["logged_steps"]["wandb"] == max(kept) and kept == csv_steps(run_dir, "train_loss")[:len(kept)], (record, kept)
+
+    again = _srun_start(tmp_path, spec, run_dir)  # SLURM starts the job again
+    procs = [(again, tmp_path / "out-0.txt")]
+    try:
+        assert _wait(procs, TIMEOUT_S) == [0], procs[0][1].read_text()[-3000:]
+    finally:
+        _kill(procs)
+    trained = csv_steps(run_dir, "train_loss")
+    assert trained[-1] == 60 and step in trained, trained
+    pieces = sorted((run_dir / "wandb").glob(f"offline-run-*-{key}"))
+    assert len(pieces) == 2, pieces
+    rows = [row for p in pieces for row in wandb_history(p / f"run-{key}.wandb")]
+    assert [s for s, _ in rows] == sorted({*trained, *csv_steps(run_dir, "val_loss")}), rows  # once each, in order
+    assert [s for s, m in rows if "train_loss" in m] == trained
+    runs = client.search_runs([client.get_run(record["mlflow_run_id"]).info.experiment_id])
+    assert [r.info.run_id for r in runs] == [record["mlflow_run_id"]] and runs[0].info.status == "FINISHED"
+    steps = metric_steps(client, record["mlflow_run_id"])
+    assert steps["train_loss"] == trained and steps["val_loss"] == csv_steps(run_dir, "val_loss"), steps
+
+
+def test_metrics_csv_steps_are_the_trackers_steps(tmp_path: Path) -> None:
+    """metrics.csv's step column is the optimizer step, as the trackers', checkpoints' and
+    progress lines' (issue 33: it was one below, Lightning's count of steps before the row)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = _tracked_spec(tmp_path, {"max_steps": 20, "val_check_interval": 10, "loggers": ["mlflow"],
+                                    "mlflow": {"tracking_uri": uri}})
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobgen.train", "--spec", str(spec), "--run-dir", str(run_dir)], cwd=tmp_path,
+                          env=tracker_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads((run_dir / ".jobgen-tracking.json").read_text())
+    steps = metric_steps(mlflow_client(uri), record["mlflow_run_id"])
+    assert steps["train_loss"] == csv_steps(run_dir, "train_loss") == [5, 10, 15, 20], steps
+    assert steps["val_loss"] == csv_steps(run_dir, "val_loss") == [10, 20], steps
+    assert "step 20/20" in proc.stdout and _newest_step(run_dir) == 20
 
 
 def test_an_exception_marks_the_mlflow_run_failed(tmp_path: Path) -> None:

@@ -283,7 +283,10 @@ def test_run_identity_continues_a_run_and_starts_a_new_one_when_it_must(tmp_path
 
 
 class Recorder:
+    """A stand-in tracker that confirms every row it gets."""
+
     name = "recorder"
+    floor = None
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, dict[str, float]]] = []
@@ -291,6 +294,12 @@ class Recorder:
 
     def log(self, rows):
         self.rows.extend(rows)
+
+    def flush(self):
+        pass
+
+    def confirmed_step(self):
+        return max((step for step, _ in self.rows), default=None)
 
     def close(self, status):
         self.status = status
@@ -307,6 +316,7 @@ def gated_logger(tmp_path: Path, resumed: int | None = None, logged: int | None 
     logger.trackers, logger._trainer = [recorder], trainer
     logger.record = TrackingRecord.new().model_copy(update={"logged_step": logged})
     logger.floor = -1 if logged is None else logged
+    logger.floors = {recorder.name: logger.floor}
     return logger, recorder, trainer
 
 
