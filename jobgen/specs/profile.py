@@ -129,8 +129,11 @@ class SlurmSettings(_Model):
         "ranks; for sites whose wrappers or containers do not pass signals to steps)."
     ))
     master_port: int = Field(default=29500, ge=1024, le=65535, description=(
-        "Rendezvous port on the first node (Lightning's default derives it from the job id and\n"
-        "collides across jobs)."
+        "Rendezvous port on the first node (a job array's task i: + i). With ``exclusive: false``\n"
+        "(another job may share the first node) the first of a window: each job takes\n"
+        "``master_port + SLURM_JOB_ID % 1000`` (fewer near 65535), past a port something already\n"
+        "listens on there. Lightning's own default, 10000 + the id's last four digits, collides\n"
+        "across jobs."
     ))
     python: str = Field(default="python", description="Python interpreter on the compute nodes (with jobgen[train] installed).")
     extra_srun_args: tuple[str, ...] = Field(default=(), description="Extra arguments for ``srun``, each quoted as one argument.")
