@@ -467,10 +467,12 @@ class SshSettings(_Model):
     user: str | None = Field(default=None, description=(
         "Login name on every host (``ssh -l``); ``null``: ssh's default (``~/.ssh/config``, else your local name)."))
     port: int = Field(default=22, ge=1, le=65535, description="sshd port on every host (``ssh -p``).")
-    workdir: str = Field(description=(
-        "Absolute directory on every host under which jobs run: ``<workdir>/<job name>/`` is the run\n"
+    workdir: str = Field(default="~/jobgen-runs", description=(
+        "Directory on every host under which jobs run: ``<workdir>/<job name>/`` is the run\n"
         "directory (``job/``: the copied job directory, ``code/``: the code snapshot, checkpoints,\n"
-        "``node-<rank>.log``). Created when missing; any characters but newlines (quoted by jobgen)."
+        "``node-<rank>.log``). Absolute, or ``~/...`` in the home directory of the login on each\n"
+        "host (the default, as SkyPilot's ``~/sky_workdir``). Created when missing; any characters\n"
+        "but newlines (quoted by jobgen)."
     ))
     python: str = Field(default="python3", description="Python interpreter on every host, with jobgen[train] installed (runs torchrun and the entrypoint).")
     master_addr: str | None = Field(default=None, description=(
@@ -519,8 +521,9 @@ class SshSettings(_Model):
     @classmethod
     def _workdir(cls, value: str) -> str:
         check_shell_safe(value)
-        if not value.startswith("/"):
-            raise ValueError(f"workdir {value!r} is not an absolute path; give the directory as every host sees it, e.g. /home/alice/jobgen-runs")
+        if not (value.startswith("/") or value == "~" or value.startswith("~/")):
+            raise ValueError(f"workdir {value!r} is not an absolute path or ~/... (the login's home on each host); give "
+                             "the directory as every host sees it, e.g. /home/alice/jobgen-runs or ~/jobgen-runs")
         return value.rstrip("/") or "/"
 
     @field_validator("python")
@@ -635,7 +638,7 @@ class ClusterProfile(_Model):
         if self.scheduler == "kubernetes" and self.kubernetes is None:
             raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
         if self.scheduler == "ssh" and self.ssh is None:
-            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts' and 'workdir'")
+            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts'")
         if self.scheduler == "ssh" and self.ssh is not None and self.max_nodes > len(self.ssh.hosts):
             raise ValueError(f"max_nodes={self.max_nodes} but ssh.hosts lists {len(self.ssh.hosts)} host(s): each node is one host; "
                              f"set max_nodes to at most {len(self.ssh.hosts)} or add hosts")
