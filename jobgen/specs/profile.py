@@ -397,6 +397,11 @@ class KubernetesSettings(_Model):
         return self
 
 
+#: ``model_dump(context=...)`` of a profile shown as a file to copy: loader directives such as
+#: ``local.detect_gpus`` are kept (the inputs hash and spec.json leave them out).
+PROFILE_FILE_CONTEXT = {"directives": True}
+
+
 class LocalSettings(_Model):
     """The embedded default: the entrypoint under torchrun on this machine."""
 
@@ -412,8 +417,12 @@ class LocalSettings(_Model):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        # a loader directive: what it found is in the profile's fields (and hash), not the flag
-        return {k: v for k, v in handler(self).items() if k != "detect_gpus"}
+        # a loader directive: what it found is in the profile's fields (and hash), not the flag;
+        # kept where the dump is a profile to copy (PROFILE_FILE_CONTEXT: `jobgen profiles show`)
+        doc = handler(self)
+        if (info.context or {}).get("directives"):
+            return doc
+        return {k: v for k, v in doc.items() if k != "detect_gpus"}
 
 
 #: Characters OpenSSH refuses in a host or user name given on its command line (OpenSSH 9.6
