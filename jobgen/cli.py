@@ -33,6 +33,7 @@ from jobgen.specs.load import (
     load_profile_doc,
     load_spec,
 )
+from jobgen.specs.profile import PROFILE_FILE_CONTEXT
 from jobgen.specs.training import TrainingSpec
 
 #: Per invocation (reset by :meth:`JobgenGroup.main`): ``debug`` (tracebacks for errors) and
@@ -1072,7 +1073,7 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     field, by its dotted path, as --set and the README reference name it), yaml (a profile file
     you can copy) or json."""
     _, path = load_profile_doc(name, profiles_dir)
-    resolved = load_profile(name, profiles_dir).model_dump(mode="json")
+    resolved = load_profile(name, profiles_dir).model_dump(mode="json", context=PROFILE_FILE_CONTEXT)
     if output == "json":
         _echo_doc(resolved)
         return

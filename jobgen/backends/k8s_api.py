@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,8 @@ class Cluster:
             if isinstance(exc, ApiError):
                 raise
             raise SubmitError(f"cannot reach the Kubernetes API server of context {self.context!r}: {exc}",
-                              hint="check `kubectl --context <context> get --raw /readyz`, the kubeconfig and the network") from None
+                              hint=f"check `kubectl --context {shlex.quote(self.context)} get --raw /readyz`, the kubeconfig "
+                              "and the network") from None
         if 200 <= response.status < 300:
             if stream:
                 return response.response

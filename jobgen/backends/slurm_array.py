@@ -29,6 +29,7 @@ from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.backends.slurm_script import (
     RUNS_DIR_PLACEHOLDER,
     launch_argv,
+    master_port_window,
     run_dir_name,
     sbatch_command,
     sbatch_directives,
@@ -97,6 +98,8 @@ def _template_values(ctx: PlanContext, base_name: str, tasks: int) -> dict[str, 
         "secrets": list(ctx.spec.secrets),
         "omp_threads": ctx.world.cpus_per_rank,
         "master_port": s.master_port,
+        "shared_nodes": not s.exclusive,
+        "port_window": master_port_window(s.master_port),
         "srun_options": srun_options(ctx),
         "launch": launch_argv(ctx, spec_path),
         "forward_signal": s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
@@ -104,7 +107,8 @@ def _template_values(ctx: PlanContext, base_name: str, tasks: int) -> dict[str, 
 
 
 _WHAT = {"directives": "#SBATCH options", "modules": "modules", "env": "environment", "secrets": "secrets",
-         "omp_threads": "CPUs per rank", "master_port": "master port", "srun_options": "srun options",
+         "omp_threads": "CPUs per rank", "master_port": "master port", "shared_nodes": "exclusive nodes",
+         "port_window": "master port", "srun_options": "srun options",
          "launch": "launch line", "forward_signal": "requeue signal"}
 
 
@@ -154,7 +158,7 @@ def plan_array(
         raise PlanError(f"The sweep has {len(members)} points, but SLURM's default MaxArraySize allows {MAX_ARRAY_TASKS} tasks.",
                         location=where, hint="Split the sweep, or render one job per point (`sweep_as_array: false`).")
     s = profile.slurm_settings
-    if s.master_port + len(members) - 1 > 65535:
+    if s.exclusive and s.master_port + len(members) - 1 > 65535:
         raise PlanError(f"Task i of the array rendezvouses on port {s.master_port} + i, and {len(members)} tasks "
                         "go past 65535.", location=f"{profile_source}: slurm.master_port",
                         hint=f"Lower `slurm.master_port` to at most {65536 - len(members)}.")

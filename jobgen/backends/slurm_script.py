@@ -40,6 +40,17 @@ def run_dir_name(job_name: str) -> str:
     return job_name.replace("%", "_").replace("\\", "_") + "-" + digest
 
 
+#: Ports a job on shared nodes (``exclusive: false``) takes its rendezvous port from:
+#: ``master_port + SLURM_JOB_ID % MASTER_PORT_WINDOW`` (fewer near 65535, see :func:`master_port_window`).
+MASTER_PORT_WINDOW = 1000
+
+
+def master_port_window(master_port: int) -> int:
+    """How many ports from ``master_port`` on a job on shared nodes may take its rendezvous port
+    from (:data:`MASTER_PORT_WINDOW`, fewer where that would pass 65535)."""
+    return min(MASTER_PORT_WINDOW, 65536 - master_port)
+
+
 def format_time_limit(minutes: int) -> str:
     """Minutes -> SLURM ``--time`` value ``[D-]HH:MM:00`` (sbatch(1), "-t, --time")."""
     days, rest = divmod(minutes, 24 * 60)
@@ -408,6 +419,8 @@ def plan(ctx: PlanContext) -> JobPlan:
         secrets=list(ctx.spec.secrets),
         omp_threads=ctx.world.cpus_per_rank,
         master_port=s.master_port,
+        shared_nodes=not s.exclusive,
+        port_window=master_port_window(s.master_port),
         run_name=run_dir_name(ctx.spec.name),
         srun_options=srun_options(ctx),
         launch=launch_argv(ctx),

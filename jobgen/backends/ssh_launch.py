@@ -59,8 +59,18 @@ def node_file(rank: int, kind: str) -> str:
 
 
 def run_dir(settings: SshSettings, job_name: str) -> str:
-    """The run directory on every host: ``<workdir>/<job name>``."""
+    """The run directory on every host: ``<workdir>/<job name>`` (absolute, or ``~/...``: in the
+    login's home directory on each host, see :func:`remote_path`)."""
     return posixpath.join(settings.workdir, job_name)
+
+
+def remote_path(path: str) -> str:
+    """``path`` as one word of the remote POSIX shell: quoted, a leading ``~`` as ``"$HOME"``
+    (the login's home directory on that host; quoted, so a home with blanks stays one word)."""
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"' + (f"/{shlex.quote(rest)}" if rest else "")
+    return shlex.quote(path)
 
 
 def snapshot_dir(run: str, snapshot_id: str) -> str:
@@ -69,8 +79,10 @@ def snapshot_dir(run: str, snapshot_id: str) -> str:
 
 
 def handle_for(settings: SshSettings, job_name: str) -> JobHandle:
-    """``ssh://<first host><run dir>`` (the run dir is absolute)."""
-    return JobHandle("ssh", settings.hosts[0] + run_dir(settings, job_name))
+    """``ssh://<first host><run dir>`` (an absolute run dir), ``ssh://<first host>/~/<...>`` (one in
+    the login's home)."""
+    run = run_dir(settings, job_name)
+    return JobHandle("ssh", settings.hosts[0] + (run if run.startswith("/") else f"/{run}"))
 
 
 # --------------------------------------------------------------------------- planning
@@ -184,8 +196,8 @@ def copy_command(run: str) -> str:
     sequences in a ``-C`` directory (``..\\057..`` is ``../..``), which took a name such as
     ``..\\057..\\057escaped`` out of the run directory. tar extracts into its working directory
     the members jobgen packed (``job/...``, ``code/<id>/...``)."""
-    q = shlex.quote(run)
-    return f"rm -rf -- {shlex.quote(posixpath.join(run, JOB_SUBDIR))} && mkdir -p -- {q} && cd -- {q} && tar -x --no-same-owner -f -"
+    q = remote_path(run)
+    return f"rm -rf -- {remote_path(posixpath.join(run, JOB_SUBDIR))} && mkdir -p -- {q} && cd -- {q} && tar -x --no-same-owner -f -"
 
 
 def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | None, secrets: tuple[str, ...] = ()) -> str:
@@ -195,12 +207,12 @@ def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | Non
     (pid, exit code, cancel mark) are removed first. ``secrets``: the spec's secret names; their
     values come on stdin, one ``NAME=VALUE`` line each, and are exported, never written to a file
     or put on a command line."""
-    words = [f"cd {shlex.quote(run)}", f"rm -f {node_file(rank, 'pid')} {node_file(rank, 'exit')} {CANCELLED_FILE}"]
+    words = [f"cd {remote_path(run)}", f"rm -f {node_file(rank, 'pid')} {node_file(rank, 'exit')} {CANCELLED_FILE}"]
     if secrets:
         words.append("while IFS= read -r jobgen_secret; do export \"$jobgen_secret\"; done")
     env = [f"{SSH_JOB_ENV}={shlex.quote(job_tag(handle, rank))}"]
     if code_dir is not None:
-        env.append(f"{CODE_DIR_ENV}={shlex.quote(code_dir)}")
+        env.append(f"{CODE_DIR_ENV}={remote_path(code_dir)}")
     words.append(f"{' '.join(env)} setsid -f bash {JOB_SUBDIR}/{LAUNCH_FILE} {rank} </dev/null >>{node_file(rank, 'log')} 2>&1")
     return " && ".join(words)
 
@@ -224,7 +236,7 @@ def status_command(run: str, rank: int, handle: JobHandle) -> str:
     ``procs``, the number of the job's processes alive on the host. The processes are counted
     first: launch.sh writes its exit code before it ends, so a launch counted as gone has its exit
     code read (the other order misses one that ends between the two reads)."""
-    return (f"cd {shlex.quote(run)} 2>/dev/null || {{ echo dir=missing; exit 0; }}; "
+    return (f"cd {remote_path(run)} 2>/dev/null || {{ echo dir=missing; exit 0; }}; "
             f"procs=$({_job_pids(handle, rank)} | wc -l); "
             f"echo \"pid=$(cat {node_file(rank, 'pid')} 2>/dev/null)\"; echo \"exit=$(cat {node_file(rank, 'exit')} 2>/dev/null)\"; "
             f"if [ -e {CANCELLED_FILE} ]; then echo cancelled=1; else echo cancelled=0; fi; "
@@ -234,7 +246,7 @@ def status_command(run: str, rank: int, handle: JobHandle) -> str:
 def stop_command(run: str, rank: int, handle: JobHandle) -> str:
     """Remote: mark the run cancelled and send TERM to the launch script (when its PID is still
     one of the job's processes); launch.sh passes it to torchrun, which stops its workers."""
-    return (f"cd {shlex.quote(run)} 2>/dev/null || exit 0; touch {CANCELLED_FILE}; "
+    return (f"cd {remote_path(run)} 2>/dev/null || exit 0; touch {CANCELLED_FILE}; "
             f"pid=$(cat {node_file(rank, 'pid')} 2>/dev/null) || exit 0; "
             f"if {_job_pids(handle, rank)} | grep -qx -e \"$pid\"; then kill -TERM \"$pid\" 2>/dev/null; fi; exit 0")
 
@@ -252,7 +264,7 @@ NO_LOG_EXIT = 3
 def log_command(run: str, rank: int, offset: int) -> str:
     """Remote: node ``rank``'s output from byte ``offset`` on; exit :data:`NO_LOG_EXIT` when
     there is none yet."""
-    path = shlex.quote(posixpath.join(run, node_file(rank, "log")))
+    path = remote_path(posixpath.join(run, node_file(rank, "log")))
     return f"if [ -f {path} ]; then tail -c +{offset + 1} {path}; else exit {NO_LOG_EXIT}; fi"
 
 

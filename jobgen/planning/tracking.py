@@ -24,6 +24,13 @@ from jobgen.specs.training import TrainingSpec
 
 #: The variable MLflow reads its tracking URI from when none is given (mlflow.environment_variables).
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+#: The variable MLflow reads its experiment's name from when none is given (mlflow.environment_variables).
+MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
+#: The variable W&B reads its mode from (wandb 0.31 ``Settings.mode``): ``online``, ``offline``, ...
+WANDB_MODE_ENV = "WANDB_MODE"
+#: The W&B project of a spec, profile and node that name none (W&B's default outside a git
+#: repository; jobgen passes it, as wandb would name the project after the job's code snapshot).
+WANDB_DEFAULT_PROJECT = "uncategorized"
 #: Per tracker: its key-file field and the variable that file's content is read into.
 KEY_FILES: dict[str, tuple[str, str]] = {"wandb": ("api_key_file", "WANDB_API_KEY"),
                                          "mlflow": ("token_file", "MLFLOW_TRACKING_TOKEN")}
@@ -31,9 +38,11 @@ KEY_FILES: dict[str, tuple[str, str]] = {"wandb": ("api_key_file", "WANDB_API_KE
 
 def resolve_tracking(spec: TrainingSpec, profile: ClusterProfile) -> TrainingSpec:
     """``spec`` with, for each tracker in ``trainer.loggers``, its options merged over the
-    profile's ``tracking`` defaults (the spec's set fields win) and W&B's ``mode`` made explicit
-    (``online`` when neither says), so spec.json holds what the nodes use. A spec without
-    trackers is returned unchanged (a profile's defaults add nothing to it)."""
+    profile's ``tracking`` defaults (the spec's set fields win). Fields both leave unset stay
+    unset in spec.json: on the nodes they are the trackers' own (``WANDB_MODE``,
+    ``WANDB_PROJECT``, ``WANDB_ENTITY``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``, then
+    the defaults the option descriptions name). A spec without trackers is returned unchanged (a
+    profile's defaults add nothing to it)."""
     t = spec.trainer
     if not t.trackers:
         return spec
@@ -41,8 +50,7 @@ def resolve_tracking(spec: TrainingSpec, profile: ClusterProfile) -> TrainingSpe
     update = {}
     if "wandb" in t.trackers:
         own = t.wandb or WandbSpec()
-        merged = WandbSpec.model_validate(own.merged_over(defaults.wandb if defaults else None))
-        update["wandb"] = merged.model_copy(update={"mode": merged.effective_mode})
+        update["wandb"] = WandbSpec.model_validate(own.merged_over(defaults.wandb if defaults else None))
     if "mlflow" in t.trackers:
         own_ml = t.mlflow or MlflowSpec()
         update["mlflow"] = MlflowSpec.model_validate(own_ml.merged_over(defaults.mlflow if defaults else None))
@@ -64,7 +72,8 @@ def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: 
 
     - one source per credential: a key file (``wandb.api_key_file``, ``mlflow.token_file``) and
       the same variable in ``secrets`` exclude each other;
-    - Kubernetes: W&B ``online`` needs ``WANDB_API_KEY`` mapped to a Secret by
+    - Kubernetes: W&B ``online`` (``mode``, else ``WANDB_MODE`` in the profile's or spec's
+      ``env``, else online) needs ``WANDB_API_KEY`` mapped to a Secret by
       ``kubernetes.secret_env`` (pods have no other source); key files are refused;
     - ``MLFLOW_TRACKING_URI`` in a profile's or spec's ``env`` is checked like
       ``mlflow.tracking_uri`` (:func:`jobgen.specs.tracking.check_tracking_uri`: no file store, no
@@ -96,7 +105,9 @@ def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: 
                 f"{{{variable}: {{secret: <Secret name>, key: <key>}}}}, and remove {field}.",
             )
     wandb = t.wandb if "wandb" in t.trackers else None
-    if k8s is not None and wandb is not None and wandb.effective_mode == "online":
+    # the pods' environment is what jobgen renders: the profile's env, then the spec's
+    pod_mode = {**profile.env, **spec.env}.get(WANDB_MODE_ENV)
+    if k8s is not None and wandb is not None and (wandb.mode or pod_mode or "online") in ("online", "run"):
         (variable,) = TRACKER_CREDENTIALS["wandb"]
         if variable not in k8s.secret_env:
             raise PlanError(
@@ -105,7 +116,7 @@ def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: 
                 location=f"{spec_source}: trainer.loggers",
                 hint=f"kubectl create secret generic wandb --from-literal=api-key=... and add to the profile "
                 f"({profile_source}): kubernetes.secret_env: {{{variable}: {{secret: wandb, key: api-key}}}}; "
-                "or log offline (trainer.wandb.mode: offline) and run wandb sync later.",
+                "or log offline (trainer.wandb.mode: offline, or env: {WANDB_MODE: offline}) and run wandb sync later.",
             )
     if "mlflow" not in t.trackers:
         return

@@ -129,8 +129,11 @@ class SlurmSettings(_Model):
         "ranks; for sites whose wrappers or containers do not pass signals to steps)."
     ))
     master_port: int = Field(default=29500, ge=1024, le=65535, description=(
-        "Rendezvous port on the first node (Lightning's default derives it from the job id and\n"
-        "collides across jobs)."
+        "Rendezvous port on the first node (a job array's task i: + i). With ``exclusive: false``\n"
+        "(another job may share the first node) the first of a window: each job takes\n"
+        "``master_port + SLURM_JOB_ID % 1000`` (fewer near 65535), past a port something already\n"
+        "listens on there. Lightning's own default, 10000 + the id's last four digits, collides\n"
+        "across jobs."
     ))
     python: str = Field(default="python", description="Python interpreter on the compute nodes (with jobgen[train] installed).")
     extra_srun_args: tuple[str, ...] = Field(default=(), description="Extra arguments for ``srun``, each quoted as one argument.")
@@ -394,6 +397,11 @@ class KubernetesSettings(_Model):
         return self
 
 
+#: ``model_dump(context=...)`` of a profile shown as a file to copy: loader directives such as
+#: ``local.detect_gpus`` are kept (the inputs hash and spec.json leave them out).
+PROFILE_FILE_CONTEXT = {"directives": True}
+
+
 class LocalSettings(_Model):
     """The embedded default: the entrypoint under torchrun on this machine."""
 
@@ -409,8 +417,12 @@ class LocalSettings(_Model):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        # a loader directive: what it found is in the profile's fields (and hash), not the flag
-        return {k: v for k, v in handler(self).items() if k != "detect_gpus"}
+        # a loader directive: what it found is in the profile's fields (and hash), not the flag;
+        # kept where the dump is a profile to copy (PROFILE_FILE_CONTEXT: `jobgen profiles show`)
+        doc = handler(self)
+        if (info.context or {}).get("directives"):
+            return doc
+        return {k: v for k, v in doc.items() if k != "detect_gpus"}
 
 
 #: Characters OpenSSH refuses in a host or user name given on its command line (OpenSSH 9.6
@@ -464,10 +476,12 @@ class SshSettings(_Model):
     user: str | None = Field(default=None, description=(
         "Login name on every host (``ssh -l``); ``null``: ssh's default (``~/.ssh/config``, else your local name)."))
     port: int = Field(default=22, ge=1, le=65535, description="sshd port on every host (``ssh -p``).")
-    workdir: str = Field(description=(
-        "Absolute directory on every host under which jobs run: ``<workdir>/<job name>/`` is the run\n"
+    workdir: str = Field(default="~/jobgen-runs", description=(
+        "Directory on every host under which jobs run: ``<workdir>/<job name>/`` is the run\n"
         "directory (``job/``: the copied job directory, ``code/``: the code snapshot, checkpoints,\n"
-        "``node-<rank>.log``). Created when missing; any characters but newlines (quoted by jobgen)."
+        "``node-<rank>.log``). Absolute, or ``~/...`` in the home directory of the login on each\n"
+        "host (the default, as SkyPilot's ``~/sky_workdir``). Created when missing; any characters\n"
+        "but newlines (quoted by jobgen)."
     ))
     python: str = Field(default="python3", description="Python interpreter on every host, with jobgen[train] installed (runs torchrun and the entrypoint).")
     master_addr: str | None = Field(default=None, description=(
@@ -516,8 +530,9 @@ class SshSettings(_Model):
     @classmethod
     def _workdir(cls, value: str) -> str:
         check_shell_safe(value)
-        if not value.startswith("/"):
-            raise ValueError(f"workdir {value!r} is not an absolute path; give the directory as every host sees it, e.g. /home/alice/jobgen-runs")
+        if not (value.startswith("/") or value == "~" or value.startswith("~/")):
+            raise ValueError(f"workdir {value!r} is not an absolute path or ~/... (the login's home on each host); give "
+                             "the directory as every host sees it, e.g. /home/alice/jobgen-runs or ~/jobgen-runs")
         return value.rstrip("/") or "/"
 
     @field_validator("python")
@@ -632,7 +647,7 @@ class ClusterProfile(_Model):
         if self.scheduler == "kubernetes" and self.kubernetes is None:
             raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
         if self.scheduler == "ssh" and self.ssh is None:
-            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts' and 'workdir'")
+            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts'")
         if self.scheduler == "ssh" and self.ssh is not None and self.max_nodes > len(self.ssh.hosts):
             raise ValueError(f"max_nodes={self.max_nodes} but ssh.hosts lists {len(self.ssh.hosts)} host(s): each node is one host; "
                              f"set max_nodes to at most {len(self.ssh.hosts)} or add hosts")

@@ -113,13 +113,21 @@ class WandbSpec(_Options):
     ``WANDB_API_KEY`` (listed in ``secrets``; on Kubernetes mapped by ``kubernetes.secret_env``)
     or from ``api_key_file``; never from a file jobgen writes."""
 
-    project: str | None = Field(default=None, description="W&B project; ``null``: the profile's, else W&B's default (``uncategorized``).")
-    entity: str | None = Field(default=None, description="W&B entity (team or user); ``null``: the profile's, else the key's default entity.")
+    project: str | None = Field(default=None, description=(
+        "W&B project; ``null``: the profile's, else ``$WANDB_PROJECT`` on the node, else\n"
+        "``uncategorized`` (W&B's default; jobgen passes it, where wandb would name the project\n"
+        "after the git repository around the program: the job's code snapshot)."
+    ))
+    entity: str | None = Field(default=None, description=(
+        "W&B entity (team or user); ``null``: the profile's, else ``$WANDB_ENTITY`` on the node,\n"
+        "else the key's default entity."
+    ))
     mode: Literal["online", "offline"] | None = Field(default=None, description=(
         "``online``: stream to the W&B server (the nodes need network access and a key);\n"
-        "``offline``: write under ``<run_dir>/wandb/`` only, for nodes without internet, synced\n"
-        "later with ``wandb sync`` (every piece carries the same run id, so the pieces of a\n"
-        "requeued job join one run). ``null``: the profile's, else ``online``."
+        "``offline``: write under ``<run_dir>/wandb/`` (``$WANDB_DIR/wandb/`` where that is set)\n"
+        "only, for nodes without internet, synced later with ``wandb sync`` (every piece carries\n"
+        "the same run id, so the pieces of a requeued job join one run). ``null``: the profile's,\n"
+        "else ``$WANDB_MODE`` on the node (W&B's switch), else ``online``."
     ))
     tags: tuple[str, ...] = Field(default=(), description="Run tags (at most 64 characters each); ``[]``: the profile's.")
     api_key_file: str | None = Field(default=None, description=(
@@ -153,11 +161,6 @@ class WandbSpec(_Options):
     def _key_path(cls, value: str | None) -> str | None:
         return _key_file(value)
 
-    @property
-    def effective_mode(self) -> Literal["online", "offline"]:
-        """``mode``, ``online`` when unset."""
-        return self.mode or "online"
-
 
 class MlflowSpec(_Options):
     """MLflow options (``MlflowClient``; MLflow 3.x). Credentials: ``MLFLOW_TRACKING_TOKEN`` /
@@ -171,8 +174,8 @@ class MlflowSpec(_Options):
         "``sqlite:///<run_dir>/mlflow.db``."
     ))
     experiment: str | None = Field(default=None, description=(
-        "MLflow experiment name (created when missing); ``null``: the profile's, else MLflow's\n"
-        "``Default`` experiment."
+        "MLflow experiment name (created when missing); ``null``: the profile's, else\n"
+        "``$MLFLOW_EXPERIMENT_NAME`` on the node, else MLflow's ``Default`` experiment."
     ))
     token_file: str | None = Field(default=None, description=(
         "A file on the nodes holding a tracking-server token (absolute or ``~/...``), read by global\n"

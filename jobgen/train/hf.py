@@ -416,17 +416,20 @@ class LitHFCausalLM(LitGPT):
         return not (isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "sharded")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """With LoRA keep only the trainable (adapter) tensors in the checkpoint's state dict.
+        """With LoRA keep only the trainable (adapter) tensors in the checkpoint's state dict;
+        the learning-rate schedule is recorded as :meth:`LitGPT.on_save_checkpoint` does.
 
         Skipped for FSDP sharded checkpoints (see :meth:`_state_dict_in_checkpoint`); DeepSpeed
         checkpoints have no ``state_dict`` here (Lightning leaves the module to the engine).
         """
+        super().on_save_checkpoint(checkpoint)
         if self.adapters_only and "state_dict" in checkpoint and self._state_dict_in_checkpoint():
             keep = self._trainable_keys()
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """With LoRA, require every adapter tensor in the checkpoint (loading is not strict).
+        """With LoRA, require every adapter tensor in the checkpoint (loading is not strict); then
+        keep the run's learning-rate schedule as :meth:`LitGPT.on_load_checkpoint` does.
 
         Only where the checkpoint still carries its ``state_dict`` at this point (a ``.ckpt``
         file); FSDP-sharded and DeepSpeed directories were loaded by the strategy already
@@ -444,3 +447,4 @@ class LitHFCausalLM(LitGPT):
                     hint="resume with the lora settings the checkpoint was written with, or set "
                     "checkpoint.resume: never",
                 )
+        super().on_load_checkpoint(checkpoint)

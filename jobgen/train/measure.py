@@ -266,9 +266,16 @@ def _read_metrics(logs_dir: Path) -> dict[str, dict[int, float]]:
     return series
 
 
-def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
+def plot_curves(run_dir: Path, out: Path | None = None, loss_unit: str | None = "token") -> Path:
     """Write ``<run_dir>/curves.png``: train loss (line) and val loss (points) over optimizer
     steps, and tokens/s over steps, from the CSV metrics of every version in ``<run_dir>/logs``.
+
+    Each row is drawn at the optimizer steps taken when it was logged: metrics.csv's ``step``,
+    which the entrypoint's CSV logger writes as the optimizer step (the row of the 50th step says
+    50; :mod:`jobgen.train.metrics_csv`), as the trackers do. A series
+    of one point (a short smoke run logs one row) is drawn as a marker. ``loss_unit``: the loss
+    axis' unit, ``nats/<loss_unit>`` (``byte`` for text data, as the summary line says; ``None``: a
+    module's own loss, no unit).
 
     matplotlib (Agg canvas, no pyplot state) is imported here only. The figure holds no
     timestamps or paths, so the same metrics give the same picture.
@@ -293,12 +300,14 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
 
     def plot(ax: Any, key: str, **style: Any) -> None:
         points = sorted(series.get(key, {}).items())
+        if len(points) == 1 and "marker" not in style:
+            style = {**style, "marker": "o"}  # a line through one point shows nothing
         if points:
             ax.plot([s for s, _ in points], [v for _, v in points], label=key, **style)
 
     plot(loss_ax, "train_loss", linewidth=1)
     plot(loss_ax, "val_loss", marker="o", linestyle="none")
-    loss_ax.set_ylabel("loss (nats/token)")
+    loss_ax.set_ylabel("loss" if loss_unit is None else f"loss (nats/{loss_unit})")
     loss_ax.grid(alpha=0.3)
     if loss_ax.lines:
         loss_ax.legend()

@@ -161,6 +161,25 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+#: Checkpoint key of the learning-rate schedule a run started with (:meth:`LitGPT.on_save_checkpoint`).
+SCHEDULE_KEY = "jobgen_lr_schedule"
+
+
+def resume_schedule_note(kept: tuple[int, int | None], spec: tuple[int, int | None], schedule: str,
+                         min_ratio: float, peak: float) -> str:
+    """The log line of a resume whose spec asks for another ``(warmup_steps, max_steps)`` than the
+    schedule the checkpoint's run started with (``kept``, which the resumed run keeps)."""
+    (warmup, end), (new_warmup, new_end) = kept, spec
+    changed = ", ".join(f"{name} {old} -> {new}" for name, old, new in
+                        (("max_steps", end, new_end), ("warmup_steps", warmup, new_warmup)) if old != new)
+    if schedule == "constant":
+        return (f"resume: {changed}; the learning-rate schedule keeps the warmup of {warmup} step(s) "
+                "it started with")
+    return (f"resume: {changed}; the learning-rate schedule keeps the {warmup}-step warmup and its "
+            f"cosine end at step {end} it started with: steps past {end} train at min_lr_ratio x "
+            f"learning_rate = {min_ratio * peak:.2e} (a new schedule needs a new run directory)")
+
+
 class LitGPT(LightningModule):
     """LightningModule that trains :class:`GPT` with AdamW and warmup + cosine decay.
 
@@ -177,7 +196,16 @@ class LitGPT(LightningModule):
         lr_schedule: ``cosine`` or ``constant`` after warmup (see :func:`lr_factor`).
         min_lr_ratio: the cosine's final learning rate as a fraction of the peak.
         cpu_adam: use DeepSpeed's ``DeepSpeedCPUAdam`` (needed with DeepSpeed optimizer offload).
+
+    The schedule belongs to the run: checkpoints record its ``warmup_steps`` and ``max_steps``
+    (:meth:`on_save_checkpoint`), and a resume keeps them although the spec's changed (a finished
+    run trained longer with a larger ``max_steps`` continues at the cosine's end, it does not
+    re-stretch the cosine); see :meth:`on_load_checkpoint`.
     """
+
+    kept_schedule: tuple[int, int | None] | None = None
+    """``(warmup_steps, max_steps)`` of the schedule a resumed checkpoint's run started with, where
+    it differs from the hyperparameters' (``None``: the hyperparameters' schedule)."""
 
     def __init__(
         self,
@@ -322,8 +350,45 @@ class LitGPT(LightningModule):
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
+    def schedule_steps(self) -> tuple[int, int | None]:
+        """``(warmup_steps, max_steps)`` of the learning-rate schedule: the run's as it started
+        (kept from the checkpoint a resume loaded), else the hyperparameters'."""
+        if self.kept_schedule is not None:
+            return self.kept_schedule
+        return self.hparams.warmup_steps, self.hparams.max_steps
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the learning-rate schedule's ``warmup_steps`` and ``max_steps`` (:data:`SCHEDULE_KEY`)."""
+        warmup, end = self.schedule_steps()
+        checkpoint[SCHEDULE_KEY] = {"warmup_steps": warmup, "max_steps": end}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the learning-rate schedule the checkpoint's run started with, and say so where the
+        spec asks for another (a larger ``max_steps`` to train longer: the steps past the old end
+        train at ``min_lr_ratio`` x ``learning_rate``, the cosine's end, instead of a re-stretched
+        cosine whose learning rate jumps back up).
+
+        The schedule comes from :data:`SCHEDULE_KEY`; a checkpoint of an older jobgen has none,
+        and its hyperparameters at save time stand in. Works whether Lightning calls this before
+        :meth:`configure_optimizers` (ddp) or after it (DeepSpeed, FSDP restore after setup): the
+        scheduler reads :meth:`schedule_steps` at every step.
+        """
+        from lightning.pytorch.utilities import rank_zero_only
+
+        recorded = checkpoint.get(SCHEDULE_KEY) or checkpoint.get("hyper_parameters") or {}
+        if "max_steps" not in recorded or "warmup_steps" not in recorded:
+            return
+        hp = self.hparams
+        kept = (int(recorded["warmup_steps"]), None if recorded["max_steps"] is None else int(recorded["max_steps"]))
+        spec = (hp.warmup_steps, hp.max_steps)
+        self.kept_schedule = None if kept == spec else kept
+        if self.kept_schedule is not None and rank_zero_only.rank == 0:
+            base_lrs = (checkpoint.get("lr_schedulers") or [{}])[0].get("base_lrs") or [hp.learning_rate]
+            print(resume_schedule_note(kept, spec, hp.lr_schedule, hp.min_lr_ratio, float(base_lrs[0])), flush=True)
+
     def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule.
+        """AdamW (betas 0.9/0.95) with a per-optimizer-step warmup + cosine (or constant) schedule
+        over :meth:`schedule_steps`.
 
         Lightning calls this after moving the module to its device (and after FSDP wrapped it), so
         the parameters' device decides: torch's fused AdamW when they are all on CUDA outside
@@ -352,7 +417,7 @@ class LitGPT(LightningModule):
             # fused is passed only when on: the CPU path's optimizer is exactly what it was
             optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(0.9, 0.95), **({"fused": True} if fused else {}))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio,
-                                              hp.lr_schedule)
+            # the schedule's steps are read at every step: a resume may set them after this
+            optimizer, lambda step: lr_factor(step, *self.schedule_steps(), hp.min_lr_ratio, hp.lr_schedule)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -291,7 +291,7 @@ def train(
             }
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)
-            _plot_curves(logger, paths)
+            _plot_curves(logger, paths, summary["data_format"])
             notify_finished(trainer)
             if tracker is not None:
                 tracker.close("FINISHED")
@@ -416,11 +416,17 @@ def _peak_memory_all_ranks(trainer: Trainer) -> tuple[int, str]:
     return int(trainer.strategy.reduce(value, reduce_op="max")), kind
 
 
-def _plot_curves(logger: CSVLogger, paths: RunPaths) -> None:
+def loss_unit(data_format: str) -> str | None:
+    """What the built-in loss is per for ``data_format`` (summary.json's): ``byte`` (text),
+    ``token`` (tokenized data); ``None`` for a ``class_path`` module's own loss."""
+    return {"text": "byte", "class_path": None}.get(data_format, "token")
+
+
+def _plot_curves(logger: CSVLogger, paths: RunPaths, data_format: str) -> None:
     """Write curves.png; a failure is reported and never fails the run."""
     try:
         logger.save()  # flush rows still buffered
-        plot_curves(paths.run_dir, paths.curves)
+        plot_curves(paths.run_dir, paths.curves, loss_unit(data_format))
     except Exception as exc:  # noqa: BLE001 - plotting is a convenience, the run succeeded
         print(f"warning: could not write {paths.curves}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
@@ -443,7 +449,7 @@ def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:
         else f"resumed from step {summary['resumed_from_step']}"
     )
     val = summary["val_loss"]
-    unit = {"text": "byte", "class_path": None}.get(summary["data_format"], "token")
+    unit = loss_unit(summary["data_format"])
     if val is None:
         val_text = "n/a"
     elif unit is None:  # the user's module logs its own val_loss, in its own units

@@ -8,8 +8,10 @@ join one all-gather of their host names at setup.
 One run per job. The run directory's :class:`~jobgen.jobdir.TrackingRecord` (made by ``jobgen
 submit``, else by the first start) holds the run key:
 
-- W&B: ``wandb.init(id=<run key>, resume="allow")`` on every start. Offline (``mode: offline``)
-  each start writes its own ``<run_dir>/wandb/offline-run-<time>-<run key>/``; W&B cannot resume
+- W&B: ``wandb.init(id=<run key>, resume="allow")`` on every start. Offline (``mode: offline``,
+  or ``WANDB_MODE=offline`` on the node where the spec and profile leave ``mode`` unset) each start
+  writes its own ``<run_dir>/wandb/offline-run-<time>-<run key>/`` (``$WANDB_DIR/wandb/...``
+  where ``WANDB_DIR`` is set); W&B cannot resume
   offline, but every piece carries the same id, and ``wandb sync <run_dir>/wandb/offline-run-*``
   uploads the pieces of one run in order of start time into that run (wandb 0.31 ``wandb sync
   --help``). ``resume_from`` / ``fork_from`` (W&B's rewind and fork) are not used: wandb 0.31
@@ -82,14 +84,13 @@ from jobgen.errors import REDACTED, ConfigError, TrackerError, redact_urls
 from jobgen.jobdir import (
     MLFLOW_DB_FILE,
     TRACKING_FILE,
-    WANDB_SUBDIR,
     ResolvedSpec,
     TrackingRecord,
     read_tracking_record,
     write_tracking_record,
 )
 from jobgen.planning.environment import TRACKER_CREDENTIALS
-from jobgen.planning.tracking import KEY_FILES, MLFLOW_URI_ENV
+from jobgen.planning.tracking import KEY_FILES, MLFLOW_EXPERIMENT_ENV, MLFLOW_URI_ENV, WANDB_DEFAULT_PROJECT
 from jobgen.specs.tracking import MlflowSpec, WandbSpec, check_tracking_uri
 
 Status = Literal["FINISHED", "KILLED", "FAILED"]
@@ -291,21 +292,30 @@ class WandbRun:
         # console off: the job's output is the scheduler's log; git off: jobgen records the code
         # snapshot's commit itself (and a remote URL may carry credentials)
         settings = wandb.Settings(console="off", disable_git=True, save_code=False, **_flush_setting(wandb))
+        # Unset fields are W&B's own: entity and mode None let wandb read WANDB_ENTITY and
+        # WANDB_MODE. The project and the directory are passed (wandb would name an unset project
+        # after the git repository around the program, the job's code snapshot: one project per
+        # job), from WANDB_PROJECT and WANDB_DIR where those are set.
+        project = options.project or os.environ.get("WANDB_PROJECT") or WANDB_DEFAULT_PROJECT
+        mode = options.mode or os.environ.get("WANDB_MODE") or "online"
+        self.wandb_dir = Path(os.environ.get("WANDB_DIR") or run_dir)
+        """Where W&B writes its run directories (``<it>/wandb/``): ``$WANDB_DIR``, else the run directory."""
         try:
             self.run = wandb.init(
-                project=options.project, entity=options.entity, id=record.run_key, resume="allow",
-                mode=options.effective_mode, dir=str(run_dir), name=job, tags=list(options.tags) or None,
-                settings=settings,
+                project=project, entity=options.entity, id=record.run_key, resume="allow",
+                mode=options.mode, dir=str(self.wandb_dir), name=job,
+                tags=list(options.tags) or None, settings=settings,
             )  # fmt: skip
             self.run.config.update(config, allow_val_change=True)
         except Exception as exc:  # noqa: BLE001 - wandb raises its own types (UsageError, CommError, ...)
             raise TrackerError(
-                f"W&B could not start run {record.run_key} ({options.effective_mode}): {type(exc).__name__}: {exc}",
+                f"W&B could not start run {record.run_key} ({mode}): {type(exc).__name__}: {exc}",
                 location="spec.trainer.wandb",
                 hint="online needs a key (secrets: [WANDB_API_KEY], trainer.wandb.api_key_file or `wandb login`) and "
-                "network access from the node; or log offline (trainer.wandb.mode: offline) and run wandb sync later",
+                "network access from the node; or log offline (trainer.wandb.mode: offline, or WANDB_MODE=offline on the "
+                "nodes) and run wandb sync later",
             ) from None
-        self.offline = options.effective_mode == "offline"
+        self.offline = mode == "offline"
         self._open: Row | None = None
         self._committed: int | None = None
         self._file = WandbFileSteps(Path(self.run.settings.sync_file)) if self.offline else None
@@ -314,7 +324,7 @@ class WandbRun:
 
     def _held_before(self, key: str) -> int | None:
         """Offline: the highest history step in the earlier pieces' files of this run
-        (``<run_dir>/wandb/offline-run-*-<key>/run-<key>.wandb``; -1 when they hold none, None
+        (``<wandb_dir>/wandb/offline-run-*-<key>/run-<key>.wandb``; -1 when they hold none, None
         when there is no earlier piece). Online: the step before the resumed run's
         ``starting_step`` (W&B continues a run after its last step; -1 for a new run)."""
         if not self.offline:
@@ -322,7 +332,7 @@ class WandbRun:
         assert self._file is not None
         own = self._file.path.resolve()
         found = None
-        for path in (self.run_dir / WANDB_SUBDIR).glob(f"offline-run-*-{key}/run-{key}.wandb"):
+        for path in (self.wandb_dir / WANDB_SUBDIR).glob(f"offline-run-*-{key}/run-{key}.wandb"):
             if path.resolve() != own:
                 step = WandbFileSteps(path).read()
                 found = max(found if found is not None else -1, -1 if step is None else step)
@@ -378,11 +388,13 @@ class WandbRun:
     def describe(self) -> dict[str, Any]:
         """``summary.json``'s ``tracking.wandb``: id, mode, project, entity, url (online), dir and
         the sync command (offline)."""
-        offline = self.options.effective_mode == "offline"
-        pieces = f"{self.run_dir / WANDB_SUBDIR}/offline-run-*-{self.run.id}"
-        return {"id": self.run.id, "mode": self.options.effective_mode, "project": self.run.project or None,
-                "entity": self.options.entity, "url": None if offline else self.run.url,
-                "dir": str(Path(self.run.dir).parent),
+        offline = bool(self.run.offline)
+        mode = "offline" if offline else str(self.run.settings.mode)  # online, or WANDB_MODE's disabled
+        piece = Path(self.run.dir).parent  # <dir>/wandb/offline-run-<time>-<id>/files
+        pieces = f"{piece.parent}/offline-run-*-{self.run.id}"
+        return {"id": self.run.id, "mode": mode, "project": self.run.project or None,
+                "entity": self.run.entity or None, "url": self.run.url if mode == "online" else None,
+                "dir": str(piece),
                 **({"sync": f"wandb sync {pieces}"} if offline else {})}
 
 
@@ -444,6 +456,7 @@ class MlflowRun:
         write_tracking_record(run_dir, self.record)
 
     def _experiment(self, name: str | None) -> str:
+        name = name or os.environ.get(MLFLOW_EXPERIMENT_ENV) or None
         if name is None:
             return "0"  # MLflow's Default experiment
         found = self.client.get_experiment_by_name(name)

@@ -149,3 +149,76 @@ def test_optimizer_steps_the_schedule_per_step() -> None:
         optimizer.step()
         scheduler.step()
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+
+
+def _lrs_after_resume(saved_max: int, resumed_max: int, steps_before: int, steps_after: int,
+                      optimizers_first: bool, checkpoint_extra: dict | None = None,
+                      record: bool = True) -> tuple[list[float], list[float], LitGPT]:
+    """Train ``steps_before`` schedule steps of a module with ``max_steps=saved_max``, save its
+    optimizer and scheduler as Lightning does, resume them in a module with ``resumed_max`` and
+    return (lrs before, lrs after, the resumed module). ``optimizers_first``: configure_optimizers
+    runs before on_load_checkpoint (Lightning's order under DeepSpeed and FSDP, whose strategies
+    restore after setup), else after (ddp). ``record``: the checkpoint carries the schedule
+    record on_save_checkpoint writes (False: a checkpoint of an older jobgen)."""
+    shape = {"n_layer": 1, "n_head": 1, "d_model": 16, "block_size": 8, "learning_rate": 1e-3, "warmup_steps": 4}
+    first = LitGPT(**shape, max_steps=saved_max)
+    config = first.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    before = []
+    for _ in range(steps_before):
+        before.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    checkpoint = {"hyper_parameters": dict(first.hparams), "optimizer_states": [optimizer.state_dict()],
+                  "lr_schedulers": [scheduler.state_dict()], **(checkpoint_extra or {})}
+    if record:
+        first.on_save_checkpoint(checkpoint)
+    resumed = LitGPT(**shape, max_steps=resumed_max)
+    if not optimizers_first:
+        resumed.on_load_checkpoint(checkpoint)
+    config = resumed.configure_optimizers()
+    if optimizers_first:
+        resumed.on_load_checkpoint(checkpoint)
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    optimizer.load_state_dict(checkpoint["optimizer_states"][0])
+    scheduler.load_state_dict(checkpoint["lr_schedulers"][0])
+    after = []
+    for _ in range(steps_after):
+        after.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return before, after, resumed
+
+
+@pytest.mark.parametrize("optimizers_first", [False, True], ids=["ddp_order", "deepspeed_fsdp_order"])
+@pytest.mark.parametrize("record", [True, False], ids=["recorded", "older_checkpoint"])
+def test_raising_max_steps_on_resume_keeps_the_schedule_end(optimizers_first: bool, record: bool) -> None:
+    # issue 30, finding 5: a finished 60-step run trained longer (max_steps 60 -> 120) must not
+    # re-stretch the cosine (the lr jumped from its end back up); it continues the old schedule's
+    # tail: min_lr_ratio x learning_rate for every step past the old end.
+    _, uninterrupted, _ = _lrs_after_resume(60, 60, 0, 60, optimizers_first)
+    before, after, resumed = _lrs_after_resume(60, 120, 60, 60, optimizers_first, record=record)
+    assert before == pytest.approx(uninterrupted)
+    assert before[-1] == pytest.approx(1e-4, rel=0.05)  # the cosine's end: 0.1 x 1e-3
+    assert after == pytest.approx([1e-4] * 60)
+    assert resumed.schedule_steps() == (4, 60)
+    # and the record survives the next save: a second resume (120 -> 200) keeps the end at 60
+    checkpoint: dict = {"hyper_parameters": dict(resumed.hparams)}
+    resumed.on_save_checkpoint(checkpoint)
+    again = LitGPT(n_layer=1, n_head=1, d_model=16, block_size=8, learning_rate=1e-3, warmup_steps=4, max_steps=200)
+    again.on_load_checkpoint(checkpoint)
+    assert again.schedule_steps() == (4, 60)
+
+
+def test_resume_in_the_middle_keeps_the_schedule_it_started_with() -> None:
+    # stopped at step 30 of 60 and resumed with max_steps 120: the remaining steps follow the
+    # 60-step cosine, not a 120-step one
+    _, uninterrupted, _ = _lrs_after_resume(60, 60, 0, 60, False)
+    _, after, _ = _lrs_after_resume(60, 120, 30, 90, False)
+    assert after[:30] == pytest.approx(uninterrupted[30:])
+    assert after[30:] == pytest.approx([1e-4] * 60)
+
+
+def test_a_fresh_start_follows_its_own_max_steps() -> None:
+    module = LitGPT(n_layer=1, n_head=1, d_model=16, block_size=8, warmup_steps=4, max_steps=120)
+    assert module.schedule_steps() == (4, 120)

@@ -71,6 +71,13 @@ def test_two_process_training_checkpoints_and_resumes(run_entrypoint, write_spec
         "last.ckpt", "step-00000020.ckpt", "step-00000030.ckpt",
     ]  # fmt: skip
     assert (run_dir / "data" / "train.bin").stat().st_mtime_ns == bins_mtime  # bins reused, not rebuilt
+    # Training longer keeps the 20-step cosine (issue 30, finding 5): the steps past 20 train at its
+    # end, min_lr_ratio x learning_rate = 0.1 x 3e-3, said in the log; the lr never jumps back up.
+    assert resumed.stdout.count("resume: max_steps 20 -> 30; the learning-rate schedule keeps the 2-step warmup "
+                                "and its cosine end at step 20") == 1, resumed.output
+    with open(summary["metrics_csv"], newline="") as f:
+        lrs = {int(row["step"]): float(row["lr"]) for row in csv.DictReader(f) if row["lr"]}
+    assert lrs and all(lr == pytest.approx(3e-4) for step, lr in lrs.items() if step >= 20), lrs
 
     again = run_entrypoint("--spec", "spec30.json", "--run-dir", str(run_dir), nproc=2, timeout=TIMEOUT_S)
     assert again.code == 0, again.output

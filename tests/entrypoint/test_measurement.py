@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -156,3 +157,53 @@ def test_logical_numel_unpacks_4bit_storage_of_any_dtype() -> None:
         packed.quant_state = QuantState()
         assert measure.logical_numel(packed) == 64 * 32  # from bitsandbytes' quant state
     assert measure.logical_numel(torch.nn.Parameter(torch.zeros(3, 5))) == 15
+
+
+def _drawn(monkeypatch, run_dir: Path, **kwargs) -> Any:
+    """plot_curves' figure (caught as it is saved): its axes, to read what was drawn."""
+    from matplotlib.figure import Figure
+
+    caught = []
+    save = Figure.savefig
+
+    def keep(self, *args, **kw):
+        caught.append(self)
+        return save(self, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    measure.plot_curves(run_dir, **kwargs)
+    return caught[0].axes
+
+
+def _lines(ax) -> dict[str, Any]:
+    return {line.get_label(): line for line in ax.lines}
+
+
+def test_curves_put_each_point_at_its_optimizer_step_and_show_a_single_point(tmp_path: Path, monkeypatch) -> None:
+    """issue 30, finding 13: the curves are drawn over optimizer steps taken (metrics.csv's step is
+    the optimizer step since issue 33: the 50th step's row says 50); a smoke run's one row of each
+    series was drawn as a line of one point, which shows nothing; the loss axis says the unit the
+    terminal's summary says (nats/byte for text data)."""
+    smoke = tmp_path / "smoke"
+    (smoke / "logs" / "version_0").mkdir(parents=True)
+    # what `jobgen submit --smoke 5` wrote (log_every_n_steps 50: the last step's row only)
+    (smoke / "logs" / "version_0" / "metrics.csv").write_text(
+        "epoch,lr,peak_memory_mb,samples_per_s,step,tokens_per_s,train_loss,val_loss\n"
+        "0,0.00097,426.1,320.5,5,20512.5,4.678,\n0,,,,5,,,4.423\n")
+    loss_ax, rate_ax = _drawn(monkeypatch, smoke, loss_unit="byte")
+    lines = {**_lines(loss_ax), **_lines(rate_ax)}
+    for name in ("train_loss", "val_loss", "tokens_per_s"):
+        assert list(lines[name].get_xdata()) == [5], name
+        assert lines[name].get_marker() not in (None, "", " ", "None"), f"{name}: one point and no marker"
+    assert loss_ax.get_ylabel() == "loss (nats/byte)"
+
+    full = tmp_path / "full"
+    (full / "logs" / "version_0").mkdir(parents=True)
+    rows = [f"0,{s},{3.0 - s / 1000},," for s in range(10, 201, 10)] + [f"0,{s},,{2.5 - s / 1000}," for s in (50, 100, 150, 200)]
+    (full / "logs" / "version_0" / "metrics.csv").write_text("epoch,step,train_loss,val_loss,tokens_per_s\n" + "\n".join(rows) + "\n")
+    loss_ax, _ = _drawn(monkeypatch, full, loss_unit="token")
+    assert list(_lines(loss_ax)["val_loss"].get_xdata()) == [50, 100, 150, 200]  # "every 50 steps"
+    assert list(_lines(loss_ax)["train_loss"].get_xdata()) == list(range(10, 201, 10))
+    assert loss_ax.get_ylabel() == "loss (nats/token)"
+    loss_ax, _ = _drawn(monkeypatch, full, loss_unit=None)  # a class_path module's own loss
+    assert loss_ax.get_ylabel() == "loss"

@@ -43,9 +43,11 @@ KEY = "wk-5f1c0a9e7d3b2468ace0fdb97531eca86420fdb9"  # fake; only ever in the te
 def tracker_env(tmp_path: Path) -> dict[str, str]:
     """The subprocess environment: W&B quiet, offline-capable, writing nothing outside tmp_path."""
     env = child_env()
-    for name in ("WANDB_MODE", "MLFLOW_TRACKING_URI", "WANDB_API_KEY"):
+    # no WANDB_DIR: the offline pieces go to <run_dir>/wandb (WANDB_DIR, set, would take them)
+    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME",
+                 "WANDB_API_KEY"):
         env.pop(name, None)
-    env.update({"WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "wandb-dir"), "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+    env.update({"WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
                 "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
                 "JOBGEN_STATE_DIR": str(tmp_path / "state"), "WANDB_API_KEY": KEY})
     return env

@@ -29,7 +29,7 @@ STUB = """#!/bin/bash
 out="$STUB_OUT/$(basename "$0")"
 printf '%s\\0' "$@" > "$out.args"
 env -0 > "$out.env"
-if [ "$(basename "$0")" = scontrol ]; then echo node1; echo node2; fi
+if [ "$(basename "$0")" = scontrol ]; then echo "${STUB_FIRST_NODE:-node1}"; echo node2; fi
 """
 
 
@@ -108,6 +108,72 @@ def test_env_overrides_order_and_requeue_directives(tmp_path):
     assert "#SBATCH --signal=USR2@120" in job_plan.file("job.sbatch")
     assert "#SBATCH --requeue" in job_plan.file("job.sbatch")
     assert "jobgen: job 42 on 2 node(s)" in proc.stdout
+
+
+def _quickstart_on(profile: str, **slurm: object) -> str:
+    base = load_profile(profile, PROFILES).model_dump()
+    base["slurm"] = {**base["slurm"], **slurm}
+    spec = validate(TrainingSpec, {"name": "q", "resources": {"nodes": 2}}, "<test>")
+    return plan(spec, validate(ClusterProfile, base, "<test>"), TEMPLATES).file("job.sbatch")
+
+
+def test_shared_nodes_take_the_rendezvous_port_from_the_job_id(tmp_path):
+    """issue 30, finding 12: two jobs of a profile with exclusive: false that share their first node
+    met at the fixed port 29500; each job now has its own, master_port + job id mod 1000 (a
+    requeued job keeps its id, so its port)."""
+    script = _quickstart_on("slurm-cpu")
+    ports = []
+    for job_id in ("42", "1043"):
+        run = tmp_path / job_id
+        run.mkdir()
+        _, srun_env, proc = run_sbatch(script, run, {"SLURM_JOB_ID": job_id})
+        ports.append(srun_env["MASTER_PORT"])
+    assert ports == ["29542", "29543"]
+    # exclusive nodes keep the profile's port: no other job is on the node
+    exclusive = tmp_path / "exclusive"
+    exclusive.mkdir()
+    _, srun_env, _ = run_sbatch(_quickstart_on("slurm-cpu", exclusive=True), exclusive, {"SLURM_JOB_ID": "42"})
+    assert srun_env["MASTER_PORT"] == "29500"
+    # near the top of the port range the window shrinks instead of passing 65535
+    top = tmp_path / "top"
+    top.mkdir()
+    _, srun_env, _ = run_sbatch(_quickstart_on("slurm-cpu", master_port=65530), top, {"SLURM_JOB_ID": "42"})
+    assert srun_env["MASTER_PORT"] == str(65530 + 42 % 6)
+
+
+def test_shared_nodes_pass_a_port_something_already_listens_on(tmp_path):
+    """The job id's port is taken on the first node (a job whose id is congruent, another
+    program): the next free one in the window."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    for port in range(29600, 30400):
+        try:
+            listener.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                listener.close()
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                continue
+        break
+    listener.listen()
+    try:
+        _, srun_env, proc = run_sbatch(_quickstart_on("slurm-cpu"), tmp_path,
+                                       {"SLURM_JOB_ID": str(port - 29500), "STUB_FIRST_NODE": "127.0.0.1"})
+    finally:
+        listener.close()
+    assert srun_env["MASTER_PORT"] == str(port + 1), proc.stdout
+    assert f"port {port} is in use on 127.0.0.1" in proc.stderr
+
+
+def test_shared_node_script_passes_bash_n_and_shellcheck(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(_quickstart_on("slurm-cpu"))
+    lint_bash(path)
 
 
 @pytest.mark.parametrize("field", ["name", "env"])
@@ -322,7 +388,7 @@ def test_command_mode_tasks_get_rank_world_and_local_rank_from_slurm(tmp_path):
         raw = (tmp_path / "out" / f"task-{rank}.env").read_bytes().decode().split("\0")
         env = dict(item.split("=", 1) for item in raw if "=" in item)
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == (str(rank), "2", "0", str(rank))
-        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29509"  # slurm-cpu shares nodes: job 9
         assert env["PWD_SEEN"] == str(workdir)
         assert env["PL_DEEPSPEED_CONFIG_PATH"] == f"{job_dir}/ds_config.json"
         assert env["ARGV_SEEN"] == f"train me.py --note {odd}"
@@ -406,25 +472,28 @@ def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
 # --------------------------------------------------------------------------- job arrays
 
 
-def _array_plan(tmp_path: Path):
+def _array_plan(tmp_path: Path, exclusive: bool = False):
     from jobgen.gitops.manifests import plan_single
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    (profiles / "slurm-cpu-array.yaml").write_text("extends: slurm-cpu\nslurm: {sweep_as_array: true}\n")
+    (profiles / "slurm-cpu-array.yaml").write_text(
+        f"extends: slurm-cpu\nslurm: {{sweep_as_array: true, exclusive: {str(exclusive).lower()}}}\n")
     render = plan_single(str(PROFILES.parent / "examples" / "quickstart.yaml"), "slurm-cpu-array",
                          sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"),
                          profiles_dir=str(profiles), templates_dir=str(TEMPLATES))
     return render.jobs[0].plan
 
 
+@pytest.mark.parametrize("exclusive", [False, True], ids=["shared", "exclusive"])
 @pytest.mark.parametrize("task", [0, 2, 3])
-def test_array_task_runs_its_points_spec_in_its_own_run_dir_and_requeues_itself(tmp_path, task):
+def test_array_task_runs_its_points_spec_in_its_own_run_dir_and_requeues_itself(tmp_path, task, exclusive):
     """Task i of the array: srun gets points/<i>/spec.json and <runs dir>/<point i's name>, a port of
-    its own, and the array variables from which RequeueOnSignal requeues `<array job id>_<task>`."""
+    its own (exclusive nodes: master_port + i; shared nodes: from the task's own job id), and the
+    array variables from which RequeueOnSignal requeues `<array job id>_<task>`."""
     from jobgen.train.callbacks import RequeueOnSignal
 
-    job_plan = _array_plan(tmp_path)
+    job_plan = _array_plan(tmp_path, exclusive)
     names = [p["name"] for p in json.loads(job_plan.file("array.json"))["points"]]
     runs = tmp_path / "runs"
     env = {"SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": str(task), "SLURM_JOB_ID": str(71 + task),
@@ -433,7 +502,8 @@ def test_array_task_runs_its_points_spec_in_its_own_run_dir_and_requeues_itself(
     work = tmp_path / "submit dir"
     assert argv == ["--kill-on-bad-exit=1", "--label", "python", "-m", "jobgen.train",
                     "--spec", f"{work}/points/{task}/spec.json", "--run-dir", f"{runs}/{names[task]}"]
-    assert srun_env["RUN_DIR"] == f"{runs}/{names[task]}" and srun_env["MASTER_PORT"] == str(29500 + task)
+    assert srun_env["RUN_DIR"] == f"{runs}/{names[task]}"
+    assert srun_env["MASTER_PORT"] == str(29500 + (task if exclusive else 71 + task)), proc.stdout
     assert f"jobgen: job 70_{task} ({names[task]})" in proc.stdout
     # the requeue path (RequeueOnSignal, run by rank 0 inside srun) names this task, not the array
     assert RequeueOnSignal.slurm_job_id(srun_env) == f"70_{task}"

@@ -337,7 +337,7 @@ def test_code_git_is_refused_on_slurm():
 
 
 def test_the_image_is_the_code_unless_pinned_by_digest(tmp_path):
-    job_plan, _ = k8s_render(tmp_path, "pytorchjob", {})
+    job_plan, _ = k8s_render(tmp_path, "pytorchjob", {}, image="ghcr.io/example/train:0.1.0")
     assert any("not pinned by digest" in w for w in job_plan.warnings)
     pinned, _ = k8s_render(tmp_path, "pytorchjob", {}, image="ghcr.io/example/train@sha256:" + "a" * 64)
     assert not any("not pinned" in w for w in pinned.warnings)

@@ -397,3 +397,21 @@ def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_
     assert result.handle is not None and str(result.handle).startswith("k8s://fake/")
     assert connected == [("ctx-b", str(kubeconfig))]
     assert loads == [] and not [line for line in said if "not found" in line], said
+
+
+@pytest.mark.parametrize("context", ["kind-lab", "arn:aws:eks:eu-west-1:1:cluster/my team"])
+def test_an_unreachable_api_server_hint_names_the_context_to_check(context) -> None:
+    # issue 30, finding 14: the hint said `kubectl --context <context> get --raw /readyz` literally
+    class Down:
+        def param_serialize(self, **kwargs: Any) -> tuple:
+            return ()
+
+        def call_api(self, *args: Any, **kwargs: Any) -> Any:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    with pytest.raises(SubmitError) as err:
+        k8s_api.Cluster(Down(), context).request("GET", "/version")
+    import shlex
+
+    assert "<context>" not in err.value.hint
+    assert f"kubectl --context {shlex.quote(context)} get --raw /readyz" in err.value.hint

@@ -124,3 +124,23 @@ def test_on_this_cpu_machine_the_local_profile_is_unchanged_and_torch_is_not_imp
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "TORCH False"
+
+
+@pytest.mark.parametrize("output", ["yaml", "json", "text"])
+def test_profiles_show_keeps_the_flag_so_a_copy_keeps_gpu_detection(run_cli, tmp_path, output) -> None:
+    # issue 30, finding 14: `profiles show local -o yaml`, the profile file to copy, dropped
+    # local.detect_gpus: true (the dump leaves it out of the inputs hash), so a copy lost detection
+    shown = run_cli("profiles", "show", "local", "-o", output, "--profiles-dir", str(PROFILES))
+    assert shown.code == 0, shown.stderr
+    if output == "text":
+        assert any(line.split() == ["local.detect_gpus", "true"] for line in shown.stdout.splitlines()), shown.stdout
+        return
+    import yaml
+
+    doc = json.loads(shown.stdout) if output == "json" else yaml.safe_load(shown.stdout)
+    assert doc["local"]["detect_gpus"] is True, shown.stdout
+    copy = tmp_path / "profiles" / "mine.yaml"
+    copy.parent.mkdir()
+    copy.write_text(yaml.safe_dump({k: v for k, v in doc.items() if k != "name"}))
+    assert load_profile("mine", copy.parent).local.detect_gpus is True
+    assert "detect_gpus" not in load_profile("mine", copy.parent).model_dump(mode="json")["local"]  # still not hashed

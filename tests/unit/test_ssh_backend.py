@@ -478,3 +478,61 @@ def test_short_handles_keep_the_state_record_name_of_earlier_versions(tmp_path):
     long_one = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 200))
     other = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 199 + "e"))
     assert len(long_one.name.encode()) <= 255 and long_one != other
+
+
+# --------------------------------------------------------------------------- the default workdir (issue 30, finding 11)
+
+
+def test_two_hosts_and_a_name_are_a_profile_and_jobs_run_under_the_login_home(tmp_path):
+    """Without ``workdir`` jobs run in ``~/jobgen-runs/<job name>`` of each host's login (as SkyPilot
+    has ``~/sky_workdir``): every remote command finds it through $HOME, the handle names it, and
+    launch.sh hands the entrypoint and the code snapshot absolute paths."""
+    write(tmp_path / "profiles" / "two.yaml", "scheduler: ssh\nmax_nodes: 2\nssh: {hosts: [gpu-a, gpu-b]}\n")
+    prof = load_profile("two", tmp_path / "profiles")
+    assert prof.ssh.workdir == "~/jobgen-runs"
+    assert run_dir(prof.ssh, "quickstart") == "~/jobgen-runs/quickstart"
+    handle = handle_for(prof.ssh, "quickstart")
+    assert str(handle) == "ssh://gpu-a/~/jobgen-runs/quickstart" and handle.cluster == "gpu-a"
+    assert JobHandle.parse(str(handle)) == handle
+    with pytest.raises(ConfigError, match=r"ssh\.workdir: .*not an absolute path or ~/"):
+        ssh_profile(tmp_path, "{hosts: [a, b], workdir: '~alice/runs'}")
+
+    home = tmp_path / "home 'x'"
+    home.mkdir()
+    stub = write(tmp_path / "bin" / "python", '#!/bin/bash\nprintf "%s\\n" "$@" > "${RUN_DIR}/argv"\n'
+                 'printf "%s" "${JOBGEN_CODE_DIR}" > "${RUN_DIR}/code_dir"\nexec sleep 60\n')
+    stub.chmod(0o755)
+    settings = SshSettings(hosts=("h",), python=str(stub))
+    one = ClusterProfile(name="t", scheduler="ssh", max_nodes=1, ssh=settings)
+    job_plan = plan_job(load_spec(EXAMPLES / "quickstart.yaml"), one, TEMPLATES)
+    job_dir = tmp_path / "local" / "job"
+    job_plan.write(job_dir)
+    archive = io.BytesIO()
+    ssh.pack(job_dir, None, archive)
+    run, handle = run_dir(settings, "quickstart"), handle_for(settings, "quickstart")
+
+    def at_home(command: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        # ssh starts the remote command in the login's home directory; here from / with HOME set,
+        # so a command that leaned on the start directory instead of $HOME would miss
+        return subprocess.run(["bash", "-c", command], input=data, capture_output=True, timeout=30, cwd="/",
+                              env={**os.environ, "HOME": str(home)})
+
+    copied = at_home(copy_command(run), archive.getvalue())
+    assert copied.returncode == 0, copied.stderr
+    real = home / "jobgen-runs" / "quickstart"
+    assert (real / "job" / LAUNCH_FILE).is_file()
+    try:
+        started = at_home(start_command(run, 0, handle, code_dir=f"{run}/code/abc"))
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 20
+        while not ((real / "argv").is_file() and (real / "code_dir").is_file()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        argv = (real / "argv").read_text().splitlines()
+        assert argv[argv.index("--run-dir") + 1] == str(real) and argv[argv.index("--spec") + 1] == f"{real}/job/{SPEC_FILE}"
+        assert (real / "code_dir").read_text() == f"{real}/code/abc"
+        report = parse_report("h", 0, at_home(status_command(run, 0, handle)).stdout.decode())
+        assert report.run_dir and report.pid is not None and report.procs == 2, report
+        assert at_home(stop_command(run, 0, handle)).returncode == 0
+    finally:
+        at_home(ssh.kill_command(handle, 0))
+    assert (real / "cancelled").is_file()

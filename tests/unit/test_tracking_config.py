@@ -6,6 +6,7 @@ logger's step gating with stand-in trackers. The real wandb/MLflow runs: tests/e
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -112,7 +113,7 @@ def test_profile_defaults_merge_field_by_field_and_only_into_specs_with_the_trac
                                     mlflow={"experiment": "mine"}), profile)
     assert spec.trainer.wandb.model_dump() == {"project": "p", "entity": "team", "mode": "offline", "tags": ("mine",)}
     assert (spec.trainer.mlflow.tracking_uri, spec.trainer.mlflow.experiment) == ("https://mlflow.example.com", "mine")
-    assert resolve_tracking(spec_of(loggers=["wandb"]), profile_of()).trainer.wandb.mode == "online"  # explicit in spec.json
+    assert resolve_tracking(spec_of(loggers=["wandb"]), profile_of()).trainer.wandb.mode is None  # WANDB_MODE's, on the node
     plain = spec_of()
     assert resolve_tracking(plain, profile) is plain
 
@@ -134,7 +135,7 @@ def test_rendering_with_trackers_writes_their_options_into_spec_json_and_no_key(
         assert done.value.code in (0, None)
     written = [p for p in (tmp_path / "m").rglob("*") if p.is_file()]
     resolved = json.loads(next(p for p in written if p.name == "spec.json" and "slurm-cpu" in str(p)).read_text())
-    assert resolved["spec"]["trainer"]["wandb"] == {"project": "p", "mode": "online"}
+    assert resolved["spec"]["trainer"]["wandb"] == {"project": "p"}
     assert resolved["spec"]["secrets"] == ["WANDB_API_KEY"]
     assert any("secretKeyRef" in p.read_text() for p in written if p.suffix == ".yaml")
     assert not [str(p) for p in written if KEY.encode() in p.read_bytes()]
@@ -400,3 +401,114 @@ def test_key_files_are_read_into_the_trackers_variables_on_rank_zero(tmp_path: P
     (tmp_path / "none").write_text("tok\n")
     read_key_files(resolved, environ)
     assert environ == {"WANDB_API_KEY": KEY, "MLFLOW_TRACKING_TOKEN": "tok"}
+
+
+# --------------------------------------------------------------------------- the trackers' own variables
+# (issue 30, finding 10): a field the spec and the profile leave unset defers to W&B's and MLflow's
+# environment variables on the node, as wandb.init and MLflow do without jobgen.
+
+WANDB_VARIABLES = ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR")
+
+
+@pytest.fixture
+def quiet_wandb(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+    """W&B quiet and writing nothing outside tmp_path, none of its variables set; the cwd a git
+    repository (where wandb.init without a project names one after the repository)."""
+    pytest.importorskip("wandb", reason="wandb not installed (pip install -e .[tracking])")
+    import subprocess
+
+    for name in (*WANDB_VARIABLES, "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("CONFIG", "CACHE", "DATA"):
+        monkeypatch.setenv(f"WANDB_{name}_DIR", str(tmp_path / f"wandb-{name.lower()}"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    code = tmp_path / "snapshot" / "code"
+    code.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(tmp_path / "snapshot")], check=True)
+    monkeypatch.chdir(code)
+    import wandb
+
+    wandb.teardown()  # wandb keeps the settings (variables included) of its first setup in the process
+    yield tmp_path
+    wandb.teardown()
+
+
+def wandb_run(tmp_path: Path, **options: Any) -> Any:
+    from jobgen.specs.tracking import WandbSpec
+    from jobgen.train.tracking import WandbRun
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    return WandbRun(WandbSpec(**options), TrackingRecord.new(), run_dir, "job", {"a": 1})
+
+
+def test_spec_json_leaves_wandb_mode_to_wandb_mode_on_the_node() -> None:
+    # resolve_tracking wrote mode: online into spec.json, which overrode WANDB_MODE=offline on the node
+    assert resolve_tracking(spec_of(loggers=["wandb"]), profile_of()).trainer.wandb.mode is None
+    assert resolve_tracking(spec_of(loggers=["wandb"]), profile_of()).trainer.wandb.model_dump(mode="json") == {}
+
+
+@pytest.mark.parametrize("where", ["profile", "spec"])
+def test_kubernetes_takes_wandb_mode_offline_from_the_rendered_env(where: str) -> None:
+    env = {"env": {"WANDB_MODE": "offline"}}
+    profile = profile_of("kubernetes", **(env if where == "profile" else {}))
+    spec = TrainingSpec.model_validate({"name": "t", "trainer": {"loggers": ["wandb"]}, **(env if where == "spec" else {})})
+    check_tracking(spec, profile)  # the pods log offline: no key needed
+    online = TrainingSpec.model_validate({"name": "t", "trainer": {"loggers": ["wandb"]}, "env": {"WANDB_MODE": "online"}})
+    with pytest.raises(PlanError, match="maps no Secret to WANDB_API_KEY") as err:
+        check_tracking(online, profile_of("kubernetes"))
+    assert "env: {WANDB_MODE: offline}" in err.value.hint
+
+
+def test_wandb_defers_to_its_variables_where_the_spec_sets_nothing(quiet_wandb: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "site-project")
+    monkeypatch.setenv("WANDB_ENTITY", "site-team")
+    monkeypatch.setenv("WANDB_DIR", str(quiet_wandb / "wandb-dir"))
+    (quiet_wandb / "wandb-dir").mkdir()
+    run = wandb_run(quiet_wandb)
+    try:
+        where = run.describe()
+    finally:
+        run.close("FINISHED")
+    assert (where["mode"], where["project"], where["entity"]) == ("offline", "site-project", "site-team"), where
+    assert Path(where["dir"]).parent == quiet_wandb / "wandb-dir" / "wandb", where
+    assert where["sync"] == f"wandb sync {quiet_wandb}/wandb-dir/wandb/offline-run-*-{where['id']}", where
+    assert list((quiet_wandb / "wandb-dir" / "wandb").glob(f"offline-run-*-{where['id']}"))
+    # the spec's fields win over the variables
+    run = wandb_run(quiet_wandb, project="mine", entity="us")
+    try:
+        assert (run.describe()["project"], run.describe()["entity"]) == ("mine", "us")
+    finally:
+        run.close("FINISHED")
+
+
+def test_wandb_without_a_project_anywhere_is_uncategorized_not_one_per_code_snapshot(quiet_wandb: Path) -> None:
+    # wandb.init without a project names it after the git repository around the program (the code
+    # snapshot: one project per job); the reference promises W&B's default
+    run = wandb_run(quiet_wandb, mode="offline")
+    try:
+        where = run.describe()
+    finally:
+        run.close("FINISHED")
+    assert where["project"] == "uncategorized", where
+    assert Path(where["dir"]).parent == quiet_wandb / "run" / "wandb", where  # no WANDB_DIR: the run directory
+
+
+def test_mlflow_defers_to_its_variables_where_the_spec_sets_nothing(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
+    from jobgen.specs.tracking import MlflowSpec
+    from jobgen.train.tracking import MlflowRun
+
+    uri = f"sqlite:///{tmp_path / 'site.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "site-experiment")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = MlflowRun(MlflowSpec(), TrackingRecord.new(), False, run_dir, "job", {}, {}, resumed=False)
+    run.close("FINISHED")
+    assert run.uri == uri
+    assert run.client.get_experiment(run.experiment_id).name == "site-experiment"
+    mine = MlflowRun(MlflowSpec(experiment="mine"), TrackingRecord.new(), False, run_dir, "job2", {}, {}, resumed=False)
+    mine.close("FINISHED")
+    assert mine.client.get_experiment(mine.experiment_id).name == "mine"

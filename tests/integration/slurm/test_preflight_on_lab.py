@@ -2,7 +2,8 @@
 
 1. Healthy: the job prints one bandwidth line per node (node1, node2), then trains to COMPLETED.
 2. One node's training network cut: in node2's network namespace every TCP packet to node1's
-   rendezvous port (the profile's ``master_port``, MASTER_ADDR = node1, the first node) is
+   rendezvous port (MASTER_ADDR = node1, the first node; slurm-cpu has ``exclusive: false``, so
+   the port is one of ``master_port`` + the job id mod 1000: the whole window) is
    dropped (nftables, else iptables). SLURM's own traffic (slurmctld 6817, slurmd 6818, srun's
    I/O) is untouched, so the job starts on both nodes; the rank on node2 cannot reach rank 0 and
    rank 0 never sees it join. The job must end FAILED within a minute of the preflight's start
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.slurm_lab
 
 NODE1, NODE2 = NODES
 MASTER_PORT = 29500  # slurm-cpu's slurm.master_port (SlurmSettings default); the lab profile keeps it
+#: The ports a job on shared nodes takes its rendezvous port from (jobgen.backends.slurm_script.MASTER_PORT_WINDOW).
+LAST_PORT = MASTER_PORT + 999
 
 
 def _firewall_argv(verb: str) -> list[list[str]]:
@@ -48,10 +51,10 @@ def _firewall_argv(verb: str) -> list[list[str]]:
             return [[nft, "add", "table", "inet", "jgpreflight"],
                     [nft, "add", "chain", "inet", "jgpreflight", "out", "{ type filter hook output priority 0 ; }"],
                     [nft, "add", "rule", "inet", "jgpreflight", "out", "ip", "daddr", NODE1.ip, "tcp", "dport",
-                     str(MASTER_PORT), "drop"]]
+                     f"{MASTER_PORT}-{LAST_PORT}", "drop"]]
         return [[nft, "delete", "table", "inet", "jgpreflight"]]
     flag = "-A" if verb == "add" else "-D"
-    return [[iptables, flag, "OUTPUT", "-p", "tcp", "-d", NODE1.ip, "--dport", str(MASTER_PORT), "-j", "DROP"]]
+    return [[iptables, flag, "OUTPUT", "-p", "tcp", "-d", NODE1.ip, "--dport", f"{MASTER_PORT}:{LAST_PORT}", "-j", "DROP"]]
 
 
 def _in_node2(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
