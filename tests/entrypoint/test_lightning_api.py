@@ -56,11 +56,13 @@ OVERRIDES: dict[str, tuple[type, set[str]]] = {
     ),
     "jobgen.train.callbacks.LineProgress": (Callback, {"on_train_batch_end", "on_validation_end"}),
     "jobgen.train.callbacks.FSDPGradNormClipping": (Callback, {"on_before_optimizer_step"}),
+    "jobgen.train.callbacks.StepTrace": (Callback, {"on_train_batch_start", "on_train_batch_end"}),
     "jobgen.train.callbacks.LogIntervalBar": (TQDMProgressBar, {"get_metrics"}),
     "jobgen.train.trainer.ValidateEveryNSteps": (Callback, {"setup"}),
     "jobgen.train.callbacks.RequeueOnSignal": (Callback, {"setup", "on_train_batch_end", "on_train_end"}),
     "jobgen.train.model.LitGPT": (
-        LightningModule, {"forward", "training_step", "validation_step", "on_validation_epoch_end", "configure_optimizers"},
+        LightningModule, {"forward", "training_step", "validation_step", "on_validation_epoch_end", "configure_optimizers",
+                          "configure_gradient_clipping", "on_save_checkpoint", "on_load_checkpoint"},
     ),
     "jobgen.train.hf.LitHFCausalLM": (LightningModule, {"forward", "on_save_checkpoint", "on_load_checkpoint"}),
     "jobgen.train.data.ByteTextDataModule": (
