@@ -84,6 +84,7 @@ from jobgen.errors import REDACTED, ConfigError, TrackerError, redact_urls
 from jobgen.jobdir import (
     MLFLOW_DB_FILE,
     TRACKING_FILE,
+    WANDB_SUBDIR,
     ResolvedSpec,
     TrackingRecord,
     read_tracking_record,

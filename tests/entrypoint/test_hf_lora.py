@@ -83,7 +83,7 @@ def test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes(
     # min_lr_ratio x learning_rate = 0.1 x 2e-2, as LitGPT's do.
     assert "resume: max_steps 30 -> 40; the learning-rate schedule keeps" in resumed.stdout, resumed.output
     lrs = _lrs(Path(summary2["metrics_csv"]))
-    assert [lrs[i] for i in range(30, 40)] == pytest.approx([2e-3] * 10), lrs
+    assert [lrs[i] for i in range(31, 41)] == pytest.approx([2e-3] * 10), lrs  # metrics.csv: 1-based optimizer steps
 
 
 def test_malformed_jsonl_line_is_named_with_file_line_and_field(
