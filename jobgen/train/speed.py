@@ -77,6 +77,7 @@ def lever_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
     assert name in LEVERS, name
     return name not in levers_off(environ)
 
+
 AMPERE = (8, 0)
 """The first compute capability with TF32 tensor cores (A100)."""
 
