@@ -249,7 +249,7 @@ def train(
                 "usage": run_usage(launch.accelerator, trainer.world_size, time.time() - started,
                                    launch.gpu_hour_price).to_json(),
                 "tokens_per_s_mean": throughput.mean_tokens_per_s,
-                # the median step of the later timed steps (Throughput.steady_seconds_per_step): one-off costs left out
+                # the later half of the timed steps, clock to clock (Throughput.steady_seconds_per_step): one-off costs left out
                 "tokens_per_s_steady": throughput.steady_tokens_per_s,
                 "mfu_steady": throughput.steady_mfu,
                 "samples_per_s_mean": throughput.mean_samples_per_s,
