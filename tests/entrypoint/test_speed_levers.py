@@ -239,6 +239,22 @@ def test_loaders_pin_memory_only_on_gpus(tmp_path: Path) -> None:
         assert dm.train_dataloader().pin_memory is pin and dm.val_dataloader().pin_memory is pin
 
 
+def _one_run(tmp_path: Path, monkeypatch, spec: dict, **launch):  # noqa: ANN001, ANN202
+    """A spec.json of ``spec`` in ``tmp_path`` (one CPU rank unless ``launch`` says), read back as
+    the entrypoint reads it: ``(resolved, path, sources, layout)`` for ``run.train``. Launcher
+    variables of an outer run are cleared, so Lightning sees one process."""
+    from jobgen.jobdir import load_resolved_spec
+    from jobgen.train.__main__ import check_data
+    from tests.entrypoint.conftest import resolved_doc
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(resolved_doc(spec, **({"devices_per_node": 1, "world_size": 1} | launch))))
+    resolved = load_resolved_spec(path)
+    return (resolved, path, *check_data(resolved.spec))
+
+
 # --- no host-device synchronisation per step --------------------------------------------------
 
 SYNC_METHODS = ("item", "__float__", "__int__", "__bool__", "tolist")
@@ -252,19 +268,14 @@ def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: 
     the last). torch's single-tensor AdamW reads its step counter, a host tensor (the fused AdamW
     chosen on CUDA keeps it on the device and reads nothing): calls from torch.optim are not
     counted."""
-    from jobgen.jobdir import load_resolved_spec
     from jobgen.train import run
-    from jobgen.train.__main__ import check_data
     from jobgen.train.callbacks import Throughput
-    from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+    from tests.entrypoint.conftest import TINY_SPEC, _merge
 
     steps, every = 12, 4
     spec = _merge(TINY_SPEC, {"trainer": {"max_steps": steps, "val_check_interval": 100, "log_every_n_steps": every},
                               "checkpoint": {"every_n_steps": 100}})  # fmt: skip
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(resolved_doc(spec, devices_per_node=1, world_size=1)))
-    resolved = load_resolved_spec(path)
-    sources, layout = check_data(resolved.spec)
+    resolved, path, sources, layout = _one_run(tmp_path, monkeypatch, spec)
 
     live: dict[str, object] = {}
     reads: list[tuple[int, str]] = []
@@ -342,32 +353,25 @@ def test_no_host_device_traffic_per_step_in_either_direction(tmp_path: Path, mon
     step counter (the single-tensor AdamW of a CPU run) is left out (a GPU run's fused AdamW
     keeps it on the device), and so are a data sampler's index lists (host tensors only).
     """
-    from jobgen.jobdir import load_resolved_spec
     from jobgen.planning.deepspeed import deepspeed_config
     from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
     from jobgen.train import run
-    from jobgen.train.__main__ import check_data
     from jobgen.train.callbacks import Throughput
-    from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+    from tests.entrypoint.conftest import TINY_SPEC, _merge
 
     monkeypatch.setenv("JOBGEN_LEVERS_OFF", levers_off)
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
     steps, every = 8, 4
     spec = _merge(TINY_SPEC, {"trainer": {"max_steps": steps, "val_check_interval": 100, "log_every_n_steps": every,
                                           "strategy": strategy, "gradient_clip_val": 1.0},
                               "checkpoint": {"every_n_steps": 100}})  # fmt: skip
-    launch: dict[str, object] = {"devices_per_node": 1, "world_size": 1}
+    launch: dict[str, object] = {}
     if strategy.startswith("deepspeed"):
         request.getfixturevalue("deepspeed_cpu_ops")
         config = deepspeed_config(TrainingSpec.model_validate(spec), World(1, 1, "cpu", micro_batch_size=4))
         (tmp_path / "ds_config.json").write_text(json.dumps(config))
         launch["deepspeed_config"] = "ds_config.json"
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(resolved_doc(spec, **launch)))
-    resolved = load_resolved_spec(path)
-    sources, layout = check_data(resolved.spec)
+    resolved, path, sources, layout = _one_run(tmp_path, monkeypatch, spec, **launch)
 
     live: dict[str, object] = {}
     events: list[tuple[int, str, str]] = []  # (global step, what, where)
@@ -470,19 +474,12 @@ def test_jobgen_trace_steps_writes_a_chrome_trace_of_those_steps_only(tmp_path: 
     two asked for (Lightning's ``optimizer_step`` record once per step); a bad value is refused."""
     import gzip
 
-    from jobgen.jobdir import load_resolved_spec
     from jobgen.train import run
-    from jobgen.train.__main__ import check_data
     from jobgen.train.callbacks import trace_steps
-    from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+    from tests.entrypoint.conftest import TINY_SPEC, _merge
 
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
     spec = _merge(TINY_SPEC, {"trainer": {"max_steps": 6, "val_check_interval": 100}, "checkpoint": {"every_n_steps": 100}})
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(resolved_doc(spec, devices_per_node=1, world_size=1)))
-    resolved = load_resolved_spec(path)
-    sources, layout = check_data(resolved.spec)
+    resolved, path, sources, layout = _one_run(tmp_path, monkeypatch, spec)
     monkeypatch.setenv("JOBGEN_TRACE_STEPS", "3-4")
     monkeypatch.setattr("sys.stdout.isatty", lambda: False)
     assert run.train(resolved, path, tmp_path / "run", sources, layout, time.time()) == 0
