@@ -148,6 +148,7 @@ LAB_TESTS_DIR = "tests/integration/"
 TRAINING_TESTS_DIR = "tests/entrypoint/"
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist; a GPU machine's bare pytest)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """The suite runs on two pytest-xdist workers (setup.cfg's addopts, ``-n 2``; CI has 2
     cores). Under ``--dist load`` (what ``-n`` implies) every test under :data:`LAB_TESTS_DIR` is

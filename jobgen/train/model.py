@@ -22,7 +22,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from jobgen.specs.training import TrainingSpec
-from jobgen.train.speed import host_scalar
+from jobgen.train.speed import LogStepLoss, host_scalar
 
 VOCAB_SIZE = 256
 """Byte-level vocabulary size."""
@@ -237,6 +237,9 @@ class LitGPT(LightningModule):
         """Log ``lr`` as a host tensor (:func:`jobgen.train.speed.host_scalar`)."""
         self.clip_without_scaler = lever_on("fused_clip")
         """Clip gradients itself under ``bf16-mixed`` (:meth:`configure_gradient_clipping`)."""
+        self.log_step_loss = LogStepLoss() if lever_on("loss_read") else None
+        """Where ``train_loss`` waits for its log step (:class:`jobgen.train.speed.LogStepLoss`;
+        ``None``: logged from :meth:`training_step` as Lightning reads it)."""
 
     @classmethod
     def from_spec(cls, spec: TrainingSpec) -> LitGPT:
@@ -273,10 +276,28 @@ class LitGPT(LightningModule):
         # Not prog_bar: Lightning converts progress-bar metrics to Python numbers after every batch
         # (a host-device sync per step on GPUs); the logger reads it at log intervals only, and
         # LineProgress / LogIntervalBar show it from there (issue 21).
-        self.log("train_loss", loss, on_step=True, on_epoch=False)
+        if self.log_step_loss is None:
+            self.log("train_loss", loss, on_step=True, on_epoch=False)
+        else:  # logged in on_train_batch_end, from a copy started here
+            last = 0 < self.trainer.max_steps <= self.trainer.global_step + 1  # Lightning logs it: should_stop
+            self.log_step_loss.keep(loss, log_step=last or self._log_step())
         lr = self.optimizers().param_groups[0]["lr"]
         self.log("lr", host_scalar(lr) if self.log_lr_on_host else lr, on_step=True, on_epoch=False)
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log ``train_loss`` at log steps (:class:`jobgen.train.speed.LogStepLoss`): Lightning
+        calls this after the step's optimizer step is queued and before it hands the step's
+        metrics to the loggers; between log steps nothing reads the loss."""
+        if self.log_step_loss is not None and self._log_step():
+            self.log("train_loss", self.log_step_loss.read(), on_step=True, on_epoch=False)
+
+    def _log_step(self) -> bool:
+        """Whether Lightning hands this step's metrics to the loggers: its own
+        ``_LoggerConnector.should_update_logs`` (private, Lightning 2.6; pinned by
+        tests/entrypoint/test_lightning_api.py), the same answer in ``training_step`` and in
+        ``on_train_batch_end`` unless a callback sets ``trainer.should_stop`` in between."""
+        return bool(self.trainer._logger_connector.should_update_logs)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Loss of one validation micro batch; ``val_loss`` is averaged over batches and ranks."""

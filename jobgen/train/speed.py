@@ -31,6 +31,9 @@ is what it was before the levers existed:
 * :func:`host_scalar`: values the loop logs every step (``lr``, ``tokens_per_s``, ...) are
   host tensors: Lightning turns a logged Python number into ``torch.tensor(value,
   device=module.device)``, a blocking host-to-device copy on a GPU every step.
+* :class:`LogStepLoss`: at a log step (every ``trainer.log_every_n_steps``) ``train_loss`` is
+  read from a host copy started right after the forward, instead of Lightning's ``.item()`` once
+  the optimizer step is queued, which empties the GPU's queue every log interval.
 
 Each lever can be turned off for a before/after measurement with ``JOBGEN_LEVERS_OFF``, a
 comma-separated list of :data:`LEVERS` (e.g. ``JOBGEN_LEVERS_OFF=single_device,fused_clip``):
@@ -48,10 +51,10 @@ from typing import Any
 
 from jobgen.errors import ConfigError
 
-LEVERS = ("single_device", "fused_clip", "host_logging", "compile_auto", "tf32", "pin_memory")
+LEVERS = ("single_device", "fused_clip", "host_logging", "compile_auto", "tf32", "pin_memory", "loss_read")
 """Names ``JOBGEN_LEVERS_OFF`` takes: :func:`single_device`, the fused AdamW with clipping under
 ``bf16-mixed`` (:func:`fused_adamw`), :func:`host_scalar` logging, :func:`compile_on`'s
-``auto``, :func:`matmul_precision` and :func:`pin_memory`."""
+``auto``, :func:`matmul_precision`, :func:`pin_memory` and :class:`LogStepLoss`."""
 
 LEVERS_OFF_ENV = "JOBGEN_LEVERS_OFF"
 """Environment variable with the levers turned off (comma-separated names of :data:`LEVERS`)."""
@@ -159,6 +162,62 @@ def host_scalar(value: float) -> Any:
     import torch
 
     return torch.tensor(value, dtype=torch.float32)
+
+
+class LogStepLoss:
+    """The training loss of a log step, read without emptying the device's queue.
+
+    Lightning reads a logged loss tensor with ``.item()`` when it hands the step's metrics to the
+    loggers (``_LoggerConnector.update_train_step_metrics``, after ``on_train_batch_end``), by
+    which time the step's backward and optimizer step are queued behind the loss: the read waits
+    for all of them, and the GPU then idles while the host prepares the next step (its batch,
+    Lightning's hooks, the launches). With ``torch.compile`` the host is otherwise steps ahead,
+    so this wait every ``log_every_n_steps`` is what the plain loop (which reads its loss once, at
+    the end) does not pay.
+
+    Instead, :meth:`keep` (called in ``training_step`` with the micro batch's loss, a 0-dim
+    tensor) starts, at a log step, a non-blocking copy into page-locked host memory and records
+    a CUDA event behind it; :meth:`read` (called in ``on_train_batch_end``, once the backward and
+    optimizer step are queued) waits for that event only, which the GPU passes before the work
+    queued after it, and returns the host copy, which Lightning then reads without a
+    synchronisation. The value and the step it is logged at are Lightning's own.
+
+    A loss on the CPU is already on the host (no copy, no event); on other devices, or at a step
+    that became a log step after the forward (a callback set ``trainer.should_stop``),
+    :meth:`read` returns the device tensor itself (Lightning's read, as without this lever).
+    """
+
+    def __init__(self) -> None:
+        self._loss: Any = None
+        self._host: Any = None
+        self._event: Any = None
+
+    def keep(self, loss: Any, *, log_step: bool) -> None:
+        """Remember this micro batch's loss; at a log step on CUDA start its copy to the host."""
+        import torch
+
+        self._loss, self._event = loss.detach(), None
+        if not log_step or self._loss.device.type != "cuda":
+            return
+        if self._host is None or self._host.dtype != self._loss.dtype or self._host.shape != self._loss.shape:
+            self._host = torch.empty(self._loss.shape, dtype=self._loss.dtype, pin_memory=True)
+        self._host.copy_(self._loss, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def read(self) -> Any:
+        """The kept loss for ``LightningModule.log``: a host tensor where :meth:`keep` copied it
+        (after waiting for that copy only), else the kept tensor itself.
+
+        Raises:
+            RuntimeError: nothing kept yet (no ``training_step`` ran).
+        """
+        if self._loss is None:
+            raise RuntimeError("LogStepLoss.read before any keep")
+        if self._event is None:
+            return self._loss
+        self._event.synchronize()
+        return self._host.clone()
 
 
 def pin_memory(accelerator: str) -> bool:

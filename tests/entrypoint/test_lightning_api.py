@@ -14,6 +14,9 @@ What is pinned (issue 10):
 * the private Lightning API jobgen still uses, and that Lightning still calls it:
   ``FSDPStrategy._setup_model`` and ``DeepSpeedStrategy._setup_model_and_optimizer``, overridden
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
+* ``_LoggerConnector.should_update_logs``, which LitGPT reads to know a log step
+  (jobgen.train.speed.LogStepLoss), and that the epoch loop calls the module's
+  ``on_train_batch_end`` before it hands the step's metrics to the loggers;
 * the fit-loop privates ValidateEveryNSteps replaces and reads (``_should_check_val_fx``,
   ``_should_accumulate``, ``_can_stop_early``: no public hook decides when to validate);
 * that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
@@ -61,8 +64,8 @@ OVERRIDES: dict[str, tuple[type, set[str]]] = {
     "jobgen.train.trainer.ValidateEveryNSteps": (Callback, {"setup"}),
     "jobgen.train.callbacks.RequeueOnSignal": (Callback, {"setup", "on_train_batch_end", "on_train_end"}),
     "jobgen.train.model.LitGPT": (
-        LightningModule, {"forward", "training_step", "validation_step", "on_validation_epoch_end", "configure_optimizers",
-                          "configure_gradient_clipping", "on_save_checkpoint", "on_load_checkpoint"},
+        LightningModule, {"forward", "training_step", "on_train_batch_end", "validation_step", "on_validation_epoch_end",
+                          "configure_optimizers", "configure_gradient_clipping", "on_save_checkpoint", "on_load_checkpoint"},
     ),
     "jobgen.train.hf.LitHFCausalLM": (LightningModule, {"forward", "on_save_checkpoint", "on_load_checkpoint"}),
     "jobgen.train.data.ByteTextDataModule": (
@@ -197,6 +200,24 @@ def test_the_fit_loop_privates_validate_every_n_steps_replaces_and_reads() -> No
         _fail("_TrainingEpochLoop._should_accumulate() changed", "update ValidateEveryNSteps")
     if not isinstance(inspect.getattr_static(_FitLoop, "_can_stop_early", None), property):
         _fail("_FitLoop._can_stop_early is no longer a property", "update ValidateEveryNSteps")
+
+
+def test_the_log_step_private_litgpt_reads_and_the_hook_order_it_relies_on() -> None:
+    """LitGPT._log_step reads ``trainer._logger_connector.should_update_logs`` (a property), and
+    logs ``train_loss`` in ``on_train_batch_end``, which the epoch loop must call before
+    ``update_train_step_metrics`` (where the loggers get the step's metrics) for the value to
+    reach that step's row."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
+    if not isinstance(inspect.getattr_static(_LoggerConnector, "should_update_logs", None), property):
+        _fail("_LoggerConnector.should_update_logs is no longer a property", "update LitGPT._log_step")
+    source = inspect.getsource(_TrainingEpochLoop.advance)
+    hook = source.find('_call_lightning_module_hook(trainer, "on_train_batch_end"')
+    handed = source.find("update_train_step_metrics()")
+    if hook < 0 or handed < 0 or hook > handed:
+        _fail("the epoch loop no longer calls the module's on_train_batch_end before update_train_step_metrics",
+              "log LitGPT's train_loss where the step's metrics are still open (jobgen.train.speed.LogStepLoss)")
 
 
 def test_fsdp_strategy_attributes_the_cpu_strategy_reads() -> None:

@@ -449,6 +449,107 @@ def test_no_host_device_traffic_per_step_in_either_direction(tmp_path: Path, mon
     assert summary["layout"] == ("single_device" if single else strategy)
 
 
+def _train_loss_rows(run_dir: Path) -> list[tuple[int, float]]:
+    from jobgen.train.metrics_csv import read_metrics_rows
+
+    return [(step, row["train_loss"]) for step, row in read_metrics_rows(run_dir, 10**9) if "train_loss" in row]
+
+
+def test_a_log_steps_train_loss_is_copied_after_the_forward_and_read_after_the_optimizer_step(tmp_path: Path,
+                                                                                              monkeypatch) -> None:
+    """LogStepLoss (lever ``loss_read``): at log steps only, ``training_step`` hands the loss to
+    ``keep`` (where a GPU run starts its copy to the host), and ``on_train_batch_end`` logs what
+    ``read`` returns, after the step's ``optimizer.step`` and before Lightning hands the metrics to
+    the loggers, so a GPU run waits for the forward's copy only, not for the queued backward and
+    optimizer step. Between log steps nothing reads the loss. metrics.csv's train_loss rows
+    (steps and values) are those of the same run with the lever off."""
+    from jobgen.train import run
+    from tests.entrypoint.conftest import TINY_SPEC, _merge
+
+    steps, every = 8, 3
+    spec = _merge(TINY_SPEC, {"trainer": {"max_steps": steps, "val_check_interval": 100, "log_every_n_steps": every},
+                              "checkpoint": {"every_n_steps": 100}})  # fmt: skip
+    order: list[tuple[str, object]] = []
+    keep, read = speed.LogStepLoss.keep, speed.LogStepLoss.read
+
+    def kept(self, loss, *, log_step):  # noqa: ANN001, ANN202
+        order.append(("keep", log_step))
+        return keep(self, loss, log_step=log_step)
+
+    def was_read(self):  # noqa: ANN001, ANN202
+        order.append(("read", None))
+        return read(self)
+
+    monkeypatch.setattr(speed.LogStepLoss, "keep", kept)
+    monkeypatch.setattr(speed.LogStepLoss, "read", was_read)
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
+    handed = _LoggerConnector.log_metrics
+
+    def to_loggers(self, metrics, step=None):  # noqa: ANN001, ANN202
+        if "train_loss" in metrics:
+            order.append(("loggers", self.trainer.global_step))
+        return handed(self, metrics, step)
+
+    monkeypatch.setattr(_LoggerConnector, "log_metrics", to_loggers)
+    adamw_step = torch.optim.AdamW.step
+
+    def stepped(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        result = adamw_step(self, *args, **kwargs)  # runs the closure: training_step, backward
+        order.append(("optimizer.step", None))  # the update done
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", stepped)
+    runs = {}
+    for off in ("", "loss_read"):
+        monkeypatch.setenv("JOBGEN_LEVERS_OFF", off)
+        order.clear()
+        (tmp_path / (off or "on")).mkdir()
+        resolved, path, sources, layout = _one_run(tmp_path / (off or "on"), monkeypatch, spec)
+        assert run.train(resolved, path, tmp_path / (off or "on") / "run", sources, layout, time.time()) == 0
+        runs[off] = _train_loss_rows(tmp_path / (off or "on") / "run")
+        if not off:
+            on_order = list(order)
+    log_steps = [s for s in range(1, steps + 1) if s % every == 0] + [steps]
+    assert [step for step, _ in runs[""]] == log_steps, runs
+    assert runs[""] == runs["loss_read"]  # same steps, same values (the same seed)
+    # per optimizer step: keep (the forward), optimizer.step, then at a log step read -> loggers
+    per_step, current = [], []
+    for event in on_order:
+        current.append(event)
+        if event[0] in ("loggers",) or (event[0] == "optimizer.step" and not current[0][1]):
+            per_step.append(current)
+            current = []
+    assert [s for s in per_step if s[0] == ("keep", True)] == [
+        [("keep", True), ("optimizer.step", None), ("read", None), ("loggers", step)] for step in log_steps], on_order
+    assert [s for s in per_step if s[0] == ("keep", False)] == [[("keep", False), ("optimizer.step", None)]] * (
+        steps - len(log_steps)), on_order
+    assert all(e[0] != "read" for s in per_step if s[0] == ("keep", False) for e in s)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_evidence.sh runs it)")
+def test_log_step_loss_on_a_gpu_waits_for_its_copy_not_for_the_work_queued_after_it() -> None:
+    """On CUDA, :meth:`LogStepLoss.read` returns the loss on the host while the work queued after
+    :meth:`keep` (standing in for the backward and the optimizer step: 40 large matmuls) is still
+    running: the read did not empty the queue. Lightning's ``.item()`` of the device loss would."""
+    x = torch.randn(8192, 8192, device="cuda")
+    loss = (x @ x).float().mean()  # the "forward"
+    expected = loss.clone()
+    reader = speed.LogStepLoss()
+    reader.keep(loss, log_step=True)
+    for _ in range(40):
+        x = (x @ x) / 8192  # "backward, optimizer step": queued behind the copy
+    queued = torch.cuda.Event()
+    queued.record()
+    host = reader.read()
+    assert not queued.query(), "the read waited for the work queued after the copy"
+    assert host.device.type == "cpu"
+    torch.cuda.synchronize()
+    assert float(host) == float(expected)
+    reader.keep(loss, log_step=False)  # not a log step: the device tensor itself, nothing copied
+    assert reader.read().device.type == "cuda"
+
+
 def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_off() -> None:
     """DeepSpeed's ThroughputTimer synchronises the device at every micro batch while enabled
     (its default); the config jobgen renders turns it off, read back by DeepSpeed's own parser."""
