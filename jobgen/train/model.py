@@ -240,6 +240,10 @@ class LitGPT(LightningModule):
         self.log_step_loss = LogStepLoss() if lever_on("loss_read") else None
         """Where ``train_loss`` waits for its log step (:class:`jobgen.train.speed.LogStepLoss`;
         ``None``: logged from :meth:`training_step` as Lightning reads it)."""
+        self._stepped_to: int | None = None
+        """The global step the latest optimizer step made (set in :meth:`on_before_optimizer_step`)."""
+        self._loss_logged_to: int | None = None
+        """The global step whose ``train_loss`` was logged last."""
 
     @classmethod
     def from_spec(cls, spec: TrainingSpec) -> LitGPT:
@@ -278,24 +282,38 @@ class LitGPT(LightningModule):
         # LineProgress / LogIntervalBar show it from there (issue 21).
         if self.log_step_loss is None:
             self.log("train_loss", loss, on_step=True, on_epoch=False)
-        else:  # logged in on_train_batch_end, from a copy started here
-            last = 0 < self.trainer.max_steps <= self.trainer.global_step + 1  # Lightning logs it: should_stop
+        else:  # logged in on_before_optimizer_step, from a copy started here
+            last = 0 < self.trainer.max_steps <= self.trainer.global_step + 1  # a log step: _ValidationTracker stops
             self.log_step_loss.keep(loss, log_step=last or self._log_step())
         lr = self.optimizers().param_groups[0]["lr"]
         self.log("lr", host_scalar(lr) if self.log_lr_on_host else lr, on_step=True, on_epoch=False)
         return loss
 
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """At a log step, log ``train_loss`` (:class:`jobgen.train.speed.LogStepLoss`): Lightning
+        calls this once the step's last backward is queued, before the optimizer step, and before
+        the callbacks' ``on_train_batch_end`` (the job-log line, the progress bar) read the step's
+        metrics; between log steps nothing reads the loss."""
+        reader = self.log_step_loss
+        if reader is None:
+            return
+        self._stepped_to = self.trainer.global_step + 1
+        if reader.at_log_step or self._log_step():
+            self.log("train_loss", reader.read(), on_step=True, on_epoch=False)
+            self._loss_logged_to = self._stepped_to
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Log ``train_loss`` at log steps (:class:`jobgen.train.speed.LogStepLoss`): Lightning
-        calls this after the step's optimizer step is queued and before it hands the step's
-        metrics to the loggers; between log steps nothing reads the loss."""
-        if self.log_step_loss is not None and self._log_step():
+        """Log ``train_loss`` where a callback made this step a log step after the optimizer step
+        (``trainer.should_stop`` of a requeue): the device tensor, which Lightning reads once."""
+        step = self.trainer.global_step
+        if self.log_step_loss is not None and self._stepped_to == step != self._loss_logged_to and self._log_step():
             self.log("train_loss", self.log_step_loss.read(), on_step=True, on_epoch=False)
+            self._loss_logged_to = step
 
     def _log_step(self) -> bool:
         """Whether Lightning hands this step's metrics to the loggers: its own
         ``_LoggerConnector.should_update_logs`` (private, Lightning 2.6; pinned by
-        tests/entrypoint/test_lightning_api.py), the same answer in ``training_step`` and in
+        tests/entrypoint/test_lightning_api.py), the same answer from ``training_step`` to
         ``on_train_batch_end`` unless a callback sets ``trainer.should_stop`` in between."""
         return bool(self.trainer._logger_connector.should_update_logs)
 

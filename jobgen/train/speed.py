@@ -167,8 +167,9 @@ def host_scalar(value: float) -> Any:
 class LogStepLoss:
     """The training loss of a log step, read without emptying the device's queue.
 
-    Lightning reads a logged loss tensor with ``.item()`` when it hands the step's metrics to the
-    loggers (``_LoggerConnector.update_train_step_metrics``, after ``on_train_batch_end``), by
+    At a log step, the logged loss tensor is read on the host (``float``/``.item()``) by the
+    job-log line and the progress bar (callbacks' ``on_train_batch_end``) and by Lightning when it
+    hands the step's metrics to the loggers (``_LoggerConnector.update_train_step_metrics``), by
     which time the step's backward and optimizer step are queued behind the loss: the read waits
     for all of them, and the GPU then idles while the host prepares the next step (its batch,
     Lightning's hooks, the launches). With ``torch.compile`` the host is otherwise steps ahead,
@@ -177,10 +178,11 @@ class LogStepLoss:
 
     Instead, :meth:`keep` (called in ``training_step`` with the micro batch's loss, a 0-dim
     tensor) starts, at a log step, a non-blocking copy into page-locked host memory and records
-    a CUDA event behind it; :meth:`read` (called in ``on_train_batch_end``, once the backward and
-    optimizer step are queued) waits for that event only, which the GPU passes before the work
-    queued after it, and returns the host copy, which Lightning then reads without a
-    synchronisation. The value and the step it is logged at are Lightning's own.
+    a CUDA event behind it; :meth:`read` (called in ``on_before_optimizer_step``, once the last
+    micro batch's backward is queued) waits for that event only, which the GPU passes before the
+    work queued after it, and returns the host copy, which Lightning and the callbacks then read
+    without a synchronisation. The value and the step it is logged at are Lightning's own (the
+    last micro batch's loss, at the optimizer step).
 
     A loss on the CPU is already on the host (no copy, no event); on other devices, or at a step
     that became a log step after the forward (a callback set ``trainer.should_stop``),
@@ -191,12 +193,13 @@ class LogStepLoss:
         self._loss: Any = None
         self._host: Any = None
         self._event: Any = None
+        self._log_step = False
 
     def keep(self, loss: Any, *, log_step: bool) -> None:
         """Remember this micro batch's loss; at a log step on CUDA start its copy to the host."""
         import torch
 
-        self._loss, self._event = loss.detach(), None
+        self._loss, self._event, self._log_step = loss.detach(), None, log_step
         if not log_step or self._loss.device.type != "cuda":
             return
         if self._host is None or self._host.dtype != self._loss.dtype or self._host.shape != self._loss.shape:
@@ -204,6 +207,11 @@ class LogStepLoss:
         self._host.copy_(self._loss, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
+
+    @property
+    def at_log_step(self) -> bool:
+        """The ``log_step`` :meth:`keep` was last given (on CUDA: it started a copy)."""
+        return self._log_step
 
     def read(self) -> Any:
         """The kept loss for ``LightningModule.log``: a host tensor where :meth:`keep` copied it

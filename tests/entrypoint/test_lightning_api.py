@@ -16,7 +16,8 @@ What is pinned (issue 10):
   by the CPU strategies (no public hook wraps the model or calls ``deepspeed.initialize``);
 * ``_LoggerConnector.should_update_logs``, which LitGPT reads to know a log step
   (jobgen.train.speed.LogStepLoss), and that the epoch loop calls the module's
-  ``on_train_batch_end`` before it hands the step's metrics to the loggers;
+  ``on_train_batch_end`` (where a late log step's loss is logged) before it hands the step's
+  metrics to the loggers;
 * the fit-loop privates ValidateEveryNSteps replaces and reads (``_should_check_val_fx``,
   ``_should_accumulate``, ``_can_stop_early``: no public hook decides when to validate);
 * that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
@@ -64,7 +65,8 @@ OVERRIDES: dict[str, tuple[type, set[str]]] = {
     "jobgen.train.trainer.ValidateEveryNSteps": (Callback, {"setup"}),
     "jobgen.train.callbacks.RequeueOnSignal": (Callback, {"setup", "on_train_batch_end", "on_train_end"}),
     "jobgen.train.model.LitGPT": (
-        LightningModule, {"forward", "training_step", "on_train_batch_end", "validation_step", "on_validation_epoch_end",
+        LightningModule, {"forward", "training_step", "on_before_optimizer_step", "on_train_batch_end", "validation_step",
+                          "on_validation_epoch_end",
                           "configure_optimizers", "configure_gradient_clipping", "on_save_checkpoint", "on_load_checkpoint"},
     ),
     "jobgen.train.hf.LitHFCausalLM": (LightningModule, {"forward", "on_save_checkpoint", "on_load_checkpoint"}),
@@ -204,9 +206,9 @@ def test_the_fit_loop_privates_validate_every_n_steps_replaces_and_reads() -> No
 
 def test_the_log_step_private_litgpt_reads_and_the_hook_order_it_relies_on() -> None:
     """LitGPT._log_step reads ``trainer._logger_connector.should_update_logs`` (a property), and
-    logs ``train_loss`` in ``on_train_batch_end``, which the epoch loop must call before
-    ``update_train_step_metrics`` (where the loggers get the step's metrics) for the value to
-    reach that step's row."""
+    logs a late log step's ``train_loss`` (a requeue's stop) in ``on_train_batch_end``, which the
+    epoch loop must call before ``update_train_step_metrics`` (where the loggers get the step's
+    metrics) for the value to reach that step's row."""
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
     from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 

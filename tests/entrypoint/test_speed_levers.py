@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import traceback
 from pathlib import Path
@@ -455,14 +456,18 @@ def _train_loss_rows(run_dir: Path) -> list[tuple[int, float]]:
     return [(step, row["train_loss"]) for step, row in read_metrics_rows(run_dir, 10**9) if "train_loss" in row]
 
 
-def test_a_log_steps_train_loss_is_copied_after_the_forward_and_read_after_the_optimizer_step(tmp_path: Path,
-                                                                                              monkeypatch) -> None:
+def test_a_log_steps_train_loss_is_copied_after_the_forward_and_read_once_the_backward_is_queued(
+        tmp_path: Path, monkeypatch, capsys) -> None:
     """LogStepLoss (lever ``loss_read``): at log steps only, ``training_step`` hands the loss to
-    ``keep`` (where a GPU run starts its copy to the host), and ``on_train_batch_end`` logs what
-    ``read`` returns, after the step's ``optimizer.step`` and before Lightning hands the metrics to
-    the loggers, so a GPU run waits for the forward's copy only, not for the queued backward and
-    optimizer step. Between log steps nothing reads the loss. metrics.csv's train_loss rows
-    (steps and values) are those of the same run with the lever off."""
+    ``keep`` (where a GPU run starts its copy to the host), and ``on_before_optimizer_step`` logs
+    what ``read`` returns, after the step's backward and before its optimizer update, so a GPU run
+    waits for the forward's copy only, not for the queued backward and optimizer step; the
+    loggers then get the value at that step. Between log steps nothing reads the loss. The
+    job-log lines show the step's own loss, and metrics.csv's train_loss rows (steps and values)
+    are those of the same run with the lever off."""
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
     from jobgen.train import run
     from tests.entrypoint.conftest import TINY_SPEC, _merge
 
@@ -470,61 +475,59 @@ def test_a_log_steps_train_loss_is_copied_after_the_forward_and_read_after_the_o
     spec = _merge(TINY_SPEC, {"trainer": {"max_steps": steps, "val_check_interval": 100, "log_every_n_steps": every},
                               "checkpoint": {"every_n_steps": 100}})  # fmt: skip
     order: list[tuple[str, object]] = []
-    keep, read = speed.LogStepLoss.keep, speed.LogStepLoss.read
 
-    def kept(self, loss, *, log_step):  # noqa: ANN001, ANN202
-        order.append(("keep", log_step))
-        return keep(self, loss, log_step=log_step)
+    def spy(owner: type, name: str, event, after: bool = False):  # noqa: ANN001, ANN202
+        original = getattr(owner, name)
 
-    def was_read(self):  # noqa: ANN001, ANN202
-        order.append(("read", None))
-        return read(self)
+        def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            if not after:
+                order.append(event(self, *args, **kwargs))
+            result = original(self, *args, **kwargs)
+            if after:
+                order.append(event(self, *args, **kwargs))
+            return result
 
-    monkeypatch.setattr(speed.LogStepLoss, "keep", kept)
-    monkeypatch.setattr(speed.LogStepLoss, "read", was_read)
-    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+        monkeypatch.setattr(owner, name, wrapper)
 
-    handed = _LoggerConnector.log_metrics
-
-    def to_loggers(self, metrics, step=None):  # noqa: ANN001, ANN202
-        if "train_loss" in metrics:
-            order.append(("loggers", self.trainer.global_step))
-        return handed(self, metrics, step)
-
-    monkeypatch.setattr(_LoggerConnector, "log_metrics", to_loggers)
-    adamw_step = torch.optim.AdamW.step
-
-    def stepped(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        result = adamw_step(self, *args, **kwargs)  # runs the closure: training_step, backward
-        order.append(("optimizer.step", None))  # the update done
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", stepped)
-    runs = {}
+    spy(speed.LogStepLoss, "keep", lambda self, loss, *, log_step: ("keep", log_step))
+    spy(speed.LogStepLoss, "read", lambda self: ("read", None))
+    spy(LightningModule, "backward", lambda self, *a, **k: ("backward", None))
+    # AdamW.step runs Lightning's closure (training_step, backward, on_before_optimizer_step) first
+    spy(torch.optim.AdamW, "step", lambda self, *a, **k: ("update", None), after=True)
+    spy(_LoggerConnector, "log_metrics", lambda self, metrics, step=None: (
+        ("loggers", self.trainer.global_step) if "train_loss" in metrics else ("other", None)))
+    runs, printed = {}, {}
     for off in ("", "loss_read"):
         monkeypatch.setenv("JOBGEN_LEVERS_OFF", off)
         order.clear()
-        (tmp_path / (off or "on")).mkdir()
-        resolved, path, sources, layout = _one_run(tmp_path / (off or "on"), monkeypatch, spec)
-        assert run.train(resolved, path, tmp_path / (off or "on") / "run", sources, layout, time.time()) == 0
-        runs[off] = _train_loss_rows(tmp_path / (off or "on") / "run")
+        where = tmp_path / (off or "on")
+        where.mkdir()
+        resolved, path, sources, layout = _one_run(where, monkeypatch, spec)
+        monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # job-log lines (LineProgress)
+        capsys.readouterr()
+        assert run.train(resolved, path, where / "run", sources, layout, time.time()) == 0
+        runs[off] = _train_loss_rows(where / "run")
+        printed[off] = [(int(m.group(1)), float(m.group(2))) for m in
+                        re.finditer(r"^step (\d+)/\d+ \| train_loss ([0-9.]+)", capsys.readouterr().out, re.M)]
         if not off:
-            on_order = list(order)
+            on_order = [e for e in order if e[0] != "other"]
     log_steps = [s for s in range(1, steps + 1) if s % every == 0] + [steps]
     assert [step for step, _ in runs[""]] == log_steps, runs
     assert runs[""] == runs["loss_read"]  # same steps, same values (the same seed)
-    # per optimizer step: keep (the forward), optimizer.step, then at a log step read -> loggers
+    for off in ("", "loss_read"):  # the job log's line of each log step shows that step's loss
+        assert printed[off] == [(step, round(value, 4)) for step, value in runs[off]], (off, printed, runs)
     per_step, current = [], []
     for event in on_order:
         current.append(event)
-        if event[0] in ("loggers",) or (event[0] == "optimizer.step" and not current[0][1]):
+        if event[0] == "loggers" or (event[0] == "update" and current[0] == ("keep", False)):
             per_step.append(current)
             current = []
+    assert not current, on_order
     assert [s for s in per_step if s[0] == ("keep", True)] == [
-        [("keep", True), ("optimizer.step", None), ("read", None), ("loggers", step)] for step in log_steps], on_order
-    assert [s for s in per_step if s[0] == ("keep", False)] == [[("keep", False), ("optimizer.step", None)]] * (
-        steps - len(log_steps)), on_order
-    assert all(e[0] != "read" for s in per_step if s[0] == ("keep", False) for e in s)
+        [("keep", True), ("backward", None), ("read", None), ("update", None), ("loggers", step)] for step in log_steps
+    ], on_order
+    assert [s for s in per_step if s[0] == ("keep", False)] == [
+        [("keep", False), ("backward", None), ("update", None)]] * (steps - len(log_steps)), on_order
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_evidence.sh runs it)")
