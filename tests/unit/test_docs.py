@@ -48,7 +48,7 @@ def test_quickstart_command_pins_cpu_torch_and_runs_the_local_job():
 
 
 def test_reference_is_current():
-    assert splice(README) == README, "run: python -m jobgen.specs.reference --write README.md"
+    assert splice(README) == README, "refresh README.md's reference: jobgen.specs.reference.splice"
 
 
 def test_shipped_profiles_are_listed_in_readme():
@@ -139,8 +139,8 @@ def test_the_repository_root_holds_only_project_files():
 
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     top = {path.split("/")[0] for path in tracked}
-    assert top <= {".ci", ".gitattributes", ".gitignore", "README.md", "benchmarks", "cluster_profiles", "examples", "jobgen", "jobgen.yaml",
-                   "manifests", "pyproject.toml", "setup.cfg", "templates", "tests"}, top
+    assert top <= {".ci", ".gitattributes", ".gitignore", "README.md", "benchmarks", "cluster_profiles", "docs", "examples", "jobgen", "jobgen.yaml",
+                   "manifests", "mkdocs.yml", "pyproject.toml", "setup.cfg", "templates", "tests"}, top
 
 
 def test_the_output_directories_the_readme_suggests_are_ignored_by_git():
