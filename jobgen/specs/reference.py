@@ -20,8 +20,6 @@ from jobgen.specs.training import TrainingSpec
 
 #: The marker a documentation page holds where a table goes: ``<!-- jobgen-reference: NAME -->``.
 MARKER = re.compile(r"^<!-- jobgen-reference: ([a-z]+) -->$", flags=re.M)
-#: README.md's markers around its copy of the reference (until the README becomes a landing page).
-START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
 
 def _type_name(annotation: typing.Any) -> str:
@@ -112,20 +110,6 @@ def expand(markdown: str) -> str:
 def reference() -> str:
     """Every table, each under its title (what ``python -m jobgen.specs.reference`` prints)."""
     return "\n".join(f"## {title}\n\n{table(name)}" for name, (title, _, _) in _models().items())
-
-
-def splice(readme: str) -> str:
-    """``readme`` with the text between the reference markers replaced by :func:`reference` (its
-    tables one heading level down, as the README has them).
-
-    Raises:
-        ValueError: the markers are missing.
-    """
-    head, start, rest = readme.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README lacks the {START} ... {END} markers")
-    return f"{head}{START}\n{reference().replace(chr(10) + '## ', chr(10) + '### ').replace('## ', '### ', 1)}{END}{tail}"
 
 
 def main(argv: list[str]) -> int:
