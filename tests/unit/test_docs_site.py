@@ -52,6 +52,14 @@ def test_the_build_is_strict_and_the_reference_comes_from_the_hook():
     assert set(config["validation"].values()) == {"warn"}  # with strict: every finding fails the build
 
 
+def test_a_local_build_is_ignored_by_git():
+    """`mkdocs build` writes site/ (mkdocs' default site_dir) in the clone: an untracked file there
+    would block the next snapshotted `jobgen submit` (a dirty tree)."""
+    assert "site_dir" not in mkdocs_config()
+    check = subprocess.run(["git", "check-ignore", "-q", "--no-index", "site/index.html"], cwd=REPO)
+    assert check.returncode == 0, "site/ is not ignored by .gitignore"
+
+
 def model_paths(model: type[BaseModel], prefix: str = "", seen: frozenset = frozenset()) -> list[str]:
     """Every field path of ``model``, nested models' fields as ``a.b`` (what the reference lists)."""
     paths = []
