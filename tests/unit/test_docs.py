@@ -31,6 +31,16 @@ SET_UP = ("README.md", "docs/quickstart.md")
 #: checked), ``yaml`` by its YAML test there, ``python`` and ``json`` by
 #: :func:`test_every_fenced_block_is_one_the_tests_check` (and the snippet tests below).
 CHECKED_LANGUAGES = ("bash", "text", "yaml", "python", "json")
+#: The ```text blocks that hold no command (no ``$ `` or ``jobgen`` line: nothing to run), by their
+#: first line, each with what checks it or why nothing does; any other such block fails
+#: :func:`test_every_text_block_runs_a_command_or_is_a_listed_illustration`.
+ILLUSTRATIONS = {
+    "cluster profile (YAML) + training spec (YAML)": "the pipeline diagram (README.md, docs/index.md): a picture",
+    "preflight: 2 ranks joining at node1:29500 (timeout 60 s)":
+        "a 2-node preflight's output, figures illustrative (the page says so); the lines are jobgen/train/preflight.py's",
+    "/tmp/sweeps/slurm-cpu-array/quickstart/":
+        "a job array's directory: test_readme_commands.py checks that the page's commands wrote each file it lists",
+}
 #: The most lines README.md may have: a landing page; the manual is the site (issue 32).
 README_MAX_LINES = 250
 
@@ -75,6 +85,22 @@ def test_every_fenced_block_is_one_the_tests_check(page):
             compile(textwrap.dedent(body), where, "exec")
         elif language == "json":
             json.loads(body)
+
+
+def test_every_text_block_runs_a_command_or_is_a_listed_illustration():
+    """A ```text block is checked through its commands (test_readme_commands.py runs its ``$ `` and
+    ``jobgen`` lines and compares the output shown); one without a command must be one of
+    :data:`ILLUSTRATIONS`, which says what checks it, and every illustration listed is still there."""
+    found = set()
+    for page in PAGES:
+        for line, language, body in fenced_blocks(page.read_text()):
+            lines = textwrap.dedent(body).splitlines()
+            if language != "text" or any(row.startswith(("$ ", "jobgen ")) for row in lines):
+                continue
+            assert lines[0] in ILLUSTRATIONS, (f"{page_name(page)}:{line}: a ```text block with no command, which no test checks: "
+                                               "show a command and its output ($ jobgen ...), or add it to ILLUSTRATIONS with what checks it")
+            found.add(lines[0])
+    assert found == set(ILLUSTRATIONS), f"ILLUSTRATIONS lists blocks no page has: {sorted(set(ILLUSTRATIONS) - found)}"
 
 
 def test_the_fenced_blocks_are_found():

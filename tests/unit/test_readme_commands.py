@@ -279,6 +279,10 @@ def test_the_readme_commands_run(page, tmp_path, monkeypatch):
             run_one(scratch, shown, skipped)
         finally:
             timings.append((time.perf_counter() - started, str(shown)))
+    for line, root, files in file_trees(page.read_text()):  # a directory the page shows: its commands wrote it
+        where = Path(root.replace("/tmp/", f"{scratch.tmp}/"))
+        missing = [f for f in files if not (where / f).is_file()]
+        assert not missing, f"{page_name(page)}:{line}: {root} lacks {missing} after the page's commands"
     # Following the page leaves it true: the committed manifests are current, and nothing the
     # examples wrote would make the next `jobgen submit` refuse (jobgen's outputs never block it).
     check = scratch.jobgen("render", "--all", "--check")
@@ -334,6 +338,24 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
     want = 2 if any(line.startswith("error:") for line in shown.expected) else 0
     assert result.code == want, f"{shown}: exit {result.code}, expected {want}\n{result.out}"
     assert_shows(result, shown, scratch)
+
+
+def file_trees(text: str) -> list[tuple[int, str, list[str]]]:
+    """``(line, directory, files)`` of every ```text block of ``text`` that shows a directory: its
+    first line a path ending in ``/``, then a file per line, indented two blanks, its comment
+    after it (lines indented further continue a comment; ``...`` stands for more files)."""
+    trees = []
+    for m in re.finditer(r"^```text\n(/.*?/)\n(.*?)^```", text, flags=re.S | re.M):
+        files = [row.split()[0] for row in m.group(2).splitlines() if re.match(r"  \S", row) and row.split()[0] != "..."]
+        trees.append((text[:m.start()].count("\n") + 2, m.group(1), files))
+    return trees
+
+
+def test_a_directory_a_page_shows_is_found():
+    """The sweeps page's job-array directory is one :func:`file_trees` reads (not vacuous)."""
+    trees = [tree for page in PAGES for tree in file_trees(page.read_text())]
+    assert ("/tmp/sweeps/slurm-cpu-array/quickstart/", ["job.sbatch", "array.json", "points/0/spec.json", "points/3/spec.json"]) in [
+        (root, files) for _, root, files in trees]
 
 
 # --------------------------------------------------------------------------- YAML snippets
