@@ -9,7 +9,7 @@ Prints:
          the benchmark stops if any check is skipped, e.g. for want of the CRDs),
        - the SLURM render with ``PYDANTIC_DISABLE_PLUGINS=__all__`` (pydantic skips its plugin
          discovery through importlib.metadata: what a user who sets it gains; jobgen does not set
-         it itself, see README "Render speed"),
+         it itself, see docs/development.md, "Render speed"),
        - the Kubernetes render with jobgen's cache off (``JOBGEN_CACHE_DIR=off``: the CRDs parsed from
          YAML and the templates compiled in every run),
        - two lower bounds no render can beat while its inputs are pydantic models: the floor plus

@@ -108,6 +108,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_tracking_wandb_core_killed.py": frozenset({
         "test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once",
     }),
+    "tests/unit/test_docs_site.py": frozenset({"test_mkdocs_build_strict"}),  # 5-16 s: mkdocs builds the whole site
     "tests/unit/test_readme_commands.py": frozenset({"test_the_readme_commands_run"}),
     "tests/entrypoint/test_measurement.py": frozenset({"test_tiny_run_reports_measurements_curves_and_tensorboard"}),
     "tests/entrypoint/test_notify.py": frozenset({

@@ -254,7 +254,7 @@ def unified_diff(comparison: Comparison, display: str) -> str:
             continue
         new_text = change.new or ""
         if change.old is not None and change.new is not None and old_text.replace("\r\n", "\n") == new_text:
-            parts.append(f"{header}(line endings: the file on disk has CRLF, jobgen writes LF; see .gitattributes in README 'GitOps')\n")
+            parts.append(f"{header}(line endings: the file on disk has CRLF, jobgen writes LF; see .gitattributes in docs/gitops.md)\n")
             continue
         body = "".join(difflib.unified_diff(_lines(old_text), _lines(new_text), old_name, new_name, n=3))
         if change.kind != "modify" or change.old_exec == change.new_exec:

@@ -49,11 +49,11 @@ TERMINATE_RE = re.compile(r"^terminate called (?:without an active exception|aft
 #: An uncaught exception's message, on the line after :data:`TERMINATE_RE`'s.
 TERMINATE_WHAT_PREFIX = "  what():"
 #: What an abort "without an active exception" most often is in a training job, and its remedy
-#: (README, "Command mode", where the core dump behind it is described).
+#: (docs/own-code.md, "Command mode", where the core dump behind it is described).
 TEARDOWN_HINT = (
     "std::terminate with no exception: when it follows the rank's last output, a torch.distributed worker thread "
     "freed tensors while Python was shutting down; end the script with destroy_process_group() and then "
-    "os._exit(0) once its work is written and flushed (README, \"Command mode\")"
+    "os._exit(0) once its work is written and flushed (docs/own-code.md, \"Command mode\")"
 )
 #: The bundled entrypoint's one-line error (jobgen.train.__main__: ``<prog>: error: ...``).
 ENTRYPOINT_ERROR_RE = re.compile(r"^python -m jobgen\.train: error: ")

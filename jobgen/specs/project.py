@@ -130,7 +130,7 @@ def find_project(start: Path | None = None) -> Path:
             return candidate
     raise ConfigError(
         f"no {PROJECT_FILE} in {here} or its parent directories",
-        hint=f"create {PROJECT_FILE} (see README, 'GitOps') or pass --project PATH",
+        hint=f"create {PROJECT_FILE} (see docs/gitops.md) or pass --project PATH",
     )
 
 

@@ -1,15 +1,16 @@
-"""Markdown reference of the spec and profile fields, generated from the models' field docs.
+"""Markdown reference of the spec, profile and project fields, generated from the models' field docs.
 
-``python -m jobgen.specs.reference`` prints it; README.md carries it between the
-``<!-- reference:start -->`` / ``<!-- reference:end -->`` markers and a test keeps them equal
-(``python -m jobgen.specs.reference --write README.md`` refreshes the README).
+The documentation site's reference pages (docs/reference/*.md) hold a marker, e.g.
+``<!-- jobgen-reference: spec -->``, that the site's build hook (docs/hooks.py) replaces with
+:func:`table` of that model, so the pages are never edited by hand: a field added to a model is
+in the next build. ``python -m jobgen.specs.reference`` prints every table.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
-from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -17,7 +18,8 @@ from pydantic_core import PydanticUndefined
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import TrainingSpec
 
-START, END = "<!-- reference:start -->", "<!-- reference:end -->"
+#: The marker a documentation page holds where a table goes: ``<!-- jobgen-reference: NAME -->``.
+MARKER = re.compile(r"^<!-- jobgen-reference: ([a-z]+) -->$", flags=re.M)
 
 
 def _type_name(annotation: typing.Any) -> str:
@@ -73,40 +75,48 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], seen: set[type[Ba
                     _rows(alternative, f"{path}.", out, seen | {alternative})
 
 
-def reference() -> str:
-    """The Markdown reference: one table for the training spec, one for cluster profiles."""
+def _models() -> dict[str, tuple[str, type[BaseModel], tuple[tuple[str, type[BaseModel]], ...]]]:
+    """``name -> (title, model, (prefix, model) of list entries whose fields follow)``, in the site's order."""
     from jobgen.specs.project import Project, ProjectJob
 
-    parts = []
-    for title, model in (("Training spec (`examples/*.yaml`)", TrainingSpec), ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile),
-                         ("Project file (`jobgen.yaml`)", Project)):
-        rows: list[str] = []
-        _rows(model, "", rows, {model})
-        if model is Project:  # `jobs` is a list: its entries' fields follow as jobs[].<field>
-            _rows(ProjectJob, "jobs[].", rows, {ProjectJob})
-        parts.append(f"### {title}\n\n| field | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
-    return "\n".join(parts)
+    return {"spec": ("Training spec (`examples/*.yaml`)", TrainingSpec, ()),
+            "profile": ("Cluster profile (`cluster_profiles/*.yaml`)", ClusterProfile, ()),
+            "project": ("Project file (`jobgen.yaml`)", Project, (("jobs[].", ProjectJob),))}
 
 
-def splice(readme: str) -> str:
-    """``readme`` with the text between the reference markers replaced by :func:`reference`.
+def table(name: str) -> str:
+    """The Markdown table of one model's fields (``spec``, ``profile`` or ``project``), nested
+    models' fields as dotted paths, in the models' field order.
 
     Raises:
-        ValueError: the markers are missing.
+        ValueError: an unknown name (the valid ones are listed).
     """
-    head, start, rest = readme.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README lacks the {START} ... {END} markers")
-    return f"{head}{START}\n{reference()}{END}{tail}"
+    models = _models()
+    if name not in models:
+        raise ValueError(f"no reference table {name!r}; valid: {', '.join(models)}")
+    _, model, entries = models[name]
+    rows: list[str] = []
+    _rows(model, "", rows, {model})
+    for prefix, entry in entries:  # `jobs` is a list: its entries' fields follow as jobs[].<field>
+        _rows(entry, prefix, rows, {entry})
+    return "| field | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+
+
+def expand(markdown: str) -> str:
+    """``markdown`` with every ``<!-- jobgen-reference: NAME -->`` line replaced by :func:`table`."""
+    return MARKER.sub(lambda match: table(match.group(1)).rstrip("\n"), markdown)
+
+
+def reference() -> str:
+    """Every table, each under its title (what ``python -m jobgen.specs.reference`` prints)."""
+    return "\n".join(f"## {title}\n\n{table(name)}" for name, (title, _, _) in _models().items())
 
 
 def main(argv: list[str]) -> int:
-    """``python -m jobgen.specs.reference [--write README.md]``."""
-    if argv[:1] == ["--write"] and len(argv) == 2:
-        path = Path(argv[1])
-        path.write_text(splice(path.read_text()))
-        return 0
+    """``python -m jobgen.specs.reference``."""
+    if argv:
+        sys.stderr.write("usage: python -m jobgen.specs.reference\n")
+        return 2
     sys.stdout.write(reference())
     return 0
 

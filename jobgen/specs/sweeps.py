@@ -151,7 +151,7 @@ def parse_sweep(text: str, source: str = "--sweep") -> SweepAxis:
         return _axis_from_text(text)
     except ValueError as exc:
         raise ConfigError(str(exc), location=source, hint="e.g. --sweep trainer.learning_rate=1e-4,3e-4; how values split: "
-                          "README, \"Sweeps\"") from None
+                          "docs/sweeps.md") from None
 
 
 def _scalar_text(value: str | bool | int | float) -> str:

@@ -250,14 +250,14 @@ def test_every_command_takes_o_as_the_format_and_debug(name, command):
 
 
 def usage_block() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "commands.md").read_text()
     block = re.search(r"## Usage\n\n```bash\n(.+?)\n```", text, flags=re.S)
-    assert block, "README has a ## Usage block"
+    assert block, "docs/commands.md has a ## Usage block"
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
 def test_readme_usage_block_names_only_options_the_commands_have():
-    """README and --help agree: every option the Usage block shows belongs to the command it is
+    """docs/commands.md and --help agree: every option the Usage block shows belongs to the command it is
     shown for, and every -o there is a format the command takes."""
     known = commands()
     checked = 0
@@ -273,18 +273,18 @@ def test_readme_usage_block_names_only_options_the_commands_have():
             for i, word in enumerate(words):
                 option = word.split("=")[0]
                 if option.startswith("-") and option not in ("-", "--"):
-                    assert option in by_opt, f"README Usage: {name!r} has no option {option} ({line})"
+                    assert option in by_opt, f"docs/commands.md Usage: {name!r} has no option {option} ({line})"
                     checked += 1
                     if option in ("-o", "--output"):
                         for fmt in words[i + 1].split("|"):
-                            assert fmt in by_opt[option].type.choices, f"README Usage: {name} -o {fmt}"
+                            assert fmt in by_opt[option].type.choices, f"docs/commands.md Usage: {name} -o {fmt}"
     assert checked > 20
 
 
 def test_render_o_dir_is_gone_from_the_help_and_the_readme():
     assert not re.search(r"-o, --out\b(?!put)", invoke("render", "--help").stdout)
-    readme = (REPO / "README.md").read_text()
-    bad = re.findall(r"jobgen (?:render|diff|submit) [^\n`]*?-o (?!json|text|yaml)\S+", readme)
+    pages = "\n".join(page.read_text() for page in (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))))
+    bad = re.findall(r"jobgen (?:render|diff|submit) [^\n`]*?-o (?!json|text|yaml)\S+", pages)
     assert not bad, bad
 
 

@@ -110,9 +110,9 @@ def test_zero2_plans_below_ddp_for_one_gpu_qlora_as_measured():
 
 
 def test_readme_states_the_measured_range():
-    """README "Memory plan" quotes the range of measured / planned over :data:`MEASURED`."""
+    """docs/large-models.md, "Memory plan", quotes the range of measured / planned over :data:`MEASURED`."""
     from tests.conftest import REPO
 
     ratios = [row.peak_gib * E.GIB / planned(row).total_bytes for row in MEASURED]
-    section = (REPO / "README.md").read_text().split("### Memory plan: `jobgen plan`")[1]
+    section = (REPO / "docs" / "large-models.md").read_text().split("## Memory plan: `jobgen plan`")[1]
     assert f"(measured / planned {min(ratios):.2f}–{max(ratios):.2f};" in section

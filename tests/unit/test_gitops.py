@@ -84,7 +84,7 @@ def test_sweep_values_follow_the_documented_grammar(text, values):
 def test_sweep_values_the_grammar_cannot_split_are_refused(text, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as info:
         parse_sweep(text)
-    assert info.value.location == "--sweep" and "README" in info.value.hint
+    assert info.value.location == "--sweep" and "docs/sweeps.md" in info.value.hint
 
 
 @pytest.mark.parametrize(

@@ -82,9 +82,9 @@ def test_plan_imports_no_heavy_modules():
 
 def test_readme_example_is_current(run_cli):
     result = run_cli("plan", QUICKSTART.replace(str(REPO) + "/", ""), "-p", "slurm-a100", *SEVEN_B)
-    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "large-models.md").read_text()
     shown = result.stdout.split("assumptions:")[0].rstrip()
-    assert shown in readme, "re-run the README's `jobgen plan` example and paste its output"
+    assert shown in page, "re-run the `jobgen plan` example of docs/large-models.md and paste its output"
 
 
 def test_spec_activation_checkpointing_shrinks_every_rows_activations(run_cli):
@@ -139,7 +139,7 @@ def test_readme_hf_example_is_current(run_cli):
     config = "examples/hf-configs/llama-2-7b/config.json"
     result = run_cli("plan", hf, "-p", "slurm-a100", "--hf-config", config, *QLORA_FSDP)
     shown = result.stdout.split("assumptions:")[0].rstrip()
-    assert shown in (REPO / "README.md").read_text(), "re-run the README's Hugging Face `jobgen plan` example"
+    assert shown in (REPO / "docs" / "large-models.md").read_text(), "re-run the Hugging Face `jobgen plan` example of docs/large-models.md"
 
 
 def test_plan_hf_unknown_target_is_a_clean_error(run_cli):
@@ -172,8 +172,8 @@ def test_help_assumptions_and_readme_describe_the_estimate_alike(run_cli):
     assert "Estimates of the peak, not bounds" in helptext
     plan = json.loads(run_cli("plan", QUICKSTART, "-p", "slurm-a100", "--output", "json").stdout)
     assert any("an estimate of the peak, not a bound" in a for a in plan["assumptions"])
-    readme = (REPO / "README.md").read_text()
-    section = " ".join(readme.split("### Memory plan: `jobgen plan`")[1].split("### What is checked")[0].split())
+    page = (REPO / "docs" / "large-models.md").read_text()
+    section = " ".join(page.split("## Memory plan: `jobgen plan`")[1].split("\n## ")[0].split())
     assert "estimates of the peak, not bounds" in section and "estimate the peak; they are not bounds" in section
     for claim in ("upper bound", "upper-bound", "as a floor"):
         assert claim not in section and claim not in helptext, claim

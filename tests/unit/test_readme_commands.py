@@ -1,9 +1,12 @@
-"""The README's commands run, so the README cannot drift from jobgen (issue 23).
+"""The commands of the README and of every page of the documentation site (docs/) run, so the
+documentation cannot drift from jobgen (issues 23, 32).
 
-Every ``jobgen ...`` command of README.md's fenced ``bash`` and ``text`` blocks (``$ jobgen ...``
-lines too, with the output shown under them) is taken from the README as it is and run, in
-README order, in a scratch copy of the repository (its own git repository, so the code snapshot
-and the dirty-tree check are real): nothing the README's examples write lands in this checkout.
+Every ``jobgen ...`` command of a page's fenced ``bash`` and ``text`` blocks (``$ jobgen ...``
+lines too, with the output shown under them) is taken from the page as it is and run, in page
+order, in a scratch copy of the repository of that page's own (its own git repository, so the
+code snapshot and the dirty-tree check are real): each page stands alone, and nothing its
+examples write lands in this checkout. (tests/unit/test_docs.py checks that every fenced block
+of a page is in a language some test checks.)
 What cannot run here is planned instead, or skipped, with the reason printed (``-rs`` / ``-s``):
 
 - synopsis lines (``SPEC``, ``[--out manifests]``): every option they name must be in that
@@ -19,7 +22,7 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
   ``examples/`` path they name must exist by then.
 
 Shown output (lines under a ``$ jobgen`` command) must appear in the command's output, in order.
-At the end the README's own outputs leave ``jobgen render --all --check`` green and no change
+At the end each page's own outputs leave ``jobgen render --all --check`` green and no change
 that the next ``jobgen submit`` would refuse. Commands run in-process (:func:`jobgen.cli.main`)
 to keep the test short; only the command-mode run starts processes (torchrun, 2 ranks).
 """
@@ -41,9 +44,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.pages import PAGES, page_name
 
 README = (REPO / "README.md").read_text()
-#: What the scratch copy of the repository holds (what the README's commands read).
+#: What the scratch copy of the repository holds (what the pages' commands read).
 COPIED = ("examples", "cluster_profiles", "templates", "manifests", "jobgen.yaml")
 #: Words of a synopsis line, not of a runnable command.
 PLACEHOLDERS = {"SPEC", "PROFILE", "DIR", "HANDLE-or-DIR", "N", "C", "S", "FILE", "NAME", "JOB"}
@@ -59,21 +63,22 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COM
 
 @dataclass(frozen=True)
 class Shown:
-    """One command of the README: its line, its words, the output shown under it."""
+    """One command of a page: its line, its words, the output shown under it."""
 
     line: int
     words: tuple[str, ...]
     expected: tuple[str, ...] = ()
+    page: str = "README.md"
 
     @property
     def jobgen(self) -> bool:
         return bool(self.words) and Path(self.words[0]).name == "jobgen"
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {shlex.join(self.words)}"
+        return f"{self.page}:{self.line}: {shlex.join(self.words)}"
 
 
-def readme_commands(text: str = README) -> list[Shown]:
+def readme_commands(text: str = README, page: str = "README.md") -> list[Shown]:
     """The commands of ``text``'s fenced bash/text blocks, in order: continuation lines joined,
     ``&&`` chains split, comments dropped; a ``$ `` line of a text block takes the lines under
     it (up to the next ``$ `` line) as its shown output."""
@@ -103,14 +108,20 @@ def readme_commands(text: str = README) -> list[Shown]:
                 except ValueError:  # a shell construct shlex does not take: not a jobgen command
                     words = tuple(part.split())
                 if words:
-                    found.append(Shown(first + start, words, tuple(e for e in expected if e.strip())))
+                    found.append(Shown(first + start, words, tuple(e for e in expected if e.strip()), page))
     return found
 
 
+def page_commands(page: Path) -> list[Shown]:
+    """The commands of one page (README.md or a page of docs/)."""
+    return readme_commands(page.read_text(), page_name(page))
+
+
 def test_the_readme_commands_are_found():
-    """The extraction sees the README's commands (a format change must not make the test vacuous)."""
-    commands = [c for c in readme_commands() if c.jobgen]
+    """The extraction sees the pages' commands (a format change must not make the test vacuous)."""
+    commands = [c for page in PAGES for c in page_commands(page) if c.jobgen]
     assert len(commands) >= 30
+    assert len([c for c in readme_commands() if c.jobgen]) >= 8  # the landing page: one example per backend
     assert any(c.words[1:3] == ("submit", "examples/quickstart.yaml") for c in commands)
     assert any(c.words[1] == "plan" and c.expected for c in commands)
 
@@ -132,7 +143,7 @@ class Scratch:
         for name in COPIED:
             src = REPO / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)
-        self.tmp = root.parent / "tmp"  # the README's /tmp/, outside the repository
+        self.tmp = root.parent / "tmp"  # the pages' /tmp/, outside the repository
         self.tmp.mkdir()
         for key, value in GIT_ENV.items():
             monkeypatch.setenv(key, value)
@@ -145,7 +156,7 @@ class Scratch:
             subprocess.run(["git", *argv], cwd=root, check=True, capture_output=True)
 
     def words(self, shown: Shown) -> list[str]:
-        """The command's arguments, ``/tmp/`` (the README's scratch place) moved into the scratch copy."""
+        """The command's arguments, ``/tmp/`` (the pages' scratch place) moved into the scratch copy."""
         return [w.replace("/tmp/", f"{self.tmp}/") for w in shown.words[1:]]
 
     def jobgen(self, *argv: str) -> Result:
@@ -197,14 +208,14 @@ def check_synopsis(scratch: Scratch, words: list[str], shown: Shown) -> None:
 
 
 def assert_shows(result: Result, shown: Shown, scratch: Scratch) -> None:
-    """The README's shown output lines appear in the command's output, in this order."""
+    """The page's shown output lines appear in the command's output, in this order."""
     got = [line.rstrip() for line in result.out.splitlines()]
     at = 0
     for line in shown.expected:
         want = line.replace("/tmp/", f"{scratch.tmp}/")
         while at < len(got) and got[at] != want:
             at += 1
-        assert at < len(got), f"{shown}: the README shows\n  {want}\nwhich the command does not print (in this order):\n{result.out}"
+        assert at < len(got), f"{shown}: the page shows\n  {want}\nwhich the command does not print (in this order):\n{result.out}"
         at += 1
 
 
@@ -243,7 +254,7 @@ def plan_instead(scratch: Scratch, words: list[str], shown: Shown) -> None:
 
 def run_real(scratch: Scratch, words: list[str], shown: Shown) -> None:
     """The command-mode example, for real: it runs in the snapshot's copy of the submit
-    directory (README "Where it runs") and ends COMPLETED with a summary.json."""
+    directory (docs/own-code.md, "Where it runs") and ends COMPLETED with a summary.json."""
     result = scratch.jobgen(*words)
     assert result.code == 0, f"{shown} -> {result.code}\n{result.out}"
     run_dir = scratch.root / "runs" / "command-ddp"
@@ -254,17 +265,25 @@ def run_real(scratch: Scratch, words: list[str], shown: Shown) -> None:
     assert status.code == 0 and "COMPLETED" in status.out, status.out
 
 
-def test_the_readme_commands_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_the_readme_commands_run(page, tmp_path, monkeypatch):
+    commands = page_commands(page)
+    if not commands:  # nothing to run (the reference pages: generated tables)
+        return
     scratch = Scratch(tmp_path / "repo", monkeypatch)
     skipped: list[str] = []
     timings: list[tuple[float, str]] = []
-    for shown in readme_commands():
+    for shown in commands:
         started = time.perf_counter()
         try:
             run_one(scratch, shown, skipped)
         finally:
             timings.append((time.perf_counter() - started, str(shown)))
-    # Following the README leaves it true: the committed manifests are current, and nothing the
+    for line, root, files in file_trees(page.read_text()):  # a directory the page shows: its commands wrote it
+        where = Path(root.replace("/tmp/", f"{scratch.tmp}/"))
+        missing = [f for f in files if not (where / f).is_file()]
+        assert not missing, f"{page_name(page)}:{line}: {root} lacks {missing} after the page's commands"
+    # Following the page leaves it true: the committed manifests are current, and nothing the
     # examples wrote would make the next `jobgen submit` refuse (jobgen's outputs never block it).
     check = scratch.jobgen("render", "--all", "--check")
     assert check.code == 0, check.out
@@ -272,14 +291,14 @@ def test_the_readme_commands_run(tmp_path, monkeypatch):
 
     assert changes(scratch.root) == ()
     slowest = [f"{seconds:6.1f} s  {what}" for seconds, what in sorted(timings, reverse=True)[:5]]
-    print("\n".join(["README commands not run here, and why:", *skipped, "slowest README commands:", *slowest]))
+    print("\n".join([f"{page_name(page)}: commands not run here, and why:", *skipped, f"slowest {page_name(page)} commands:", *slowest]))
 
 
 def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
-    """Run (or plan, check, skip) one README command; see the module docstring."""
+    """Run (or plan, check, skip) one command of a page; see the module docstring."""
     words = scratch.words(shown)
     if not shown.jobgen:
-        if shown.words[0] == "printf":  # writes the README's example config into /tmp/
+        if shown.words[0] == "printf":  # writes a page's example config into /tmp/
             subprocess.run(["bash", "-c", shlex.join(shown.words).replace("'>'", ">").replace("/tmp/", f"{scratch.tmp}/")],
                            cwd=scratch.root, check=True)
             return
@@ -321,6 +340,24 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
     assert_shows(result, shown, scratch)
 
 
+def file_trees(text: str) -> list[tuple[int, str, list[str]]]:
+    """``(line, directory, files)`` of every ```text block of ``text`` that shows a directory: its
+    first line a path ending in ``/``, then a file per line, indented two blanks, its comment
+    after it (lines indented further continue a comment; ``...`` stands for more files)."""
+    trees = []
+    for m in re.finditer(r"^```text\n(/.*?/)\n(.*?)^```", text, flags=re.S | re.M):
+        files = [row.split()[0] for row in m.group(2).splitlines() if re.match(r"  \S", row) and row.split()[0] != "..."]
+        trees.append((text[:m.start()].count("\n") + 2, m.group(1), files))
+    return trees
+
+
+def test_a_directory_a_page_shows_is_found():
+    """The sweeps page's job-array directory is one :func:`file_trees` reads (not vacuous)."""
+    trees = [tree for page in PAGES for tree in file_trees(page.read_text())]
+    assert ("/tmp/sweeps/slurm-cpu-array/quickstart/", ["job.sbatch", "array.json", "points/0/spec.json", "points/3/spec.json"]) in [
+        (root, files) for _, root, files in trees]
+
+
 # --------------------------------------------------------------------------- YAML snippets
 
 
@@ -337,33 +374,37 @@ def is_subset(part: object, whole: object) -> bool:
     return part == whole
 
 
-def test_the_readme_yaml_snippets_parse_and_match_the_files_they_name(tmp_path):
+def test_the_yaml_snippets_are_found():
+    """The extraction sees the pages' YAML snippets, some of them naming a shipped file."""
+    snippets = [text for page in PAGES for _, text in yaml_snippets(page.read_text())]
+    assert len(snippets) >= 8
+    assert len([t for t in snippets if re.match(r"# ((?:examples|cluster_profiles)/[\w./-]+\.yaml)\s*$", t.splitlines()[0])]) >= 2
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_the_readme_yaml_snippets_parse_and_match_the_files_they_name(page, tmp_path):
     """Every YAML snippet parses; one headed ``# examples/X.yaml`` or ``# cluster_profiles/X.yaml``
-    says what the shipped file says, and a profile the README invents (``mysite``) loads."""
+    says what the shipped file says, and a profile a page invents (``mysite``) loads."""
     import yaml
 
     from jobgen.specs.load import load_profile
 
-    snippets = yaml_snippets()
-    assert len(snippets) >= 8
-    named = 0
-    for line, text in snippets:
+    where = page_name(page)
+    for line, text in yaml_snippets(page.read_text()):
         doc = yaml.safe_load(text)
-        assert doc is not None, f"README.md:{line}: an empty YAML snippet"
+        assert doc is not None, f"{where}:{line}: an empty YAML snippet"
         header = re.match(r"# ((?:examples|cluster_profiles)/[\w./-]+\.yaml)\s*$", text.splitlines()[0])
         if header is None:
             continue
-        named += 1
         path = REPO / header.group(1)
         if path.is_file() and header.group(1).startswith("examples/"):  # the same spec once defaults are filled in
             from jobgen.specs.load import load_spec
 
             (tmp_path / path.name).write_text(text)
-            assert load_spec(tmp_path / path.name) == load_spec(path), f"README.md:{line}: the snippet differs from {header.group(1)}"
+            assert load_spec(tmp_path / path.name) == load_spec(path), f"{where}:{line}: the snippet differs from {header.group(1)}"
         elif path.is_file():
-            assert is_subset(doc, yaml.safe_load(path.read_text())), f"README.md:{line}: the snippet differs from {header.group(1)}"
+            assert is_subset(doc, yaml.safe_load(path.read_text())), f"{where}:{line}: the snippet differs from {header.group(1)}"
         else:
-            assert header.group(1).startswith("cluster_profiles/"), f"README.md:{line}: {header.group(1)} does not exist"
+            assert header.group(1).startswith("cluster_profiles/"), f"{where}:{line}: {header.group(1)} does not exist"
             (tmp_path / path.name).write_text(text)
             assert load_profile(path.stem, tmp_path).name == path.stem
-    assert named >= 2

@@ -286,11 +286,11 @@ def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_pa
 
 
 def test_the_readme_example_uses_valid_overrides():
-    """The README's Python snippet (not run: it needs a cluster) compiles and its overrides validate."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Python callables on SLURM (submitit)", 1)[1]
+    """The Python snippet of docs/slurm.md (not run: it needs a cluster) compiles and its overrides validate."""
+    text = (REPO / "docs" / "slurm.md").read_text()
+    section = text.split("## Python callables on SLURM (submitit)", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
-    compile(code, "README.md", "exec")
+    compile(code, "docs/slurm.md", "exec")
     calls = re.findall(r"api\.executor\(\"([^\"]+)\",?(.*?)\)\n", code)
     assert calls
     for profile, args in calls:

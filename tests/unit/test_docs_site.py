@@ -1,0 +1,164 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with ``mkdocs build --strict`` (a broken
+link or anchor, a page missing from the nav, a docstring mkdocstrings cannot read fails), and its
+spec/profile/project reference is generated from the pydantic models, never kept by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from pydantic import BaseModel, Field
+
+from jobgen.specs import reference
+from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.project import Project, ProjectJob
+from jobgen.specs.trainer import TrainerSpec
+from jobgen.specs.training import TrainingSpec
+from tests.conftest import REPO, require
+from tests.pages import DOCS, PAGES, page_name
+
+MARKER = "<!-- jobgen-reference: {} -->"
+
+
+def nav_pages(nav: list) -> list[str]:
+    """The page paths of mkdocs.yml's ``nav`` (sections flattened), in order."""
+    out: list[str] = []
+    for entry in nav:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        out += nav_pages(value) if isinstance(value, list) else [value]
+    return out
+
+
+def mkdocs_config() -> dict:
+    # mkdocs.yml holds no YAML tags (no !!python/name: ...), so the safe loader reads it whole.
+    return yaml.safe_load((REPO / "mkdocs.yml").read_text())
+
+
+def test_the_nav_lists_every_page_once():
+    """Each page of docs/ is in the site's navigation, once (mkdocs only reports an omitted page)."""
+    listed = nav_pages(mkdocs_config()["nav"])
+    assert len(listed) == len(set(listed)), listed
+    assert sorted(listed) == sorted(page_name(page).removeprefix("docs/") for page in PAGES[1:])
+
+
+def test_the_build_is_strict_and_the_reference_comes_from_the_hook():
+    config = mkdocs_config()
+    assert config["strict"] is True and config["hooks"] == ["docs/hooks.py"]
+    assert set(config["validation"].values()) == {"warn"}  # with strict: every finding fails the build
+
+
+def test_a_local_build_is_ignored_by_git():
+    """`mkdocs build` writes site/ (mkdocs' default site_dir) in the clone: an untracked file there
+    would block the next snapshotted `jobgen submit` (a dirty tree)."""
+    assert "site_dir" not in mkdocs_config()
+    check = subprocess.run(["git", "check-ignore", "-q", "--no-index", "site/index.html"], cwd=REPO)
+    assert check.returncode == 0, "site/ is not ignored by .gitignore"
+
+
+def model_paths(model: type[BaseModel], prefix: str = "", seen: frozenset = frozenset()) -> list[str]:
+    """Every field path of ``model``, nested models' fields as ``a.b`` (what the reference lists)."""
+    paths = []
+    for field_name, field in model.model_fields.items():
+        path = f"{prefix}{field.alias or field_name}"
+        paths.append(path)
+        nested = reference._all_nested(field.annotation)
+        if nested and getattr(field.annotation, "__origin__", None) not in (tuple, list):
+            for sub in nested:
+                if sub not in seen:
+                    paths += model_paths(sub, f"{path}.", seen | {sub})
+    return paths
+
+
+@pytest.mark.parametrize("table,model,entries", [("spec", TrainingSpec, ()), ("profile", ClusterProfile, ()),
+                                                 ("project", Project, (("jobs[].", ProjectJob),))])
+def test_the_reference_lists_every_field_of_the_models(table, model, entries):
+    """One row per field path, nested sections included, each with its description."""
+    rows = reference.table(table).splitlines()[2:]
+    shown = [re.match(r"\| `([^`]+)` \|", row).group(1) for row in rows]
+    expected = model_paths(model, "", frozenset({model}))
+    for prefix, entry in entries:
+        expected += model_paths(entry, prefix, frozenset({entry}))
+    assert shown == expected
+    assert all(not row.endswith("|  |") for row in rows), "a field without a description"
+
+
+def test_a_field_added_to_a_model_is_in_the_reference_without_a_hand_edit(monkeypatch):
+    """What issue 32 asks of the reference: it is generated. A field added to the spec, and one
+    added to a nested section, appear in the page the build makes from the marker."""
+
+    class Trainer(TrainerSpec):
+        added_nested: float = Field(0.5, description="A nested field no page names.")
+
+    class Spec(TrainingSpec):
+        added_top: int = Field(3, description="A field no page names.")
+        trainer: Trainer = Field(default=Trainer(), description="Strategy, precision, batch sizes, optimisation.")
+
+    page = "# Training spec reference\n\n" + MARKER.format("spec") + "\n"
+    before = reference.expand(page)
+    assert "added_top" not in before
+    monkeypatch.setattr(reference, "TrainingSpec", Spec)
+    after = reference.expand(page)
+    assert "| `added_top` | int | `3` | A field no page names. |" in after
+    assert "| `trainer.added_nested` | float | `0.5` | A nested field no page names. |" in after
+    assert MARKER.format("spec") not in after and after.startswith("# Training spec reference\n\n| field |")
+
+
+def test_the_site_hook_expands_the_markers_of_the_reference_pages():
+    """docs/hooks.py (loaded by path, as mkdocs does) turns each reference page's marker into its
+    table; every table is on a page, once, and a page without a marker is left alone."""
+    spec = importlib.util.spec_from_file_location("jobgen_docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    markers = [m for page in PAGES for m in reference.MARKER.findall(page.read_text())]
+    assert sorted(markers) == sorted(reference._models())
+    for table in reference._models():
+        page = next(p for p in PAGES if table in reference.MARKER.findall(p.read_text()))
+        assert page.parent == DOCS / "reference"
+        built = hooks.on_page_markdown(page.read_text(), page=None, config=None, files=None)
+        assert reference.table(table).rstrip("\n") in built and "jobgen-reference" not in built
+    untouched = (DOCS / "quickstart.md").read_text()
+    assert hooks.on_page_markdown(untouched, page=None, config=None, files=None) == untouched
+
+
+def test_an_unknown_table_fails_the_build_naming_the_valid_ones():
+    with pytest.raises(ValueError, match="no reference table 'specs'; valid: spec, profile, project"):
+        reference.expand(MARKER.format("specs"))
+
+
+def test_the_reference_is_deterministic():
+    """The same models give the same Markdown: twice in this process, and in a fresh process
+    under another hash seed (a set's order would show there)."""
+    here = reference.reference()
+    assert reference.reference() == here
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-m", "jobgen.specs.reference"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout == here
+
+
+def test_mkdocs_build_strict(tmp_path):
+    """`mkdocs build --strict` (what CI runs, through this test): exit 0, no warning, every page
+    built, the reference tables generated and the Python API rendered from its docstrings."""
+    require("mkdocs", "the documentation site needs mkdocs (pip install -e '.[docs]')")
+    require("material", "the documentation site needs mkdocs-material (pip install -e '.[docs]')")
+    require("mkdocstrings_handlers.python", "the documentation site needs mkdocstrings[python] (pip install -e '.[docs]')")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
+                            "--site-dir", str(site)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    assert "WARNING" not in build.stderr, build.stderr
+    for page in PAGES[1:]:
+        relative = page_name(page).removeprefix("docs/").removesuffix(".md")
+        html = site / ("index.html" if relative == "index" else f"{relative}/index.html")
+        assert html.is_file(), f"{page_name(page)} was not built"
+    spec_page = (site / "reference" / "spec" / "index.html").read_text()
+    assert "jobgen-reference" not in spec_page and "<code>trainer.strategy</code>" in spec_page
+    api_page = (site / "api" / "index.html").read_text()
+    for function in ("plan_job", "render", "submit", "status", "logs", "cancel", "executor"):
+        assert f'id="jobgen.api.{function}"' in api_page, function
