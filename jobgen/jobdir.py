@@ -1007,6 +1007,9 @@ class Submission(BaseModel):
     sweep: SweepTag | None = Field(default=None, description=(
         "``jobgen submit --sweep``: the sweep this job belongs to (its id, base name, size and this job's point). "
         "None: submitted on its own."))
+    cancelled_at: str | None = Field(default=None, description=(
+        "Kubernetes: when `jobgen cancel` deleted the job (UTC, ISO 8601); status then says CANCELLED once the object "
+        "is gone. None: jobgen did not cancel it."))
 
     def task(self, index: int) -> ArrayTask:
         """Task ``index`` of an array submission.
