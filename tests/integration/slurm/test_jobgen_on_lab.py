@@ -341,6 +341,10 @@ def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
     assert "CANCELLED" in out
     # scancel has returned and squeue says CANCELLED; give PID 1 a moment to reap, then nothing may be left
     wait_for(lambda: not any(slurm_lab.node_pids().values()), 30, 0.5, what=f"no job process on any node ({slurm_lab.node_pids()})")
+    # issue 30: `jobgen status` and `jobgen ls` (--state) say CANCELLED too
+    assert jobgen.status(handle)["state"] == "CANCELLED"
+    listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "cancelled", "-o", "json").stdout)}
+    assert listed == {handle: "CANCELLED"}, listed
 
 
 ECHO = """#!{python}
