@@ -318,7 +318,7 @@ class DirUndo:
     in it (and its parents that were created with it, while empty or holding only the run
     directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
     rendered files (:func:`owned_files`) are put back as they were and new ones removed (a new
-    :data:`TRACKING_FILE` too). A
+    :data:`TRACKING_FILE` and a new :data:`RUN_IDENTITY_FILE` too). A
     submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
     queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
     """
@@ -329,6 +329,8 @@ class DirUndo:
     record: bytes | None
     had_tracking: bool = True
     """Whether the directory held a :data:`TRACKING_FILE` (one made by a submit that did not go ahead is removed)."""
+    had_identity: bool = True
+    """Whether the directory held a :data:`RUN_IDENTITY_FILE` (one claimed by a submit that did not go ahead is removed)."""
 
     @classmethod
     def capture(cls, path: Path) -> DirUndo:
@@ -336,7 +338,7 @@ class DirUndo:
         files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
         record = path / SUBMISSION_FILE
         return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
-                   (path / TRACKING_FILE).exists())
+                   (path / TRACKING_FILE).exists(), (path / RUN_IDENTITY_FILE).exists())
 
     def submitted(self) -> bool:
         """Whether a submission record was written since :meth:`capture`."""
@@ -358,6 +360,8 @@ class DirUndo:
             return
         if not self.had_tracking:
             (self.path / TRACKING_FILE).unlink(missing_ok=True)
+        if not self.had_identity:
+            (self.path / RUN_IDENTITY_FILE).unlink(missing_ok=True)
         before = {name: (data, mode) for name, data, mode in self.files}
         for name in owned_files(self.path):
             if name not in before:
