@@ -41,6 +41,7 @@ from jobgen.jobdir import (
     CODE_DIR_ENV,
     SBATCH_FILE,
     SPEC_FILE,
+    SPEC_SOURCE_ENV,
     SUBMISSION_FILE,
     ArrayTask,
     DirUndo,
@@ -207,6 +208,9 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
+    environ.pop(SPEC_SOURCE_ENV, None)  # nor name another spec file
+    if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
+        environ[SPEC_SOURCE_ENV] = str(spec_file.resolve())
     if code is not None:
         check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
         environ[CODE_DIR_ENV] = str(code[0])

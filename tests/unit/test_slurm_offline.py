@@ -135,6 +135,17 @@ def test_sbatch_refusal_exits_1_with_slurms_message_and_records_nothing(slurm, s
     assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
 
 
+def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_path, monkeypatch):
+    """issue 30 (finding 14): sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
+    ranks, whose input errors then name it and the field instead of spec.json; one left in the
+    shell is replaced, not passed on."""
+    monkeypatch.setenv("FAKE_SLURM_RECORD_ENV", "JOBGEN_SPEC_SOURCE")
+    monkeypatch.setenv("JOBGEN_SPEC_SOURCE", "/elsewhere/stale.yaml")
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    assert slurm.calls("sbatch")[0]["env"]["JOBGEN_SPEC_SOURCE"] == str((tmp_path / SPEC.name).resolve())
+
+
 def test_a_run_directory_of_another_profile_is_refused_before_sbatch(slurm, submit, tmp_path):
     """issue 30 (finding 6): the README's SLURM example after the quick start ran in runs/quickstart,
     where the local run's checkpoints were; SLURM submit refuses it (exit 2) before sbatch, as local
