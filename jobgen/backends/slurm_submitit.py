@@ -85,8 +85,10 @@ class ExecutorOptions(BaseModel):
     nodes: int = Field(default=1, ge=1, description="Nodes (``--nodes``); at most the profile's ``max_nodes``.")
     tasks_per_node: int = Field(default=1, ge=1, description="Tasks per node (``--ntasks-per-node``): the callable runs once in each.")
     gpus_per_node: int | None = Field(default=None, ge=0, description="GPUs per node; ``None``: the profile's ``gpus_per_node``.")
-    cpus_per_task: int | None = Field(default=None, ge=1, description="CPUs per task; ``None``: the profile's ``cpus_per_node`` / tasks per node.")
-    mem_gib: float | None = Field(default=None, gt=0, description="Memory per node in GiB; ``None``: the profile's ``mem_gib_per_node``.")
+    cpus_per_task: int | None = Field(default=None, ge=1, description=(
+        "CPUs per task; ``None``: the profile's ``cpus_per_node`` / tasks per node (on shared nodes, the GPUs' share: :func:`node_share`)."))
+    mem_gib: float | None = Field(default=None, gt=0, description=(
+        "Memory per node in GiB; ``None``: the profile's ``mem_gib_per_node`` (on shared nodes, the GPUs' share: :func:`node_share`)."))
     time_limit_min: int | None = Field(default=None, ge=1, description="Wall-clock limit in minutes; ``None``: the profile's ``slurm.time_limit_min``.")
     partition: str | None = Field(default=None, description="``slurm.partition`` for this executor.")
     account: str | None = Field(default=None, description="``slurm.account`` for this executor.")
