@@ -273,7 +273,9 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
     account, QoS, GPU request in the profile's style, time limit, requeue signal and grace,
     NCCL/fabric environment, modules, container): a ``submitit.SlurmExecutor`` whose jobs are
     recorded for ``jobgen ls`` / ``status`` / ``logs`` / ``cancel`` and watched through jobgen's
-    SLURM status. See :mod:`jobgen.backends.slurm_submitit`.
+    SLURM status. See :mod:`jobgen.backends.slurm_submitit`. On shared nodes (``exclusive=False``)
+    a job asks for the CPUs and memory of the GPUs it asks for, not the whole node's
+    (:func:`jobgen.backends.slurm_submitit.node_share`).
 
         ex = api.executor("slurm-a100", gpus_per_node=1, time_limit_min=30)
         job = ex.submit(evaluate, "ckpt-1000")      # a submitit Job

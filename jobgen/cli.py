@@ -678,8 +678,9 @@ def status(job: str, output: str, as_json: bool) -> None:
     SLURM: squeue while the job is queued or running; afterwards sacct when the
     cluster keeps accounting, else the job-completion log (sacct -c); UNKNOWN when
     no source knows the job (never a guess).
-    Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, SUCCEEDED,
-    FAILED, ...) and replica counts; UNKNOWN when the object does not exist.
+    Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, COMPLETED,
+    FAILED, ...) and replica counts; CANCELLED once `jobgen cancel` deleted it,
+    UNKNOWN when the object does not exist otherwise.
     local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
     error) or CANCELLED (Ctrl-C).
     -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");

@@ -92,6 +92,9 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: The environment variable naming the snapshot root for every rank (sbatch exports it, the local
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
+#: The user's spec file, as `jobgen submit` read it (absolute), set for the bundled entrypoint's
+#: ranks (local, SLURM): their input errors name it and the field, not spec.json's ``spec.`` path.
+SPEC_SOURCE_ENV = "JOBGEN_SPEC_SOURCE"
 #: ssh jobs: set (to the job's handle) in the environment of every process a job starts on a host,
 #: which all of them inherit; status counts them and cancel stops them by it.
 SSH_JOB_ENV = "JOBGEN_SSH_JOB"
@@ -318,7 +321,7 @@ class DirUndo:
     in it (and its parents that were created with it, while empty or holding only the run
     directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
     rendered files (:func:`owned_files`) are put back as they were and new ones removed (a new
-    :data:`TRACKING_FILE` too). A
+    :data:`TRACKING_FILE` and a new :data:`RUN_IDENTITY_FILE` too). A
     submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
     queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
     """
@@ -329,6 +332,8 @@ class DirUndo:
     record: bytes | None
     had_tracking: bool = True
     """Whether the directory held a :data:`TRACKING_FILE` (one made by a submit that did not go ahead is removed)."""
+    had_identity: bool = True
+    """Whether the directory held a :data:`RUN_IDENTITY_FILE` (one claimed by a submit that did not go ahead is removed)."""
 
     @classmethod
     def capture(cls, path: Path) -> DirUndo:
@@ -336,7 +341,7 @@ class DirUndo:
         files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
         record = path / SUBMISSION_FILE
         return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
-                   (path / TRACKING_FILE).exists())
+                   (path / TRACKING_FILE).exists(), (path / RUN_IDENTITY_FILE).exists())
 
     def submitted(self) -> bool:
         """Whether a submission record was written since :meth:`capture`."""
@@ -358,6 +363,8 @@ class DirUndo:
             return
         if not self.had_tracking:
             (self.path / TRACKING_FILE).unlink(missing_ok=True)
+        if not self.had_identity:
+            (self.path / RUN_IDENTITY_FILE).unlink(missing_ok=True)
         before = {name: (data, mode) for name, data, mode in self.files}
         for name in owned_files(self.path):
             if name not in before:
@@ -1007,6 +1014,9 @@ class Submission(BaseModel):
     sweep: SweepTag | None = Field(default=None, description=(
         "``jobgen submit --sweep``: the sweep this job belongs to (its id, base name, size and this job's point). "
         "None: submitted on its own."))
+    cancelled_at: str | None = Field(default=None, description=(
+        "Kubernetes: when `jobgen cancel` deleted the job (UTC, ISO 8601); status then says CANCELLED once the object "
+        "is gone. None: jobgen did not cancel it."))
 
     def task(self, index: int) -> ArrayTask:
         """Task ``index`` of an array submission.

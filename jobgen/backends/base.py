@@ -214,7 +214,7 @@ class JobStatus:
         handle: the job.
         state: the scheduler's word (SLURM: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
             TIMEOUT, PREEMPTED, NODE_FAIL, REQUEUED, ...; Kubernetes: SUBMITTED, CREATED, RUNNING,
-            RESTARTING, SUSPENDED, SUCCEEDED, FAILED, TERMINATING), or ``UNKNOWN`` when no
+            RESTARTING, SUSPENDED, COMPLETED, FAILED, TERMINATING, CANCELLED after `jobgen cancel`), or ``UNKNOWN`` when no
             source knows the job (never a guess).
         source: where the state came from: ``squeue``, ``sacct`` (accounting), ``jobcomp``
             (the job-completion log), ``kube-apiserver``, or ``none``.
@@ -249,10 +249,10 @@ class JobStatus:
 
 
 #: SLURM end states (squeue(1) "JOB STATE CODES" minus the ones that run again), plus the
-#: Kubernetes backend's SUCCEEDED (job condition Succeeded/Complete) and DELETED (after cancel).
+#: Kubernetes backend's DELETED (what `jobgen cancel` answers; its status says CANCELLED after).
 FINISHED_STATES = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
-     "SUCCEEDED", "DELETED"}
+     "DELETED"}
 )
 
 #: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's

@@ -414,16 +414,18 @@ def _find(handle: JobHandle, kubeconfig: str | None = None) -> tuple[Cluster, K8
 # --------------------------------------------------------------------------- status, logs, cancel
 
 #: Condition type -> jobgen state, most decisive first (kubeflow common JobConditionType for
-#: PyTorchJob; Trainer v2 TrainJob says Complete/Failed/Suspended).
-_CONDITION_STATES = (("Failed", "FAILED"), ("Succeeded", "SUCCEEDED"), ("Complete", "SUCCEEDED"), ("Suspended", "SUSPENDED"),
+#: PyTorchJob; Trainer v2 TrainJob says Complete/Failed/Suspended). A job that succeeded is
+#: COMPLETED, the word the other backends use (``ls --state COMPLETED`` finds every such job);
+#: ``details["condition"]`` keeps the operator's own word.
+_CONDITION_STATES = (("Failed", "FAILED"), ("Succeeded", "COMPLETED"), ("Complete", "COMPLETED"), ("Suspended", "SUSPENDED"),
                      ("Restarting", "RESTARTING"), ("Running", "RUNNING"), ("Created", "CREATED"))
 
 
 def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """``(state, details)`` from a job object's ``status``: the most decisive condition that is
-    True (FAILED, SUCCEEDED, SUSPENDED, RESTARTING, RUNNING, CREATED), TERMINATING while a
-    delete is in progress, SUBMITTED when no controller has reported yet; details hold the
-    condition's reason/message, replica counts (``master``, ``worker``: "active 1 succeeded 0
+    True (FAILED, COMPLETED for Succeeded/Complete, SUSPENDED, RESTARTING, RUNNING, CREATED),
+    TERMINATING while a delete is in progress, SUBMITTED when no controller has reported yet;
+    details hold the condition's type, reason and message, replica counts (``master``, ``worker``: "active 1 succeeded 0
     failed 0") and start/completion times."""
     status = job.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if str(c.get("status")) == "True"}
@@ -433,6 +435,7 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
         if ctype in conditions:
             state = name
             cond = conditions[ctype]
+            details["condition"] = ctype
             details["reason"] = str(cond.get("reason") or "")
             details["message"] = str(cond.get("message") or "")
             break
@@ -449,8 +452,9 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
 
 
 def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
-    """The job's state from the API server (see :func:`job_state`); ``UNKNOWN`` when the object
-    does not exist (deleted, or never created).
+    """The job's state from the API server (see :func:`job_state`). When the object does not
+    exist: ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
+    record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
 
     Raises:
         ConfigError: not a k8s handle, or no usable kubeconfig context.
@@ -458,6 +462,10 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
     """
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None:
+        record = find_submission(handle)
+        if record is not None and record.cancelled_at:
+            return JobStatus(handle, "CANCELLED", "jobgen cancel", {
+                "cancelled_at": record.cancelled_at, "reason": f"`jobgen cancel` deleted {kind.kind} {namespace}/{name}"})
         return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
     state, details = job_state(job)
     details["kind"] = kind.kind
@@ -619,7 +627,7 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
         state = _current_state(cluster, kind, namespace, name)
         if pod is None or not _container_started(pod, container):
             what = f"no pod for {replica} yet" if pod is None else f"pod {pod['metadata']['name']} is {(pod.get('status') or {}).get('phase', 'Pending')}"
-            if not follow or state in ("SUCCEEDED", "FAILED", "UNKNOWN"):
+            if not follow or state in ("COMPLETED", "FAILED", "UNKNOWN", "CANCELLED"):
                 out(f"jobgen: {handle} is {state}; {what}" + (" (jobgen logs -f waits for it)" if not follow else ""))
                 return
             if announced != what:
@@ -641,7 +649,7 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
         attached += 1
         if not follow:
             return
-        if _current_state(cluster, kind, namespace, name) in ("SUCCEEDED", "FAILED", "TERMINATING", "UNKNOWN"):
+        if _current_state(cluster, kind, namespace, name) in ("COMPLETED", "FAILED", "TERMINATING", "UNKNOWN", "CANCELLED"):
             return
         time.sleep(poll_s)
 
@@ -680,7 +688,8 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, kubeconfig: str | None =
            out: Callable[[str], None] = print) -> JobStatus:
     """Delete the job with foreground propagation (its pods are deleted first, then the job) and
     wait up to ``wait_s`` until it is gone; then remove its ConfigMap if the garbage collector
-    has not. Returns ``DELETED`` (or ``UNKNOWN`` when there was no such job).
+    has not; the submission record (if any) notes ``cancelled_at``, so :func:`status` says
+    CANCELLED afterwards. Returns ``DELETED`` (or ``UNKNOWN`` when there was no such job).
 
     Raises:
         SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
@@ -689,6 +698,9 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, kubeconfig: str | None =
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None or not _delete_job(cluster, kind, namespace, name):
         return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} to delete"})
+    record = find_submission(handle)
+    if record is not None:
+        record.model_copy(update={"cancelled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).save()
     _wait_gone(cluster, kind, namespace, name, wait_s, out)
     cm_path = f"{core_path(namespace, 'configmaps')}/{config_map_name(name)}"
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,12 +38,13 @@ from jobgen.backends.base import (
     not_supported,
     secrets_location,
 )
-from jobgen.errors import ConfigError, InterruptedRun, JobgenError, SubmitError
+from jobgen.errors import EXIT_BAD_INPUT, ConfigError, InterruptedRun, JobgenError, SubmitError
 from jobgen.jobdir import (
     CODE_DIR_ENV,
     DS_CONFIG_FILE,
     LOCAL_RUN_FILE,
     SPEC_FILE,
+    SPEC_SOURCE_ENV,
     SUMMARY_FILE,
     JobHandle,
     LocalRun,
@@ -208,6 +210,9 @@ class LocalBackend(Backend):
         user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
         env.pop(CODE_DIR_ENV, None)
+        env.pop(SPEC_SOURCE_ENV, None)  # one left in the shell must not name another spec
+        if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
+            env[SPEC_SOURCE_ENV] = str(spec_file.resolve())
         ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
         if resolved.spec.trainer.trackers:  # one tracker run per job: its key, made at the first submit
             ensure_tracking_record(job_dir)
@@ -246,7 +251,11 @@ class LocalBackend(Backend):
             _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code != 0:
             hint = resume_hint
-            if code == 2 and resolved.spec.entrypoint is None:  # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT)
+            # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT): torchrun exits 1 whatever its
+            # ranks exited, and names their exit code in its report only
+            ranks_code = code if code == EXIT_BAD_INPUT else ranks_exit_code(log)
+            input_error = ranks_code == EXIT_BAD_INPUT and resolved.spec.entrypoint is None
+            if input_error:
                 hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
             found = _log_triage(log) if log.is_file() else None
             first = found.first if found is not None else None
@@ -257,6 +266,9 @@ class LocalBackend(Backend):
                     out(line)
                 out(f"jobgen: every rank's output and torchrun's report: {log}")
                 hint = f"the first failing rank's error is above (all of it: {log}); " + hint
+            if input_error:  # bad input: exit 2, as the entrypoint did
+                raise ConfigError(f"the entrypoint refused its input: its ranks exited {EXIT_BAD_INPUT}, training exited with "
+                                  f"code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
             raise SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
         write_local_run(job_dir, run.ended("COMPLETED", 0))
         if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
@@ -429,6 +441,24 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
         raise ConfigError(f"{job_dir} was rendered from other inputs than profile {resolved.profile!r} gives now",
                           hint="run the spec instead: jobgen submit SPEC --profile local")
     return job_plan
+
+
+#: torchrun's report of a failed run (torch.distributed.elastic ``ChildFailedError.format_msg``):
+#: the first rank that failed, then its ``exitcode  : N (pid: P)``.
+_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n(?:(?!\s*exitcode\s*:).*\n){0,8}?\s*exitcode\s*:\s*(-?\d+)", re.M)
+
+
+def ranks_exit_code(log: Path) -> int | None:
+    """The exit code of the first rank that failed in the last start in ``log``, from torchrun's
+    report ("Root Cause (first observed failure)" ... ``exitcode``); torchrun itself exits 1
+    whatever it was. None: no report (torchrun did not get that far, or the log is gone)."""
+    try:
+        texts = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    last = texts.rfind(OUTPUT_START)
+    found = list(_ROOT_CAUSE.finditer(texts[max(last, 0):]))
+    return int(found[-1].group(1)) if found else None
 
 
 def _log_triage(log: Path) -> Triage:

@@ -41,12 +41,14 @@ from jobgen.jobdir import (
     CODE_DIR_ENV,
     SBATCH_FILE,
     SPEC_FILE,
+    SPEC_SOURCE_ENV,
     SUBMISSION_FILE,
     ArrayTask,
     DirUndo,
     JobHandle,
     ResolvedSpec,
     Submission,
+    check_run_dir,
     ensure_tracking_record,
     find_submission,
     ignore_run_dir,
@@ -127,8 +129,10 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
 
     Raises:
         ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set
-            (nothing is submitted); the run dir path contains ``%`` or a backslash (SLURM's output
-            filename patterns cannot carry them); the code's work tree has uncommitted changes
+            (nothing is submitted); the run directory (an array task's) holds a run of another
+            profile or shape (:func:`~jobgen.jobdir.check_run_dir`, exit 2; nothing is submitted);
+            the run dir path contains ``%`` or a backslash (SLURM's output filename patterns
+            cannot carry them); the code's work tree has uncommitted changes
             (without ``allow_dirty``) or ``$SBATCH_EXPORT`` would drop the snapshot's variables.
         SubmitError: the same job directory has a job still pending or running (without
             ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
@@ -151,6 +155,10 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
                 "(sbatch(1), filename pattern), so the job could not open its log there",
                 hint="pick another --runs-dir (the job directory and the job name may contain it)",
             )
+    # a run directory holds one run: another profile's or shape's is refused here, before anything
+    # is queued, not on a node once the job starts (jobgen.jobdir.check_run_dir; _sbatch claims it)
+    for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
+        check_run_dir(directory, spec_of)
     previous = job_dir / SUBMISSION_FILE
     if previous.is_file() and not force and not test_only:
         record = Submission.load(previous)
@@ -173,6 +181,15 @@ def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force:
         raise
 
 
+def _trained_runs(job_dir: Path, resolved: ResolvedSpec, array: Any, run_dir: Path,
+                  task_dirs: list[Path]) -> list[tuple[ResolvedSpec, Path]]:
+    """Each run the job trains and its run directory: the job's own, or every array task's (its
+    point's spec.json); an array's own directory is its working directory, not a run's."""
+    if array is None:
+        return [(resolved, run_dir)]
+    return [(load_resolved_spec(job_dir / point_file(p.index, SPEC_FILE)), d) for p, d in zip(array.points, task_dirs, strict=True)]
+
+
 def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
             runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
             allow_dirty: bool, queued: list[str]) -> tuple[JobHandle, Submission] | None:
@@ -182,9 +199,8 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
         directory.mkdir(parents=True, exist_ok=True)
         ignore_run_dir(directory)
     if not test_only:  # one tracker run per job (per array task): its key, made at the first submit
-        trained = [(resolved, run_dir)] if array is None else [
-            (load_resolved_spec(job_dir / point_file(p.index, SPEC_FILE)), d) for p, d in zip(array.points, task_dirs, strict=True)]
-        for spec_of, directory in trained:
+        for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
+            check_run_dir(directory, spec_of, claim=True)  # the directory is this run's from now on
             if spec_of.spec.trainer.trackers:
                 ensure_tracking_record(directory)
     from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
@@ -192,6 +208,9 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
     environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
+    environ.pop(SPEC_SOURCE_ENV, None)  # nor name another spec file
+    if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
+        environ[SPEC_SOURCE_ENV] = str(spec_file.resolve())
     if code is not None:
         check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
         environ[CODE_DIR_ENV] = str(code[0])

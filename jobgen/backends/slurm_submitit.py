@@ -44,7 +44,9 @@ pure and needs no submitit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import re
 import shlex
 import sys
@@ -83,8 +85,10 @@ class ExecutorOptions(BaseModel):
     nodes: int = Field(default=1, ge=1, description="Nodes (``--nodes``); at most the profile's ``max_nodes``.")
     tasks_per_node: int = Field(default=1, ge=1, description="Tasks per node (``--ntasks-per-node``): the callable runs once in each.")
     gpus_per_node: int | None = Field(default=None, ge=0, description="GPUs per node; ``None``: the profile's ``gpus_per_node``.")
-    cpus_per_task: int | None = Field(default=None, ge=1, description="CPUs per task; ``None``: the profile's ``cpus_per_node`` / tasks per node.")
-    mem_gib: float | None = Field(default=None, gt=0, description="Memory per node in GiB; ``None``: the profile's ``mem_gib_per_node``.")
+    cpus_per_task: int | None = Field(default=None, ge=1, description=(
+        "CPUs per task; ``None``: the profile's ``cpus_per_node`` / tasks per node (on shared nodes, the GPUs' share: :func:`node_share`)."))
+    mem_gib: float | None = Field(default=None, gt=0, description=(
+        "Memory per node in GiB; ``None``: the profile's ``mem_gib_per_node`` (on shared nodes, the GPUs' share: :func:`node_share`)."))
     time_limit_min: int | None = Field(default=None, ge=1, description="Wall-clock limit in minutes; ``None``: the profile's ``slurm.time_limit_min``.")
     partition: str | None = Field(default=None, description="``slurm.partition`` for this executor.")
     account: str | None = Field(default=None, description="``slurm.account`` for this executor.")
@@ -181,7 +185,9 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
     no I/O, no submitit import.
 
     Defaults: 1 node, 1 task per node (a callable runs once per task), the profile's GPUs,
-    CPUs and memory per node, its time limit. Rules (those of a rendered job where they apply,
+    CPUs and memory per node, its time limit. On shared nodes (``slurm.exclusive: false``, or
+    the ``exclusive=False`` override) a job of fewer GPUs than a node has asks for the CPUs and
+    memory of those GPUs only (:func:`node_share`). Rules (those of a rendered job where they apply,
     :func:`jobgen.backends.slurm_script.check_site`): nodes <= ``max_nodes``; GPUs per node <=
     the profile's; the time limit <= ``max_time_limit_min`` and longer than ``signal_grace_s``
     (SLURM would signal before the callable starts); the signal goes to the tasks (submitit's
@@ -205,7 +211,8 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
     if gpus > profile.gpus_per_node:
         raise ConfigError(f"gpus_per_node={gpus}, but a node of profile {profile.name!r} has {profile.gpus_per_node} GPU(s)",
                           location=where, hint=f"ask for at most {profile.gpus_per_node}")
-    cpus = options.cpus_per_task or max(1, profile.cpus_per_node // options.tasks_per_node)
+    node_cpus, node_mem_gib = node_share(profile, gpus, exclusive=s.exclusive)
+    cpus = options.cpus_per_task or max(1, node_cpus // options.tasks_per_node)
     if cpus * options.tasks_per_node > profile.cpus_per_node:
         raise ConfigError(f"{options.tasks_per_node} task(s) x {cpus} CPU(s) per node, but a node of profile {profile.name!r} "
                           f"has {profile.cpus_per_node} CPU(s)", location=where, hint="lower cpus_per_task or tasks_per_node")
@@ -226,7 +233,7 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
             location=f"{profile_source}: slurm.signal_target",
             hint="pass signal_target='tasks' where SLURM's signals reach job steps (--signal=SIG@T)")
     directives = [*gpu_directives(s, gpus_per_node=gpus, tasks_per_node=options.tasks_per_node, nodes=options.nodes),
-                  ("mem", format_mem(options.mem_gib or profile.mem_gib_per_node)), *site_directives(s)]
+                  ("mem", format_mem(options.mem_gib or node_mem_gib)), *site_directives(s)]
     if not s.requeue:  # submitit writes a signal of its own otherwise (USR2@90)
         directives.append(("signal", f"{s.requeue_signal}@{s.signal_grace_s}"))
     directives += _extra_sbatch(s.extra_sbatch_args)
@@ -245,6 +252,60 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
     return ExecutorPlan(profile.name, s.cluster, parameters, tuple(directives), shlex.join(container_wrap(s, [python])),
                         options.max_num_timeout, options.nodes, options.tasks_per_node, gpus,
                         clusters if clusters and "," not in clusters else None)
+
+
+def node_share(profile: ClusterProfile, gpus: int, *, exclusive: bool) -> tuple[int, float]:
+    """``(CPUs, GiB of memory)`` per node a job of ``gpus`` GPUs per node asks for by default.
+
+    An exclusive node (``slurm.exclusive: true``), a CPU profile, or a job of every GPU of the
+    node: the whole node (``cpus_per_node``, ``mem_gib_per_node``). On a shared GPU node, the
+    share of the GPUs asked for: ``cpus_per_node x g / gpus_per_node`` CPUs (rounded down, at
+    least 1) and ``mem_gib_per_node x g / gpus_per_node`` GiB (``--mem`` rounds it down to whole
+    MiB, :func:`~jobgen.backends.slurm_script.format_mem`), where ``g`` is ``gpus``, or 1 for a
+    job of no GPU (one GPU's share). On ``slurm-a100`` (8 GPUs, 128 CPUs, 960 GiB) one GPU gets
+    16 CPUs and 120 GiB. This is the rule SLURM's own per-GPU defaults express, ``DefCpuPerGPU``
+    and ``DefMemPerGPU`` (slurm.conf(5)), which sites set to a node's CPUs and memory over its
+    GPUs so that the GPUs of a shared node can all be handed out; a job asking for the whole
+    node's CPUs and memory for one GPU would keep its other GPUs idle.
+    """
+    if exclusive or profile.gpus_per_node == 0 or gpus >= profile.gpus_per_node:
+        return profile.cpus_per_node, profile.mem_gib_per_node
+    share = max(gpus, 1)
+    return max(1, profile.cpus_per_node * share // profile.gpus_per_node), profile.mem_gib_per_node * share / profile.gpus_per_node
+
+
+#: The files submitit writes into its folder before sbatch answers (``<uuid>.pkl``: the pickled
+#: call; ``.submission_file_<uuid>.sh``: the script); it moves them into the job's folder once
+#: sbatch gave a job id (submitit/core/core.py ``_internal_process_submissions``, ``_submit_command``).
+_PENDING_FILE = re.compile(r"(?:[0-9a-f]{32}\.pkl|\.submission_file_[0-9a-f]{32}\.sh)")
+
+
+def _pending_files(folder: Path) -> set[Path]:
+    """submitit's files in ``folder`` not yet moved to a job's folder (:data:`_PENDING_FILE`)."""
+    try:
+        return {p for p in folder.iterdir() if _PENDING_FILE.fullmatch(p.name)}
+    except OSError:
+        return set()
+
+
+def _missing_dirs(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def _discard_pending(folder: Path, before: set[Path], created: list[Path]) -> None:
+    """Remove what a refused submission left: the pending files that were not in ``folder``
+    ``before`` it, and the directories it ``created`` (deepest first) once empty."""
+    for path in sorted(_pending_files(folder) - before):
+        path.unlink(missing_ok=True)
+    for path in created:
+        with contextlib.suppress(OSError):  # not empty (another submission's files): kept
+            path.rmdir()
 
 
 def callable_name(fn: Any) -> str:
@@ -360,11 +421,24 @@ def _executor_class() -> type:
                     "submitit starts arrays with this Python interpreter",
                     hint="submit the calls one at a time (executor.submit), or drop the python= override")
             self._submitted_to = None
+            folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
+            before, created = _pending_files(folder), _missing_dirs(folder)
+            # submitit prints sbatch's stderr when sbatch fails, then raises with the same text: the
+            # SubmitError below carries it, so it is held here and shown only when sbatch succeeded
+            held = io.StringIO()
             try:
-                jobs = super()._internal_process_submissions(delayed_submissions)
+                with contextlib.redirect_stderr(held):
+                    jobs = super()._internal_process_submissions(delayed_submissions)
             except (submitit_utils.FailedJobError, submitit_utils.FailedSubmissionError) as exc:
+                _discard_pending(folder, before, created)
                 raise SubmitError(f"sbatch did not take the callable's job: {str(exc).strip()}",
-                                  hint="SLURM's message is above; the parameters come from the profile and the executor's overrides") from None
+                                  hint="the parameters come from the profile and the executor's overrides: check them against "
+                                       "the message (`jobgen profiles show <profile>`)") from None
+            except BaseException:
+                _discard_pending(folder, before, created)
+                sys.stderr.write(held.getvalue())
+                raise
+            sys.stderr.write(held.getvalue())
             if len(delayed_submissions) > 1:  # arrays come back as plain SlurmJobs: watch them through jobgen too
                 jobs = [JobgenSlurmJob(folder=self.folder, job_id=j.job_id, tasks=j._tasks) for j in jobs]
             record = submission_records(self.jobgen_plan, self.folder, [j.job_id for j in jobs],

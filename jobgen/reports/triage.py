@@ -396,8 +396,9 @@ def format_triage(result: Triage, handle: str) -> list[str]:
     earlier = [f.source for f in result.failures[1:] if lost_peer(f) and seen(f) < seen(first)]  # see triage
     after = f"; {', '.join(earlier)} reported a lost peer earlier" if earlier else ""
     lines = [f"first failure: {where}{when} ({first.kind}; {order} of {len(result.failures)} failed source(s){after})",
-             f"  {first.headline}", ""]
-    lines += [f"  | {text}" for text in first.lines]
+             f"  {first.headline}"]
+    if [text.strip() for text in first.lines] != [first.headline.strip()]:  # a one-line error is its headline: once
+        lines += ["", *(f"  | {text}" for text in first.lines)]
     if first.hint:
         lines += ["", f"  hint: {first.hint}"]
     if len(result.failures) > 1:

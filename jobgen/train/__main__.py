@@ -45,7 +45,11 @@ restarted job continues from the newest checkpoint there.
 
 Exit status: 0 when training reached ``max_steps`` (or already had), 2 for bad input (spec
 file, data paths, unsupported strategy/precision), 1 for any other failure. Errors are one
-line on stderr; ``--debug`` shows the traceback.
+line on stderr; ``--debug`` shows the traceback. An error in a spec field names the user's spec
+file and the field as written there when ``$JOBGEN_SPEC_SOURCE`` says which file it was (``jobgen
+submit`` sets it), else spec.json and its ``spec.`` path. Under torchrun the launcher exits 1
+whatever its ranks exited; the 2 of an input error is in its report ("Root Cause ... exitcode"),
+which the local backend reads (:func:`jobgen.backends.local.ranks_exit_code`).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
-from jobgen.jobdir import CODE_DIR_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
+from jobgen.jobdir import CODE_DIR_ENV, SPEC_SOURCE_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world
@@ -92,6 +96,23 @@ def one_line(exc: JobgenError) -> str:
     if exc.hint:
         text += f"; hint: {exc.hint}"
     return " ".join(text.split())
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (newline, escape, NUL) as its Python escape
+    (``\\n``, ``\\x1b``): a value from the environment cannot break the one-line error or drive
+    the terminal."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def error_location(field: str, spec_json: Path, environ: MutableMapping[str, str] = os.environ) -> str:
+    """Where an error in ``field`` (a spec.json path: ``spec.data.paths[0]``, ``launch.x``) is:
+    for a ``spec.`` field, the user's spec file (``$JOBGEN_SPEC_SOURCE``) and the field as written
+    there (``data.paths[0]``); else, or without the variable, ``spec_json`` and the path."""
+    source = environ.get(SPEC_SOURCE_ENV)
+    if source and field.startswith("spec."):
+        return f"{printable(source)}: {field[len('spec.'):]}"
+    return f"{spec_json}: {field}"
 
 
 def check_data(spec: TrainingSpec) -> tuple[TextSources | TokenFiles | InstructionFiles, SplitLayout | None]:
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code
     except JobgenError as exc:
         if exc.location and exc.location.startswith(("spec.", "launch.")):
-            exc.location = f"{args.spec}: {exc.location}"  # name the file, as the planner's errors do
+            exc.location = error_location(exc.location, args.spec)  # name the file, as the planner's errors do
         _notify_failed(resolved, run_dir, one_line(exc))
         if args.debug:
             raise

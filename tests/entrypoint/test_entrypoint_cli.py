@@ -93,6 +93,22 @@ def test_data_paths_matching_nothing(run_entrypoint, write_spec) -> None:
     )
 
 
+def test_an_input_error_names_the_users_spec_file_and_field(run_entrypoint, write_spec, monkeypatch) -> None:
+    """issue 30 (finding 14): `jobgen submit` tells the ranks the user's spec file
+    ($JOBGEN_SPEC_SOURCE): a spec field's error names it and the field as the user wrote it, not
+    spec.json's ``spec.`` path; a hostile value (a newline, an escape sequence) cannot break the
+    one-line error or reach the terminal raw."""
+    write_spec({"data": {"paths": ["texts/*.md"]}})
+    monkeypatch.setenv("JOBGEN_SPEC_SOURCE", "/home/me/my specs/run.yaml")
+    _assert_clean_error(run_entrypoint("--spec", "spec.json"), "/home/me/my specs/run.yaml: data.paths[0]: 'texts/*.md' matches no files")
+    monkeypatch.setenv("JOBGEN_SPEC_SOURCE", "evil\x1b[31m\nname" + "x" * 300 + ".yaml")
+    result = run_entrypoint("--spec", "spec.json")
+    _assert_clean_error(result, "data.paths[0]: 'texts/*.md' matches no files", "\\x1b[31m")
+    assert "\x1b" not in result.stderr, result.stderr
+    monkeypatch.delenv("JOBGEN_SPEC_SOURCE")  # a job directory submitted as is: spec.json's own path
+    _assert_clean_error(run_entrypoint("--spec", "spec.json"), "spec.json: spec.data.paths[0]")
+
+
 def test_too_little_text(run_entrypoint, write_spec, tmp_path: Path) -> None:
     (tmp_path / "small.txt").write_text("tiny corpus\n" * 20)
     write_spec({"data": {"paths": ["small.txt"]}})

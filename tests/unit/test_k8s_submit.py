@@ -210,9 +210,9 @@ def test_pruned_paths():
     ([("Created", "True")], "CREATED"),
     ([("Created", "True"), ("Running", "True")], "RUNNING"),
     ([("Created", "True"), ("Running", "False"), ("Restarting", "True")], "RESTARTING"),
-    ([("Created", "True"), ("Running", "False"), ("Succeeded", "True")], "SUCCEEDED"),
+    ([("Created", "True"), ("Running", "False"), ("Succeeded", "True")], "COMPLETED"),
     ([("Created", "True"), ("Running", "True"), ("Failed", "True")], "FAILED"),
-    ([("Complete", "True")], "SUCCEEDED"),
+    ([("Complete", "True")], "COMPLETED"),
 ])
 def test_state_from_conditions(conditions, state):
     job = {"status": {"conditions": [{"type": t, "status": s, "reason": f"{t}Reason"} for t, s in conditions],
@@ -229,8 +229,15 @@ def test_status_and_cancel(job_dir, fake):
     assert done.state == "DELETED" and done.finished and JOB not in fake.objects and CM not in fake.objects
     delete = next(c for c in fake.calls if c[0] == "DELETE" and c[1] == JOB)
     assert delete
-    assert k8s.status(handle).state == "UNKNOWN"
+    after = k8s.status(handle)  # issue 30: what jobgen cancelled is CANCELLED, not UNKNOWN
+    assert (after.state, after.source) == ("CANCELLED", "jobgen cancel") and after.finished, after
     assert k8s.cancel(handle, out=lambda _: None).state == "UNKNOWN"
+
+
+def test_a_job_deleted_by_someone_else_stays_unknown(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    del fake.objects[JOB]
+    assert k8s.status(handle).state == "UNKNOWN"
 
 
 def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_dir, fake, monkeypatch):

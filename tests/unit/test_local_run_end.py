@@ -50,6 +50,36 @@ Root Cause (first observed failure):
 ============================================================
 """
 
+#: What torch 2.13's torchrun printed after its rank 0 exited 2 (the entrypoint's input error),
+#: then it exited 1: the ranks' exit code is only in its report ("Root Cause ... exitcode").
+TORCHRUN_EXIT_2 = """\
+E1127 04:44:09.507000 22468 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: 22472) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+jobgen.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-27_04:44:09
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 22473)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 22473
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_04:44:09
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 22472)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
 FAKE_TORCHRUN = f"""#!{sys.executable}
 import os, signal, sys, time
 mode = os.environ["FAKE_TORCHRUN"]
@@ -59,6 +89,11 @@ if mode == "boom":
 if mode == "bad-input":  # the entrypoint's one-line error on an input it refuses (exit 2)
     print("[default0]:python -m jobgen.train: error: spec.json: data.paths: no file matches notes/*.txt")
     sys.exit(2)
+if mode == "bad-input-torchrun":  # as real torchrun ends when its ranks exit 2: exit 1, the ranks' 2 in its report
+    source = os.environ.get("JOBGEN_SPEC_SOURCE", "spec.json")
+    sys.stdout.write("[default0]:python -m jobgen.train: error: " + source + ": data.paths[0]: 'notes/*.txt' matches no files\\n")
+    sys.stdout.write({TORCHRUN_EXIT_2!r})
+    sys.exit(1)
 if mode == "ok":
     print("[default0]:done")
     sys.exit(0)
@@ -242,11 +277,28 @@ def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
     assert "fix" in proc.stderr.split("hint:", 1)[1], proc.stderr
 
 
+def test_an_input_error_under_real_torchrun_exits_2_names_the_users_spec_and_shows_its_headline_once(setup):
+    """issue 30 (finding 14): torchrun exits 1 when a rank exits 2 (the entrypoint's input error); its
+    report's root cause says 2. jobgen submit exits 2 (bad input) with the fix-the-input hint, not
+    "resume from the last checkpoint"; the ranks were told the user's spec file (their error names
+    it and the field, not spec.json); the triage shows the one-line error once."""
+    builtin = write(setup["root"] / "builtin.yaml", "name: builtin\n")
+    proc = _jobgen(setup, "bad-input-torchrun", "submit", str(builtin), "--profile", str(setup["profile"]), "--runs-dir", str(setup["runs"]))
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 2, terminal
+    hint = proc.stderr.split("hint:", 1)[1]
+    assert "resume from the last checkpoint" not in hint and "fix what its error names" in hint, terminal
+    assert f"{builtin.resolve()}: data.paths[0]: 'notes/*.txt' matches no files" in proc.stdout, terminal
+    assert proc.stdout.count("matches no files") == 1, proc.stdout  # the headline, not again as its own excerpt
+    assert "ranks exited 2" in proc.stderr or "exit code 2" in proc.stderr, proc.stderr
+
+
 def test_an_entrypoint_input_error_is_not_told_to_rerun_to_resume(setup):
-    """The entrypoint refused its input (exit 2): the same command unchanged fails the same way."""
+    """The entrypoint refused its input (exit 2): the same command unchanged fails the same way;
+    jobgen submit exits 2 too (bad input)."""
     builtin = write(setup["root"] / "builtin.yaml", "name: builtin\n")
     proc = _jobgen(setup, "bad-input", "submit", str(builtin), "--profile", str(setup["profile"]), "--runs-dir", str(setup["runs"]))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     hint = proc.stderr.split("hint:", 1)[1]
     assert "resume from the last checkpoint" not in hint and "fix what its error names" in hint, proc.stderr
     assert "data.paths: no file matches" in proc.stdout + proc.stderr  # the triage shows it

@@ -135,6 +135,47 @@ def test_sbatch_refusal_exits_1_with_slurms_message_and_records_nothing(slurm, s
     assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
 
 
+def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_path, monkeypatch):
+    """issue 30 (finding 14): sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
+    ranks, whose input errors then name it and the field instead of spec.json; one left in the
+    shell is replaced, not passed on."""
+    monkeypatch.setenv("FAKE_SLURM_RECORD_ENV", "JOBGEN_SPEC_SOURCE")
+    monkeypatch.setenv("JOBGEN_SPEC_SOURCE", "/elsewhere/stale.yaml")
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    assert slurm.calls("sbatch")[0]["env"]["JOBGEN_SPEC_SOURCE"] == str((tmp_path / SPEC.name).resolve())
+
+
+def test_a_run_directory_of_another_profile_is_refused_before_sbatch(slurm, submit, tmp_path):
+    """issue 30 (finding 6): the README's SLURM example after the quick start ran in runs/quickstart,
+    where the local run's checkpoints were; SLURM submit refuses it (exit 2) before sbatch, as local
+    submit and the entrypoint do, instead of the job finding out on a node after queueing."""
+    from jobgen.jobdir import RUN_IDENTITY_FILE, RunIdentity
+
+    run_dir(tmp_path).mkdir(parents=True)
+    theirs = RunIdentity(profile="local", scheduler="local", accelerator="cpu", num_nodes=1, devices_per_node=2, strategy="ddp")
+    (run_dir(tmp_path) / RUN_IDENTITY_FILE).write_text(theirs.model_dump_json())
+    slurm.respond("sbatch", reply("123\n"))
+    result = submit()
+    assert result.code == 2, result.stdout + result.stderr
+    assert f"run directory {run_dir(tmp_path)} holds a run of profile 'local'" in result.stderr, result.stderr
+    assert "--set name=" in result.stderr and "--runs-dir" in result.stderr, result.stderr
+    assert slurm.argvs() == []  # nothing queued
+    assert not (job_dir(tmp_path) / ".jobgen-submission.json").exists()
+
+
+def test_a_run_directory_is_claimed_at_submit_so_another_shape_is_refused_before_sbatch(slurm, submit, tmp_path):
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit().code == 0
+    slurm.respond("squeue", json_reply(squeue_22_05(123, "COMPLETED")))
+    slurm.forget_calls()
+    other = submit("--set", "resources.nodes=1")
+    assert other.code == 2 and "holds a run of profile 'slurm-cpu' (2 node(s)" in other.stderr, other.stdout + other.stderr
+    assert not slurm.calls("sbatch")
+    again = submit("--set", "trainer.max_steps=700")  # other inputs, same profile and shape: the same run, resumed
+    assert again.code == 0, again.stderr
+
+
 def test_sbatch_output_that_is_not_a_job_id_is_an_error_not_a_handle(slurm, submit, tmp_path):
     slurm.respond("sbatch", reply("Submitted batch job 123\n"))  # a site wrapper that drops --parsable
     result = submit()

@@ -277,12 +277,54 @@ def test_clusters_from_the_profile_name_the_handle_and_every_later_command(fake_
     assert all("--clusters=gpu-b" in argv for argv in slurm.argvs() if argv[0] != "sbatch")
 
 
-def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_path):
+def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_path, capfd):
+    """issue 30 (finding 9): sbatch's message once (in the error, not printed before it too), and
+    nothing of the call left in submitit's folder (no pickle, no submission script)."""
     fake_srun.respond("sbatch", reply(stderr="sbatch: error: invalid partition specified: gpu\n", rc=1))
-    ex = api.executor("slurm-a100", folder=tmp_path / "%j")
-    with pytest.raises(SubmitError, match="invalid partition specified: gpu"):
+    folder = tmp_path / "sub"
+    (folder / "keep.txt").parent.mkdir()
+    (folder / "keep.txt").write_text("not submitit's")
+    ex = api.executor("slurm-a100", folder=folder / "%j")
+    capfd.readouterr()
+    with pytest.raises(SubmitError, match="invalid partition specified: gpu") as info:
         ex.submit(add, 1, 2)
+    printed = capfd.readouterr()
+    assert "invalid partition" not in printed.out + printed.err, printed
+    assert "above" not in (info.value.hint or ""), info.value.hint
     assert not list((tmp_path / "state").glob("*/*.json"))  # nothing recorded
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]  # no .pkl, no .submission_file_*.sh
+    with pytest.raises(SubmitError):  # a job array too
+        ex.map_array(add, [1, 2], [3, 4])
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+
+
+def test_a_refused_submit_into_a_new_folder_leaves_no_folder(fake_srun, tmp_path):
+    fake_srun.respond("sbatch", reply(stderr="sbatch: error: Batch job submission failed\n", rc=1))
+    ex = api.executor("slurm-a100", folder=tmp_path / "runs" / "submitit" / "%j")
+    with pytest.raises(SubmitError):
+        ex.submit(add, 1, 2)
+    assert not (tmp_path / "runs" / "submitit").exists()
+
+
+def test_a_shared_node_gets_the_cpus_and_memory_of_the_gpus_asked_for(fake_srun, tmp_path):
+    """issue 30 (finding 9): on a profile with `exclusive: false` (or the override), a job of 1 of
+    a node's 8 GPUs asks for 1/8 of its CPUs and memory, not the whole node; no GPU: one GPU's
+    share; an exclusive node, or every GPU, the whole node; explicit values stand."""
+    p = load_profile("slurm-a100")
+    assert (p.gpus_per_node, p.cpus_per_node, p.mem_gib_per_node) == (8, 128, 960)
+
+    def asked(**overrides):
+        written = directives(submitit_script(api.executor("slurm-a100", folder=tmp_path / "%j", **overrides)))
+        return written["cpus-per-task"], written["mem"], "exclusive" in written
+
+    assert asked(gpus_per_node=1, exclusive=False) == ("16", f"{120 * 1024}M", False)
+    assert asked(gpus_per_node=3, exclusive=False, tasks_per_node=3) == ("16", f"{360 * 1024}M", False)
+    assert asked(gpus_per_node=0, exclusive=False) == ("16", f"{120 * 1024}M", False)
+    assert asked(gpus_per_node=8, exclusive=False) == ("128", f"{960 * 1024}M", False)
+    assert asked(gpus_per_node=1) == ("128", f"{960 * 1024}M", True)  # slurm-a100 is exclusive: the node is the job's
+    assert asked(gpus_per_node=1, exclusive=False, cpus_per_task=40, mem_gib=200) == ("40", f"{200 * 1024}M", False)
+    plan = slurm_submitit.plan_executor(p, {"gpus_per_node": 1, "exclusive": False}, profile_source="slurm-a100")
+    assert plan.parameters["cpus_per_task"] == 16
 
 
 def test_the_readme_example_uses_valid_overrides():

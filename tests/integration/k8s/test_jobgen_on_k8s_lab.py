@@ -188,7 +188,7 @@ def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     assert _job(k8s_lab, "quickstart")[0] == 404
     assert get(k8s_lab, "/api/v1/namespaces/training/configmaps/quickstart-config")[0] == 404
     after = cli(k8s_lab, tmp_path, "status", handle, "--json")
-    assert after.returncode == 0 and json.loads(after.stdout)["state"] == "UNKNOWN"
+    assert after.returncode == 0 and json.loads(after.stdout)["state"] == "CANCELLED"
 
 
 def test_gitops_directory_submits_as_committed(k8s_lab, tmp_path):
@@ -318,3 +318,61 @@ def test_ls_lists_a_kubernetes_job_as_status_reports_it(k8s_lab, tmp_path):
         assert rows[0]["stale"] is None and rows[0]["name"] == "ls-k8s"
     finally:
         cli(k8s_lab, tmp_path, "cancel", handle)
+
+
+def _operator_writes(lab, name: str, end: str | None) -> None:
+    """Emulate the training-operator (the lab has no kubelet and no operator: no pod ever runs):
+    write through the real API server's status subresource the conditions training-operator
+    1.9's PyTorchJob controller sets: Created, then Running, then for ``end`` ("Succeeded" or
+    "Failed") Running turned False and the end condition True, with its reason and the replica counts."""
+    status, job = _job(lab, name)
+    assert status == 200, job
+
+    def cond(ctype: str, value: str, reason: str, message: str, at: str) -> dict[str, str]:
+        return {"type": ctype, "status": value, "reason": reason, "message": message, "lastUpdateTime": at, "lastTransitionTime": at}
+
+    conditions = [cond("Created", "True", "PyTorchJobCreated", f"PyTorchJob training/{name} is created.", "2026-01-01T00:00:00Z")]
+    replicas = {"Master": {"active": 1}}
+    if end is None:
+        conditions.append(cond("Running", "True", "PyTorchJobRunning", f"PyTorchJob training/{name} is running.", "2026-01-01T00:00:05Z"))
+    else:
+        conditions.append(cond("Running", "False", "PyTorchJobRunning", f"PyTorchJob training/{name} is running.", "2026-01-01T00:00:05Z"))
+        message = f"PyTorchJob training/{name} successfully completed." if end == "Succeeded" else \
+            f"PyTorchJob training/{name} has failed because 1 Master replica(s) failed."
+        conditions.append(cond(end, "True", f"PyTorchJob{end}", message, "2026-01-01T00:10:00Z"))
+        replicas = {"Master": {"succeeded": 1} if end == "Succeeded" else {"failed": 1}}
+    job["status"] = {"conditions": conditions, "replicaStatuses": replicas, "startTime": "2026-01-01T00:00:00Z",
+                     **({"completionTime": "2026-01-01T00:10:00Z"} if end else {})}
+    put_status, answer = lab.request("PUT", f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}/status", job)
+    assert put_status == 200, answer
+
+
+def test_status_and_ls_report_completed_failed_and_cancelled(k8s_lab, tmp_path):
+    """Issue 30: a PyTorchJob that ends Succeeded is COMPLETED, one that ends Failed is FAILED, one
+    that `jobgen cancel` deleted is CANCELLED, in `jobgen status` and in `jobgen ls` (and found
+    by `ls --state`). The operator is emulated (:func:`_operator_writes`): the lab has a real API
+    server but no kubelet and no training-operator, so the end conditions are written through the
+    real server's status subresource, as the operator writes them."""
+    handles = {}
+    for name in ("k8s-ok", "k8s-fail", "k8s-cancel"):
+        created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-h100", "--set", f"name={name}")
+        assert created.returncode == 0, created.stderr
+        handles[name] = f"k8s://jobgen-lab/training/{name}"
+    try:
+        _operator_writes(k8s_lab, "k8s-ok", "Succeeded")
+        _operator_writes(k8s_lab, "k8s-fail", "Failed")
+        _operator_writes(k8s_lab, "k8s-cancel", None)
+        assert json.loads(cli(k8s_lab, tmp_path, "status", "-o", "json", handles["k8s-cancel"]).stdout)["state"] == "RUNNING"
+        gone = cli(k8s_lab, tmp_path, "cancel", handles["k8s-cancel"], "--wait-s", "60")
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        expected = {"k8s-ok": "COMPLETED", "k8s-fail": "FAILED", "k8s-cancel": "CANCELLED"}
+        got = {name: json.loads(cli(k8s_lab, tmp_path, "status", "-o", "json", handle).stdout) for name, handle in handles.items()}
+        assert {name: st["state"] for name, st in got.items()} == expected, got
+        assert "failed because 1 Master replica(s) failed" in got["k8s-fail"]["details"]["message"], got["k8s-fail"]
+        rows = {row["name"]: row["state"] for row in json.loads(cli(k8s_lab, tmp_path, "ls", "-o", "json").stdout)}
+        assert rows == expected, rows
+        only = json.loads(cli(k8s_lab, tmp_path, "ls", "--state", "failed", "--state", "CANCELLED", "-o", "json").stdout)
+        assert sorted(row["handle"] for row in only) == [handles["k8s-cancel"], handles["k8s-fail"]], only
+    finally:
+        for name in ("k8s-ok", "k8s-fail"):
+            cli(k8s_lab, tmp_path, "cancel", handles[name])

@@ -134,3 +134,17 @@ def test_first_error_names_the_failing_rank_its_node_and_its_exception(jobgen): 
     assert text.startswith(f"first failure: rank 1 on {host} (traceback;"), text
     assert "  ValueError: rank 1 fails on purpose after the all-reduce" in text.splitlines()
     print(f"\n{text}")
+
+
+def test_a_script_that_exits_3_is_failed_with_exit_code_3_in_status_and_ls(jobgen):  # noqa: F811
+    """Issue 30: a one-node command-mode job whose script exits 3 is FAILED in `jobgen status`
+    with SLURM's exit code ``3:0`` (code:signal), and `jobgen ls --state FAILED` lists it."""
+    (jobgen.root / "exit3.py").write_text('import sys\nprint("exit3: giving up", flush=True)\nsys.exit(3)\n')
+    spec = jobgen.root / "lab-exit3.yaml"
+    spec.write_text("name: lab-exit3\nentrypoint: {script: exit3.py}\nresources: {nodes: 1}\n")
+    handle, everything = _run(jobgen, str(spec), expect="FAILED", timeout=120)
+    assert "exit3: giving up" in everything, everything[-3000:]
+    status = jobgen.status(handle)
+    assert (status["state"], status["details"].get("exit_code")) == ("FAILED", "3:0"), status
+    listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
+    assert listed == {handle: "FAILED"}, listed

@@ -341,6 +341,29 @@ def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
     assert "CANCELLED" in out
     # scancel has returned and squeue says CANCELLED; give PID 1 a moment to reap, then nothing may be left
     wait_for(lambda: not any(slurm_lab.node_pids().values()), 30, 0.5, what=f"no job process on any node ({slurm_lab.node_pids()})")
+    # issue 30: `jobgen status` and `jobgen ls` (--state) say CANCELLED too
+    assert jobgen.status(handle)["state"] == "CANCELLED"
+    listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "cancelled", "-o", "json").stdout)}
+    assert listed == {handle: "CANCELLED"}, listed
+
+
+def test_an_input_error_fails_the_job_naming_the_users_spec_file(jobgen):
+    """Issue 30 (finding 14): the bundled entrypoint refuses data that matches nothing on both
+    nodes: the job is FAILED with a non-zero exit code (srun's: the highest of its tasks', 2, or
+    128 + 15 when it stopped the other rank with SIGTERM first, srun(1) "RETURN VALUE"), `ls
+    --state FAILED` lists it, and the error names the spec file `jobgen submit` read and the
+    field as written there, not spec.json."""
+    jobgen.profile()
+    spec = Path(jobgen.spec("lab-bad-data", max_steps=10, every=5))
+    spec.write_text(spec.read_text().replace("data: {max_bytes: 1000000}", "data: {paths: [no-such-dir/*.txt]}"))
+    handle = jobgen.submit(str(spec))
+    final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=180)
+    log = jobgen("logs", "--rank", "all", handle).stdout
+    assert final == "FAILED", (seen, log[-3000:])
+    assert jobgen.status(handle)["details"].get("exit_code") in ("2:0", "143:0"), jobgen.status(handle)
+    assert f"python -m jobgen.train: error: {spec.resolve()}: data.paths[0]: 'no-such-dir/*.txt' matches no files" in log, log[-3000:]
+    listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
+    assert listed == {handle: "FAILED"}, listed
 
 
 ECHO = """#!{python}

@@ -141,8 +141,8 @@ def test_two_node_job_trains_to_completion(jobgen, ssh_lab, tmp_path):
     shown = jobgen("logs", "--replica", "node-1", handle).stdout
     assert "jobgen: node 1 of 2 on host2" in shown and "GLOBAL_RANK: 1" in shown, shown
     assert "done: ssh-two-node at step 6/6" in jobgen("logs", handle).stdout
-    listed = jobgen("ls", "-o", "json").stdout
-    assert handle in listed
+    listed = {row["handle"]: row for row in json.loads(jobgen("ls", "--state", "completed", "-o", "json").stdout)}
+    assert (listed[handle]["state"], listed[handle]["source"]) == ("COMPLETED", "ssh"), listed  # issue 30: ls as status says
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
     print(f"\n2-node ssh job: submit to COMPLETED in {time.monotonic() - started:.1f} s (under load)")
 
@@ -164,7 +164,28 @@ def test_cancel_stops_every_process_on_both_hosts(jobgen, ssh_lab, tmp_path):
     assert cancelled["state"] == "CANCELLED", cancelled
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
     assert jobgen.state(handle)["state"] == "CANCELLED"
+    listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "CANCELLED", "-o", "json").stdout)}
+    assert listed.get(handle) == "CANCELLED", listed  # issue 30: ls as status says
     print(f"\nssh cancel: every process gone in {time.monotonic() - started:.1f} s (under load)")
+
+
+def test_a_failed_job_is_failed_with_its_exit_code_in_status_and_ls(jobgen, ssh_lab, tmp_path):
+    """Issue 30: a job whose entrypoint refuses its input on both hosts (its data matches no file)
+    ends FAILED with torchrun's non-zero exit code in `jobgen status`, and `jobgen ls --state
+    FAILED` lists it; the entrypoint's error is in the node's log."""
+    started = time.monotonic()
+    spec = tmp_path / "ssh-fails.yaml"
+    spec.write_text(LONG_SPEC.format(name="ssh-fails").replace("data: {max_bytes: 200000}", "data: {paths: [no-such-dir/*.txt]}"))
+    handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
+    status = jobgen.wait(handle, {"COMPLETED", "FAILED", "CANCELLED", "UNKNOWN"}, timeout=180)
+    log = jobgen("logs", handle, check=False).stdout
+    assert status["state"] == "FAILED", (status, log[-3000:])
+    assert status["details"]["exit_code"] not in ("", "0") and status["source"] == "ssh", status
+    assert "no-such-dir/*.txt" in log, log[-3000:]
+    listed = {row["handle"]: row for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
+    assert (listed[handle]["state"], listed[handle]["source"]) == ("FAILED", "ssh"), listed
+    assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
+    print(f"\nssh failed job: FAILED (exit {status['details']['exit_code']}) in {time.monotonic() - started:.1f} s")
 
 
 def test_an_unreachable_host_is_named_before_anything_starts(jobgen, ssh_lab, tmp_path):
