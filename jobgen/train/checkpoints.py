@@ -366,3 +366,36 @@ class StepCheckpoint(Checkpoint):
                 stacklevel=2,
             )
         self.best_model_path = state_dict.get("best_model_path", "")
+
+
+def number_optimizer_state_by_parameter(checkpoint: dict[str, Any], module: LightningModule,
+                                        optimizers: list[torch.optim.Optimizer]) -> None:
+    """Key each plain optimizer state of ``checkpoint`` (``optimizer_states``: torch's
+    ``Optimizer.state_dict()``, integer ids) by its parameter's position in
+    ``module.parameters()``, in place.
+
+    torch numbers a state's parameters by their position in the optimizer's parameter groups and
+    maps them back by that position, whatever the numbers are (``Optimizer.load_state_dict``), so
+    a resume on the same path is unchanged. Lightning's FSDPStrategy loads a single-file
+    checkpoint's plain state through ``FSDP.rekey_optim_state_dict(state, PARAM_NAME, model)``,
+    which takes the numbers to be positions in ``model.parameters()`` (Lightning 2.6,
+    ``FSDPStrategy.load_checkpoint``): with jobgen's two AdamW groups (decayed matrices, then the
+    rest) the group numbering named the wrong tensors, and a run begun on the single-device path
+    (issue 28) could not continue under FSDP at a larger world size. States keyed otherwise
+    (FSDP's own, by parameter name) and optimizers over parameters the module does not own are
+    left as they are.
+    """
+    states = checkpoint.get("optimizer_states") or []
+    position = {id(p): i for i, p in enumerate(module.parameters())}
+    for state, optimizer in zip(states, optimizers, strict=False):
+        groups = state.get("param_groups") if isinstance(state, dict) else None
+        if not groups or not all(isinstance(k, int) for k in state.get("state", {})):
+            continue
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        numbers = [n for group in groups for n in group["params"]]
+        if len(params) != len(numbers) or any(id(p) not in position for p in params):
+            continue
+        renumber = {n: position[id(p)] for n, p in zip(numbers, params, strict=True)}
+        state["state"] = {renumber[n]: value for n, value in state["state"].items()}
+        for group in groups:
+            group["params"] = [renumber[n] for n in group["params"]]

@@ -397,9 +397,15 @@ class LitGPT(LightningModule):
         return self.hparams.warmup_steps, self.hparams.max_steps
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the learning-rate schedule's ``warmup_steps`` and ``max_steps`` (:data:`SCHEDULE_KEY`)."""
+        """Record the learning-rate schedule's ``warmup_steps`` and ``max_steps`` (:data:`SCHEDULE_KEY`),
+        and key a plain optimizer state by parameter position, so that FSDP at a larger world
+        size can continue it (:func:`jobgen.train.checkpoints.number_optimizer_state_by_parameter`)."""
+        from jobgen.train.checkpoints import number_optimizer_state_by_parameter
+
         warmup, end = self.schedule_steps()
         checkpoint[SCHEDULE_KEY] = {"warmup_steps": warmup, "max_steps": end}
+        if self._trainer is not None:
+            number_optimizer_state_by_parameter(checkpoint, self, self.trainer.optimizers)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the learning-rate schedule the checkpoint's run started with, and say so where the

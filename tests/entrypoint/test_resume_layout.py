@@ -1,0 +1,97 @@
+"""A run begun on the single-device path (``fsdp`` at world size 1, issue 28) continued at world
+size 2 under FSDP: the documented way (the run directory's identity and summary.json moved away
+on purpose, the global batch kept) must resume with the optimizer state it saved.
+
+Lightning's FSDPStrategy loads a single-file checkpoint's optimizer state through
+``FSDP.rekey_optim_state_dict(state, PARAM_NAME, model)``, which takes the state's integer ids
+to be positions in ``model.parameters()``. torch numbers them by position in the optimizer's
+parameter groups, and jobgen's AdamW has two groups (decayed matrices, then the rest), so the
+ids named the wrong tensors: on main at 572c1d4 the resume died with "The size of tensor a
+(49152) must match the size of tensor b (65536)". Both tests run the real entrypoint under
+``torch.distributed.run`` with CPU ranks (gloo); ~1 min in all on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+
+STEPS, MORE = 4, 6
+MICRO, GLOBAL_BATCH = 2, 4
+
+
+def _spec(world_size: int, max_steps: int) -> dict:
+    return resolved_doc(_merge(TINY_SPEC, {
+        "trainer": {"strategy": "fsdp", "max_steps": max_steps, "micro_batch_size": MICRO,
+                    "gradient_accumulation_steps": GLOBAL_BATCH // (MICRO * world_size), "val_check_interval": 100,
+                    "log_every_n_steps": 1, "warmup_steps": 1},
+        "checkpoint": {"every_n_steps": 2, "resume": "auto"},
+    }), devices_per_node=world_size, world_size=world_size)
+
+
+def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run: Path):  # noqa: ANN001, ANN202
+    spec = tmp_path / f"spec-{world_size}-{max_steps}.json"
+    spec.write_text(json.dumps(_spec(world_size, max_steps)))
+    return run_entrypoint("--spec", str(spec), "--run-dir", str(run), nproc=world_size, timeout=300)
+
+
+def test_a_single_device_checkpoint_numbers_optimizer_state_by_parameter_position(run_entrypoint, tmp_path: Path) -> None:
+    """The optimizer state of a single-device checkpoint is keyed by each parameter's position in
+    ``module.parameters()`` (what FSDP's rekeying assumes); the single-device resume, which maps by
+    position in the groups, continues as before."""
+    from jobgen.specs.training import TrainingSpec
+    from jobgen.train.model import LitGPT
+
+    run = tmp_path / "run"
+    first = _train(run_entrypoint, tmp_path, 1, STEPS, run)
+    assert first.code == 0, first.output
+    assert "single-device path" in first.stdout, first.output
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    params = list(LitGPT.from_spec(TrainingSpec.model_validate(_spec(1, STEPS)["spec"])).parameters())
+    state = checkpoint["optimizer_states"][0]["state"]
+    assert sorted(state) == list(range(len(params)))
+    for index, entry in state.items():
+        assert entry["exp_avg"].shape == params[index].shape, (index, entry["exp_avg"].shape, params[index].shape)
+    again = _train(run_entrypoint, tmp_path, 1, MORE, run)
+    assert again.code == 0, again.output
+    assert json.loads((run / "summary.json").read_text())["global_step"] == MORE
+
+
+def test_a_single_device_run_continues_at_world_size_2_under_fsdp(run_entrypoint, tmp_path: Path) -> None:
+    """ws 1 (single-device path) to step 4, then ws 2 under FSDP (same global batch) from that
+    checkpoint to step 6: it resumes, and its weights at
+    step 6 are those of the same continuation at world size 1 (the same samples; only the
+    reduction order differs), which a lost or misplaced optimizer state would not give (a fresh
+    AdamW's first steps move every weight by about the learning rate)."""
+    runs = {}
+    for world_size in (1, 2):
+        run = tmp_path / f"run-{world_size}"
+        first = _train(run_entrypoint, tmp_path, 1, STEPS, run)
+        assert first.code == 0, first.output
+        if world_size == 2:  # on purpose: the run directory is this continuation's now
+            (run / ".jobgen-run.json").unlink()
+            (run / "summary.json").rename(run / "summary.ws1.json")
+        more = _train(run_entrypoint, tmp_path, world_size, MORE, run)
+        assert more.code == 0, more.output
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["global_step"] == MORE and summary["resumed_from_step"] == STEPS, summary
+        assert summary["world_size"] == world_size
+        runs[world_size] = _weights(run / "checkpoints" / "last.ckpt", tmp_path / f"weights-{world_size}.pt")
+    assert runs[1].keys() == runs[2].keys()
+    worst = max((runs[2][k] - runs[1][k]).abs().max().item() for k in runs[1])
+    assert worst < 1e-5, worst
+
+
+def _weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    """The module weights of a checkpoint file, or of FSDP's sharded directory (torch's
+    ``dcp_to_torch_save`` gathers it into one file; Lightning keeps them under ``model``)."""
+    if checkpoint.is_file():
+        return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint, scratch)
+    return torch.load(scratch, map_location="cpu", weights_only=False)["model"]
