@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import DirUndo, JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir.files import DirUndo, ignore_run_dir
+from jobgen.jobdir.spec import read_array_index, read_resolved_spec
+from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
 from jobgen.specs.load import load_profile, load_spec, search_dirs
 

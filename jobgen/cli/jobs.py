@@ -14,7 +14,7 @@ from jobgen.backends.base import JOB_STATES, LogOptions
 from jobgen.cli.options import job_argument
 from jobgen.cli.output import StateChoice, echo_doc, echo_progress, output_option, remember_output
 from jobgen.errors import ConfigError
-from jobgen.jobdir import resolve_job
+from jobgen.jobdir.submission import resolve_job
 from jobgen.reports.triage import format_triage
 
 

@@ -141,7 +141,8 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
 
 def read_plan_spec(job_plan: JobPlan) -> Any:
     """The :class:`~jobgen.jobdir.ResolvedSpec` a plan writes as spec.json."""
-    from jobgen.jobdir import SPEC_FILE, ResolvedSpec
+    from jobgen.jobdir.files import SPEC_FILE
+    from jobgen.jobdir.spec import ResolvedSpec
 
     return ResolvedSpec.model_validate_json(job_plan.file(SPEC_FILE))
 

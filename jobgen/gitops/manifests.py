@@ -25,7 +25,7 @@ from jobgen.backends import plan
 from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.gitops.sync import Render, RenderedJob, apply, compare, unified_diff
-from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
+from jobgen.jobdir.files import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
 from jobgen.planning.plan import ClusterObject
 from jobgen.specs.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
 from jobgen.specs.profile import ClusterProfile

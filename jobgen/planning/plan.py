@@ -21,7 +21,8 @@ import pydantic_core
 
 from jobgen import __version__
 from jobgen.errors import PlanError
-from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
+from jobgen.jobdir.files import write_job_files
+from jobgen.jobdir.spec import LaunchSpec, ResolvedSpec
 from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256

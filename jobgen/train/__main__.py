@@ -59,7 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
-from jobgen.jobdir import CODE_DIR_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
+from jobgen.jobdir.files import CODE_DIR_ENV
+from jobgen.jobdir.runs import read_code_snapshot
+from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world

@@ -81,15 +81,9 @@ from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from jobgen.errors import REDACTED, ConfigError, TrackerError, redact_urls
-from jobgen.jobdir import (
-    MLFLOW_DB_FILE,
-    TRACKING_FILE,
-    WANDB_SUBDIR,
-    ResolvedSpec,
-    TrackingRecord,
-    read_tracking_record,
-    write_tracking_record,
-)
+from jobgen.jobdir.files import MLFLOW_DB_FILE, TRACKING_FILE, WANDB_SUBDIR
+from jobgen.jobdir.runs import TrackingRecord, read_tracking_record, write_tracking_record
+from jobgen.jobdir.spec import ResolvedSpec
 from jobgen.planning.environment import TRACKER_CREDENTIALS
 from jobgen.planning.tracking import KEY_FILES, MLFLOW_EXPERIMENT_ENV, MLFLOW_URI_ENV, WANDB_DEFAULT_PROJECT
 from jobgen.specs.tracking import MlflowSpec, WandbSpec, check_tracking_uri

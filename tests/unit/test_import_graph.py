@@ -159,6 +159,9 @@ FORBIDDEN = {
                        "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),
     "jobgen.cli": (),  # the top floor (a package since issue 32): every command may call anything below it
+    # the job directory's contract (a package since issue 32): below the planner, beside rules and specs
+    "jobgen.jobdir": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
+                      "jobgen.train", "jobgen.api", "jobgen.cli"),
 }
 
 
