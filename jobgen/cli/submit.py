@@ -1,5 +1,5 @@
 """``jobgen submit``: one job (a spec or a rendered job directory) through :func:`jobgen.api.submit`,
-or a sweep through :mod:`jobgen.sweep_submit`."""
+or a sweep through :mod:`jobgen.api.sweep`."""
 
 from __future__ import annotations
 
@@ -168,12 +168,12 @@ def print_submitted(result: Any) -> None:
 def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: SubmitOptions, *, out: str | None,
                   overrides: tuple[str, ...], profiles_dir: str | None, templates_dir: str | None, preflight: bool,
                   smoke: int | None, import_check: bool) -> int:
-    """``jobgen submit SPEC --sweep ...`` (:mod:`jobgen.sweep_submit`): plan every point, check
+    """``jobgen submit SPEC --sweep ...`` (:mod:`jobgen.api.sweep`): plan every point, check
     their classes, submit, print every handle. Returns the exit code (1: partly submitted)."""
-    from jobgen import sweep_submit
+    from jobgen.api.sweep import SweepPartlySubmitted, outcome_json, plan_sweep, submit_sweep
 
-    sweep = sweep_submit.plan_sweep(spec, profile, sweeps, overrides=overrides, profiles_dir=profiles_dir,
-                                    templates_dir=templates_dir, preflight=preflight, smoke=smoke)
+    sweep = plan_sweep(spec, profile, sweeps, overrides=overrides, profiles_dir=profiles_dir,
+                       templates_dir=templates_dir, preflight=preflight, smoke=smoke)
     for warning in dict.fromkeys(w for job in sweep.jobs for w in job.plan.warnings):  # once, not once per point
         click.echo(f"warning: {warning}", err=True)
     if import_check:
@@ -184,15 +184,15 @@ def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: Sub
     echo_progress(f"sweep of {sweep.name} on {sweep.profile}: {sweep.points} point(s), {how}")
     try:
         with stdout_to_stderr():
-            outcome = sweep_submit.submit_sweep(sweep, options, out=out, echo=echo_progress)
-    except sweep_submit.SweepPartlySubmitted as exc:
+            outcome = submit_sweep(sweep, options, out=out, echo=echo_progress)
+    except SweepPartlySubmitted as exc:
         if not document_mode():
             raise
         echo_doc({"error": exc.message, "hint": exc.hint, "location": exc.location, "exit_code": exc.exit_code,
-                    **sweep_submit.outcome_json(exc.outcome, submit_json)})
+                   **outcome_json(exc.outcome, submit_json)})
         return exc.exit_code
     if document_mode():
-        echo_doc(sweep_submit.outcome_json(outcome, submit_json))
+        echo_doc(outcome_json(outcome, submit_json))
         return 0
     if sweep.array:
         click.echo(f"sweep {outcome.sweep_id}: {sweep.points} point(s) as one job array")

@@ -148,7 +148,7 @@ def plan_single(
 ) -> Render:
     """Plan one spec for one profile (a sweep: one job per grid point, or one SLURM job array
     where the profile says ``slurm.sweep_as_array``) into ``out``. ``jobgen submit --sweep``
-    (:mod:`jobgen.sweep_submit`) passes ``loaded_profile`` (``profile`` loaded with its
+    (:mod:`jobgen.api.sweep`) passes ``loaded_profile`` (``profile`` loaded with its
     ``--preflight``), ``transform`` (``--smoke``: see :func:`_plan_spec`) and ``spec_file``.
 
     Raises:

@@ -158,6 +158,7 @@ FORBIDDEN = {
     "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
                        "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),
+    "jobgen.api": ("jobgen.cli",),  # the Python API (a package since issue 32: its sweep submit beside submit)
     "jobgen.cli": (),  # the top floor (a package since issue 32): every command may call anything below it
     # the job directory's contract (a package since issue 32): below the planner, beside rules and specs
     "jobgen.jobdir": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",

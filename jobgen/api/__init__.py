@@ -14,6 +14,9 @@ Every operation goes through the backend the profile (or the job directory's spe
 handle's scheme) names, via one interface (:class:`jobgen.backends.base.Backend`); nothing
 here branches on the scheduler. Errors are :class:`jobgen.errors.JobgenError` subclasses with a
 location and a hint. Planning and rendering never import torch or the Kubernetes client.
+
+A sweep submitted in one call (``jobgen submit SPEC --sweep ...``: every point planned first, then
+one job array or one job per point through :func:`submit`) is :mod:`jobgen.api.sweep`.
 """
 
 from __future__ import annotations
