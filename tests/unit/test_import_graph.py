@@ -1,5 +1,7 @@
 """Imports flow one way (the project's architecture rule, issue 23):
 ``cli.py, api.py -> backends/ -> plan.py -> rules, estimate, render -> spec, profiles, jobdir, errors``.
+(Since issue 32 the CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
+``jobgen/api/``, ``jobgen/jobdir/``, each with its entry in :data:`FORBIDDEN`.)
 
 A lower module never imports a higher one, "not even lazily inside a function": the graph below
 takes every ``import`` statement of every module under jobgen/, wherever it stands (module
