@@ -12,17 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
-from jobgen.jobdir import (
-    DS_CONFIG_FILE,
-    SPEC_FILE,
-    SUBMIT_JOB_SUBDIR,
-    JobHandle,
-    LaunchSpec,
-    ResolvedSpec,
-    Submission,
-    find_submission,
-    read_resolved_spec,
-)
+from jobgen.jobdir.files import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR
+from jobgen.jobdir.spec import LaunchSpec, ResolvedSpec, read_resolved_spec
+from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.nccl import nccl_env
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.render import render_template

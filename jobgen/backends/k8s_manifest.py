@@ -58,7 +58,7 @@ import yaml
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import ConfigError, PlanError
-from jobgen.jobdir import (
+from jobgen.jobdir.files import (
     CODE_DIR_ENV,
     CODE_INFO_FILE,
     DS_CONFIG_FILE,
@@ -67,10 +67,10 @@ from jobgen.jobdir import (
     PYTORCHJOB_FILE,
     SPEC_FILE,
     TRAINJOB_FILE,
-    CodeSnapshot,
     generated_header,
     kustomization_yaml,
 )
+from jobgen.jobdir.runs import CodeSnapshot
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import launcher_owned
 from jobgen.planning.plan import ApiRequest, ClusterObject, JobPlan, PlanContext

@@ -40,7 +40,8 @@ from jobgen.backends.k8s_manifest import (
 from jobgen.backends.k8s_manifest import plan as plan_manifest
 from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import PYTORCHJOB_FILE, TRAINJOB_FILE, JobHandle, Submission, find_submission
+from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
+from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.rules import World
 from jobgen.reports.triage import LogLine, Triage, parse_rfc3339, triage
@@ -742,7 +743,7 @@ class KubernetesBackend(Backend):
         if target is not None:
             profile_context, profile_kubeconfig = target.context, target.kubeconfig
         else:
-            from jobgen.jobdir import read_resolved_spec
+            from jobgen.jobdir.spec import read_resolved_spec
             from jobgen.specs.load import load_profile
 
             resolved = read_resolved_spec(job_dir)

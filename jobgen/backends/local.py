@@ -39,25 +39,10 @@ from jobgen.backends.base import (
     secrets_location,
 )
 from jobgen.errors import EXIT_BAD_INPUT, ConfigError, InterruptedRun, JobgenError, SubmitError
-from jobgen.jobdir import (
-    CODE_DIR_ENV,
-    DS_CONFIG_FILE,
-    LOCAL_RUN_FILE,
-    SPEC_FILE,
-    SPEC_SOURCE_ENV,
-    SUMMARY_FILE,
-    JobHandle,
-    LocalRun,
-    ResolvedSpec,
-    Submission,
-    check_run_dir,
-    ensure_tracking_record,
-    ignore_run_dir,
-    read_local_run,
-    read_resolved_spec,
-    write_atomic,
-    write_local_run,
-)
+from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, LOCAL_RUN_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUMMARY_FILE, ignore_run_dir, write_atomic
+from jobgen.jobdir.runs import LocalRun, check_run_dir, ensure_tracking_record, read_local_run, write_local_run
+from jobgen.jobdir.spec import ResolvedSpec, read_resolved_spec
+from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext

@@ -37,26 +37,10 @@ from jobgen.backends.slurm_jobcomp import FILETXT, completion_log, read_array
 from jobgen.backends.slurm_json import SqueueJob, SqueueReply, decode_squeue
 from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import (
-    CODE_DIR_ENV,
-    SBATCH_FILE,
-    SPEC_FILE,
-    SPEC_SOURCE_ENV,
-    SUBMISSION_FILE,
-    ArrayTask,
-    DirUndo,
-    JobHandle,
-    ResolvedSpec,
-    Submission,
-    check_run_dir,
-    ensure_tracking_record,
-    find_submission,
-    ignore_run_dir,
-    load_resolved_spec,
-    point_file,
-    read_array_index,
-    read_resolved_spec,
-)
+from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUBMISSION_FILE, DirUndo, ignore_run_dir, point_file
+from jobgen.jobdir.runs import check_run_dir, ensure_tracking_record
+from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
+from jobgen.jobdir.submission import ArrayTask, JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present, unexported
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.reports.triage import LogLine, Triage, triage

@@ -36,7 +36,8 @@ from jobgen.backends.slurm_script import (
     srun_options,
 )
 from jobgen.errors import PlanError
-from jobgen.jobdir import ARRAY_INDEX_FILE, SBATCH_FILE, SPEC_FILE, ArrayIndex, ArrayPoint, point_file
+from jobgen.jobdir.files import ARRAY_INDEX_FILE, SBATCH_FILE, SPEC_FILE, point_file
+from jobgen.jobdir.spec import ArrayIndex, ArrayPoint
 from jobgen.planning.plan import JobPlan, PlanContext, fit_warnings, plan_context
 from jobgen.planning.render import ShellText
 from jobgen.specs.profile import ClusterProfile

@@ -13,7 +13,7 @@ import hashlib
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError
-from jobgen.jobdir import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext

@@ -62,7 +62,7 @@ from jobgen.backends.base import profile_env
 from jobgen.backends.slurm import status as slurm_status
 from jobgen.backends.slurm_script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError, did_you_mean, json_path
-from jobgen.jobdir import ArrayTask, CallableJob, JobHandle, Submission
+from jobgen.jobdir.submission import ArrayTask, CallableJob, JobHandle, Submission
 from jobgen.specs.base import check_shell_safe
 from jobgen.specs.profile import ClusterProfile, SlurmSettings
 

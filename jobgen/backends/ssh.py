@@ -53,7 +53,10 @@ from jobgen.backends.ssh_launch import (
     submit_commands,
 )
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import CODE_SUBDIR, SUBMISSION_FILE, CodeSnapshot, JobHandle, Submission, find_submission, read_resolved_spec
+from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE
+from jobgen.jobdir.runs import CodeSnapshot
+from jobgen.jobdir.spec import read_resolved_spec
+from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.reports.triage import Triage

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError
-from jobgen.jobdir import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SSH_JOB_ENV, JobHandle
+from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SSH_JOB_ENV
+from jobgen.jobdir.submission import JobHandle
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_argv
 from jobgen.planning.rules import World

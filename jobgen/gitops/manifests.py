@@ -25,7 +25,7 @@ from jobgen.backends import plan
 from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.gitops.sync import Render, RenderedJob, apply, compare, unified_diff
-from jobgen.jobdir import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
+from jobgen.jobdir.files import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml
 from jobgen.planning.plan import ClusterObject
 from jobgen.specs.load import apply_overrides, load_profile, read_yaml, search_dirs, validate
 from jobgen.specs.profile import ClusterProfile
@@ -148,7 +148,7 @@ def plan_single(
 ) -> Render:
     """Plan one spec for one profile (a sweep: one job per grid point, or one SLURM job array
     where the profile says ``slurm.sweep_as_array``) into ``out``. ``jobgen submit --sweep``
-    (:mod:`jobgen.sweep_submit`) passes ``loaded_profile`` (``profile`` loaded with its
+    (:mod:`jobgen.api.sweep`) passes ``loaded_profile`` (``profile`` loaded with its
     ``--preflight``), ``transform`` (``--smoke``: see :func:`_plan_spec`) and ``spec_file``.
 
     Raises:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import (
+from jobgen.jobdir.files import (
     EXECUTABLE_FILES,
     INDEX_FILE,
     KUSTOMIZATION_FILE,

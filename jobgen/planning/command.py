@@ -13,7 +13,7 @@ backends put the launcher in front (srun on SLURM, torchrun in each pod on Kuber
   (they read files): the script exists / the module is importable (``importlib.util.find_spec``,
   nothing is imported), and a ``--config`` YAML's ``trainer:`` section agrees with the world.
 
-Where the ranks run (decided here, documented in README "Command mode"): in the directory
+Where the ranks run (decided here, documented in docs/own-code.md, "Command mode"): in the directory
 ``jobgen submit`` runs in (local and SLURM; :data:`jobgen.planning.plan.SUBMIT_DIR_PLACEHOLDER` in a plan),
 or the image's working directory on Kubernetes. A relative ``script`` and relative paths in
 ``args`` resolve there.

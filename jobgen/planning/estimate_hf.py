@@ -69,8 +69,9 @@ from typing import Any
 
 from jobgen.errors import ConfigError, NotSupportedError
 from jobgen.planning import seeds
-from jobgen.planning.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, MemoryPlan, model_states, residual_bytes, with_activations
-from jobgen.planning.estimate import plan_memory as generic_plan_memory
+from jobgen.planning.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, model_states, residual_bytes, with_activations
+from jobgen.planning.memory_plan import MemoryPlan
+from jobgen.planning.memory_plan import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight for 4-bit NF4 with double quantisation (Dettmers et al. 2023, sec. 3:
@@ -573,14 +574,14 @@ def describe(spec: Any, shape: HFShape) -> tuple[dict[str, Any], list[str]]:
 
 def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, *,
                 hf_config: str | None = None, spec_source: str = "spec") -> MemoryPlan:
-    """:func:`jobgen.planning.estimate.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
+    """:func:`jobgen.planning.memory_plan.plan_memory` for any spec: a Hugging Face model (``model.hf_path``)
     is sized from its ``config.json`` (``hf_config``, or ``<hf_path>/config.json``) by this
     module (full fine-tuning, LoRA, QLoRA), and its plan also carries :attr:`MemoryPlan.hf` and,
     when the spec matches a row of the seed table (:mod:`jobgen.planning.seeds`), :attr:`MemoryPlan.seed`;
     any other spec goes to the generic plan unchanged.
 
     Raises:
-        NotSupportedError: ``model.class_path`` (see :func:`jobgen.planning.estimate.plan_memory`); QLoRA on GPT-2.
+        NotSupportedError: ``model.class_path`` (see :func:`jobgen.planning.memory_plan.plan_memory`); QLoRA on GPT-2.
         ConfigError: a Hugging Face config that is missing, unreadable, of an unknown model type
             or without a needed key; an unknown LoRA target module.
     """

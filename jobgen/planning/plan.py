@@ -21,7 +21,8 @@ import pydantic_core
 
 from jobgen import __version__
 from jobgen.errors import PlanError
-from jobgen.jobdir import LaunchSpec, ResolvedSpec, write_job_files
+from jobgen.jobdir.files import write_job_files
+from jobgen.jobdir.spec import LaunchSpec, ResolvedSpec
 from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
@@ -299,10 +300,10 @@ def plan_context(
 
 
 def fit_warnings(ctx: PlanContext) -> tuple[str, ...]:
-    """The memory-fit warning of the built-in model on GPUs (:func:`jobgen.planning.estimate.fit_warning`), if any."""
+    """The memory-fit warning of the built-in model on GPUs (:func:`jobgen.planning.memory_plan.fit_warning`), if any."""
     if not ctx.profile.gpus_per_node or ctx.spec.entrypoint is not None:  # the estimate is of the built-in model on GPUs
         return ()
-    from jobgen.planning.estimate import fit_warning
+    from jobgen.planning.memory_plan import fit_warning
 
     # elastic: the smallest world, where FSDP/ZeRO shards (and so each GPU's share) are largest
     text = fit_warning(ctx.spec, ctx.profile, ctx.world.fewest_nodes, ctx.world.devices_per_node)

@@ -1,6 +1,6 @@
 """The project file ``jobgen.yaml``: which specs render for which profiles (``jobgen render --all``).
 
-:class:`Project` is the file's model (``jobgen schema project``, the README reference);
+:class:`Project` is the file's model (``jobgen schema project``, docs/reference/project.md);
 :func:`load_project` finds, reads and validates it. Planning a project into files is
 :func:`jobgen.gitops.manifests.plan_project`.
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import MAX_NAME
+from jobgen.jobdir.files import MAX_NAME
 
 #: Short names of common spec fields in sweep job names (``quickstart-lr1e-4-mbs4``); other
 #: fields use their last path segment without underscores.
@@ -76,7 +76,7 @@ def _quoted_end(raw: str, start: int) -> int:
 
 
 def _split_values(raw: str) -> list[str]:
-    """Split ``v1,v2,...`` into values (README, "Sweeps"): at commas, except inside ``[...]`` or
+    """Split ``v1,v2,...`` into values (docs/sweeps.md): at commas, except inside ``[...]`` or
     ``{...}`` (which must balance) and inside a quoted string (YAML ``'...'`` or ``"..."``) that
     begins a value or an item of a ``[...]``/``{...}``. A quote inside a word (``a'b``) is an
     ordinary character. Raises ValueError for an unterminated quote or unbalanced brackets."""

@@ -63,7 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
-from jobgen.jobdir import CODE_DIR_ENV, SPEC_SOURCE_ENV, ResolvedSpec, load_resolved_spec, read_code_snapshot
+from jobgen.jobdir.files import CODE_DIR_ENV, SPEC_SOURCE_ENV
+from jobgen.jobdir.runs import read_code_snapshot
+from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world
@@ -232,7 +234,7 @@ def exit_process(code: int) -> None:
     and written everything: "terminate called without an active exception", SIGABRT, and the
     launcher reports the whole job failed (seen once in 600 CI tests, rank 1 after a complete
     FSDP run). A core dump of the same abort in a plain gloo script showed why: a process-group
-    worker thread dropped its last collective's tensors while Python was finalising (README,
+    worker thread dropped its last collective's tensors while Python was finalising (docs/own-code.md,
     "Command mode", where users' scripts get the same advice). Every file the run writes is
     closed by then (checkpoints, summary.json, loggers finalised by Lightning), so after flushing
     stdout/stderr the process ends with ``os._exit``. Without training (bad input, --help) it

@@ -56,7 +56,7 @@ from jobgen.reports.usage import run_usage
 from jobgen.specs.training import NotifySpec
 
 if TYPE_CHECKING:
-    from jobgen.jobdir import ResolvedSpec
+    from jobgen.jobdir.spec import ResolvedSpec
 
 #: Seconds between the first attempt and the retry.
 RETRY_DELAY_S = 1.0

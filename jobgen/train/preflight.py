@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.errors import EXIT_RUNTIME, JobgenError
 
 if TYPE_CHECKING:
-    from jobgen.jobdir import ResolvedSpec
+    from jobgen.jobdir.spec import ResolvedSpec
 
 #: A node is slow when its bus bandwidth is below this fraction of the median over the nodes.
 SLOW_FRACTION = 0.5

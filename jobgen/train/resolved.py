@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.errors import ConfigError, PlanError
-from jobgen.jobdir import ResolvedSpec
+from jobgen.jobdir.spec import ResolvedSpec
 from jobgen.planning.deepspeed import check_deepspeed_config
 from jobgen.planning.rules import check_elastic, check_support, elastic_nodes, elastic_world
 

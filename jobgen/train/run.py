@@ -36,7 +36,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from jobgen.jobdir import check_run_dir, write_atomic
+from jobgen.jobdir.files import write_atomic
+from jobgen.jobdir.runs import check_run_dir
 from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import TRACE_STEPS_ENV, RequeueOnSignal, StepTrace, Throughput, trace_steps

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import write_atomic
+from jobgen.jobdir.files import write_atomic
 
 SPLIT_BLOCK_BYTES = 64 * 1024
 """Size of the whole blocks the train/val split is made of (bytes)."""

@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStr
 from torch import nn
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir import SUMMARY_FILE
+from jobgen.jobdir.files import SUMMARY_FILE
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, LogIntervalBar, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint
 from jobgen.train.model import Block

@@ -2,7 +2,7 @@
 are imported and bound as ``jobgen validate --import`` does (:mod:`jobgen.usercode.classes`), the model
 is built on PyTorch's meta device (parameters with shapes but no storage: nothing is allocated
 and no weights are read), and the parameters it has are counted. The generic plan
-(:func:`jobgen.planning.estimate.plan_memory`, which this module sits on; it does not know this one)
+(:func:`jobgen.planning.memory_plan.plan_memory`, which this module sits on; it does not know this one)
 then applies its model-state formulas (ZeRO, Rajbhandari et al. 2020) to that count.
 
 Activations are not estimated: they depend on the model's own forward pass, which jobgen does not
@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobgen.errors import ConfigError
-from jobgen.planning.estimate import DEEPSPEED_STAGE3_PERSISTENCE_THRESHOLD, Estimate, MemoryPlan, model_states, with_activations
-from jobgen.planning.estimate import plan_memory as generic_plan_memory
+from jobgen.planning.estimate import DEEPSPEED_STAGE3_PERSISTENCE_THRESHOLD, Estimate, model_states, with_activations
+from jobgen.planning.memory_plan import MemoryPlan
+from jobgen.planning.memory_plan import plan_memory as generic_plan_memory
 from jobgen.specs.training import TrainingSpec
 
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, CodeSnapshot, is_jobgen_output, read_code_snapshot, write_atomic
+from jobgen.jobdir.files import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, is_jobgen_output, write_atomic
+from jobgen.jobdir.runs import CodeSnapshot, read_code_snapshot
 from jobgen.specs.training import TrainingSpec
 
 Echo = Callable[[str], None]

@@ -90,7 +90,7 @@ def assert_ranks_skipped_teardown(records: Path, script: str) -> None:
     Python objects and is ended by the interpreter inside a destructor, which is std::terminate
     ("terminate called without an active exception"; README, "Command mode")."""
     ran = [json.loads(path.read_text()) for path in records.iterdir()]
-    assert any(argv[0].endswith("jobgen/cli.py") for argv in ran), ran  # the probe was loaded
+    assert any(argv[0].endswith("jobgen/cli/__main__.py") for argv in ran), ran  # the probe was loaded
     assert not [argv for argv in ran if argv[0].endswith(script)], ran  # the ranks (torchrun's agent may)
 
 

@@ -1,4 +1,4 @@
-"""jobgen.planning.estimate: the formulas (ZeRO paper, Korthikanti et al.), the recommender, determinism.
+"""jobgen.planning.estimate: the formulas (ZeRO paper, Korthikanti et al.); jobgen.planning.memory_plan: the recommender; determinism.
 
 Expected values are computed here from the published formulas, not pasted from outputs.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobgen.planning import estimate as E
+from jobgen.planning import memory_plan as M
 from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import MODEL_PRESETS, ModelSpec
@@ -162,7 +163,7 @@ def _plan(overrides=(), profile="slurm-a100"):
     from jobgen.planning.plan import resolve_world
 
     w = resolve_world(spec, prof)
-    return E.plan_memory(spec, prof, w.num_nodes, w.devices_per_node)
+    return M.plan_memory(spec, prof, w.num_nodes, w.devices_per_node)
 
 
 def test_7b_on_a100_ddp_does_not_fit_fsdp_does():
@@ -172,7 +173,7 @@ def test_7b_on_a100_ddp_does_not_fit_fsdp_does():
     assert rows["ddp"].estimate.total_bytes > 16 * mp.n_params > mp.budget_bytes  # ZeRO's 16Ψ alone exceeds 80 GiB
     assert mp.chosen == E.Layout("fsdp", "FULL_SHARD") and rows["fsdp:FULL_SHARD"].fits
     assert any("does not fit" in r and r.startswith("ddp") for r in mp.reasons)
-    assert E.fit_warning(load_spec(QUICKSTART, SEVEN_B + ("trainer.micro_batch_size=1",)), load_profile("slurm-a100"), 1, 8)
+    assert M.fit_warning(load_spec(QUICKSTART, SEVEN_B + ("trainer.micro_batch_size=1",)), load_profile("slurm-a100"), 1, 8)
 
 
 def test_nothing_fits_says_what_would():
@@ -187,7 +188,7 @@ def test_small_model_gets_ddp_huge_model_gets_zero3():
     huge = ("model.preset=null", "model.n_layer=64", "model.n_head=64", "model.d_model=8192", "model.block_size=2048",
             "trainer.micro_batch_size=1", "resources.nodes=16")
     mp = _plan(huge)
-    assert mp.n_params > E.LARGE_MODEL_PARAMS
+    assert mp.n_params > M.LARGE_MODEL_PARAMS
     assert mp.chosen is not None and mp.chosen.strategy == "deepspeed_stage_3"
 
 
@@ -195,13 +196,13 @@ def test_cpu_profile_budget_and_no_render_warning():
     mp = _plan(profile="local")
     assert mp.accelerator == "cpu" and mp.budget_bytes == 8 * E.GIB // 2
     assert all(not r.estimate.layout.strategy.startswith("deepspeed") for r in mp.rows)
-    assert E.fit_warning(load_spec(QUICKSTART, SEVEN_B), load_profile("local"), 1, 2) is None
+    assert M.fit_warning(load_spec(QUICKSTART, SEVEN_B), load_profile("local"), 1, 2) is None
 
 
 def test_missing_gpu_memory_assumes_the_smallest_variant():
     prof = ClusterProfile(name="x", scheduler="slurm", gpus_per_node=8, gpu_type="A100")
     spec = load_spec(QUICKSTART)
-    mp = E.plan_memory(spec, prof, 1, 8)
+    mp = M.plan_memory(spec, prof, 1, 8)
     assert mp.budget_bytes == 40 * E.GIB and any("gpu_mem_gib" in a for a in mp.assumptions)
 
 

@@ -55,7 +55,8 @@ def test_with_gpus_the_local_profile_runs_one_rank_per_gpu_in_bf16_within_their_
 
 
 def test_the_plans_budget_is_the_detected_gpu_memory(monkeypatch) -> None:
-    from jobgen.planning.estimate import GIB, budget_bytes
+    from jobgen.planning.estimate import GIB
+    from jobgen.planning.memory_plan import budget_bytes
     from jobgen.specs.load import load_spec
 
     _fake(monkeypatch, T4)

@@ -87,3 +87,12 @@ def test_wheel_ships_every_template_and_profile(wheel):
     with zipfile.ZipFile(wheel) as zf:
         missing = sorted(shipped - set(zf.namelist()))
     assert "jobgen/_templates/ssh/launch.sh.j2" in shipped and not missing, f"not in {wheel.name}: {missing}"
+
+
+def test_wheel_ships_every_module(wheel):
+    """setup.cfg lists jobgen's packages one by one: a package made by a split (issue 32: jobgen.cli,
+    jobgen.jobdir, jobgen.api) must be added there, or a non-editable install lacks its modules."""
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "jobgen").rglob("*.py")}
+    with zipfile.ZipFile(wheel) as zf:
+        missing = sorted(modules - set(zf.namelist()))
+    assert "jobgen/cli/app.py" in modules and not missing, f"not in {wheel.name} (add their packages to setup.cfg): {missing}"

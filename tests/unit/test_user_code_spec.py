@@ -210,7 +210,7 @@ def test_local_ranks_get_relative_pythonpath_entries_made_absolute(tmp_path, mon
 
 def test_memory_plan_refuses_a_class_path_model(tmp_path):
     from jobgen.errors import NotSupportedError
-    from jobgen.planning.estimate import fit_warning, plan_memory
+    from jobgen.planning.memory_plan import fit_warning, plan_memory
 
     spec, profile = _spec(tmp_path, USER), load_profile("slurm-a100", PROFILES)
     with pytest.raises(NotSupportedError, match="planning imports no user code unless asked") as info:

@@ -30,7 +30,9 @@ from jobgen.backends import get_backend
 from jobgen.backends.base import Echo, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError, SubmitError
 from jobgen.gitops.manifests import plan_single
-from jobgen.jobdir import SPEC_FILE, SUBMISSION_FILE, ResolvedSpec, Submission, SweepTag, new_sweep_id, point_file
+from jobgen.jobdir.files import SPEC_FILE, SUBMISSION_FILE, point_file
+from jobgen.jobdir.spec import ResolvedSpec
+from jobgen.jobdir.submission import Submission, SweepTag, new_sweep_id
 from jobgen.planning.plan import JobPlan
 from jobgen.specs.sweeps import SweepAxis, parse_sweep, sweep_points
 from jobgen.specs.training import TrainingSpec

@@ -14,6 +14,9 @@ Every operation goes through the backend the profile (or the job directory's spe
 handle's scheme) names, via one interface (:class:`jobgen.backends.base.Backend`); nothing
 here branches on the scheduler. Errors are :class:`jobgen.errors.JobgenError` subclasses with a
 location and a hint. Planning and rendering never import torch or the Kubernetes client.
+
+A sweep submitted in one call (``jobgen submit SPEC --sweep ...``: every point planned first, then
+one job array or one job per point through :func:`submit`) is :mod:`jobgen.api.sweep`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError
-from jobgen.jobdir import DirUndo, JobHandle, Submission, ignore_run_dir, read_array_index, read_resolved_spec, recorded_submissions, resolve_job
+from jobgen.jobdir.files import DirUndo, ignore_run_dir
+from jobgen.jobdir.spec import read_array_index, read_resolved_spec
+from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
 from jobgen.specs.load import load_profile, load_spec, search_dirs
 

@@ -1,0 +1,187 @@
+"""The commands on submitted jobs: ``jobgen ls``, ``status``, ``logs`` (``--first-error``) and
+``cancel``, each through :mod:`jobgen.api` (the job's backend, found from its handle)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from jobgen import api
+from jobgen.backends.base import JOB_STATES, LogOptions
+from jobgen.cli.options import job_argument
+from jobgen.cli.output import StateChoice, echo_doc, echo_progress, output_option, remember_output
+from jobgen.errors import ConfigError
+from jobgen.jobdir.submission import resolve_job
+from jobgen.reports.triage import format_triage
+
+
+@click.command(name="ls")
+@click.option("--cluster", default=None, metavar="NAME",
+              help="Only jobs of this SLURM cluster or Kubernetes context (`local` for local runs; the first host for ssh jobs).")
+@click.option("--state", "states", multiple=True, type=StateChoice(JOB_STATES),
+              help="Only jobs in this state after the refresh (repeatable, any case), e.g. --state RUNNING --state PENDING.")
+@output_option()
+def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
+    """List every job submitted from this machine (newest first), each refreshed from its
+    scheduler: state, nodes x devices, start, elapsed and GPU-hours (CPU-hours on CPU
+    clusters; cost when the profile has gpu_hour_price).
+
+    \b
+    The list comes from jobgen's state index (~/.local/state/jobgen, $JOBGEN_STATE_DIR).
+    A scheduler that cannot be reached shows UNREACHABLE with the reason, and a job its
+    scheduler no longer knows shows UNKNOWN: a state is never guessed.
+
+    \b
+    Example:
+      jobgen ls
+      jobgen ls --cluster jobgenlab --state RUNNING -o json
+    """
+    def progress(index: int, total: int, handle: str) -> None:
+        if total > 3 and sys.stderr.isatty():
+            click.echo(f"\rrefreshing {index + 1}/{total} {handle[:60]:60}", err=True, nl=False)
+
+    rows = api.list_jobs(cluster=cluster, states=states, progress=progress)
+    if sys.stderr.isatty() and len(rows) > 3:
+        click.echo("\r" + " " * 80 + "\r", err=True, nl=False)
+    if output == "json":
+        click.echo(json.dumps([row.to_json() for row in rows], indent=2, sort_keys=True))
+        return
+    if not rows:
+        click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
+        return
+    sweeps = any(row.record.sweep is not None for row in rows)  # a SWEEP column only when some job has one
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST") + (("SWEEP",) if sweeps else ())]
+    for row in rows:
+        world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
+        name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
+        sweep = ((row.record.sweep.id if row.record.sweep is not None else "-"),) if sweeps else ()
+        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None), *sweep))
+        task_usage = {t.handle.array_task: t.usage for t in row.status.tasks} if row.status is not None else {}
+        for task in row.tasks() if row.record.array else ():  # a job array's tasks, under it
+            table.append((f"  {task['handle']}", f"  {task['name']}", task["state"], world, *_usage_cells(task_usage.get(task["index"])),
+                          *sweep))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    for row in rows:
+        if row.stale:
+            click.echo(f"note: {row.record.handle}: {row.stale}")
+
+
+def _usage_cells(usage: Any) -> tuple[str, str, str, str]:
+    """``jobgen ls``'s STARTED, ELAPSED, DEVICE TIME and COST cells of a :class:`~jobgen.reports.usage.Usage` (or None)."""
+    if usage is None:
+        return ("-", "-", "-", "-")
+    started = usage.start.strftime("%Y-%m-%d %H:%M") if usage.start else "-"
+    elapsed = _duration(usage.elapsed_s) if usage.elapsed_s is not None else "-"
+    hours = usage.device_hours
+    return (started, elapsed, f"{hours:.3f} {usage.unit}" if hours is not None else "-", f"{usage.cost:.2f}" if usage.cost is not None else "-")
+
+
+def _duration(seconds: float) -> str:
+    """``H:MM:SS`` (days as ``Nd H:MM:SS``)."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {text}" if days else text
+
+
+@click.command()
+@job_argument
+@output_option()
+@click.option("--json", "as_json", is_flag=True, hidden=True, is_eager=True, help="Same as -o json (kept for scripts).",
+              callback=lambda ctx, param, value: remember_output(ctx, param, "json") if value else value)
+def status(job: str, output: str, as_json: bool) -> None:
+    """Show the state of JOB (a handle like slurm://<cluster>/<jobid>, k8s://<context>/<ns>/<name>
+    or local://<run dir>, or a submitted job directory).
+
+    \b
+    SLURM: squeue while the job is queued or running; afterwards sacct when the
+    cluster keeps accounting, else the job-completion log (sacct -c); UNKNOWN when
+    no source knows the job (never a guess).
+    Kubernetes: the job's conditions (CREATED, RUNNING, RESTARTING, COMPLETED,
+    FAILED, ...) and replica counts; CANCELLED once `jobgen cancel` deleted it,
+    UNKNOWN when the object does not exist otherwise.
+    local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
+    error) or CANCELLED (Ctrl-C).
+    -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");
+    a scheduler that cannot be asked is an error (exit 1), as JSON too.
+    """
+    st = api.status(job)
+    if output == "json" or as_json:
+        click.echo(json.dumps(st.to_json(), sort_keys=True))
+        return
+    details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
+    click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
+    if st.usage is not None:
+        click.echo(f"  usage: {st.usage.describe()}")
+    for task in st.tasks:  # a SLURM job array: one line per task
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
+        click.echo(f"  {task.handle}  {task.state}  {task.details.get('name', '')}  ({task.source}{'; ' + shown if shown else ''})")
+
+
+@click.command()
+@job_argument
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends (Ctrl-C stops following).")
+@click.option("--rank", default=None, metavar="N|all",
+              help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
+@click.option("--replica", default=None, metavar="TYPE-INDEX",
+              help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1 (an elastic job's "
+                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0. "
+                   "ssh: the node whose output to show, node-0 (default) .. node-<N-1>.")
+@click.option("--first-error", is_flag=True,
+              help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
+                   "node, traceback or NCCL error, then the others in order.")
+@output_option()
+def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
+    """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
+    Master pod's output (Kubernetes), by default; a local run's output.log (every rank's lines).
+
+    With --first-error, triage a failed job: when one rank fails, the others fail after it, and
+    the earliest failure (Kubernetes: by the kubelet's timestamps; SLURM: by its place in srun's
+    output, which is the order of arrival) is the one that explains the job's end.
+
+    \b
+    Example:
+      jobgen logs -f slurm://lab/42
+      jobgen logs --rank 3 manifests/slurm-a100/quickstart
+      jobgen logs -f --replica worker-0 k8s://prod/training/quickstart
+      jobgen logs --first-error slurm://lab/42
+    """
+    if first_error:
+        if follow or rank is not None or replica is not None:
+            raise ConfigError("--first-error reads every rank's output; it does not combine with --follow, --rank or --replica",
+                              hint="drop those options, or drop --first-error")
+        handle = str(resolve_job(job))  # a job directory is read once; the handle then parses without I/O
+        found = api.first_error(handle)
+        if output == "json":
+            click.echo(json.dumps({"handle": handle, "ordered_by": found.ordered_by,
+                                   "first": None if found.first is None else found.first.to_json(),
+                                   "failures": [f.to_json() for f in found.failures], "srun_exits": list(found.exits)}, indent=2))
+        else:
+            for line in format_triage(found, handle):
+                click.echo(line)
+        return
+    if output == "json":
+        raise ConfigError("logs -o json applies to --first-error only", hint="add --first-error, or drop -o json")
+    try:
+        api.logs(job, LogOptions(follow=follow, rank=rank, replica=replica), click.echo)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+
+
+@click.command()
+@job_argument
+@click.option("--wait-s", default=120.0, show_default=True, help="Seconds to wait for the job to end after scancel / the delete.")
+@output_option()
+def cancel(job: str, wait_s: float, output: str) -> None:
+    """Cancel JOB and wait until every rank has stopped (SLURM: scancel, then squeue;
+    Kubernetes: delete with foreground propagation, so the pods go before the job)."""
+    st = api.cancel(job, wait_s=wait_s, echo=echo_progress)
+    if output == "json":
+        echo_doc(st.to_json())
+        return
+    click.echo(f"{st.handle}  {st.state}")
