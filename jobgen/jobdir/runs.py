@@ -141,8 +141,12 @@ def check_run_dir(run_dir: Path, resolved: ResolvedSpec, *, claim: bool = False)
 
 
 def _refuse_run_dir(run_dir: Path, theirs: str, mine: RunIdentity, location: Path, record: Path | None) -> None:
-    on_purpose = (f"; to continue that run's checkpoints with this profile on purpose, delete {record}" if record is not None else
-                  f"; to continue it on purpose, move its {SUMMARY_FILE} away")
+    # both records stand for the run (summary.json where an older jobgen left no identity), so
+    # continuing on purpose takes both out of the way: the identity alone left a second refusal
+    steps = [f"delete {record}"] if record is not None else []
+    if (run_dir / SUMMARY_FILE).exists():
+        steps.append(f"move {run_dir / SUMMARY_FILE} away")
+    on_purpose = f"; to continue that run's checkpoints with this job on purpose, {' and '.join(steps)}" if steps else ""
     raise ConfigError(
         f"run directory {run_dir} holds a run of {theirs}; this job is {mine.describe()}: it would resume that run's "
         "checkpoints (or stop at its max_steps) instead of starting its own",
