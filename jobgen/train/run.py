@@ -36,6 +36,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
+from jobgen.errors import ConfigError
 from jobgen.jobdir.files import write_atomic
 from jobgen.jobdir.runs import check_run_dir
 from jobgen.reports.usage import run_usage
@@ -151,6 +152,7 @@ def train(
     lightning.seed_everything(t.seed, workers=True, verbose=False)
     levers = _speed_levers(resolved, resume)
     layout_strategy = "ddp" if levers["single_device"] else t.strategy  # the strategy that trains
+    check_resume_layout(resume, layout_strategy, launch.world_size)
     # the MFU peak of the dtype the matmuls run in: 32-true with the TF32 lever (set below) against TF32 (None: the current setting)
     peak_flops = (peak_flops_per_s(launch.gpu_type, t.precision, levers["matmul_precision"])
                   if launch.accelerator == "gpu" else None)
@@ -340,6 +342,31 @@ def _speed_levers(resolved: ResolvedSpec, resume: FoundCheckpoint | None = None)
         "fused_clip": "fused_clip" not in off,
         "off": sorted(off),
     }
+
+
+def check_resume_layout(resume: FoundCheckpoint | None, strategy: str, world_size: int) -> None:
+    """Refuse, before anything is built, a resume DeepSpeed's engine cannot load: a one-file
+    checkpoint (written on the single-device path, issue 28's world size 1 of ZeRO-1/2, or under
+    ddp) where ``strategy`` (the one that trains, after the single-device choice) is DeepSpeed,
+    whose engine loads only its own checkpoint directories (Lightning 2.6's DeepSpeedStrategy
+    raised FileNotFoundError "not a valid DeepSpeed checkpoint" once the ranks had started).
+    FSDP loads such a file at any world size (its optimizer state keyed by parameter position,
+    :func:`jobgen.train.checkpoints.number_optimizer_state_by_parameter`).
+
+    Raises:
+        ConfigError: the checkpoint is a file and ``strategy`` is DeepSpeed (exit 2).
+    """
+    if resume is None or not strategy.startswith("deepspeed") or resume.path.is_dir():
+        return
+    raise ConfigError(
+        "resume: this is a one-file checkpoint (written at world size 1 on the single-device path, or under ddp), "
+        f"but this run trains under {strategy} at world size {world_size}: DeepSpeed's engine loads only its own "
+        "checkpoint directories",
+        location=str(resume.path),
+        hint="continue it at world size 1 (ZeRO-1/2 without offload train on the single-device path there), or under "
+             "strategy fsdp (which loads it at any world size), or start from step 0 (checkpoint.resume: never, or "
+             "another run directory)",
+    )
 
 
 def _fused(trainer: Trainer) -> bool:

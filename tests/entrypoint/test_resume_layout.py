@@ -7,8 +7,9 @@ Lightning's FSDPStrategy loads a single-file checkpoint's optimizer state throug
 to be positions in ``model.parameters()``. torch numbers them by position in the optimizer's
 parameter groups, and jobgen's AdamW has two groups (decayed matrices, then the rest), so the
 ids named the wrong tensors: on main at 572c1d4 the resume died with "The size of tensor a
-(49152) must match the size of tensor b (65536)". Both tests run the real entrypoint under
-``torch.distributed.run`` with CPU ranks (gloo); ~1 min in all on 2 cores.
+(49152) must match the size of tensor b (65536)". DeepSpeed's engine cannot load such a file at
+all: that continuation is refused up front. The tests run the real entrypoint under
+``torch.distributed.run`` with CPU ranks (gloo); ~3 min in all on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,18 +25,28 @@ STEPS, MORE = 4, 6
 MICRO, GLOBAL_BATCH = 2, 4
 
 
-def _spec(world_size: int, max_steps: int) -> dict:
+def _spec(world_size: int, max_steps: int, strategy: str = "fsdp") -> dict:
     return resolved_doc(_merge(TINY_SPEC, {
-        "trainer": {"strategy": "fsdp", "max_steps": max_steps, "micro_batch_size": MICRO,
+        "trainer": {"strategy": strategy, "max_steps": max_steps, "micro_batch_size": MICRO,
                     "gradient_accumulation_steps": GLOBAL_BATCH // (MICRO * world_size), "val_check_interval": 100,
                     "log_every_n_steps": 1, "warmup_steps": 1},
         "checkpoint": {"every_n_steps": 2, "resume": "auto"},
     }), devices_per_node=world_size, world_size=world_size)
 
 
-def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run: Path):  # noqa: ANN001, ANN202
-    spec = tmp_path / f"spec-{world_size}-{max_steps}.json"
-    spec.write_text(json.dumps(_spec(world_size, max_steps)))
+def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run: Path,  # noqa: ANN001, ANN202
+           strategy: str = "fsdp"):
+    doc = _spec(world_size, max_steps, strategy)
+    if strategy.startswith("deepspeed"):  # the ds_config.json render writes beside spec.json
+        from jobgen.planning.deepspeed import deepspeed_config
+        from jobgen.planning.rules import World
+        from jobgen.specs.training import TrainingSpec
+
+        config = deepspeed_config(TrainingSpec.model_validate(doc["spec"]), World(1, world_size, "cpu", micro_batch_size=MICRO))
+        (tmp_path / f"ds_config-{world_size}.json").write_text(json.dumps(config))
+        doc["launch"]["deepspeed_config"] = f"ds_config-{world_size}.json"
+    spec = tmp_path / f"spec-{strategy}-{world_size}-{max_steps}.json"
+    spec.write_text(json.dumps(doc))
     return run_entrypoint("--spec", str(spec), "--run-dir", str(run), nproc=world_size, timeout=300)
 
 
@@ -95,3 +106,24 @@ def _weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
 
     dcp_to_torch_save(checkpoint, scratch)
     return torch.load(scratch, map_location="cpu", weights_only=False)["model"]
+
+
+def test_deepspeed_refuses_to_continue_a_one_file_checkpoint_before_the_ranks_build_anything(
+        run_entrypoint, tmp_path: Path, deepspeed_cpu_ops) -> None:  # noqa: ANN001
+    """ZeRO-2 at world size 1 trains on the single-device path and writes one-file checkpoints;
+    DeepSpeed's engine at world size 2 loads only its own directories. The continuation is
+    refused as bad input (the ranks exit 2, the file named, the ways out in the hint) before any training;
+    on main at 572c1d4 the ranks started and died with FileNotFoundError (exit 1)."""
+    run = tmp_path / "run"
+    first = _train(run_entrypoint, tmp_path, 1, STEPS, run, "deepspeed_stage_2")
+    assert first.code == 0, first.output
+    (run / ".jobgen-run.json").unlink()
+    (run / "summary.json").rename(run / "summary.ws1.json")
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    refused = _train(run_entrypoint, tmp_path, 2, MORE, run, "deepspeed_stage_2")
+    assert refused.code != 0 and "(exitcode: 2)" in refused.stderr, refused.output  # bad input; torchrun itself exits 1
+    assert "one-file checkpoint" in refused.stderr and "last.ckpt" in refused.stderr, refused.output
+    assert "strategy fsdp" in refused.stderr and "world size 1" in refused.stderr, refused.output
+    assert "python -m jobgen.train: error: " in refused.stderr and "FileNotFoundError" not in refused.stderr, refused.output
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    assert not (run / "summary.json").exists()
