@@ -42,7 +42,9 @@ tracker holds (:attr:`WandbRun.floor`, :attr:`MlflowRun.floor`; the record where
 tell), sends a tracker nothing at or below it, and sends it from the earlier starts'
 metrics.csv the steps up to the resumed checkpoint it lacks
 (:func:`jobgen.train.metrics_csv.read_metrics_rows`). jobgen's own requeue ends the runs before
-``scontrol requeue`` (:meth:`TrackerLogger.before_requeue`). After a failed run that sent its tail,
+``scontrol requeue`` (:meth:`TrackerLogger.before_requeue`). A tracker whose call fails (W&B once
+SLURM's SIGTERM has reached ``wandb-core`` before jobgen's rank) gets nothing more in that start;
+the other trackers and training go on. After a failed run that sent its tail,
 resumed from an earlier checkpoint, the first steps again are skipped, with a note.
 
 Every rank defers SIGINT/SIGTERM from the end of each batch to the start of the next (the
@@ -167,6 +169,8 @@ class TrackerLogger(Logger):
         self.resent: dict[str, int] = {}
         """Per tracker, the rows of metrics.csv sent again at the start (steps the tracker lacked)."""
         self.skipped = 0
+        self.failed: set[str] = set()
+        """Trackers whose :meth:`log` raised in this start: they get nothing more until the next start."""
         self.signalled: int | None = None
         """SIGINT/SIGTERM seen on this rank since :meth:`start` (the run then ends KILLED)."""
         self.closed = False
@@ -372,8 +376,16 @@ class TrackerLogger(Logger):
             return
         for tracker in self.trackers:
             own = [r for r in fresh if r[0] > self.floors.get(tracker.name, -1)]
-            if own:
-                tracker.log(own)
+            if own and tracker.name not in self.failed:
+                try:
+                    tracker.log(own)
+                except Exception as exc:  # noqa: BLE001 - e.g. wandb-core SIGTERMed by SLURM: ConnectionResetError
+                    # neither the other trackers nor training may stop on it (issue 33, seen on the
+                    # SLURM lab); what this tracker confirmed stays what it was, so the next start
+                    # sends it the rest from metrics.csv
+                    self.failed.add(tracker.name)
+                    _say(f"warning: {tracker.name} failed: {type(exc).__name__}: {exc}; it gets nothing more in this "
+                         "start (the next start sends it what it lacks from metrics.csv)")
         self.sent_step = max(self.sent_step or 0, *(step for step, _ in fresh))
 
     def _remember(self) -> None:
@@ -449,7 +461,7 @@ class TrackerLogger(Logger):
         failure is printed; the runs then stay ended and a later start sends what they lack."""
         if not self.closed or self._trainer is None:
             return
-        self.closed, self.trackers, self.skipped = False, [], 0
+        self.closed, self.trackers, self.skipped, self.failed = False, [], 0, set()
         self.resumed_step, self.safe_step = step, max(self.safe_step, step)
         try:
             self.start(self._trainer, self._nodes)

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.entrypoint.conftest import REPO, TINY_SPEC, child_env, resolved_doc
+from tests.tracker_files import csv_steps
 
 pytest.importorskip("wandb", reason="wandb not installed (pip install -e .[tracking])")
 pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
@@ -232,21 +233,6 @@ done
 kill -TERM "$PPID"
 exit 0
 """
-
-
-def csv_steps(run_dir: Path, metric: str) -> list[int]:
-    """The steps of ``metric`` in the run's metrics.csv files, each step from the newest version
-    that has the step (a resumed start supersedes what an earlier one logged past its checkpoint)."""
-    import csv
-
-    by_step: dict[int, set[str]] = {}
-    for path in sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
-        own: dict[int, set[str]] = {}
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                own.setdefault(int(row["step"]), set()).update(k for k, v in row.items() if v not in ("", None))
-        by_step.update(own)
-    return sorted(step for step, names in by_step.items() if metric in names)
 
 
 def test_a_slurm_requeue_keeps_every_step_once_in_wandb_and_mlflow_though_wandb_core_is_sigtermed(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from tests.entrypoint.conftest import REPO
 from tests.entrypoint.test_tracking import metric_steps, mlflow_client, tracker_env, wandb_history
+from tests.tracker_files import read_wandb_file
 
 pytest.importorskip("wandb", reason="wandb not installed (pip install -e .[tracking])")
 pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
@@ -56,6 +57,15 @@ def test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once(tmp_p
     for step, metrics in rows:  # the step's rows merged: train and validation in one W&B row
         assert set(metrics) == ({"train_loss", "epoch", "val_loss"} if step % 10 == 0 else {"train_loss", "epoch"}), (step, metrics)
         assert metrics["train_loss"] == pytest.approx(10.0 - step / 100)
+    # jobgen reads these files itself (WandbFileSteps: wandb 0.31 has no Python reader), as does
+    # wandb_history here: both agree with wandb's own reader, on the killed piece's file too
+    from jobgen.train.tracking import WandbFileSteps
+
+    for piece in pieces:
+        path = piece / f"run-{key}.wandb"
+        theirs = read_wandb_file(path, tracker_env(tmp_path))
+        assert theirs.run_ids == [key] and wandb_history(path) == theirs.history, (path, theirs)
+        assert WandbFileSteps(path).read() == max(theirs.steps, default=None), (path, theirs.steps)
     client = mlflow_client(uri)
     steps = metric_steps(client, record["mlflow_run_id"])
     assert steps["train_loss"] == list(range(1, 41)) and steps["val_loss"] == [10, 20, 30, 40], steps

@@ -355,6 +355,47 @@ def test_a_failed_run_sends_its_tail_and_a_later_start_never_sends_a_step_twice(
     assert [s for s, _ in recorder.rows] == [6] and again.skipped == 1
 
 
+class Dead(Recorder):
+    """A tracker whose helper is gone: W&B after SLURM's SIGTERM reached ``wandb-core`` (every
+    process of a requeued step gets one), where each call raises ``ConnectionResetError``."""
+
+    name = "dead"
+
+    def log(self, rows):
+        raise ConnectionResetError("Connection lost")
+
+    def flush(self):
+        raise ConnectionResetError("Connection lost")
+
+    def confirmed_step(self):
+        return None
+
+
+def test_a_tracker_that_fails_leaves_the_others_and_training_going(tmp_path: Path, capsys) -> None:
+    """Seen on the SLURM lab (issue 33): SLURM's SIGTERM for a requeue reached ``wandb-core``
+    right after the step-50 checkpoint, whose rows W&B then failed to take: the exception left
+    ``checkpoint_written``, MLflow never got the rows, and training ended on it before the step's
+    validation (its val_loss then missing from metrics.csv and every tracker for good). A failing
+    tracker gets nothing more in this start (it confirmed nothing new: the next start sends it
+    what it lacks); the others go on, and so does training."""
+    logger, recorder, trainer = gated_logger(tmp_path)
+    dead = Dead()
+    logger.trackers = [dead, recorder]
+    logger.floors = {dead.name: -1, recorder.name: -1}
+    for step in (2, 4):
+        log_at(logger, trainer, step)
+    logger.checkpoint_written(4)
+    log_at(logger, trainer, 4, val_loss=2.0, epoch=0.0)  # the step's validation: covered, sent at once
+    log_at(logger, trainer, 6)
+    logger.checkpoint_written(6)
+    assert [s for s, _ in recorder.rows] == [2, 4, 4, 6]
+    out = capsys.readouterr().out
+    assert out.count("tracking: warning: dead failed: ConnectionResetError: Connection lost") == 1, out
+    assert read_tracking_record(tmp_path).logged_steps == {"recorder": 6}  # the dead one confirmed nothing
+    logger.close("KILLED")
+    assert recorder.status == "KILLED"
+
+
 def test_mlflow_finds_its_run_by_key_tag_and_by_job_when_the_record_is_lost(tmp_path: Path) -> None:
     pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
     from jobgen.specs.tracking import MlflowSpec

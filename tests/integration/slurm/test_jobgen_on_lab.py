@@ -3,6 +3,13 @@
 Each job is rendered from ``slurm-lab`` (a profile that extends the shipped ``slurm-cpu`` with
 the lab's partition and interpreter) and submitted with the ``jobgen`` CLI, exactly as a user
 would; the lab is the ``slurm_lab`` fixture (conftest.py). Wall times are printed (``-s``).
+
+The two requeue tests (``scontrol requeue`` mid-run; the time-limit signal and jobgen's own
+requeue) log to every tracker, ``trainer.loggers: [csv, wandb, mlflow]`` (W&B offline, MLflow on a
+SQLite file in the test's directory, which both nodes see), and check what the trackers hold at
+the end (issue 33: :func:`check_trackers`), on the same jobs rather than on two more: SLURM's
+SIGTERM on a requeue reaches every process of the step, W&B's ``wandb-core`` included, which is
+what lost W&B's rows before each requeue.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +31,8 @@ import pytest
 from lab import release_requeued, run_slurm, wait_for
 
 from jobgen.backends.slurm_script import run_dir_name
-from tests.conftest import ADVERSARIAL, REPO
+from tests.conftest import ADVERSARIAL, REPO, skip_or_fail
+from tests.tracker_files import csv_rows, read_wandb_file
 
 pytestmark = pytest.mark.slurm_lab
 
@@ -53,6 +63,9 @@ resources: {{nodes: 2}}
 
 #: Longest wait between two `jobgen status` (or `jobgen logs`) calls of a polling loop, seconds.
 STATUS_EVERY_S = 10.0
+#: A fake W&B key: only ever in the environment of a tracked job's submit (its spec lists the name
+#: in ``secrets``, so sbatch passes it to the job); no file may hold it.
+FAKE_WANDB_KEY = "wk-lab-3e8a1c5f7b9d0246e8ac13579bdf02468ace1357"
 
 
 class Jobgen:
@@ -76,10 +89,42 @@ class Jobgen:
         (self.root / "profiles" / f"{name}.yaml").write_text(text)
         return name
 
-    def spec(self, name: str, *, max_steps: int, every: int) -> str:
+    def spec(self, name: str, *, max_steps: int, every: int, trainer: dict[str, Any] | None = None) -> str:
+        """Write the job's spec (SPEC), with ``trainer`` (e.g. :meth:`track`'s) merged into its
+        trainer fields and, when it names wandb, ``secrets: [WANDB_API_KEY]``."""
         path = self.root / f"{name}.yaml"
-        path.write_text(SPEC.format(name=name, max_steps=max_steps, every=every))
+        text = SPEC.format(name=name, max_steps=max_steps, every=every)
+        if trainer:
+            import yaml
+
+            doc = yaml.safe_load(text)
+            doc["trainer"].update(trainer)
+            if "wandb" in trainer.get("loggers", ()):
+                doc["secrets"] = ["WANDB_API_KEY"]
+            text = json.dumps(doc)  # JSON is YAML
+        path.write_text(text)
         return str(path)
+
+    def track(self, experiment: str) -> dict[str, Any]:
+        """Log to every tracker (issue 33): the trainer fields for W&B offline and MLflow on a
+        SQLite file under the test's directory (the lab's nodes share this machine's filesystem),
+        MLflow experiment ``experiment``, a row every 5 steps. The submits get the fake key and no
+        W&B or MLflow variable of the test's own environment; W&B's config, cache and data
+        directories are under the test's directory (sbatch passes all of it to the job)."""
+        if find_spec("wandb") is None or find_spec("mlflow") is None:
+            skip_or_fail("the lab's requeue tests log to W&B and MLflow: pip install -e '.[tracking]'")
+        for name in [k for k in self.env if k.startswith(("WANDB_", "MLFLOW_"))]:
+            del self.env[name]
+        self.env.update({"WANDB_SILENT": "true", "WANDB_API_KEY": FAKE_WANDB_KEY,
+                         **{f"WANDB_{d}_DIR": str(self.root / "wandb-home" / d.lower()) for d in ("CONFIG", "CACHE", "DATA")}})
+        return {"loggers": ["csv", "wandb", "mlflow"], "log_every_n_steps": 5,
+                "wandb": {"mode": "offline", "project": "jobgen-lab"},
+                "mlflow": {"tracking_uri": self.mlflow_uri, "experiment": experiment}}
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The MLflow tracking URI of :meth:`track` (absolute: ``sqlite:////...``)."""
+        return f"sqlite:///{self.root / 'mlflow.db'}"
 
     def submit(self, spec: str, profile: str = "slurm-lab", *extra: str) -> str:
         out = self("submit", spec, "--profile", profile, "--profiles-dir", str(self.root / "profiles"), *extra).stdout
@@ -182,6 +227,97 @@ def _wait_for_checkpoint(run: Path, timeout: float) -> Path:
     return wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), timeout, 0.5, what=f"a step checkpoint in {run}")[0]
 
 
+def _listed(steps: Any) -> str:
+    """Steps as short text: each run of steps 5 apart (:meth:`Jobgen.track` logs every 5) as ``a-b``."""
+    runs: list[list[int]] = []
+    for step in sorted(steps):
+        if runs and step - runs[-1][-1] == 5:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+def _compare(what: str, got: list[int], expected: list[int]) -> list[str]:
+    """``got`` (steps in a tracker) against ``expected`` (metrics.csv's): what is missing, twice, extra."""
+    if got == expected:
+        return []
+    twice = sorted(step for step, n in Counter(got).items() if n > 1)
+    return [f"{what}: missing {_listed(set(expected) - set(got))}; twice {_listed(twice)}; "
+            f"not in metrics.csv {_listed(set(got) - set(expected))} (metrics.csv {len(expected)} steps, {what} {len(got)})"]
+
+
+def check_trackers(jg: Jobgen, run: Path, experiment: str, resumed: int, log: str) -> dict[str, Any]:
+    """What the trackers hold after a tracked job (:meth:`Jobgen.track`) that SLURM ran twice,
+    the second run resumed from a checkpoint of step ``resumed`` (issue 33). ``log`` is every
+    rank's log (``jobgen logs --rank all``). Returns the figures the test prints.
+
+    Asserted, every discrepancy listed in one message: W&B (its offline files, one per start,
+    read with wandb's own reader) and MLflow (its client's metric history) hold every step of
+    metrics.csv (training or validation row; each step from the newest metrics.csv version that
+    has it) exactly once, with metrics.csv's values, the steps up to ``resumed`` (what the first
+    run logged) included; one W&B run id (the run key) in every piece, one MLflow run in the
+    experiment, FINISHED; ``.jobgen-tracking.json`` records the last step as confirmed by both;
+    only global rank zero started trackers; the fake key is in no file of the test's directory.
+    """
+    from mlflow.tracking import MlflowClient
+
+    record = json.loads((run / ".jobgen-tracking.json").read_text())
+    key, run_id = record["run_key"], record["mlflow_run_id"]
+    rows = csv_rows(run)
+    logged = [step for step, row in rows.items() if {"train_loss", "val_loss"} & set(row)]
+    problems: list[str] = []
+    if not logged or logged[-1] != max(rows) or not any(step <= resumed for step in logged):
+        problems.append(f"metrics.csv: steps {_listed(logged)}, resumed from {resumed}")
+
+    pieces = sorted((run / "wandb").glob("offline-run-*"))
+    if [p.name.rsplit("-", 1)[1] for p in pieces] != [key, key]:
+        problems.append(f"W&B: pieces {[p.name for p in pieces]}, expected two of run {key}")
+    files = [read_wandb_file(p / f"run-{key}.wandb", jg.env) for p in pieces]
+    if any(f.run_ids != [key] for f in files):
+        problems.append(f"W&B: run ids {[f.run_ids for f in files]}, expected {key} once in each piece")
+    history = [row for f in files for row in f.history]
+    problems += _compare("W&B", [step for step, _ in history], logged)
+    for step, metrics in history:
+        for name in ("train_loss", "val_loss"):
+            if name in metrics and step in rows and metrics[name] != pytest.approx(rows[step].get(name, math.nan), rel=1e-6):
+                problems.append(f"W&B: {name} at step {step} is {metrics[name]}, metrics.csv {rows[step].get(name)}")
+
+    client = MlflowClient(tracking_uri=jg.mlflow_uri)
+    found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    if [(r.info.run_id, r.info.status) for r in found] != [(run_id, "FINISHED")]:
+        problems.append(f"MLflow: runs {[(r.info.run_id, r.info.status) for r in found]}, expected {run_id} FINISHED")
+    mlflow_steps: dict[str, list[int]] = {}
+    for name in ("train_loss", "val_loss"):
+        metrics = client.get_metric_history(run_id, name)
+        mlflow_steps[name] = sorted(m.step for m in metrics)
+        problems += _compare(f"MLflow {name}", mlflow_steps[name], [s for s in logged if name in rows[s]])
+        problems += [f"MLflow: {name} at step {m.step} is {m.value}, metrics.csv {rows[m.step].get(name)}"
+                     for m in metrics if m.step in rows and m.value != pytest.approx(rows[m.step].get(name, math.nan), rel=1e-6)]
+
+    last = logged[-1] if logged else None
+    if record.get("logged_steps") != {"wandb": last, "mlflow": last}:
+        problems.append(f".jobgen-tracking.json: logged_steps {record.get('logged_steps')}, expected {last} for both")
+    starts = [line for line in log.splitlines() if "tracking: wandb run" in line]
+    if len(starts) != 2 or not all(line.lstrip().startswith("0:") for line in starts):
+        problems.append(f"the W&B runs were not started once per start, by global rank zero: {starts}")
+    files_seen = [p for p in jg.root.rglob("*") if p.is_file()]
+    leaked = [str(p) for p in files_seen if FAKE_WANDB_KEY.encode() in p.read_bytes()]
+    if leaked:
+        problems.append(f"the fake key's value is in {leaked}")
+
+    first = files[0].steps if files else []
+    figures = {"metrics.csv": f"{len(logged)} steps ({_listed(logged)})", "resumed": resumed,
+               "W&B first piece": f"{_listed(first)} (complete file: {files[0].complete if files else None})",
+               "W&B second piece": _listed(files[1].steps) if len(files) > 1 else None,
+               "sent again": [line.split("tracking: ", 1)[1] for line in log.splitlines() if "sent again" in line],
+               "MLflow train_loss": _listed(mlflow_steps["train_loss"]), "MLflow val_loss": _listed(mlflow_steps["val_loss"]),
+               "files without the key": len(files_seen)}
+    print(f"\ntrackers: {json.dumps(figures)}")
+    assert not problems, "\n".join(problems)
+    return figures
+
+
 def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jobgen, slurm_lab):
     """Acceptance: 2 nodes x 1 rank (gloo), real text; `scontrol requeue` past the first
     checkpoint -> the job runs again, continues its global step and ends COMPLETED, val loss
@@ -192,10 +328,15 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     The requeue comes within a second of the step-25 checkpoint, and the first run would need
     another 125 steps (~4 s at ~30 steps/s, the fastest seen here) to finish on its own, so it is
     the requeued run that completes, resumed from a step checkpoint.
+
+    With W&B (offline) and MLflow (issue 33): SLURM's SIGTERM reaches W&B's ``wandb-core`` a
+    second or two after the checkpoint's rows were sent (seen: W&B's first piece without them);
+    at the end both trackers hold every metrics.csv step once, those of the first run included
+    (:func:`check_trackers`).
     """
     jobgen.profile()
     started = time.monotonic()
-    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=150, every=25))
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=150, every=25, trainer=jobgen.track("lab-requeue")))
     assert handle.startswith("slurm://jobgenlab/")
     run = run_dir(jobgen, "lab-requeue")
     _wait_for_checkpoint(run, 600)
@@ -227,6 +368,8 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     # the job directory is a handle too
     job_dir = jobgen.root / "runs" / "lab-requeue" / "job"  # submit without --out: the job dir goes with the run
     assert jobgen.status(str(job_dir))["handle"] == handle
+    assert summary["tracking"]["run_key"] == summary["tracking"]["wandb"]["id"]
+    check_trackers(jobgen, run, "lab-requeue", summary["resumed_from_step"], everything)
     print(f"\nrequeue job: first checkpoint {checkpointed:.0f} s, requeued and released {released:.0f} s, "
           f"COMPLETED {time.monotonic() - started:.0f} s after submit (resumed from step {summary['resumed_from_step']}); "
           f"states {seen}")
@@ -285,11 +428,18 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     earlier lab jobs, which it asserts the first run kept under). Once the job is back in the
     queue the test gives the next run a 30-minute limit and releases it from SLURM's ~120 s
     requeue hold (LAB-NOTES pitfall 9).
+
+    With W&B (offline) and MLflow (issue 33): jobgen ends the trackers' runs after the HPC
+    checkpoint and before its ``scontrol requeue``, so the first run's W&B file is whole and holds
+    every step before the checkpoint's; that step's own row reaches the trackers from metrics.csv
+    at the next start; at the end both trackers hold every metrics.csv step once
+    (:func:`check_trackers`).
     """
     jobgen.profile(time_limit_min=10, grace_s=GRACE_S)
     started = time.monotonic()
     max_steps = time_limit_steps()
-    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=max_steps, every=max_steps // 2))
+    trainer = jobgen.track("lab-timelimit")
+    handle = jobgen.submit(jobgen.spec("lab-timelimit", max_steps=max_steps, every=max_steps // 2, trainer=trainer))
     run, jid = run_dir(jobgen, "lab-timelimit"), job_id(handle)
     jobgen.wait_log(handle, "step 10/", 600)
     ran = _run_time_s(slurm_lab, jid)
@@ -326,6 +476,18 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     assert resumes and "hpc_ckpt_1.ckpt" in resumes[0], resumes
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == max_steps and 0 < summary["resumed_from_step"] < max_steps, summary
+    resumed = summary["resumed_from_step"]
+    figures = check_trackers(jobgen, run, "lab-timelimit", resumed, jobgen("logs", "--rank", "all", handle).stdout)
+    # jobgen ended the trackers' runs after the HPC checkpoint, before its requeue: the first W&B
+    # piece is whole and holds every step before the checkpoint's. The checkpoint step's own row
+    # comes after (Lightning logs a stopping run's last step after the callbacks): each tracker
+    # gets it from metrics.csv at the next start, and nothing else is sent again.
+    first = read_wandb_file(sorted((run / "wandb").glob("offline-run-*"))[0] / f"run-{summary['tracking']['run_key']}.wandb", jobgen.env)
+    before = [step for step, row in csv_rows(run).items() if step <= resumed and {"train_loss", "val_loss"} & set(row)]
+    assert first.complete and first.steps == [step for step in before if step < resumed], (figures, before)
+    again = [f"{name}: sent again 1 step(s) {resumed}-{resumed} " for name in ("wandb", "mlflow")] if resumed in before else []
+    sent = figures["sent again"]
+    assert len(sent) == len(again) and all(line.startswith(start) for line, start in zip(sent, again, strict=True)), sent
     print(f"\ntime-limit job: limit cut to {limit_min} min at run time {ran} s; signal + HPC checkpoint "
           f"{signalled:.0f} s after the cut, released {released:.0f} s after it; {resumes[0]}; "
           f"COMPLETED at step {max_steps} (rates seen {[round(r, 1) for r in STEP_RATES]} steps/s) "
