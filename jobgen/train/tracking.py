@@ -384,7 +384,7 @@ class TrackerLogger(Logger):
                     # SLURM lab); what this tracker confirmed stays what it was, so the next start
                     # sends it the rest from metrics.csv
                     self.failed.add(tracker.name)
-                    _say(f"warning: {tracker.name} failed: {type(exc).__name__}: {exc}; it gets nothing more in this "
+                    say(f"warning: {tracker.name} failed: {type(exc).__name__}: {exc}; it gets nothing more in this "
                          "start (the next start sends it what it lacks from metrics.csv)")
         self.sent_step = max(self.sent_step or 0, *(step for step, _ in fresh))
 
