@@ -62,6 +62,7 @@ from jobgen.backends.base import profile_env
 from jobgen.backends.slurm import status as slurm_status
 from jobgen.backends.slurm_script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError, did_you_mean, json_path
+from jobgen.jobdir.files import new_dirs
 from jobgen.jobdir.submission import ArrayTask, CallableJob, JobHandle, Submission
 from jobgen.specs.base import check_shell_safe
 from jobgen.specs.profile import ClusterProfile, SlurmSettings
@@ -288,16 +289,6 @@ def _pending_files(folder: Path) -> set[Path]:
         return set()
 
 
-def _missing_dirs(folder: Path) -> list[Path]:
-    """``folder`` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    for path in (folder, *folder.parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
-
-
 def _discard_pending(folder: Path, before: set[Path], created: list[Path]) -> None:
     """Remove what a refused submission left: the pending files that were not in ``folder``
     ``before`` it, and the directories it ``created`` (deepest first) once empty."""
@@ -422,7 +413,7 @@ def _executor_class() -> type:
                     hint="submit the calls one at a time (executor.submit), or drop the python= override")
             self._submitted_to = None
             folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
-            before, created = _pending_files(folder), _missing_dirs(folder)
+            before, created = _pending_files(folder), new_dirs(folder)
             # submitit prints sbatch's stderr when sbatch fails, then raises with the same text: the
             # SubmitError below carries it, so it is held here and shown only when sbatch succeeded
             held = io.StringIO()

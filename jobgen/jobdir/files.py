@@ -245,7 +245,7 @@ def write_job_files(job_dir: Path, files: Iterable[tuple[str, str]]) -> list[Pat
     return written
 
 
-def _new_dirs(path: Path) -> list[Path]:
+def new_dirs(path: Path) -> list[Path]:
     """``path`` and those of its parents that do not exist yet, innermost first."""
     missing = []
     for candidate in (path, *path.parents):
@@ -284,7 +284,7 @@ class DirUndo:
         """The state of ``path`` now (call it before writing)."""
         files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
         record = path / SUBMISSION_FILE
-        return cls(path, tuple(_new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
+        return cls(path, tuple(new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
                    (path / TRACKING_FILE).exists(), (path / RUN_IDENTITY_FILE).exists())
 
     def submitted(self) -> bool:
