@@ -160,8 +160,11 @@ cli = LightningCLI(BoringModel, BoringDataModule, run=False, save_config_callbac
 strategy = cli.trainer.strategy
 with open(path) as fh:
     on_disk = json.load(fh)
-print("ds-check: " + json.dumps({"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]), "path": path,
-                                 "strategy": type(strategy).__name__, "config": strategy.config, "file": on_disk}, sort_keys=True))
+# One file per rank: two ranks printing to one unbuffered stdout can interleave within a line
+# (print writes the text and its newline separately), which broke a stdout-based report in CI.
+with open(os.path.join(os.path.dirname(path), f"ds-check.{os.environ['RANK']}.json"), "w") as fh:
+    json.dump({"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]), "path": path,
+               "strategy": type(strategy).__name__, "config": strategy.config, "file": on_disk}, fh, sort_keys=True)
 '''
 
 
@@ -174,7 +177,7 @@ def test_deepspeed_config_reaches_lightning_through_the_env_var(tmp_path, deepsp
     )
     result = submit(tmp_path / "spec.yaml", tmp_path / "runs", tmp_path)
     assert result.code == 0, result.output
-    reports = [json.loads(line.split("ds-check: ", 1)[1]) for line in result.stdout.splitlines() if "ds-check: " in line]
+    reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "ds-cmd").glob("ds-check.*.json"))]
     assert sorted(r["rank"] for r in reports) == [0, 1] and {r["world"] for r in reports} == {2}
     rendered = json.loads((tmp_path / "runs" / "ds-cmd" / "ds_config.json").read_text())
     for report in reports:
