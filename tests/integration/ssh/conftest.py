@@ -63,7 +63,7 @@ def ssh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
     root = Path(configured) if configured else tmp_path_factory.mktemp("ssh-lab")
     lab = SshLab(root)
     try:
-        lab.up()
+        lab.up(owner_pid=os.getpid())
     except LabInstallError as exc:
         skip_or_fail(f"openssh-server could not be installed: {exc}")
     except BaseException:

@@ -46,7 +46,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "slurm"))
 
-from lab import LabConflictError, LabError, apt_install, find_binary, pid_alive, run, wait_for  # noqa: E402
+from lab import (  # noqa: E402
+    LabConflictError,
+    LabError,
+    _process_identity,
+    apt_install,
+    find_binary,
+    pid_alive,
+    run,
+    wait_for,
+)
 
 SUBNET = ipaddress.ip_network("10.213.9.0/24")
 BRIDGE = "jsbr0"
@@ -203,10 +212,13 @@ class SshLab:
 
     # ----- up
 
-    def up(self, *, timeout: float = 30.0) -> SshLab:
+    def up(self, *, timeout: float = 30.0, owner_pid: int | None = None) -> SshLab:
         """Install openssh-server if missing, make keys, network and disks, start sshd on each
         host and wait until ``ssh <host> true`` works. Raises LabInstallError, LabConflictError
-        or LabError (with the sshd logs); on failure it tears down what it built."""
+        or LabError (with the sshd logs); on failure it tears down what it built.
+
+        ``owner_pid`` names the process that holds the lab (the pytest fixture passes its own):
+        once it has exited, another ``up()`` takes the lab over (:meth:`abandoned`)."""
         if os.geteuid() != 0:
             raise LabError("the ssh lab needs root (network namespaces, bridge, sshd)")
         t0 = time.monotonic()
@@ -214,7 +226,8 @@ class SshLab:
         t1 = time.monotonic()
         self._check_conflicts()
         try:
-            self._write_state(root=str(self.root), network=True, sshd={})
+            self._write_state(root=str(self.root), network=True, sshd={},
+                              owner=_process_identity(owner_pid) if owner_pid else None)
             self._write_files()
             t2 = time.monotonic()
             self._network_up()
@@ -233,14 +246,36 @@ class SshLab:
         self.timings = {"install_s": t1 - t0, "files_s": t2 - t1, "network_s": t3 - t2, "sshd_s": t4 - t3, "total_s": t4 - t0}
         return self
 
+    def abandoned(self) -> str | None:
+        """Why nobody holds this lab any more, or None while someone may.
+
+        Abandoned: root/lab.json is gone (its temporary root was deleted); it names an owner
+        process (``up(owner_pid=...)``) that has exited, a PID reused since told apart by its
+        start time; or it names no owner and none of the sshd it started is alive (a session
+        killed before its teardown: the network stays, its processes do not).
+        """
+        if not self.state_file.exists():
+            return f"{self.state_file} is gone"
+        state = self._read_state()
+        owner = state.get("owner")
+        if owner:
+            return None if _process_identity(int(owner["pid"])) == owner else f"its owner, pid {owner['pid']}, has exited"
+        if state.get("sshd") and not self.sshd_pids():
+            return "none of its sshd processes is alive"
+        return None
+
     def _check_conflicts(self) -> None:
+        """Refuse to touch js* names or the lab subnet when they belong to something else; a
+        lab left under this root, or under another that :meth:`abandoned` says nobody holds, is
+        torn down first."""
         names = [BRIDGE, *(h.veth for h in HOSTS)]
         taken = [n for n in names if _link_exists(n)] + [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
         if taken:
             alias = _link_alias(BRIDGE)
             other = alias[len(OWNER_TAG):] if alias.startswith(OWNER_TAG) else None
-            if other is not None and (other == str(self.root) or not (Path(other) / "lab.json").exists()):
-                print(f"ssh lab: tearing down a lab left under {other}", file=sys.stderr)
+            why = "it has this root" if other == str(self.root) else other and SshLab(Path(other)).abandoned()
+            if other is not None and why:
+                print(f"ssh lab: tearing down the lab left under {other}: {why}", file=sys.stderr)
                 SshLab(Path(other)).down()
             elif other is not None:
                 raise LabConflictError(f"another jobgen ssh lab is up (root {other}); stop it with: "
