@@ -118,6 +118,13 @@ class TrackerError(JobgenError):
     exit_code = EXIT_RUNTIME
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (newline, escape, NUL) as its Python escape
+    (``\\n``, ``\\x1b``): a value from the environment or a file name cannot break a one-line
+    error, a ``NAME=VALUE`` line or a shell word, nor drive the terminal."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """Return ``"did you mean 'x'?"`` for the closest of ``choices``, or ``None``."""
     import difflib  # only on an error path: keeps difflib (and heapq) off every render

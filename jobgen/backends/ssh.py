@@ -258,7 +258,9 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
 
     local_run = options.runs_dir.resolve() / name
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
-    commands = submit_commands(settings, name, snapshot_id=code[0].name if code else None, secrets=secrets)
+    # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
+    spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
+    commands = submit_commands(settings, name, snapshot_id=code[0].name if code else None, secrets=secrets, spec_source=spec_source)
     with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
         archive = Path(tmp) / "job.tar"
         with archive.open("wb") as sink:

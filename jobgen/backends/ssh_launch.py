@@ -33,8 +33,8 @@ import shlex
 from dataclasses import dataclass
 
 from jobgen.backends.base import common_files, job_env, render_job_template
-from jobgen.errors import PlanError
-from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SSH_JOB_ENV
+from jobgen.errors import PlanError, printable
+from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SSH_JOB_ENV
 from jobgen.jobdir.submission import JobHandle
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_argv
@@ -201,10 +201,13 @@ def copy_command(run: str) -> str:
     return f"rm -rf -- {remote_path(posixpath.join(run, JOB_SUBDIR))} && mkdir -p -- {q} && cd -- {q} && tar -x --no-same-owner -f -"
 
 
-def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | None, secrets: tuple[str, ...] = ()) -> str:
+def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | None, secrets: tuple[str, ...] = (),
+                  spec_source: str | None = None) -> str:
     """Remote: start ``bash job/launch.sh <rank>`` detached (its own session, ``setsid -f``),
-    output appended to ``node-<rank>.log``, with :data:`~jobgen.jobdir.SSH_JOB_ENV` (:func:`job_tag`)
-    and ``JOBGEN_CODE_DIR`` (``code_dir``) in its environment. The files of an earlier start
+    output appended to ``node-<rank>.log``, with :data:`~jobgen.jobdir.SSH_JOB_ENV` (:func:`job_tag`),
+    ``JOBGEN_CODE_DIR`` (``code_dir``) and ``JOBGEN_SPEC_SOURCE`` (``spec_source``: the spec file
+    `jobgen submit` read, named by the entrypoint's input errors; non-printable characters
+    escaped, :func:`~jobgen.errors.printable`) in its environment. The files of an earlier start
     (pid, exit code, cancel mark) are removed first. ``secrets``: the spec's secret names; their
     values come on stdin, one ``NAME=VALUE`` line each, and are exported, never written to a file
     or put on a command line."""
@@ -214,6 +217,8 @@ def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | Non
     env = [f"{SSH_JOB_ENV}={shlex.quote(job_tag(handle, rank))}"]
     if code_dir is not None:
         env.append(f"{CODE_DIR_ENV}={remote_path(code_dir)}")
+    if spec_source is not None:
+        env.append(f"{SPEC_SOURCE_ENV}={shlex.quote(printable(spec_source))}")
     words.append(f"{' '.join(env)} setsid -f bash {JOB_SUBDIR}/{LAUNCH_FILE} {rank} </dev/null >>{node_file(rank, 'log')} 2>&1")
     return " && ".join(words)
 
@@ -286,10 +291,11 @@ class SubmitCommands:
 
 
 def submit_commands(settings: SshSettings, job_name: str, *, snapshot_id: str | None,
-                    secrets: tuple[str, ...] = ()) -> SubmitCommands:
+                    secrets: tuple[str, ...] = (), spec_source: str | None = None) -> SubmitCommands:
     """The commands of :class:`SubmitCommands` for a job on ``settings.hosts``; ``snapshot_id``:
-    the code snapshot's directory name under ``code/`` (None: no snapshot). The plan shows them
-    with :data:`SNAPSHOT_ID_PLACEHOLDER`; submit builds them again with the snapshot it took."""
+    the code snapshot's directory name under ``code/`` (None: no snapshot); ``spec_source``: see
+    :func:`start_command`. The plan shows them with :data:`SNAPSHOT_ID_PLACEHOLDER` and no spec
+    source; submit builds them again with the snapshot it took and the spec file it read."""
     run = run_dir(settings, job_name)
     handle = handle_for(settings, job_name)
     code_dir = None if snapshot_id is None else snapshot_dir(run, snapshot_id)
@@ -298,7 +304,8 @@ def submit_commands(settings: SshSettings, job_name: str, *, snapshot_id: str | 
     return SubmitCommands(
         probe=tuple(Command(ssh_argv(settings, h, probe_command(settings))) for h in settings.hosts),
         copy=tuple(Command(ssh_argv(settings, h, copy_command(run)), stdin=packed) for h in settings.hosts),
-        start=tuple(Command(ssh_argv(settings, h, start_command(run, rank, handle, code_dir=code_dir, secrets=secrets)),
+        start=tuple(Command(ssh_argv(settings, h, start_command(run, rank, handle, code_dir=code_dir, secrets=secrets,
+                                                                       spec_source=spec_source)),
                             inherits=secrets, stdin=secret_note) for rank, h in enumerate(settings.hosts)),
     )
 

@@ -37,7 +37,9 @@ CODE_DIFF_FILE = ".jobgen-code.diff"
 #: run and the Kubernetes pods set it); job.sbatch and the entrypoint put it first on PYTHONPATH.
 CODE_DIR_ENV = "JOBGEN_CODE_DIR"
 #: The user's spec file, as `jobgen submit` read it (absolute), set for the bundled entrypoint's
-#: ranks (local, SLURM): their input errors name it and the field, not spec.json's ``spec.`` path.
+#: ranks (local, SLURM, ssh): their input errors name it and the field, not spec.json's ``spec.``
+#: path. Kubernetes pods run what the committed manifest says, which names no spec file: theirs
+#: name spec.json.
 SPEC_SOURCE_ENV = "JOBGEN_SPEC_SOURCE"
 #: ssh jobs: set (to the job's handle) in the environment of every process a job starts on a host,
 #: which all of them inherit; status counts them and cancel stops them by it.

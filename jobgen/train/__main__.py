@@ -62,7 +62,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.errors import EXIT_RUNTIME, JobgenError, printable
 from jobgen.jobdir.files import CODE_DIR_ENV, SPEC_SOURCE_ENV
 from jobgen.jobdir.runs import read_code_snapshot
 from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec
@@ -98,13 +98,6 @@ def one_line(exc: JobgenError) -> str:
     if exc.hint:
         text += f"; hint: {exc.hint}"
     return " ".join(text.split())
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character (newline, escape, NUL) as its Python escape
-    (``\\n``, ``\\x1b``): a value from the environment cannot break the one-line error or drive
-    the terminal."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def error_location(field: str, spec_json: Path, environ: MutableMapping[str, str] = os.environ) -> str:

@@ -171,7 +171,8 @@ def stub_python(tmp_path: Path) -> Path:
     """An interpreter stand-in for launch.sh's torchrun line: records its arguments and the
     secret it sees, then waits (as training would) until it is stopped."""
     return write(tmp_path / "bin" / "python", '#!/bin/bash\nprintf "%s\\n" "$@" > "${RUN_DIR}/argv"\n'
-                 'printf "%s" "${HF_TOKEN:-}" > "${RUN_DIR}/secret"\nexec sleep 60\n')
+                 'printf "%s" "${HF_TOKEN:-}" > "${RUN_DIR}/secret"\n'
+                 'printf "%s" "${JOBGEN_SPEC_SOURCE:-}" > "${RUN_DIR}/spec_source"\nexec sleep 60\n')
 
 
 def sh(command: str, *, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -183,7 +184,8 @@ def sh(command: str, *, data: bytes | None = None) -> subprocess.CompletedProces
 def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch):
     """Copy, start, status and cancel, as the hosts run them, in a work directory named ``name``:
     the files land there, the launch gets its node rank and run directory intact, a secret arrives
-    through stdin, status sees the job's processes, cancel leaves none, nothing else is touched."""
+    through stdin, the spec file's name (the same odd name, a newline and an escape added)
+    arrives printable, status sees the job's processes, cancel leaves none, nothing else is touched."""
     stub = stub_python(tmp_path)
     stub.chmod(0o755)
     settings = SshSettings(hosts=("h",), workdir=str(tmp_path / name), python=str(stub))
@@ -200,7 +202,9 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
     assert (Path(run) / "job" / LAUNCH_FILE).is_file() and os.access(Path(run) / "job" / LAUNCH_FILE, os.X_OK)
     secret = "va'l ue $(touch PWNED) \\"
     try:
-        started = sh(start_command(run, 0, handle, code_dir=None, secrets=("HF_TOKEN",)), data=f"HF_TOKEN={secret}\n".encode())
+        spec_source = f"/specs/{name}\n\x1b[2J.yaml"
+        started = sh(start_command(run, 0, handle, code_dir=None, secrets=("HF_TOKEN",), spec_source=spec_source),
+                     data=f"HF_TOKEN={secret}\n".encode())
         assert started.returncode == 0, started.stderr
         deadline = time.monotonic() + 20
         while not (Path(run) / "argv").is_file() and time.monotonic() < deadline:
@@ -213,6 +217,7 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
         assert argv[argv.index("--spec") + 1] == f"{run}/job/{SPEC_FILE}"
         time.sleep(0.2)
         assert (Path(run) / "secret").read_text() == secret
+        assert (Path(run) / "spec_source").read_text() == f"/specs/{name}\\n\\x1b[2J.yaml"
         assert sh(stop_command(run, 0, handle)).returncode == 0
         deadline = time.monotonic() + 20
         while (report := parse_report("h", 0, sh(status_command(run, 0, handle)).stdout.decode())).procs and time.monotonic() < deadline:
@@ -328,6 +333,9 @@ def test_submit_runs_the_planned_commands_and_records_the_hosts(tmp_path, monkey
     result = api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
     steps = [s.argv for s in quickstart.submit_steps]
     probes, copies, starts = steps[:2], steps[2:4], steps[4:6]
+    # the plan's start commands, plus the spec file submit read (named by the entrypoint's input errors)
+    source = f"JOBGEN_SPEC_SOURCE={tmp_path / 'quickstart.yaml'}"
+    starts = [(*argv[:-1], argv[-1].replace(" setsid -f ", f" {source} setsid -f ")) for argv in starts]
     assert [argv for argv, _ in fake.calls[:2]] in (probes, probes[::-1])  # every host probed first
     assert fake.of("tar -x") == sorted(copies) and fake.of("setsid -f") == sorted(starts)
     order = [next(i for i, (a, _) in enumerate(fake.calls) if a == argv) for argv in (*probes, *copies, *starts)]

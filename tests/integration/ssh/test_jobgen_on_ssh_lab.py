@@ -172,16 +172,17 @@ def test_cancel_stops_every_process_on_both_hosts(jobgen, ssh_lab, tmp_path):
 def test_a_failed_job_is_failed_with_its_exit_code_in_status_and_ls(jobgen, ssh_lab, tmp_path):
     """Issue 30: a job whose entrypoint refuses its input on both hosts (its data matches no file)
     ends FAILED with torchrun's non-zero exit code in `jobgen status`, and `jobgen ls --state
-    FAILED` lists it; the entrypoint's error is in the node's log."""
+    FAILED` lists it; the entrypoint's error is in the node's log and names the spec file `jobgen
+    submit` read (a space and a quote in its name) and the field as written there, not spec.json."""
     started = time.monotonic()
-    spec = tmp_path / "ssh-fails.yaml"
+    spec = tmp_path / "ssh fails's.yaml"
     spec.write_text(LONG_SPEC.format(name="ssh-fails").replace("data: {max_bytes: 200000}", "data: {paths: [no-such-dir/*.txt]}"))
     handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
     status = jobgen.wait(handle, {"COMPLETED", "FAILED", "CANCELLED", "UNKNOWN"}, timeout=180)
     log = jobgen("logs", handle, check=False).stdout
     assert status["state"] == "FAILED", (status, log[-3000:])
     assert status["details"]["exit_code"] not in ("", "0") and status["source"] == "ssh", status
-    assert "no-such-dir/*.txt" in log, log[-3000:]
+    assert f"python -m jobgen.train: error: {spec.resolve()}: data.paths[0]: 'no-such-dir/*.txt' matches no files" in log, log[-3000:]
     listed = {row["handle"]: row for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
     assert (listed[handle]["state"], listed[handle]["source"]) == ("FAILED", "ssh"), listed
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
