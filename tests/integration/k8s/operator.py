@@ -217,12 +217,20 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
 
 
 def init_containers(job: dict[str, Any], rtype: str, *, image: str = INIT_CONTAINER_IMAGE,
-                    max_tries: int = INIT_CONTAINER_MAX_TRIES) -> list[dict[str, Any]]:
+                    max_tries: int = INIT_CONTAINER_MAX_TRIES, template: str | None = None) -> list[dict[str, Any]]:
     """The ``init-pytorch`` container v1.9 appends to Worker pods of a job with a Master: it
-    waits until the Master's Service resolves (initcontainer.go ``setInitContainer``, default template)."""
+    waits until the Master's Service resolves (initcontainer.go ``setInitContainer``, default
+    template). ``template``: the text of a --pytorch-init-container-template-file (a YAML list of
+    containers with ``{{.MasterAddr}}``, ``{{.InitContainerImage}}``, ``{{.MaxTries}}``), as
+    v1.9 takes it; ``[]`` adds none."""
     if MASTER not in job["spec"]["pytorchReplicaSpecs"] or rtype.lower() != "worker":
         return []
     master = replica_name(job["metadata"]["name"], MASTER, 0)
+    if template is not None:
+        import yaml  # PyYAML: a dependency of the kubernetes client
+
+        text = template.replace("{{.MasterAddr}}", master).replace("{{.InitContainerImage}}", image)
+        return yaml.safe_load(text.replace("{{.MaxTries}}", str(max_tries))) or []
     script = (f"err=1;for i in $(seq {max_tries}); do if nslookup {master}; then err=0 && break; fi;"
               "echo waiting for master; sleep 2; done; exit $err")
     return [{"name": "init-pytorch", "image": image, "imagePullPolicy": "IfNotPresent",
@@ -253,7 +261,7 @@ def is_master_role(job: dict[str, Any], rtype: str, index: int) -> bool:
 
 
 def desired_pod(job: dict[str, Any], rtype: str, index: int, *, init_image: str = INIT_CONTAINER_IMAGE,
-                init_max_tries: int = INIT_CONTAINER_MAX_TRIES) -> dict[str, Any]:
+                init_max_tries: int = INIT_CONTAINER_MAX_TRIES, init_template: str | None = None) -> dict[str, Any]:
     """The Pod v1.9 creates for replica ``rtype`` index ``index`` of the defaulted ``job`` (pod.go
     ``createNewPod``, control/pod_control.go ``GetPodFromTemplate``): the template's labels,
     annotations and finalizers plus the operator's labels, its spec with the injected environment,
@@ -267,7 +275,7 @@ def desired_pod(job: dict[str, Any], rtype: str, index: int, *, init_image: str 
     pod_spec = template["spec"]
     for container in pod_spec.get("containers") or []:
         container["env"] = [*(container.get("env") or []), *injected_env(job, rtype, index)]
-    extra_init = init_containers(job, rtype, image=init_image, max_tries=init_max_tries)
+    extra_init = init_containers(job, rtype, image=init_image, max_tries=init_max_tries, template=init_template)
     if extra_init:
         pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), *extra_init]
     policy = replica["restartPolicy"]
@@ -360,13 +368,13 @@ class Operator:
     all namespaces, and reconciles the jobs they belong to until ``stop`` is set."""
 
     def __init__(self, api_client: Any, *, init_image: str = INIT_CONTAINER_IMAGE, init_max_tries: int = INIT_CONTAINER_MAX_TRIES,
-                 resync_s: float = 30.0):
+                 init_template: str | None = None, resync_s: float = 30.0):
         from kubernetes import client
 
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
-        self.init_image, self.init_max_tries, self.resync_s = init_image, init_max_tries, resync_s
+        self.init_image, self.init_max_tries, self.init_template, self.resync_s = init_image, init_max_tries, init_template, resync_s
         self._queue: queue.Queue[tuple[str, str]] = queue.Queue()
         self._queued: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -602,7 +610,7 @@ class Operator:
     def _create(self, job: dict[str, Any], rtype: str, index: int) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        pod = desired_pod(job, rtype, index, init_image=self.init_image, init_max_tries=self.init_max_tries)
+        pod = desired_pod(job, rtype, index, init_image=self.init_image, init_max_tries=self.init_max_tries, init_template=self.init_template)
         log.info("creating pod %s/%s", pod["metadata"]["namespace"], pod["metadata"]["name"])
         try:
             self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod, _preload_content=False)
@@ -750,14 +758,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", default=None)
     parser.add_argument("--pytorch-init-container-image", default=INIT_CONTAINER_IMAGE)
     parser.add_argument("--pytorch-init-container-max-tries", type=int, default=INIT_CONTAINER_MAX_TRIES)
+    parser.add_argument("--pytorch-init-container-template-file", default=None,
+                        help="a YAML list of init containers for Worker pods (v1.9's flag; unreadable: the default template)")
     parser.add_argument("--resync-s", type=float, default=30.0, help="how long one watch lasts before it starts again (a resync)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     from kubernetes import config
 
     api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    template = None
+    if args.pytorch_init_container_template_file:
+        try:
+            with open(args.pytorch_init_container_template_file) as fh:
+                template = fh.read()
+        except OSError as exc:  # v1.9 falls back to its default template too
+            log.warning("init container template: %s; the default one is used", exc)
     operator = Operator(api_client, init_image=args.pytorch_init_container_image, init_max_tries=args.pytorch_init_container_max_tries,
-                        resync_s=args.resync_s)
+                        init_template=template, resync_s=args.resync_s)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -456,3 +456,36 @@ def test_elastic_job_env_and_success_when_one_worker_succeeds(k8s_lab, operator,
         assert done["message"] == f"PyTorchJob {NS}/op-elastic successfully completed."
     finally:
         delete_job(k8s_lab, "op-elastic")
+
+
+def test_elastic_env_of_every_policy_field_and_the_init_container_template():
+    """The parts of elastic.go a jobgen job leaves out (no server needed): rdzvHost/rdzvPort
+    replace the endpoint, rdzvId, rdzvConf as ``k=v,k=v``, standalone as an empty value, and the
+    policy's nProcPerNode appended after spec.nprocPerNode (the later one is what a process sees);
+    minReplicas alone sets maxReplicas too (the defaults). And v1.9's
+    --pytorch-init-container-template-file: ``[]`` adds no init container."""
+    worker = {"replicas": 2, "template": {"spec": {"containers": [{"name": "pytorch", "image": "i"}]}}}
+    job = {"metadata": {"name": "el", "namespace": NS}, "spec": {
+        "nprocPerNode": "4", "pytorchReplicaSpecs": {"Worker": worker},
+        "elasticPolicy": {"minReplicas": 2, "rdzvHost": "rdzv.example", "rdzvPort": 29400, "rdzvId": "abc", "nProcPerNode": 2,
+                          "rdzvConf": [{"key": "timeout", "value": "60"}, {"key": "join_timeout", "value": "5"}], "standalone": True}}}
+    injected = op.injected_env(op.defaulted(job), "Worker", 1)
+    assert [(e["name"], e["value"]) for e in injected] == [
+        ("PYTHONUNBUFFERED", "1"), ("PET_NPROC_PER_NODE", "4"), ("PET_RDZV_ENDPOINT", "rdzv.example:29400"), ("PET_RDZV_BACKEND", "c10d"),
+        ("PET_NNODES", "2:2"), ("PET_NPROC_PER_NODE", "2"), ("PET_RDZV_ID", "abc"), ("PET_RDZV_CONF", "timeout=60,join_timeout=5"),
+        ("PET_STANDALONE", "")]
+    assert op.operator_env(job, "Worker", 1)["PET_NPROC_PER_NODE"] == "2"
+    with_master = op.defaulted({"metadata": {"name": "m", "namespace": NS, "uid": "u"}, "spec": {"pytorchReplicaSpecs": {
+        "Master": {"template": {"spec": {"containers": [{"name": "pytorch", "image": "i"}]}}}, "Worker": worker}}})
+    assert op.desired_pod(with_master, "Worker", 0)["spec"]["initContainers"][0]["name"] == "init-pytorch"
+    assert "initContainers" not in op.desired_pod(with_master, "Worker", 0, init_template="[]")["spec"]
+    custom = "- name: wait\n  image: {{.InitContainerImage}}\n  command: [getent, hosts, {{.MasterAddr}}]\n"
+    assert op.init_containers(with_master, "Worker", image="busybox", template=custom) == [
+        {"name": "wait", "image": "busybox", "command": ["getent", "hosts", "m-master-0"]}]
+    # the defaults v1.9 fills in: replicas 1, OnFailure, port 23456 on the pytorch container, nprocPerNode auto
+    master = with_master["spec"]["pytorchReplicaSpecs"]["Master"]
+    assert (master["replicas"], master["restartPolicy"]) == (1, "OnFailure")
+    assert master["template"]["spec"]["containers"][0]["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+    assert op.operator_env(with_master, "Worker", 1) == {
+        "PYTHONUNBUFFERED": "1", "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "MASTER_ADDR": "m-master-0", "PET_MASTER_ADDR": "m-master-0",
+        "WORLD_SIZE": "3", "RANK": "2", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "auto", "PET_NNODES": "3"}
