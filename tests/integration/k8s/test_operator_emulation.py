@@ -96,14 +96,14 @@ def _cpu_profile(tmp_path: Path) -> Path:
     return path
 
 
-def render(tmp_path: Path, name: str) -> tuple[Path, dict[str, Any]]:
-    """A 2-pod (Master + 1 Worker) x 2-process job ``name`` rendered by jobgen: its job
-    directory and its PyTorchJob."""
+def render(tmp_path: Path, name: str, **resources: Any) -> tuple[Path, dict[str, Any]]:
+    """A 2-pod (Master + 1 Worker) x 2-process job ``name`` rendered by jobgen (further
+    ``resources`` fields: ``resources``): its job directory and its PyTorchJob."""
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump({
         "name": name, "model": {"preset": None, "n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64},
         "trainer": {"strategy": "ddp", "precision": "32-true", "micro_batch_size": 4, "max_steps": 6, "warmup_steps": 1},
-        "resources": {"nodes": 2, "devices_per_node": 2},
+        "resources": {"nodes": 2, "devices_per_node": 2, **resources},
     }))
     job_plan = plan(load_spec(spec), load_profile(str(_cpu_profile(tmp_path))), TEMPLATES)
     job_dir = tmp_path / name
@@ -287,6 +287,8 @@ def test_master_success_completes_the_job_and_deletion_cascades(k8s_lab, operato
              "Master and Worker active")
     running = jobgen_state(k8s_lab, tmp_path, "op-ok")
     assert running["state"] == "RUNNING" and running["details"]["master"] == "active 1 succeeded 0 failed 0", running
+    # jobgen finds the operator's pods by its labels and their pytorch containers: 2 pods x 2 requested CPUs
+    assert (running["usage"]["device_kind"], running["usage"]["devices"], running["usage"]["end"]) == ("cpu", 4, None), running
 
     kubelet(k8s_lab, "op-ok-master-0", "Succeeded", exit_code=0)
     wait_for(lambda: condition(k8s_lab, "op-ok", "Succeeded"), "Succeeded")
@@ -456,6 +458,52 @@ def test_elastic_job_env_and_success_when_one_worker_succeeds(k8s_lab, operator,
         assert done["message"] == f"PyTorchJob {NS}/op-elastic successfully completed."
     finally:
         delete_job(k8s_lab, "op-elastic")
+
+
+def test_active_deadline_fails_the_job_and_ttl_deletes_it(k8s_lab, operator, tmp_path):
+    """jobgen renders resources.time_limit_min as runPolicy.activeDeadlineSeconds (and the
+    profile's ttl_seconds_after_finished as ttlSecondsAfterFinished); here shortened to 2 s and
+    1 s: the running job fails "active longer than specified deadline" (its pods and Services
+    deleted), and 1 s after its completionTime the operator deletes the job itself."""
+    _, job = render(tmp_path, "op-deadline", time_limit_min=1)
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 60
+    job["spec"]["runPolicy"].update(activeDeadlineSeconds=2, ttlSecondsAfterFinished=1)
+    history = History(k8s_lab, "op-deadline")  # before create: it sees every version (the job is deleted at the end)
+    create(k8s_lab, job)
+    try:
+        kubelet(k8s_lab, "op-deadline-master-0", "Running")
+        wait_for(lambda: k8s_lab.request("GET", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/op-deadline")[0] == 404,
+                 "the job failed and deleted after its TTL", timeout=20)
+        wait_for(lambda: not pods_of(k8s_lab, "op-deadline") and not services_of(k8s_lab, "op-deadline"), "pods and services gone")
+        assert history.versions[-1] == (("Created", "True"), ("Running", "False"), ("Failed", "True")), history.versions
+        assert history.entered("Running") == 1
+    finally:
+        history.stop()
+        delete_job(k8s_lab, "op-deadline")
+
+
+def test_suspended_job_has_no_pods_until_resumed(k8s_lab, operator, tmp_path):
+    """runPolicy.suspend: no pods, Suspended (`jobgen status` SUSPENDED); resumed: the pods are
+    created and Suspended turns False with reason PyTorchJobResumed."""
+    _, job = render(tmp_path, "op-suspend")
+    job["spec"]["runPolicy"]["suspend"] = True
+    create(k8s_lab, job)
+    try:
+        suspended = wait_for(lambda: condition(k8s_lab, "op-suspend", "Suspended"), "Suspended")
+        assert (suspended["reason"], suspended["message"]) == ("PyTorchJobSuspended", "PyTorchJob op-suspend is suspended.")
+        assert not pods_of(k8s_lab, "op-suspend")
+        assert jobgen_state(k8s_lab, tmp_path, "op-suspend")["state"] == "SUSPENDED"
+        stored = get_job(k8s_lab, "op-suspend")
+        stored["spec"]["runPolicy"]["suspend"] = False
+        status, answer = k8s_lab.request("PUT", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/op-suspend", stored)
+        assert status == 200, answer
+        wait_for(lambda: len(pods_of(k8s_lab, "op-suspend")) == 2, "pods after resuming")
+        resumed = wait_for(lambda: next((c for c in get_job(k8s_lab, "op-suspend")["status"]["conditions"]
+                                         if c["type"] == "Suspended" and c["status"] == "False"), None), "Suspended False")
+        assert (resumed["reason"], resumed["message"]) == ("PyTorchJobResumed", "PyTorchJob op-suspend is resumed.")
+        assert jobgen_state(k8s_lab, tmp_path, "op-suspend")["state"] == "CREATED"
+    finally:
+        delete_job(k8s_lab, "op-suspend")
 
 
 def test_elastic_env_of_every_policy_field_and_the_init_container_template():
