@@ -698,11 +698,13 @@ class Operator:
         }
         call, args, kwargs = calls[what]
         while not stop.is_set():
-            watcher = watch.Watch()
+            watcher = watch.Watch(return_type="object")  # plain dicts: no client model to outgrow
             try:
                 for event in watcher.stream(call, *args, timeout_seconds=max(1, int(self.resync_s)), **kwargs):
-                    obj = event["object"]
-                    meta = obj["metadata"] if isinstance(obj, dict) else self.api_client.sanitize_for_serialization(obj)["metadata"]
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: the watch ends, the next one lists again
+                        log.info("watch %s: %s", what, event["raw_object"].get("message"))
+                        break
+                    meta = event["raw_object"]["metadata"]
                     if what == "jobs":
                         self.enqueue(meta["namespace"], meta["name"])
                     else:
