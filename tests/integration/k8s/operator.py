@@ -44,7 +44,9 @@ rules; replicaStatuses with their selector; startTime, completionTime.
 
 Not emulated: the admission webhooks (validation; the defaults are applied in memory, as the
 reconciler's ``Scheme.Default`` does, never written back), Events, metrics, gang scheduling
-(PodGroups), the HPA of elasticPolicy.metrics, adoption of orphaned pods, leader election.
+(PodGroups), the HPA of elasticPolicy.metrics, adoption (and release) of orphaned pods, leader
+election, the informer cache and its expectations (each pass reads the API server instead, one
+pass at a time), the other job kinds (TFJob, MPIJob, ...).
 Replica types are visited Master then Worker (Go's map order is random: when the Master succeeds
 the pass ends before the Worker's failure check, as it may in v1.9). Faithful quirks of v1.9 that
 show here: a retryable ExitCode failure never exhausts a backoffLimit above 0, and a permanent
@@ -676,7 +678,7 @@ class Operator:
         if after > 0:
             timer = threading.Timer(after, self.enqueue, (namespace, name))
             timer.daemon = True
-            self._timers.append(timer)
+            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
             timer.start()
             return
         with self._lock:
