@@ -3,12 +3,13 @@ get exactly the environment the training-operator injects for a 2-pod x 2-proces
 rendered container command as the kubelet would (``$(VAR)`` expanded), and train together with
 world size 4 and distinct global ranks 0..3.
 
-What the operator injects (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go and
-master.go) into every container of pod <role>-<index>: PYTHONUNBUFFERED=0, MASTER_PORT (the
-Master's ``pytorchjob-port``), MASTER_ADDR (``<job>-master-0``, the Master's Service),
-WORLD_SIZE (= pods x nprocPerNode), RANK (= the pod's index: Master 0, Worker i -> i+1: a *pod*
-rank, not a process rank), PET_NPROC_PER_NODE (= spec.nprocPerNode), PET_NODE_RANK (= RANK),
-PET_NNODES (= pods). Not PET_MASTER_ADDR / PET_MASTER_PORT.
+What the operator injects is :func:`operator_env` of tests/integration/k8s/operator.py (the
+emulated training-operator v1.9, which documents each variable and its source: envvar.go,
+master.go, elastic.go). For this job: PYTHONUNBUFFERED=1, MASTER_PORT and PET_MASTER_PORT (the
+Master's ``pytorchjob-port``), MASTER_ADDR and PET_MASTER_ADDR (``<job>-master-0``, the Master's
+Service), WORLD_SIZE (= pods x nprocPerNode), RANK and PET_NODE_RANK (= the pod's index: Master 0,
+Worker i -> i+1: a *pod* rank, not a process rank), PET_NPROC_PER_NODE (= spec.nprocPerNode),
+PET_NNODES (= pods).
 
 Locally the Master's Service name resolves to 127.0.0.1, and both pods share one run directory
 (a ReadWriteMany volume in a cluster). Needs torch + lightning (jobgen[train]); skips otherwise (fails under CI).
@@ -32,6 +33,7 @@ import yaml
 from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES, require
+from tests.integration.k8s.operator import operator_env, replica_name
 from tests.ports import ATTEMPTS, address_in_use, next_port
 
 torch_run = require("torch.distributed.run", "torch not installed (pip install -e .[train])")
@@ -74,15 +76,10 @@ def _spec(tmp_path: Path) -> Path:
     return path
 
 
-def operator_env(job: dict[str, Any], role: str, index: int, master_addr: str) -> dict[str, str]:
-    """The variables the training-operator v1.9 appends to every container of pod ``role``-``index``."""
-    specs = job["spec"]["pytorchReplicaSpecs"]
-    pods = sum(r["replicas"] for r in specs.values())
-    nproc = job["spec"]["nprocPerNode"]
-    port = next(p["containerPort"] for p in specs["Master"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "pytorchjob-port")
-    rank = index + (1 if role == "worker" else 0)
-    return {"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master_addr, "WORLD_SIZE": str(pods * int(nproc)),
-            "RANK": str(rank), "PET_NPROC_PER_NODE": nproc, "PET_NODE_RANK": str(rank), "PET_NNODES": str(pods)}
+def on_this_machine(env: dict[str, str], job: dict[str, Any]) -> dict[str, str]:
+    """``env`` with the Master's Service name resolved as it is here: 127.0.0.1."""
+    service = replica_name(job["metadata"]["name"], "Master", 0)
+    return {key: "127.0.0.1" if value == service else value for key, value in env.items()}
 
 
 def kubelet_expand(text: str, env: dict[str, str]) -> str:
@@ -98,13 +95,16 @@ def _render(tmp_path: Path, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def test_torchrun_reads_the_operators_master_address(tmp_path):
-    """torchrun ignores MASTER_ADDR (its --master-addr defaults to 127.0.0.1 unless PET_MASTER_ADDR
-    is set, which the v1 operator does not set): the rendered command must pass it, or every
-    worker pod would wait for a rendezvous on itself."""
+    """Every worker pod's torchrun must rendezvous on the Master's Service, not on itself (its
+    --master-addr defaults to 127.0.0.1, and it ignores MASTER_ADDR). The rendered command passes
+    --master-addr=$(MASTER_ADDR); the v1.9 operator also sets PET_MASTER_ADDR (since v1.7.0,
+    kubeflow/training-operator#1840), which torchrun reads when the flag is absent: both name the
+    Master's Service, so the flag agrees with the operator and is what works with an operator
+    older than 1.7 (MASTER_ADDR only)."""
     _, job = _render(tmp_path, 23456)
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env |= operator_env(job, "worker", 0, master_addr="rank-check-master-0")
+    env |= operator_env(job, "worker", 0)
     argv = [kubelet_expand(a, env) for a in container["command"]]
     run_index = argv.index("torch.distributed.run")
     saved = {k: os.environ.get(k) for k in env}
@@ -112,6 +112,8 @@ def test_torchrun_reads_the_operators_master_address(tmp_path):
     try:
         args = torch_run.get_args_parser().parse_args(argv[run_index + 1:])
         bare = torch_run.get_args_parser().parse_args(["-m", "jobgen.train"])
+        del os.environ["PET_MASTER_ADDR"]  # what a pre-1.7 operator leaves: MASTER_ADDR only
+        pre_1_7 = torch_run.get_args_parser().parse_args(["-m", "jobgen.train"])
     finally:
         for key, value in saved.items():
             if value is None:
@@ -120,7 +122,8 @@ def test_torchrun_reads_the_operators_master_address(tmp_path):
                 os.environ[key] = value
     assert (args.master_addr, args.master_port) == ("rank-check-master-0", 23456)
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "2", 1)
-    assert bare.master_addr == "127.0.0.1", "without --master-addr torchrun would rendezvous on the pod itself"
+    assert bare.master_addr == "rank-check-master-0", "without --master-addr: the v1.9 operator's PET_MASTER_ADDR"
+    assert pre_1_7.master_addr == "127.0.0.1", "without --master-addr and PET_MASTER_ADDR torchrun would rendezvous on the pod itself"
 
 
 def test_two_pods_of_two_processes_train_with_world_size_4_and_ranks_0_to_3(tmp_path):
@@ -171,7 +174,7 @@ def _run_pods(tmp_path: Path, port: int) -> tuple[list[tuple[str, Any, Any]], bo
         container = job["spec"]["pytorchReplicaSpecs"][role.capitalize()]["template"]["spec"]["containers"][0]
         assert container["name"] == "pytorch"
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        env |= operator_env(job, role, index, master_addr="127.0.0.1")
+        env |= on_this_machine(operator_env(job, role, index), job)
         argv = [kubelet_expand(a, env) for a in container["command"]]
         argv = [a.replace(k8s_manifest.CONFIG_MOUNT, str(config)).replace(k8s_manifest.RUN_ROOT, str(runs)) for a in argv]
         base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
