@@ -1,4 +1,4 @@
-"""The emulated training-operator (tests/integration/k8s/operator.py, v1.9's PyTorchJob
+"""The emulated training-operator (tests/integration/k8s/training_operator.py, v1.9's PyTorchJob
 controller) run as a process against the API-server lab (real etcd, kube-apiserver 1.20 and
 garbage collector), on PyTorchJobs jobgen rendered: the pods and Services it creates, the
 environment it injects, restart policies and backoffLimit, the status it writes, and what
@@ -29,7 +29,7 @@ import yaml
 from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES
-from tests.integration.k8s import operator as op
+from tests.integration.k8s import training_operator as op
 
 pytestmark = pytest.mark.k8s_lab
 OPERATOR = Path(op.__file__)
@@ -39,7 +39,7 @@ ELASTIC_SPEC = REPO / "tests" / "golden" / "specs" / "elastic-fsdp.yaml"
 
 @pytest.fixture(scope="module")
 def operator(k8s_lab, tmp_path_factory) -> Iterator[Path]:
-    """``python tests/integration/k8s/operator.py`` watching the lab for this module's tests
+    """``python tests/integration/k8s/training_operator.py`` watching the lab for this module's tests
     (not the session's: the other lab tests expect no controller); yields its log."""
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     with open(log_path, "w") as log:

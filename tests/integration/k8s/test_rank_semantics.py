@@ -3,7 +3,7 @@ get exactly the environment the training-operator injects for a 2-pod x 2-proces
 rendered container command as the kubelet would (``$(VAR)`` expanded), and train together with
 world size 4 and distinct global ranks 0..3.
 
-What the operator injects is :func:`operator_env` of tests/integration/k8s/operator.py (the
+What the operator injects is :func:`operator_env` of tests/integration/k8s/training_operator.py (the
 emulated training-operator v1.9, which documents each variable and its source: envvar.go,
 master.go, elastic.go). For this job: PYTHONUNBUFFERED=1, MASTER_PORT and PET_MASTER_PORT (the
 Master's ``pytorchjob-port``), MASTER_ADDR and PET_MASTER_ADDR (``<job>-master-0``, the Master's
@@ -33,7 +33,7 @@ import yaml
 from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES, require
-from tests.integration.k8s.operator import operator_env, replica_name
+from tests.integration.k8s.training_operator import operator_env, replica_name
 from tests.ports import ATTEMPTS, address_in_use, next_port
 
 torch_run = require("torch.distributed.run", "torch not installed (pip install -e .[train])")

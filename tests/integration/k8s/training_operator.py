@@ -5,7 +5,7 @@ real (kube-apiserver, etcd, the garbage collector, and in the pod lab the kubele
 
 Run it as a process::
 
-    python tests/integration/k8s/operator.py --kubeconfig KUBECONFIG --context CONTEXT
+    python tests/integration/k8s/training_operator.py --kubeconfig KUBECONFIG --context CONTEXT
 
 or import it (:class:`Operator`, :func:`operator_env`, :func:`desired_pod`, ...). It needs the
 standard library and the official ``kubernetes`` client only; nothing from jobgen.
@@ -55,24 +55,18 @@ ExitCode failure sets Failed without a completionTime.
 
 from __future__ import annotations
 
-import os
+import argparse
+import copy
+import json
+import logging
+import queue
+import signal
 import sys
-
-if __name__ == "__main__":  # this file's name is the stdlib's ``operator``: keep its directory off the path
-    _HERE = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import queue  # noqa: E402
-import signal  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from typing import Any  # noqa: E402
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTROLLER_NAME = "pytorchjob-controller"
