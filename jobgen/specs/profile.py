@@ -306,7 +306,11 @@ class KubernetesSettings(_Model):
         "PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be\n"
         "ReadWriteMany for multi-pod jobs. ``null``: an emptyDir, lost when a pod is replaced."
     ))
-    backoff_limit: int = Field(default=3, ge=0, description="PyTorchJob ``runPolicy.backoffLimit``: pod restarts before the job is marked failed.")
+    backoff_limit: int = Field(default=3, ge=0, description=(
+        "PyTorchJob ``runPolicy.backoffLimit``: container restarts before the operator marks the job Failed. "
+        "jobgen's replicas restart OnFailure, so a failed container is restarted in its pod by the kubelet; "
+        "training-operator v1.9 counts those restarts (the ``restartCount`` of the job's running pods, "
+        "pkg/controller.v1/common/job.go), not pods it deletes and recreates."))
     clean_pod_policy: Literal["None", "Running", "All"] = Field(default="None", description=(
         "PyTorchJob ``runPolicy.cleanPodPolicy``: which pods to delete when the job ends."
     ))
