@@ -94,6 +94,8 @@ MEDIA_LAYER = {"none": "application/vnd.oci.image.layer.v1.tar", "gzip": "applic
 REF_ANNOTATION = "org.opencontainers.image.ref.name"
 #: containerd's own name annotation; ``ctr images import`` prefers it to the OCI ref name.
 CONTAINERD_NAME = "io.containerd.image.name"
+#: The smoke containers' hostname (a pod's is its name).
+HOSTNAME = "jobgen-smoke"
 ENV = ("PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1")
 
 Log = Callable[[str], None]
@@ -753,7 +755,7 @@ def unpack_bundle(archive: Path, bundle: Path) -> Path:
 
 
 def runtime_config(args: list[str], binds: list[tuple[Path, str, bool]], env: list[str] | None = None,
-                   hostname: str = "jobgen-smoke") -> dict[str, Any]:
+                   hostname: str | None = None) -> dict[str, Any]:
     """A minimal OCI runtime config: the image's environment, root without extra capabilities,
     new pid/ipc/uts/mount/network namespaces (runc brings up ``lo`` in the new network
     namespace), /dev/shm a 1 GiB tmpfs (the pod gets one sized by the profile's shm_size_gib),
@@ -777,7 +779,7 @@ def runtime_config(args: list[str], binds: list[tuple[Path, str, bool]], env: li
                     "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
                     "noNewPrivileges": True},
         "root": {"path": "rootfs", "readonly": False},
-        "hostname": hostname,
+        "hostname": hostname or HOSTNAME,
         "mounts": mounts,
         "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
                   "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
@@ -811,6 +813,20 @@ def run_container(bundle: Path, args: list[str], binds: list[tuple[Path, str, bo
         subprocess.run([runc, "--root", str(state), "delete", "--force", cid], capture_output=True, timeout=60)
 
 
+def cpu_profile(ref: str, processes: int = 1) -> dict[str, Any]:
+    """A Kubernetes cluster profile (a dict to write as YAML) for pods of this image on CPU nodes:
+    ``processes`` gloo ranks per pod, no GPUs, node selector, tolerations, RDMA or runs claim,
+    ``imagePullPolicy: Never`` (the image is imported on each node: there is no registry)."""
+    return {
+        "description": "the pod lab: CPU pods of the locally built training image",
+        "scheduler": "kubernetes", "max_nodes": 4, "default_nodes": 1,
+        "gpus_per_node": 0, "cpu_processes_per_node": processes, "cpus_per_node": 2, "mem_gib_per_node": 8,
+        "network_fabric": "tcp",
+        "kubernetes": {"namespace": "training", "image": ref, "image_pull_policy": "Never", "shm_size_gib": 1,
+                       "master_port": 23456},
+    }
+
+
 def render_smoke_spec(directory: Path, ref: str, repo: Path = REPO) -> Path:
     """spec.json for a tiny CPU model, rendered by jobgen (the repository's, imported here) for a
     Kubernetes profile with 1 pod x 1 CPU process whose image is ``ref``: the file the ConfigMap
@@ -824,13 +840,7 @@ def render_smoke_spec(directory: Path, ref: str, repo: Path = REPO) -> Path:
 
     directory.mkdir(parents=True, exist_ok=True)
     profile = directory / "k8s-cpu-image.yaml"
-    profile.write_text(yaml.safe_dump({
-        "extends": str(repo / "cluster_profiles" / "k8s-a100.yaml"),
-        "description": "the pod lab: CPU pods of the locally built training image",
-        "gpus_per_node": 0, "gpu_type": None, "cpu_processes_per_node": 1, "cpus_per_node": 2, "mem_gib_per_node": 8,
-        "network_fabric": "tcp",
-        "kubernetes": {"image": ref, "shm_size_gib": 1, "rdma_resource": None, "runs_volume_claim": None},
-    }))
+    profile.write_text(yaml.safe_dump(cpu_profile(ref)))
     spec = directory / "image-smoke.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "image-smoke",
@@ -847,6 +857,28 @@ def render_smoke_spec(directory: Path, ref: str, repo: Path = REPO) -> Path:
     return directory / "spec.json"
 
 
+def master_container(pytorchjob_yaml: Path) -> tuple[list[str], dict[str, str], str]:
+    """What the kubelet runs in the Master pod (index 0) of the rendered PyTorchJob: the
+    container's command with ``$(VAR)`` expanded, its environment (the container's ``env`` plus
+    what the training-operator v1.9 appends: see test_rank_semantics.py), and the Master's
+    Service name (MASTER_ADDR), which the pod's /etc/hosts must resolve."""
+    import yaml
+
+    job = next(d for d in yaml.safe_load_all(pytorchjob_yaml.read_text()) if d and d.get("kind") == "PyTorchJob")
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    container = specs["Master"]["template"]["spec"]["containers"][0]
+    nproc = str(job["spec"]["nprocPerNode"])
+    pods = sum(r["replicas"] for r in specs.values())
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "pytorchjob-port")
+    master = f"{job['metadata']['name']}-master-0"
+    env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+    env |= {"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master, "WORLD_SIZE": str(pods * int(nproc)),
+            "RANK": "0", "PET_NPROC_PER_NODE": nproc, "PET_NODE_RANK": "0", "PET_NNODES": str(pods)}
+    expand = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))")
+    argv = [expand.sub(lambda m: "$" if m.group(1) == "$" else env.get(m.group(2), m.group(0)), a) for a in container["command"]]
+    return argv, env, master
+
+
 def smoke(archive: Path, work: Path, ref: str, log: Log = _stderr) -> dict[str, Any]:
     """Unpack ``archive`` into a runc bundle under ``work`` and run, in the container: the imports
     (torch, lightning, deepspeed, jobgen.train) and a 2-step CPU training of the bundled entrypoint
@@ -859,9 +891,15 @@ def smoke(archive: Path, work: Path, ref: str, log: Log = _stderr) -> dict[str, 
     unpack_bundle(archive, bundle)
     result["unpack_s"] = round(time.monotonic() - t, 1)
     spec_json = render_smoke_spec(work / "rendered", ref)
+    argv, env, master = master_container(spec_json.parent / "pytorchjob.yaml")
+    # The kubelet mounts an /etc/hosts that resolves the pod's hostname (torchrun's c10d store
+    # names it; unresolvable, the agent waits for ever); the Master's Service name resolves through
+    # the cluster's DNS, here through the same file.
+    hosts = work / "hosts"
+    hosts.write_text(f"127.0.0.1\tlocalhost {HOSTNAME} {master}\n")
     run_dir = work / "run"
     run_dir.mkdir()
-    binds = [(spec_json, "/etc/jobgen/spec.json", True), (run_dir, "/tmp/run", False)]
+    binds = [(spec_json, "/etc/jobgen/spec.json", True), (hosts, "/etc/hosts", True), (run_dir, "/tmp/run", False)]
     t = time.monotonic()
     code = ("import sys, torch, lightning, deepspeed, jobgen.train; "
             "print(torch.__version__, lightning.__version__, deepspeed.__version__, sys.version.split()[0])")
@@ -882,6 +920,20 @@ def smoke(archive: Path, work: Path, ref: str, log: Log = _stderr) -> dict[str, 
         raise ImageError(f"training failed in the container (exit {proc.returncode}):\n{result['train_output']}")
     result["run_files"] = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
     log(f"container trained 2 steps in {result['train_s']} s; run dir: {len(result['run_files'])} files")
+    # The rendered Master pod's own command and environment, and its runs volume (an emptyDir there).
+    runs = work / "pod-runs"
+    runs.mkdir()
+    pod_binds = [(spec_json, "/etc/jobgen/spec.json", True), (hosts, "/etc/hosts", True), (runs, "/workspace/runs", False)]
+    t = time.monotonic()
+    proc = run_container(bundle, argv, pod_binds, timeout=600, env=[*ENV, *(f"{k}={v}" for k, v in env.items())])
+    result["pod_command"] = argv
+    result["pod_train_s"] = round(time.monotonic() - t, 1)
+    result["pod_train_returncode"] = proc.returncode
+    result["pod_train_output"] = (proc.stdout + proc.stderr)[-6000:]
+    if proc.returncode != 0:
+        raise ImageError(f"the rendered pod command failed in the container (exit {proc.returncode}):\n{result['pod_train_output']}")
+    result["pod_run_files"] = sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*") if p.is_file())
+    log(f"the rendered Master pod command trained in {result['pod_train_s']} s: {' '.join(argv)}")
     return result
 
 
@@ -905,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "smoke":
         with contextlib.ExitStack() as stack:
             work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kubeimage-smoke-")))
-            summary["smoke"] = {k: v for k, v in smoke(Path(info["archive"]), work, info["ref"]).items() if k != "train_output"}
+            summary["smoke"] = {k: v for k, v in smoke(Path(info["archive"]), work, info["ref"]).items() if not k.endswith("train_output")}
     print(json.dumps(summary, indent=2))
     return 0
 
