@@ -908,7 +908,8 @@ def smoke(archive: Path, work: Path, ref: str, log: Log = _stderr) -> dict[str, 
     result["import_output"] = (proc.stdout + proc.stderr).strip()[-2000:]
     if proc.returncode != 0:
         raise ImageError(f"imports failed in the container (exit {proc.returncode}):\n{result['import_output']}")
-    log(f"container imports in {result['import_s']} s: {proc.stdout.strip()}")
+    result["versions"] = dict(zip(("torch", "lightning", "deepspeed", "python"), proc.stdout.split()[-4:], strict=True))
+    log(f"container imports in {result['import_s']} s: {result['versions']}")
     t = time.monotonic()
     train = ["python", "-m", "torch.distributed.run", "--nproc-per-node=1", "-m", "jobgen.train",
              "--spec", "/etc/jobgen/spec.json", "--run-dir", "/tmp/run"]

@@ -180,6 +180,22 @@ def test_small_image_holds_a_runnable_tree_and_no_staging_names(small_builds):
         assert staging.encode() not in blob.read(), "a file in the image names the build's staging directory"
 
 
+def test_smoke_spec_and_pod_command_are_jobgens_render(tmp_path):
+    """The spec.json the smoke run bind-mounts and the pod command it runs come from jobgen's own
+    render for :func:`kubeimage.cpu_profile`: 1 pod x 1 CPU rank, the image by its ref, pulled
+    never, the container command with the operator's $(MASTER_ADDR)/$(MASTER_PORT) expanded."""
+    pytest.importorskip("yaml")
+    spec_json = kubeimage.render_smoke_spec(tmp_path, "jobgen.local/train:t")
+    launch = json.loads(spec_json.read_text())["launch"]
+    assert (launch["scheduler"], launch["accelerator"], launch["world_size"]) == ("kubernetes", "cpu", 1)
+    manifest = (tmp_path / "pytorchjob.yaml").read_text()
+    assert 'image: "jobgen.local/train:t"' in manifest and 'imagePullPolicy: "Never"' in manifest
+    argv, env, master = kubeimage.master_container(tmp_path / "pytorchjob.yaml")
+    assert argv[:3] == ["python", "-m", "torch.distributed.run"] and f"--master-addr={master}" in argv
+    assert argv[argv.index("--spec") + 1] == "/etc/jobgen/spec.json"
+    assert (env["WORLD_SIZE"], env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["RANK"]) == ("1", "1", "1", "0")
+
+
 def _nodes_opt_in() -> None:
     if os.environ.get("JOBGEN_K8S_NODES") != "1":
         pytest.skip("the full training image (minutes cold, ~2 GB of cache) is built and run with JOBGEN_K8S_NODES=1")
@@ -202,7 +218,8 @@ def test_full_image_imports_and_trains_under_runc(tmp_path):
     print(json.dumps({k: info[k] for k in ("ref", "manifest_digest", "archive_size", "unpacked_bytes", "build_s", "cached")}),
           file=sys.stderr)
     result = kubeimage.smoke(Path(info["archive"]), tmp_path / "smoke", info["ref"])
-    torch_version = result["import_output"].split()[0]
-    assert torch_version.startswith("2.13.0") and torch_version.endswith("+cpu"), result["import_output"]
-    assert result["train_returncode"] == 0
-    assert any(name.endswith("metrics.csv") or name.endswith(".ckpt") for name in result["run_files"]), result["run_files"]
+    assert result["versions"]["torch"] == "2.13.0+cpu", result["import_output"]
+    assert result["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert result["train_returncode"] == 0 and result["pod_train_returncode"] == 0
+    for files in (result["run_files"], [f.split("/", 1)[1] for f in result["pod_run_files"]]):
+        assert {"summary.json", "checkpoints/step-00000002.ckpt", "logs/version_0/metrics.csv"} <= set(files), files
