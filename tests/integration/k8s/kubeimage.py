@@ -12,9 +12,10 @@ What is in it (one layer, a root filesystem assembled on this machine):
   package index: no dev-venv copy, so nothing of mlflow/wandb/docs tools rides along;
 - the host's shared libraries all of it needs, found with ``ldd`` on every ELF file of the tree
   (glibc, libstdc++, libgcc_s, libssl, ...), and ``/bin/sh`` (dash), the one program besides
-  Python, for the libraries that shell out. Not a Debian rootfs (debootstrap): the ldd closure
-  is a few MB of libraries instead of a ~200 MB base system, needs no mirror, and its glibc is
-  the one the interpreter was built against;
+  Python, for the libraries that shell out. Not a Debian rootfs: the ldd closure is 30 libraries,
+  16 MB, found in ~5 s, where ``debootstrap --variant=minbase bookworm`` took 59 s and 206 MB
+  (before any Python package), needs the mirror, and brings a second libc build beside the one
+  the interpreter was built against;
 - /etc/passwd and /etc/group (root, nobody), /etc/hosts (localhost; the kubelet mounts its
   own), /tmp (1777), /root (HOME), mount points /proc /sys /dev /dev/shm /etc/jobgen.
 
@@ -23,8 +24,15 @@ Reproducible: files are written to the layer in sorted order with mtime ``SOURCE
 with ``--invalidation-mode unchecked-hash`` (no source mtimes inside) and in-image file names
 (``-s``/``-p``); pip's ``direct_url.json`` (which names the host's wheel path) is dropped and
 console-script shebangs point at /usr/local/bin/python3.11. Two builds from the same inputs give
-the same manifest digest (test_kubeimage.py checks it on the small variant; the full one was
-checked by hand, see the issue's report).
+the same bytes (test_kubeimage.py checks it on the small variant; the full image, built twice by
+hand in separate directories, gave the same 1.37 GB archive). The interpreter's own binaries keep
+the build-time prefix (RUNPATH, compiled-in PREFIX): the host's bytes, unused in the image.
+
+The layer is an uncompressed tar by default: the archive never leaves the machine, and on 2
+shared cores CPU is what is short. Measured on the full image (AMD EPYC, 2 cores, loaded):
+writing the layer 19 s uncompressed, 30 s with gzip level 1 (1.37 GB -> 436 MB); ``ctr images
+import`` 26 s uncompressed vs 32 s gzip (containerd 1.6.20). ``--compress gzip`` saves ~0.9 GB
+of disk per copy (archive, containerd's content store) for that CPU.
 
 Cached in ``$JOBGEN_K8S_CACHE/image/<key>/`` (default /var/cache/jobgen-k8s, the directory
 kubelab.py uses), the key a hash of the inputs: this recipe, jobgen's source files (setup.cfg,
@@ -495,7 +503,7 @@ def write_layer(root: Path, out: BinaryIO, compress: str = "none", mtime: int | 
     blob = _HashingWriter(out)
     if compress == "gzip":
         # mtime=0 and no file name in the gzip header: the same bytes every time. Level 1: the
-        # layer is built on 2 cores and never leaves the machine (see the module docstring).
+        # layer is built on 2 cores and never leaves the machine (the module docstring's figures).
         gz = gzip.GzipFile(fileobj=blob, mode="wb", compresslevel=1, mtime=0, filename="")
         tar_stream: _HashingWriter = _HashingWriter(gz)  # type: ignore[arg-type]
     elif compress == "none":
