@@ -273,10 +273,9 @@ def _build_wheel(repo: Path, work: Path, log: Log) -> Path:
         target = src / path.relative_to(repo)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    isolation = [] if _has_setuptools_70() else ["--use-pep517"]
-    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "wheel", src]
-    argv[4:4] = ["--no-build-isolation"] if not isolation else isolation
-    _run(argv, log)
+    # This interpreter's setuptools when it can build the wheel (seconds), else pip's isolated build.
+    isolation = ["--no-build-isolation"] if _has_setuptools_70() else []
+    _run([sys.executable, "-m", "pip", "wheel", *isolation, "--no-deps", "-q", "-w", work / "wheel", src], log)
     (wheel,) = (work / "wheel").glob("jobgen-*.whl")
     return wheel
 
