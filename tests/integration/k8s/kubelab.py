@@ -1141,7 +1141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 K8sLab(args.root, {"etcd": ""}).down()
         else:
-            print(json.dumps(K8sLab(args.root, {"etcd": ""}).daemon_pids(), indent=2))
+            pids = K8sLab(args.root, {"etcd": ""}).daemon_pids()
+            if (args.root / "nodes").is_dir():
+                import kubenodes
+                pids |= kubenodes.NodeLab(args.root).daemon_pids()
+            print(json.dumps(pids, indent=2))
     except LabError as exc:
         print(f"k8s lab: {exc}", file=sys.stderr)
         return 1
