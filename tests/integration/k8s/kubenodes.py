@@ -11,7 +11,8 @@ kube-controller-manager and, with this module:
   its own ``--cgroup-root``), registered as ``jk-node1``/``jk-node2``;
 - a CNI bridge network per node (containernetworking-plugins 1.1.1: ``bridge`` + ``host-local``),
   pod CIDRs 10.213.17.0/24 and 10.213.18.0/24, routed between the nodes (each node has a route
-  to the other's pod CIDR; the host has both, for DNS answers and ``kubectl logs``);
+  to the other's pod CIDR; the host has both, for DNS answers and ``kubectl logs``); the nodes
+  have no default route: pods reach the lab, not the machine's network;
 - kube-scheduler 1.20.2 (host namespace, the admin kubeconfig);
 - cluster DNS: dnsmasq on 10.213.16.1:53 (``kubelet --cluster-dns``) answering from a hosts
   file that a small watcher (:func:`dns_watch`, this file's ``dns-watch`` command) rewrites from
@@ -562,7 +563,7 @@ class NodeLab:
 
     def _network_up(self) -> None:
         """The bridge (host address, owner alias), per node a namespace + veth, routes: each
-        node to the other's pod CIDR directly, the host to both, the nodes' default via the host."""
+        node to the other's pod CIDR directly, the host to both; no default route in the nodes."""
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
         run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
@@ -577,7 +578,12 @@ class NodeLab:
             run(["ip", "-n", node.netns, "addr", "add", f"{node.ip}/{SUBNET.prefixlen}", "dev", node.peer])
             run(["ip", "-n", node.netns, "link", "set", node.peer, "up"])
             run(["ip", "-n", node.netns, "link", "set", "lo", "up"])
-            run(["ip", "-n", node.netns, "route", "add", "default", "via", HOST_IP])
+            # No default route: the nodes need only the lab subnet (API server, DNS on the host)
+            # and the other node's pod CIDR. Anything else fails at once (ENETUNREACH) instead of
+            # timing out on the host, which forwards nothing: kubelet 1.20 links the AWS ECR
+            # credential provider and cAdvisor's cloud detection whatever the build tags, and with
+            # a default route via the host each waited ~5 s (169.254.169.254, the host's
+            # nameserver) at every kubelet start.
             run(["ip", "netns", "exec", node.netns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
             run(["ip", "route", "add", node.pod_cidr, "via", node.ip, "dev", BRIDGE])
         for node in NODES:
@@ -765,6 +771,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         kubeconfig.chmod(0o600)
         self._make_cgroup_root(node)
         sock = f"unix://{self.socket(node)}"
+        env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true"}  # (see _network_up)
         self._launch(f"kubelet-{node.name}", self._in_netns(node, [
             str(node_dir(self.cache) / "bin" / "kubelet"), f"--kubeconfig={kubeconfig}", f"--root-dir={d / 'kubelet'}",
             f"--cert-dir={d / 'kubelet-pki'}", f"--volume-plugin-dir={d / 'volume-plugins'}",
@@ -778,8 +785,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "--make-iptables-util-chains=false", f"--pod-infra-container-image={PAUSE_IMAGE}",
             "--image-gc-high-threshold=100", "--image-gc-low-threshold=99",
             "--eviction-hard=memory.available<50Mi,nodefs.available<1%,imagefs.available<1%", "--max-pods=30",
-            "--serialize-image-pulls=false", "--v=1",
-        ]))
+            "--serialize-image-pulls=false",
+            # The first status after registration says NotReady (the runtime check has not run
+            # yet); the default 10 s until the next one was half of the lab's start-up.
+            "--node-status-update-frequency=4s", "--v=1",
+        ]), env=env)
 
     # ----- processes
 
