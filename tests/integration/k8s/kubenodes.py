@@ -845,7 +845,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             try:
                 self._delete_all_pods(lab, drain_timeout)
             except (LabError, TimeoutError, OSError) as exc:
-                problems.append(f"deleting the pods: {exc}"[:500])
+                # Not fatal: what the kubelets did not stop, containerd is told to kill below.
+                print(f"k8s nodes: the pods were not stopped through the API server ({exc}"[:300]
+                      + "); stopping the containers through containerd", file=sys.stderr)
         for node in NODES:
             self._stop_daemon(f"kubelet-{node.name}")
         for node in NODES:
