@@ -136,10 +136,10 @@ class Node:
         """The node's address on its CNI bridge (its pods' default gateway)."""
         return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
 
-    @property
-    def cgroup(self) -> str:
-        """The kubelet's --cgroup-root (the pods' cgroups live below it)."""
-        return f"/jobgen-{self.name}"
+    def cgroup(self, root: Path) -> str:
+        """The kubelet's --cgroup-root for a lab under ``root`` (the pods' cgroups live below it):
+        the root's hash in the name, so a lab under another root never touches these."""
+        return f"/jobgen-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}-{self.name}"
 
 
 NODES = (
@@ -438,7 +438,7 @@ class NodeLab:
     ``K8sLab.down``."""
 
     def __init__(self, root: Path, cache: Path | None = None):
-        self.root = Path(root)
+        self.root = Path(root).resolve()  # it names the bridge's owner and the cgroups: one spelling
         self.cache = cache or kubelab.cache_dir()
         self.base = self.root / "nodes"
         self.timings: dict[str, float] = {}
@@ -753,7 +753,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _make_cgroup_root(self, node: Node) -> None:
         """The kubelet's --cgroup-root must exist in every hierarchy; cpuset needs its cpus/mems."""
         for hierarchy in _cgroup_hierarchies():
-            path = hierarchy / node.cgroup.lstrip("/")
+            path = hierarchy / node.cgroup(self.root).lstrip("/")
             path.mkdir(exist_ok=True)
             if (hierarchy / "cpuset.cpus").exists():
                 for key in ("cpuset.cpus", "cpuset.mems"):
@@ -778,7 +778,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "--container-runtime=remote", f"--container-runtime-endpoint={sock}", f"--image-service-endpoint={sock}",
             "--runtime-request-timeout=5m", f"--hostname-override={node.name}", f"--node-ip={node.ip}",
             f"--node-labels=jobgen.io/lab-node={node.name}", f"--pod-cidr={node.pod_cidr}",
-            "--cgroup-driver=cgroupfs", f"--cgroup-root={node.cgroup}", "--cgroups-per-qos=true", "--fail-swap-on=false",
+            "--cgroup-driver=cgroupfs", f"--cgroup-root={node.cgroup(self.root)}", "--cgroups-per-qos=true", "--fail-swap-on=false",
             f"--cluster-dns={HOST_IP}", f"--cluster-domain={CLUSTER_DOMAIN}", f"--resolv-conf={self.base / 'dns' / 'resolv.conf'}",
             f"--address={node.ip}", f"--port={KUBELET_PORT}", "--read-only-port=0", "--healthz-port=0",
             "--anonymous-auth=false", f"--client-ca-file={self.pki / 'ca.crt'}", "--authorization-mode=AlwaysAllow",
@@ -869,7 +869,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self._remove_cgroup(node, problems)
             self._remove_pod_logs(node)
         self._network_down(problems)
-        self._restore_kernel_tunables()
+        if not (_link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
+            self._restore_kernel_tunables()
         for child in self._children:
             with contextlib.suppress(Exception):
                 child.wait(timeout=1)
@@ -915,7 +916,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _kill_cgroup(self, node: Node) -> None:
         """SIGKILL every process left in the node's cgroups (containers whose shim is gone)."""
         for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / node.cgroup.lstrip("/")
+            top = hierarchy / node.cgroup(self.root).lstrip("/")
             if not top.is_dir():
                 continue
             for procs in top.rglob("cgroup.procs"):
@@ -942,7 +943,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _remove_cgroup(self, node: Node, problems: list[str]) -> None:
         for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / node.cgroup.lstrip("/")
+            top = hierarchy / node.cgroup(self.root).lstrip("/")
             if not top.is_dir():
                 continue
             for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:

@@ -128,5 +128,5 @@ def test_down_leaves_nothing(k8s_nodes):
     for pid in pids.values():
         assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text(), pid
     for node in kubenodes.NODES:
-        assert not list(Path("/sys/fs/cgroup").glob(f"*{node.cgroup}")), node.cgroup
+        assert not list(Path("/sys/fs/cgroup").glob(f"*{node.cgroup(root)}")), node.cgroup(root)
     assert not lab.daemon_pids() and not nodes.daemon_pids()
