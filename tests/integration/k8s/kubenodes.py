@@ -153,6 +153,13 @@ LAB_NETS = (SUBNET, *(ipaddress.ip_network(n.pod_cidr) for n in NODES))
 KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
                    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
 CGROUP_FS = Path("/sys/fs/cgroup")
+#: Machine paths the node daemons write whatever their flags say: kubelet 1.20's device-plugin
+#: socket (/var/lib/kubelet/device-plugins/kubelet.sock) and pod logs (/var/log/pods,
+#: /var/log/containers), containerd 1.6's shim sockets (/run/containerd/s) and libcni's result
+#: cache (/var/lib/cni/results). ``down`` removes what the lab left there, and a directory of
+#: this list that did not exist before ``prepare`` once it is empty.
+MACHINE_PATHS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/log/pods", "/var/log/containers",
+                 "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni")
 
 
 # --------------------------------------------------------------------------- build (cached)
@@ -497,6 +504,9 @@ class NodeLab:
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self._write_pki()
         self._save_kernel_tunables()
+        machine_paths = self.base / "machine-paths.json"
+        if not machine_paths.is_file():
+            machine_paths.write_text(json.dumps({path: os.path.lexists(path) for path in MACHINE_PATHS}, indent=2) + "\n")
         self._network_up()
         self.timings["network_s"] = round(time.monotonic() - started, 2)
 
@@ -712,6 +722,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         BinaryName = "{runtime / 'usr/sbin/runc'}"
+        Root = "{d / 'containerd-state' / 'runc'}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{runtime / 'usr/lib/cni'}"
     conf_dir = "{d / 'cni'}"
@@ -871,6 +882,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._network_down(problems)
         if not (_link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
             self._restore_kernel_tunables()
+            self._clean_machine_paths()
         for child in self._children:
             with contextlib.suppress(Exception):
                 child.wait(timeout=1)
@@ -893,8 +905,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _remove_containers(self, node: Node) -> None:
         """Kill and delete whatever containerd still has (kubelet gone: no CNI teardown, the
-        node's namespace goes with its bridge)."""
+        node's namespace goes with its bridge; libcni's cached results of those sandboxes are
+        dropped here)."""
         with contextlib.suppress(LabCommandError):
+            for container in self.containers(node):
+                for cached in Path("/var/lib/cni/results").glob(f"*-{container}-*"):
+                    cached.unlink(missing_ok=True)
             for task in self.ctr(node, "tasks", "ls", "-q", timeout=20).split():
                 with contextlib.suppress(LabCommandError):
                     self.ctr(node, "tasks", "kill", "-s", "SIGKILL", task, timeout=20)
@@ -924,6 +940,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     for pid in procs.read_text().split():
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
+
+    def _clean_machine_paths(self) -> None:
+        """After the daemons stopped: kubelet's device-plugin socket, then every directory of
+        :data:`MACHINE_PATHS` that did not exist before :meth:`prepare`, once empty."""
+        saved = self.base / "machine-paths.json"
+        try:
+            existed = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            return
+        if not existed.get("/var/lib/kubelet/device-plugins"):
+            for name in ("kubelet.sock", "DEPRECATION"):
+                with contextlib.suppress(OSError):
+                    (Path("/var/lib/kubelet/device-plugins") / name).unlink()
+        for path in MACHINE_PATHS:  # children before their parents
+            if not existed.get(path, True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+        saved.unlink()
 
     def _remove_pod_logs(self, node: Node) -> None:
         """The pods' log directories kubelet 1.20 keeps in the fixed /var/log/pods (named
