@@ -5,8 +5,9 @@ etcd + kube-apiserver 1.20 (+ kube-controller-manager running only the garbage c
 the namespace controller, so foreground deletion and namespace deletion finish) on 127.0.0.1,
 static token auth (group system:masters), RBAC, a self-signed serving certificate, and the
 Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
-accepted but never run. The recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API
-server on one machine"):
+accepted but never run, unless the lab is started with its nodes (``up --with-nodes``,
+kubenodes.py: two kubelets, kube-scheduler, cluster DNS; docs/labs-k8s-nodes-notes.md). The
+recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API server on one machine"):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
   SOURCE package (1.20.2, vendored) with ``golang-1.19-go`` + ``rsync``:
@@ -33,7 +34,7 @@ running lab writes lives under its ROOT; it stops only the processes it started 
 By hand:
 
     python tests/integration/k8s/kubelab.py build [--crd-server]  # fill the cache
-    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab [--crd-server]
+    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab [--crd-server] [--with-nodes]
     export KUBECONFIG=/tmp/jobgen-k8s-lab/kubeconfig           # context jobgen-lab
     python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
@@ -475,7 +476,9 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
         os.replace(binaries / f".{name}.tmp", binaries / name)
     etcd = _fetch_etcd(cache, build_log)
     source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
-    shutil.rmtree(tree, ignore_errors=True)  # ~1 GB; the Go build cache stays for a faster rebuild
+    # ~1 GB, and with it the Go build cache: hack/lib/golang.sh sets GOCACHE to the tree's
+    # _output/local/go/cache, whatever go_build_env says, so every build is a cold one.
+    shutil.rmtree(tree, ignore_errors=True)
     info = {
         "recipe": RECIPE, "kube_version": KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
         "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "go_version": _dpkg_version("golang-1.19-go"),
@@ -504,7 +507,8 @@ def unpack_source(dsc: Path, tree: Path, build_log: Path) -> None:
 def go_build_env(cache: Path) -> dict[str, str]:
     """The environment of the recipe's ``make``/``build.sh``: Debian's Go 1.19 first in PATH, no
     module proxy, static binaries, the version stamp, the vendored modules with
-    :data:`BUILD_TAGS`, and the cache's Go build cache (shared by every build into ``cache``)."""
+    :data:`BUILD_TAGS`. (Its GOCACHE reaches ``go`` only outside the kube build scripts:
+    hack/lib/golang.sh points GOCACHE into the source tree's _output.)"""
     return {
         **os.environ, "PATH": f"{GO_ROOT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "GOPROXY": "off", "CGO_ENABLED": "0",
         "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": f"-mod=vendor -tags={','.join(BUILD_TAGS)}", "GOCACHE": str(cache / "gocache"),

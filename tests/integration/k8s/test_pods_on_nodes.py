@@ -129,4 +129,5 @@ def test_down_leaves_nothing(k8s_nodes):
         assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text(), pid
     for node in kubenodes.NODES:
         assert not list(Path("/sys/fs/cgroup").glob(f"*{node.cgroup(root)}")), node.cgroup(root)
+    assert not list(Path("/var/lib/cni/results").glob("jobgen-lab-*"))  # libcni's cache of this lab's network
     assert not lab.daemon_pids() and not nodes.daemon_pids()
