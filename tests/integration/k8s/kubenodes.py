@@ -799,7 +799,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "--serialize-image-pulls=false",
             # The first status after registration says NotReady (the runtime check has not run
             # yet); the default 10 s until the next one was half of the lab's start-up.
-            "--node-status-update-frequency=4s", "--v=1",
+            "--node-status-update-frequency=4s",
+            # A deleted pod leaves the API server only once kubelet saw its resources reclaimed,
+            # which can wait for the next full pod sync (default 1 min: one pod took 60 s to go).
+            "--sync-frequency=10s", "--v=1",
         ]), env=env)
 
     # ----- processes
