@@ -41,10 +41,12 @@ are not installed) and busybox-static are ``apt-get download`` + ``dpkg -x`` int
 
 ``down`` deletes every pod through the API server (kubelet stops them with CNI teardown), stops
 what is left through containerd, stops the daemons by PID file, unmounts anything left under the
-root, removes the cgroups, the namespaces, the veths and the bridge, and puts back the kernel
-settings the kubelets changed (``kernel.panic``, ``vm.overcommit_memory``...: kubelet 1.20 sets
-them at start). Kubelet 1.20 writes container logs to the fixed /var/log/pods (and links in
-/var/log/containers); the pods' directories there are removed with the pods.
+root, removes the cgroups (``/jobgen-<hash of the root>-<node>`` in every hierarchy), the
+namespaces, the veths and the bridge, and puts back the kernel settings the kubelets changed
+(``kernel.panic``, ``vm.overcommit_memory``...: kubelet 1.20 sets them at start). A few machine
+paths are written whatever the flags say (:data:`MACHINE_PATHS`: pod logs in /var/log/pods,
+kubelet's device-plugin socket, containerd's shim sockets, libcni's result cache); ``down``
+removes the lab's entries there and the directories that did not exist before.
 
 Opt-in: the node tests run only with ``JOBGEN_K8S_NODES=1`` (see test_pods_on_nodes.py).
 Notes and measured times: docs/labs-k8s-nodes-notes.md.
