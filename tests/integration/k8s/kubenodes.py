@@ -521,6 +521,7 @@ class NodeLab:
         self._write_dns_files()
         self._launch("dnsmasq", self._dnsmasq_argv(), env={**os.environ, "LD_LIBRARY_PATH": str(runtime_path(
             self.cache, "usr/lib/x86_64-linux-gnu"))})
+        self._wait_listening("dnsmasq", 53, timeout)
         self._launch("dns-watch", [sys.executable, str(Path(__file__).resolve()), "dns-watch", "--root", str(self.root),
                                    "--server", lab.server])
         self._launch("kube-scheduler", [str(binaries / "kube-scheduler"), f"--kubeconfig={lab.kubeconfig}", "--leader-elect=false",
@@ -537,6 +538,19 @@ class NodeLab:
                 raise LabStartError(f"{exc}\n{self.log_tails()}") from None
         self.timings["nodes_ready_s"] = round(time.monotonic() - started, 2)
         return self
+
+    def _wait_listening(self, name: str, port: int, timeout: float) -> None:
+        """Wait until daemon ``name`` itself listens on TCP ``port``; LabStartError (with its log
+        tail) when it exits or does not within ``timeout``."""
+        def listening() -> bool:
+            pid = self.daemon_pids().get(name)
+            if pid is None:
+                raise LabStartError(f"{name} exited\n{_tail(self.base / 'log' / f'{name}.log', 30)}")
+            return port in kubelab.listening_ports(pid)
+        try:
+            wait_for(listening, timeout, 0.1, what=f"{name} listening on port {port}")
+        except TimeoutError as exc:
+            raise LabStartError(f"{exc}\n{_tail(self.base / 'log' / f'{name}.log', 30)}") from None
 
     @staticmethod
     def node_ready(lab: K8sLab, node: Node) -> bool:
@@ -1100,7 +1114,7 @@ def dns_watch(root: Path, server: str, *, interval: float = 0.5) -> None:
         except OSError:
             time.sleep(interval)
             continue
-        if s_status == 200 and e_status == 200:
+        if s_status == 200 and e_status == 200 and isinstance(services, dict) and isinstance(endpoints, dict):
             records = dns_records(services.get("items") or [], endpoints.get("items") or [])
             if records != last:
                 tmp = nodes.hosts_file.with_name("hosts.tmp")
