@@ -494,10 +494,11 @@ def unpack_source(dsc: Path, tree: Path, build_log: Path) -> None:
     """``dpkg-source -x`` the source package ``dsc`` into ``tree`` (replacing it) and apply the
     one fix of the recipe: the vendored reflect2 v1.0.1 replaced by Debian's 1.0.2 (Go >= 1.18
     segfaults on custom resources with 1.0.1). Shared by this build and the node binaries'
-    (kubenodes.py), so both compile the same source."""
+    (kubenodes.py), so both compile the same source. ``--no-copy``: the upstream tarball (33 MB)
+    is not copied next to a tree unpacked away from the .dsc."""
     shutil.rmtree(tree, ignore_errors=True)
     tree.parent.mkdir(parents=True, exist_ok=True)
-    run(["dpkg-source", "--no-check", "-x", str(dsc.resolve()), tree.name], cwd=tree.parent, log=build_log, timeout=900)
+    run(["dpkg-source", "--no-check", "--no-copy", "-x", str(dsc.resolve()), tree.name], cwd=tree.parent, log=build_log, timeout=900)
     vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
     shutil.rmtree(vendored)
     shutil.copytree(REFLECT2_SRC, vendored, symlinks=False)
