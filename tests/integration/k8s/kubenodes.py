@@ -693,7 +693,7 @@ class NodeLab:
     def _dnsmasq_argv(self) -> list[str]:
         return [str(runtime_path(self.cache, "usr/sbin/dnsmasq")), "--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null",
                 "--no-resolv", "--no-hosts", "--no-negcache", f"--addn-hosts={self.hosts_file}", f"--listen-address={HOST_IP}",
-                "--bind-interfaces", "--port=53", f"--local=/{CLUSTER_DOMAIN}/", "--pid-file=", "--user=root", "--group=root"]
+                "--bind-interfaces", "--port=53", f"--local=/{CLUSTER_DOMAIN}/", "--local=/#/", "--pid-file=", "--user=root", "--group=root"]
 
     # ----- containerd, kubelet
 
