@@ -9,6 +9,8 @@ can host it is an error (with the build log or daemon log tails), not a skip. ``
 ``JOBGEN_K8S_LAB_ROOT`` keeps the lab's files (logs, kubeconfig) in a directory of your choice.
 The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
 does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
+The ``k8s_nodes`` level (two kubelet nodes, kube-scheduler, cluster DNS: pods run; kubenodes.py)
+is opt-in while it is new: its tests skip unless ``JOBGEN_K8S_NODES=1``.
 
 Test time: the lab's tests run last among the labs (the xdist worker that runs the labs runs the
 SLURM and ssh labs first), and when the session selects any of them and the cache lacks a
@@ -123,7 +125,7 @@ def k8s_build() -> dict[str, Any]:
     except LabUnavailable as exc:
         skip_or_fail(f"the Kubernetes lab cannot be built here: {exc}")
     state = "cached" if info["cached"] else "built"
-    print(f"\nk8s lab binaries {state}: kube {info['kube_version']} (source {info['source_version']}, reflect2 "
+    print(f"\nk8s lab binaries {state}: kube {info.get('kube_version')} (source {info['source_version']}, reflect2 "
           f"{info['reflect2_version']}, go {info['go_version']}), etcd {info.get('etcd_version')}; build took {info['build_s']} s "
           f"(compile {info.get('compile_s')} s) {'when it was built' if info['cached'] else 'now'}", file=sys.stderr)
     return info
@@ -170,3 +172,32 @@ def k8s_crd_server(k8s_lab: K8sLab) -> str:
     context = k8s_lab.start_crd_server(info["binary"])
     print(f"apiextensions-apiserver ready in {k8s_lab.timings['crd_server_ready_s']} s; CRDs: {k8s_lab.crd_server_crds}", file=sys.stderr)
     return context
+
+
+#: Opt-in switch of the node level (``k8s_nodes``): pods that really run (kubenodes.py).
+NODES_ENV = "JOBGEN_K8S_NODES"
+
+
+@pytest.fixture(scope="session")
+def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[K8sLab, Any]]:
+    """``(K8sLab, NodeLab)``: a lab of its own (not ``k8s_lab``'s) with two kubelet nodes,
+    kube-scheduler and cluster DNS, up for the session. Opt-in: skips unless ``JOBGEN_K8S_NODES=1``.
+    The node binaries are built (minutes) when the cache lacks them."""
+    if os.environ.get(NODES_ENV) != "1":
+        pytest.skip(f"the node level of the k8s lab is opt-in: set {NODES_ENV}=1")
+    import kubenodes
+
+    try:
+        info = kubenodes.ensure_node_binaries(log=lambda m: print(m, file=sys.stderr))
+    except LabUnavailable as exc:
+        skip_or_fail(f"the lab's node binaries cannot be built here: {exc}")
+    print(f"\nk8s node binaries {'cached' if info['cached'] else 'built'}: kubelet + kube-scheduler {info.get('kube_version')}, "
+          f"runtime {info.get('runtime')}; build took {info.get('build_s')} s (compile {info.get('compile_s')} s)", file=sys.stderr)
+    configured = os.environ.get("JOBGEN_K8S_NODES_ROOT")
+    root = Path(configured) if configured else tmp_path_factory.mktemp("k8s-nodes")
+    lab, nodes = kubenodes.up_with_nodes(root)
+    print(f"k8s lab with nodes up in {lab.timings['with_nodes_total_s']} s ({lab.timings} {nodes.timings})", file=sys.stderr)
+    try:
+        yield lab, nodes
+    finally:
+        kubenodes.down_with_nodes(root)

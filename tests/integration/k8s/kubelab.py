@@ -5,8 +5,9 @@ etcd + kube-apiserver 1.20 (+ kube-controller-manager running only the garbage c
 the namespace controller, so foreground deletion and namespace deletion finish) on 127.0.0.1,
 static token auth (group system:masters), RBAC, a self-signed serving certificate, and the
 Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
-accepted but never run. The recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API
-server on one machine"):
+accepted but never run, unless the lab is started with its nodes (``up --with-nodes``,
+kubenodes.py: two kubelets, kube-scheduler, cluster DNS; docs/labs-k8s-nodes-notes.md). The
+recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API server on one machine"):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
   SOURCE package (1.20.2, vendored) with ``golang-1.19-go`` + ``rsync``:
@@ -33,7 +34,7 @@ running lab writes lives under its ROOT; it stops only the processes it started 
 By hand:
 
     python tests/integration/k8s/kubelab.py build [--crd-server]  # fill the cache
-    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab [--crd-server]
+    python tests/integration/k8s/kubelab.py up --root /tmp/jobgen-k8s-lab [--crd-server] [--with-nodes]
     export KUBECONFIG=/tmp/jobgen-k8s-lab/kubeconfig           # context jobgen-lab
     python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
@@ -456,18 +457,8 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
     except LabCommandError as exc:
         raise LabUnavailable(f"cannot download the {SOURCE_PACKAGE} source package: {exc}") from None
     tree = cache / "src" / "tree"
-    shutil.rmtree(tree, ignore_errors=True)
-    run(["dpkg-source", "--no-check", "-x", dsc.name, "tree"], cwd=cache / "src", log=build_log, timeout=900)
-    # The fix: vendored reflect2 v1.0.1 -> Debian's 1.0.2 (Go >= 1.18 segfault on custom resources).
-    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
-    shutil.rmtree(vendored)
-    shutil.copytree(REFLECT2_SRC, vendored, symlinks=False)
-    (vendored / "go.mod").unlink(missing_ok=True)
-    env = {
-        **os.environ, "PATH": f"{GO_ROOT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "GOPROXY": "off", "CGO_ENABLED": "0",
-        "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": f"-mod=vendor -tags={','.join(BUILD_TAGS)}", "GOCACHE": str(cache / "gocache"),
-        "GOPATH": str(cache / "gopath"), "HOME": str(cache),
-    }
+    unpack_source(dsc, tree, build_log)
+    env = go_build_env(cache)
     log(f"k8s lab: building {' '.join(BUILD_TARGETS)} (log: {build_log})")
     compile_started = time.monotonic()
     # The one generated file the tarball lacks (pkg/generated/openapi); then the binaries, which
@@ -485,7 +476,9 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
         os.replace(binaries / f".{name}.tmp", binaries / name)
     etcd = _fetch_etcd(cache, build_log)
     source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
-    shutil.rmtree(tree, ignore_errors=True)  # ~1 GB; the Go build cache stays for a faster rebuild
+    # ~1 GB, and with it the Go build cache: hack/lib/golang.sh sets GOCACHE to the tree's
+    # _output/local/go/cache, whatever go_build_env says, so every build is a cold one.
+    shutil.rmtree(tree, ignore_errors=True)
     info = {
         "recipe": RECIPE, "kube_version": KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
         "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "go_version": _dpkg_version("golang-1.19-go"),
@@ -495,6 +488,33 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
     }
     build_info_path(cache).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
+
+
+def unpack_source(dsc: Path, tree: Path, build_log: Path) -> None:
+    """``dpkg-source -x`` the source package ``dsc`` into ``tree`` (replacing it) and apply the
+    one fix of the recipe: the vendored reflect2 v1.0.1 replaced by Debian's 1.0.2 (Go >= 1.18
+    segfaults on custom resources with 1.0.1). Shared by this build and the node binaries'
+    (kubenodes.py), so both compile the same source. ``--no-copy``: the upstream tarball (33 MB)
+    is not copied next to a tree unpacked away from the .dsc."""
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    run(["dpkg-source", "--no-check", "--no-copy", "-x", str(dsc.resolve()), tree.name], cwd=tree.parent, log=build_log, timeout=900)
+    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
+    shutil.rmtree(vendored)
+    shutil.copytree(REFLECT2_SRC, vendored, symlinks=False)
+    (vendored / "go.mod").unlink(missing_ok=True)
+
+
+def go_build_env(cache: Path) -> dict[str, str]:
+    """The environment of the recipe's ``make``/``build.sh``: Debian's Go 1.19 first in PATH, no
+    module proxy, static binaries, the version stamp, the vendored modules with
+    :data:`BUILD_TAGS`. (Its GOCACHE reaches ``go`` only outside the kube build scripts:
+    hack/lib/golang.sh points GOCACHE into the source tree's _output.)"""
+    return {
+        **os.environ, "PATH": f"{GO_ROOT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "GOPROXY": "off", "CGO_ENABLED": "0",
+        "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": f"-mod=vendor -tags={','.join(BUILD_TAGS)}", "GOCACHE": str(cache / "gocache"),
+        "GOPATH": str(cache / "gopath"), "HOME": str(cache),
+    }
 
 
 def _fetch_etcd(cache: Path, log: Path) -> Path:
@@ -672,8 +692,18 @@ class K8sLab:
     """
 
     def __init__(self, root: Path, build: Mapping[str, Any], *, cache: Path | None = None, crds_dir: Path | None = None,
-                 controller_manager: bool = True):
+                 controller_manager: bool = True, bind_address: str = "127.0.0.1", extra_san_ips: Sequence[str] = (),
+                 extra_apiserver_args: Sequence[str] = (), controllers: Sequence[str] = ("garbagecollector", "namespace")):
+        """``bind_address``, ``extra_san_ips``, ``extra_apiserver_args`` and ``controllers`` are
+        for the nodes (kubenodes.py): kubelets in their own network namespaces reach the API
+        server on the lab bridge's address (in the certificate too), the API server reaches them
+        with a client certificate, and the endpoint controller fills the Endpoints that cluster
+        DNS serves. The defaults are the node-less lab."""
         self.root = Path(root)
+        self.bind_address = bind_address
+        self.extra_san_ips = tuple(extra_san_ips)
+        self.extra_apiserver_args = tuple(extra_apiserver_args)
+        self.controllers = tuple(controllers)
         binaries = bin_dir(cache or cache_dir())
         self.bin = {name: str(binaries / name) for name in BINARIES} | {"etcd": str(build.get("etcd", ""))}
         self.crds_dir = crds_dir or default_crds_dir()
@@ -781,7 +811,7 @@ class K8sLab:
         # 30 s (a cancel --wait took 29 s of a 96 s session).
         if self.controller_manager:
             self._launch("kube-controller-manager", [
-                self.bin["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}", "--controllers=garbagecollector,namespace",
+                self.bin["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}", f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false", "--port=0", "--secure-port=0", "--use-service-account-credentials=false", "--v=1",
             ])
         self.timings["total_s"] = round(time.monotonic() - started, 2)
@@ -806,7 +836,7 @@ class K8sLab:
         apiserver_started = time.monotonic()
         self._launch("kube-apiserver", [
             self.bin["kube-apiserver"], f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.bind_address}", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=RBAC",
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -815,7 +845,7 @@ class K8sLab:
             # No controller-manager token controller and no kubelet: pods with the default
             # service account would wait for a token forever; the plugin is off (LAB-NOTES).
             "--disable-admission-plugins=ServiceAccount",
-            "--enable-priority-and-fairness=false", "--v=1",
+            "--enable-priority-and-fairness=false", "--v=1", *self.extra_apiserver_args,
         ])
         self._write_kubeconfig()
         try:
@@ -918,10 +948,13 @@ class K8sLab:
 
     def _write_pki(self) -> None:
         pki = self.root / "pki"
-        if not (pki / "apiserver.crt").is_file():
+        san = ",".join(["IP:127.0.0.1", *(f"IP:{ip}" for ip in self.extra_san_ips), "DNS:localhost"])
+        san_file = pki / "apiserver.san"
+        if not (pki / "apiserver.crt").is_file() or (self.extra_san_ips and _read(san_file) != san):
             run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=jobgen-lab-apiserver",
-                 "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(pki / "apiserver.key"),
+                 "-addext", f"subjectAltName={san}", "-keyout", str(pki / "apiserver.key"),
                  "-out", str(pki / "apiserver.crt")], timeout=60)
+            san_file.write_text(san)
             run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], timeout=60)
             run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")], timeout=60)
         (pki / "tokens.csv").write_text(f'{TOKEN},jobgen-admin,jobgen-admin-uid,"system:masters"\n')
@@ -1038,6 +1071,13 @@ class K8sLab:
         print(f"k8s lab: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def _read_argv(pidfile: Path) -> list[str]:
     """The full argv of the daemon a PID file names (from /proc)."""
     try:
@@ -1063,6 +1103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or find cached) kube-apiserver, kube-controller-manager and etcd")
     build.add_argument("--crd-server", action="store_true", help="also the optional 1.36 apiextensions-apiserver (Debian sid)")
+    build.add_argument("--with-nodes", action="store_true", help="also kubelet, kube-scheduler, the runtime and images (kubenodes.py)")
     build.add_argument("--lowest-priority", action="store_true",
                        help="nice 19 for this build and its session's scheduling group (start it with setsid)")
     for name, text in (("up", "start the lab"), ("down", "stop it"), ("status", "show daemon PIDs")):
@@ -1070,6 +1111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--root", type=Path, default=Path("/tmp/jobgen-k8s-lab"))
         if name == "up":
             p.add_argument("--crd-server", action="store_true", help="also start the optional 1.36 CRD server (context jobgen-lab-crds)")
+            p.add_argument("--with-nodes", action="store_true",
+                           help="also two kubelet nodes, kube-scheduler and cluster DNS: pods run (kubenodes.py)")
     args = parser.parse_args(argv)
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
@@ -1079,19 +1122,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             info = ensure_binaries(log=say)
             if args.crd_server:
                 info = {**info, "crd_server": ensure_crd_server(log=say)}
+            if args.with_nodes:
+                import kubenodes
+                info = {**info, "nodes": kubenodes.ensure_node_binaries(log=say)}
             print(json.dumps(info, indent=2, sort_keys=True))
         elif args.command == "up":
-            info = ensure_binaries(log=say)
-            lab = K8sLab(args.root, info).up()
+            nodes = None
+            if args.with_nodes:
+                import kubenodes
+                lab, nodes = kubenodes.up_with_nodes(args.root, log=say)
+            else:
+                lab = K8sLab(args.root, ensure_binaries(log=say)).up()
             if args.crd_server:
                 lab.start_crd_server(ensure_crd_server(log=say)["binary"])
             print(json.dumps({"kubeconfig": str(lab.kubeconfig), "server": lab.server, "timings": lab.timings,
-                              "crd_rejections": lab.crd_rejections, "crd_server_crds": lab.crd_server_crds}, indent=2))
+                              "crd_rejections": lab.crd_rejections, "crd_server_crds": lab.crd_server_crds,
+                              "nodes_timings": nodes.timings if nodes else None}, indent=2))
             print(f"export KUBECONFIG={lab.kubeconfig}", file=sys.stderr)
         elif args.command == "down":
-            K8sLab(args.root, {"etcd": ""}).down()
+            if (args.root / "nodes").is_dir():
+                import kubenodes
+                kubenodes.down_with_nodes(args.root)
+            else:
+                K8sLab(args.root, {"etcd": ""}).down()
         else:
-            print(json.dumps(K8sLab(args.root, {"etcd": ""}).daemon_pids(), indent=2))
+            pids = K8sLab(args.root, {"etcd": ""}).daemon_pids()
+            if (args.root / "nodes").is_dir():
+                import kubenodes
+                pids |= kubenodes.NodeLab(args.root).daemon_pids()
+            print(json.dumps(pids, indent=2))
     except LabError as exc:
         print(f"k8s lab: {exc}", file=sys.stderr)
         return 1
@@ -1099,4 +1158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run main() of this file imported as ``kubelab`` (as the tests and kubenodes.py import it), not
+    # of ``__main__``: one copy of the module, so kubenodes' LabError is the one main() catches.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kubelab
+
+    sys.exit(kubelab.main())

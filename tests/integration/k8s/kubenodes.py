@@ -1,0 +1,1151 @@
+#!/usr/bin/env python3
+"""Two kubelet nodes for the Kubernetes lab (kubelab.py): pods that really run on this machine.
+
+Part A of issue 31. ``kubelab.py up --with-nodes`` starts the lab's etcd + kube-apiserver +
+kube-controller-manager and, with this module:
+
+- a bridge ``jkbr0`` (10.213.16.1/24, its ``ip link`` alias naming the lab root) and two
+  network namespaces ``jknode1``/``jknode2`` (10.213.16.11/.12 on veth pairs), the "nodes";
+- in each node's namespace its own containerd (Debian's 1.6.20, socket, root and state under
+  the lab root, runc 1.1.5, cgroupfs, overlayfs) and kubelet 1.20.2 (``--cgroup-driver=cgroupfs``,
+  its own ``--cgroup-root``), registered as ``jk-node1``/``jk-node2``;
+- a CNI bridge network per node (containernetworking-plugins 1.1.1: ``bridge`` + ``host-local``),
+  pod CIDRs 10.213.17.0/24 and 10.213.18.0/24, routed between the nodes (each node has a route
+  to the other's pod CIDR; the host has both, for DNS answers and ``kubectl logs``); the nodes
+  have no default route: pods reach the lab, not the machine's network;
+- kube-scheduler 1.20.2 (host namespace, the admin kubeconfig);
+- cluster DNS: dnsmasq on 10.213.16.1:53 (``kubelet --cluster-dns``) answering from a hosts
+  file that a small watcher (:func:`dns_watch`, this file's ``dns-watch`` command) rewrites from
+  the Services and Endpoints it polls: ``<service>.<namespace>.svc.cluster.local`` for headless
+  Services (one record per ready address) and ``<hostname>.<service>.<namespace>.svc.cluster.local``
+  for addresses with a hostname. It stands in for CoreDNS (not in Debian 12). ClusterIP Services do
+  not work: there is no kube-proxy.
+- apiserver -> kubelet (``kubectl logs``/exec): each kubelet serves on its node IP, port 10250,
+  with a self-signed certificate (the API server does not verify it: no
+  ``--kubelet-certificate-authority``), and accepts only client certificates of the lab's own CA
+  (``--anonymous-auth=false --client-ca-file``), authorizing every authenticated request
+  (``--authorization-mode=AlwaysAllow``); the API server presents such a certificate
+  (``--kubelet-client-certificate``). Kubelets reach the API server with the lab's admin token.
+- images without a registry: the pause container compiled from the source tree's
+  ``build/pause/linux/pause.c`` (static gcc) and a test image from Debian's busybox-static, both
+  written by :func:`write_image_tar` as docker-archive tarballs (fixed mtimes, sorted entries:
+  byte-for-byte reproducible) and imported with ``ctr -n k8s.io images import``; pods use
+  ``imagePullPolicy: Never`` (:data:`PAUSE_IMAGE`, :data:`BUSYBOX_IMAGE`).
+
+Binaries: kubelet and kube-scheduler are built with kubelab.py's recipe (same source package,
+the reflect2 fix, ``providerless``, Go 1.19, the cache's shared Go build cache) into a cache entry
+of their own, ``nodes-recipe<N>/`` with its own BUILD-INFO.json, so kube-apiserver's cached build
+stays valid. containerd, runc, the CNI plugins, dnsmasq (with the three libraries it links that
+are not installed) and busybox-static are ``apt-get download`` + ``dpkg -x`` into the same entry
+(nothing installed on the machine: no service is started or enabled by a package).
+
+``down`` deletes every pod through the API server (kubelet stops them with CNI teardown), stops
+what is left through containerd, stops the daemons by PID file, unmounts anything left under the
+root, removes the cgroups (``/jobgen-<hash of the root>-<node>`` in every hierarchy), the
+namespaces, the veths and the bridge, and puts back the kernel settings the kubelets changed
+(``kernel.panic``, ``vm.overcommit_memory``...: kubelet 1.20 sets them at start). A few machine
+paths are written whatever the flags say (:data:`MACHINE_PATHS`: pod logs in /var/log/pods,
+kubelet's device-plugin socket, containerd's shim sockets, libcni's result cache); ``down``
+removes the lab's entries there and the directories that did not exist before.
+
+Opt-in: the node tests run only with ``JOBGEN_K8S_NODES=1`` (see test_pods_on_nodes.py).
+Notes and measured times: docs/labs-k8s-nodes-notes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# kubelab is imported as the k8s conftest imports it (this directory on sys.path), so both see one
+# module and its exception classes.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kubelab  # noqa: E402
+from kubelab import (  # noqa: E402
+    BUILD_PACKAGES,
+    BUILD_TAGS,
+    SOURCE_PACKAGE,
+    TOKEN,
+    K8sLab,
+    LabCommandError,
+    LabError,
+    LabStartError,
+    LabUnavailable,
+    PrivateApt,
+    _dpkg_version,
+    _installed,
+    _locked,
+    _tail,
+    apt_install,
+    debian_mirror,
+    go_build_env,
+    pid_alive,
+    run,
+    unpack_source,
+    wait_for,
+)
+
+#: Bump when the node build recipe changes (binaries, runtime packages, images).
+NODE_RECIPE = 1
+NODE_TARGETS = ("cmd/kubelet", "cmd/kube-scheduler")
+NODE_BINARIES = ("kubelet", "kube-scheduler")
+#: Debian 12 packages fetched with ``apt-get download`` and unpacked with ``dpkg -x``; the last
+#: three are the libraries dnsmasq links that a minimal Debian lacks (it runs with LD_LIBRARY_PATH).
+RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "dnsmasq-base", "busybox-static",
+                    "libnetfilter-conntrack3", "libnfnetlink0", "libmnl0")
+PAUSE_IMAGE = "jobgen.local/pause:3.4"
+BUSYBOX_IMAGE = "jobgen.local/busybox:1.35"
+#: Every file of the images gets this mtime (reproducible tarballs): 2021-01-01T00:00:00Z.
+IMAGE_MTIME = 1609459200
+
+SUBNET = ipaddress.ip_network("10.213.16.0/24")
+HOST_IP = "10.213.16.1"
+BRIDGE = "jkbr0"
+#: The bridge's ``ip link`` alias: marks it as this lab's and names the root.
+OWNER_TAG = "jobgen-k8s-nodes root="
+CLUSTER_DOMAIN = "cluster.local"
+KUBELET_PORT = 10250
+
+
+@dataclass(frozen=True)
+class Node:
+    """One lab node: a network namespace with a veth on the lab bridge and its own pod CIDR."""
+
+    name: str  #: the Node object's name (kubelet --hostname-override)
+    netns: str
+    ip: str
+    veth: str  #: host end, on the bridge
+    peer: str  #: namespace end
+    pod_cidr: str
+
+    @property
+    def gateway(self) -> str:
+        """The node's address on its CNI bridge (its pods' default gateway)."""
+        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+
+    def cgroup(self, root: Path) -> str:
+        """The kubelet's --cgroup-root for a lab under ``root`` (the pods' cgroups live below it):
+        the root's hash in the name, so a lab under another root never touches these."""
+        return f"/jobgen-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}-{self.name}"
+
+
+NODES = (
+    Node("jk-node1", "jknode1", "10.213.16.11", "jkvnode1", "jkenode1", "10.213.17.0/24"),
+    Node("jk-node2", "jknode2", "10.213.16.12", "jkvnode2", "jkenode2", "10.213.18.0/24"),
+)
+#: The address ranges the lab uses (checked against the machine's addresses and routes).
+LAB_NETS = (SUBNET, *(ipaddress.ip_network(n.pod_cidr) for n in NODES))
+#: Kernel settings kubelet 1.20 changes at start (pkg/kubelet/cm/container_manager_linux.go
+#: setupKernelTunables): saved before the first kubelet starts and put back by ``down``.
+KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+CGROUP_FS = Path("/sys/fs/cgroup")
+#: Machine paths the node daemons write whatever their flags say: kubelet 1.20's device-plugin
+#: socket (/var/lib/kubelet/device-plugins/kubelet.sock) and pod logs (/var/log/pods,
+#: /var/log/containers), containerd 1.6's shim sockets (/run/containerd/s) and libcni's result
+#: cache (/var/lib/cni/results). ``down`` removes what the lab left there, and a directory of
+#: this list that did not exist before ``prepare`` once it is empty.
+MACHINE_PATHS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/log/pods", "/var/log/containers",
+                 "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni")
+
+
+# --------------------------------------------------------------------------- build (cached)
+
+
+def node_dir(cache: Path) -> Path:
+    """The cache entry of the node binaries, runtime and images: ``nodes-recipe<NODE_RECIPE>``."""
+    return cache / f"nodes-recipe{NODE_RECIPE}"
+
+
+def cached_nodes(cache: Path) -> dict[str, Any] | None:
+    """The node entry's stamp when it matches :data:`NODE_RECIPE` and its files are there, else None."""
+    base = node_dir(cache)
+    try:
+        info = json.loads((base / "BUILD-INFO.json").read_text())
+    except (OSError, ValueError):
+        return None
+    needed = [base / "bin" / b for b in (*NODE_BINARIES, "pause")] + [runtime_path(cache, "usr/bin/containerd")]
+    if info.get("recipe") != NODE_RECIPE or not all(os.access(p, os.X_OK) for p in needed):
+        return None
+    if not all((base / "images" / f).is_file() for f in ("pause.tar", "busybox.tar")):
+        return None
+    return info
+
+
+def runtime_path(cache: Path, rel: str) -> Path:
+    """A file of the unpacked runtime packages (``rel`` as in the packages: ``usr/bin/ctr``)."""
+    return node_dir(cache) / "runtime" / rel
+
+
+def ensure_node_binaries(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Make sure the node entry is complete (building it if needed) and return its stamp:
+    ``recipe``, ``source_version``, ``go_version``, ``runtime`` (package -> version), ``compile_s``,
+    ``build_s``, ``cpu`` and ``cached``. Holds the cache's ``.lock-nodes`` while building.
+
+    Raises LabUnavailable (no apt, mirror or packages) or LabCommandError (the build failed)."""
+    cache = cache or kubelab.cache_dir()
+    info = cached_nodes(cache)
+    if info is not None:
+        return {**info, "cached": True}
+    with _locked(cache / ".lock-nodes"):
+        info = cached_nodes(cache)
+        if info is not None:
+            return {**info, "cached": True}
+        return {**_build_nodes(cache, log), "cached": False}
+
+
+def _build_nodes(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    base = node_dir(cache)
+    base.mkdir(parents=True, exist_ok=True)
+    build_log = base / "build.log"
+    build_log.write_text("")
+    missing = [pkg for pkg, marker in BUILD_PACKAGES.items() if not _installed(marker)]
+    if not _installed("gcc"):
+        missing.append("gcc")
+    if missing:
+        log(f"k8s nodes: installing {' '.join(missing)}")
+        apt_install(missing, build_log)
+    dsc = next(iter(sorted((cache / "src").glob(f"{SOURCE_PACKAGE}_*.dsc"))), None)
+    if dsc is None:  # kubelab's build keeps the source package; fetch it when that one never ran
+        uri, suite = debian_mirror()
+        apt = PrivateApt(cache / "apt", uri, suite)
+        try:
+            apt.update(build_log)
+            dsc = apt.source(SOURCE_PACKAGE, cache / "src", build_log)
+        except LabCommandError as exc:
+            raise LabUnavailable(f"cannot download the {SOURCE_PACKAGE} source package: {exc}") from None
+    tree = base / "src-tree"
+    log(f"k8s nodes: building {' '.join(NODE_TARGETS)} and pause (log: {build_log})")
+    unpack_source(dsc, tree, build_log)
+    env = go_build_env(cache)
+    compile_started = time.monotonic()
+    run(["make", "gen_openapi"], cwd=tree, env=env, log=build_log, timeout=3600)
+    run(["hack/make-rules/build.sh", *NODE_TARGETS], cwd=tree, env=env, log=build_log, timeout=3600)
+    compile_s = time.monotonic() - compile_started
+    bins = base / "bin"
+    bins.mkdir(exist_ok=True)
+    for name in NODE_BINARIES:
+        built = next(iter(sorted(tree.glob(f"_output/**/{name}"))), None)
+        if built is None:
+            raise LabCommandError(["build.sh"], 0, f"the build produced no {name}")
+        _install_file(built, bins / name)
+    # The pause container as build/pause/Makefile compiles it (CFLAGS there), statically.
+    run(["gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=v3.4-jobgen", "-o", str(bins / ".pause.tmp"),
+         str(tree / "build" / "pause" / "linux" / "pause.c")], log=build_log, timeout=300)
+    run(["strip", str(bins / ".pause.tmp")], log=build_log, timeout=60)
+    os.replace(bins / ".pause.tmp", bins / "pause")
+    source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
+    kubelab.shutil.rmtree(tree, ignore_errors=True)
+    runtime = _fetch_runtime(cache, build_log)
+    _write_images(cache)
+    info = {
+        "recipe": NODE_RECIPE, "kube_version": kubelab.KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
+        "targets": list(NODE_TARGETS), "go_version": _dpkg_version("golang-1.19-go"),
+        "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "runtime": runtime,
+        "images": {"pause": PAUSE_IMAGE, "busybox": BUSYBOX_IMAGE}, "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "compile_s": round(compile_s, 1), "build_s": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (base / "BUILD-INFO.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def _install_file(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    kubelab.shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _fetch_runtime(cache: Path, build_log: Path) -> dict[str, str]:
+    """``apt-get download`` :data:`RUNTIME_PACKAGES` and ``dpkg -x`` them into ``runtime/``;
+    returns package -> version (from the .deb names)."""
+    base = node_dir(cache)
+    debs = base / "debs"
+    kubelab.shutil.rmtree(debs, ignore_errors=True)
+    debs.mkdir(parents=True)
+    try:
+        run(["apt-get", "download", *RUNTIME_PACKAGES], cwd=debs, log=build_log, timeout=900)
+    except LabCommandError:
+        run(["apt-get", "-o", f"DPkg::Lock::Timeout={kubelab.DPKG_LOCK_WAIT_S}", "update"], log=build_log, timeout=600)
+        run(["apt-get", "download", *RUNTIME_PACKAGES], cwd=debs, log=build_log, timeout=900)
+    root = base / "runtime"
+    kubelab.shutil.rmtree(root, ignore_errors=True)
+    versions = {}
+    for deb in sorted(debs.glob("*.deb")):
+        run(["dpkg", "-x", str(deb), str(root)], log=build_log, timeout=300)
+        name, version = deb.name.split("_")[:2]
+        versions[name] = version.replace("%3a", ":")
+    return versions
+
+
+# --------------------------------------------------------------------------- images (docker-archive tarballs)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of an image layer: a directory (``data`` None, no ``link``), a file or a symlink."""
+
+    path: str
+    mode: int = 0o755
+    data: bytes | None = None
+    link: str = ""
+
+
+def layer_tar(entries: Iterable[Entry]) -> bytes:
+    """An uncompressed layer tarball of ``entries``, sorted by path, owned by root, every mtime
+    :data:`IMAGE_MTIME`: the same entries always give the same bytes (so the same digest)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(entries, key=lambda e: e.path):
+            info = tarfile.TarInfo(entry.path)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = IMAGE_MTIME, 0, 0, "root", "root"
+            info.mode = entry.mode
+            if entry.link:
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.link, 0o777
+                tar.addfile(info)
+            elif entry.data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(entry.data)
+                tar.addfile(info, io.BytesIO(entry.data))
+    return buf.getvalue()
+
+
+def write_image_tar(path: Path, name: str, entries: Iterable[Entry], config: dict[str, Any]) -> str:
+    """Write a one-layer image as a docker-archive tarball (``manifest.json``, the config blob,
+    the layer; what ``docker save`` writes and ``ctr images import`` reads) tagged ``name``.
+    Reproducible: fixed mtimes, sorted entries, sorted JSON keys. Returns the image's config digest."""
+    layer = layer_tar(entries)
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    image_config = {"architecture": "amd64", "os": "linux", "created": "2021-01-01T00:00:00Z", "config": config,
+                    "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                    "history": [{"created": "2021-01-01T00:00:00Z", "created_by": "jobgen kubenodes.write_image_tar"}]}
+    config_bytes = json.dumps(image_config, sort_keys=True, separators=(",", ":")).encode()
+    config_digest = hashlib.sha256(config_bytes).hexdigest()
+    layer_name = f"{diff_id[7:]}/layer.tar"
+    manifest = json.dumps([{"Config": f"{config_digest}.json", "RepoTags": [name], "Layers": [layer_name]}],
+                          sort_keys=True, separators=(",", ":")).encode()
+    files = {f"{config_digest}.json": config_bytes, layer_name: layer, "manifest.json": manifest}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for arcname in sorted({*files, f"{diff_id[7:]}/"}):
+            info = tarfile.TarInfo(arcname.rstrip("/"))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = IMAGE_MTIME, 0, 0, "root", "root"
+            if arcname.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.mode, info.size = 0o644, len(files[arcname])
+                tar.addfile(info, io.BytesIO(files[arcname]))
+    os.replace(tmp, path)
+    return "sha256:" + config_digest
+
+
+#: Busybox applets the test image links (``/bin/<applet> -> busybox``).
+BUSYBOX_APPLETS = ("sh", "cat", "echo", "env", "hostname", "httpd", "ip", "ls", "mkdir", "nc", "nslookup", "ps", "seq",
+                   "sleep", "test", "true", "false", "wget", "date", "grep", "head", "tail", "sed", "id", "uname")
+
+
+def _write_images(cache: Path) -> None:
+    """The pause image (``/pause``) and the busybox test image, into the entry's ``images/``."""
+    base = node_dir(cache)
+    pause = (base / "bin" / "pause").read_bytes()
+    write_image_tar(base / "images" / "pause.tar", PAUSE_IMAGE, [Entry("pause", 0o755, pause)],
+                    {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    busybox = runtime_path(cache, "bin/busybox").read_bytes()
+    entries = [Entry("bin"), Entry("etc"), Entry("tmp", 0o1777), Entry("www"), Entry("bin/busybox", 0o755, busybox),
+               Entry("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
+               Entry("etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n"), Entry("root", 0o700)]
+    entries += [Entry(f"bin/{applet}", link="busybox") for applet in BUSYBOX_APPLETS]
+    write_image_tar(base / "images" / "busybox.tar", BUSYBOX_IMAGE, entries,
+                    {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"})
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _link_exists(name: str) -> bool:
+    return Path(f"/sys/class/net/{name}").exists()
+
+
+def _link_alias(name: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{name}/ifalias").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _netns_exists(name: str) -> bool:
+    return Path(f"/run/netns/{name}").exists()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (from /proc/self/mountinfo), deepest first."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                found.append(point)
+    return sorted(set(found), key=lambda p: (-p.count("/"), p))
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """The cgroup hierarchies mounted under /sys/fs/cgroup: the v1 controllers (cpu, memory, ...,
+    name=systemd) and the hybrid layout's cgroup2 at ``unified``, where runc makes the
+    containers' cgroups too (``down`` must remove them there as well)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if fields[2] in ("cgroup", "cgroup2") and fields[1].startswith(str(CGROUP_FS) + "/"):
+                out.append(Path(fields[1]))
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------- the nodes
+
+
+class NodeLab:
+    """The node part of a lab under ``root`` (``root/nodes/``): network, containerd + kubelet per
+    node, kube-scheduler, dnsmasq and its watcher. Use :func:`lab_args` for the K8sLab it
+    needs, :meth:`prepare` before ``K8sLab.up``, :meth:`up` after it, :meth:`down` before
+    ``K8sLab.down``."""
+
+    def __init__(self, root: Path, cache: Path | None = None):
+        self.root = Path(root).resolve()  # it names the bridge's owner and the cgroups: one spelling
+        self.cache = cache or kubelab.cache_dir()
+        self.base = self.root / "nodes"
+        self.timings: dict[str, float] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    # ----- paths
+
+    def node_dir(self, node: Node) -> Path:
+        """Everything one node writes: containerd root/state, kubelet root, CNI config."""
+        return self.base / node.name
+
+    def socket(self, node: Node) -> Path:
+        """The node's containerd socket."""
+        return self.node_dir(node) / "containerd.sock"
+
+    @property
+    def pki(self) -> Path:
+        """The lab CA and the API server's kubelet-client certificate."""
+        return self.base / "pki"
+
+    def _pidfile(self, name: str) -> Path:
+        return self.base / "run" / f"{name}.pid"
+
+    def ctr(self, node: Node, *args: str, timeout: float = 120) -> str:
+        """``ctr --address <node's socket> -n k8s.io ARGS``; returns its output."""
+        return run([str(runtime_path(self.cache, "usr/bin/ctr")), "--address", str(self.socket(node)), "-n", "k8s.io", *args],
+                   timeout=timeout)
+
+    def containers(self, node: Node) -> list[str]:
+        """IDs of the containers (sandboxes included) in the node's containerd, k8s.io namespace."""
+        return self.ctr(node, "containers", "ls", "-q").split()
+
+    # ----- the API server side
+
+    def lab_args(self) -> dict[str, Any]:
+        """Keyword arguments of the K8sLab the nodes need (see K8sLab.__init__)."""
+        return {
+            "bind_address": "0.0.0.0", "extra_san_ips": (HOST_IP,),
+            # endpoint: the Endpoints cluster DNS serves; nodelifecycle: removes the
+            # node.kubernetes.io/not-ready taint kubelet registers with (else nothing schedules).
+            "controllers": ("garbagecollector", "namespace", "endpoint", "nodelifecycle"),
+            "extra_apiserver_args": (f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
+                                     f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
+                                     "--kubelet-preferred-address-types=InternalIP"),
+        }
+
+    def prepare(self) -> None:
+        """Before K8sLab.up: tear down a node lab left under this root, check the names and
+        subnets are free, write the PKI the API server's flags name, build the network."""
+        started = time.monotonic()
+        self.down()
+        self._check_conflicts()
+        for node in NODES:  # an earlier run's containerd root, IP allocations, kubelet state
+            kubelab.shutil.rmtree(self.node_dir(node), ignore_errors=True)
+        for sub in ("run", "log", "pki", "dns"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        self._write_pki()
+        self._save_kernel_tunables()
+        machine_paths = self.base / "machine-paths.json"
+        if not machine_paths.is_file():
+            machine_paths.write_text(json.dumps({path: os.path.lexists(path) for path in MACHINE_PATHS}, indent=2) + "\n")
+        self._network_up()
+        self.timings["network_s"] = round(time.monotonic() - started, 2)
+
+    def up(self, lab: K8sLab, *, timeout: float = 120.0) -> NodeLab:
+        """After K8sLab.up: dnsmasq + its watcher, kube-scheduler, then per node containerd (the
+        images imported) and kubelet; waits until both Node objects are Ready. Raises
+        LabStartError with the log tails."""
+        started = time.monotonic()
+        binaries = node_dir(self.cache) / "bin"
+        self._write_dns_files()
+        self._launch("dnsmasq", self._dnsmasq_argv(), env={**os.environ, "LD_LIBRARY_PATH": str(runtime_path(
+            self.cache, "usr/lib/x86_64-linux-gnu"))})
+        self._wait_listening("dnsmasq", 53, timeout)
+        self._launch("dns-watch", [sys.executable, str(Path(__file__).resolve()), "dns-watch", "--root", str(self.root),
+                                   "--server", lab.server])
+        self._launch("kube-scheduler", [str(binaries / "kube-scheduler"), f"--kubeconfig={lab.kubeconfig}", "--leader-elect=false",
+                                        "--port=0", "--secure-port=0", "--v=1"])
+        for node in NODES:
+            node_started = time.monotonic()
+            self._start_containerd(node, timeout)
+            self.timings[f"{node.name}_containerd_s"] = round(time.monotonic() - node_started, 2)
+            self._start_kubelet(node, lab)
+        for node in NODES:
+            try:
+                wait_for(lambda n=node: self.node_ready(lab, n), timeout, 0.5, what=f"node {node.name} Ready")
+            except TimeoutError as exc:
+                raise LabStartError(f"{exc}\n{self.log_tails()}") from None
+        self.timings["nodes_ready_s"] = round(time.monotonic() - started, 2)
+        return self
+
+    def _wait_listening(self, name: str, port: int, timeout: float) -> None:
+        """Wait until daemon ``name`` itself listens on TCP ``port``; LabStartError (with its log
+        tail) when it exits or does not within ``timeout``."""
+        def listening() -> bool:
+            pid = self.daemon_pids().get(name)
+            if pid is None:
+                raise LabStartError(f"{name} exited\n{_tail(self.base / 'log' / f'{name}.log', 30)}")
+            return port in kubelab.listening_ports(pid)
+        try:
+            wait_for(listening, timeout, 0.1, what=f"{name} listening on port {port}")
+        except TimeoutError as exc:
+            raise LabStartError(f"{exc}\n{_tail(self.base / 'log' / f'{name}.log', 30)}") from None
+
+    @staticmethod
+    def node_ready(lab: K8sLab, node: Node) -> bool:
+        """Whether the Node object exists and its Ready condition is True."""
+        status, answer = lab.request("GET", f"/api/v1/nodes/{node.name}")
+        if status != 200 or not isinstance(answer, dict):
+            return False
+        conditions = (answer.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    # ----- network
+
+    def _check_conflicts(self) -> None:
+        """Refuse when the jk* names belong to another root or to something else, or the lab's
+        address ranges overlap an address or route outside the lab."""
+        names = [BRIDGE, *(n.veth for n in NODES)]
+        taken = [n for n in names if _link_exists(n)] + [f"netns {n.netns}" for n in NODES if _netns_exists(n.netns)]
+        if taken:
+            alias = _link_alias(BRIDGE)
+            if alias.startswith(OWNER_TAG):
+                other = alias[len(OWNER_TAG):]
+                raise LabError(f"another jobgen k8s lab with nodes is up (root {other}; {', '.join(taken)}); stop it with: "
+                               f"{sys.executable} {Path(kubelab.__file__).resolve()} down --root {other}")
+            raise LabError(f"{', '.join(taken)} already exist and are not this lab's (bridge {BRIDGE} alias {alias!r})")
+        for line in run(["ip", "-o", "-4", "addr", "show"]).splitlines():
+            dev, cidr = line.split()[1], line.split()[3]
+            if not dev.startswith("jk") and any(ipaddress.ip_interface(cidr).network.overlaps(net) for net in LAB_NETS):
+                raise LabError(f"{dev} has {cidr}, which overlaps the node lab's {', '.join(map(str, LAB_NETS))}")
+        for line in run(["ip", "-4", "route", "show"]).splitlines():
+            dest = line.split()[0]
+            if dest == "default" or " dev jk" in f" {line}":
+                continue
+            with contextlib.suppress(ValueError):
+                if any(ipaddress.ip_network(dest, strict=False).overlaps(net) for net in LAB_NETS):
+                    raise LabError(f"route {line!r} overlaps the node lab's address ranges")
+
+    def _network_up(self) -> None:
+        """The bridge (host address, owner alias), per node a namespace + veth, routes: each
+        node to the other's pod CIDR directly, the host to both; no default route in the nodes."""
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
+        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
+        run(["ip", "link", "set", BRIDGE, "up"])
+        (self.base / "network").write_text("up\n")
+        for node in NODES:
+            run(["ip", "netns", "add", node.netns])
+            run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", node.peer])
+            run(["ip", "link", "set", node.peer, "netns", node.netns])
+            run(["ip", "link", "set", node.veth, "master", BRIDGE])
+            run(["ip", "link", "set", node.veth, "up"])
+            run(["ip", "-n", node.netns, "addr", "add", f"{node.ip}/{SUBNET.prefixlen}", "dev", node.peer])
+            run(["ip", "-n", node.netns, "link", "set", node.peer, "up"])
+            run(["ip", "-n", node.netns, "link", "set", "lo", "up"])
+            # No default route: the nodes need only the lab subnet (API server, DNS on the host)
+            # and the other node's pod CIDR. Anything else fails at once (ENETUNREACH) instead of
+            # timing out on the host, which forwards nothing: kubelet 1.20 links the AWS ECR
+            # credential provider and cAdvisor's cloud detection whatever the build tags, and with
+            # a default route via the host each waited ~5 s (169.254.169.254, the host's
+            # nameserver) at every kubelet start.
+            run(["ip", "netns", "exec", node.netns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+            run(["ip", "route", "add", node.pod_cidr, "via", node.ip, "dev", BRIDGE])
+        for node in NODES:
+            for other in NODES:
+                if other != node:
+                    run(["ip", "-n", node.netns, "route", "add", other.pod_cidr, "via", other.ip])
+
+    def _network_is_ours(self) -> bool:
+        if _link_exists(BRIDGE):
+            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
+        return (self.base / "network").is_file()
+
+    def _network_down(self, problems: list[str]) -> None:
+        if not self._network_is_ours():
+            return
+        for node in NODES:
+            if _netns_exists(node.netns) and subprocess.run(["ip", "netns", "del", node.netns], capture_output=True).returncode:
+                problems.append(f"could not delete netns {node.netns}")
+        for name in [*(n.veth for n in NODES), BRIDGE]:
+            if _link_exists(name):
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+        left = [n for n in [BRIDGE, *(n.veth for n in NODES)] if _link_exists(n)] + [n.netns for n in NODES if _netns_exists(n.netns)]
+        if left:
+            problems.append(f"still present: {', '.join(left)}")
+        (self.base / "network").unlink(missing_ok=True)
+
+    # ----- PKI
+
+    def _write_pki(self) -> None:
+        """A lab CA (kubelets trust it for clients) and the API server's client certificate."""
+        pki = self.pki
+        if (pki / "apiserver-kubelet-client.crt").is_file():
+            return
+
+        def ssl(*args: str) -> None:
+            run(["openssl", *args], cwd=pki, timeout=60)
+        ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=jobgen-lab-ca", "-keyout", "ca.key", "-out", "ca.crt")
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "-keyout", "apiserver-kubelet-client.key", "-out", "apiserver-kubelet-client.csr")
+        ssl("x509", "-req", "-in", "apiserver-kubelet-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "30",
+            "-out", "apiserver-kubelet-client.crt")
+        for path in pki.iterdir():
+            path.chmod(0o600)
+
+    # ----- kernel settings kubelet changes
+
+    def _save_kernel_tunables(self) -> None:
+        saved = self.base / "kernel-tunables.json"
+        if saved.is_file():
+            return
+        values = {}
+        for key in KERNEL_TUNABLES:
+            with contextlib.suppress(OSError):
+                values[key] = (Path("/proc/sys") / key).read_text().strip()
+        saved.write_text(json.dumps(values, indent=2) + "\n")
+
+    def _restore_kernel_tunables(self) -> None:
+        saved = self.base / "kernel-tunables.json"
+        try:
+            values = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            return
+        for key, value in values.items():
+            with contextlib.suppress(OSError):
+                if (Path("/proc/sys") / key).read_text().strip() != value:
+                    (Path("/proc/sys") / key).write_text(value + "\n")
+        saved.unlink()
+
+    # ----- DNS
+
+    @property
+    def hosts_file(self) -> Path:
+        """The file dnsmasq serves (``--addn-hosts``), rewritten by the watcher."""
+        return self.base / "dns" / "hosts"
+
+    def _write_dns_files(self) -> None:
+        self.hosts_file.write_text("")
+        # The kubelets' --resolv-conf: no search domains or options of the machine's own leak into pods.
+        (self.base / "dns" / "resolv.conf").write_text(f"nameserver {HOST_IP}\n")
+
+    def _dnsmasq_argv(self) -> list[str]:
+        return [str(runtime_path(self.cache, "usr/sbin/dnsmasq")), "--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null",
+                "--no-resolv", "--no-hosts", "--no-negcache", f"--addn-hosts={self.hosts_file}", f"--listen-address={HOST_IP}",
+                "--bind-interfaces", "--port=53", f"--local=/{CLUSTER_DOMAIN}/", "--local=/#/", "--pid-file=", "--user=root", "--group=root"]
+
+    # ----- containerd, kubelet
+
+    def _in_netns(self, node: Node, argv: list[str]) -> list[str]:
+        """argv in the node's network namespace only (nsenter; not ``ip netns exec``, which also
+        remounts /sys and so hides /sys/fs/cgroup from the kubelet)."""
+        return ["nsenter", f"--net=/run/netns/{node.netns}", "--", *argv]
+
+    def _containerd_config(self, node: Node) -> str:
+        d = self.node_dir(node)
+        runtime = node_dir(self.cache) / "runtime"
+        return f"""\
+version = 2
+root = "{d / 'containerd-root'}"
+state = "{d / 'containerd-state'}"
+plugin_dir = ""
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{self.socket(node)}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / 'containerd-opt'}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  disable_apparmor = true
+  # This machine withholds CAP_SYS_RESOURCE even from root: runc cannot lower oom_score_adj to
+  # the -998 kubelet asks for the pause container ("nsexec: failed to update
+  # /proc/self/oom_score_adj: Permission denied"). Restricted, it is clamped to containerd's own.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_tls_streaming = false
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runtime / 'usr/sbin/runc'}"
+        Root = "{d / 'containerd-state' / 'runc'}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{runtime / 'usr/lib/cni'}"
+    conf_dir = "{d / 'cni'}"
+    max_conf_num = 1
+"""
+
+    def _cni_config(self, node: Node) -> dict[str, Any]:
+        return {"cniVersion": "0.4.0", "name": "jobgen-lab", "plugins": [{
+            "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr, "gateway": node.gateway}]],
+                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.node_dir(node) / "cni-ipam")},
+        }]}
+
+    def _start_containerd(self, node: Node, timeout: float) -> None:
+        d = self.node_dir(node)
+        (d / "cni").mkdir(parents=True, exist_ok=True)
+        (d / "containerd.toml").write_text(self._containerd_config(node))
+        (d / "cni" / "10-jobgen-lab.conflist").write_text(json.dumps(self._cni_config(node), indent=2) + "\n")
+        runtime = node_dir(self.cache) / "runtime"
+        env = {**os.environ, "PATH": f"{runtime / 'usr/bin'}:{runtime / 'usr/sbin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self._launch(f"containerd-{node.name}", self._in_netns(node, [str(runtime / "usr/bin/containerd"), "--config",
+                                                                     str(d / "containerd.toml")]), env=env)
+
+        def serving() -> bool:
+            if f"containerd-{node.name}" not in self.daemon_pids():
+                raise LabStartError(f"containerd of {node.name} exited\n{_tail(self.base / 'log' / f'containerd-{node.name}.log', 40)}")
+            try:
+                self.ctr(node, "version", timeout=10)
+            except LabCommandError:
+                return False
+            return True
+        try:
+            wait_for(serving, timeout, 0.2, what=f"containerd of {node.name}")
+        except TimeoutError as exc:
+            raise LabStartError(f"{exc}\n{_tail(self.base / 'log' / f'containerd-{node.name}.log', 40)}") from None
+        for image in ("pause.tar", "busybox.tar"):
+            self.ctr(node, "images", "import", str(node_dir(self.cache) / "images" / image), timeout=300)
+
+    def _make_cgroup_root(self, node: Node) -> None:
+        """The kubelet's --cgroup-root must exist in every hierarchy; cpuset needs its cpus/mems."""
+        for hierarchy in _cgroup_hierarchies():
+            path = hierarchy / node.cgroup(self.root).lstrip("/")
+            path.mkdir(exist_ok=True)
+            if (hierarchy / "cpuset.cpus").exists():
+                for key in ("cpuset.cpus", "cpuset.mems"):
+                    if not (path / key).read_text().strip():
+                        (path / key).write_text((hierarchy / key).read_text())
+
+    def _start_kubelet(self, node: Node, lab: K8sLab) -> None:
+        d = self.node_dir(node)
+        kubeconfig = d / "kubelet.kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+            "clusters": [{"name": "lab", "cluster": {"server": f"https://{HOST_IP}:{lab.port}", "certificate-authority": str(lab.ca_file)}}],
+            "users": [{"name": "kubelet", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "kubelet"}}]}, indent=2) + "\n")
+        kubeconfig.chmod(0o600)
+        self._make_cgroup_root(node)
+        sock = f"unix://{self.socket(node)}"
+        env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true"}  # (see _network_up)
+        self._launch(f"kubelet-{node.name}", self._in_netns(node, [
+            str(node_dir(self.cache) / "bin" / "kubelet"), f"--kubeconfig={kubeconfig}", f"--root-dir={d / 'kubelet'}",
+            f"--cert-dir={d / 'kubelet-pki'}", f"--volume-plugin-dir={d / 'volume-plugins'}",
+            "--container-runtime=remote", f"--container-runtime-endpoint={sock}", f"--image-service-endpoint={sock}",
+            "--runtime-request-timeout=5m", f"--hostname-override={node.name}", f"--node-ip={node.ip}",
+            f"--node-labels=jobgen.io/lab-node={node.name}", f"--pod-cidr={node.pod_cidr}",
+            "--cgroup-driver=cgroupfs", f"--cgroup-root={node.cgroup(self.root)}", "--cgroups-per-qos=true", "--fail-swap-on=false",
+            f"--cluster-dns={HOST_IP}", f"--cluster-domain={CLUSTER_DOMAIN}", f"--resolv-conf={self.base / 'dns' / 'resolv.conf'}",
+            f"--address={node.ip}", f"--port={KUBELET_PORT}", "--read-only-port=0", "--healthz-port=0",
+            "--anonymous-auth=false", f"--client-ca-file={self.pki / 'ca.crt'}", "--authorization-mode=AlwaysAllow",
+            "--make-iptables-util-chains=false", f"--pod-infra-container-image={PAUSE_IMAGE}",
+            "--image-gc-high-threshold=100", "--image-gc-low-threshold=99",
+            "--eviction-hard=memory.available<50Mi,nodefs.available<1%,imagefs.available<1%", "--max-pods=30",
+            "--serialize-image-pulls=false",
+            # The first status after registration says NotReady (the runtime check has not run
+            # yet); the default 10 s until the next one was half of the lab's start-up.
+            "--node-status-update-frequency=4s",
+            # A deleted pod leaves the API server only once kubelet saw its resources reclaimed,
+            # which can wait for the next full pod sync (default 1 min: one pod took 60 s to go).
+            "--sync-frequency=10s", "--v=1",
+        ]), env=env)
+
+    # ----- processes
+
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        log = self.base / "log" / f"{name}.log"
+        with open(log, "ab") as fh:
+            fh.write(f"$ {' '.join(argv)}\n".encode())
+            fh.flush()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self._children.append(proc)
+        # nsenter execs its command: the PID stays, argv[0] becomes the daemon's (checked on stop).
+        expected = argv[argv.index("--") + 1] if argv[0] == "nsenter" else argv[0]
+        self._pidfile(name).write_text(f"{proc.pid} {expected}\n")
+        time.sleep(0.05)
+        if proc.poll() is not None:
+            raise LabStartError(f"{name} exited with {proc.returncode} at once\n{_tail(log)}")
+        return proc.pid
+
+    def daemon_pids(self) -> dict[str, int]:
+        """Running node daemons: name -> PID (PID files checked against /proc)."""
+        out = {}
+        for pidfile in sorted((self.base / "run").glob("*.pid")):
+            with contextlib.suppress(OSError, ValueError):
+                pid, expected = pidfile.read_text().split()[:2]
+                argv = _cmdline(int(pid))
+                if pid_alive(int(pid)) and argv and (argv[0] == expected or (argv[0] == "nsenter" and expected in argv)):
+                    out[pidfile.stem] = int(pid)
+        return out
+
+    def _stop_daemon(self, name: str, grace: float = 10.0) -> None:
+        pid = self.daemon_pids().get(name)
+        if pid is not None:
+            _stop_pid(pid, name, grace)
+        self._pidfile(name).unlink(missing_ok=True)
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The last lines of every node daemon's log."""
+        return "\n".join(f"--- {p.name}\n{_tail(p, lines)}" for p in sorted((self.base / "log").glob("*.log")))
+
+    # ----- down
+
+    def down(self, lab: K8sLab | None = None, *, drain_timeout: float = 60.0) -> None:
+        """Stop everything :meth:`prepare`/:meth:`up` started under this root and remove what
+        they made (see the module docstring). ``lab``, when its API server still runs, is used
+        to delete the pods first so the kubelets stop them cleanly. Raises LabError naming what
+        could not be removed."""
+        if not self.base.exists():
+            return
+        started = time.monotonic()
+        problems: list[str] = []
+        pids = self.daemon_pids()
+        if lab is not None and "kube-apiserver" in lab.daemon_pids() and any(k.startswith("kubelet-") for k in pids):
+            try:
+                self._delete_all_pods(lab, drain_timeout)
+            except (LabError, TimeoutError, OSError) as exc:
+                # Not fatal: what the kubelets did not stop, containerd is told to kill below.
+                print(f"k8s nodes: the pods were not stopped through the API server ({exc}"[:300]
+                      + "); stopping the containers through containerd", file=sys.stderr)
+        for node in NODES:
+            self._stop_daemon(f"kubelet-{node.name}")
+        for node in NODES:
+            if f"containerd-{node.name}" in pids:
+                self._remove_containers(node)
+            self._stop_daemon(f"containerd-{node.name}")
+            self._stop_shims(node)
+        for name in ("kube-scheduler", "dns-watch", "dnsmasq"):
+            self._stop_daemon(name, grace=5)
+        for node in NODES:
+            self._kill_cgroup(node)
+        for point in _mounts_under(self.base):
+            if subprocess.run(["umount", point], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+        left = _mounts_under(self.base)
+        if left:
+            problems.append(f"mounts left: {', '.join(left[:5])}")
+        for node in NODES:
+            self._remove_cgroup(node, problems)
+            self._remove_pod_logs(node)
+        self._network_down(problems)
+        if not (_link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
+            self._restore_kernel_tunables()
+            self._clean_machine_paths()
+        for child in self._children:
+            with contextlib.suppress(Exception):
+                child.wait(timeout=1)
+        self._children.clear()
+        self.timings["down_s"] = round(time.monotonic() - started, 2)
+        if problems:
+            raise LabError("node lab teardown incomplete: " + "; ".join(problems))
+
+    def _delete_all_pods(self, lab: K8sLab, timeout: float) -> None:
+        """Delete every pod (grace period 0) and wait until no container runs on either node."""
+        status, answer = lab.request("GET", "/api/v1/pods")
+        for pod in (answer.get("items") or []) if status == 200 and isinstance(answer, dict) else []:
+            meta = pod["metadata"]
+            lab.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                        {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+        def stopped() -> bool:
+            return all(not self.ctr(node, "tasks", "ls", "-q", timeout=20).split() for node in NODES)
+        wait_for(stopped, timeout, 0.5, what="the pods' containers to stop")
+
+    def _remove_containers(self, node: Node) -> None:
+        """Kill and delete whatever containerd still has (kubelet gone: no CNI teardown, the
+        node's namespace goes with its bridge; libcni's cached results of those sandboxes are
+        dropped here)."""
+        with contextlib.suppress(LabCommandError):
+            for container in self.containers(node):
+                for cached in Path("/var/lib/cni/results").glob(f"*-{container}-*"):
+                    cached.unlink(missing_ok=True)
+            for task in self.ctr(node, "tasks", "ls", "-q", timeout=20).split():
+                with contextlib.suppress(LabCommandError):
+                    self.ctr(node, "tasks", "kill", "-s", "SIGKILL", task, timeout=20)
+                with contextlib.suppress(LabCommandError):
+                    self.ctr(node, "tasks", "delete", "-f", task, timeout=30)
+            for container in self.containers(node):
+                with contextlib.suppress(LabCommandError):
+                    self.ctr(node, "containers", "delete", container, timeout=30)
+
+    def _stop_shims(self, node: Node) -> None:
+        """containerd-shim processes of this node's containerd (their argv names its socket)."""
+        sock = str(self.socket(node))
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                argv = _cmdline(int(entry.name))
+                if argv and "containerd-shim" in argv[0] and sock in argv:
+                    _stop_pid(int(entry.name), f"shim {entry.name}", 5)
+
+    def _kill_cgroup(self, node: Node) -> None:
+        """SIGKILL every process left in the node's cgroups (containers whose shim is gone)."""
+        for hierarchy in _cgroup_hierarchies():
+            top = hierarchy / node.cgroup(self.root).lstrip("/")
+            if not top.is_dir():
+                continue
+            for procs in top.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    for pid in procs.read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+
+    def _clean_machine_paths(self) -> None:
+        """After the daemons stopped: kubelet's device-plugin socket, then every directory of
+        :data:`MACHINE_PATHS` that did not exist before :meth:`prepare`, once empty."""
+        saved = self.base / "machine-paths.json"
+        try:
+            existed = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            return
+        if not existed.get("/var/lib/kubelet/device-plugins"):
+            for name in ("kubelet.sock", "DEPRECATION"):
+                with contextlib.suppress(OSError):
+                    (Path("/var/lib/kubelet/device-plugins") / name).unlink()
+        for path in MACHINE_PATHS:  # children before their parents
+            if not existed.get(path, True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+        saved.unlink()
+
+    def _remove_pod_logs(self, node: Node) -> None:
+        """The pods' log directories kubelet 1.20 keeps in the fixed /var/log/pods (named
+        ``<namespace>_<pod>_<uid>``) and their links in /var/log/containers, for every pod UID the
+        node's kubelet root still lists: normally none are left (kubelet removes them with the pod)."""
+        uids = {p.name for p in (self.node_dir(node) / "kubelet" / "pods").glob("*")}
+        if not uids:
+            return
+        for path in Path("/var/log/pods").glob("*_*_*"):
+            if path.name.rsplit("_", 1)[-1] in uids:
+                kubelab.shutil.rmtree(path, ignore_errors=True)
+        for link in Path("/var/log/containers").glob("*.log"):
+            if link.is_symlink() and not link.exists():
+                target = os.readlink(link)
+                if any(f"_{uid}/" in target for uid in uids):
+                    link.unlink()
+
+    def _remove_cgroup(self, node: Node, problems: list[str]) -> None:
+        for hierarchy in _cgroup_hierarchies():
+            top = hierarchy / node.cgroup(self.root).lstrip("/")
+            if not top.is_dir():
+                continue
+            for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+                for _ in range(20):
+                    try:
+                        path.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+            if top.is_dir():
+                problems.append(f"cgroup {top} left")
+
+
+def _stop_pid(pid: int, what: str, grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+    print(f"k8s nodes: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
+
+
+def attach(root: Path, cache: Path | None = None) -> K8sLab:
+    """A K8sLab handle on the lab running under ``root`` (its port from ``lab.json``): enough to
+    call its API and stop it."""
+    lab = K8sLab(root, {"etcd": ""}, cache=cache)
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        lab.port = int(json.loads((Path(root) / "lab.json").read_text())["server"].rsplit(":", 1)[1])
+    return lab
+
+
+def up_with_nodes(root: Path, *, cache: Path | None = None, timeout: float = 180.0,
+                  log: Callable[[str], None] = lambda _: None) -> tuple[K8sLab, NodeLab]:
+    """The whole lab with its two nodes under ``root``: the binaries (cached or built), the
+    node network, etcd + kube-apiserver + kube-controller-manager, then the nodes. On failure
+    everything started is stopped again and the error raised."""
+    cache = cache or kubelab.cache_dir()
+    info = kubelab.ensure_binaries(cache, log=log)
+    ensure_node_binaries(cache, log=log)
+    started = time.monotonic()
+    nodes = NodeLab(root, cache)
+    old = attach(root, cache)
+    nodes.down(old)
+    old.down()
+    # A fresh cluster: objects kept in an earlier run's etcd (Nodes reported Ready, pods bound to
+    # them) would be taken for the new nodes' state and started again by the new kubelets.
+    kubelab.shutil.rmtree(Path(root) / "etcd-data", ignore_errors=True)
+    lab = K8sLab(root, info, cache=cache, **nodes.lab_args())
+    try:
+        nodes.prepare()
+        lab.up()
+        nodes.up(lab, timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(LabError):
+            nodes.down(lab)
+        lab.down()
+        raise
+    lab.timings["with_nodes_total_s"] = round(time.monotonic() - started, 2)
+    return lab, nodes
+
+
+def down_with_nodes(root: Path, *, cache: Path | None = None) -> None:
+    """Stop the lab under ``root``, its nodes first (pods deleted through the API server while
+    it still runs). Raises LabError naming what was left."""
+    lab = attach(root, cache)
+    try:
+        NodeLab(root, cache).down(lab)
+    finally:
+        lab.down()
+
+
+# --------------------------------------------------------------------------- cluster DNS feed
+
+
+def dns_records(services: Sequence[dict[str, Any]], endpoints: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(ip, name)`` records for the headless Services: ``<svc>.<ns>.svc.<domain>`` for every
+    ready address of its Endpoints, ``<hostname>.<svc>.<ns>.svc.<domain>`` for addresses with a
+    hostname (pods with ``hostname`` + ``subdomain``). Sorted."""
+    headless = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in services
+                if (s.get("spec") or {}).get("clusterIP") == "None"}
+    records = set()
+    for ep in endpoints:
+        key = (ep["metadata"]["namespace"], ep["metadata"]["name"])
+        if key not in headless:
+            continue
+        name = f"{key[1]}.{key[0]}.svc.{CLUSTER_DOMAIN}"
+        for subset in ep.get("subsets") or []:
+            for address in subset.get("addresses") or []:
+                records.add((address["ip"], name))
+                if address.get("hostname"):
+                    records.add((address["ip"], f"{address['hostname']}.{name}"))
+    return sorted(records)
+
+
+def dns_watch(root: Path, server: str, *, interval: float = 0.5) -> None:
+    """Poll the API server's Services and Endpoints every ``interval`` seconds and, when the
+    records change, rewrite the hosts file and SIGHUP dnsmasq (which rereads it). Runs until killed."""
+    nodes = NodeLab(root)
+    lab = K8sLab(root, {"etcd": ""})
+    lab.port = int(server.rsplit(":", 1)[1])
+    last: list[tuple[str, str]] | None = None
+    while True:
+        try:
+            s_status, services = lab.request("GET", "/api/v1/services", timeout=10)
+            e_status, endpoints = lab.request("GET", "/api/v1/endpoints", timeout=10)
+        except OSError:
+            time.sleep(interval)
+            continue
+        if s_status == 200 and e_status == 200 and isinstance(services, dict) and isinstance(endpoints, dict):
+            records = dns_records(services.get("items") or [], endpoints.get("items") or [])
+            if records != last:
+                tmp = nodes.hosts_file.with_name("hosts.tmp")
+                tmp.write_text("".join(f"{ip}\t{name}\n" for ip, name in records))
+                os.replace(tmp, nodes.hosts_file)
+                pid = nodes.daemon_pids().get("dnsmasq")
+                if pid:
+                    os.kill(pid, signal.SIGHUP)
+                last = records
+        time.sleep(interval)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``build`` (the node entry of the cache) | ``dns-watch`` (internal: the DNS feed)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build (or find cached) kubelet, kube-scheduler, pause, the runtime and the images")
+    watch = sub.add_parser("dns-watch", help="(internal) feed dnsmasq from the Endpoints")
+    watch.add_argument("--root", type=Path, required=True)
+    watch.add_argument("--server", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        try:
+            print(json.dumps(ensure_node_binaries(log=lambda m: print(m, file=sys.stderr)), indent=2, sort_keys=True))
+        except LabError as exc:
+            print(f"k8s nodes: {exc}", file=sys.stderr)
+            return 1
+    else:
+        dns_watch(args.root, args.server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

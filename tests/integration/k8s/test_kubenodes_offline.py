@@ -1,0 +1,58 @@
+"""The parts of kubenodes.py that need no lab: the image tarballs are byte-for-byte reproducible
+and in the docker-archive layout ``ctr images import`` reads, and the DNS feed's records for
+headless Services (what dnsmasq serves to the pods)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kubenodes  # noqa: E402
+from kubenodes import Entry, dns_records, write_image_tar  # noqa: E402
+
+ENTRIES = [Entry("bin"), Entry("bin/tool", 0o755, b"#!/bin/sh\necho hi\n"), Entry("bin/alias", link="tool"), Entry("tmp", 0o1777)]
+
+
+def test_image_tarball_is_reproducible_and_docker_archive_shaped(tmp_path):
+    first = write_image_tar(tmp_path / "a.tar", "jobgen.local/t:1", ENTRIES, {"Cmd": ["/bin/tool"]})
+    second = write_image_tar(tmp_path / "b.tar", "jobgen.local/t:1", list(reversed(ENTRIES)), {"Cmd": ["/bin/tool"]})
+    assert first == second
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()  # entry order does not matter
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        assert manifest[0]["RepoTags"] == ["jobgen.local/t:1"]
+        config_bytes = tar.extractfile(manifest[0]["Config"]).read()
+        assert "sha256:" + hashlib.sha256(config_bytes).hexdigest() == first
+        layer_bytes = tar.extractfile(manifest[0]["Layers"][0]).read()
+        config = json.loads(config_bytes)
+        assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer_bytes).hexdigest()]
+        assert {m.mtime for m in tar.getmembers()} == {kubenodes.IMAGE_MTIME}
+    layer = tarfile.open(fileobj=io.BytesIO(layer_bytes))
+    members = layer.getmembers()
+    assert [m.name for m in members] == sorted(e.path for e in ENTRIES)
+    assert {(m.uid, m.gid, m.mtime) for m in members} == {(0, 0, kubenodes.IMAGE_MTIME)}
+    assert layer.getmember("bin/alias").issym() and layer.getmember("bin/alias").linkname == "tool"
+
+
+def _svc(name: str, cluster_ip: str) -> dict:
+    return {"metadata": {"namespace": "ns", "name": name}, "spec": {"clusterIP": cluster_ip}}
+
+
+def test_dns_records_serve_headless_services_only():
+    services = [_svc("headless", "None"), _svc("plain", "10.213.0.7")]
+    endpoints = [
+        {"metadata": {"namespace": "ns", "name": "headless"},
+         "subsets": [{"addresses": [{"ip": "10.213.17.4", "hostname": "master-0"}, {"ip": "10.213.18.3"}],
+                      "notReadyAddresses": [{"ip": "10.213.18.9"}]}]},
+        {"metadata": {"namespace": "ns", "name": "plain"}, "subsets": [{"addresses": [{"ip": "10.213.17.5"}]}]},
+    ]
+    assert dns_records(services, endpoints) == [
+        ("10.213.17.4", "headless.ns.svc.cluster.local"),
+        ("10.213.17.4", "master-0.headless.ns.svc.cluster.local"),
+        ("10.213.18.3", "headless.ns.svc.cluster.local"),
+    ]
