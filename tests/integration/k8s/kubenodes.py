@@ -487,8 +487,10 @@ class NodeLab:
         return {
             "bind_address": "0.0.0.0", "extra_san_ips": (HOST_IP,),
             # endpoint: the Endpoints cluster DNS serves; nodelifecycle: removes the
-            # node.kubernetes.io/not-ready taint kubelet registers with (else nothing schedules).
-            "controllers": ("garbagecollector", "namespace", "endpoint", "nodelifecycle"),
+            # node.kubernetes.io/not-ready taint kubelet registers with (else nothing schedules);
+            # persistentvolume-binder: binds a PersistentVolumeClaim to its PersistentVolume (the
+            # pod tests' shared run directory, a hostPath PV; the scheduler waits for the binding).
+            "controllers": ("garbagecollector", "namespace", "endpoint", "nodelifecycle", "persistentvolume-binder"),
             "extra_apiserver_args": (f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
                                      f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
                                      "--kubelet-preferred-address-types=InternalIP"),
