@@ -487,8 +487,10 @@ class NodeLab:
         return {
             "bind_address": "0.0.0.0", "extra_san_ips": (HOST_IP,),
             # endpoint: the Endpoints cluster DNS serves; nodelifecycle: removes the
-            # node.kubernetes.io/not-ready taint kubelet registers with (else nothing schedules).
-            "controllers": ("garbagecollector", "namespace", "endpoint", "nodelifecycle"),
+            # node.kubernetes.io/not-ready taint kubelet registers with (else nothing schedules);
+            # persistentvolume-binder: binds a PersistentVolumeClaim to its PersistentVolume (the
+            # pod tests' shared run directory, a hostPath PV; the scheduler waits for the binding).
+            "controllers": ("garbagecollector", "namespace", "endpoint", "nodelifecycle", "persistentvolume-binder"),
             "extra_apiserver_args": (f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
                                      f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
                                      "--kubelet-preferred-address-types=InternalIP"),
@@ -697,10 +699,32 @@ class NodeLab:
 
     # ----- containerd, kubelet
 
-    def _in_netns(self, node: Node, argv: list[str]) -> list[str]:
-        """argv in the node's network namespace only (nsenter; not ``ip netns exec``, which also
-        remounts /sys and so hides /sys/fs/cgroup from the kubelet)."""
-        return ["nsenter", f"--net=/run/netns/{node.netns}", "--", *argv]
+    def _in_netns(self, node: Node, argv: list[str], *, mount_ns: bool = False) -> list[str]:
+        """argv in the node's network namespace (nsenter; not ``ip netns exec``, which also
+        remounts /sys and so hides /sys/fs/cgroup from the kubelet); with ``mount_ns`` also in
+        the node's mount namespace (:meth:`_make_mount_ns`)."""
+        mount = [f"--mount={self.node_dir(node) / 'mntns'}"] if mount_ns else []
+        return ["nsenter", f"--net=/run/netns/{node.netns}", *mount, "--", *argv]
+
+    def _make_mount_ns(self, node: Node) -> None:
+        """A mount namespace for the node's containerd and kubelet (and so its shims and pods),
+        kept by a bind mount on ``<node dir>/mntns``, in which /var/log/pods and
+        /var/log/containers are the node's own directories. kubelet 1.20 writes pod logs to the
+        fixed /var/log/pods, and its container GC removes every log directory there of a pod it
+        does not know: with one shared directory each kubelet deleted the other node's pod logs
+        within a minute (the API server then answers a log request with 200 and kubelet's "failed
+        to try resolving symlinks" text). Copied from the host's mounts, private: the mounts the
+        kubelet makes (emptyDir on tmpfs, ...) stay in this namespace, seen by this node's
+        containerd and runc only, as on a real node; the rest of the file system is shared."""
+        d = self.node_dir(node)
+        binds = []
+        for fixed in ("/var/log/pods", "/var/log/containers"):
+            own = d / "var-log" / Path(fixed).name
+            own.mkdir(parents=True, exist_ok=True)
+            Path(fixed).mkdir(parents=True, exist_ok=True)  # recorded in machine-paths.json: down removes it if it was absent
+            binds.append(f"mount --bind {own} {fixed}")
+        (d / "mntns").touch()
+        run(["unshare", f"--mount={d / 'mntns'}", "--propagation", "private", "sh", "-c", " && ".join(binds)], timeout=30)
 
     def _containerd_config(self, node: Node) -> str:
         d = self.node_dir(node)
@@ -759,8 +783,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         (d / "cni" / "10-jobgen-lab.conflist").write_text(json.dumps(self._cni_config(node), indent=2) + "\n")
         runtime = node_dir(self.cache) / "runtime"
         env = {**os.environ, "PATH": f"{runtime / 'usr/bin'}:{runtime / 'usr/sbin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self._make_mount_ns(node)
         self._launch(f"containerd-{node.name}", self._in_netns(node, [str(runtime / "usr/bin/containerd"), "--config",
-                                                                     str(d / "containerd.toml")]), env=env)
+                                                                     str(d / "containerd.toml")], mount_ns=True), env=env)
 
         def serving() -> bool:
             if f"containerd-{node.name}" not in self.daemon_pids():
@@ -819,7 +844,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             # A deleted pod leaves the API server only once kubelet saw its resources reclaimed,
             # which can wait for the next full pod sync (default 1 min: one pod took 60 s to go).
             "--sync-frequency=10s", "--v=1",
-        ]), env=env)
+        ], mount_ns=True), env=env)
 
     # ----- processes
 
@@ -981,14 +1006,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _remove_pod_logs(self, node: Node) -> None:
         """The pods' log directories kubelet 1.20 keeps in the fixed /var/log/pods (named
         ``<namespace>_<pod>_<uid>``) and their links in /var/log/containers, for every pod UID the
-        node's kubelet root still lists: normally none are left (kubelet removes them with the pod)."""
+        node's kubelet root still lists: normally none are left (kubelet removes them with the pod).
+        Both the machine's directories and the node's own (its mount namespace's, :meth:`_make_mount_ns`)."""
         uids = {p.name for p in (self.node_dir(node) / "kubelet" / "pods").glob("*")}
         if not uids:
             return
-        for path in Path("/var/log/pods").glob("*_*_*"):
+        own = self.node_dir(node) / "var-log"
+        for path in [*Path("/var/log/pods").glob("*_*_*"), *(own / "pods").glob("*_*_*")]:
             if path.name.rsplit("_", 1)[-1] in uids:
                 kubelab.shutil.rmtree(path, ignore_errors=True)
-        for link in Path("/var/log/containers").glob("*.log"):
+        for link in [*Path("/var/log/containers").glob("*.log"), *(own / "containers").glob("*.log")]:
             if link.is_symlink() and not link.exists():
                 target = os.readlink(link)
                 if any(f"_{uid}/" in target for uid in uids):
