@@ -605,7 +605,9 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
     there; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
     there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
     ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``follow``, wait for
-    the pod to start, stream until the job ends, and attach again after a container restart.
+    the pod to start, stream until the job ends, and attach again after a container restart (a
+    new container or pod, :func:`_restart_key`); a pod that ended while the job runs on (a worker
+    done before the Master) ends the follow, saying so.
 
     Raises:
         ConfigError: bad ``replica``; no such job.
@@ -650,8 +652,39 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
         attached += 1
         if not follow:
             return
-        if _current_state(cluster, kind, namespace, name) in ("COMPLETED", "FAILED", "TERMINATING", "UNKNOWN", "CANCELLED"):
+        ended = _wait_for_restart(cluster, kind, namespace, name, pod, container, selector, poll_s)
+        if ended is not None:
+            if ended:
+                out(f"jobgen: {ended}; {handle} is {_current_state(cluster, kind, namespace, name)}")
             return
+
+
+def _restart_key(pod: dict[str, Any], container: str) -> tuple[str, int]:
+    """What changes when ``container`` starts again: the pod's uid (the operator recreated the
+    pod) and the container's ``restartCount`` (the kubelet restarted it in place)."""
+    count = next((int(cs.get("restartCount") or 0) for cs in (pod.get("status") or {}).get("containerStatuses") or []
+                  if cs.get("name") == container), 0)
+    return str((pod.get("metadata") or {}).get("uid", "")), count
+
+
+def _wait_for_restart(cluster: Cluster, kind: K8sKind, namespace: str, name: str, pod: dict[str, Any], container: str,
+                      selector: str | None, poll_s: float) -> str | None:
+    """After a followed log stream of ``pod`` ended: wait until its container starts again
+    (None: attach again) or there is nothing more to follow: the job ended ("") or the pod did
+    (phase Succeeded/Failed: a sentence naming the pod and its exit code), while the job may run on."""
+    seen = _restart_key(pod, container)
+    pod_name = pod["metadata"]["name"]
+    while True:
+        if _current_state(cluster, kind, namespace, name) in ("COMPLETED", "FAILED", "TERMINATING", "UNKNOWN", "CANCELLED"):
+            return ""
+        now = _pod(cluster, namespace, None if selector else pod_name, selector)
+        if now is not None and _restart_key(now, container) != seen and _container_started(now, container):
+            return None
+        phase = ((now or {}).get("status") or {}).get("phase")
+        if now is not None and _restart_key(now, container) == seen and phase in ("Succeeded", "Failed"):
+            code = next(((cs.get("state") or {}).get("terminated", {}).get("exitCode")
+                         for cs in now["status"].get("containerStatuses") or [] if cs.get("name") == container), None)
+            return f"{pod_name} ended (exit code {'?' if code is None else code}, pod {phase})"
         time.sleep(poll_s)
 
 

@@ -242,9 +242,9 @@ def test_a_job_deleted_by_someone_else_stays_unknown(job_dir, fake):
 
 def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_dir, fake, monkeypatch):
     handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
-    fake.objects["/api/v1/namespaces/training/pods/quickstart-master-0"] = {
-        "metadata": {"name": "quickstart-master-0"},
-        "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}}]}}
+    pod = {"metadata": {"name": "quickstart-master-0", "uid": "u1"},
+           "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}, "restartCount": 0}]}}
+    fake.objects["/api/v1/namespaces/training/pods/quickstart-master-0"] = pod
     fake.logs = [[b"step 1\nstep ", b"2\n"], [b"resumed\xff\n", b"done"]]
     ends = iter([{"status": {"conditions": [{"type": "Running", "status": "True"}]}},
                  {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}])
@@ -254,6 +254,7 @@ def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_
         job = original(cluster, kind, namespace, name)
         calls = [c for c in fake.calls if c[1].endswith("/log")]
         if job is not None and calls:
+            pod["status"]["containerStatuses"][0]["restartCount"] = 1  # the kubelet restarted the container
             job.update(next(ends, {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}))
         return job
 
@@ -264,6 +265,39 @@ def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_
     assert lines == ["step 1", "step 2", "jobgen: quickstart-master-0 restarted; attaching again", "resumed\ufffd", "done"]
     log_calls = [c for c in fake.calls if c[1].endswith("/log")]
     assert ("container", "pytorch") in log_calls[0][2] and ("follow", "true") in log_calls[0][2]
+
+
+def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_restart(job_dir, fake, monkeypatch):
+    """Seen on real pods (issue 31): `logs -f --replica worker-0` of a worker that exited 0 while
+    the Master still ran printed "restarted; attaching again" (and attached again, for ever while
+    the job ran): an ended stream of a running job was taken for a restart. A restart is a new
+    container (restartCount up) or a new pod (another uid); a pod that is Succeeded or Failed is
+    over, and says so."""
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    pod = {"metadata": {"name": "quickstart-worker-0", "uid": "u1"},
+           "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}, "restartCount": 0}]}}
+    fake.objects["/api/v1/namespaces/training/pods/quickstart-worker-0"] = pod
+    fake.logs = [[b"step 24\n", b"done\n"], [b"never read\n"]]
+    running = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    original = k8s._get_job
+    polls = []
+
+    def get_job(cluster, kind, namespace, name):
+        job = original(cluster, kind, namespace, name)
+        if job is not None and any(c[1].endswith("/log") for c in fake.calls):
+            pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+                {"name": "pytorch", "state": {"terminated": {"exitCode": 0}}, "restartCount": 0}]}
+            polls.append(1)
+            assert len(polls) < 50, "still following a replica that ended"
+            job.update(running)  # the Master still trains
+        return job
+
+    monkeypatch.setattr(k8s, "_get_job", get_job)
+    monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
+    lines: list[str] = []
+    k8s.logs(handle, replica="worker-0", follow=True, out=lines.append)
+    assert lines == ["step 24", "done", f"jobgen: quickstart-worker-0 ended (exit code 0, pod Succeeded); {handle} is RUNNING"]
+    assert len([c for c in fake.calls if c[1].endswith("/log")]) == 1
 
 
 def test_logs_before_the_pod_exists(job_dir, fake):
