@@ -11,7 +11,6 @@ would import the other's internals.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -21,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_launch
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
 from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
 from jobgen.backends.k8s_manifest import (
     ELASTIC_TEMPLATE,
@@ -38,14 +37,13 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
+from jobgen.backends.k8s_pods import job_pods, pod_usage
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.rules import World
 from jobgen.reports.triage import LogLine, Triage, parse_rfc3339, triage
-from jobgen.reports.usage import Usage, from_iso, span_seconds
 from jobgen.specs.k8s_names import is_dns1123_label
 
 # --------------------------------------------------------------------------- the job directory
@@ -473,68 +471,6 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
     return JobStatus(handle, state, "kube-apiserver", details, pod_usage(cluster, kind, namespace, name, handle))
 
 
-def _job_pods(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -> tuple[list[dict[str, Any]], str]:
-    """Every pod of the job (the operator's or JobSet's labels) and the training container's name."""
-    selector = f"jobset.sigs.k8s.io/jobset-name={name}" if kind is TRAINJOB else f"training.kubeflow.org/job-name={name}"
-    pods = cluster.request("GET", core_path(namespace, "pods"), query=[("labelSelector", selector)]).get("items") or []
-    return sorted(pods, key=lambda p: p["metadata"]["name"]), TRAINJOB_NODE if kind is TRAINJOB else "pytorch"
-
-
-def _pod_devices(pod: dict[str, Any], container: str) -> tuple[str, int] | None:
-    """``("gpu", N)`` from the container's ``nvidia.com/gpu`` limit, else ``("cpu", N)`` from its
-    CPU request (rounded up to whole CPUs), else None."""
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") != container:
-            continue
-        resources = c.get("resources") or {}
-        gpus = (resources.get("limits") or {}).get("nvidia.com/gpu") or (resources.get("requests") or {}).get("nvidia.com/gpu")
-        if gpus is not None and str(gpus).isdigit() and int(gpus) > 0:
-            return "gpu", int(gpus)
-        cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu")
-        parse = _kubernetes_parse_quantity()
-        if cpu is not None and parse is not None:
-            return "cpu", max(1, math.ceil(parse(cpu)))
-    return None
-
-
-def pod_usage(cluster: Cluster, kind: K8sKind, namespace: str, name: str, handle: JobHandle) -> Usage | None:
-    """GPU-hours (CPU-hours) of the job: for each pod, its training container's run time (the
-    current or last run: ``startedAt`` to ``finishedAt``, or to now while it runs) x the GPUs
-    (``nvidia.com/gpu`` limit) or CPUs (request) it asked for, summed over the pods; ``None``
-    before any container has started. A container restarted in place counts its current run only
-    (the API keeps the start of the last one)."""
-    pods, container = _job_pods(cluster, kind, namespace, name)
-    now = datetime.now(timezone.utc)
-    device_kind, devices, device_seconds = None, 0, 0.0
-    first: datetime | None = None
-    last: datetime | None = None
-    running = False
-    for pod in pods:
-        found = _pod_devices(pod, container)
-        status = next((cs for cs in (pod.get("status") or {}).get("containerStatuses") or [] if cs.get("name") == container), None)
-        if found is None or status is None:
-            continue
-        state = status.get("state") or {}
-        run = state.get("running") or state.get("terminated") or (status.get("lastState") or {}).get("terminated")
-        start = from_iso((run or {}).get("startedAt"))
-        if start is None:
-            continue
-        end = from_iso((state.get("terminated") or {}).get("finishedAt")) if "running" not in state else None
-        running = running or end is None
-        kind_here, count = found
-        device_kind = "gpu" if "gpu" in (device_kind, kind_here) else kind_here
-        devices += count
-        device_seconds += count * (span_seconds(start, end, now) or 0.0)
-        first = start if first is None or start < first else first
-        last = end if end is not None and (last is None or end > last) else last
-    if device_kind is None or first is None:
-        return None
-    launch = recorded_launch(handle)
-    end = None if running else last
-    return Usage(device_kind, devices, span_seconds(first, end, now), f"pods' container times x requested {device_kind.upper()}s",
-                 first, end, launch.gpu_hour_price if launch is not None else None, device_seconds=device_seconds)
-
-
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")
 
 
@@ -699,7 +635,7 @@ def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None:
         raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
-    pods, container = _job_pods(cluster, kind, namespace, name)
+    pods, container = job_pods(cluster, kind, namespace, name)
     lines: list[LogLine] = []
     for pod in pods:
         pod_name = pod["metadata"]["name"]

@@ -22,6 +22,7 @@ VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: (jobgen.gitops.manifests is not one: every `jobgen render` plans through it, and it takes what it needs
 #: for kustomizations from the plan, so it imports no Kubernetes module.)
 OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
+                      "jobgen.backends.k8s_pods",
                       "jobgen.train", "jobgen.backends.slurm_submitit")
 #: jobgen modules a single render of a non-DeepSpeed spec has no use for (issue 23's profile):
 #: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
