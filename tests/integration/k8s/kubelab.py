@@ -683,6 +683,24 @@ def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]
 # --------------------------------------------------------------------------- the running lab
 
 
+def stop_pid(pid: int, what: str, grace: float = 10.0, *, label: str = "k8s lab") -> None:
+    """SIGTERM ``pid``, SIGKILL it after ``grace`` s, reap it if it is our child; a process that
+    survives SIGKILL is reported on stderr (as ``<label>: <what> (pid N) survived SIGKILL``)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+    print(f"{label}: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
+
+
 class K8sLab:
     """etcd + kube-apiserver (+ kube-controller-manager: garbagecollector, namespace) under ``root``.
 
@@ -1056,19 +1074,7 @@ class K8sLab:
         return {**rejections, **{name: "installed" for name in installed}}
 
     def _stop(self, pid: int, what: str, grace: float = 10.0) -> None:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError, OSError):
-                    os.waitpid(pid, os.WNOHANG)
-                if not pid_alive(pid):
-                    return
-                time.sleep(0.05)
-        print(f"k8s lab: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
+        stop_pid(pid, what, grace)
 
 
 def _read(path: Path) -> str:

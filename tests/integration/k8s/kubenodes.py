@@ -1040,19 +1040,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 
 def _stop_pid(pid: int, what: str, grace: float) -> None:
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
-                return
-            time.sleep(0.05)
-    print(f"k8s nodes: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
+    kubelab.stop_pid(pid, what, grace, label="k8s nodes")
 
 
 def attach(root: Path, cache: Path | None = None) -> K8sLab:
