@@ -32,7 +32,6 @@ from tests.conftest import REPO, TEMPLATES
 from tests.integration.k8s import training_operator as op
 
 pytestmark = pytest.mark.k8s_lab
-OPERATOR = Path(op.__file__)
 NS = "training"
 ELASTIC_SPEC = REPO / "tests" / "golden" / "specs" / "elastic-fsdp.yaml"
 
@@ -42,23 +41,8 @@ def operator(k8s_lab, tmp_path_factory) -> Iterator[Path]:
     """``python tests/integration/k8s/training_operator.py`` watching the lab for this module's tests
     (not the session's: the other lab tests expect no controller); yields its log."""
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(OPERATOR), "--kubeconfig", str(k8s_lab.kubeconfig), "--context", "jobgen-lab",
-                                 "--resync-s", "10"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    try:
-        time.sleep(0.5)
-        assert proc.poll() is None, log_path.read_text()
+    with op.operator_process(k8s_lab.kubeconfig, log_path):
         yield log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        print(f"\n--- operator log (tail)\n{log_path.read_text()[-3000:]}")
-    text = log_path.read_text()
-    assert proc.returncode == 0 and "Traceback" not in text, text[-6000:]  # no pass failed on the way
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:

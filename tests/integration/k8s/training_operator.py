@@ -56,16 +56,19 @@ ExitCode failure sets Failed without a completionTime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -748,6 +751,31 @@ class Operator:
             timer.cancel()
         for thread in threads:  # daemon threads: a watch still waiting on the server ends with the process
             thread.join(timeout=0.5)
+
+
+@contextlib.contextmanager
+def operator_process(kubeconfig: Path | str, log_path: Path, *args: str, context: str = "jobgen-lab") -> Iterator[subprocess.Popen[bytes]]:
+    """This module run as a process (``--kubeconfig KUBECONFIG --context CONTEXT --resync-s 10
+    ARGS``) for the ``with`` block, its output in ``log_path``; stopped (TERM, then KILL after
+    15 s) on the way out. Raises AssertionError when it exits at start or when its log shows a
+    traceback (a controller pass that failed) once it has stopped."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--kubeconfig", str(kubeconfig), "--context", context,
+                                 "--resync-s", "10", *args], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None, log_path.read_text()
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"\n--- operator log (tail)\n{log_path.read_text()[-3000:]}", file=sys.stderr)
+    text = log_path.read_text()
+    assert proc.returncode == 0 and "Traceback" not in text, text[-6000:]
 
 
 def main(argv: list[str] | None = None) -> int:
