@@ -37,7 +37,7 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import job_pods, pod_usage
+from jobgen.backends.k8s_pods import job_pods, pod_summary, pod_usage
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -451,8 +451,10 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
 
 
 def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
-    """The job's state from the API server (see :func:`job_state`). When the object does not
-    exist: ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
+    """The job's state from the API server (see :func:`job_state`), with what each of its pods
+    is doing (``details["pods"]``, :func:`~jobgen.backends.k8s_pods.pod_summary`; absent before
+    the controller made any) and their device-hours. When the object does not exist:
+    ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
     record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
 
     Raises:
@@ -468,7 +470,10 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
         return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
     state, details = job_state(job)
     details["kind"] = kind.kind
-    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(cluster, kind, namespace, name, handle))
+    pods, container = job_pods(cluster, kind, namespace, name)
+    if pods:
+        details["pods"] = pod_summary(pods, name, container)
+    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle))
 
 
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")
