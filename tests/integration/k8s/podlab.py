@@ -2,8 +2,9 @@
 the training image built from this repository (kubeimage.py) imported on both nodes, the
 emulated training-operator v1.9 (training_operator.py) running, and what jobgen needs there
 (namespace, Secret, shared run directory, the ``k8s-lab`` profile); plus the small helpers the
-tests drive jobgen's CLI and read the pods with. The ``pods`` fixture (conftest.py) is
-:func:`pod_lab`.
+tests drive jobgen's CLI and read the pods with. conftest.py's ``pod_lab`` fixture (the
+session's) is :func:`pod_lab`; its ``pods`` fixture hands it to a module and :func:`delete_jobs`
+after it.
 
 The shared run directory: jobgen mounts ``kubernetes.runs_volume_claim`` (a PersistentVolumeClaim,
 ReadWriteMany for multi-pod jobs) at /workspace/runs, else an emptyDir per pod. Both lab nodes
@@ -132,18 +133,24 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
     template.write_text(INIT_TEMPLATE)
     with training_operator.operator_process(lab.kubeconfig, work / "operator.log", "--pytorch-init-container-image", kubenodes.BUSYBOX_IMAGE,
                                             "--pytorch-init-container-template-file", str(template), context=CONTEXT):
+        lab_state = PodLab(lab, nodes, work, runs, profile, secret_value, timings)
         try:
-            yield PodLab(lab, nodes, work, runs, profile, secret_value, timings)
+            yield lab_state
         finally:
-            # Leave the session's lab as found (the node tests after these expect no pods): the
-            # jobs deleted with their pods, no container of this namespace on either node.
-            jobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
-            for job in request(lab, "GET", jobs)["items"]:
-                request(lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                                              "propagationPolicy": "Foreground"})
-            wait_for(lambda: not request(lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
-            wait_for(lambda: not any(nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
-                                     for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
+            delete_jobs(lab_state)
+
+
+def delete_jobs(p: PodLab) -> None:
+    """Leave the lab as the node tests expect it (no pods): every job of the namespace deleted
+    with its pods, and no container of the namespace left on either node. The ``pods`` fixture
+    calls it after each module."""
+    jobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    for job in request(p.lab, "GET", jobs)["items"]:
+        request(p.lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                                        "propagationPolicy": "Foreground"})
+    wait_for(lambda: not request(p.lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
+    wait_for(lambda: not any(p.nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
+                             for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
 
 
 def cli(p: PodLab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

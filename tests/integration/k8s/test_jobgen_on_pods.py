@@ -1,8 +1,8 @@
 """jobgen's PyTorchJobs really running in pods (issue 31): the ``jobgen`` CLI against the node
 lab (kubenodes.py: kube-apiserver 1.20, two kubelet nodes with containerd and runc, CNI,
 kube-scheduler, cluster DNS), the emulated training-operator v1.9 (training_operator.py, the one
-emulated part) and the training image built from this repository (kubeimage.py). Opt-in like the
-other node tests: ``JOBGEN_K8S_NODES=1``.
+emulated part) and the training image built from this repository (kubeimage.py). In the lab tier
+like the other node tests (``JOBGEN_SKIP_K8S_NODES=1`` skips them).
 
 What the module's tests prove, each through the CLI only (submit, status, logs, cancel):
 
