@@ -629,9 +629,18 @@ def _wait_for_restart(cluster: Cluster, kind: K8sKind, namespace: str, name: str
         time.sleep(poll_s)
 
 
+def _previous_ended(pod: dict[str, Any], container: str) -> bool:
+    """Whether the kubelet keeps the log of an earlier run of ``container`` (restarted in place:
+    ``lastState.terminated``), which ``previous=true`` reads."""
+    return any(cs.get("name") == container and (cs.get("lastState") or {}).get("terminated")
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
     """Each pod's first failure, earliest first, from every pod of the job (current and
-    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line).
+    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
+    container restarted in place is read twice: its previous run (``previous=true``, the one
+    the kubelet keeps), then its current one, which after a crash may not have failed again yet.
 
     Raises:
         ConfigError: no such job.
@@ -647,15 +656,24 @@ def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
         node = (pod.get("spec") or {}).get("nodeName")
         if not _container_started(pod, container):
             continue
-        response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log",
-                                   query=[("container", container), ("timestamps", "true")], timeout=60.0, stream=True)  # type: ignore[arg-type]
-        try:
-            for position, line in enumerate(iter_lines(response.stream(64 * 1024))):
-                stamp, _, text = line.partition(" ")
-                when = parse_rfc3339(stamp)
-                lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
-        finally:
-            response.release_conn()
+        position = 0
+        for previous in (True, False) if _previous_ended(pod, container) else (False,):
+            query = [("container", container), ("timestamps", "true"), *([("previous", "true")] if previous else [])]
+            try:
+                response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log", query=query, timeout=60.0,
+                                           stream=True)  # type: ignore[arg-type]
+            except ApiError:
+                if previous:  # gone since the pod was read (restarted again, garbage-collected): the current run still counts
+                    continue
+                raise
+            try:
+                for line in iter_lines(response.stream(64 * 1024)):
+                    stamp, _, text = line.partition(" ")
+                    when = parse_rfc3339(stamp)
+                    lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
+                    position += 1
+            finally:
+                response.release_conn()
     return triage(lines)
 
 

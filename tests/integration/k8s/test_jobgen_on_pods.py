@@ -202,7 +202,9 @@ def test_an_input_error_in_the_pods_shows_in_status_and_first_error(pods: PodLab
     """A spec whose data matches no file inside the container: the entrypoint refuses it in both
     pods (exit code 1 from torchrun, restarted in place by OnFailure); `jobgen status` shows the
     pods' exit codes and restarts, and `jobgen logs --first-error` finds the entrypoint's error,
-    naming the field, in the containers' logs through the API server."""
+    naming the field, in the containers' logs through the API server, also while the restarted
+    container runs and has not printed it yet (the failure is in the previous container's log:
+    found on these pods, the triage read only the current one and saw no error)."""
     handle = submit(pods, "qs-bad-input", "data.paths=[no-such-dir/*.txt]")
     try:
         def ended_once(pod: dict[str, Any]) -> bool:
@@ -210,13 +212,16 @@ def test_an_input_error_in_the_pods_shows_in_status_and_first_error(pods: PodLab
             return bool((status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated"))
         wait_for(lambda: (found := job_pods(pods, "qs-bad-input")) and all(ended_once(pod) for pod in found), 300, 2.0,
                  what="both training containers ended at least once")
+        # a restarted container running again: its own log does not hold the error (yet)
+        wait_for(lambda: any(container_status(pod).get("restartCount") and "running" in (container_status(pod).get("state") or {})
+                             for pod in job_pods(pods, "qs-bad-input")), 300, 0.2, what="a training container running again after a restart")
+        triage = cli(pods, "logs", "--first-error", handle)
+        assert triage.returncode == 0, triage.stdout + triage.stderr
+        assert "data.paths[0]: 'no-such-dir/*.txt' matches no files" in triage.stdout, triage.stdout[-3000:]
         shown = state(pods, handle)
         for replica in ("master-0", "worker-0"):
             summary = next(part for part in shown["details"]["pods"].split("; ") if part.startswith(f"{replica} "))
             assert "exit 1" in summary, shown["details"]  # the container's own end (or, restarted, its last one)
-        triage = cli(pods, "logs", "--first-error", handle)
-        assert triage.returncode == 0, triage.stdout + triage.stderr
-        assert "data.paths[0]: 'no-such-dir/*.txt' matches no files" in triage.stdout, triage.stdout[-3000:]
         print(f"\n{shown['details']['pods']}\n{triage.stdout[-1500:]}")
     finally:
         gone = cli(pods, "cancel", handle, "--wait-s", "180")
