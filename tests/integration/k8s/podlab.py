@@ -170,9 +170,9 @@ def follow_logs(p: PodLab, handle: str, *args: str) -> subprocess.Popen[str]:
 
 
 #: A mutation check of the pod tests (issue 31: each test is seen failing when the rendered
-#: container command or env is broken on purpose): ``JOBGEN_POD_MUTATION`` holds a JSON list of
-#: ``[old, new]`` text replacements that :func:`submit` makes in the rendered pytorchjob.yaml of
-#: every job (each must match), which it then submits as a rendered job directory.
+#: container command or env is broken on purpose): ``JOBGEN_POD_MUTATION`` holds a JSON object
+#: ``{job name: [[old, new], ...]}``, text replacements that :func:`submit` makes in that job's
+#: rendered pytorchjob.yaml (each must match), which it then submits as a rendered job directory.
 MUTATION_ENV = "JOBGEN_POD_MUTATION"
 
 
@@ -180,13 +180,13 @@ def submit(p: PodLab, name: str, *overrides: str) -> str:
     """``jobgen submit examples/quickstart.yaml`` with :data:`OVERRIDES`, ``overrides`` and
     ``name``; returns the handle. Under :data:`MUTATION_ENV`: render, break, submit the directory."""
     settings = [a for o in (f"name={name}", *OVERRIDES, *overrides) for a in ("--set", o)]
-    mutation = os.environ.get(MUTATION_ENV)
+    mutation = json.loads(os.environ.get(MUTATION_ENV) or "{}").get(name)
     if mutation:
         out = cli(p, "render", str(EXAMPLES / "quickstart.yaml"), "-p", str(p.profile), "--out", str(p.work / "mutated"), "-o", "json", *settings)
         assert out.returncode == 0, out.stdout + out.stderr
         manifest = p.work / json.loads(out.stdout)["jobs"][0]["job_dir"] / "pytorchjob.yaml"  # relative to the CLI's cwd, or absolute
         text = manifest.read_text()
-        for old, new in json.loads(mutation):
+        for old, new in mutation:
             assert old in text, f"{MUTATION_ENV}: {old!r} is not in {manifest}"
             text = text.replace(old, new)
         manifest.write_text(text)
