@@ -23,8 +23,9 @@ What follows is torch's, in the pods: the kubelet SIGTERMs worker-1's torchrun, 
 trainer and leaves the rendezvous open (torch's launcher does not close it on a signal: "prevents
 any additional scaling events"); worker-0's trainer loses its gloo peer and fails; worker-0's
 agent restarts its worker group (``--max-restarts``, the profile's backoff_limit) in the same
-container, and the c10d rendezvous re-forms with the one agent left (worker-1's heartbeats
-expire, the minimum of 1 is met, the last call passes); the entrypoint then runs at world size 1
+container (its restartCount stays 0), and the c10d rendezvous re-forms with the one agent left
+(as read in torch 2.13's dynamic_rendezvous.py: worker-1's heartbeats expire, the minimum of 1 is
+met, the last call passes; not traced in the pods); the entrypoint then runs at world size 1
 with accumulation 2 and resumes from the newest checkpoint in the shared run directory.
 
 What the test asserts, each from what the run itself wrote (its log through ``jobgen logs``, its
