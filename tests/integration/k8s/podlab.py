@@ -153,6 +153,23 @@ def delete_jobs(p: PodLab) -> None:
                              for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
 
 
+def scale_workers(lab: K8sLab, name: str, replicas: int, namespace: str = NS) -> dict[str, Any]:
+    """Set PyTorchJob ``name``'s Worker replicas through its scale subresource (the CRD maps
+    ``spec.replicas`` to ``spec.pytorchReplicaSpecs.Worker.replicas``), as ``kubectl scale`` and
+    an HPA do: read the Scale, write it back changed, again on a conflict (the operator writes the
+    job's status in between). Returns the Scale the server stored."""
+    path = f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}/scale"
+    for _ in range(20):
+        scale = request(lab, "GET", path)
+        scale["spec"]["replicas"] = replicas
+        status, answer = lab.request("PUT", path, scale)
+        if status != 409:
+            assert status == 200, (path, status, answer)
+            return answer
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: a conflict on each of 20 updates")
+
+
 def cli(p: PodLab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m jobgen.cli ARGS`` against the node lab (its kubeconfig, a private state dir)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": str(p.lab.kubeconfig), "JOBGEN_STATE_DIR": str(p.work / "state")}

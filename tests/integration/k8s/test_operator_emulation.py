@@ -30,6 +30,7 @@ from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES
 from tests.integration.k8s import training_operator as op
+from tests.integration.k8s.podlab import scale_workers
 
 pytestmark = pytest.mark.k8s_lab
 NS = "training"
@@ -447,6 +448,42 @@ def test_elastic_job_env_and_success_when_one_worker_succeeds(k8s_lab, operator,
         assert done["message"] == f"PyTorchJob {NS}/op-elastic successfully completed."
     finally:
         delete_job(k8s_lab, "op-elastic")
+
+
+def test_elastic_job_scaled_down_loses_its_highest_workers_and_keeps_running(k8s_lab, operator, tmp_path):
+    """A replica decrease through the PyTorchJob's scale subresource (what ``kubectl scale`` and
+    the HPA of elasticPolicy.metrics do: the CRD maps it to spec.pytorchReplicaSpecs.Worker.replicas)
+    makes v1.9 delete the pods and Services whose index is out of range and nothing else
+    (common/pod.go ``ReconcilePods``, service.go ``ReconcileServices``: "index >= numReplicas,
+    kill the pod"): jobgen's elastic job 2:4 scaled from 4 to 2 keeps worker-0 (the rendezvous
+    host) and worker-1 untouched, environment included (PET_NNODES stays ``2:4``: torchrun re-forms
+    its rendezvous within the range), and stays Running, neither Restarting nor Failed."""
+    job_plan = plan(load_spec(ELASTIC_SPEC, ["name=op-scale"]), load_profile("k8s-h100", REPO / "cluster_profiles"), TEMPLATES)
+    create(k8s_lab, k8s_manifest.parse_manifest(job_plan.file("pytorchjob.yaml"), "pytorchjob.yaml")[1])
+    try:
+        before = wait_for(lambda: (p := pods_of(k8s_lab, "op-scale")) and len(p) == 4 and p, "four pods")
+        wait_for(lambda: len(services_of(k8s_lab, "op-scale")) == 4, "four services")
+        for index in range(4):
+            kubelet(k8s_lab, f"op-scale-worker-{index}", "Running")
+        wait_for(lambda: condition(k8s_lab, "op-scale", "Running"), "Running")
+        scale = scale_workers(k8s_lab, "op-scale", 2)  # the HPA's update of the scale subresource
+        assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 2, scale
+        assert get_job(k8s_lab, "op-scale")["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        wait_for(lambda: sorted(pods_of(k8s_lab, "op-scale")) == ["op-scale-worker-0", "op-scale-worker-1"], "workers 2 and 3 deleted")
+        wait_for(lambda: sorted(services_of(k8s_lab, "op-scale")) == ["op-scale-worker-0", "op-scale-worker-1"], "their services deleted")
+        after = pods_of(k8s_lab, "op-scale")
+        for name in after:  # the same pods (not recreated), with the environment they started with
+            assert after[name]["metadata"]["uid"] == before[name]["metadata"]["uid"], name
+            env = {e["name"]: e.get("value") for e in after[name]["spec"]["containers"][0]["env"]}
+            assert env["PET_NNODES"] == "2:4" and env["PET_RDZV_ENDPOINT"] == "op-scale-worker-0:23456", env
+        time.sleep(1.0)  # a few operator passes
+        job = get_job(k8s_lab, "op-scale")
+        assert [c[:2] for c in conditions(job)] == [("Created", "True"), ("Running", "True")], conditions(job)
+        assert job["status"]["replicaStatuses"]["Worker"]["active"] == 2, job["status"]
+        kubelet(k8s_lab, "op-scale-worker-0", "Succeeded", exit_code=0)
+        wait_for(lambda: condition(k8s_lab, "op-scale", "Succeeded"), "Succeeded")
+    finally:
+        delete_job(k8s_lab, "op-scale")
 
 
 def test_active_deadline_fails_the_job_and_ttl_deletes_it(k8s_lab, operator, tmp_path):
