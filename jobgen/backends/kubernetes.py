@@ -424,8 +424,11 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """``(state, details)`` from a job object's ``status``: the most decisive condition that is
     True (FAILED, COMPLETED for Succeeded/Complete, SUSPENDED, RESTARTING, RUNNING, CREATED),
     TERMINATING while a delete is in progress, SUBMITTED when no controller has reported yet;
-    details hold the condition's type, reason and message, replica counts (``master``, ``worker``: "active 1 succeeded 0
-    failed 0") and start/completion times."""
+    a TrainJob without a condition is RUNNING once its ``jobsStatus`` has an active Job (Trainer
+    v2.3.0 sets none while it runs). Details hold the condition's type, reason and message,
+    replica counts (``master``, ``worker``: "active 1 succeeded 0 failed 0"; a TrainJob's
+    replicated Jobs, ``node``: "jobs active 1 ready 1 succeeded 0 failed 0 suspended 0": counts of
+    Jobs, not pods) and start/completion times."""
     status = job.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if str(c.get("status")) == "True"}
     details: dict[str, str] = {}
@@ -440,10 +443,15 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
             break
     else:
         details["reason"] = "no conditions yet: the operator has not picked the job up (is it running in the cluster?)"
+        # Trainer v2.3.0 sets no condition while a TrainJob runs: its JobSet's Jobs say so.
+        if any(int(j.get("active") or 0) > 0 for j in status.get("jobsStatus") or []):
+            state, details["reason"] = "RUNNING", "jobsStatus: active Jobs (a running TrainJob has no condition)"
     if job.get("metadata", {}).get("deletionTimestamp"):
         state = "TERMINATING"
     for role, counts in sorted((status.get("replicaStatuses") or {}).items()):
         details[role.lower()] = " ".join(f"{key} {counts.get(key, 0)}" for key in ("active", "succeeded", "failed"))
+    for entry in status.get("jobsStatus") or []:  # TrainJob: counts of the JobSet's Jobs, not of pods
+        details[str(entry.get("name"))] = "jobs " + " ".join(f"{key} {entry.get(key, 0)}" for key in ("active", "ready", "succeeded", "failed", "suspended"))
     for key, field in (("started", "startTime"), ("completed", "completionTime")):
         if status.get(field):
             details[key] = str(status[field])

@@ -222,6 +222,27 @@ def test_state_from_conditions(conditions, state):
     assert details["master"] == "active 1 succeeded 0 failed 0" and details["worker"] == "active 0 succeeded 0 failed 2"
 
 
+@pytest.mark.parametrize(("conditions", "jobs", "state"), [
+    ([], [], "SUBMITTED"),
+    ([], [{"name": "node", "active": 1, "ready": 1, "succeeded": 0, "failed": 0, "suspended": 0}], "RUNNING"),
+    ([("Suspended", "False")], [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}], "RUNNING"),
+    ([("Suspended", "True")], [{"name": "node", "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 1}], "SUSPENDED"),
+    ([("Complete", "True")], [{"name": "node", "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}], "COMPLETED"),
+])
+def test_trainjob_state_while_it_runs(conditions, jobs, state):
+    """Trainer v2.3.0 sets no condition while a TrainJob runs (only Suspended, Complete, Failed;
+    pkg/controller/trainjob_controller.go): its JobSet's ``jobsStatus`` says it is running."""
+    job = {"kind": "TrainJob", "status": {"conditions": [{"type": t, "status": s, "reason": f"{t}Reason"} for t, s in conditions],
+                                          "jobsStatus": jobs}}
+    got, details = k8s.job_state(job)
+    assert got == state, details
+    for entry in jobs:
+        counts = " ".join(f"{key} {entry[key]}" for key in ("active", "ready", "succeeded", "failed", "suspended"))
+        assert details[entry["name"]] == f"jobs {counts}", details
+    if state == "RUNNING":
+        assert "not picked the job up" not in details.get("reason", ""), details
+
+
 def test_status_and_cancel(job_dir, fake):
     handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
     assert k8s.status(handle).state == "SUBMITTED"
