@@ -546,7 +546,7 @@ def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -
 def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, poll_s: float = 2.0,
          kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
     """Print the output of one replica's pod (default ``master-0``: global rank zero lives
-    there; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
+    there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
     there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
     ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``follow``, wait for
     the pod to start, stream until the job ends, and attach again after a container restart (a
@@ -560,9 +560,9 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None:
         raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
-    if replica is None:
+    if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
         roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-        replica = "worker-0" if kind is PYTORCHJOB and roles and "Master" not in roles else "master-0"
+        replica = f"{TRAINJOB_NODE}-0" if kind is TRAINJOB else "worker-0" if roles and "Master" not in roles else "master-0"
         if replica == "worker-0":
             out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
                 "(the 'elastic: global rank 0 runs on <host>' line names it; --replica worker-N)")
@@ -741,7 +741,7 @@ class KubernetesBackend(Backend):
         return status(handle)
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``worker-0``
+        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``node-0`` for a TrainJob; ``worker-0``
         for an elastic job, where rank zero may or may not run); see :func:`logs`."""
         self.check_options(options)
         logs(handle, replica=options.replica or None, follow=options.follow, out=out)

@@ -328,6 +328,18 @@ def test_logs_before_the_pod_exists(job_dir, fake):
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for worker-0 yet (jobgen logs -f waits for it)"]
 
 
+def test_logs_of_a_trainjob_default_to_node_0(fake):
+    """A TrainJob has no Master: ``jobgen logs`` without --replica reads node-0 (completion index
+    0, where torchrun's static rendezvous puts global rank 0: PET_NODE_RANK 0)."""
+    fake.objects[f"/apis/{k8s_manifest.TRAINJOB.group}/{k8s_manifest.TRAINJOB.version}/namespaces/training/trainjobs/tj"] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "tj", "namespace": "training"},
+        "spec": {"trainer": {"numNodes": 2}}}
+    handle = k8s.make_handle("ctx", "training", "tj")
+    lines: list[str] = []
+    k8s.logs(handle, out=lines.append)
+    assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for node-0 yet (jobgen logs -f waits for it)"]
+
+
 @pytest.mark.parametrize(("kind", "replica", "expected"), [
     (k8s_manifest.PYTORCHJOB, "master-0", ("job-master-0", None, "pytorch")),
     (k8s_manifest.PYTORCHJOB, "worker-12", ("job-worker-12", None, "pytorch")),
