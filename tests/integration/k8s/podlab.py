@@ -1,7 +1,8 @@
 """The pod lab the tests of jobgen on real pods share (issue 31): the node lab (kubenodes.py) with
 the training image built from this repository (kubeimage.py) imported on both nodes, the
 emulated training-operator v1.9 (training_operator.py) running, and what jobgen needs there
-(namespace, Secret, shared run directory, the ``k8s-lab`` profile); plus the small helpers the
+(namespace, Secret, shared run directory, the ``k8s-lab`` profile), and the emulated Trainer v2
+stack (trainer_controller.py, with the Trainer CRDs made for 1.20) for TrainJobs; plus the small helpers the
 tests drive jobgen's CLI and read the pods with. The ``pods`` fixture (conftest.py) is
 :func:`pod_lab`.
 
@@ -41,6 +42,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # one kubelab module, as conftest.py imports it
 import kubeimage  # noqa: E402
 import kubenodes  # noqa: E402
+import trainer_controller  # noqa: E402
 import training_operator  # noqa: E402
 from kubelab import K8sLab, wait_for  # noqa: E402
 
@@ -74,6 +76,7 @@ class PodLab:
     runs: Path  #: the host directory behind /workspace/runs in every pod
     profile: Path
     secret_value: str
+    trainjob_profile: Path  #: the same profile rendering TrainJobs (``kubernetes.job_api: trainjob``)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -128,19 +131,24 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
     settings["kubernetes"].update({"context": CONTEXT, "namespace": NS, "shm_size_gib": 0.5, "runs_volume_claim": "jobgen-runs",
                                    "backoff_limit": 8, "secret_env": {SECRET_ENV: {"secret": SECRET_NAME, "key": SECRET_KEY}}})
     profile.write_text(yaml.safe_dump(settings))
+    trainjob_profile = work / "k8s-lab-trainjob.yaml"
+    trainjob_profile.write_text(yaml.safe_dump({"extends": str(profile), "kubernetes": {"job_api": "trainjob"}}))
     template = work / "init-container.yaml"
     template.write_text(INIT_TEMPLATE)
     with training_operator.operator_process(lab.kubeconfig, work / "operator.log", "--pytorch-init-container-image", kubenodes.BUSYBOX_IMAGE,
-                                            "--pytorch-init-container-template-file", str(template), context=CONTEXT):
+                                            "--pytorch-init-container-template-file", str(template), context=CONTEXT), \
+            trainer_controller.lab_crds(lab, REPO / "jobgen" / "_crds"), \
+            trainer_controller.controller_process(lab.kubeconfig, work / "trainer.log", context=CONTEXT):
         try:
-            yield PodLab(lab, nodes, work, runs, profile, secret_value, timings)
+            yield PodLab(lab, nodes, work, runs, profile, secret_value, trainjob_profile, timings)
         finally:
             # Leave the session's lab as found (the node tests after these expect no pods): the
             # jobs deleted with their pods, no container of this namespace on either node.
-            jobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
-            for job in request(lab, "GET", jobs)["items"]:
-                request(lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                                              "propagationPolicy": "Foreground"})
+            for jobs in (f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs",
+                         f"/apis/{trainer_controller.GROUP}/{trainer_controller.VERSION}/namespaces/{NS}/{trainer_controller.PLURAL}"):
+                for job in request(lab, "GET", jobs)["items"]:
+                    request(lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                                                  "propagationPolicy": "Foreground"})
             wait_for(lambda: not request(lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
             wait_for(lambda: not any(nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
                                      for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
@@ -162,8 +170,10 @@ def follow_logs(p: PodLab, handle: str, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def submit(p: PodLab, name: str, *overrides: str) -> str:
-    out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(p.profile), "--set", f"name={name}",
+def submit(p: PodLab, name: str, *overrides: str, profile: Path | None = None) -> str:
+    """``jobgen submit examples/quickstart.yaml`` made small (:data:`OVERRIDES`, then ``overrides``)
+    with ``profile`` (default: the PyTorchJob one); returns the handle."""
+    out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile or p.profile), "--set", f"name={name}",
               *(a for o in (*OVERRIDES, *overrides) for a in ("--set", o)))
     handle = f"k8s://{CONTEXT}/{NS}/{name}"
     assert out.returncode == 0 and f"created {handle}" in out.stdout, out.stdout + out.stderr

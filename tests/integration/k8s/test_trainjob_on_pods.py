@@ -1,0 +1,108 @@
+"""jobgen's TrainJobs (Trainer v2, ``kubernetes.job_api: trainjob``) really running in pods
+(issue 31): the ``jobgen`` CLI against the node lab (kubenodes.py: kube-apiserver 1.20, two
+kubelet nodes with containerd and runc, CNI, kube-scheduler, cluster DNS), the emulated Trainer
+v2.3.0 + JobSet v0.12.0 + Indexed Job controllers (trainer_controller.py: the emulated part; the
+Trainer CRDs installed with the parts 1.20 cannot parse removed, :func:`trainer_controller.crd_for_120`)
+and the training image built from this repository. Opt-in like the other node tests:
+``JOBGEN_K8S_NODES=1``.
+
+What the module's tests prove, each through the CLI only (submit, status, logs, cancel):
+
+1. ``jobgen submit examples/quickstart.yaml`` rendered as a TrainJob (2 nodes, the small
+   overrides of test_jobgen_on_pods.py) trains to completion with one pod on each node: plain
+   ``torchrun`` configured only by the PET_* variables the Trainer's torch plugin injects, the
+   rendezvous at ``<job>-node-0-0.<job>:29500`` (the index-0 pod's hostname under the JobSet's
+   headless Service, resolved by cluster DNS); ``jobgen status`` says RUNNING while it runs and
+   COMPLETED after; ``jobgen logs`` (default node-0, ``--replica node-1``) reads both pods'
+   output through the API server;
+2. ``jobgen cancel`` deletes the TrainJob, its pods and Service go with it, and no container,
+   task or pod sandbox is left on either node.
+
+The pod lab (image, controllers, namespace, Secret, shared run directory, profiles) and the CLI
+helpers: podlab.py, the ``pods`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # one kubelab module, as conftest.py imports it
+import trainer_controller as tc  # noqa: E402
+from kubelab import wait_for  # noqa: E402
+from podlab import NS, STEPS, PodLab, cli, job_containers, request, state, submit, train_losses, wait_state  # noqa: E402
+
+pytestmark = pytest.mark.k8s_lab
+
+
+def trainjob_pods(p: PodLab, name: str) -> list[dict[str, Any]]:
+    """The TrainJob's pods (JobSet's label), by completion index."""
+    answer = request(p.lab, "GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={tc.JOBSET_NAME_LABEL}%3D{name}")
+    return sorted(answer["items"], key=lambda pod: int(pod["metadata"]["annotations"][tc.COMPLETION_INDEX]))
+
+
+def node_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or [] if c["name"] == tc.NODE), {})
+
+
+def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodLab) -> None:
+    started = time.monotonic()
+    handle = submit(pods, "tj-quickstart", profile=pods.trainjob_profile)
+    rendered = (pods.work / "runs" / "tj-quickstart" / "job" / "trainjob.yaml").read_text()
+    assert "PET_" not in rendered and "MASTER_ADDR" not in rendered  # all of that is the Trainer's, injected in the pods
+    seen_running = False
+
+    def running_or_done() -> bool:
+        nonlocal seen_running
+        now = state(pods, handle)
+        seen_running |= now["state"] == "RUNNING"
+        return now["state"] in ("RUNNING", "COMPLETED", "FAILED")
+    wait_for(running_or_done, 300, 2.0, what="jobgen status RUNNING")
+    final = wait_state(pods, handle, {"COMPLETED", "FAILED"}, 900)
+    elapsed = time.monotonic() - started
+    pod_list = trainjob_pods(pods, "tj-quickstart")
+    print(f"\ntj-quickstart: {final['state']} {elapsed:.0f} s after submit; {final['details']}")
+    out0, out1 = cli(pods, "logs", handle), cli(pods, "logs", "--replica", "node-1", handle)
+    assert final["state"] == "COMPLETED", (final, out0.stdout[-3000:], out1.stdout[-3000:])
+    assert seen_running, "jobgen status never said RUNNING while the pods ran"
+    assert final["details"]["reason"] == "AllJobsCompleted" and final["details"][tc.NODE].startswith("jobs active 0 ready 0 succeeded 1")
+    assert final["usage"]["devices"] == 2 and final["usage"]["device_kind"] == "cpu", final["usage"]
+    placed = {pod["metadata"]["name"]: (pod["status"]["phase"], pod["spec"]["nodeName"], pod["spec"]["hostname"]) for pod in pod_list}
+    print(f"pods: {placed}")
+    assert [phase for phase, _, _ in placed.values()] == ["Succeeded", "Succeeded"]
+    assert len({node for _, node, _ in placed.values()}) == 2, placed  # one pod per node, placed by kube-scheduler
+    assert [host for _, _, host in placed.values()] == ["tj-quickstart-node-0-0", "tj-quickstart-node-0-1"]
+    assert all(node_status(pod)["state"]["terminated"]["exitCode"] == 0 and node_status(pod)["restartCount"] == 0 for pod in pod_list)
+    # The containers' output through the API server: rank 0 on node-0 (PET_NODE_RANK 0), rank 1 on node-1.
+    assert out0.returncode == 0 and out1.returncode == 0, out0.stderr + out1.stderr
+    assert out0.stdout.startswith("resume: auto - no checkpoint"), out0.stdout[:500]
+    assert f"done: tj-quickstart at step {STEPS}/{STEPS} (fresh start)" in out0.stdout, out0.stdout[-3000:]
+    assert f"step {STEPS}/{STEPS} | train_loss" in out0.stdout and "over 2 rank(s)" in out0.stdout
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out1.stdout and "Traceback" not in out1.stdout, out1.stdout[-3000:]
+    triage = cli(pods, "logs", "--first-error", handle)
+    assert triage.returncode == 0 and "no rank's output shows a traceback" in triage.stdout, triage.stdout + triage.stderr
+    run_dir = pods.runs / "tj-quickstart"  # /workspace/runs/tj-quickstart on the shared volume
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and json.loads((run_dir / "summary.json").read_text())
+    assert sorted(train_losses(run_dir)) == list(range(1, STEPS + 1))
+
+
+def test_cancel_of_a_trainjob_leaves_no_pod_service_or_container(pods: PodLab) -> None:
+    handle = submit(pods, "tj-cancel", "trainer.max_steps=5000", profile=pods.trainjob_profile)
+    wait_for(lambda: [node_status(pod).get("state", {}).get("running") is not None for pod in trainjob_pods(pods, "tj-cancel")] == [True, True],
+             300, 2.0, what="both training containers running")
+    assert len(job_containers(pods, "tj-cancel")) >= 6  # per pod: its sandbox and training container, both with a running task
+    assert request(pods.lab, "GET", f"/api/v1/namespaces/{NS}/services/tj-cancel")["spec"]["clusterIP"] == "None"
+    started = time.monotonic()
+    gone = cli(pods, "cancel", handle, "--wait-s", "180")
+    assert gone.returncode == 0 and f"{handle}  DELETED" in gone.stdout, gone.stdout + gone.stderr
+    print(f"\ncancel returned in {time.monotonic() - started:.1f} s")
+    assert trainjob_pods(pods, "tj-cancel") == []
+    assert pods.lab.request("GET", f"/api/v1/namespaces/{NS}/services/tj-cancel")[0] == 404
+    wait_for(lambda: not job_containers(pods, "tj-cancel"), 150, 1.0, what="no container, task or sandbox of the job on either node")
+    print(f"containers (pause sandboxes included) and tasks gone from both nodes {time.monotonic() - started:.1f} s after the cancel")
+    assert state(pods, handle)["state"] == "CANCELLED"
