@@ -58,6 +58,8 @@ CRD is not installed, and 1.20 cannot run Indexed Jobs); pods and the headless S
 created with their real names, labels, annotations and spec, owned (controller,
 blockOwnerDeletion) by the TrainJob itself, standing for the TrainJob -> JobSet -> Job -> pod
 chain, so a foreground delete of the TrainJob removes them through the real garbage collector.
+The uids those objects would have (the ``jobset-uid`` and ``controller-uid`` labels) are stand-ins
+derived from the TrainJob's uid.
 The Job and JobSet statuses exist only inside a pass; the TrainJob's status (conditions,
 jobsStatus) is written through its /status subresource. Each pass lists the TrainJobs and their
 pods (no informers, watches or work queue: one pass per second).
@@ -178,7 +180,7 @@ def lab_crds(lab: Any, crds_dir: Path, timeout: float = 60.0) -> Iterator[dict[s
     crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     removed, names = {}, []
     for rel in CRD_FILES:
-        crd, removed[rel] = crd_for_120(yaml.safe_load((crds_dir / rel).read_text()))
+        crd, removed[rel] = crd_for_120(yaml.load((crds_dir / rel).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
         status, answer = lab.request("POST", crd_path, crd)
         if status not in (201, 409):
             raise RuntimeError(f"1.20 refused {rel} made for it: {status} {answer}")
