@@ -206,7 +206,8 @@ def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def pods(k8s_nodes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The pod lab (podlab.py :func:`~podlab.pod_lab`): the node lab with the training image on
-    both nodes, the emulated operator running, the ``k8s-lab`` profile; opt-in as ``k8s_nodes``."""
+    both nodes, the emulated training-operator and Trainer v2 stack running (the Trainer CRDs made
+    for 1.20 installed), the ``k8s-lab`` profile and its TrainJob variant; opt-in as ``k8s_nodes``."""
     import podlab
 
     yield from podlab.pod_lab(k8s_nodes, tmp_path_factory)

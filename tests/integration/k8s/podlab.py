@@ -88,8 +88,11 @@ def request(lab: K8sLab, method: str, path: str, body: Any = None, ok: tuple[int
 
 def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodLab]:
     """The node lab with the training image imported on both nodes, namespace ``training``, a
-    Secret, the shared run directory (hostPath PV + claim), the emulated operator as a process and
-    the ``k8s-lab`` profile (CPU, gloo, 1 process per pod, the local image, Never pull)."""
+    Secret, the shared run directory (hostPath PV + claim), the emulated operator as a process,
+    the Trainer CRDs made for 1.20 with the emulated Trainer stack as a second process, and the
+    ``k8s-lab`` profile (CPU, gloo, 1 process per pod, the local image, Never pull) with its
+    TrainJob variant (a TrainJob cannot carry imagePullPolicy: its pods get IfNotPresent, which
+    finds the imported image)."""
     lab, nodes = k8s_nodes
     timings: dict[str, float] = {}
     started = time.monotonic()
