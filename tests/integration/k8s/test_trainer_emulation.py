@@ -3,8 +3,8 @@ torch-distributed runtime + JobSet v0.12.0 + Indexed Job) run as a process again
 API-server lab (real etcd, kube-apiserver 1.20, garbage collector), on TrainJobs jobgen rendered
 and submitted with its CLI: the Trainer CRDs made acceptable to 1.20 (what is removed, and that
 the shipped ones are refused), the pods, hostnames, Service and torchrun environment a TrainJob
-becomes, completion, the backoffLimit failure, suspend/resume, and what ``jobgen status`` and
-``jobgen cancel`` make of them.
+becomes, completion, the backoffLimit failure, suspend/resume, activeDeadlineSeconds, and what
+``jobgen status`` and ``jobgen cancel`` make of them.
 
 No kubelet here: pod status is written through the /status subresource as a kubelet reports it
 (:func:`kubelet`). Only that report and the controllers are emulated."""
@@ -69,9 +69,10 @@ def jobgen_state(lab, cwd: Path, name: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-def submit(lab, tmp_path: Path, name: str, nodes: int = 2, processes: int = 2) -> dict[str, Any]:
-    """Render ``name`` (``nodes`` CPU pods x ``processes`` gloo processes, a Secret variable) as a
-    TrainJob and ``jobgen submit`` it; returns the TrainJob as rendered."""
+def submit(lab, tmp_path: Path, name: str, nodes: int = 2, processes: int = 2, *, create: bool = True, **resources: Any) -> dict[str, Any]:
+    """Render ``name`` (``nodes`` CPU pods x ``processes`` gloo processes, a Secret variable,
+    further ``resources``) as a TrainJob and ``jobgen submit`` it (``create``); returns the
+    TrainJob as rendered."""
     profile = tmp_path / "k8s-cpu-trainjob.yaml"
     profile.write_text(yaml.safe_dump({
         "extends": str(REPO / "cluster_profiles" / "k8s-a100.yaml"),
@@ -82,12 +83,13 @@ def submit(lab, tmp_path: Path, name: str, nodes: int = 2, processes: int = 2) -
     spec.write_text(yaml.safe_dump({
         "name": name, "model": {"preset": None, "n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64},
         "trainer": {"strategy": "ddp", "precision": "32-true", "micro_batch_size": 4, "max_steps": 6, "warmup_steps": 1},
-        "resources": {"nodes": nodes, "devices_per_node": processes}}))
+        "resources": {"nodes": nodes, "devices_per_node": processes, **resources}}))
     job_plan = plan(load_spec(spec), load_profile(str(profile)), TEMPLATES)
     job_dir = tmp_path / name
     job_plan.write(job_dir)
-    out = cli(lab, tmp_path, "submit", str(job_dir))
-    assert out.returncode == 0 and f"created k8s://jobgen-lab/{NS}/{name}" in out.stdout, out.stdout + out.stderr
+    if create:
+        out = cli(lab, tmp_path, "submit", str(job_dir))
+        assert out.returncode == 0 and f"created k8s://jobgen-lab/{NS}/{name}" in out.stdout, out.stdout + out.stderr
     return k8s_manifest.parse_manifest(job_plan.file("trainjob.yaml"), "trainjob.yaml")[1]
 
 
@@ -261,3 +263,19 @@ def test_suspend_deletes_the_pods_and_resume_brings_them_back(k8s_lab, trainer, 
     again = wait_for(lambda: [p for p in pods_of(k8s_lab, "tj-pause") if not p["metadata"].get("deletionTimestamp")], "new pods")
     wait_for(lambda: len([p for p in pods_of(k8s_lab, "tj-pause") if not p["metadata"].get("deletionTimestamp")]) == 2, "2 new pods")
     assert not {p["metadata"]["name"] for p in again} & {p["metadata"]["name"] for p in first}
+
+
+def test_past_its_active_deadline_the_trainjob_fails_and_its_pods_go(k8s_lab, trainer, tmp_path):
+    job = submit(k8s_lab, tmp_path, "tj-late", create=False, time_limit_min=1)
+    assert job["spec"]["activeDeadlineSeconds"] == 60  # what jobgen renders from resources.time_limit_min
+    job["spec"]["activeDeadlineSeconds"] = 8  # a shorter deadline, so that the test does not wait a minute
+    status, answer = k8s_lab.request("POST", TRAINJOBS, job)
+    assert status == 201, answer
+    wait_for(lambda: len(pods_of(k8s_lab, "tj-late")) == 2, "2 pods")
+    assert condition(k8s_lab, "tj-late", "Failed") is None
+    failed = wait_for(lambda: condition(k8s_lab, "tj-late", "Failed"), "Failed after the deadline", timeout=30)
+    assert (failed["reason"], failed["message"]) == ("DeadlineExceeded", "TrainJob exceeded its active deadline")
+    wait_for(lambda: not pods_of(k8s_lab, "tj-late"), "the pods deleted")
+    wait_for(lambda: k8s_lab.request("GET", f"/api/v1/namespaces/{NS}/services/tj-late")[0] == 404, "the Service deleted")
+    seen = jobgen_state(k8s_lab, tmp_path, "tj-late")
+    assert seen["state"] == "FAILED" and seen["details"]["reason"] == "DeadlineExceeded", seen

@@ -33,7 +33,9 @@ Sources read (never copied):
   the JobSet's Completed/Failed conditions copied as Complete/Failed with their reason and
   message, ``jobsStatus`` from its replicatedJobsStatus) and builder.go (``Trainer``: replicas 1,
   image, command, args, env on the ``node`` container); pkg/controller/trainjob_controller.go
-  (``setSuspendedCondition``: Suspended True/Suspended, then False/Resumed); pkg/constants;
+  (``setSuspendedCondition``: Suspended True/Suspended, then False/Resumed; ``reconcileDeadline``:
+  past activeDeadlineSeconds from creation or the last resume, Failed/DeadlineExceeded and the
+  JobSet deleted); pkg/constants;
   manifests/base/runtimes/torch_distributed.yaml (:func:`torch_distributed_runtime`).
 * kubernetes-sigs/jobset tag v0.12.0 (commit f22e565a): pkg/webhooks/jobset_webhook.go
   (``Default``: completionMode Indexed, pod restartPolicy OnFailure, enableDNSHostnames and
@@ -67,7 +69,7 @@ pods (no informers, watches or work queue: one pass per second).
 Not emulated: the Trainer's admission webhooks (jobgen's offline validator and the 1.36 CRD
 server check TrainJobs), initializers (dataset/model), the MPI/JAX/XGBoost/Flux plugins,
 torchtune commands, podGroupPolicy (coscheduling, Volcano), TrainingRuntime (namespaced) refs,
-``managedBy``, activeDeadlineSeconds (DeadlineExceeded), JobSet failurePolicy/restarts,
+``managedBy``, JobSet failurePolicy/restarts,
 successPolicy other than All, startupPolicy, exclusive placement, TTL, Events and metrics,
 Job podFailurePolicy/backoffLimitPerIndex/podReplacementPolicy.
 """
@@ -436,6 +438,18 @@ def set_condition(conditions: list[dict[str, Any]], ctype: str, value: str, reas
     conditions.append({"type": ctype, "status": value, "reason": reason, "message": message, "lastTransitionTime": now()})
 
 
+def past_deadline(trainjob: dict[str, Any], conditions: list[dict[str, Any]]) -> bool:
+    """trainjob_controller.go ``reconcileDeadline``: ``activeDeadlineSeconds`` counted from the
+    creation, or from the last resume (Suspended False)."""
+    limit = int(trainjob["spec"].get("activeDeadlineSeconds") or 0)
+    if not limit:
+        return False
+    resumed = next((c for c in conditions if c["type"] == "Suspended" and c["status"] == "False"), None)
+    start = (resumed or {}).get("lastTransitionTime") or trainjob["metadata"]["creationTimestamp"]
+    started = datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return time.time() > started + limit
+
+
 def finished(status: dict[str, Any]) -> bool:
     return any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in status.get("conditions") or [])
 
@@ -538,6 +552,12 @@ class Controller:
             set_condition(conditions, "Failed", "True", "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {failed_job})")
         elif all_complete:
             set_condition(conditions, "Complete", "True", "AllJobsCompleted", "jobset completed successfully")
+        if not finished(status) and not jobset["spec"]["suspend"] and past_deadline(trainjob, conditions):
+            # reconcileDeadline: Failed, and the JobSet deleted (its Jobs, pods and Service with it)
+            set_condition(conditions, "Failed", "True", "DeadlineExceeded", "TrainJob exceeded its active deadline")
+            for pod in pods:
+                self._quiet(404, self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace)
+            self._quiet(404, self.core.delete_namespaced_service, desired_service(jobset)["metadata"]["name"], namespace)
         if status != (trainjob.get("status") or {}):
             body = {**trainjob, "status": status}
             self.custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body, _preload_content=False)
