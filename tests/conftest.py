@@ -112,6 +112,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/unit/test_readme_commands.py": frozenset({"test_the_readme_commands_run"}),
     "tests/entrypoint/test_measurement.py": frozenset({"test_tiny_run_reports_measurements_curves_and_tensorboard"}),
     "tests/entrypoint/test_notify.py": frozenset({
+        "test_bad_input_before_training_sends_failed_without_a_step",  # 32 s in the 2026-11-27 measurement below
         "test_local_run_sends_started_and_finished_with_a_bearer_token_no_file_holds",
         "test_a_run_that_raises_after_start_sends_failed_through_the_command",
         "test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed",
@@ -138,7 +139,13 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_preflight.py": frozenset({
         "test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_process_group",
         "test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node",
+        "test_a_complete_run_skips_the_preflight_and_says_so",
     }),
+    # Measured 2026-11-27 with --durations on a loaded 2-core AMD EPYC (the quick tier took 713 s):
+    # test_resume_layout's module-scoped trainings 309 s of setup and 168 s of calls, on one worker
+    # (a module stays on one: tests/conftest.py xdist_unit), were most of the quick tier's tail.
+    "tests/entrypoint/test_resume_layout.py": ALL,
+    "tests/entrypoint/test_run_dir_identity.py": frozenset({"test_the_entrypoint_refuses_another_profiles_run_directory"}),  # 63 s
 }
 
 

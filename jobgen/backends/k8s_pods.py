@@ -1,6 +1,7 @@
 """The pods of a Kubernetes job, as the operator (PyTorchJob) or JobSet (TrainJob) labels
-them, and what they used: the device-hours ``jobgen status`` reports for a ``k8s://`` handle
-(:func:`pod_usage`). Submit, status, logs and cancel are in :mod:`jobgen.backends.kubernetes`.
+them: what each is doing (:func:`pod_summary`, ``details["pods"]`` of ``jobgen status``) and what
+they used (:func:`pod_usage`, the device-hours it reports for a ``k8s://`` handle). Submit,
+status, logs and cancel are in :mod:`jobgen.backends.kubernetes`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from jobgen.backends.base import recorded_launch
 from jobgen.backends.k8s_api import Cluster
 from jobgen.backends.k8s_manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_path
 from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
+from jobgen.errors import printable
 from jobgen.jobdir.submission import JobHandle
 from jobgen.reports.usage import Usage, from_iso, span_seconds
 
@@ -41,13 +43,70 @@ def _pod_devices(pod: dict[str, Any], container: str) -> tuple[str, int] | None:
     return None
 
 
-def pod_usage(cluster: Cluster, kind: K8sKind, namespace: str, name: str, handle: JobHandle) -> Usage | None:
-    """GPU-hours (CPU-hours) of the job: for each pod, its training container's run time (the
+#: The longest message of a pod's summary (a scheduler's or webhook's text can run to kilobytes).
+MESSAGE_CHARS = 160
+
+
+def _reason(reason: Any, message: Any) -> str:
+    """``reason: message`` (either may be missing), printable and cut to :data:`MESSAGE_CHARS`."""
+    text = printable(str(message or "").strip())
+    if len(text) > MESSAGE_CHARS:
+        text = text[:MESSAGE_CHARS - 3] + "..."
+    return ": ".join(part for part in (printable(str(reason or "")), text) if part)
+
+
+def _exit(terminated: dict[str, Any]) -> str:
+    """``exit N`` plus the kubelet's reason when it says more than the code (OOMKilled, ...)."""
+    reason = terminated.get("reason")
+    return f"exit {terminated.get('exitCode')}" + (f" {printable(str(reason))}" if reason and reason not in ("Completed", "Error") else "")
+
+
+def pod_summary(pods: list[dict[str, Any]], name: str, container: str) -> str:
+    """What each pod of job ``name`` is doing, one ``"; "``-joined line in the pods' order:
+    ``<replica> <phase> (<notes>)`` where replica is the pod name without ``<name>-``
+    (``master-0``, ``worker-1``, JobSet's ``node-0-1-x7k2p``) and phase the kubelet's (``Pending``
+    before any report), and the notes say: the node (``on NODE``), ``terminating`` while a delete
+    runs, why the pod is not running (the scheduler's ``Unschedulable: ...``, the training
+    container's waiting reason such as ``ContainerCreating``, ``ImagePullBackOff``,
+    ``CreateContainerConfigError: ...``, the pod's own reason such as ``Evicted``), the training
+    container's ``exit N`` once it ended, and ``restarts N, last exit M`` after in-place restarts.
+    Source: the v1 Pod status fields (``phase``, ``conditions``, ``containerStatuses``, ``reason``,
+    ``message``), as ``kubectl get pods``/``describe`` read them. Every text from the cluster is
+    made printable and cut (:func:`_reason`): the line stays one line."""
+    parts = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        pod_name = str(meta.get("name") or "")
+        replica = pod_name[len(name) + 1:] if pod_name.startswith(f"{name}-") else pod_name
+        notes = [f"on {printable(str(spec['nodeName']))}"] if spec.get("nodeName") else []
+        if meta.get("deletionTimestamp"):
+            notes.append("terminating")
+        if status.get("reason") or status.get("message"):
+            notes.append(_reason(status.get("reason"), status.get("message")))
+        unscheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        if unscheduled is not None:
+            notes.append(_reason(unscheduled.get("reason"), unscheduled.get("message")))
+        trainer = next((c for c in status.get("containerStatuses") or [] if c.get("name") == container), None) or {}
+        state = trainer.get("state") or {}
+        if state.get("waiting"):
+            notes.append(_reason(state["waiting"].get("reason"), state["waiting"].get("message")))
+        if state.get("terminated"):
+            notes.append(_exit(state["terminated"]))
+        if trainer.get("restartCount"):
+            last = (trainer.get("lastState") or {}).get("terminated")
+            notes.append(f"restarts {trainer['restartCount']}" + (f", last {_exit(last)}" if last else ""))
+        phase = printable(str(status.get("phase") or "Pending"))
+        parts.append(f"{printable(replica)} {phase}" + (f" ({', '.join(notes)})" if notes else ""))
+    return "; ".join(parts)
+
+
+def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle) -> Usage | None:
+    """GPU-hours (CPU-hours) of the job's ``pods`` (:func:`job_pods`): for each, its training
+    container's (``container``) run time (the
     current or last run: ``startedAt`` to ``finishedAt``, or to now while it runs) x the GPUs
     (``nvidia.com/gpu`` limit) or CPUs (request) it asked for, summed over the pods; ``None``
     before any container has started. A container restarted in place counts its current run only
     (the API keeps the start of the last one)."""
-    pods, container = job_pods(cluster, kind, namespace, name)
     now = datetime.now(timezone.utc)
     device_kind, devices, device_seconds = None, 0, 0.0
     first: datetime | None = None

@@ -37,7 +37,7 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import job_pods, pod_usage
+from jobgen.backends.k8s_pods import job_pods, pod_summary, pod_usage
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -459,8 +459,10 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
 
 
 def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
-    """The job's state from the API server (see :func:`job_state`). When the object does not
-    exist: ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
+    """The job's state from the API server (see :func:`job_state`), with what each of its pods
+    is doing (``details["pods"]``, :func:`~jobgen.backends.k8s_pods.pod_summary`; absent before
+    the controller made any) and their device-hours. When the object does not exist:
+    ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
     record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
 
     Raises:
@@ -476,7 +478,10 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
         return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
     state, details = job_state(job)
     details["kind"] = kind.kind
-    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(cluster, kind, namespace, name, handle))
+    pods, container = job_pods(cluster, kind, namespace, name)
+    if pods:
+        details["pods"] = pod_summary(pods, name, container)
+    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle))
 
 
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")
@@ -632,9 +637,18 @@ def _wait_for_restart(cluster: Cluster, kind: K8sKind, namespace: str, name: str
         time.sleep(poll_s)
 
 
+def _previous_ended(pod: dict[str, Any], container: str) -> bool:
+    """Whether the kubelet keeps the log of an earlier run of ``container`` (restarted in place:
+    ``lastState.terminated``), which ``previous=true`` reads."""
+    return any(cs.get("name") == container and (cs.get("lastState") or {}).get("terminated")
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
     """Each pod's first failure, earliest first, from every pod of the job (current and
-    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line).
+    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
+    container restarted in place is read twice: its previous run (``previous=true``, the one
+    the kubelet keeps), then its current one, which after a crash may not have failed again yet.
 
     Raises:
         ConfigError: no such job.
@@ -650,15 +664,24 @@ def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
         node = (pod.get("spec") or {}).get("nodeName")
         if not _container_started(pod, container):
             continue
-        response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log",
-                                   query=[("container", container), ("timestamps", "true")], timeout=60.0, stream=True)  # type: ignore[arg-type]
-        try:
-            for position, line in enumerate(iter_lines(response.stream(64 * 1024))):
-                stamp, _, text = line.partition(" ")
-                when = parse_rfc3339(stamp)
-                lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
-        finally:
-            response.release_conn()
+        position = 0
+        for previous in (True, False) if _previous_ended(pod, container) else (False,):
+            query = [("container", container), ("timestamps", "true"), *([("previous", "true")] if previous else [])]
+            try:
+                response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log", query=query, timeout=60.0,
+                                           stream=True)  # type: ignore[arg-type]
+            except ApiError:
+                if previous:  # gone since the pod was read (restarted again, garbage-collected): the current run still counts
+                    continue
+                raise
+            try:
+                for line in iter_lines(response.stream(64 * 1024)):
+                    stamp, _, text = line.partition(" ")
+                    when = parse_rfc3339(stamp)
+                    lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
+                    position += 1
+            finally:
+                response.release_conn()
     return triage(lines)
 
 

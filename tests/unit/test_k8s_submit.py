@@ -81,7 +81,12 @@ class FakeCluster(k8s_api.Cluster):
         self.calls.append((method, path, query))
         self._check(method, path, query, body)
         if path.endswith("/log"):
-            return FakeStream(self.logs.pop(0) if isinstance(self.logs, list) else self.logs[path])
+            if isinstance(self.logs, list):
+                return FakeStream(self.logs.pop(0))
+            key = path + ("?previous" if ("previous", "true") in query else "")
+            if key not in self.logs:  # the kubelet's answer for a container (run) it has no log of
+                raise k8s_api.ApiError(f"previous terminated container not found ({key})", status=400, reason="BadRequest")
+            return FakeStream(self.logs[key])
         if method == "POST":
             obj = copy.deepcopy(body)
             if self.prune and obj.get("kind") == "PyTorchJob":
@@ -426,6 +431,32 @@ def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir,
     assert result.first.headline == "ZeroDivisionError: division by zero"
     log_calls = [c for c in fake.calls if c[1].endswith("/log")]
     assert len(log_calls) == 2 and all(("timestamps", "true") in c[2] and ("container", "pytorch") in c[2] for c in log_calls)
+
+
+def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(job_dir, fake):
+    """Found on the lab's real pods (issue 31): a container that failed and was restarted in place
+    (OnFailure) runs again and has not printed its error yet; the failure is in its previous run's
+    log, which the kubelet keeps (``previous=true``). Both runs are read, the previous first; a
+    previous log the kubelet no longer has is skipped (the current run still counts)."""
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    pods = "/api/v1/namespaces/training/pods"
+    for name, node in (("quickstart-master-0", "n1"), ("quickstart-worker-0", "n2")):
+        fake.objects[f"{pods}/{name}"] = {
+            "metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "quickstart"}}, "spec": {"nodeName": node},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "restartCount": 1, "state": {"running": {}},
+                                                                 "lastState": {"terminated": {"exitCode": 1}}}]}}
+    fake.logs = {
+        f"{pods}/quickstart-master-0/log?previous": [b"2026-11-27T11:00:01Z python -m jobgen.train: error: /etc/jobgen/spec.json: "
+                                                      b"spec.data.paths[0]: 'x/*.txt' matches no files\n"],
+        f"{pods}/quickstart-master-0/log": [b"2026-11-27T11:00:20Z resume: auto - no checkpoint\n"],
+        f"{pods}/quickstart-worker-0/log": [b"2026-11-27T11:00:21Z starting\n"],  # its previous log is gone: 400
+    }
+    result = k8s.first_error(handle)
+    assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-master-0", "n1")], result
+    assert "spec.data.paths[0]: 'x/*.txt' matches no files" in result.first.headline
+    log_calls = [(c[1].rsplit("/", 2)[1], ("previous", "true") in c[2]) for c in fake.calls if c[1].endswith("/log")]
+    assert log_calls == [("quickstart-master-0", True), ("quickstart-master-0", False), ("quickstart-worker-0", True),
+                         ("quickstart-worker-0", False)]
 
 
 def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):

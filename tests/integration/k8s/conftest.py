@@ -10,11 +10,14 @@ can host it is an error (with the build log or daemon log tails), not a skip. ``
 The optional ``k8s_crd_server`` level (Debian sid's apiextensions-apiserver 0.36) skips when it
 does not build (fails under CI), and skips everywhere with ``JOBGEN_SKIP_K8S_CRD_SERVER=1``.
 The ``k8s_nodes`` level (two kubelet nodes, kube-scheduler, cluster DNS: pods run; kubenodes.py)
-is opt-in while it is new: its tests skip unless ``JOBGEN_K8S_NODES=1``.
+and the ``pods`` fixture on it (podlab.py: the training image, the emulated operator) run last;
+``JOBGEN_SKIP_K8S_NODES=1`` skips them everywhere.
 
 Test time: the lab's tests run last among the labs (the xdist worker that runs the labs runs the
 SLURM and ssh labs first), and when the session selects any of them and the cache lacks a
-binary they need, the build starts in the background as soon as collection ends
+binary they need (the node level's too, when its tests are selected), the build starts in the
+background as soon as collection ends, and so does the training image's (kubeimage.py) when the
+``pods`` tests are selected and the cache lacks it
 (kubelab.build_in_background: nice 19 for it and its session's scheduling group, its log in the cache's logs/background.log; under xdist
 from worker gw0 only), so minutes of compiling overlap the rest of the suite instead of following
 it; the fixtures then wait for it. A single-process session that ends first stops the build it
@@ -40,6 +43,10 @@ from kubelab import K8sLab, LabUnavailable, build_in_background, build_running, 
 from tests.conftest import skip_or_fail  # noqa: E402
 
 MARKER = "k8s_lab"
+#: The fixtures of the node level (pods that really run: kubenodes.py, podlab.py).
+NODE_FIXTURES = frozenset({"k8s_nodes", "pod_lab", "pods"})
+#: ``JOBGEN_SKIP_K8S_NODES=1`` skips the node level everywhere (the API-server lab still runs).
+SKIP_NODES_ENV = "JOBGEN_SKIP_K8S_NODES"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +69,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lab_items = [item for item in items if item.get_closest_marker(MARKER)]
     if not lab_items:
         return
-    items[:] = [item for item in items if not item.get_closest_marker(MARKER)] + lab_items
+    node_items = [item for item in lab_items if NODE_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    # the node level last: its binaries and the training image are the last things the background builds finish
+    items[:] = ([item for item in items if not item.get_closest_marker(MARKER)] + [item for item in lab_items if item not in node_items]
+                + node_items)
     if (config.option.collectonly or os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1" or lab_unavailable_reason()
             or os.environ.get("JOBGEN_K8S_BACKGROUND_BUILD") == "0"):
         return
@@ -70,13 +80,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     crd_server = os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") != "1" and any(
         "k8s_crd_server" in getattr(item, "fixturenames", ()) for item in lab_items)
+    with_nodes = bool(node_items) and os.environ.get(SKIP_NODES_ENV) != "1"
     log = cache_dir() / "logs" / "background.log"
+    if with_nodes and any("pods" in getattr(item, "fixturenames", ()) for item in node_items):
+        import kubeimage
+
+        try:
+            image = kubeimage.build_in_background(cache_dir() / "logs" / "image-background.log")
+        except (OSError, kubeimage.ImageError) as exc:  # the fixture builds in the foreground and reports it
+            print(f"k8s lab: no background image build ({exc})", file=sys.stderr)
+        else:
+            if image is not None:
+                _BACKGROUND.append(image)
+                print("\nk8s lab: building the training image in the background (lowest CPU priority)", file=sys.stderr)
     if build_running(cache_dir()):
         print("\nk8s lab: a build into the cache is under way (e.g. .ci/run's); the lab's tests will wait for it",
               file=sys.stderr)
         return
     try:
-        proc = build_in_background(crd_server=crd_server, log=log)
+        proc = build_in_background(crd_server=crd_server, log=log, with_nodes=with_nodes)
     except OSError as exc:  # e.g. the cache directory cannot be made: the fixture reports it
         print(f"k8s lab: no background build ({exc})", file=sys.stderr)
         return
@@ -174,17 +196,15 @@ def k8s_crd_server(k8s_lab: K8sLab) -> str:
     return context
 
 
-#: Opt-in switch of the node level (``k8s_nodes``): pods that really run (kubenodes.py).
-NODES_ENV = "JOBGEN_K8S_NODES"
 
 
 @pytest.fixture(scope="session")
 def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[K8sLab, Any]]:
     """``(K8sLab, NodeLab)``: a lab of its own (not ``k8s_lab``'s) with two kubelet nodes,
-    kube-scheduler and cluster DNS, up for the session. Opt-in: skips unless ``JOBGEN_K8S_NODES=1``.
+    kube-scheduler and cluster DNS, up for the session; skips with ``JOBGEN_SKIP_K8S_NODES=1``.
     The node binaries are built (minutes) when the cache lacks them."""
-    if os.environ.get(NODES_ENV) != "1":
-        pytest.skip(f"the node level of the k8s lab is opt-in: set {NODES_ENV}=1")
+    if os.environ.get(SKIP_NODES_ENV) == "1":
+        pytest.skip(f"{SKIP_NODES_ENV}=1")
     import kubenodes
 
     try:
@@ -204,10 +224,20 @@ def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
-def pods(k8s_nodes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The pod lab (podlab.py :func:`~podlab.pod_lab`): the node lab with the training image on
-    both nodes, the emulated training-operator and Trainer v2 stack running (the Trainer CRDs made
-    for 1.20 installed), the ``k8s-lab`` profile and its TrainJob variant; opt-in as ``k8s_nodes``."""
+def pod_lab(k8s_nodes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The pod lab (podlab.py :func:`~podlab.pod_lab`), once per session: the node lab with the
+    training image on both nodes, the emulated training-operator and Trainer v2 stack running (the
+    Trainer CRDs made for 1.20 installed), the ``k8s-lab`` profile and its TrainJob variant."""
     import podlab
 
     yield from podlab.pod_lab(k8s_nodes, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pods(pod_lab) -> Iterator[Any]:
+    """The session's pod lab for one test module; after the module its jobs, pods and containers
+    are deleted (podlab.delete_jobs), so the next module (and the node tests) find none."""
+    import podlab
+
+    yield pod_lab
+    podlab.delete_jobs(pod_lab)

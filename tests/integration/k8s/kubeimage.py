@@ -673,6 +673,27 @@ class _TeeReader(io.RawIOBase):
 # --------------------------------------------------------------------------- build (cached)
 
 
+def cached_home(repo: Path = REPO, variant: str = "full", compress: str = "none", cache: Path | None = None) -> Path | None:
+    """The cache entry holding the image these inputs give, or None when it has not been built."""
+    inputs = build_inputs(repo, variant)
+    home = (cache or cache_dir()) / "image" / f"{inputs_key(inputs)[:32]}-{compress}"
+    name = f"jobgen-train-{image_tag(inputs, repo)}.oci.tar"
+    return home if (home / "BUILD-INFO.json").exists() and (home / name).exists() else None
+
+
+def build_in_background(log_path: Path) -> subprocess.Popen[bytes] | None:
+    """Start ``kubeimage.py build --lowest-priority`` (the full image into the cache) in a session
+    of its own, its output appended to ``log_path``; None when the cache has it. The tests that
+    need the image then wait for the build's lock in :func:`build` and find it cached. Used by the
+    k8s tests' collection hook (conftest.py) so the minutes of a cold build overlap other tests."""
+    if cached_home() is not None:
+        return None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as fh:
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "build", "--lowest-priority"], stdin=subprocess.DEVNULL,
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def build(out: Path | None = None, repo: Path = REPO, variant: str = "full", compress: str = "none",
           cache: Path | None = None, use_cache: bool = True, log: Log = _stderr) -> dict[str, Any]:
     """Build (or reuse) the image and return its BUILD-INFO (ref, digests, archive path, timings).
@@ -958,8 +979,14 @@ def main(argv: list[str] | None = None) -> int:
                          help="small: the interpreter and jobgen without its train extra (tests)")
         cmd.add_argument("--compress", choices=("none", "gzip"), default="none")
         cmd.add_argument("--no-cache", action="store_true", help="build under --out, neither reading nor filling the cache")
+        cmd.add_argument("--lowest-priority", action="store_true",
+                         help="only the CPU other work leaves idle (kubelab.lowest_cpu_priority: nice 19 for the process and its session)")
     sub.choices["smoke"].add_argument("--work", type=Path, help="bundle/run directory (default: a temporary one, removed)")
     args = parser.parse_args(argv)
+    if args.lowest_priority:
+        from kubelab import lowest_cpu_priority  # this directory: sys.path[0] when run as a script
+
+        lowest_cpu_priority()
     info = build(args.out, variant=args.variant, compress=args.compress, use_cache=not args.no_cache)
     summary = {k: info[k] for k in ("ref", "manifest_digest", "archive", "archive_size", "unpacked_bytes", "build_s", "elapsed_s", "cached")}
     if args.command == "smoke":

@@ -39,7 +39,7 @@ By hand:
     python tests/integration/k8s/kubelab.py down --root /tmp/jobgen-k8s-lab
 
 This module imports nothing from jobgen: the standard library, PyYAML to read the CRDs, and the
-test suite's port picker (tests/ports.py).
+test suite's port picker (tests/ports.py) and process stopper (tests/processes.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -66,6 +65,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's tests pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tests.ports import ATTEMPTS, address_in_use, next_port  # noqa: E402
+from tests.processes import pid_alive, stop_pid  # noqa: E402  (kubenodes.py uses both through this module)
 
 #: Bump when the build recipe changes: a cached build with another recipe is rebuilt.
 #: 2: built with the ``providerless`` tag. 3: ``make gen_openapi`` + ``build.sh`` instead of
@@ -212,15 +212,6 @@ def listening_ports(pid: int) -> set[int]:
                 if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def cache_dir() -> Path:
@@ -375,7 +366,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 #: The locks a build of the cache holds while it runs (:func:`ensure_binaries`, :func:`ensure_crd_server`).
-BUILD_LOCKS = (".lock", ".lock-crd-server")
+BUILD_LOCKS = (".lock", ".lock-crd-server", ".lock-nodes")  # the last: kubenodes.ensure_node_binaries
 
 
 def build_running(cache: Path) -> bool:
@@ -557,12 +548,13 @@ def lowest_cpu_priority() -> None:
         Path("/proc/self/autogroup").write_text("19")
 
 
-def background_build_argv(*, crd_server: bool) -> list[str]:
-    """``kubelab.py build [--crd-server] --lowest-priority`` (this file as a script, this interpreter)."""
-    return [sys.executable, str(Path(__file__).resolve()), "build", *(["--crd-server"] if crd_server else []), "--lowest-priority"]
+def background_build_argv(*, crd_server: bool, with_nodes: bool = False) -> list[str]:
+    """``kubelab.py build [--crd-server] [--with-nodes] --lowest-priority`` (this file as a script, this interpreter)."""
+    return [sys.executable, str(Path(__file__).resolve()), "build", *(["--crd-server"] if crd_server else []),
+            *(["--with-nodes"] if with_nodes else []), "--lowest-priority"]
 
 
-def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = None) -> subprocess.Popen[bytes] | None:
+def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = None, with_nodes: bool = False) -> subprocess.Popen[bytes] | None:
     """Start :func:`background_build_argv` in a session of its own at the lowest CPU priority
     (:func:`lowest_cpu_priority`), its output appended to ``log``; returns the process, or None
     when the cache already holds what is asked for or a build into it is under way
@@ -576,13 +568,17 @@ def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = Non
     the error. Stop it with ``os.killpg(proc.pid, SIGTERM)``.
     """
     cache = cache or cache_dir()
-    if cached_binaries(cache) is not None and (not crd_server or cached_crd_server(cache) is not None):
+    if with_nodes:
+        import kubenodes  # it imports this module: only here, where the node level is asked for
+
+        with_nodes = kubenodes.cached_nodes(cache) is None
+    if cached_binaries(cache) is not None and (not crd_server or cached_crd_server(cache) is not None) and not with_nodes:
         return None
     if build_running(cache):
         return None
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
-        return subprocess.Popen(background_build_argv(crd_server=crd_server), stdin=subprocess.DEVNULL, stdout=fh,
+        return subprocess.Popen(background_build_argv(crd_server=crd_server, with_nodes=with_nodes), stdin=subprocess.DEVNULL, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, CACHE_ENV: str(cache)})
 
 
@@ -681,24 +677,6 @@ def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]
 
 
 # --------------------------------------------------------------------------- the running lab
-
-
-def stop_pid(pid: int, what: str, grace: float = 10.0, *, label: str = "k8s lab") -> None:
-    """SIGTERM ``pid``, SIGKILL it after ``grace`` s, reap it if it is our child; a process that
-    survives SIGKILL is reported on stderr (as ``<label>: <what> (pid N) survived SIGKILL``)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
-                return
-            time.sleep(0.05)
-    print(f"{label}: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
 
 
 class K8sLab:

@@ -48,7 +48,7 @@ paths are written whatever the flags say (:data:`MACHINE_PATHS`: pod logs in /va
 kubelet's device-plugin socket, containerd's shim sockets, libcni's result cache); ``down``
 removes the lab's entries there and the directories that did not exist before.
 
-Opt-in: the node tests run only with ``JOBGEN_K8S_NODES=1`` (see test_pods_on_nodes.py).
+The node tests run in the lab tier, after the other k8s lab tests; ``JOBGEN_SKIP_K8S_NODES=1`` skips them (conftest.py).
 Notes and measured times: docs/labs-k8s-nodes-notes.md.
 """
 

@@ -2,9 +2,10 @@
 the training image built from this repository (kubeimage.py) imported on both nodes, the
 emulated training-operator v1.9 (training_operator.py) running, and what jobgen needs there
 (namespace, Secret, shared run directory, the ``k8s-lab`` profile), and the emulated Trainer v2
-stack (trainer_controller.py, with the Trainer CRDs made for 1.20) for TrainJobs; plus the small helpers the
-tests drive jobgen's CLI and read the pods with. The ``pods`` fixture (conftest.py) is
-:func:`pod_lab`.
+stack (trainer_controller.py, with the Trainer CRDs made for 1.20) for TrainJobs; plus the small
+helpers the tests drive jobgen's CLI and read the pods with. conftest.py's ``pod_lab`` fixture
+(the session's) is :func:`pod_lab`; its ``pods`` fixture hands it to a module and
+:func:`delete_jobs` after it.
 
 The shared run directory: jobgen mounts ``kubernetes.runs_volume_claim`` (a PersistentVolumeClaim,
 ReadWriteMany for multi-pod jobs) at /workspace/runs, else an emptyDir per pod. Both lab nodes
@@ -142,19 +143,25 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
                                             "--pytorch-init-container-template-file", str(template), context=CONTEXT), \
             trainer_controller.lab_crds(lab, REPO / "jobgen" / "_crds"), \
             trainer_controller.controller_process(lab.kubeconfig, work / "trainer.log", context=CONTEXT):
+        lab_state = PodLab(lab, nodes, work, runs, profile, secret_value, trainjob_profile, timings)
         try:
-            yield PodLab(lab, nodes, work, runs, profile, secret_value, trainjob_profile, timings)
+            yield lab_state
         finally:
-            # Leave the session's lab as found (the node tests after these expect no pods): the
-            # jobs deleted with their pods, no container of this namespace on either node.
-            for jobs in (f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs",
-                         f"/apis/{trainer_controller.GROUP}/{trainer_controller.VERSION}/namespaces/{NS}/{trainer_controller.PLURAL}"):
-                for job in request(lab, "GET", jobs)["items"]:
-                    request(lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                                                  "propagationPolicy": "Foreground"})
-            wait_for(lambda: not request(lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
-            wait_for(lambda: not any(nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
-                                     for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
+            delete_jobs(lab_state)
+
+
+def delete_jobs(p: PodLab) -> None:
+    """Leave the lab as the node tests expect it (no pods): every job (PyTorchJob, TrainJob) of the
+    namespace deleted with its pods, and no container of the namespace left on either node. The
+    ``pods`` fixture calls it after each module."""
+    for jobs in (f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs",
+                 f"/apis/{trainer_controller.GROUP}/{trainer_controller.VERSION}/namespaces/{NS}/{trainer_controller.PLURAL}"):
+        for job in request(p.lab, "GET", jobs)["items"]:
+            request(p.lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                                            "propagationPolicy": "Foreground"})
+    wait_for(lambda: not request(p.lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
+    wait_for(lambda: not any(p.nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
+                             for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
 
 
 def cli(p: PodLab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -173,11 +180,35 @@ def follow_logs(p: PodLab, handle: str, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+#: A mutation check of the pod tests (issue 31: each test is seen failing when the rendered
+#: container command or env is broken on purpose): ``JOBGEN_POD_MUTATION`` holds a JSON list of
+#: ``[old, new]`` text replacements that :func:`submit` makes in the rendered job manifest
+#: (pytorchjob.yaml or trainjob.yaml) of every job (each must match), which it then submits as a
+#: rendered job directory.
+MUTATION_ENV = "JOBGEN_POD_MUTATION"
+
+
 def submit(p: PodLab, name: str, *overrides: str, profile: Path | None = None) -> str:
-    """``jobgen submit examples/quickstart.yaml`` made small (:data:`OVERRIDES`, then ``overrides``)
-    with ``profile`` (default: the PyTorchJob one); returns the handle."""
-    out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile or p.profile), "--set", f"name={name}",
-              *(a for o in (*OVERRIDES, *overrides) for a in ("--set", o)))
+    """``jobgen submit examples/quickstart.yaml`` with :data:`OVERRIDES`, ``overrides`` and
+    ``name`` for ``profile`` (default: the PyTorchJob one); returns the handle. Under
+    :data:`MUTATION_ENV`: render, break, submit the directory."""
+    settings = [a for o in (f"name={name}", *OVERRIDES, *overrides) for a in ("--set", o)]
+    profile = profile or p.profile
+    mutation = os.environ.get(MUTATION_ENV)
+    if mutation:
+        out = cli(p, "render", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile), "--out", str(p.work / "mutated"), "-o", "json", *settings)
+        assert out.returncode == 0, out.stdout + out.stderr
+        job_dir = p.work / json.loads(out.stdout)["jobs"][0]["job_dir"]  # relative to the CLI's cwd, or absolute
+        manifest = next(job_dir / f for f in ("pytorchjob.yaml", "trainjob.yaml") if (job_dir / f).is_file())
+        text = manifest.read_text()
+        for old, new in json.loads(mutation):
+            assert old in text, f"{MUTATION_ENV}: {old!r} is not in {manifest}"
+            text = text.replace(old, new)
+        manifest.write_text(text)
+        print(f"\nmutated {manifest}: {mutation}", file=sys.stderr)
+        out = cli(p, "submit", str(manifest.parent))
+    else:
+        out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile), *settings)
     handle = f"k8s://{CONTEXT}/{NS}/{name}"
     assert out.returncode == 0 and f"created {handle}" in out.stdout, out.stdout + out.stderr
     return handle

@@ -1,16 +1,17 @@
 """jobgen's PyTorchJobs really running in pods (issue 31): the ``jobgen`` CLI against the node
 lab (kubenodes.py: kube-apiserver 1.20, two kubelet nodes with containerd and runc, CNI,
 kube-scheduler, cluster DNS), the emulated training-operator v1.9 (training_operator.py, the one
-emulated part) and the training image built from this repository (kubeimage.py). Opt-in like the
-other node tests: ``JOBGEN_K8S_NODES=1``.
+emulated part) and the training image built from this repository (kubeimage.py). In the lab tier
+like the other node tests (``JOBGEN_SKIP_K8S_NODES=1`` skips them).
 
 What the module's tests prove, each through the CLI only (submit, status, logs, cancel):
 
 1. ``jobgen submit examples/quickstart.yaml`` (2 pods, small overrides) trains to completion with
    one pod on each node (gloo over the lab's pod network, MASTER_ADDR resolved by cluster DNS);
    ``jobgen status`` says COMPLETED with the replica counts the operator took from the pods' real
-   phases; ``jobgen logs`` (``-f``, ``--replica worker-0``, ``--first-error``) read the
-   containers' real output through the API server;
+   phases, and each pod's phase, node and exit code (a restarted one: its restarts); ``jobgen
+   logs`` (``-f``, ``--replica worker-0``, ``--first-error``) read the containers' real output
+   through the API server;
 2. ``jobgen cancel`` deletes the job, and no container, task or pod sandbox is left in either
    node's containerd;
 3. a worker's training process SIGKILLed from the host (found through its pod's container) is
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +71,10 @@ from podlab import (  # noqa: E402
 pytestmark = pytest.mark.k8s_lab
 
 
+def node_of_pod(p: PodLab, pod_name: str) -> str:
+    return next(pod["spec"]["nodeName"] for pod in job_pods(p, pod_name.rsplit("-", 2)[0]) if pod["metadata"]["name"] == pod_name)
+
+
 def test_quickstart_trains_on_two_nodes_with_status_and_logs(pods: PodLab) -> None:
     started = time.monotonic()
     handle = submit(pods, "quickstart")
@@ -93,6 +99,9 @@ def test_quickstart_trains_on_two_nodes_with_status_and_logs(pods: PodLab) -> No
     phases = {pod["metadata"]["name"]: (pod["status"]["phase"], pod["spec"]["nodeName"]) for pod in pod_list}
     assert {name: phase for name, (phase, _) in phases.items()} == {"quickstart-master-0": "Succeeded", "quickstart-worker-0": "Succeeded"}
     assert len({node for _, node in phases.values()}) == 2, phases  # one pod per node, placed by kube-scheduler
+    # jobgen status reads the same pods: their phase, node and the training container's exit code
+    assert final["details"]["pods"] == "; ".join(f"{name.removeprefix('quickstart-')} Succeeded (on {node}, exit 0)"
+                                                 for name, (_, node) in sorted(phases.items())), final["details"]
     print(f"pods: {phases}")
     # The containers' real output, read through the API server while the pods ran.
     assert f"done: quickstart at step {STEPS}/{STEPS} (fresh start)" in master_out, master_out[-3000:]
@@ -156,6 +165,8 @@ def test_killed_worker_restarts_and_resumes_with_the_uninterrupted_losses(pods: 
     print(f"restart counts: {restarts}")
     assert final["state"] == "COMPLETED", final
     assert restarts["qs-kill-worker-0"] >= 1, restarts  # restarted in place by the kubelet (OnFailure), not a new pod
+    assert f"worker-0 Succeeded (on {node_of_pod(pods, 'qs-kill-worker-0')}, exit 0, restarts {restarts['qs-kill-worker-0']}, last exit " \
+        in final["details"]["pods"], final["details"]  # jobgen status shows the in-place restart and how the container had ended
     losses = train_losses(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"summary: {json.dumps(summary)[:600]}")
@@ -182,6 +193,36 @@ def test_secret_env_reaches_the_container_and_no_rendered_file(pods: PodLab) -> 
         assert SECRET_NAME in (job_dir / "pytorchjob.yaml").read_text()  # by reference only
         for path in (f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/qs-secret", f"/api/v1/namespaces/{NS}/configmaps/qs-secret-config"):
             assert pods.secret_value not in json.dumps(request(pods.lab, "GET", path)), path
+    finally:
+        gone = cli(pods, "cancel", handle, "--wait-s", "180")
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+
+
+def test_an_input_error_in_the_pods_shows_in_status_and_first_error(pods: PodLab) -> None:
+    """A spec whose data matches no file inside the container: the entrypoint refuses it in both
+    pods (exit code 1 from torchrun, restarted in place by OnFailure); `jobgen status` shows the
+    pods' exit codes and restarts, and `jobgen logs --first-error` finds the entrypoint's error,
+    naming the field, in the containers' logs through the API server, also while the restarted
+    container runs and has not printed it yet (the failure is in the previous container's log:
+    found on these pods, the triage read only the current one and saw no error)."""
+    handle = submit(pods, "qs-bad-input", "data.paths=[no-such-dir/*.txt]")
+    try:
+        def ended_once(pod: dict[str, Any]) -> bool:
+            status = container_status(pod)
+            return bool((status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated"))
+        wait_for(lambda: (found := job_pods(pods, "qs-bad-input")) and all(ended_once(pod) for pod in found), 300, 2.0,
+                 what="both training containers ended at least once")
+        # a restarted container running again: its own log does not hold the error (yet)
+        wait_for(lambda: any(container_status(pod).get("restartCount") and "running" in (container_status(pod).get("state") or {})
+                             for pod in job_pods(pods, "qs-bad-input")), 300, 0.2, what="a training container running again after a restart")
+        triage = cli(pods, "logs", "--first-error", handle)
+        assert triage.returncode == 0, triage.stdout + triage.stderr
+        assert "data.paths[0]: 'no-such-dir/*.txt' matches no files" in triage.stdout, triage.stdout[-3000:]
+        shown = state(pods, handle)
+        for replica in ("master-0", "worker-0"):
+            summary = next(part for part in shown["details"]["pods"].split("; ") if part.startswith(f"{replica} "))
+            assert "exit 1" in summary, shown["details"]  # the container's own end (or, restarted, its last one)
+        print(f"\n{shown['details']['pods']}\n{triage.stdout[-1500:]}")
     finally:
         gone = cli(pods, "cancel", handle, "--wait-s", "180")
         assert gone.returncode == 0, gone.stdout + gone.stderr

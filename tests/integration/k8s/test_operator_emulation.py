@@ -2,7 +2,7 @@
 controller) run as a process against the API-server lab (real etcd, kube-apiserver 1.20 and
 garbage collector), on PyTorchJobs jobgen rendered: the pods and Services it creates, the
 environment it injects, restart policies and backoffLimit, the status it writes, and what
-`jobgen status` makes of that.
+`jobgen status` makes of that and of the pods' own phases.
 
 The lab has no kubelet, so no pod ever runs: here the kubelet is emulated by writing each pod's
 status through the real API server's /status subresource (:func:`kubelet`: phase, and the
@@ -272,6 +272,7 @@ def test_master_success_completes_the_job_and_deletion_cascades(k8s_lab, operato
              "Master and Worker active")
     running = jobgen_state(k8s_lab, tmp_path, "op-ok")
     assert running["state"] == "RUNNING" and running["details"]["master"] == "active 1 succeeded 0 failed 0", running
+    assert running["details"]["pods"] == "master-0 Running; worker-0 Running", running  # the pods' own phases
     # jobgen finds the operator's pods by its labels and their pytorch containers: 2 pods x 2 requested CPUs
     assert (running["usage"]["device_kind"], running["usage"]["devices"], running["usage"]["end"]) == ("cpu", 4, None), running
 
@@ -286,6 +287,7 @@ def test_master_success_completes_the_job_and_deletion_cascades(k8s_lab, operato
     assert {k: v for k, v in job["status"]["replicaStatuses"]["Master"].items() if k != "selector"} == {"succeeded": 1}
     done = jobgen_state(k8s_lab, tmp_path, "op-ok")
     assert done["state"] == "COMPLETED" and done["details"]["condition"] == "Succeeded", done
+    assert done["details"]["pods"] == "master-0 Succeeded (exit 0); worker-0 Running", done
     assert sorted(pods_of(k8s_lab, "op-ok")) == ["op-ok-master-0", "op-ok-worker-0"]  # cleanPodPolicy None
 
     gone = cli(k8s_lab, tmp_path, "cancel", f"k8s://jobgen-lab/{NS}/op-ok", "--wait-s", "60")
@@ -313,12 +315,14 @@ def test_on_failure_recreates_a_failed_pod_and_restarts_count_against_backoff_li
         wait_for(lambda: (p := get(k8s_lab, "pods", "op-backoff-worker-0")) and p["metadata"]["uid"] != first, "worker-0 created again")
         state = jobgen_state(k8s_lab, tmp_path, "op-backoff")
         assert state["state"] == "RESTARTING", state
+        assert state["details"]["pods"] == "master-0 Pending; worker-0 Pending", state  # the recreated pod: no kubelet report yet
 
         kubelet(k8s_lab, "op-backoff-worker-0", "Running")
         kubelet(k8s_lab, "op-backoff-master-0", "Running", restarts=2)
         running = wait_for(lambda: condition(k8s_lab, "op-backoff", "Running"), "Running")
         assert "Restarting" not in [c[0] for c in conditions(get_job(k8s_lab, "op-backoff"))]  # Running replaced it
         assert running["message"] == "PyTorchJob op-backoff is running."
+        assert jobgen_state(k8s_lab, tmp_path, "op-backoff")["details"]["pods"] == "master-0 Running (restarts 2); worker-0 Running"
         kubelet(k8s_lab, "op-backoff-worker-0", "Running", restarts=1)  # 3 restarts in all
         failed = wait_for(lambda: condition(k8s_lab, "op-backoff", "Failed"), "Failed")
         assert failed["reason"] == "PyTorchJobFailed"

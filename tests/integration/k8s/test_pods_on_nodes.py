@@ -1,6 +1,6 @@
 """Pods that really run: the k8s lab with two kubelet nodes (kubenodes.py, issue 31 part A).
 
-One lab (the ``k8s_nodes`` fixture; opt-in with ``JOBGEN_K8S_NODES=1``) proves, in order:
+One lab (the ``k8s_nodes`` fixture; ``JOBGEN_SKIP_K8S_NODES=1`` skips it) proves, in order:
 
 - a server pod pinned to node 1 (``nodeName``) and a client pod placed on node 2 by the
   scheduler (``nodeSelector``) both run: the server Running, the client Succeeded;

@@ -3,8 +3,8 @@
 kubelet nodes with containerd and runc, CNI, kube-scheduler, cluster DNS), the emulated Trainer
 v2.3.0 + JobSet v0.12.0 + Indexed Job controllers (trainer_controller.py: the emulated part; the
 Trainer CRDs installed with the parts 1.20 cannot parse removed, :func:`trainer_controller.crd_for_120`)
-and the training image built from this repository. Opt-in like the other node tests:
-``JOBGEN_K8S_NODES=1``.
+and the training image built from this repository. In the lab tier like the other node tests
+(``JOBGEN_SKIP_K8S_NODES=1`` skips them).
 
 What the module's tests prove, each through the CLI only (submit, status, logs, cancel):
 

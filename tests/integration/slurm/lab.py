@@ -32,7 +32,6 @@ import math
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -40,6 +39,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+if __package__ in (None, ""):  # imported as ``lab`` (its directory on sys.path) or run as a script: the repository's tests package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.processes import pid_alive, stop_pid  # noqa: E402  (sshlab.py takes pid_alive from here)
 
 CLUSTER_NAME = "jobgenlab"
 PARTITION = "lab"
@@ -299,20 +303,6 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:]) or "(empty)"
 
 
-def _proc_state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat, or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def pid_alive(pid: int) -> bool:
-    """True when PID exists and is not a zombie (a dead child nobody reaped yet)."""
-    return _proc_state(pid) not in (None, "Z", "X")
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -333,14 +323,6 @@ def _netns_inode(pid: int) -> int | None:
         return os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
         return None
-
-
-def _reap(pid: int) -> None:
-    """Collect PID's exit status if it is our child (else nothing)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _link_exists(name: str) -> bool:
@@ -1027,20 +1009,10 @@ class SlurmLab:
 
         wait_for(drained, drain_timeout, 0.2, what="the lab queue to drain")
 
-    def _stop(self, pid: int, what: str, *, grace: float = 10.0) -> None:
-        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; reap it if it is our child."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                _reap(pid)
-                if not pid_alive(pid):
-                    return
-                time.sleep(0.05)
-        print(f"lab: {what} survived SIGKILL", file=sys.stderr)
+    @staticmethod
+    def _stop(pid: int, what: str, *, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; reap it if it is our child (tests/processes.py)."""
+        stop_pid(pid, what, grace, label="lab")
 
     # ----- status
 

@@ -37,7 +37,6 @@ import ipaddress
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -54,6 +53,7 @@ from lab import (  # noqa: E402
     find_binary,
     pid_alive,
     run,
+    stop_pid,
     wait_for,
 )
 
@@ -391,20 +391,7 @@ class SshLab:
 
     @staticmethod
     def _stop(pid: int, grace: float = 3.0) -> None:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-                if not pid_alive(pid):
-                    return
-                time.sleep(0.05)
+        stop_pid(pid, "sshd", grace, label="ssh lab")
 
 
 def _nsexec(hostname: str, hosts: str, disk: str, workdir: str, argv: list[str]) -> None:
