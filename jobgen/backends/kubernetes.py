@@ -424,8 +424,11 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """``(state, details)`` from a job object's ``status``: the most decisive condition that is
     True (FAILED, COMPLETED for Succeeded/Complete, SUSPENDED, RESTARTING, RUNNING, CREATED),
     TERMINATING while a delete is in progress, SUBMITTED when no controller has reported yet;
-    details hold the condition's type, reason and message, replica counts (``master``, ``worker``: "active 1 succeeded 0
-    failed 0") and start/completion times."""
+    a TrainJob without a condition is RUNNING once its ``jobsStatus`` has an active Job (Trainer
+    v2.3.0 sets none while it runs). Details hold the condition's type, reason and message,
+    replica counts (``master``, ``worker``: "active 1 succeeded 0 failed 0"; a TrainJob's
+    replicated Jobs, ``node``: "jobs active 1 ready 1 succeeded 0 failed 0 suspended 0": counts of
+    Jobs, not pods) and start/completion times."""
     status = job.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if str(c.get("status")) == "True"}
     details: dict[str, str] = {}
@@ -440,10 +443,15 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
             break
     else:
         details["reason"] = "no conditions yet: the operator has not picked the job up (is it running in the cluster?)"
+        # Trainer v2.3.0 sets no condition while a TrainJob runs: its JobSet's Jobs say so.
+        if any(int(j.get("active") or 0) > 0 for j in status.get("jobsStatus") or []):
+            state, details["reason"] = "RUNNING", "jobsStatus: active Jobs (a running TrainJob has no condition)"
     if job.get("metadata", {}).get("deletionTimestamp"):
         state = "TERMINATING"
     for role, counts in sorted((status.get("replicaStatuses") or {}).items()):
         details[role.lower()] = " ".join(f"{key} {counts.get(key, 0)}" for key in ("active", "succeeded", "failed"))
+    for entry in status.get("jobsStatus") or []:  # TrainJob: counts of the JobSet's Jobs, not of pods
+        details[str(entry.get("name"))] = "jobs " + " ".join(f"{key} {entry.get(key, 0)}" for key in ("active", "ready", "succeeded", "failed", "suspended"))
     for key, field in (("started", "startTime"), ("completed", "completionTime")):
         if status.get(field):
             details[key] = str(status[field])
@@ -543,7 +551,7 @@ def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -
 def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, poll_s: float = 2.0,
          kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
     """Print the output of one replica's pod (default ``master-0``: global rank zero lives
-    there; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
+    there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
     there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
     ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``follow``, wait for
     the pod to start, stream until the job ends, and attach again after a container restart (a
@@ -557,9 +565,9 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
     cluster, kind, namespace, name, job = _find(handle, kubeconfig)
     if job is None:
         raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
-    if replica is None:
+    if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
         roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-        replica = "worker-0" if kind is PYTORCHJOB and roles and "Master" not in roles else "master-0"
+        replica = f"{TRAINJOB_NODE}-0" if kind is TRAINJOB else "worker-0" if roles and "Master" not in roles else "master-0"
         if replica == "worker-0":
             out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
                 "(the 'elastic: global rank 0 runs on <host>' line names it; --replica worker-N)")
@@ -756,7 +764,7 @@ class KubernetesBackend(Backend):
         return status(handle)
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``worker-0``
+        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``node-0`` for a TrainJob; ``worker-0``
         for an elastic job, where rank zero may or may not run); see :func:`logs`."""
         self.check_options(options)
         logs(handle, replica=options.replica or None, follow=options.follow, out=out)

@@ -130,7 +130,7 @@ def status(job: str, output: str, as_json: bool) -> None:
               help="SLURM: global rank whose lines to show (srun --label prefixes), or `all` for the whole file [default: 0].")
 @click.option("--replica", default=None, metavar="TYPE-INDEX",
               help="Kubernetes: the pod to read, e.g. master-0 (default; rank zero runs there), worker-1 (an elastic job's "
-                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0. "
+                   "default: worker-0; its rank zero runs on the pod its log names); TrainJob: node-0 (default) .. node-<N-1>. "
                    "ssh: the node whose output to show, node-0 (default) .. node-<N-1>.")
 @click.option("--first-error", is_flag=True,
               help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "

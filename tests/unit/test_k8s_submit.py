@@ -227,6 +227,27 @@ def test_state_from_conditions(conditions, state):
     assert details["master"] == "active 1 succeeded 0 failed 0" and details["worker"] == "active 0 succeeded 0 failed 2"
 
 
+@pytest.mark.parametrize(("conditions", "jobs", "state"), [
+    ([], [], "SUBMITTED"),
+    ([], [{"name": "node", "active": 1, "ready": 1, "succeeded": 0, "failed": 0, "suspended": 0}], "RUNNING"),
+    ([("Suspended", "False")], [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}], "RUNNING"),
+    ([("Suspended", "True")], [{"name": "node", "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 1}], "SUSPENDED"),
+    ([("Complete", "True")], [{"name": "node", "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}], "COMPLETED"),
+])
+def test_trainjob_state_while_it_runs(conditions, jobs, state):
+    """Trainer v2.3.0 sets no condition while a TrainJob runs (only Suspended, Complete, Failed;
+    pkg/controller/trainjob_controller.go): its JobSet's ``jobsStatus`` says it is running."""
+    job = {"kind": "TrainJob", "status": {"conditions": [{"type": t, "status": s, "reason": f"{t}Reason"} for t, s in conditions],
+                                          "jobsStatus": jobs}}
+    got, details = k8s.job_state(job)
+    assert got == state, details
+    for entry in jobs:
+        counts = " ".join(f"{key} {entry[key]}" for key in ("active", "ready", "succeeded", "failed", "suspended"))
+        assert details[entry["name"]] == f"jobs {counts}", details
+    if state == "RUNNING":
+        assert "not picked the job up" not in details.get("reason", ""), details
+
+
 def test_status_and_cancel(job_dir, fake):
     handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
     assert k8s.status(handle).state == "SUBMITTED"
@@ -310,6 +331,18 @@ def test_logs_before_the_pod_exists(job_dir, fake):
     lines: list[str] = []
     k8s.logs(handle, replica="worker-0", out=lines.append)
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for worker-0 yet (jobgen logs -f waits for it)"]
+
+
+def test_logs_of_a_trainjob_default_to_node_0(fake):
+    """A TrainJob has no Master: ``jobgen logs`` without --replica reads node-0 (completion index
+    0, where torchrun's static rendezvous puts global rank 0: PET_NODE_RANK 0)."""
+    fake.objects[f"/apis/{k8s_manifest.TRAINJOB.group}/{k8s_manifest.TRAINJOB.version}/namespaces/training/trainjobs/tj"] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "tj", "namespace": "training"},
+        "spec": {"trainer": {"numNodes": 2}}}
+    handle = k8s.make_handle("ctx", "training", "tj")
+    lines: list[str] = []
+    k8s.logs(handle, out=lines.append)
+    assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for node-0 yet (jobgen logs -f waits for it)"]
 
 
 @pytest.mark.parametrize(("kind", "replica", "expected"), [

@@ -226,7 +226,8 @@ def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def pod_lab(k8s_nodes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The pod lab (podlab.py :func:`~podlab.pod_lab`), once per session: the node lab with the
-    training image on both nodes, the emulated operator running, the ``k8s-lab`` profile."""
+    training image on both nodes, the emulated training-operator and Trainer v2 stack running (the
+    Trainer CRDs made for 1.20 installed), the ``k8s-lab`` profile and its TrainJob variant."""
     import podlab
 
     yield from podlab.pod_lab(k8s_nodes, tmp_path_factory)

@@ -1,10 +1,11 @@
 """The pod lab the tests of jobgen on real pods share (issue 31): the node lab (kubenodes.py) with
 the training image built from this repository (kubeimage.py) imported on both nodes, the
 emulated training-operator v1.9 (training_operator.py) running, and what jobgen needs there
-(namespace, Secret, shared run directory, the ``k8s-lab`` profile); plus the small helpers the
-tests drive jobgen's CLI and read the pods with. conftest.py's ``pod_lab`` fixture (the
-session's) is :func:`pod_lab`; its ``pods`` fixture hands it to a module and :func:`delete_jobs`
-after it.
+(namespace, Secret, shared run directory, the ``k8s-lab`` profile), and the emulated Trainer v2
+stack (trainer_controller.py, with the Trainer CRDs made for 1.20) for TrainJobs; plus the small
+helpers the tests drive jobgen's CLI and read the pods with. conftest.py's ``pod_lab`` fixture
+(the session's) is :func:`pod_lab`; its ``pods`` fixture hands it to a module and
+:func:`delete_jobs` after it.
 
 The shared run directory: jobgen mounts ``kubernetes.runs_volume_claim`` (a PersistentVolumeClaim,
 ReadWriteMany for multi-pod jobs) at /workspace/runs, else an emptyDir per pod. Both lab nodes
@@ -42,6 +43,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # one kubelab module, as conftest.py imports it
 import kubeimage  # noqa: E402
 import kubenodes  # noqa: E402
+import trainer_controller  # noqa: E402
 import training_operator  # noqa: E402
 from kubelab import K8sLab, wait_for  # noqa: E402
 
@@ -75,6 +77,7 @@ class PodLab:
     runs: Path  #: the host directory behind /workspace/runs in every pod
     profile: Path
     secret_value: str
+    trainjob_profile: Path  #: the same profile rendering TrainJobs (``kubernetes.job_api: trainjob``)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -86,8 +89,11 @@ def request(lab: K8sLab, method: str, path: str, body: Any = None, ok: tuple[int
 
 def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodLab]:
     """The node lab with the training image imported on both nodes, namespace ``training``, a
-    Secret, the shared run directory (hostPath PV + claim), the emulated operator as a process and
-    the ``k8s-lab`` profile (CPU, gloo, 1 process per pod, the local image, Never pull)."""
+    Secret, the shared run directory (hostPath PV + claim), the emulated operator as a process,
+    the Trainer CRDs made for 1.20 with the emulated Trainer stack as a second process, and the
+    ``k8s-lab`` profile (CPU, gloo, 1 process per pod, the local image, Never pull) with its
+    TrainJob variant (a TrainJob cannot carry imagePullPolicy: its pods get IfNotPresent, which
+    finds the imported image)."""
     lab, nodes = k8s_nodes
     timings: dict[str, float] = {}
     started = time.monotonic()
@@ -129,11 +135,15 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
     settings["kubernetes"].update({"context": CONTEXT, "namespace": NS, "shm_size_gib": 0.5, "runs_volume_claim": "jobgen-runs",
                                    "backoff_limit": 8, "secret_env": {SECRET_ENV: {"secret": SECRET_NAME, "key": SECRET_KEY}}})
     profile.write_text(yaml.safe_dump(settings))
+    trainjob_profile = work / "k8s-lab-trainjob.yaml"
+    trainjob_profile.write_text(yaml.safe_dump({"extends": str(profile), "kubernetes": {"job_api": "trainjob"}}))
     template = work / "init-container.yaml"
     template.write_text(INIT_TEMPLATE)
     with training_operator.operator_process(lab.kubeconfig, work / "operator.log", "--pytorch-init-container-image", kubenodes.BUSYBOX_IMAGE,
-                                            "--pytorch-init-container-template-file", str(template), context=CONTEXT):
-        lab_state = PodLab(lab, nodes, work, runs, profile, secret_value, timings)
+                                            "--pytorch-init-container-template-file", str(template), context=CONTEXT), \
+            trainer_controller.lab_crds(lab, REPO / "jobgen" / "_crds"), \
+            trainer_controller.controller_process(lab.kubeconfig, work / "trainer.log", context=CONTEXT):
+        lab_state = PodLab(lab, nodes, work, runs, profile, secret_value, trainjob_profile, timings)
         try:
             yield lab_state
         finally:
@@ -141,13 +151,14 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
 
 
 def delete_jobs(p: PodLab) -> None:
-    """Leave the lab as the node tests expect it (no pods): every job of the namespace deleted
-    with its pods, and no container of the namespace left on either node. The ``pods`` fixture
-    calls it after each module."""
-    jobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
-    for job in request(p.lab, "GET", jobs)["items"]:
-        request(p.lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                                        "propagationPolicy": "Foreground"})
+    """Leave the lab as the node tests expect it (no pods): every job (PyTorchJob, TrainJob) of the
+    namespace deleted with its pods, and no container of the namespace left on either node. The
+    ``pods`` fixture calls it after each module."""
+    for jobs in (f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs",
+                 f"/apis/{trainer_controller.GROUP}/{trainer_controller.VERSION}/namespaces/{NS}/{trainer_controller.PLURAL}"):
+        for job in request(p.lab, "GET", jobs)["items"]:
+            request(p.lab, "DELETE", f"{jobs}/{job['metadata']['name']}", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                                            "propagationPolicy": "Foreground"})
     wait_for(lambda: not request(p.lab, "GET", f"/api/v1/namespaces/{NS}/pods")["items"], 180, 1.0, what="the pods of the jobs deleted")
     wait_for(lambda: not any(p.nodes.ctr(node, "containers", "ls", "-q", f'labels."io.kubernetes.pod.namespace"=={NS}').split()
                              for node in kubenodes.NODES), 150, 1.0, what="their containers gone from both nodes")
@@ -189,19 +200,23 @@ def follow_logs(p: PodLab, handle: str, *args: str) -> subprocess.Popen[str]:
 #: A mutation check of the pod tests (issue 31: each test is seen failing when the rendered
 #: container command or env is broken on purpose): ``JOBGEN_POD_MUTATION`` holds a JSON object
 #: ``{job name: [[old, new], ...]}``, text replacements that :func:`submit` makes in that job's
-#: rendered pytorchjob.yaml (each must match), which it then submits as a rendered job directory.
+#: rendered manifest (pytorchjob.yaml or trainjob.yaml; each must match), which it then submits
+#: as a rendered job directory.
 MUTATION_ENV = "JOBGEN_POD_MUTATION"
 
 
-def submit(p: PodLab, name: str, *overrides: str) -> str:
+def submit(p: PodLab, name: str, *overrides: str, profile: Path | None = None) -> str:
     """``jobgen submit examples/quickstart.yaml`` with :data:`OVERRIDES`, ``overrides`` and
-    ``name``; returns the handle. Under :data:`MUTATION_ENV`: render, break, submit the directory."""
+    ``name`` for ``profile`` (default: the PyTorchJob one); returns the handle. Under
+    :data:`MUTATION_ENV`: render, break, submit the directory."""
     settings = [a for o in (f"name={name}", *OVERRIDES, *overrides) for a in ("--set", o)]
+    profile = profile or p.profile
     mutation = json.loads(os.environ.get(MUTATION_ENV) or "{}").get(name)
     if mutation:
-        out = cli(p, "render", str(EXAMPLES / "quickstart.yaml"), "-p", str(p.profile), "--out", str(p.work / "mutated"), "-o", "json", *settings)
+        out = cli(p, "render", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile), "--out", str(p.work / "mutated"), "-o", "json", *settings)
         assert out.returncode == 0, out.stdout + out.stderr
-        manifest = p.work / json.loads(out.stdout)["jobs"][0]["job_dir"] / "pytorchjob.yaml"  # relative to the CLI's cwd, or absolute
+        job_dir = p.work / json.loads(out.stdout)["jobs"][0]["job_dir"]  # relative to the CLI's cwd, or absolute
+        manifest = next(job_dir / f for f in ("pytorchjob.yaml", "trainjob.yaml") if (job_dir / f).is_file())
         text = manifest.read_text()
         for old, new in mutation:
             assert old in text, f"{MUTATION_ENV}: {old!r} is not in {manifest}"
@@ -210,7 +225,7 @@ def submit(p: PodLab, name: str, *overrides: str) -> str:
         print(f"\nmutated {manifest}: {mutation}", file=sys.stderr)
         out = cli(p, "submit", str(manifest.parent))
     else:
-        out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(p.profile), *settings)
+        out = cli(p, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(profile), *settings)
     handle = f"k8s://{CONTEXT}/{NS}/{name}"
     assert out.returncode == 0 and f"created {handle}" in out.stdout, out.stdout + out.stderr
     return handle
