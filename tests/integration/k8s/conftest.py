@@ -220,7 +220,8 @@ def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
     try:
         yield lab, nodes
     finally:
-        kubenodes.down_with_nodes(root)
+        left = kubenodes.down_and_check(lab, nodes)  # after every test that used the lab (test_pods_on_nodes.py says why here)
+    assert not left, f"the node lab's down left: {left}"
 
 
 @pytest.fixture(scope="session")

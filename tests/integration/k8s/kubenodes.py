@@ -1092,6 +1092,31 @@ def down_with_nodes(root: Path, *, cache: Path | None = None) -> None:
         lab.down()
 
 
+def down_and_check(lab: kubelab.K8sLab, nodes: NodeLab) -> list[str]:
+    """Take the lab with nodes down (:func:`down_with_nodes`) and return what is left of it (empty:
+    nothing): a daemon that was not running before (etcd, kube-apiserver, kube-controller-manager,
+    kube-scheduler, dnsmasq, dns-watch), a network namespace, link, mount, process or cgroup of the
+    lab, libcni's cached results. The ``k8s_nodes`` fixture's teardown asserts it is empty."""
+    root = nodes.root
+    pids = {**lab.daemon_pids(), **nodes.daemon_pids()}
+    problems = [f"not running before down: {name}" for name in
+                sorted({"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "dnsmasq", "dns-watch"} - set(pids))]
+    started = time.monotonic()
+    down_with_nodes(root)
+    print(f"k8s nodes: down took {time.monotonic() - started:.1f} s", file=sys.stderr)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    problems += [f"network namespace {node.netns}" for node in NODES if node.netns in netns]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    problems += [f"link {name}" for name in (BRIDGE, *(n.veth for n in NODES)) if name in links]
+    problems += [f"mount {line}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(root) in line]
+    problems += [f"process {name} (pid {pid})" for name, pid in pids.items()
+                 if Path(f"/proc/{pid}").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()]
+    problems += [f"cgroup {path}" for node in NODES for path in Path("/sys/fs/cgroup").glob(f"*{node.cgroup(root)}")]
+    problems += [f"libcni result {path}" for path in Path("/var/lib/cni/results").glob("jobgen-lab-*")]
+    problems += [f"daemon pid file {name}" for name in (*lab.daemon_pids(), *nodes.daemon_pids())]
+    return problems
+
+
 # --------------------------------------------------------------------------- cluster DNS feed
 
 

@@ -9,13 +9,17 @@ One lab (the ``k8s_nodes`` fixture; ``JOBGEN_SKIP_K8S_NODES=1`` skips it) proves
   the routes between the nodes' pod CIDRs);
 - the containers' output comes back through the API server (the kubernetes client's
   ``read_namespaced_pod_log``: kube-apiserver -> kubelet on port 10250 with its client certificate);
-- deleting the pods leaves no container in either node's containerd (``ctr -n k8s.io containers ls``);
-- ``down`` leaves no network namespace, link, mount, cgroup or process of the lab.
+- deleting the pods leaves no container in either node's containerd (``ctr -n k8s.io containers ls``).
+
+That ``down`` leaves no network namespace, link, mount, cgroup or process of the lab is checked
+where the session's node lab goes down, after every test that uses it: the ``k8s_nodes``
+fixture's teardown (:func:`kubenodes.down_and_check`; a failure there is an error of the session's
+last test). A test here that took the shared lab down ran before the TrainJob pod tests, which
+then found no API server (seen in the full suite, 2026-11-27).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,25 +115,3 @@ def test_pods_run_on_both_nodes_talk_by_dns_and_log_through_the_apiserver(k8s_no
     wait_for(lambda: not any(nodes.containers(node) for node in kubenodes.NODES), 150, 1.0,
              what="no container left in either node's containerd")
     print(f"containers gone {time.monotonic() - deleted:.1f} s after the pods were deleted")
-
-
-def test_down_leaves_nothing(k8s_nodes):
-    lab, nodes = k8s_nodes
-    root = nodes.root
-    pids = {**lab.daemon_pids(), **nodes.daemon_pids()}
-    assert {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "dnsmasq", "dns-watch"} <= set(pids), pids
-    started = time.monotonic()
-    kubenodes.down_with_nodes(root)
-    print(f"down took {time.monotonic() - started:.1f} s")
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert not any(node.netns in netns for node in kubenodes.NODES), netns
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    assert not any(name in links for name in (kubenodes.BRIDGE, *(n.veth for n in kubenodes.NODES))), links
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(root) not in mounts, [line for line in mounts.splitlines() if str(root) in line]
-    for pid in pids.values():
-        assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text(), pid
-    for node in kubenodes.NODES:
-        assert not list(Path("/sys/fs/cgroup").glob(f"*{node.cgroup(root)}")), node.cgroup(root)
-    assert not list(Path("/var/lib/cni/results").glob("jobgen-lab-*"))  # libcni's cache of this lab's network
-    assert not lab.daemon_pids() and not nodes.daemon_pids()
