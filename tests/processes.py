@@ -1,5 +1,6 @@
 """Processes the labs start and stop by PID (the SLURM, ssh and Kubernetes labs under
-tests/integration/): whether one is alive, and stopping one the way each lab's ``down`` does.
+tests/integration/): whether one is alive, stopping one the way each lab's ``down`` does, and
+running one for a ``with`` block (the Kubernetes lab's emulated controllers).
 Standard library only, like tests/ports.py, so each lab module can import it as a script too."""
 
 from __future__ import annotations
@@ -7,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -44,3 +47,27 @@ def stop_pid(pid: int, what: str, grace: float = 10.0, *, label: str = "lab") ->
                 return
             time.sleep(0.05)
     print(f"{label}: {what} (pid {pid}) survived SIGKILL", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def process_running(argv: list[str], log_path: Path, what: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` as a process for the ``with`` block, its output in ``log_path``; stopped (TERM,
+    then KILL after 15 s) on the way out, its log's tail printed to stderr. Raises AssertionError
+    when it exits at start, or, once stopped, when it exited non-zero or its log shows a traceback
+    (the lab's emulated controllers: a reconcile pass that failed)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None, log_path.read_text()
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"\n--- {what} log (tail)\n{log_path.read_text()[-3000:]}", file=sys.stderr)
+    text = log_path.read_text()
+    assert proc.returncode == 0 and "Traceback" not in text, text[-6000:]

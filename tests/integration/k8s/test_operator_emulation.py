@@ -12,13 +12,10 @@ the real server's and garbage collector's."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,10 +27,10 @@ from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES
 from tests.integration.k8s import training_operator as op
+from tests.integration.k8s.emulation import NS, cli, jobgen_state, wait_for
 from tests.integration.k8s.podlab import scale_workers
 
 pytestmark = pytest.mark.k8s_lab
-NS = "training"
 ELASTIC_SPEC = REPO / "tests" / "golden" / "specs" / "elastic-fsdp.yaml"
 
 
@@ -44,31 +41,6 @@ def operator(k8s_lab, tmp_path_factory) -> Iterator[Path]:
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     with op.operator_process(k8s_lab.kubeconfig, log_path):
         yield log_path
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def cli(lab, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m jobgen.cli ARGS`` against the lab (its kubeconfig, a private state dir)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": str(lab.kubeconfig), "JOBGEN_STATE_DIR": str(cwd / "state")}
-    for key in ("JOBGEN_K8S_CONTEXT", "JOBGEN_K8S_NAMESPACE", "JOBGEN_DEBUG"):
-        env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
-
-
-def jobgen_state(lab, cwd: Path, name: str) -> dict[str, Any]:
-    out = cli(lab, cwd, "status", "-o", "json", f"k8s://jobgen-lab/{NS}/{name}")
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)
 
 
 def _cpu_profile(tmp_path: Path) -> Path:

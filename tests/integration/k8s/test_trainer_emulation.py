@@ -11,13 +11,9 @@ No kubelet here: pod status is written through the /status subresource as a kube
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,9 +25,9 @@ from jobgen.backends import k8s_manifest, plan
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES
 from tests.integration.k8s import trainer_controller as tc
+from tests.integration.k8s.emulation import NS, cli, jobgen_state, wait_for
 
 pytestmark = pytest.mark.k8s_lab
-NS = "training"
 CRDS = REPO / "jobgen" / "_crds"
 TRAINJOBS = f"/apis/{tc.GROUP}/{tc.VERSION}/namespaces/{NS}/{tc.PLURAL}"
 
@@ -43,30 +39,6 @@ def trainer(k8s_lab, tmp_path_factory) -> Iterator[dict[str, dict[str, int]]]:
     log_path = tmp_path_factory.mktemp("trainer") / "trainer.log"
     with tc.lab_crds(k8s_lab, CRDS) as removed, tc.controller_process(k8s_lab.kubeconfig, log_path):
         yield removed
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def cli(lab, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": str(lab.kubeconfig), "JOBGEN_STATE_DIR": str(cwd / "state")}
-    for key in ("JOBGEN_K8S_CONTEXT", "JOBGEN_K8S_NAMESPACE", "JOBGEN_DEBUG"):
-        env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
-
-
-def jobgen_state(lab, cwd: Path, name: str) -> dict[str, Any]:
-    out = cli(lab, cwd, "status", "-o", "json", f"k8s://jobgen-lab/{NS}/{name}")
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)
 
 
 def submit(lab, tmp_path: Path, name: str, nodes: int = 2, processes: int = 2, *, create: bool = True, **resources: Any) -> dict[str, Any]:

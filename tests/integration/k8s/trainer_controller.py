@@ -92,6 +92,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # imported from this directory or run as a script: the repository's tests package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.processes import process_running  # noqa: E402
+
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME_PLURAL, RUNTIME_KIND = "clustertrainingruntimes", "ClusterTrainingRuntime"
 #: pkg/constants: the trainer's replicated Job and container, its ancestor label, its port.
@@ -589,23 +594,9 @@ def controller_process(kubeconfig: Path | str, log_path: Path, context: str = "j
     """This module run as a process for the ``with`` block, its output in ``log_path``; stopped
     (TERM, then KILL after 15 s) on the way out. Raises AssertionError when it exits at start or
     when its log shows a traceback (a pass that failed) once it has stopped."""
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--kubeconfig", str(kubeconfig), "--context", context],
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(0.5)
-        assert proc.poll() is None, log_path.read_text()
+    argv = [sys.executable, str(Path(__file__).resolve()), "--kubeconfig", str(kubeconfig), "--context", context]
+    with process_running(argv, log_path, "trainer controller") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        print(f"\n--- trainer controller log (tail)\n{log_path.read_text()[-3000:]}", file=sys.stderr)
-    text = log_path.read_text()
-    assert proc.returncode == 0 and "Traceback" not in text, text[-6000:]
 
 
 def main(argv: list[str] | None = None) -> int:
