@@ -257,18 +257,19 @@ def job_pods(p: PodLab, name: str) -> list[dict[str, Any]]:
     return sorted(answer["items"], key=lambda pod: pod["metadata"]["name"])
 
 
-def container_status(pod: dict[str, Any]) -> dict[str, Any]:
-    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or [] if c["name"] == "pytorch"), {})
+def container_status(pod: dict[str, Any], container: str = "pytorch") -> dict[str, Any]:
+    """The status of the pod's training container: ``pytorch`` (PyTorchJob), ``node`` (TrainJob)."""
+    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or [] if c["name"] == container), {})
 
 
 def node_of(name: str) -> kubenodes.Node:
     return next(n for n in kubenodes.NODES if n.name == name)
 
 
-def task_pid(p: PodLab, pod: dict[str, Any]) -> int:
-    """The host PID of the pod's ``pytorch`` container's first process (torchrun), from its node's
+def task_pid(p: PodLab, pod: dict[str, Any], container: str = "pytorch") -> int:
+    """The host PID of the pod's training container's first process (torchrun), from its node's
     containerd (``ctr tasks ls``) by the container ID the kubelet reported."""
-    container_id = container_status(pod)["containerID"].split("://", 1)[1]
+    container_id = container_status(pod, container)["containerID"].split("://", 1)[1]
     for line in p.nodes.ctr(node_of(pod["spec"]["nodeName"]), "tasks", "ls").splitlines()[1:]:
         task, pid, status = line.split()
         if task == container_id and status == "RUNNING":

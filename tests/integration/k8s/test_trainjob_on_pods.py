@@ -50,12 +50,13 @@ from podlab import (  # noqa: E402
     PodLab,
     children,
     cli,
+    container_status,
     job_containers,
-    node_of,
     read_logs_while_running,
     request,
     state,
     submit,
+    task_pid,
     train_losses,
     wait_state,
 )
@@ -70,18 +71,7 @@ def trainjob_pods(p: PodLab, name: str) -> list[dict[str, Any]]:
 
 
 def node_status(pod: dict[str, Any]) -> dict[str, Any]:
-    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or [] if c["name"] == tc.NODE), {})
-
-
-def node_task_pid(p: PodLab, pod: dict[str, Any]) -> int:
-    """The host PID of the pod's ``node`` container's first process (torchrun), from its node's
-    containerd by the container ID the kubelet reported."""
-    container_id = node_status(pod)["containerID"].split("://", 1)[1]
-    for line in p.nodes.ctr(node_of(pod["spec"]["nodeName"]), "tasks", "ls").splitlines()[1:]:
-        task, pid, status = line.split()
-        if task == container_id and status == "RUNNING":
-            return int(pid)
-    raise AssertionError(f"no running task {container_id} on {pod['spec']['nodeName']}")
+    return container_status(pod, tc.NODE)
 
 
 def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodLab) -> None:
@@ -160,7 +150,7 @@ def test_killed_node_restarts_in_place_and_resumes_with_the_uninterrupted_losses
     wait_for((run_dir / "checkpoints" / f"step-{EVERY:08d}.ckpt").is_file, 600, 0.2, what=f"the step {EVERY} checkpoint")
     before = trainjob_pods(pods, "tj-kill")
     node1 = before[1]
-    torchrun = node_task_pid(pods, node1)
+    torchrun = task_pid(pods, node1, tc.NODE)
     trainers = children(torchrun)
     assert len(trainers) == 1, (torchrun, trainers)
     cmdline = Path(f"/proc/{trainers[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode()
