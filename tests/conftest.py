@@ -156,24 +156,31 @@ def is_slow(module: str, function: str) -> bool:
 
 
 #: Where the lab tests live (``tests/integration/<lab>/``): the xdist scheduler below keeps
-#: them on one worker.
+#: the SLURM and ssh labs on one worker and the Kubernetes lab on one.
 LAB_TESTS_DIR = "tests/integration/"
+#: The Kubernetes lab's tests: a unit of their own (:func:`xdist_unit`).
+K8S_TESTS_DIR = "tests/integration/k8s/"
 #: Where the training tests live: their modules share trainings through module-scoped fixtures
 #: (the strategy matrix's runs: ~140 s of setup), so each module stays on one worker (split, both
 #: workers ran the fixture).
 TRAINING_TESTS_DIR = "tests/entrypoint/"
+#: The units handed out first, in this order (the rest follow, largest first): each lab starts
+#: on a worker of its own at once, beside which the other worker's tests run.
+FIRST_UNITS = (K8S_TESTS_DIR, LAB_TESTS_DIR)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist; a GPU machine's bare pytest)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """The suite runs on two pytest-xdist workers (setup.cfg's addopts, ``-n 2``; CI has 2
-    cores). Under ``--dist load`` (what ``-n`` implies) every test under :data:`LAB_TESTS_DIR` is
-    one work unit, the others one unit each: one worker runs the labs one after the other (each
-    lab starts once per worker session; the SLURM lab must never be up twice), while the other
-    worker runs the rest, then both share what is left. A module under :data:`TRAINING_TESTS_DIR`
-    is one unit too (its module-scoped trainings run once). xdist's scope scheduler hands out the
-    biggest unit first, so the labs, which mostly wait on schedulers and daemons, start at once
-    beside the CPU-bound tests.
+    cores). Under ``--dist load`` (what ``-n`` implies) the Kubernetes lab's tests are one work
+    unit, the SLURM and ssh labs' tests another, each other test one unit; a module under
+    :data:`TRAINING_TESTS_DIR` is one unit too (its module-scoped trainings run once). A worker
+    runs a unit's tests in order, so each lab starts once per session (the SLURM lab must never
+    be up twice). The two lab units go out first (:data:`FIRST_UNITS`), one to each worker: the
+    Kubernetes unit, which waits for its binaries on a cold machine and then runs the node level
+    (the suite's longest chain), starts at once, and the SLURM and ssh labs run beside it on the
+    other worker. xdist gives a worker its next unit when it has two tests or fewer left, and
+    then the largest unit left.
 
     The unit is chosen from the test's node ID, not with ``xdist_group`` marks: on pytest 9.2
     those are silently ignored (pytest-xdist issue #1386: xdist's node-ID suffix no longer takes
@@ -182,19 +189,34 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class LabsOnOneWorker(LoadScopeScheduling):
-        # LoadScopeScheduling._split_scope is xdist's own (private) hook for the unit of a test;
-        # setup.cfg pins pytest-xdist 3.x and tests/test_markers.py checks the method is there.
+    class LabsFirst(LoadScopeScheduling):
+        # LoadScopeScheduling._split_scope, _assign_work_unit and workqueue (an OrderedDict) are
+        # xdist's own (private); setup.cfg pins pytest-xdist 3.x and tests/test_markers.py checks them.
         def _split_scope(self, nodeid: str) -> str:
             return xdist_unit(nodeid)
 
-    return LabsOnOneWorker(config, log)
+        def _assign_work_unit(self, node: Any) -> None:
+            first_units_first(self.workqueue)
+            super()._assign_work_unit(node)
+
+    return LabsFirst(config, log)
+
+
+def first_units_first(workqueue: Any) -> None:
+    """Move the units of :data:`FIRST_UNITS` that ``workqueue`` (an OrderedDict of unit -> tests)
+    holds to its front, in that order; the others keep theirs."""
+    for unit in reversed(FIRST_UNITS):
+        if unit in workqueue:
+            workqueue.move_to_end(unit, last=False)
 
 
 def xdist_unit(nodeid: str) -> str:
-    """The work unit of the test ``nodeid`` (see :func:`pytest_xdist_make_scheduler`): every
-    test under :data:`LAB_TESTS_DIR` -> that directory, a test under :data:`TRAINING_TESTS_DIR`
-    -> its module, any other test -> itself."""
+    """The work unit of the test ``nodeid`` (see :func:`pytest_xdist_make_scheduler`): a test
+    under :data:`K8S_TESTS_DIR` -> that directory, any other test under :data:`LAB_TESTS_DIR`
+    -> that directory, a test under :data:`TRAINING_TESTS_DIR` -> its module, any other test ->
+    itself."""
+    if nodeid.startswith(K8S_TESTS_DIR):
+        return K8S_TESTS_DIR
     if nodeid.startswith(LAB_TESTS_DIR):
         return LAB_TESTS_DIR
     if nodeid.startswith(TRAINING_TESTS_DIR):
@@ -205,13 +227,75 @@ def xdist_unit(nodeid: str) -> str:
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`, and ``slow`` to
-    those of :data:`SLOW_TESTS`."""
+    those of :data:`SLOW_TESTS`; note each test's tier (:func:`tier_of`) in its user properties."""
     for item in items:
         if any(item.get_closest_marker(name) for name in LAB_MARKERS):
             item.add_marker(pytest.mark.lab)
         function = getattr(item, "originalname", None) or item.name
         if item.path.is_relative_to(REPO) and is_slow(item.path.relative_to(REPO).as_posix(), function):
             item.add_marker(pytest.mark.slow)
+        item.user_properties.append((TIER_PROPERTY, tier_of(item)))
+
+
+#: The user property (on each test's report, across xdist) that names the test's tier.
+TIER_PROPERTY = "jobgen_tier"
+#: The fixtures of the Kubernetes lab's node level (tests/integration/k8s/conftest.py NODE_FIXTURES).
+K8S_NODE_FIXTURES = frozenset({"k8s_nodes", "pod_lab", "pods"})
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier a test belongs to, for the phase report (tests/phases.py): ``lab: SLURM``,
+    ``lab: ssh``, ``lab: Kubernetes nodes``, ``lab: Kubernetes API server``, ``slow`` or
+    ``quick`` (the first that applies)."""
+    if item.get_closest_marker("slurm_lab"):
+        return "lab: SLURM"
+    if item.get_closest_marker("ssh_lab"):
+        return "lab: ssh"
+    if item.get_closest_marker("k8s_lab"):
+        nodes = K8S_NODE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        return "lab: Kubernetes nodes" if nodes else "lab: Kubernetes API server"
+    return "slow" if item.get_closest_marker("slow") else "quick"
+
+
+#: Per tier: [tests, first start, last stop, summed seconds] of the reports the session has seen.
+_TIERS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each test phase's report to its tier's span (:data:`_TIERS`); in the controlling
+    process under xdist, where every worker's reports arrive."""
+    tier = dict(report.user_properties).get(TIER_PROPERTY)
+    start, stop = getattr(report, "start", 0.0), getattr(report, "stop", 0.0)
+    if not tier or not start:
+        return
+    span = _TIERS.setdefault(tier, [0, start, stop, 0.0])
+    span[0] += report.when == "call"
+    span[1], span[2], span[3] = min(span[1], start), max(span[2], stop), span[3] + report.duration
+
+
+#: When this session started (Unix seconds; :func:`pytest_sessionstart`).
+_SESSION_START: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    _SESSION_START.append(time.time())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Record the session and each tier's span as phases (tests/phases.py), from the controlling
+    process only."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import time
+
+    from tests import phases
+
+    if _SESSION_START:
+        phases.record("tests: pytest session", _SESSION_START[0], time.time(), f"exit {exitstatus}")
+    for tier, (count, start, stop, summed) in sorted(_TIERS.items(), key=lambda kv: kv[1][1]):
+        phases.record(f"tests: {tier}", start, stop, f"{int(count)} tests, {summed:.0f} s of test time")
 
 
 #: Values of ``$CI`` that do not mean "running under CI".

@@ -5,6 +5,7 @@ the tests pytest collects."""
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import subprocess
 import sys
@@ -72,18 +73,38 @@ def test_quick_tier_leaves_out_the_labs_and_the_slow_tests(tmp_path):
     assert kept == {n for n in names if not is_slow(partly, n)} and kept and kept != names
 
 
-def test_the_xdist_units_keep_the_labs_on_one_worker_and_a_training_module_together():
-    """tests/conftest.py's scheduler: one unit for every lab test, one per training module, one per
-    other test (what lets `-n 2` start each lab once and each module-scoped training once)."""
-    from tests.conftest import LAB_TESTS_DIR, xdist_unit
+def test_the_xdist_units_keep_each_lab_on_one_worker_and_a_training_module_together():
+    """tests/conftest.py's scheduler: one unit for the SLURM and ssh labs, one for the Kubernetes
+    lab, one per training module, one per other test (what lets `-n 2` start each lab once and
+    each module-scoped training once)."""
+    from tests.conftest import K8S_TESTS_DIR, LAB_TESTS_DIR, xdist_unit
 
-    labs = {xdist_unit(n) for n in ("tests/integration/slurm/test_lab.py::test_a", "tests/integration/k8s/test_x.py::test_b[1]",
-                                    "tests/integration/ssh/test_jobgen_on_ssh_lab.py::test_c")}
+    labs = {xdist_unit(n) for n in ("tests/integration/slurm/test_lab.py::test_a", "tests/integration/ssh/test_jobgen_on_ssh_lab.py::test_c")}
     assert labs == {LAB_TESTS_DIR}
+    k8s = {xdist_unit(n) for n in ("tests/integration/k8s/test_x.py::test_b[1]", "tests/integration/k8s/test_pods_on_nodes.py::test_d")}
+    assert k8s == {K8S_TESTS_DIR}
     matrix = {xdist_unit(f"tests/entrypoint/test_strategy_matrix.py::test_strategy_trains_to_the_same_loss_as_ddp[{c}]") for c in ("ddp", "zero2")}
     assert matrix == {"tests/entrypoint/test_strategy_matrix.py"}
     units = {xdist_unit("tests/unit/test_rules.py::test_a"), xdist_unit("tests/unit/test_rules.py::test_b")}
     assert len(units) == 2 and LAB_TESTS_DIR not in units
+
+
+def test_the_lab_units_go_out_first_one_to_each_worker():
+    """Whatever their sizes, the Kubernetes unit goes to the first worker and the SLURM + ssh unit
+    to the second (xdist hands a worker one unit while it has more than two tests pending), then
+    the rest largest first, as xdist sorted them."""
+    from collections import OrderedDict
+
+    from tests.conftest import K8S_TESTS_DIR, LAB_TESTS_DIR, first_units_first
+
+    queue = OrderedDict((u, {}) for u in ("tests/entrypoint/test_speed_levers.py", K8S_TESTS_DIR, "tests/entrypoint/test_a.py",
+                                          LAB_TESTS_DIR, "tests/unit/test_b.py::test_c"))
+    first_units_first(queue)
+    assert list(queue) == [K8S_TESTS_DIR, LAB_TESTS_DIR, "tests/entrypoint/test_speed_levers.py", "tests/entrypoint/test_a.py",
+                           "tests/unit/test_b.py::test_c"]
+    only_k8s = OrderedDict((u, {}) for u in ("a", K8S_TESTS_DIR))
+    first_units_first(only_k8s)
+    assert list(only_k8s) == [K8S_TESTS_DIR, "a"]
 
 
 def test_xdists_private_scope_hook_is_still_there():
@@ -92,3 +113,5 @@ def test_xdists_private_scope_hook_is_still_there():
     from xdist.scheduler import LoadScopeScheduling
 
     assert callable(vars(LoadScopeScheduling).get("_split_scope"))
+    assert callable(vars(LoadScopeScheduling).get("_assign_work_unit"))
+    assert "OrderedDict()" in inspect.getsource(LoadScopeScheduling.__init__)  # first_units_first's move_to_end

@@ -38,8 +38,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 
-from kubelab import K8sLab, LabUnavailable, build_in_background, build_running, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
+from kubelab import BUILD_PRIORITY_ENV, K8sLab, LabError, LabUnavailable, build_in_background, build_running, cache_dir, ensure_binaries, ensure_crd_server  # noqa: E402
 
+from tests import phases  # noqa: E402
 from tests.conftest import skip_or_fail  # noqa: E402
 
 MARKER = "k8s_lab"
@@ -63,16 +64,18 @@ _BACKGROUND: list[subprocess.Popen[bytes]] = []
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Move the tests that need the lab to the end of the session (stable order otherwise), and
-    start the lab's build in the background when they need binaries the cache lacks (see the
+    """Move the tests that need the lab to the end of the session (stable order otherwise: the
+    API-server tests, the node level, the CRD server's tests), and start the lab's build in the background when they need binaries the cache lacks (see the
     module docstring)."""
     lab_items = [item for item in items if item.get_closest_marker(MARKER)]
     if not lab_items:
         return
     node_items = [item for item in lab_items if NODE_FIXTURES & set(getattr(item, "fixturenames", ()))]
-    # the node level last: its binaries and the training image are the last things the background builds finish
-    items[:] = ([item for item in items if not item.get_closest_marker(MARKER)] + [item for item in lab_items if item not in node_items]
-                + node_items)
+    crd_items = [item for item in lab_items if "k8s_crd_server" in getattr(item, "fixturenames", ()) and item not in node_items]
+    # In the order kubelab.build finishes what they need: the API server, the node level (and the
+    # training image), the optional CRD server.
+    items[:] = ([item for item in items if not item.get_closest_marker(MARKER)]
+                + [item for item in lab_items if item not in node_items and item not in crd_items] + node_items + crd_items)
     if (config.option.collectonly or os.environ.get("JOBGEN_SKIP_K8S_LAB") == "1" or lab_unavailable_reason()
             or os.environ.get("JOBGEN_K8S_BACKGROUND_BUILD") == "0"):
         return
@@ -87,24 +90,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
         try:
             image = kubeimage.build_in_background(cache_dir() / "logs" / "image-background.log")
-        except (OSError, kubeimage.ImageError) as exc:  # the fixture builds in the foreground and reports it
+        except (OSError, LabError, kubeimage.ImageError) as exc:  # the fixture builds in the foreground and reports it
             print(f"k8s lab: no background image build ({exc})", file=sys.stderr)
         else:
             if image is not None:
                 _BACKGROUND.append(image)
-                print("\nk8s lab: building the training image in the background (lowest CPU priority)", file=sys.stderr)
+                print(f"\nk8s lab: building the training image in the background (CPU priority: {os.environ.get(BUILD_PRIORITY_ENV) or 'lowest'})", file=sys.stderr)
     if build_running(cache_dir()):
         print("\nk8s lab: a build into the cache is under way (e.g. .ci/run's); the lab's tests will wait for it",
               file=sys.stderr)
         return
     try:
         proc = build_in_background(crd_server=crd_server, log=log, with_nodes=with_nodes)
-    except OSError as exc:  # e.g. the cache directory cannot be made: the fixture reports it
+    except (OSError, LabError) as exc:  # e.g. the cache directory cannot be made: the fixture reports it
         print(f"k8s lab: no background build ({exc})", file=sys.stderr)
         return
     if proc is not None:
         _BACKGROUND.append(proc)
-        print(f"\nk8s lab: building in the background (lowest CPU priority) while the other tests run; log: {log}", file=sys.stderr)
+        print(f"\nk8s lab: building in the background (CPU priority: {os.environ.get(BUILD_PRIORITY_ENV) or 'lowest'}) while the other tests run; log: {log}", file=sys.stderr)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -143,7 +146,8 @@ def k8s_build() -> dict[str, Any]:
     if any(proc.poll() is None for proc in _BACKGROUND):
         print(f"\nk8s lab: waiting for the background build (log: {cache_dir() / 'logs' / 'background.log'})", file=sys.stderr)
     try:
-        info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
+        with phases.waited("wait: kube-apiserver binaries"):
+            info = ensure_binaries(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:
         skip_or_fail(f"the Kubernetes lab cannot be built here: {exc}")
     state = "cached" if info["cached"] else "built"
@@ -186,7 +190,8 @@ def k8s_crd_server(k8s_lab: K8sLab) -> str:
     if os.environ.get("JOBGEN_SKIP_K8S_CRD_SERVER") == "1":
         pytest.skip("JOBGEN_SKIP_K8S_CRD_SERVER=1")
     try:
-        info = ensure_crd_server(log=lambda m: print(m, file=sys.stderr))
+        with phases.waited("wait: CRD server"):
+            info = ensure_crd_server(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:
         skip_or_fail(str(exc))
     print(f"\napiextensions-apiserver {info['package_version']} ({info['go']}, {info['packages']} Debian sid packages) "
@@ -208,7 +213,8 @@ def k8s_nodes(k8s_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
     import kubenodes
 
     try:
-        info = kubenodes.ensure_node_binaries(log=lambda m: print(m, file=sys.stderr))
+        with phases.waited("wait: node binaries"):
+            info = kubenodes.ensure_node_binaries(log=lambda m: print(m, file=sys.stderr))
     except LabUnavailable as exc:
         skip_or_fail(f"the lab's node binaries cannot be built here: {exc}")
     print(f"\nk8s node binaries {'cached' if info['cached'] else 'built'}: kubelet + kube-scheduler {info.get('kube_version')}, "

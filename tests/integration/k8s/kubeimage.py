@@ -682,16 +682,19 @@ def cached_home(repo: Path = REPO, variant: str = "full", compress: str = "none"
 
 
 def build_in_background(log_path: Path) -> subprocess.Popen[bytes] | None:
-    """Start ``kubeimage.py build --lowest-priority`` (the full image into the cache) in a session
-    of its own, its output appended to ``log_path``; None when the cache has it. The tests that
+    """Start ``kubeimage.py build`` (the full image into the cache) in a session of its own, at the
+    priority ``$JOBGEN_K8S_BUILD_PRIORITY`` gives (kubelab.background_priority_args: the lowest
+    by default), its output appended to ``log_path``; None when the cache has it. The tests that
     need the image then wait for the build's lock in :func:`build` and find it cached. Used by the
     k8s tests' collection hook (conftest.py) so the minutes of a cold build overlap other tests."""
+    from kubelab import background_priority_args  # this directory is on sys.path (the k8s conftest)
+
     if cached_home() is not None:
         return None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as fh:
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "build", "--lowest-priority"], stdin=subprocess.DEVNULL,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "build", *background_priority_args()],
+                                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def build(out: Path | None = None, repo: Path = REPO, variant: str = "full", compress: str = "none",

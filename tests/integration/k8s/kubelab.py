@@ -70,8 +70,9 @@ from tests.processes import pid_alive, stop_pid  # noqa: E402  (kubenodes.py use
 #: Bump when the build recipe changes: a cached build with another recipe is rebuilt.
 #: 2: built with the ``providerless`` tag. 3: ``make gen_openapi`` + ``build.sh`` instead of
 #: ``make WHAT=`` (the same binaries, ~100 s less CPU on 2 cores: 273 s instead of 376 s for
-#: kube-apiserver alone, measured in issue 23).
-RECIPE = 3
+#: kube-apiserver alone, measured in issue 23). 4: compiled without optimisation or inlining
+#: (:data:`GO_GC_FLAGS`), the source tree kept for the node binaries' build (:data:`SHARED_TREE_STAMP`).
+RECIPE = 4
 CACHE_ENV = "JOBGEN_K8S_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jobgen-k8s")
 KUBE_VERSION = "v1.20.2"
@@ -93,6 +94,16 @@ BUILD_PACKAGES = {
     "openssl": "openssl",
 }
 GO_ROOT_BIN = "/usr/lib/go-1.19/bin"
+#: ``GOGCFLAGS`` of the kube build scripts (hack/lib/golang.sh passes it to ``-gcflags``, ``all=``
+#: for every package): the compiler's optimisation and inlining off. The lab's daemons serve a few
+#: hundred requests, so optimised code is compile time they never pay back (the CRD server's
+#: :data:`CRD_SERVER_GO_FLAGS` rest on the same rule). The scripts already link with ``-s -w``.
+GO_GC_FLAGS = "all=-N -l"
+#: The file a kept source tree holds (``<cache>/src/tree``): the .dsc it was unpacked from and
+#: :data:`RECIPE`. The node build (kubenodes.py) compiles kubelet and kube-scheduler in such a
+#: tree, so the packages the four binaries share compile once (the tree's Go build cache) and the
+#: OpenAPI code is generated once.
+SHARED_TREE_STAMP = ".jobgen-tree.json"
 REFLECT2_SRC = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 ETCD_PACKAGE = "etcd-server"
 CONTEXT = "jobgen-lab"
@@ -409,10 +420,13 @@ def cached_binaries(cache: Path) -> dict[str, Any] | None:
     return info
 
 
-def ensure_binaries(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def ensure_binaries(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None,
+                    keep_tree: bool = False) -> dict[str, Any]:
     """Make sure kube-apiserver, kube-controller-manager and etcd are in the cache (building
     them if needed) and return the stamp: ``{"recipe", "kube_version", "source_version",
     "reflect2_version", "go_version", "etcd", "build_s", "built_at"}`` plus ``"cached": bool``.
+    ``keep_tree``: a build leaves its source tree and Go build cache in ``<cache>/src/tree``
+    (~1 GB, :data:`SHARED_TREE_STAMP`) for the node binaries' build, which removes it.
 
     Raises:
         LabUnavailable: apt, the Debian mirror or the packages are not available.
@@ -426,10 +440,21 @@ def ensure_binaries(cache: Path | None = None, *, log: Callable[[str], None] = l
         info = cached_binaries(cache)  # another session may have built it meanwhile
         if info is not None:
             return {**info, "cached": True}
-        return {**_build(cache, log), "cached": False}
+        return {**_build(cache, log, keep_tree=keep_tree), "cached": False}
 
 
-def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def shared_tree(cache: Path, dsc: Path) -> Path | None:
+    """The source tree a kube build kept (``ensure_binaries(keep_tree=True)``) when it was
+    unpacked from ``dsc`` by this :data:`RECIPE` (its OpenAPI code generated), else None."""
+    tree = cache / "src" / "tree"
+    try:
+        stamp = json.loads((tree / SHARED_TREE_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return tree if stamp == {"dsc": dsc.name, "recipe": RECIPE} else None
+
+
+def _build(cache: Path, log: Callable[[str], None], *, keep_tree: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     logs = cache / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -468,12 +493,15 @@ def _build(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
     etcd = _fetch_etcd(cache, build_log)
     source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
     # ~1 GB, and with it the Go build cache: hack/lib/golang.sh sets GOCACHE to the tree's
-    # _output/local/go/cache, whatever go_build_env says, so every build is a cold one.
-    shutil.rmtree(tree, ignore_errors=True)
+    # _output/local/go/cache, whatever go_build_env says, so a build in a new tree is a cold one.
+    if keep_tree:
+        (tree / SHARED_TREE_STAMP).write_text(json.dumps({"dsc": dsc.name, "recipe": RECIPE}))
+    else:
+        shutil.rmtree(tree, ignore_errors=True)
     info = {
         "recipe": RECIPE, "kube_version": KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
         "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "go_version": _dpkg_version("golang-1.19-go"),
-        "etcd": str(etcd), "etcd_version": _dpkg_version_of_deb(bin_dir(cache) / "debs"), "mirror": f"{uri} {suite}",
+        "etcd": str(etcd), "etcd_version": _dpkg_version_of_deb(bin_dir(cache) / "debs"), "mirror": f"{uri} {suite}", "gc_flags": GO_GC_FLAGS,
         "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -499,12 +527,12 @@ def unpack_source(dsc: Path, tree: Path, build_log: Path) -> None:
 def go_build_env(cache: Path) -> dict[str, str]:
     """The environment of the recipe's ``make``/``build.sh``: Debian's Go 1.19 first in PATH, no
     module proxy, static binaries, the version stamp, the vendored modules with
-    :data:`BUILD_TAGS`. (Its GOCACHE reaches ``go`` only outside the kube build scripts:
+    :data:`BUILD_TAGS`, no optimisation (:data:`GO_GC_FLAGS`). (Its GOCACHE reaches ``go`` only outside the kube build scripts:
     hack/lib/golang.sh points GOCACHE into the source tree's _output.)"""
     return {
         **os.environ, "PATH": f"{GO_ROOT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "GOPROXY": "off", "CGO_ENABLED": "0",
         "KUBE_GIT_VERSION": KUBE_VERSION, "GOFLAGS": f"-mod=vendor -tags={','.join(BUILD_TAGS)}", "GOCACHE": str(cache / "gocache"),
-        "GOPATH": str(cache / "gopath"), "HOME": str(cache),
+        "GOPATH": str(cache / "gopath"), "HOME": str(cache), "GOGCFLAGS": GO_GC_FLAGS,
     }
 
 
@@ -548,15 +576,34 @@ def lowest_cpu_priority() -> None:
         Path("/proc/self/autogroup").write_text("19")
 
 
+#: ``$JOBGEN_K8S_BUILD_PRIORITY``: ``lowest`` (the default: a background build takes only the CPU
+#: the tests leave idle, :func:`lowest_cpu_priority`) or ``normal`` (its session's scheduling
+#: group weighs as much as the test session's: ``.ci/run`` on a cold machine, where the node level
+#: waits for the builds and they are the run's longest chain).
+BUILD_PRIORITY_ENV = "JOBGEN_K8S_BUILD_PRIORITY"
+BUILD_PRIORITIES = ("lowest", "normal")
+
+
+def background_priority_args() -> list[str]:
+    """``["--lowest-priority"]`` unless :data:`BUILD_PRIORITY_ENV` says ``normal``.
+
+    Raises LabError when the variable holds anything else."""
+    value = os.environ.get(BUILD_PRIORITY_ENV, "lowest").strip() or "lowest"
+    if value not in BUILD_PRIORITIES:
+        raise LabError(f"${BUILD_PRIORITY_ENV} is {value!r}; use one of {', '.join(BUILD_PRIORITIES)}")
+    return ["--lowest-priority"] if value == "lowest" else []
+
+
 def background_build_argv(*, crd_server: bool, with_nodes: bool = False) -> list[str]:
-    """``kubelab.py build [--crd-server] [--with-nodes] --lowest-priority`` (this file as a script, this interpreter)."""
+    """``kubelab.py build [--crd-server] [--with-nodes] [--lowest-priority]`` (this file as a
+    script, this interpreter; the priority from :func:`background_priority_args`)."""
     return [sys.executable, str(Path(__file__).resolve()), "build", *(["--crd-server"] if crd_server else []),
-            *(["--with-nodes"] if with_nodes else []), "--lowest-priority"]
+            *(["--with-nodes"] if with_nodes else []), *background_priority_args()]
 
 
 def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = None, with_nodes: bool = False) -> subprocess.Popen[bytes] | None:
-    """Start :func:`background_build_argv` in a session of its own at the lowest CPU priority
-    (:func:`lowest_cpu_priority`), its output appended to ``log``; returns the process, or None
+    """Start :func:`background_build_argv` in a session of its own, by default at the lowest CPU
+    priority (:func:`lowest_cpu_priority`; :data:`BUILD_PRIORITY_ENV`), its output appended to ``log``; returns the process, or None
     when the cache already holds what is asked for or a build into it is under way
     (:func:`build_running`: the tests wait for that one's lock instead).
 
@@ -611,11 +658,14 @@ def cached_crd_server(cache: Path) -> dict[str, Any] | None:
     return info if info.get("recipe") == CRD_SERVER_RECIPE and os.access(info.get("binary", ""), os.X_OK) else None
 
 
-def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None,
+                      before_compile: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Build (or find cached) ``apiextensions-apiserver`` from Debian sid's Go source packages:
     the package's dependency closure is downloaded with a private apt configuration for sid and
     unpacked with ``dpkg -x`` (nothing is installed), then ``GO111MODULE=off go build`` with sid's
     Go. Returns the stamp (``binary``, ``package_version``, ``go``, ``build_s``, ``cached``).
+    ``before_compile`` is called between the download and the compile (the ``build`` command
+    downloads while the binaries the lab needs first compile, and compiles after them).
 
     Raises:
         LabUnavailable: any step fails (sid moves: this level is optional; tests skip).
@@ -629,12 +679,12 @@ def ensure_crd_server(cache: Path | None = None, *, log: Callable[[str], None] =
         if info is not None:
             return {**info, "cached": True}
         try:
-            return {**_build_crd_server(cache, log), "cached": False}
+            return {**_build_crd_server(cache, log, before_compile), "cached": False}
         except (LabCommandError, OSError, StopIteration) as exc:
             raise LabUnavailable(f"the optional 1.36 apiextensions-apiserver did not build: {exc}"[:2000]) from None
 
 
-def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _build_crd_server(cache: Path, log: Callable[[str], None], before_compile: Callable[[], None] = lambda: None) -> dict[str, Any]:
     started = time.monotonic()
     base = cache / "crd-server"
     base.mkdir(parents=True, exist_ok=True)
@@ -661,6 +711,8 @@ def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]
     bin_dir.mkdir(exist_ok=True)
     env = {"PATH": f"{goroot / 'bin'}:/usr/bin:/bin", "GOROOT": str(goroot), "GOPATH": str(root / "usr" / "share" / "gocode"),
            "GO111MODULE": "off", "CGO_ENABLED": "0", "GOCACHE": str(base / "gocache"), "GOTOOLCHAIN": "local", "HOME": str(base)}
+    fetch_s = time.monotonic() - started
+    before_compile()
     log(f"k8s lab: building k8s.io/apiextensions-apiserver {package_version} with {goroot.name} (log: {build_log})")
     compile_started = time.monotonic()
     run([str(goroot / "bin" / "go"), "build", *CRD_SERVER_GO_FLAGS, "-o", str(bin_dir / "apiextensions-apiserver"), "k8s.io/apiextensions-apiserver"],
@@ -670,7 +722,7 @@ def _build_crd_server(cache: Path, log: Callable[[str], None]) -> dict[str, Any]
     shutil.rmtree(debs, ignore_errors=True)
     info = {"recipe": CRD_SERVER_RECIPE, "binary": str(bin_dir / "apiextensions-apiserver"), "package_version": package_version,
             "go": goroot.name, "go_flags": list(CRD_SERVER_GO_FLAGS), "packages": len(files),
-            "build_s": round(time.monotonic() - started, 1), "compile_s": round(compile_s, 1),
+            "build_s": round(time.monotonic() - started, 1), "fetch_s": round(fetch_s, 1), "compile_s": round(compile_s, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     crd_server_info_path(cache).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
@@ -1081,6 +1133,52 @@ def _cmdline(pid: int) -> str:
 # --------------------------------------------------------------------------- command line
 
 
+def build(*, crd_server: bool, with_nodes: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Fill the cache in the order the lab's tests need it, on the critical path first:
+    kube-apiserver + kube-controller-manager (every lab test), then kubelet + kube-scheduler in
+    the same source tree (the node level, run after the API-server tests), then the optional CRD
+    server (its few tests run last), whose download from sid runs in a thread from the start so
+    the network time overlaps the compiles. Each part is recorded as a phase (tests/phases.py).
+    Returns the stamps: the binaries' with ``crd_server`` and ``nodes`` added as asked.
+
+    Raises LabError (LabUnavailable, LabCommandError) from the first part that fails; the CRD
+    server's is raised after the others finished."""
+    import threading
+
+    from tests import phases
+
+    cache = cache_dir()
+    go_on = threading.Event()
+    crd: dict[str, Any] = {}
+
+    def crd_build() -> None:
+        try:
+            with phases.phase("build: CRD server (sid download, then compile)"):
+                crd["info"] = ensure_crd_server(cache, log=log, before_compile=go_on.wait)
+        except LabError as exc:
+            crd["error"] = exc
+
+    thread = threading.Thread(target=crd_build, name="crd-server", daemon=True) if crd_server else None
+    if thread is not None:
+        thread.start()
+    try:
+        with phases.phase("build: kube-apiserver + kube-controller-manager + etcd"):
+            info = ensure_binaries(cache, log=log, keep_tree=with_nodes)
+        if with_nodes:
+            import kubenodes
+            with phases.phase("build: kubelet + kube-scheduler + node runtime"):
+                info = {**info, "nodes": kubenodes.ensure_node_binaries(cache, log=log)}
+    finally:
+        go_on.set()
+        if thread is not None:
+            thread.join()
+    if "error" in crd:
+        raise crd["error"]
+    if thread is not None:
+        info = {**info, "crd_server": crd["info"]}
+    return info
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``build`` | ``up`` | ``down`` | ``status`` (each with ``--root``); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1103,13 +1201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             if args.lowest_priority:
                 lowest_cpu_priority()
-            info = ensure_binaries(log=say)
-            if args.crd_server:
-                info = {**info, "crd_server": ensure_crd_server(log=say)}
-            if args.with_nodes:
-                import kubenodes
-                info = {**info, "nodes": kubenodes.ensure_node_binaries(log=say)}
-            print(json.dumps(info, indent=2, sort_keys=True))
+            print(json.dumps(build(crd_server=args.crd_server, with_nodes=args.with_nodes, log=say), indent=2, sort_keys=True))
         elif args.command == "up":
             nodes = None
             if args.with_nodes:

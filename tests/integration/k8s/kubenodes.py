@@ -100,8 +100,9 @@ from kubelab import (  # noqa: E402
     wait_for,
 )
 
-#: Bump when the node build recipe changes (binaries, runtime packages, images).
-NODE_RECIPE = 1
+#: Bump when the node build recipe changes (binaries, runtime packages, images). 2: kubelab's
+#: recipe 4 (no optimisation; the API server build's source tree and Go build cache reused).
+NODE_RECIPE = 2
 NODE_TARGETS = ("cmd/kubelet", "cmd/kube-scheduler")
 NODE_BINARIES = ("kubelet", "kube-scheduler")
 #: Debian 12 packages fetched with ``apt-get download`` and unpacked with ``dpkg -x``; the last
@@ -230,12 +231,18 @@ def _build_nodes(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
             dsc = apt.source(SOURCE_PACKAGE, cache / "src", build_log)
         except LabCommandError as exc:
             raise LabUnavailable(f"cannot download the {SOURCE_PACKAGE} source package: {exc}") from None
-    tree = base / "src-tree"
-    log(f"k8s nodes: building {' '.join(NODE_TARGETS)} and pause (log: {build_log})")
-    unpack_source(dsc, tree, build_log)
+    # kubelab's build keeps its tree for this one (kubelab.build): the OpenAPI code is generated
+    # and the packages shared with kube-apiserver are in the tree's Go build cache.
+    tree = kubelab.shared_tree(cache, dsc)
+    shared = tree is not None
+    where = "the API server build's tree" if shared else "a tree of its own"
+    log(f"k8s nodes: building {' '.join(NODE_TARGETS)} and pause in {where} (log: {build_log})")
     env = go_build_env(cache)
     compile_started = time.monotonic()
-    run(["make", "gen_openapi"], cwd=tree, env=env, log=build_log, timeout=3600)
+    if tree is None:
+        tree = base / "src-tree"
+        unpack_source(dsc, tree, build_log)
+        run(["make", "gen_openapi"], cwd=tree, env=env, log=build_log, timeout=3600)
     run(["hack/make-rules/build.sh", *NODE_TARGETS], cwd=tree, env=env, log=build_log, timeout=3600)
     compile_s = time.monotonic() - compile_started
     bins = base / "bin"
@@ -259,8 +266,8 @@ def _build_nodes(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
         "targets": list(NODE_TARGETS), "go_version": _dpkg_version("golang-1.19-go"),
         "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "runtime": runtime,
         "images": {"pause": PAUSE_IMAGE, "busybox": BUSYBOX_IMAGE}, "cpu": _cpu_model(), "cores": os.cpu_count(),
-        "compile_s": round(compile_s, 1), "build_s": round(time.monotonic() - started, 1),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "compile_s": round(compile_s, 1), "build_s": round(time.monotonic() - started, 1), "shared_tree": shared,
+        "gc_flags": kubelab.GO_GC_FLAGS, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (base / "BUILD-INFO.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info

@@ -47,6 +47,7 @@ import trainer_controller  # noqa: E402
 import training_operator  # noqa: E402
 from kubelab import K8sLab, wait_for  # noqa: E402
 
+from tests import phases  # noqa: E402
 from tests.conftest import EXAMPLES, REPO  # noqa: E402
 
 NS = "training"
@@ -97,7 +98,8 @@ def pod_lab(k8s_nodes: tuple[K8sLab, kubenodes.NodeLab], tmp_path_factory: pytes
     lab, nodes = k8s_nodes
     timings: dict[str, float] = {}
     started = time.monotonic()
-    image = kubeimage.build(tmp_path_factory.mktemp("image"), log=lambda m: print(m, file=sys.stderr))
+    with phases.waited("wait: training image"):
+        image = kubeimage.build(tmp_path_factory.mktemp("image"), log=lambda m: print(m, file=sys.stderr))
     timings["image_build_or_cache_s"] = round(time.monotonic() - started, 1)
     ref, archive = image["ref"], Path(image["archive"])
 
