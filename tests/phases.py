@@ -115,7 +115,7 @@ def report(entries: list[dict[str, Any]]) -> str:
         rows.append((name, f"{(e['start'] - origin) / 60:.1f}", f"{(e['end'] - origin) / 60:.1f}",
                      f"{length / 60:.1f} min ({length:.0f} s)"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     total = max(e["end"] for e in entries) - origin
     return "\n".join(["Where the time went (tests/phases.py):", *lines, f"first start to last end: {total / 60:.1f} min ({total:.0f} s)"]) + "\n"
 

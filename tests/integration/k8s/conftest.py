@@ -85,6 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "k8s_crd_server" in getattr(item, "fixturenames", ()) for item in lab_items)
     with_nodes = bool(node_items) and os.environ.get(SKIP_NODES_ENV) != "1"
     log = cache_dir() / "logs" / "background.log"
+    priority = os.environ.get(BUILD_PRIORITY_ENV) or "lowest"
     if with_nodes and any("pods" in getattr(item, "fixturenames", ()) for item in node_items):
         import kubeimage
 
@@ -95,7 +96,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             if image is not None:
                 _BACKGROUND.append(image)
-                print(f"\nk8s lab: building the training image in the background (CPU priority: {os.environ.get(BUILD_PRIORITY_ENV) or 'lowest'})", file=sys.stderr)
+                print(f"\nk8s lab: building the training image in the background (CPU priority: {priority})", file=sys.stderr)
     if build_running(cache_dir()):
         print("\nk8s lab: a build into the cache is under way (e.g. .ci/run's); the lab's tests will wait for it",
               file=sys.stderr)
@@ -107,7 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if proc is not None:
         _BACKGROUND.append(proc)
-        print(f"\nk8s lab: building in the background (CPU priority: {os.environ.get(BUILD_PRIORITY_ENV) or 'lowest'}) while the other tests run; log: {log}", file=sys.stderr)
+        print(f"\nk8s lab: building in the background (CPU priority: {priority}) while the other tests run; log: {log}", file=sys.stderr)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1183,10 +1183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``build`` | ``up`` | ``down`` | ``status`` (each with ``--root``); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build (or find cached) kube-apiserver, kube-controller-manager and etcd")
-    build.add_argument("--crd-server", action="store_true", help="also the optional 1.36 apiextensions-apiserver (Debian sid)")
-    build.add_argument("--with-nodes", action="store_true", help="also kubelet, kube-scheduler, the runtime and images (kubenodes.py)")
-    build.add_argument("--lowest-priority", action="store_true",
+    build_cmd = sub.add_parser("build", help="build (or find cached) kube-apiserver, kube-controller-manager and etcd")
+    build_cmd.add_argument("--crd-server", action="store_true", help="also the optional 1.36 apiextensions-apiserver (Debian sid)")
+    build_cmd.add_argument("--with-nodes", action="store_true", help="also kubelet, kube-scheduler, the runtime and images (kubenodes.py)")
+    build_cmd.add_argument("--lowest-priority", action="store_true",
                        help="nice 19 for this build and its session's scheduling group (start it with setsid)")
     for name, text in (("up", "start the lab"), ("down", "stop it"), ("status", "show daemon PIDs")):
         p = sub.add_parser(name, help=text)

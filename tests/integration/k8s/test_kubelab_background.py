@@ -4,6 +4,7 @@ lab: the cache is a temporary directory, and no build runs (Popen is recorded, n
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -101,10 +102,10 @@ def test_a_kept_tree_is_reused_only_for_the_same_source_and_recipe(tmp_path):
     tree = tmp_path / "src" / "tree"
     tree.mkdir(parents=True)
     assert kubelab.shared_tree(tmp_path, dsc) is None  # no stamp
-    (tree / kubelab.SHARED_TREE_STAMP).write_text('{"dsc": "kubernetes_1.20.2-1.dsc", "recipe": %d}' % kubelab.RECIPE)
+    (tree / kubelab.SHARED_TREE_STAMP).write_text(json.dumps({"dsc": "kubernetes_1.20.2-1.dsc", "recipe": kubelab.RECIPE}))
     assert kubelab.shared_tree(tmp_path, dsc) == tree
     assert kubelab.shared_tree(tmp_path, dsc.with_name("kubernetes_1.20.3-1.dsc")) is None
-    (tree / kubelab.SHARED_TREE_STAMP).write_text('{"dsc": "kubernetes_1.20.2-1.dsc", "recipe": %d}' % (kubelab.RECIPE - 1))
+    (tree / kubelab.SHARED_TREE_STAMP).write_text(json.dumps({"dsc": "kubernetes_1.20.2-1.dsc", "recipe": kubelab.RECIPE - 1}))
     assert kubelab.shared_tree(tmp_path, dsc) is None
     (tree / kubelab.SHARED_TREE_STAMP).write_text("not json\x00")
     assert kubelab.shared_tree(tmp_path, dsc) is None
@@ -113,3 +114,11 @@ def test_a_kept_tree_is_reused_only_for_the_same_source_and_recipe(tmp_path):
 def test_the_build_compiles_without_optimisation():
     env = kubelab.go_build_env(Path("/nonexistent"))
     assert env["GOGCFLAGS"] == "all=-N -l"
+
+
+def test_the_build_command_runs_the_build(tmp_path, monkeypatch, capsys):
+    """``kubelab.py build --crd-server --with-nodes`` (what .ci/run starts) runs :func:`kubelab.build`."""
+    steps = _record_build_steps(monkeypatch, tmp_path)
+    assert kubelab.main(["build", "--crd-server", "--with-nodes"]) == 0
+    assert steps == ["crd download", "kube keep_tree=True", "nodes", "crd compile"]
+    assert json.loads(capsys.readouterr().out)["crd_server"] == {"binary": "x"}
