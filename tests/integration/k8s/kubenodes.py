@@ -105,10 +105,14 @@ from kubelab import (  # noqa: E402
 NODE_RECIPE = 2
 NODE_TARGETS = ("cmd/kubelet", "cmd/kube-scheduler")
 NODE_BINARIES = ("kubelet", "kube-scheduler")
-#: Debian 12 packages fetched with ``apt-get download`` and unpacked with ``dpkg -x``; the last
-#: three are the libraries dnsmasq links that a minimal Debian lacks (it runs with LD_LIBRARY_PATH).
+#: Debian 12 packages fetched with ``apt-get download`` and unpacked with ``dpkg -x``; the ones
+#: after busybox-static are the libraries dnsmasq links (with theirs) that a minimal Debian lacks:
+#: it runs with LD_LIBRARY_PATH, and the build checks that it finds each (:func:`missing_libraries`).
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "dnsmasq-base", "busybox-static",
-                    "libnetfilter-conntrack3", "libnfnetlink0", "libmnl0")
+                    "libnetfilter-conntrack3", "libnfnetlink0", "libmnl0", "libnftables1", "libnftnl11", "libjansson4",
+                    "libxtables12")
+#: Where the unpacked runtime packages keep their libraries (dnsmasq's LD_LIBRARY_PATH).
+RUNTIME_LIBRARIES = "usr/lib/x86_64-linux-gnu"
 PAUSE_IMAGE = "jobgen.local/pause:3.4"
 BUSYBOX_IMAGE = "jobgen.local/busybox:1.35"
 #: Every file of the images gets this mtime (reproducible tarballs): 2021-01-01T00:00:00Z.
@@ -306,7 +310,23 @@ def _fetch_runtime(cache: Path, build_log: Path) -> dict[str, str]:
         run(["dpkg", "-x", str(deb), str(root)], log=build_log, timeout=300)
         name, version = deb.name.split("_")[:2]
         versions[name] = version.replace("%3a", ":")
+    missing = missing_libraries(root / "usr" / "sbin" / "dnsmasq", root / RUNTIME_LIBRARIES)
+    if missing:
+        raise LabCommandError(["ldd", str(root / "usr" / "sbin" / "dnsmasq")], 0,
+                              f"dnsmasq from {versions.get('dnsmasq-base')} needs {', '.join(missing)}, which neither the machine nor "
+                              "RUNTIME_PACKAGES has: add the package that ships each")
     return versions
+
+
+def missing_libraries(binary: Path, library_path: Path) -> list[str]:
+    """The shared libraries the dynamic loader cannot find for ``binary`` run with
+    ``LD_LIBRARY_PATH=library_path`` (ldd(1)'s ``NAME => not found`` lines), in ldd's order.
+    Only the machine's own libraries and ``library_path`` count: a library another test
+    installed on the machine hides a missing one, so the build runs this before any lab test.
+
+    Raises LabCommandError when ldd cannot run on ``binary``."""
+    out = run(["ldd", str(binary)], env={**os.environ, "LD_LIBRARY_PATH": str(library_path)}, timeout=60)
+    return [line.split("=>", 1)[0].strip() for line in out.splitlines() if line.rstrip().endswith("=> not found")]
 
 
 # --------------------------------------------------------------------------- images (docker-archive tarballs)
@@ -529,7 +549,7 @@ class NodeLab:
         binaries = node_dir(self.cache) / "bin"
         self._write_dns_files()
         self._launch("dnsmasq", self._dnsmasq_argv(), env={**os.environ, "LD_LIBRARY_PATH": str(runtime_path(
-            self.cache, "usr/lib/x86_64-linux-gnu"))})
+            self.cache, RUNTIME_LIBRARIES))})
         self._wait_listening("dnsmasq", 53, timeout)
         self._launch("dns-watch", [sys.executable, str(Path(__file__).resolve()), "dns-watch", "--root", str(self.root),
                                    "--server", lab.server])

@@ -56,3 +56,34 @@ def test_dns_records_serve_headless_services_only():
         ("10.213.17.4", "master-0.headless.ns.svc.cluster.local"),
         ("10.213.18.3", "headless.ns.svc.cluster.local"),
     ]
+
+
+def test_missing_libraries_names_what_the_dynamic_loader_cannot_find(tmp_path):
+    """The node build checks that dnsmasq, run from the unpacked packages with LD_LIBRARY_PATH,
+    finds every library (kubenodes.missing_libraries); a library the machine happens to have
+    (installed by another lab's test) must not hide one the build forgot."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None or shutil.which("ldd") is None:
+        from tests.conftest import skip_or_fail
+
+        skip_or_fail("gcc and ldd are needed to build a program with a library of its own")
+    lib = tmp_path / "lib with space"
+    lib.mkdir()
+    (tmp_path / "jg.c").write_text("int jobgen_probe(void) { return 7; }\n")
+    (tmp_path / "main.c").write_text("int jobgen_probe(void);\nint main(void) { return jobgen_probe() == 7 ? 0 : 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libjgprobe.so.1"), "-Wl,-soname,libjgprobe.so.1", str(tmp_path / "jg.c")],
+                   check=True, timeout=120)
+    (lib / "libjgprobe.so").symlink_to("libjgprobe.so.1")
+    subprocess.run(["gcc", "-o", str(tmp_path / "prog"), str(tmp_path / "main.c"), f"-L{lib}", "-ljgprobe"], check=True, timeout=120)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert kubenodes.missing_libraries(tmp_path / "prog", empty) == ["libjgprobe.so.1"]
+    assert kubenodes.missing_libraries(tmp_path / "prog", lib) == []
+
+
+def test_the_runtime_packages_carry_the_libraries_of_bookworms_dnsmasq():
+    """dnsmasq-base 2.90 in Debian 12 links libnftables (its nftset support): a machine without
+    nftables installed could not start the node lab's DNS."""
+    assert {"libnftables1", "libnftnl11", "libjansson4", "libxtables12"} <= set(kubenodes.RUNTIME_PACKAGES)
