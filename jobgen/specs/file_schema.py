@@ -21,6 +21,12 @@ KINDS = ("spec", "profile", "project")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs")
 #: Keywords whose value is data, not a schema.
 _DATA = ("default", "examples", "const", "enum")
+#: The meaning of a profile file's ``extends`` (the schema's and the reference's).
+EXTENDS_DOC = ("The profile this one inherits from: a profile name (looked up as any profile is) or a path to a "
+               ".yaml file (relative to this file). This file's fields are merged over the parent's, sections key "
+               "by key, so it gives only what it changes.")
+#: The meaning of ``name`` in a profile file.
+PROFILE_NAME_DOC = "Optional: a profile's name is always its file's name (without .yaml); a name given here is ignored."
 #: What the name of a schema definition of an extending profile file ends with.
 _PARTIAL = "Changes"
 
@@ -55,13 +61,11 @@ def _profile_file_schema(model: dict[str, Any]) -> dict[str, Any]:
     """
     full_defs = model.get("$defs", {})
     properties = copy.deepcopy(model["properties"])
-    properties["name"]["description"] = "Optional in a file: jobgen names a profile after its file and ignores this."
+    properties["name"]["description"] = PROFILE_NAME_DOC
     partial = {name: _without_requirements(value) for name, value in properties.items()}
     partial["extends"] = {
         "type": "string", "minLength": 1, "title": "Extends",
-        "description": ("The profile this one inherits from: a profile name (looked up as any profile is) or a "
-                        "path to a .yaml file (relative to this file). This file's fields are merged over the "
-                        "parent's, sections key by key, so it gives only what it changes."),
+        "description": EXTENDS_DOC,
     }
     schema: dict[str, Any] = {
         "title": "Cluster profile file",
