@@ -226,6 +226,44 @@ def test_mkdocs_build_strict(tmp_path):
         assert html.is_file(), f"{page_name(page)} was not built"
     spec_page = (site / "reference" / "spec" / "index.html").read_text()
     assert "jobgen-reference" not in spec_page and "<code>trainer.strategy</code>" in spec_page
+    profile_page = (site / "reference" / "profile" / "index.html").read_text()
+    assert "<code>kubernetes.tolerations[].key</code>" in profile_page
+    assert "<code>kubernetes.secret_env.&lt;name&gt;.secret</code>" in profile_page
+    cli_page = (site / "reference" / "cli" / "index.html").read_text()
+    assert "jobgen-reference" not in cli_page and "<code>--kubeconfig</code>" in cli_page
     api_page = (site / "api" / "index.html").read_text()
     for function in ("plan_job", "render", "submit", "status", "logs", "cancel", "executor"):
         assert f'id="jobgen.api.{function}"' in api_page, function
+    assert not literal_roles(api_page), literal_roles(api_page)
+
+
+#: A Sphinx role as the page would show it, were it left in a docstring (``:class:`X```).
+SPHINX_ROLE = re.compile(r":(?:class|func|data|mod|meth|attr|exc|obj):")
+
+
+def literal_roles(html: str) -> list[str]:
+    """Each Sphinx role left in the page's text (tags removed), with the words around it."""
+    words = re.sub(r"<[^>]+>", "", html)
+    return [words[max(0, m.start() - 30):m.end() + 40] for m in SPHINX_ROLE.finditer(words)]
+
+
+def test_a_role_left_in_a_page_is_found():
+    """The check of the API page above, on the HTML mkdocstrings makes of ``:class:`X```."""
+    assert literal_roles('<p>Raises :class:<code>~jobgen.errors.JobgenError</code> and :func:<code>f</code></p>')
+    assert not literal_roles('<p>Raises <a href="#x"><code>JobgenError</code></a> (a class: see below)</p>')
+
+
+def test_the_api_page_extension_turns_roles_into_optional_references():
+    """docs/api_roles.py (the griffe extension mkdocs.yml names): each role becomes an optional
+    autorefs reference to its full name (a link where the target is on the site, code elsewhere);
+    ``~`` shows the last name; a role's literal form is gone."""
+    require("griffe", "the documentation site needs mkdocstrings[python] (pip install -e '.[docs]')")
+    spec = importlib.util.spec_from_file_location("jobgen_api_roles", DOCS / "api_roles.py")
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    assert "docs/api_roles.py" in mkdocs_config()["plugins"][1]["mkdocstrings"]["handlers"]["python"]["options"]["extensions"]
+    text = "Raises :class:`~jobgen.errors.JobgenError`; see :func:`plan_job` and :py:meth:`!x.y`."
+    out = roles.rewrite(text, lambda name: {"plan_job": "jobgen.api.plan_job"}.get(name, name))
+    assert out == ('Raises <autoref identifier="jobgen.errors.JobgenError" optional><code>JobgenError</code></autoref>; '
+                   'see <autoref identifier="jobgen.api.plan_job" optional><code>plan_job</code></autoref> and `x.y`.')
+    assert not SPHINX_ROLE.search(out)
