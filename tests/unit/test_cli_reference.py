@@ -11,8 +11,7 @@ import sys
 
 import click
 
-from jobgen.cli import cli
-from jobgen.cli import reference
+from jobgen.cli import cli, reference
 from tests.conftest import REPO
 from tests.pages import DOCS
 
@@ -29,7 +28,7 @@ def command_tree(command: click.Command, name: str = "jobgen") -> dict[str, clic
 def sections(markdown: str) -> dict[str, str]:
     """``{"jobgen render": its section's Markdown}`` of the generated page."""
     parts = re.split(r"^## `([^`]+)`$", markdown, flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def first_cells(section: str) -> list[str]:
