@@ -1,15 +1,25 @@
-"""MkDocs hook (mkdocs.yml `hooks:`): the reference pages' field tables, generated at build time.
+"""MkDocs hook (mkdocs.yml `hooks:`): the reference pages' tables, generated at build time.
 
-Each ``<!-- jobgen-reference: NAME -->`` line of a page becomes the table
-:func:`jobgen.specs.reference.table` builds from the pydantic models, so the reference is never
-kept by hand (tests/unit/test_docs_site.py).
+Each ``<!-- jobgen-reference: NAME -->`` line of a page becomes what the code builds for NAME:
+the field tables of :mod:`jobgen.specs.reference` (``spec``, ``profile``, ``project``), built
+from the pydantic models, and the command reference of :mod:`jobgen.cli.reference` (``cli``),
+built from the click commands. So the reference is never kept by hand
+(tests/unit/test_docs_site.py).
 """
 
 from __future__ import annotations
 
-from jobgen.specs.reference import expand
+from jobgen.cli.reference import cli_reference
+from jobgen.specs.reference import TABLES, expand
+
+#: Every table a page's marker may name.
+REFERENCES = {**TABLES, "cli": cli_reference}
 
 
 def on_page_markdown(markdown: str, **_: object) -> str:
-    """Replace the reference markers of one page (other pages come back unchanged)."""
-    return expand(markdown)
+    """Replace the reference markers of one page (other pages come back unchanged).
+
+    Raises:
+        ValueError: a marker names no table (the valid ones are listed); the build fails.
+    """
+    return expand(markdown, REFERENCES)

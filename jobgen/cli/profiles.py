@@ -13,6 +13,7 @@ import yaml
 from jobgen.cli.options import profiles_dir_option
 from jobgen.cli.output import JobgenGroup, echo_doc, output_option
 from jobgen.errors import JobgenError
+from jobgen.specs.file_schema import KINDS, file_schema
 from jobgen.specs.load import list_profile_names, load_profile, load_profile_doc
 from jobgen.specs.profile import PROFILE_FILE_CONTEXT
 
@@ -81,21 +82,20 @@ def _flatten(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]
 
 
 @click.command()
-@click.argument("kind", type=click.Choice(["spec", "profile", "project"]))
+@click.argument("kind", type=click.Choice(KINDS))
 @output_option("json", "yaml", yaml_help="the same schema in YAML")
 def schema(kind: str, output: str) -> None:
-    """Print the JSON Schema of a training spec, a cluster profile or jobgen.yaml (for editors).
+    """Print the JSON Schema of a training spec, a cluster profile or jobgen.yaml file (for editors).
+
+    The profile schema describes a profile file as written: no `name` (the file name is the
+    profile's name), and `extends: <profile>` allowed, whose file gives only what it changes.
 
     \b
     Example (VS Code YAML extension):
       jobgen schema spec > spec.schema.json
     """
-    from jobgen.specs.profile import ClusterProfile
-    from jobgen.specs.project import Project
-    from jobgen.specs.training import TrainingSpec
-
-    model = {"spec": TrainingSpec, "profile": ClusterProfile, "project": Project}[kind]
+    doc = file_schema(kind)
     if output == "yaml":
-        click.echo(yaml.safe_dump(model.model_json_schema(), sort_keys=True), nl=False)
+        click.echo(yaml.safe_dump(doc, sort_keys=True), nl=False)
         return
-    echo_doc(model.model_json_schema())
+    echo_doc(doc)

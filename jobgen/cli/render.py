@@ -42,6 +42,8 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
     Writes <out>/<profile>/<job name>/:
       job.sbatch          SLURM profiles (submit with: cd <dir> && sbatch job.sbatch)
       pytorchjob.yaml     Kubernetes profiles (ConfigMap + Kubeflow PyTorchJob)
+      trainjob.yaml       Kubernetes profiles with job_api: trainjob (ConfigMap + TrainJob)
+      launch.sh           ssh profiles (the script every host runs)
       kustomization.yaml  Kubernetes profiles (kubectl apply -k <dir>)
       spec.json           the resolved spec the entrypoint reads on every node
       ds_config.json      DeepSpeed strategies only

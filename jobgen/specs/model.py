@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
@@ -53,6 +54,17 @@ _HF_MODEL_FIELDS = {"hf_path": None, "lora": None, "load_in_4bit": False}
 _GPT_SIZE_FIELDS = ("n_layer", "n_head", "d_model")
 _HF_DEFAULT_BLOCK_SIZE = 512
 
+
+def _block_size_optional_in_a_file(schema: dict[str, Any]) -> None:
+    """JSON Schema hook: a spec file may leave ``block_size`` out (the preset, or the Hugging Face
+    default of 512, fills it in before the model's own requirement is checked)."""
+    required = [name for name in schema.get("required", []) if name != "block_size"]
+    if required:
+        schema["required"] = required
+    else:
+        schema.pop("required", None)
+
+
 class ModelSpec(_Model):
     """The model: the built-in byte-level GPT (vocabulary of 256 bytes), or a Hugging Face
     causal language model loaded from a local directory (``hf_path``), optionally with LoRA.
@@ -61,6 +73,8 @@ class ModelSpec(_Model):
     Hugging Face: give ``hf_path`` (and no preset or sizes; ``block_size`` is the training
     sequence length, default 512).
     """
+
+    model_config = ConfigDict(json_schema_extra=_block_size_optional_in_a_file)
 
     preset: Literal["tiny", "mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"] | None = Field(default="tiny", description=(
         "Size preset (see MODEL_PRESETS); ``null`` when all four sizes are given explicitly."

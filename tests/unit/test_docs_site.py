@@ -4,11 +4,13 @@ spec/profile/project reference is generated from the pydantic models, never kept
 
 from __future__ import annotations
 
+import collections.abc
 import importlib.util
 import os
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
@@ -16,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from jobgen.specs import reference
 from jobgen.specs.profile import ClusterProfile
-from jobgen.specs.project import Project, ProjectJob
+from jobgen.specs.project import Project
 from jobgen.specs.trainer import TrainerSpec
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import REPO, require
@@ -60,31 +62,87 @@ def test_a_local_build_is_ignored_by_git():
     assert check.returncode == 0, "site/ is not ignored by .gitignore"
 
 
-def model_paths(model: type[BaseModel], prefix: str = "", seen: frozenset = frozenset()) -> list[str]:
-    """Every field path of ``model``, nested models' fields as ``a.b`` (what the reference lists)."""
-    paths = []
+def field_paths(model: type[BaseModel], prefix: str = "", chain: frozenset = frozenset()) -> set[str]:
+    """Every path a user can write in a file of ``model``, found by this test's own walk over the
+    models' fields and their annotations (not the generator's): ``a.b`` for a nested model's
+    field, ``a[].b`` for a field of a list's entries, ``a.<name>.b`` for a field of a mapping's
+    values, and each model of a union (``model: ModelSpec | ClassSpec``) under the same path."""
+    paths: set[str] = set()
     for field_name, field in model.model_fields.items():
         path = f"{prefix}{field.alias or field_name}"
-        paths.append(path)
-        nested = reference._all_nested(field.annotation)
-        if nested and getattr(field.annotation, "__origin__", None) not in (tuple, list):
-            for sub in nested:
-                if sub not in seen:
-                    paths += model_paths(sub, f"{path}.", seen | {sub})
+        paths.add(path)
+        paths |= annotation_paths(field.annotation, path, chain | {model})
     return paths
 
 
-@pytest.mark.parametrize("table,model,entries", [("spec", TrainingSpec, ()), ("profile", ClusterProfile, ()),
-                                                 ("project", Project, (("jobs[].", ProjectJob),))])
-def test_the_reference_lists_every_field_of_the_models(table, model, entries):
-    """One row per field path, nested sections included, each with its description."""
-    rows = reference.table(table).splitlines()[2:]
-    shown = [re.match(r"\| `([^`]+)` \|", row).group(1) for row in rows]
-    expected = model_paths(model, "", frozenset({model}))
-    for prefix, entry in entries:
-        expected += model_paths(entry, prefix, frozenset({entry}))
-    assert shown == expected
+def annotation_paths(annotation: object, path: str, chain: frozenset) -> set[str]:
+    """The field paths reachable through one annotation at ``path`` (see :func:`field_paths`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return set() if annotation in chain else field_paths(annotation, f"{path}.", chain)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset, collections.abc.Sequence):
+        return set().union(*(annotation_paths(arg, f"{path}[]", chain) for arg in args if arg is not Ellipsis))
+    if origin in (dict, collections.abc.Mapping):
+        return annotation_paths(args[1], f"{path}.<name>", chain)
+    if origin is typing.Annotated:
+        return annotation_paths(args[0], path, chain)
+    return set().union(*(annotation_paths(arg, path, chain) for arg in args))  # a union; () for a plain type
+
+
+def shown_paths(markdown: str) -> list[str]:
+    """The field of every row of every table in ``markdown`` (the first column's code)."""
+    return re.findall(r"^\| `([^`]+)` \|", markdown, flags=re.M)
+
+
+#: Keys of a file that no model field holds: the profile's ``extends`` (read by the loader).
+FILE_ONLY = {"spec": set(), "profile": {"extends"}, "project": set()}
+
+
+@pytest.mark.parametrize("table,model", [("spec", TrainingSpec), ("profile", ClusterProfile), ("project", Project)])
+def test_the_reference_lists_every_field_path_of_the_models(table, model):
+    """Every path a file may hold is a row of the reference, and every row is such a path: the
+    nested lists (``kubernetes.tolerations[].key``) and mappings (``kubernetes.secret_env.<name>.key``)
+    of models included; each row has a meaning."""
+    markdown = reference.table(table)
+    shown = shown_paths(markdown)
+    expected = field_paths(model) | FILE_ONLY[table]
+    missing, extra = sorted(expected - set(shown)), sorted(set(shown) - expected)
+    assert not missing and not extra, f"missing from the reference: {missing}; not a field: {extra}"
+    assert len(shown) == len(set(shown)), "a field listed twice"
+    rows = [line for line in markdown.splitlines() if line.startswith("| `")]
     assert all(not row.endswith("|  |") for row in rows), "a field without a description"
+
+
+def tables_of(markdown: str) -> list[list[str]]:
+    """The fields of each table of ``markdown``, table by table."""
+    return [shown_paths(block) for block in re.split(r"\n(?!\|)", markdown) if shown_paths(block)]
+
+
+def test_the_forms_of_a_union_are_shown_apart():
+    """``model`` is jobgen's built-in model or your own class: each form is a table of its own,
+    so ``model.class_path`` is required where it applies and nowhere near ``model.preset``."""
+    tables = tables_of(reference.table("spec"))
+    for field, builtin in (("model", "model.preset"), ("data", "data.paths")):
+        own = next(t for t in tables if f"{field}.class_path" in t)
+        assert builtin not in own and {f"{field}.class_path", f"{field}.init_args"} == set(own)
+        assert any(builtin in t and f"{field}.class_path" not in t for t in tables)
+    class_path = re.search(r"^\| `model\.class_path` \| ([^|]+) \| ([^|]+) \|", reference.table("spec"), flags=re.M)
+    assert class_path.group(2).strip() == "**required**"
+
+
+@pytest.mark.parametrize(("field", "type_shown"), [
+    ("kubernetes.tolerations", "list of sections"),
+    ("kubernetes.secret_env", "mapping of name to section"),
+    ("kubernetes.image_pull_secrets", "list of string"),
+    ("gpu_type", "one of `V100`, `T4`, `A10G`, `A100`, `L4`, `L40S`, `H100`, `H200`, `B200`; or null"),
+    ("max_nodes", "integer"),
+    ("mem_gib_per_node", "number"),
+    ("slurm", "section or null"),
+    ("kubernetes.tolerations[].effect", "one of `NoSchedule`, `PreferNoSchedule`, `NoExecute`; or null"),
+])
+def test_the_types_are_named_as_yaml_has_them(field, type_shown):
+    row = re.search(rf"^\| `{re.escape(field)}` \| ([^|]+(?:\\\|[^|]*)*) \|", reference.table("profile"), flags=re.M)
+    assert row and row.group(1) == type_shown, row and row.group(1)
 
 
 def test_a_field_added_to_a_model_is_in_the_reference_without_a_hand_edit(monkeypatch):
@@ -103,31 +161,40 @@ def test_a_field_added_to_a_model_is_in_the_reference_without_a_hand_edit(monkey
     assert "added_top" not in before
     monkeypatch.setattr(reference, "TrainingSpec", Spec)
     after = reference.expand(page)
-    assert "| `added_top` | int | `3` | A field no page names. |" in after
-    assert "| `trainer.added_nested` | float | `0.5` | A nested field no page names. |" in after
+    assert "| `added_top` | integer | `3` | A field no page names. |" in after
+    assert "| `trainer.added_nested` | number | `0.5` | A nested field no page names. |" in after
     assert MARKER.format("spec") not in after and after.startswith("# Training spec reference\n\n| field |")
 
 
-def test_the_site_hook_expands_the_markers_of_the_reference_pages():
-    """docs/hooks.py (loaded by path, as mkdocs does) turns each reference page's marker into its
-    table; every table is on a page, once, and a page without a marker is left alone."""
+def load_hooks():
+    """docs/hooks.py, loaded by path as mkdocs does."""
     spec = importlib.util.spec_from_file_location("jobgen_docs_hooks", DOCS / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_site_hook_expands_the_markers_of_the_reference_pages():
+    """docs/hooks.py turns each reference page's marker into its table (the models' fields, or
+    the commands: ``cli``); every table is on a page, once, and a page without a marker is left
+    alone."""
+    hooks = load_hooks()
     markers = [m for page in PAGES for m in reference.MARKER.findall(page.read_text())]
-    assert sorted(markers) == sorted(reference._models())
-    for table in reference._models():
+    assert sorted(markers) == sorted([*reference._models(), "cli"]) == sorted(hooks.REFERENCES)
+    for table, build in hooks.REFERENCES.items():
         page = next(p for p in PAGES if table in reference.MARKER.findall(p.read_text()))
         assert page.parent == DOCS / "reference"
         built = hooks.on_page_markdown(page.read_text(), page=None, config=None, files=None)
-        assert reference.table(table).rstrip("\n") in built and "jobgen-reference" not in built
+        assert build().rstrip("\n") in built and "jobgen-reference" not in built
     untouched = (DOCS / "quickstart.md").read_text()
     assert hooks.on_page_markdown(untouched, page=None, config=None, files=None) == untouched
 
 
 def test_an_unknown_table_fails_the_build_naming_the_valid_ones():
-    with pytest.raises(ValueError, match="no reference table 'specs'; valid: spec, profile, project"):
+    with pytest.raises(ValueError, match="no reference table 'specs'; valid: spec, profile, project$"):
         reference.expand(MARKER.format("specs"))
+    with pytest.raises(ValueError, match="no reference table 'clis'; valid: spec, profile, project, cli$"):
+        load_hooks().on_page_markdown(MARKER.format("clis"), page=None, config=None, files=None)
 
 
 def test_the_reference_is_deterministic():
@@ -159,6 +226,44 @@ def test_mkdocs_build_strict(tmp_path):
         assert html.is_file(), f"{page_name(page)} was not built"
     spec_page = (site / "reference" / "spec" / "index.html").read_text()
     assert "jobgen-reference" not in spec_page and "<code>trainer.strategy</code>" in spec_page
+    profile_page = (site / "reference" / "profile" / "index.html").read_text()
+    assert "<code>kubernetes.tolerations[].key</code>" in profile_page
+    assert "<code>kubernetes.secret_env.&lt;name&gt;.secret</code>" in profile_page
+    cli_page = (site / "reference" / "cli" / "index.html").read_text()
+    assert "jobgen-reference" not in cli_page and "<code>--kubeconfig</code>" in cli_page
     api_page = (site / "api" / "index.html").read_text()
     for function in ("plan_job", "render", "submit", "status", "logs", "cancel", "executor"):
         assert f'id="jobgen.api.{function}"' in api_page, function
+    assert not literal_roles(api_page), literal_roles(api_page)
+
+
+#: A Sphinx role as the page would show it, were it left in a docstring (``:class:`X```).
+SPHINX_ROLE = re.compile(r":(?:class|func|data|mod|meth|attr|exc|obj):")
+
+
+def literal_roles(html: str) -> list[str]:
+    """Each Sphinx role left in the page's text (tags removed), with the words around it."""
+    words = re.sub(r"<[^>]+>", "", html)
+    return [words[max(0, m.start() - 30):m.end() + 40] for m in SPHINX_ROLE.finditer(words)]
+
+
+def test_a_role_left_in_a_page_is_found():
+    """The check of the API page above, on the HTML mkdocstrings makes of ``:class:`X```."""
+    assert literal_roles('<p>Raises :class:<code>~jobgen.errors.JobgenError</code> and :func:<code>f</code></p>')
+    assert not literal_roles('<p>Raises <a href="#x"><code>JobgenError</code></a> (a class: see below)</p>')
+
+
+def test_the_api_page_extension_turns_roles_into_optional_references():
+    """docs/api_roles.py (the griffe extension mkdocs.yml names): each role becomes an optional
+    autorefs reference to its full name (a link where the target is on the site, code elsewhere);
+    ``~`` shows the last name; a role's literal form is gone."""
+    require("griffe", "the documentation site needs mkdocstrings[python] (pip install -e '.[docs]')")
+    spec = importlib.util.spec_from_file_location("jobgen_api_roles", DOCS / "api_roles.py")
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    assert "docs/api_roles.py" in mkdocs_config()["plugins"][1]["mkdocstrings"]["handlers"]["python"]["options"]["extensions"]
+    text = "Raises :class:`~jobgen.errors.JobgenError`; see :func:`plan_job` and :py:meth:`!x.y`."
+    out = roles.rewrite(text, lambda name: {"plan_job": "jobgen.api.plan_job"}.get(name, name))
+    assert out == ('Raises <autoref identifier="jobgen.errors.JobgenError" optional><code>JobgenError</code></autoref>; '
+                   'see <autoref identifier="jobgen.api.plan_job" optional><code>plan_job</code></autoref> and `x.y`.')
+    assert not SPHINX_ROLE.search(out)
