@@ -398,8 +398,8 @@ def parse_sinfo_json(text: str) -> Inventory | None:
             if not isinstance(parts, list):
                 parts = _features(_text(parts, f"{path}.partitions"))
             for name in parts:
-                if isinstance(name, str) and name in inv.partitions:
-                    inv.partitions[name].nodes.append(node)
+                if isinstance(name, str):
+                    inv.partition(name, f"`sinfo --json` {path}.partitions").nodes.append(node)
         return inv
     return None
 
