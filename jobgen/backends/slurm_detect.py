@@ -329,8 +329,9 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     mem_gib = int(mem_mib * 100 / 1024) / 100
     fabric, fabric_why = _fabric(nodes)
     doc.update(cpus_per_node=cpus, mem_gib_per_node=mem_gib, network_fabric=fabric)
-    sources["cpus_per_node"] = f"CPUs of node {cpu_node.name} ({cpu_node.source}), the fewest in the partition"
-    sources["mem_gib_per_node"] = f"RealMemory {mem_mib} MiB of node {mem_node.name} ({mem_node.source}), the least, in GiB rounded down"
+    sources["cpus_per_node"] = f"CPUs of node {cpu_node.name} ({cpu_node.source}), the fewest of the {len(nodes)} node(s) profiled"
+    sources["mem_gib_per_node"] = (f"RealMemory {mem_mib} MiB of node {mem_node.name} ({mem_node.source}), the least of the "
+                                   f"{len(nodes)} node(s) profiled, in GiB rounded down")
     sources["network_fabric"] = fabric_why
 
     if p.max_time_min is not None:
