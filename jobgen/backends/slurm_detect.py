@@ -113,8 +113,10 @@ class DetectedProfile:
         return "\n".join(out) + "\n"
 
     def as_json(self) -> dict[str, Any]:
-        """``-o json``: ``name``, ``partition``, ``profile`` (the document), ``sources``, ``notes``."""
-        return {"name": self.name, "partition": self.partition, "profile": self.doc, "sources": self.sources, "notes": self.notes}
+        """``-o json``: ``name``, ``partition``, ``profile`` (the document), ``sources`` and ``notes``
+        (as the file's comments show them: non-printable characters escaped)."""
+        return {"name": self.name, "partition": self.partition, "profile": self.doc,
+                "sources": {path: clean(text) for path, text in self.sources.items()}, "notes": [clean(n) for n in self.notes]}
 
 
 def _emit(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str, out: list[str]) -> None:

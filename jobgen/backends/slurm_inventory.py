@@ -363,6 +363,9 @@ def parse_sinfo_json(text: str) -> Inventory | None:
     except ValueError as exc:
         raise InventoryError(f"`sinfo --json` printed no JSON document ({clean(str(exc))})",
                              hint="run `sinfo --json` yourself; jobgen reads its output") from None
+    except RecursionError:
+        raise InventoryError("`sinfo --json` printed a document nested too deep to read",
+                             hint="run `sinfo --json` yourself; jobgen reads its output") from None
     if not isinstance(doc, dict):
         return None
     errors = doc.get("errors")

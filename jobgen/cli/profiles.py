@@ -15,7 +15,7 @@ import yaml
 
 from jobgen.cli.options import profiles_dir_option
 from jobgen.cli.output import JobgenGroup, echo_doc, echo_progress, output_option
-from jobgen.errors import ConfigError, JobgenError
+from jobgen.errors import ConfigError, JobgenError, printable
 from jobgen.specs.load import list_profile_names, load_profile, load_profile_doc
 from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY, PROFILE_FILE_CONTEXT
 
@@ -113,7 +113,7 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     name = Path(out_file).stem if out_file else None
     found = detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
     for note in found.notes:
-        echo_progress(f"note: {note}".encode("utf-8", "backslashreplace").decode("utf-8"), err=True)
+        echo_progress(f"note: {printable(note)}", err=True)
     if output == "json":
         echo_doc(found.as_json())
         return
@@ -130,8 +130,8 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     shape = f"{found.doc['gpus_per_node']}x {found.doc['gpu_type']}" if found.doc["gpus_per_node"] else "CPU-only"
-    click.echo(f"wrote {path}: profile {found.name} (partition {found.partition!r}, {found.doc['max_nodes']} node(s), {shape})"
-               .encode("utf-8", "backslashreplace").decode("utf-8"))
+    click.echo(f"wrote {path}: profile {found.name} (partition {printable(found.partition)!r}, {found.doc['max_nodes']} node(s), "
+               f"{shape})")
     click.echo(f"next: jobgen validate examples/quickstart.yaml --profile {path}")
 
 

@@ -314,11 +314,12 @@ def test_hostile_node_values_stay_in_comments(slurm, cwd, tmp_path):
 def test_line_breaks_in_sinfo_text_leave_the_broken_lines_out(slurm, cwd, tmp_path):
     """A partition name holding a newline splits its line: the pieces are left out with a note
     naming the lines, and the rest of the cluster is read."""
-    fixture = _copy_fixture("22.05", tmp_path, sinfo_text=lambda t: t.replace(b"gpu04|gpu|", b"gpu04|g\npu|"))
+    fixture = _copy_fixture("22.05", tmp_path, sinfo_text=lambda t: t.replace(b"gpu04|gpu|", b"gpu04|g\x1b[2J\npu|"))
     detect_replies(slurm, fixture, with_json=False)
     result = jobgen("profiles", "detect", "--scheduler", "slurm", "-o", "yaml", cwd=cwd)
     assert result.exit_code == 0, result.output
     assert "left out" in result.stderr and "line " in result.stderr
+    assert "\x1b" not in result.output and "\\x1b[2J" in result.stderr  # shown escaped, never sent to the terminal
     doc = yaml.safe_load(result.stdout)
     assert doc["max_nodes"] == 3
     assert "# note: `sinfo --noheader --Node" in result.stdout
@@ -355,6 +356,10 @@ def test_json_of_another_type_is_refused_and_an_unknown_shape_falls_back_to_text
     result = jobgen("profiles", "detect", "--scheduler", "slurm", "--partition", "ampere", cwd=cwd)
     assert result.exit_code == 2, result.output
     assert re.search(r"sinfo\[\d+\]\.cpus\.minimum is \"lots\", not a number", result.stderr)
+    for broken in ("[" * 100_000 + "]" * 100_000, "sinfo: no JSON here\n"):
+        slurm.respond("sinfo --json", reply(stdout=broken))
+        result = jobgen("profiles", "detect", "--scheduler", "slurm", "--partition", "ampere", cwd=cwd)
+        assert result.exit_code == 2 and "`sinfo --json`" in result.stderr, result.output
     slurm.respond("sinfo --json", reply(stdout=json.dumps({"meta": {}, "clusters": []})))
     result = jobgen("profiles", "detect", "--scheduler", "slurm", "--partition", "ampere", "-o", "json", cwd=cwd)
     assert result.exit_code == 0, result.output
