@@ -297,29 +297,9 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     slurm: dict[str, Any] = {"cluster": cluster, "partition": p.name}
     sources["slurm.cluster"] = cluster_source
     sources["slurm.partition"] = f"{p.source}" + (" (the default partition)" if p.default else "")
+    gres_type: str | None = None
     if p.gpu_nodes:
-        gres_type, nodes, why = _gpu_group(p, gpu_type)
-        if gres_type is not None:
-            _plain(gres_type, "GRES type", nodes[0].source, "pass --gpu-type for another type's nodes, or ask the admins")
-        model, model_source = gpu_type, "--gpu-type"
-        if model is None and gres_type is not None:
-            model, model_source = gpu_model(gres_type), f"GRES type {gres_type!r} ({nodes[0].source})"
-        if model is None:
-            named = sorted({m for n in nodes for f in n.features if (m := gpu_model(f))})
-            if len(named) == 1:
-                model, model_source = named[0], f"node feature naming {named[0]} ({nodes[0].source})"
-        if model is None:
-            raise ConfigError(
-                f"the GPUs of partition {clean(p.name)!r} (GRES {clean(nodes[0].gres)!r}, {nodes[0].source}) name no GPU model "
-                "jobgen knows in their GRES type or features", location="--gpu-type",
-                hint="pass --gpu-type, one of: " + ", ".join(GPU_COMPUTE_CAPABILITY))
-        gpus = nodes[0].gpus.count if nodes[0].gpus else 0
-        mem_gpu, mem_why = gpu_memory_gib(gres_type, model)
-        doc.update(max_nodes=len(nodes), default_nodes=1, gpus_per_node=gpus, gpu_type=model, gpu_mem_gib=mem_gpu)
-        sources["max_nodes"] = why
-        sources["gpus_per_node"] = f"GRES {nodes[0].gres!r} of node {nodes[0].name} ({nodes[0].source})"
-        sources["gpu_type"] = model_source
-        sources["gpu_mem_gib"] = mem_why
+        gres_type, nodes = _gpu_fields(p, gpu_type, doc, sources)
     else:
         nodes = p.nodes
         doc.update(max_nodes=len(nodes), default_nodes=1, gpus_per_node=0, cpu_processes_per_node=1)
@@ -335,32 +315,12 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     sources["mem_gib_per_node"] = (f"RealMemory {mem_mib} MiB of node {mem_node.name} ({mem_node.source}), the least of the "
                                    f"{len(nodes)} node(s) profiled, in GiB rounded down")
     sources["network_fabric"] = fabric_why
-
-    if p.max_time_min is not None:
-        slurm["max_time_limit_min"] = p.max_time_min
-        sources["slurm.max_time_limit_min"] = f"MaxTime of partition {p.name} ({p.source})"
-    else:
-        slurm["max_time_limit_min"] = None
-        sources["slurm.max_time_limit_min"] = f"partition {p.name} has no MaxTime (UNLIMITED): not checked"
-    limit = p.default_time_min or min(60, p.max_time_min or 60)
-    slurm["time_limit_min"] = min(limit, p.max_time_min or limit)
-    sources["slurm.time_limit_min"] = (f"DefaultTime of partition {p.name} ({p.source})" if p.default_time_min
-                                       else "no DefaultTime: one hour, or MaxTime when shorter; a spec's resources.time_limit_min wins")
+    _time_fields(p, slurm, sources)
     slurm["version"] = None if version is None else f"{version[0]:02d}.{version[1]:02d}"
     sources["slurm.version"] = version_source
     if doc["gpus_per_node"]:
-        select = config.get("SelectType", "")
-        if version is not None and version >= _GPUS_PER_NODE_SINCE and select == "select/cons_tres":
-            style, style_why = "gpus-per-node", f"SLURM {release} with SelectType=select/cons_tres (`scontrol show config`): --gpus-per-node"
-        else:
-            style = "gres"
-            style_why = ("--gres=gpu:<type>:<n>, which every SLURM takes: "
-                         + ("the version is unknown" if version is None else
-                            f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < _GPUS_PER_NODE_SINCE else
-                            f"SelectType is {clean(select) or 'unknown'}, and --gpus-per-node needs select/cons_tres"))
-        slurm["gpu_request_style"] = style
+        slurm["gpu_request_style"], sources["slurm.gpu_request_style"] = _request_style(version, release, config.get("SelectType", ""))
         slurm["gres_gpu_type"] = gres_type
-        sources["slurm.gpu_request_style"] = style_why
         sources["slurm.gres_gpu_type"] = ("the GRES type of the nodes chosen, so the request lands on them" if gres_type
                                           else "the GRES is untyped: GPUs of any type")
     _accounts(run, p.name, user, slurm, sources)
@@ -376,6 +336,64 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     found = DetectedProfile(name, p.name, doc, sources, header, notes)
     _check(found)
     return found
+
+
+def _gpu_fields(p: Partition, gpu_type: str | None, doc: dict[str, Any], sources: dict[str, str]) -> tuple[str | None, list[Node]]:
+    """The GPU fields of a GPU partition's profile (``max_nodes``, ``gpus_per_node``, ``gpu_type``,
+    ``gpu_mem_gib``) into ``doc`` and ``sources``; returns the GRES type to request and the nodes
+    profiled (:func:`_gpu_group`). The model: ``gpu_type`` (``--gpu-type``), else the one the GRES
+    type names, else the one node feature naming a model.
+
+    Raises:
+        ConfigError: no model found (the hint names ``--gpu-type``).
+        InventoryError: the GRES type holds a line break or bytes that are not UTF-8.
+    """
+    gres_type, nodes, why = _gpu_group(p, gpu_type)
+    first = nodes[0]
+    if gres_type is not None:
+        _plain(gres_type, "GRES type", first.source, "pass --gpu-type for another type's nodes, or ask the admins")
+    model, model_source = gpu_type, "--gpu-type"
+    if model is None and gres_type is not None:
+        model, model_source = gpu_model(gres_type), f"GRES type {gres_type!r} ({first.source})"
+    if model is None:
+        named = sorted({m for n in nodes for f in n.features if (m := gpu_model(f))})
+        if len(named) == 1:
+            model, model_source = named[0], f"node feature naming {named[0]} ({first.source})"
+    if model is None:
+        raise ConfigError(
+            f"the GPUs of partition {clean(p.name)!r} (GRES {clean(first.gres)!r}, {first.source}) name no GPU model "
+            "jobgen knows in their GRES type or features", location="--gpu-type",
+            hint="pass --gpu-type, one of: " + ", ".join(GPU_COMPUTE_CAPABILITY))
+    mem_gpu, mem_why = gpu_memory_gib(gres_type, model)
+    doc.update(max_nodes=len(nodes), default_nodes=1, gpus_per_node=first.gpus.count if first.gpus else 0, gpu_type=model,
+               gpu_mem_gib=mem_gpu)
+    sources.update({"max_nodes": why, "gpus_per_node": f"GRES {first.gres!r} of node {first.name} ({first.source})",
+                    "gpu_type": model_source, "gpu_mem_gib": mem_why})
+    return gres_type, nodes
+
+
+def _time_fields(p: Partition, slurm: dict[str, Any], sources: dict[str, str]) -> None:
+    """``max_time_limit_min`` (MaxTime; null when UNLIMITED) and ``time_limit_min`` (DefaultTime,
+    else an hour, never above MaxTime) into ``slurm`` and ``sources``."""
+    slurm["max_time_limit_min"] = p.max_time_min
+    sources["slurm.max_time_limit_min"] = (f"MaxTime of partition {p.name} ({p.source})" if p.max_time_min is not None
+                                           else f"partition {p.name} has no MaxTime (UNLIMITED): not checked")
+    limit = p.default_time_min or min(60, p.max_time_min or 60)
+    slurm["time_limit_min"] = min(limit, p.max_time_min or limit)
+    sources["slurm.time_limit_min"] = (f"DefaultTime of partition {p.name} ({p.source})" if p.default_time_min
+                                       else "no DefaultTime: one hour, or MaxTime when shorter; a spec's resources.time_limit_min wins")
+
+
+def _request_style(version: tuple[int, int] | None, release: str | None, select: str) -> tuple[str, str]:
+    """``gpu_request_style`` and why: ``gpus-per-node`` on SLURM >= 19.05 with
+    ``SelectType=select/cons_tres`` (sbatch(1) "--gpus-per-node"; slurm.conf(5) "SelectType"),
+    else ``gres`` (``--gres=gpu:<type>:<n>``, every release)."""
+    if version is not None and version >= _GPUS_PER_NODE_SINCE and select == "select/cons_tres":
+        return "gpus-per-node", f"SLURM {release} with SelectType=select/cons_tres (`scontrol show config`): --gpus-per-node"
+    why = ("the version is unknown" if version is None else
+           f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < _GPUS_PER_NODE_SINCE else
+           f"SelectType is {clean(select) or 'unknown'}, and --gpus-per-node needs select/cons_tres")
+    return "gres", "--gres=gpu:<type>:<n>, which every SLURM takes: " + why
 
 
 def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, Any], sources: dict[str, str]) -> None:
