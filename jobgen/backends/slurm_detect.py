@@ -399,7 +399,12 @@ def _request_style(version: tuple[int, int] | None, release: str | None, select:
 def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, Any], sources: dict[str, str]) -> None:
     """``slurm.account`` (the one account the user has for the partition, else null) and
     ``slurm.qos`` (null: the association's default) from ``sacctmgr``, with the lists found."""
-    user = user or os.environ.get("USER") or getpass.getuser()
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or _login_name()
+    if not user:
+        slurm["account"] = slurm["qos"] = None
+        sources["slurm.account"] = "no login name ($USER, $LOGNAME, the password database) to ask sacctmgr for: SLURM's default account"
+        sources["slurm.qos"] = "not read (no login name): the association's default QOS"
+        return
     argv = sacctmgr_argv(user)
     try:
         text = run(argv, "sacctmgr show associations")
@@ -416,6 +421,15 @@ def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, An
                                 f"accounts you may charge: {', '.join(accounts[:10]) or '(none)'}; null: your default account"))
     slurm["qos"] = None
     sources["slurm.qos"] = f"`sacctmgr`: QOS you may use: {', '.join(qos[:10]) or '(none listed)'}; null: the association's default"
+
+
+def _login_name() -> str | None:
+    """This process's login name from the password database, or None where it has no entry
+    (a container's uid): ``getpass.getuser`` raises then."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
 
 
 def _check(found: DetectedProfile) -> None:

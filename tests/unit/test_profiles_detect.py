@@ -250,6 +250,26 @@ def test_untyped_gpus_need_gpu_type(slurm, cwd, tmp_path):
     ok = jobgen("profiles", "detect", "--scheduler", "slurm", "--gpu-type", "H200", "-o", "json", cwd=cwd)
     doc = json.loads(ok.stdout)
     assert (doc["profile"]["gpu_type"], doc["profile"]["slurm"]["gres_gpu_type"]) == ("H200", None)
+    featured = _copy_fixture("25.05", tmp_path / "featured", sinfo_text=lambda t: t.replace(b"gpu:h200:8(S:0-1)", b"gpu:8"))
+    detect_replies(slurm, featured, with_json=False)  # untyped GRES, but every node has the feature h200
+    doc = json.loads(jobgen("profiles", "detect", "--scheduler", "slurm", "-o", "json", cwd=cwd).stdout)
+    assert doc["profile"]["gpu_type"] == "H200" and "node feature" in doc["sources"]["gpu_type"]
+
+
+def test_hostile_values_in_sinfo_json_are_quoted(slurm, cwd, tmp_path):
+    """25.05's JSON with a partition name of quotes and blanks, a 300-byte node name and features
+    holding a line break and an escape: written quoted, comments escaped, the file loads back."""
+    name = 'g "p" u\'s $HOME'
+    fixture = _copy_fixture("25.05", tmp_path, sinfo_json=lambda t: t.replace(b'"name": "gpu"', b'"name": ' + json.dumps(name).encode())
+                            .replace(b'"h200-01"', json.dumps("n" * 300).encode()).replace(b'"h200,ib"', b'"h200,ib,x\\ny\\u001b[0m"'))
+    detect_replies(slurm, fixture)
+    out = cwd / "p.yaml"
+    result = jobgen("profiles", "detect", "--scheduler", "slurm", "--partition", name, "--out", str(out), cwd=cwd)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["slurm"]["partition"] == name and doc["gpu_type"] == "H200"
+    assert "\x1b" not in out.read_text()
+    assert sbatch_option(render_checked(out, cwd), "partition") == name
 
 
 # --------------------------------------------------------------------------- hostile output
@@ -258,7 +278,7 @@ def test_untyped_gpus_need_gpu_type(slurm, cwd, tmp_path):
 def _copy_fixture(release: str, tmp_path: Path, *, sinfo_text=None, sinfo_json=None, config=None) -> Path:
     """A copy of ``detect/<release>/`` with its files changed by the functions given (bytes -> bytes)."""
     where = tmp_path / f"fixture-{release}"
-    where.mkdir(exist_ok=True)
+    where.mkdir(parents=True, exist_ok=True)
     for src in (DETECT_FIXTURES / release).iterdir():
         change = {"sinfo.txt": sinfo_text, "sinfo.json": sinfo_json, "config.txt": config}.get(src.name)
         (where / src.name).write_bytes(change(src.read_bytes()) if change else src.read_bytes())
@@ -422,3 +442,21 @@ def test_version_lines():
     assert parse_version("slurm 23.11.4\n") == (23, 11, "23.11.4")
     assert parse_version("slurm-wlm 22.05.8\n") == (22, 5, "22.05.8")
     assert parse_version("sinfo: error\n") is None and parse_version("") is None
+
+
+def test_no_login_name_skips_sacctmgr(slurm, cwd, monkeypatch):
+    """A uid without a password entry (a container): getpass.getuser raises; sacctmgr is not asked."""
+    import getpass
+
+    def no_entry():
+        raise OSError("No username set in the environment")
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    monkeypatch.setattr(getpass, "getuser", no_entry)
+    detect_replies(slurm, "22.05")
+    result = jobgen("profiles", "detect", "--scheduler", "slurm", "-o", "json", cwd=cwd)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["profile"]["slurm"]["account"] is None and "no login name" in doc["sources"]["slurm.account"]
+    assert "sacctmgr" not in [argv[0] for argv in slurm.argvs()]
