@@ -261,16 +261,20 @@ JOB_STATES = tuple(sorted(
 
 
 def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-                timeout_s: float = 60.0, what: str = "command") -> subprocess.CompletedProcess[str]:
+                timeout_s: float = 60.0, what: str = "command", undecodable: str = "strict") -> subprocess.CompletedProcess[str]:
     """Run a scheduler command (argv list, never a shell) and return it when it exits 0.
+
+    ``undecodable="surrogateescape"`` reads its output as UTF-8 and keeps bytes that are not
+    UTF-8 as lone surrogates (U+DC80-U+DCFF), for callers that check the values they read;
+    ``"strict"`` decodes in the locale's encoding.
 
     Raises:
         SubmitError: the program is missing, timed out, or exited non-zero; the message names
             argv, the return code and stderr.
     """
     try:
-        proc = subprocess.run(list(argv), cwd=cwd, env=None if env is None else dict(env),
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(list(argv), cwd=cwd, env=None if env is None else dict(env), capture_output=True, text=True,
+                              timeout=timeout_s, **({} if undecodable == "strict" else {"encoding": "utf-8", "errors": undecodable}))
     except FileNotFoundError:
         raise SubmitError(
             f"{argv[0]} not found: cannot run {what}",
@@ -280,7 +284,8 @@ def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[st
         raise SubmitError(f"{what} timed out after {timeout_s:.0f} s: {' '.join(argv)}", hint="is the scheduler's controller reachable?") from None
     if proc.returncode != 0:
         raise SubmitError(
-            f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n{proc.stderr.strip() or proc.stdout.strip()}",
+            f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n"
+            + (proc.stderr.strip() or proc.stdout.strip()).encode("utf-8", "backslashreplace").decode("utf-8"),
             hint="the scheduler's message is above",
         )
     return proc

@@ -1,26 +1,29 @@
-"""``jobgen profiles list|show`` (cluster profiles, ``extends:`` resolved) and ``jobgen schema`` (the
-JSON Schema of a spec, a profile or jobgen.yaml)."""
+"""``jobgen profiles list|show`` (cluster profiles, ``extends:`` resolved), ``jobgen profiles detect``
+(a profile from a SLURM login node) and ``jobgen schema`` (the JSON Schema of a spec, a profile or
+jobgen.yaml)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
 from jobgen.cli.options import profiles_dir_option
-from jobgen.cli.output import JobgenGroup, echo_doc, output_option
-from jobgen.errors import JobgenError
+from jobgen.cli.output import JobgenGroup, echo_doc, echo_progress, output_option
+from jobgen.errors import ConfigError, JobgenError, printable
 from jobgen.specs.file_schema import KINDS, file_schema
 from jobgen.specs.load import list_profile_names, load_profile, load_profile_doc
-from jobgen.specs.profile import PROFILE_FILE_CONTEXT
+from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY, PROFILE_FILE_CONTEXT
 
 
 @click.group(cls=JobgenGroup)
 def profiles() -> None:
-    """List and show cluster profiles (inheritance resolved)."""
+    """List, show and detect cluster profiles (inheritance resolved)."""
 
 
 @profiles.command("list")
@@ -69,6 +72,68 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     width = max(map(len, fields))
     for key, value in fields.items():
         click.echo(f"{key:{width}}  {value}")
+
+
+@profiles.command("detect")
+@click.option("--scheduler", type=click.Choice(["slurm"]), required=True,
+              help="The scheduler to ask (slurm: run on a login node, where sinfo, scontrol and sacctmgr work).")
+@click.option("--partition", default=None, metavar="NAME",
+              help="The partition to profile (default: the only GPU partition, else the only partition).")
+@click.option("--gpu-type", type=click.Choice(list(GPU_COMPUTE_CAPABILITY)), default=None,
+              help="The GPU model, for GPUs whose GRES type and features name none (gpu:8), or to take that "
+                   "model's nodes in a mixed partition.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml); "
+                   "its name (without .yaml) is the profile's name.")
+@click.option("--force", is_flag=True, help="Overwrite FILE when it exists.")
+@output_option("text", "yaml", "json", yaml_help="the profile file, printed instead of written")
+def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None, out_file: str | None, force: bool,
+                    output: str) -> None:
+    """Write a cluster profile from what this SLURM login node's commands say.
+
+    \b
+    Reads: the SLURM version (sinfo --version), ClusterName and SelectType (scontrol show
+    config), the partitions and their nodes' CPUs, memory, GRES (GPU type and count),
+    features, MaxTime and DefaultTime (sinfo --json from SLURM 21.08, else sinfo's text),
+    and your accounts and QOS (sacctmgr; skipped with a comment without slurmdbd).
+    The version and SelectType decide the GPU request jobgen renders (--gpus-per-node on
+    SLURM >= 19.05 with select/cons_tres, else --gres). Each value of the file carries a
+    comment naming its source. The profile is validated before it is written; an existing
+    file is kept unless --force. Several GPU partitions: an error listing them (choose one
+    with --partition; run detect once per partition, each with its own --out).
+
+    \b
+    Example:
+      jobgen profiles detect --scheduler slurm --partition gpu
+      jobgen validate examples/quickstart.yaml --profile cluster_profiles/<cluster>-gpu.yaml
+    """
+    from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
+
+    if out_file is not None and output != "text":
+        raise click.UsageError("-o json|yaml prints the profile instead of writing it; leave out --out FILE, or -o")
+    name = Path(out_file).stem if out_file else None
+    found = detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
+    for note in found.notes:
+        echo_progress(f"note: {printable(note)}", err=True)
+    if output == "json":
+        echo_doc(found.as_json())
+        return
+    text = found.yaml_text()
+    if output == "yaml":
+        click.echo(text, nl=False)
+        return
+    path = Path(out_file) if out_file else Path("cluster_profiles") / f"{found.name}.yaml"
+    if path.exists() and not force:
+        raise ConfigError(f"{path} exists; jobgen does not overwrite a profile", location="--out",
+                          hint="pass --force to overwrite it, or --out OTHER.yaml (or -o yaml to print the profile)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    shape = f"{found.doc['gpus_per_node']}x {found.doc['gpu_type']}" if found.doc["gpus_per_node"] else "CPU-only"
+    click.echo(f"wrote {path}: profile {found.name} (partition {printable(found.partition)!r}, {found.doc['max_nodes']} node(s), "
+               f"{shape})")
+    click.echo(f"next: jobgen validate examples/quickstart.yaml --profile {path}")
 
 
 def _flatten(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -58,12 +58,13 @@ def test_set_override_and_stdout(run_cli):
     assert "#SBATCH --nodes=3" in result.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["render"], ["submit"], ["validate"], ["profiles"], ["profiles", "show"], ["schema"]])
+@pytest.mark.parametrize("command", [[], ["render"], ["submit"], ["validate"], ["profiles"], ["profiles", "show"], ["profiles", "detect"],
+                                     ["schema"]])
 def test_help_explains_with_example(run_cli, command):
     result = run_cli(*command, "--help")
     assert result.code == 0
     assert "Usage:" in result.stdout
-    if command in (["render"], ["submit"], ["validate"], []):
+    if command in (["render"], ["submit"], ["validate"], ["profiles", "detect"], []):
         assert "jobgen " in result.stdout.split("Options:")[0] and ("Example" in result.stdout or "Quick start" in result.stdout)
 
 

@@ -242,7 +242,7 @@ def test_every_command_takes_o_as_the_format_and_debug(name, command):
     by_opt = {opt: param for param in command.params for opt in param.opts}
     output = by_opt["-o"]
     assert by_opt["--output"] is output and {"json"} <= set(output.type.choices)
-    if name in ("render", "profiles show", "schema"):  # they print manifests, a profile, a schema
+    if name in ("render", "profiles show", "profiles detect", "schema"):  # they print manifests, a profile, a schema
         assert "yaml" in output.type.choices and "yaml:" in output.help
     assert "--debug" in by_opt
     if name in ("render", "diff", "submit"):

@@ -15,6 +15,8 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
   and ``--set``s (the submits themselves run against the labs in tests/integration);
   ``submit DIR``: DIR must be a rendered job directory;
 - ``status``/``logs``/``cancel`` of a ``slurm://``/``k8s://``/``ssh://`` handle: the labs (skipped here);
+- ``profiles detect``: a SLURM login node (skipped here, its options checked against ``--help``;
+  tests/unit/test_profiles_detect.py runs it against fake SLURM commands);
 - a local training run: ``validate`` + ``render --stdout`` (the trainings run in tests/entrypoint);
   the command-mode example, a 3-step all-reduce, runs for real (where it runs, its summary.json,
   ``jobgen status`` COMPLETED);
@@ -315,6 +317,11 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
         return
     if any(w.startswith(("slurm://", "k8s://", "ssh://")) for w in words):
         skipped.append(f"{shown}: needs the cluster (tests/integration runs it against the labs)")
+        return
+    if words[:2] == ["profiles", "detect"]:
+        check_synopsis(scratch, words, shown)
+        skipped.append(f"{shown}: needs a SLURM login node (tests/unit/test_profiles_detect.py runs it against fake "
+                       "SLURM commands); its options checked against --help")
         return
     profile = option(words, "--profile", "-p")
     if words[0] == "submit" and Path(words[1]).suffix not in (".yaml", ".yml"):

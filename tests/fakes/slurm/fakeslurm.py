@@ -1,19 +1,22 @@
-"""Fake SLURM client commands (sbatch, squeue, sacct, scancel, scontrol) for offline tests.
+"""Fake SLURM client commands (sbatch, squeue, sacct, scancel, scontrol, sinfo, sacctmgr) for offline tests.
 
 Run as a program (``fakeslurm.py PROG ARGS...``, through the wrappers :class:`FakeSlurm` puts
 on PATH) it plays one client command: it appends ``{"prog", "argv", "cwd", ...}`` to the
 ``calls`` of the JSON state file named by ``$FAKE_SLURM_STATE`` and answers with the next
 response queued for that command (``responses[<command>]``, a list; the last one repeats).
-``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``. A command with no
-response queued exits 97 and says so, so an unexpected call fails the test instead of passing
-silently.
+``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``; so have ``"sinfo --json"``,
+``"sinfo --version"`` and ``"scontrol --version"``. A response's ``stdout_file`` is copied to
+stdout byte for byte (output that is not UTF-8). A command with no response queued exits 97
+and says so, so an unexpected call fails the test instead of passing silently.
 
 Imported, it gives the tests :class:`FakeSlurm` and builders for the documents real SLURM
 prints: ``squeue --json`` in the 22.05 shape (``job_state`` a string, ``exit_code`` a wait(2)
 status, plain numbers) and the 23.11+ shape (``job_state`` a list of base state + flags,
 numbers as ``{"set", "infinite", "number"}`` objects, ``exit_code`` an object), and
 ``sacct --parsable2`` rows. Every release's shape, 22.05 - 25.05, as whole documents:
-tests/unit/fixtures/slurm_json/ (tests/unit/test_slurm_json.py).
+tests/unit/fixtures/slurm_json/ (tests/unit/test_slurm_json.py). What ``jobgen profiles detect``
+reads, per release (22.05, 23.02, 23.11, 24.05, 25.05): ``detect/<release>/`` and
+:func:`detect_replies`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PROGRAMS = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
+PROGRAMS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
+#: ``jobgen profiles detect``'s view of one cluster per release: see :func:`detect_replies`.
+DETECT_FIXTURES = Path(__file__).parent / "detect"
 NOT_CONFIGURED_RC = 97
 
 
@@ -34,7 +39,12 @@ NOT_CONFIGURED_RC = 97
 
 
 def _command_key(prog: str, args: list[str]) -> str:
-    return "sacct -c" if prog == "sacct" and "-c" in args else prog
+    if prog == "sacct" and "-c" in args:
+        return "sacct -c"
+    for flag in ("--version", "--json"):
+        if prog in ("sinfo", "scontrol") and flag in args:
+            return f"{prog} {flag}"
+    return prog
 
 
 def _call_record(prog: str, args: list[str]) -> dict[str, Any]:
@@ -74,6 +84,9 @@ def main(argv: list[str]) -> int:
     if "json" in response:
         sys.stdout.write(json.dumps(response["json"], indent=2) + "\n")
     sys.stdout.write(response.get("stdout", ""))
+    if "stdout_file" in response:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(Path(response["stdout_file"]).read_bytes())
     sys.stderr.write(response.get("stderr", ""))
     return int(response.get("rc", 0))
 
@@ -126,6 +139,39 @@ def reply(stdout: str = "", stderr: str = "", rc: int = 0) -> dict[str, Any]:
 
 def json_reply(doc: dict[str, Any]) -> dict[str, Any]:
     return {"json": doc, "rc": 0}
+
+
+def file_reply(path: Path) -> dict[str, Any]:
+    """Print the bytes of ``path`` (exit 0)."""
+    return {"stdout_file": str(path), "rc": 0}
+
+
+#: sinfo built without SLURM's JSON support (the data_parser / openapi plugins).
+SINFO_NO_JSON = reply(stderr="sinfo: error: JSON plugin load failure\n", rc=1)
+#: sacctmgr without slurmdbd.
+SACCTMGR_NO_DBD = reply(stderr="sacctmgr: error: Problem talking to the database: Connection refused\n", rc=1)
+
+
+def detect_replies(fake: FakeSlurm, release: str | Path, *, with_json: bool = True) -> Path:
+    """Queue what ``jobgen profiles detect`` asks, from ``detect/<release>/`` (or a directory of
+    the same files): ``version.txt`` (``sinfo --version``; ``scontrol --version`` alike),
+    ``config.txt`` (``scontrol show config``), ``sinfo.json`` (``sinfo --json``; with ``with_json``
+    False, or without the file, sinfo fails there as one without JSON support does),
+    ``sinfo.txt`` (sinfo's text: ``--noheader --Node --format=%N|%P|%c|%m|%G|%f|%l|%L``) and
+    ``sacctmgr.txt`` (associations; without it sacctmgr fails as without slurmdbd).
+
+    The files are written to the formats the man pages and SchedMD's data_parser plugins
+    document for that release (see jobgen/backends/slurm_inventory.py), not captured from a
+    cluster. Returns the directory."""
+    where = release if isinstance(release, Path) else DETECT_FIXTURES / release
+    fake.respond("sinfo --version", file_reply(where / "version.txt"))
+    fake.respond("scontrol --version", file_reply(where / "version.txt"))
+    fake.respond("scontrol", file_reply(where / "config.txt"))
+    has_json = with_json and (where / "sinfo.json").is_file()
+    fake.respond("sinfo --json", file_reply(where / "sinfo.json") if has_json else SINFO_NO_JSON)
+    fake.respond("sinfo", file_reply(where / "sinfo.txt"))
+    fake.respond("sacctmgr", file_reply(where / "sacctmgr.txt") if (where / "sacctmgr.txt").is_file() else SACCTMGR_NO_DBD)
+    return where
 
 
 #: What squeue prints (exit 1) for a job id the controller does not know (any more).
