@@ -24,6 +24,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,14 @@ PREINSTALLED_MARKERS = {
     "kubernetes-client (kubectl)": "/usr/bin/kubectl",
     "g++": "/usr/bin/g++",
 }
+
+
+def default_signals() -> None:
+    """SIGINT and SIGQUIT back to their defaults in ``.ci/run``: this script started in the
+    background of a shell without job control (``cmd &``, nohup) inherits them ignored, and the
+    tests of Ctrl-C would then see a process that ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def cpu_model() -> str:
@@ -85,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
           f"Debian packages already installed: {', '.join(present) or 'none'}", flush=True)
     started = time.monotonic()
     with open(work / "ci.log", "wb") as log:
-        proc = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              preexec_fn=default_signals)
     wall = time.monotonic() - started
     tail = (work / "ci.log").read_text(errors="replace").splitlines()
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line), "(no pytest summary line)")

@@ -168,9 +168,12 @@ def test_a_failed_local_run_is_failed_with_its_exit_code_and_first_error(setup):
 
 
 def test_ctrl_c_exits_130_and_the_run_is_cancelled(setup):
+    # SIGINT as a terminal leaves it (default): a test session started in the background of a
+    # shell without job control inherits it ignored, and Python then keeps it ignored.
     proc = subprocess.Popen([sys.executable, "-m", "jobgen.cli", "submit", str(setup["spec"]), "--profile", str(setup["profile"]),
                              "--runs-dir", str(setup["runs"])], cwd=setup["root"], env=_env(setup, "hang"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = setup["runs"] / "cmd" / "output.log"
     deadline = time.monotonic() + 30
     while not (log.is_file() and "[default0]:started" in log.read_text()):

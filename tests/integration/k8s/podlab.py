@@ -286,6 +286,29 @@ def children(pid: int) -> list[int]:
     return found
 
 
+#: Where torchrun's elastic agent logs its own records from (``E1129 08:14:26.635000 1 <path>:<line>] ...``).
+AGENT_RECORD = "torch/distributed/elastic/agent/server/api.py:"
+
+
+def without_exit_barrier_race(output: str) -> str:
+    """``output`` of a node's container without torchrun's agent's records after "Error waiting
+    on exit barrier". After every worker of every node succeeded, the agents meet at an exit
+    barrier held in the store of node 0's agent; that agent may leave as soon as the barrier
+    opens, and an agent still reading the barrier's key then logs a traceback
+    (DistNetworkError). The job and the container still succeed (exit 0). Every other line, the
+    ranks' own tracebacks included, is kept."""
+    kept, in_race = [], False
+    for line in output.splitlines(keepends=True):
+        if AGENT_RECORD in line:
+            in_race = in_race or "Error waiting on exit barrier" in line
+            if in_race:
+                continue
+        else:
+            in_race = False
+        kept.append(line)
+    return "".join(kept)
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     """step -> train_loss over every ``logs/version_<n>/metrics.csv`` of the run, a later version
     (a resumed start) replacing the steps an earlier one logged."""

@@ -87,3 +87,23 @@ def test_the_runtime_packages_carry_the_libraries_of_bookworms_dnsmasq():
     """dnsmasq-base 2.90 in Debian 12 links libnftables (its nftset support): a machine without
     nftables installed could not start the node lab's DNS."""
     assert {"libnftables1", "libnftnl11", "libjansson4", "libxtables12"} <= set(kubenodes.RUNTIME_PACKAGES)
+
+
+def test_the_exit_barrier_race_is_the_only_agent_traceback_left_out():
+    """podlab.without_exit_barrier_race on a worker's output seen on the pod lab: the agent's
+    traceback after "Error waiting on exit barrier" goes; a rank's traceback, and an agent record
+    about anything else, stay."""
+    from podlab import without_exit_barrier_race
+
+    agent = "E1129 08:14:26.635000 1 usr/local/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py:1008] "
+    race = "".join(agent + line + "\n" for line in (
+        "Error waiting on exit barrier. Elapsed: 0.03142118453979492 seconds", "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.11/site-packages/torch/distributed/elastic/utils/store.py", line 201, in barrier',
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes."))
+    done = "[default0]:done: quickstart at step 24/24 (fresh start)\n"
+    assert without_exit_barrier_race(done + race) == done
+    rank = '[default0]:Traceback (most recent call last):\n[default0]:  File "train.py", line 1\n'
+    assert "Traceback" in without_exit_barrier_race(rank + race)
+    other = agent + "Traceback (most recent call last): worker group failed\n"
+    assert without_exit_barrier_race(other + done) == other + done
+    assert "Traceback" in without_exit_barrier_race(race + done + other)
