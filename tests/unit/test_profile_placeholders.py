@@ -147,7 +147,8 @@ def test_cli_submit_refuses_before_anything_is_written_or_sent(tmp_path, monkeyp
     assert cluster.calls == [] and not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
 
 
-def test_python_api_submit_refuses_and_writes_nothing(tmp_path):
+def test_python_api_submit_refuses_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # were the refusal gone, no real sbatch would run
     job_plan = api.plan_job(QUICKSTART, "slurm-a100", templates=TEMPLATES)
     with pytest.raises(ConfigError, match="slurm.partition") as err:
         api.submit(job_plan, api.SubmitOptions(runs_dir=tmp_path / "runs"), out=tmp_path / "manifests")
@@ -190,7 +191,8 @@ def test_a_sweep_is_refused_before_its_first_point(tmp_path, monkeypatch):
     assert cluster.calls == [] and not (tmp_path / "runs").exists()
 
 
-def test_a_slurm_array_sweep_is_refused_too(tmp_path):
+def test_a_slurm_array_sweep_is_refused_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # were the refusal gone, no real sbatch would run
     _profile(tmp_path, "array", {"extends": "slurm-a100", "slurm": {"sweep_as_array": True}})
     from jobgen.api.sweep import plan_sweep, submit_sweep
 
@@ -200,3 +202,17 @@ def test_a_slurm_array_sweep_is_refused_too(tmp_path):
     with pytest.raises(ConfigError, match="slurm.partition"):
         submit_sweep(sweep, api.SubmitOptions(runs_dir=tmp_path / "runs"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_sbatch_test_only_takes_the_profile_and_a_real_submit_never_runs_sbatch(slurm, run_cli, tmp_path):
+    """``--test-only`` asks SLURM (with a warning); the real submit after it is refused before sbatch."""
+    from tests.fakes.slurm.fakeslurm import reply
+
+    slurm.respond("sbatch", reply(stderr="sbatch: Job 124 to start at 2025-01-01T10:00:00 using 16 processors in partition gpu\n"))
+    spec = write(tmp_path / "quickstart.yaml", Path(QUICKSTART).read_text())  # outside a git work tree: no code snapshot
+    checked = run_cli("submit", str(spec), "-p", "slurm-a100", "--test-only", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert checked.code == 0, checked.stderr
+    assert "warning: profile 'slurm-a100' holds example values (slurm.partition)" in checked.stderr
+    refused = run_cli("submit", str(spec), "-p", "slurm-a100", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert refused.code == 2 and 'slurm.partition = "gpu"' in refused.stderr and "sinfo -s" in refused.stderr
+    assert [argv[0] for argv in slurm.argvs()] == ["sbatch"] and "--test-only" in slurm.argvs()[0]
