@@ -54,9 +54,13 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
 def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     """Show profile NAME with `extends:` resolved and defaults filled in: text (one line per
     field, by its dotted path, as --set and the reference (docs/reference/) name it), yaml (a profile file
-    you can copy) or json."""
+    you can copy) or json. The example values still in force end it, under ``placeholders``:
+    a copy keeps them marked."""
     _, path = load_profile_doc(name, profiles_dir)
-    resolved = load_profile(name, profiles_dir).model_dump(mode="json", context=PROFILE_FILE_CONTEXT)
+    profile = load_profile(name, profiles_dir)
+    resolved = profile.model_dump(mode="json", context=PROFILE_FILE_CONTEXT)
+    if profile.placeholders:
+        resolved["placeholders"] = {key: profile.placeholders[key].reason for key in sorted(profile.placeholders)}
     if output == "json":
         echo_doc(resolved)
         return

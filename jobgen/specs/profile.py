@@ -8,6 +8,7 @@ module only validates; it does no I/O.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Annotated, Any, Literal
 
 import pydantic_core
@@ -605,7 +606,7 @@ class Placeholder(_Model):
     @field_validator("reason")
     @classmethod
     def _one_line(cls, value: str) -> str:
-        if any(ord(c) < 32 or ord(c) == 127 or c in "\u0085\u2028\u2029" for c in value):
+        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
             raise ValueError("must be one line of text (no line breaks, tabs or control characters)")
         return value
 
@@ -664,7 +665,8 @@ def placeholder_error(profile: str, values: tuple[tuple[str, str, Placeholder], 
         + "\n".join(lines),
         location=f"{first.file or profile}: {first_path}",
         hint=f"write a profile of your own with 'extends: {profile}' that sets {fields}, or pass --profile-set FIELD=VALUE "
-             "for each; render, validate, plan, submit --dry-run=server and --test-only take the profile as it is",
+             "for each (in a copy of the file that lists them, set each value and delete its line under placeholders:); "
+             "render, validate, plan, submit --dry-run=server and --test-only take the profile as it is",
     )
 
 

@@ -89,7 +89,8 @@ def test_a_placeholder_that_names_no_field_is_refused_with_file_and_path(tmp_pat
     assert "not a profile field path" in str(err.value) or "needs a value" in str(err.value)
 
 
-@pytest.mark.parametrize("reason", ["", "two\nlines", "tab\there", "x" * 300, 7, None, ["a"]], ids=range(7))
+@pytest.mark.parametrize("reason", ["", "two\nlines", "tab\there", "bell\x07", "csi\x9b31m", "line\u2028sep", "x" * 300, 7, None, ["a"]],
+                         ids=range(10))
 def test_a_reason_that_is_not_one_short_line_is_refused(tmp_path, reason):
     path = _profile(tmp_path, "bad", {"extends": "k8s-h100", "placeholders": {"kubernetes.namespace": reason}})
     with pytest.raises(ConfigError) as err:
@@ -216,3 +217,19 @@ def test_sbatch_test_only_takes_the_profile_and_a_real_submit_never_runs_sbatch(
     refused = run_cli("submit", str(spec), "-p", "slurm-a100", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert refused.code == 2 and 'slurm.partition = "gpu"' in refused.stderr and "sinfo -s" in refused.stderr
     assert [argv[0] for argv in slurm.argvs()] == ["sbatch"] and "--test-only" in slurm.argvs()[0]
+
+
+def test_profiles_show_ends_with_the_example_values_and_a_copy_keeps_them(run_cli, tmp_path):
+    """``profiles show -o yaml`` is a file to copy: the copy still lists the example values, so
+    its submit is refused until they are set and their lines deleted."""
+    shown = run_cli("profiles", "show", "k8s-h100", "-o", "yaml")
+    assert shown.code == 0, shown.stderr
+    doc = yaml.safe_load(shown.stdout)
+    assert list(doc)[-1] == "placeholders" and set(doc["placeholders"]) == SHIPPED["k8s-h100"]
+    assert doc["placeholders"]["kubernetes.queue_label"].startswith("your namespace's Kueue LocalQueue")
+    copy = load_profile(str(write(tmp_path / "copy.yaml", shown.stdout)))
+    assert set(copy.placeholders) == SHIPPED["k8s-h100"] and copy.placeholders["kubernetes.image"].file == str(tmp_path / "copy.yaml")
+    edited = {**doc, "kubernetes": {**doc["kubernetes"], "image": "registry.example/me:1"}}
+    edited["placeholders"] = {k: v for k, v in doc["placeholders"].items() if k != "kubernetes.image"}
+    assert "kubernetes.image" not in load_profile(str(write(tmp_path / "edited.yaml", yaml.safe_dump(edited)))).placeholders
+    assert "placeholders" not in yaml.safe_load(run_cli("profiles", "show", "slurm-cpu", "-o", "yaml").stdout)
