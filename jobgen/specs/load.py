@@ -411,8 +411,8 @@ def _placeholders_after(inherited: dict[str, Any], doc: Mapping[str, Any], sourc
 
 
 def _placeholders_without(doc: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """``doc`` without the placeholders that ``--profile-set`` overrides give a value (or an
-    enclosing section a value)."""
+    """``doc`` without the placeholders to which ``overrides`` (``key.path=value``, as
+    :func:`load_profile` takes them) give a value, or give an enclosing section a value."""
     placeholders = doc.get("placeholders")
     if not isinstance(placeholders, dict) or not placeholders:
         return doc

@@ -595,7 +595,7 @@ class Placeholder(_Model):
 
     A profile file declares it under ``placeholders:`` as ``field.path: reason``; the loader
     (:func:`jobgen.specs.load.load_profile_doc`) fills in ``file`` and drops it once a profile
-    extending that file, or ``--profile-set``, sets the field.
+    extending that file, or an override of :func:`jobgen.specs.load.load_profile`, sets the field.
     """
 
     reason: str = Field(min_length=1, max_length=PLACEHOLDER_REASON_MAX, description=(
@@ -664,9 +664,9 @@ def placeholder_error(profile: str, values: tuple[tuple[str, str, Placeholder], 
         f"profile {profile!r} holds example values, not your site's; jobgen submit sends none of them to a cluster:\n"
         + "\n".join(lines),
         location=f"{first.file or profile}: {first_path}",
-        hint=f"write a profile of your own with 'extends: {profile}' that sets {fields}, or pass --profile-set FIELD=VALUE "
-             "for each (in a copy of the file that lists them, set each value and delete its line under placeholders:); "
-             "render, validate, plan, submit --dry-run=server and --test-only take the profile as it is",
+        hint=f"write a profile of your own with 'extends: {profile}' that sets {fields} (in a copy of the file that lists "
+             "them instead: set each value and delete its line under placeholders:); render, validate, plan, "
+             "submit --dry-run=server and --test-only take the profile as it is",
     )
 
 
@@ -723,7 +723,7 @@ class ClusterProfile(_Model):
     placeholders: dict[str, Annotated[Placeholder, WithJsonSchema(_PLACEHOLDER_SCHEMA)]] = Field(default={}, exclude=True, description=(
         "Fields whose values are examples, not a site's: ``field.path: reason`` (e.g. ``kubernetes.image:\n"
         "build yours``). ``jobgen submit`` refuses the profile until each is set in a profile that\n"
-        "extends this one, or with ``--profile-set``; render, validate, plan and dry runs work.\n"
+        "extends this one; render, validate, plan and dry runs work.\n"
         "Not part of the rendered files or the inputs hash."
     ))
 

@@ -1,7 +1,7 @@
 """Example values in profiles (``placeholders:``): the shipped cluster profiles name a made-up
 image, queue, priority class, claim, partition and hosts. ``jobgen submit`` refuses them before
 anything is written or sent; render, validate, plan and the dry runs take them as they are.
-A profile of the user's that sets a field (``extends:``), or ``--profile-set``, replaces it."""
+A profile of the user's that sets a field (``extends:``), or an override of load_profile, replaces it."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_setting_one_field_clears_that_one_only_and_a_child_may_add_its_own(tmp_
     assert profile.placeholders["kubernetes.priority_class"].file.endswith("k8s-h100.yaml")
 
 
-def test_profile_set_clears_the_field_it_sets_or_a_section_above_it():
+def test_an_override_clears_the_field_it_sets_or_a_section_above_it():
     profile = load_profile("slurm-h100", PROFILES, ["slurm.partition=h100-site", "slurm.container={runtime: none}"])
     assert profile.placeholders == {}
     partial = load_profile("k8s-h100", PROFILES, ["kubernetes.image=registry.example/me:1"])
@@ -143,7 +143,7 @@ def test_cli_submit_refuses_before_anything_is_written_or_sent(tmp_path, monkeyp
     for field in SHIPPED["k8s-h100"]:
         assert f"  {field} = " in err
     assert '"training-high" (' in err and "kubectl get priorityclasses" in err
-    assert "hint: write a profile of your own with 'extends: k8s-h100'" in err and "--profile-set" in err
+    assert "hint: write a profile of your own with 'extends: k8s-h100' that sets kubernetes.image, " in err
     assert "Traceback" not in err
     assert cluster.calls == [] and not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
 
