@@ -26,7 +26,8 @@ def profiles() -> None:
 @output_option()
 @profiles_dir_option
 def profiles_list(output: str, profiles_dir: str | None) -> None:
-    """List every profile visible through the lookup order, with its scheduler and nodes."""
+    """List every profile visible through the lookup order, with its scheduler and nodes; a
+    profile with example values to replace (``placeholders:``) says how many."""
     rows = []
     for name in list_profile_names(profiles_dir):
         try:
@@ -35,7 +36,8 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
             rows.append({"name": name, "error": exc.message.splitlines()[0]})
             continue
         rows.append({"name": name, "scheduler": p.scheduler, "max_nodes": p.max_nodes, "gpus_per_node": p.gpus_per_node,
-                     "gpu_type": p.gpu_type, "cpu_processes_per_node": p.cpu_processes_per_node, "description": p.description})
+                     "gpu_type": p.gpu_type, "cpu_processes_per_node": p.cpu_processes_per_node, "description": p.description,
+                     "example_values": sorted(p.placeholders)})
     if output == "json":
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
@@ -44,7 +46,8 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
             click.echo(f"{row['name']:16} (invalid: {row['error']})")
             continue
         shape = f"{row['gpus_per_node']}x {row['gpu_type']}" if row["gpus_per_node"] else f"{row['cpu_processes_per_node']} CPU rank(s)"
-        click.echo(f"{row['name']:16} {row['scheduler']:10} up to {row['max_nodes']} node(s) of {shape:14} {row['description']}")
+        example = f"  [example: {len(row['example_values'])} value(s) to set]" if row["example_values"] else ""
+        click.echo(f"{row['name']:16} {row['scheduler']:10} up to {row['max_nodes']} node(s) of {shape:14} {row['description']}{example}")
 
 
 @profiles.command("show")

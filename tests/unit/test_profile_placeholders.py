@@ -5,6 +5,7 @@ A profile of the user's that sets a field (``extends:``), or an override of load
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,13 @@ def test_profiles_show_ends_with_the_example_values_and_a_copy_keeps_them(run_cl
     edited["placeholders"] = {k: v for k, v in doc["placeholders"].items() if k != "kubernetes.image"}
     assert "kubernetes.image" not in load_profile(str(write(tmp_path / "edited.yaml", yaml.safe_dump(edited)))).placeholders
     assert "placeholders" not in yaml.safe_load(run_cli("profiles", "show", "slurm-cpu", "-o", "yaml").stdout)
+
+
+def test_profiles_list_says_which_profiles_hold_example_values(run_cli):
+    text = run_cli("profiles", "list", "--profiles-dir", str(PROFILES))
+    assert text.code == 0, text.stderr
+    lines = {line.split()[0]: line for line in text.stdout.splitlines()}
+    assert lines["k8s-h100"].endswith("[example: 5 value(s) to set]") and lines["slurm-a100"].endswith("[example: 1 value(s) to set]")
+    assert "[example" not in lines["slurm-cpu"] and "[example" not in lines["local"]
+    rows = {row["name"]: row for row in json.loads(run_cli("profiles", "list", "-o", "json", "--profiles-dir", str(PROFILES)).stdout)}
+    assert {name: set(row["example_values"]) for name, row in rows.items()} == SHIPPED
