@@ -371,3 +371,26 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def site_profile(directory: Path, base: str) -> Path:
+    """``<directory>/<base>.yaml``: a profile extending the shipped profile ``base`` that sets each
+    of its example values (``placeholders:``) to the value it has there, as a site whose objects
+    carry those names writes it. ``jobgen submit`` takes it; its name is ``base``'s, so job
+    directories and listings read as they do for ``base``. Returns the file's path."""
+    import pydantic_core
+    import yaml
+
+    from jobgen.specs.load import load_profile
+    from jobgen.specs.profile import field_value
+
+    shipped = PROFILES / f"{base}.yaml"
+    profile = load_profile(str(shipped))
+    doc: dict[str, Any] = {"extends": str(shipped)}
+    for path in profile.placeholders:
+        *sections, leaf = path.split(".")
+        node = doc
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = pydantic_core.to_jsonable_python(field_value(profile, path))
+    return write(directory / f"{base}.yaml", yaml.safe_dump(doc, sort_keys=True))

@@ -35,6 +35,7 @@ from jobgen.jobdir.spec import read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
 from jobgen.specs.load import load_profile, load_spec, search_dirs
+from jobgen.specs.profile import placeholder_error
 
 if TYPE_CHECKING:
     from jobgen.reports.triage import Triage
@@ -144,14 +145,21 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     SLURM, ssh and local: the code is snapshotted first (:mod:`jobgen.usercode.snapshot`; the repository
     holding the plan's spec file, or for a job directory the one holding the directory).
 
+    A plan whose profile still holds example values (:attr:`JobPlan.placeholders`, the shipped
+    profiles' ``placeholders:``) is refused before anything is written, unless the run only
+    validates (``options.dry_run`` or ``options.test_only``).
+
     Raises:
-        ConfigError: an option the backend does not take; a directory that is not a job directory.
+        ConfigError: an option the backend does not take; a directory that is not a job
+            directory; a real submit of a plan whose profile holds example values.
         SubmitError: the scheduler refused or failed.
     """
     options = options or SubmitOptions()
     if isinstance(target, JobPlan):
         backend = get_backend(target.scheduler)
         backend.check_options(options)
+        if target.placeholders and not (options.dry_run or options.test_only):
+            raise placeholder_error(target.profile, target.placeholders)
         job_dir = backend.job_dir(target, Path(out) if out is not None else None, options)
         before = DirUndo.capture(job_dir)
         target.write(job_dir)

@@ -40,7 +40,7 @@ from jobgen.jobdir.files import ARRAY_INDEX_FILE, SBATCH_FILE, SPEC_FILE, point_
 from jobgen.jobdir.spec import ArrayIndex, ArrayPoint
 from jobgen.planning.plan import JobPlan, PlanContext, fit_warnings, plan_context
 from jobgen.planning.render import ShellText
-from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.profile import ClusterProfile, example_values
 from jobgen.specs.training import TrainingSpec
 
 ARRAY_TEMPLATE = "slurm/array.sbatch.j2"
@@ -210,4 +210,5 @@ def plan_array(
         inputs_sha256=ctx0.inputs_sha256,
         warnings=warnings,
         spec_file=spec_file,
+        placeholders=example_values(profile),
     )

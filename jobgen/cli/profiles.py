@@ -30,7 +30,8 @@ def profiles() -> None:
 @output_option()
 @profiles_dir_option
 def profiles_list(output: str, profiles_dir: str | None) -> None:
-    """List every profile visible through the lookup order, with its scheduler and nodes."""
+    """List every profile visible through the lookup order, with its scheduler and nodes; a
+    profile with example values to replace (``placeholders:``) says how many."""
     rows = []
     for name in list_profile_names(profiles_dir):
         try:
@@ -39,7 +40,8 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
             rows.append({"name": name, "error": exc.message.splitlines()[0]})
             continue
         rows.append({"name": name, "scheduler": p.scheduler, "max_nodes": p.max_nodes, "gpus_per_node": p.gpus_per_node,
-                     "gpu_type": p.gpu_type, "cpu_processes_per_node": p.cpu_processes_per_node, "description": p.description})
+                     "gpu_type": p.gpu_type, "cpu_processes_per_node": p.cpu_processes_per_node, "description": p.description,
+                     "example_values": sorted(p.placeholders)})
     if output == "json":
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
@@ -48,7 +50,8 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
             click.echo(f"{row['name']:16} (invalid: {row['error']})")
             continue
         shape = f"{row['gpus_per_node']}x {row['gpu_type']}" if row["gpus_per_node"] else f"{row['cpu_processes_per_node']} CPU rank(s)"
-        click.echo(f"{row['name']:16} {row['scheduler']:10} up to {row['max_nodes']} node(s) of {shape:14} {row['description']}")
+        example = f"  [example: {len(row['example_values'])} value(s) to set]" if row["example_values"] else ""
+        click.echo(f"{row['name']:16} {row['scheduler']:10} up to {row['max_nodes']} node(s) of {shape:14} {row['description']}{example}")
 
 
 @profiles.command("show")
@@ -58,9 +61,13 @@ def profiles_list(output: str, profiles_dir: str | None) -> None:
 def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
     """Show profile NAME with `extends:` resolved and defaults filled in: text (one line per
     field, by its dotted path, as --set and the reference (docs/reference/) name it), yaml (a profile file
-    you can copy) or json."""
+    you can copy) or json. The example values still in force end it, under ``placeholders``:
+    a copy keeps them marked."""
     _, path = load_profile_doc(name, profiles_dir)
-    resolved = load_profile(name, profiles_dir).model_dump(mode="json", context=PROFILE_FILE_CONTEXT)
+    profile = load_profile(name, profiles_dir)
+    resolved = profile.model_dump(mode="json", context=PROFILE_FILE_CONTEXT)
+    if profile.placeholders:
+        resolved["placeholders"] = {key: profile.placeholders[key].reason for key in sorted(profile.placeholders)}
     if output == "json":
         echo_doc(resolved)
         return

@@ -123,6 +123,8 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
         loaded, prof = api.load(target, profile, overrides=overrides, profiles_dir=profiles_dir, preflight=preflight)
         target_or_plan = api.plan_loaded(loaded, prof, target, profile_source=profile, templates=templates_dir, smoke=smoke)
         warn_plan(target_or_plan)
+        if options.dry_run or options.test_only:
+            warn_example_values(target_or_plan)
         if not no_import_check:
             check_imports(target, loaded)
     with stdout_to_stderr():
@@ -132,6 +134,15 @@ def submit(target: str, profile: str | None, runs_dir: str, out: str | None, out
         return None
     print_submitted(result)
     return None
+
+
+def warn_example_values(job_plan: JobPlan) -> None:
+    """On stderr: the plan's profile holds example values (:attr:`JobPlan.placeholders`), which
+    this dry run takes and a real submit refuses. Nothing when it holds none."""
+    if job_plan.placeholders:
+        fields = ", ".join(path for path, _, _ in job_plan.placeholders)
+        click.echo(f"warning: profile {job_plan.profile!r} holds example values ({fields}); a real jobgen submit refuses it "
+                   "until a profile of yours sets them (docs/profiles.md, \"Example values\")", err=True)
 
 
 def submit_json(result: Any) -> dict[str, Any]:
@@ -176,6 +187,8 @@ def _submit_sweep(spec: str, profile: str, sweeps: tuple[str, ...], options: Sub
                        templates_dir=templates_dir, preflight=preflight, smoke=smoke)
     for warning in dict.fromkeys(w for job in sweep.jobs for w in job.plan.warnings):  # once, not once per point
         click.echo(f"warning: {warning}", err=True)
+    if options.dry_run or options.test_only:
+        warn_example_values(sweep.jobs[0].plan)
     if import_check:
         shown: set[str] = set()
         for label, point_spec in sweep.point_specs():

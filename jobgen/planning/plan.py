@@ -28,7 +28,7 @@ from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
 from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
 from jobgen.planning.tracking import check_tracking, resolve_tracking
-from jobgen.specs.profile import ClusterProfile, SshSettings
+from jobgen.specs.profile import ClusterProfile, Placeholder, SshSettings, example_values
 from jobgen.specs.training import TrainingSpec
 
 __all__ = ["JOB_DIR_PLACEHOLDER", "SUBMIT_DIR_PLACEHOLDER", "ApiRequest", "ClusterObject", "Command", "JobPlan", "PlanContext",
@@ -149,6 +149,9 @@ class JobPlan:
             the object it was dumped from, so that submitting the plan does not read back the
             file it has just written; None for a job array (one per point) or where unknown.
             Not compared: ``files`` holds its text.
+        placeholders: the profile's example values still in force
+            (:func:`jobgen.specs.profile.example_values`): a real submit refuses the plan
+            (:func:`jobgen.api.submit`); dry runs and renders take it. Not compared, not rendered.
     """
 
     scheduler: str
@@ -163,6 +166,7 @@ class JobPlan:
     cluster_object: ClusterObject | None = None
     spec_file: str | None = None
     resolved: ResolvedSpec | None = dataclasses.field(default=None, compare=False, repr=False)
+    placeholders: tuple[tuple[str, str, Placeholder], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def job_subdir(self) -> Path:
@@ -337,6 +341,8 @@ def plan(
     warnings = (*fit_warnings(ctx), *layout_warnings(ctx.spec, ctx.world.accelerator))
     if warnings:
         job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, *warnings))
+    if profile.placeholders:
+        job_plan = dataclasses.replace(job_plan, placeholders=example_values(profile))
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan
 
 

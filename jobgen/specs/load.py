@@ -370,10 +370,56 @@ def load_profile_doc(name: str, profiles_dir: str | os.PathLike[str] | None = No
             else:
                 current = find_profile_file(parent, profiles_dir)
     merged: dict[str, Any] = {}
-    for _, doc in reversed(chain):
-        merged = deep_merge(merged, {k: v for k, v in doc.items() if k != "extends"})
+    placeholders: dict[str, Any] = {}
+    for source, doc in reversed(chain):
+        merged = deep_merge(merged, {k: v for k, v in doc.items() if k not in ("extends", "placeholders")})
+        placeholders = _placeholders_after(placeholders, doc, source)
+    if placeholders:
+        merged["placeholders"] = placeholders
     merged["name"] = path.stem
     return merged, path
+
+
+def _sets(doc: Mapping[str, Any], path: str) -> bool:
+    """Whether the profile document ``doc`` gives a value (``null`` too) to the dotted ``path``."""
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _placeholders_after(inherited: dict[str, Any], doc: Mapping[str, Any], source: Path) -> dict[str, Any]:
+    """The placeholders in force once the profile file ``source`` (its document ``doc``) is applied
+    over a base whose placeholders are ``inherited``: the file's own set of a field replaces an
+    inherited placeholder; the fields its ``placeholders:`` names are added, with the file's path.
+
+    Raises:
+        ConfigError: ``placeholders:`` is not a mapping.
+    """
+    kept = {key: value for key, value in inherited.items() if not _sets(doc, key)}
+    declared = doc.get("placeholders")
+    if declared is None:
+        return kept
+    if not isinstance(declared, dict):
+        raise ConfigError(f"placeholders must be a mapping of field path to reason, got {type(declared).__name__}",
+                          location=f"{source}: placeholders", hint="e.g. placeholders: {kubernetes.image: build yours (docs/install.md)}")
+    for key, reason in declared.items():
+        kept[key] = {"reason": reason, "file": str(source)} if isinstance(reason, str) else reason
+    return kept
+
+
+def _placeholders_without(doc: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``doc`` without the placeholders to which ``overrides`` (``key.path=value``, as
+    :func:`load_profile` takes them) give a value, or give an enclosing section a value."""
+    placeholders = doc.get("placeholders")
+    if not isinstance(placeholders, dict) or not placeholders:
+        return doc
+    keys = [item.partition("=")[0] for item in overrides]
+    kept = {path: value for path, value in placeholders.items()
+            if not any(path == key or path.startswith(key + ".") for key in keys)}
+    return {**doc, "placeholders": kept}
 
 
 def load_profile(
@@ -387,7 +433,7 @@ def load_profile(
         ConfigError: see :func:`load_profile_doc` and :func:`validate`.
     """
     doc, path = load_profile_doc(name, profiles_dir)
-    doc = apply_overrides(doc, list(overrides), source="--profile-set")
+    doc = _placeholders_without(apply_overrides(doc, list(overrides), source="--profile-set"), list(overrides))
     profile = validate(ClusterProfile, doc, str(path))
     if profile.scheduler == "local" and profile.local.detect_gpus:
         from jobgen.specs import local_gpus  # only now: the device query's cost is documented there

@@ -8,19 +8,23 @@ module only validates; it does no I/O.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+import unicodedata
+from typing import Annotated, Any, Literal
 
+import pydantic_core
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    WithJsonSchema,
     field_validator,
     model_serializer,
     model_validator,
 )
 
+from jobgen.errors import ConfigError
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.specs.tracking import TrackingDefaults
 from jobgen.specs.training import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
@@ -580,6 +584,92 @@ class SshSettings(_Model):
         return self.master_addr or self.hosts[0]
 
 
+#: A placeholder's field path: lower-case field names joined by dots (``kubernetes.image``).
+_PLACEHOLDER_PATH_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
+#: Longest placeholder reason, in characters: one line of an error message.
+PLACEHOLDER_REASON_MAX = 200
+
+
+class Placeholder(_Model):
+    """A profile value that is an example, not a site's: ``jobgen submit`` refuses it.
+
+    A profile file declares it under ``placeholders:`` as ``field.path: reason``; the loader
+    (:func:`jobgen.specs.load.load_profile_doc`) fills in ``file`` and drops it once a profile
+    extending that file, or an override of :func:`jobgen.specs.load.load_profile`, sets the field.
+    """
+
+    reason: str = Field(min_length=1, max_length=PLACEHOLDER_REASON_MAX, description=(
+        "What the field must name at your site, on one line (at most 200 characters)."
+    ))
+    file: str | None = Field(default=None, description="The profile file that declared it (set by the loader).")
+
+    @field_validator("reason")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
+            raise ValueError("must be one line of text (no line breaks, tabs or control characters)")
+        return value
+
+
+#: What a profile file holds for one placeholder (the reason; the loader adds the file).
+_PLACEHOLDER_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PLACEHOLDER_REASON_MAX}
+
+
+def _field_path_exists(model: type[BaseModel], parts: list[str]) -> bool:
+    """Whether ``parts`` (``["kubernetes", "image"]``) names a field of ``model`` or of the models
+    nested in it (a mapping field, such as ``node_selector``, ends the path)."""
+    field = model.model_fields.get(parts[0])
+    if field is None:
+        return False
+    if len(parts) == 1:
+        return True
+    for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return _field_path_exists(arg, parts[1:])
+    return False
+
+
+def field_value(profile: BaseModel, path: str) -> Any:
+    """The value at ``path`` (dotted field names) of ``profile``; None where a section is unset."""
+    value: Any = profile
+    for part in path.split("."):
+        if value is None:
+            return None
+        value = getattr(value, part)
+    return value
+
+
+#: Longest value an example-value message shows, in characters (longer ones end in "...").
+_SHOWN_VALUE_MAX = 160
+
+
+def example_values(profile: ClusterProfile) -> tuple[tuple[str, str, Placeholder], ...]:
+    """The profile's placeholders in force, sorted by field path: ``(field path, its value as
+    one line of JSON, at most 160 characters, the placeholder)``."""
+    shown = []
+    for path in sorted(profile.placeholders):
+        text = pydantic_core.to_json(field_value(profile, path)).decode()
+        shown.append((path, text if len(text) <= _SHOWN_VALUE_MAX else text[:_SHOWN_VALUE_MAX - 3] + "...", profile.placeholders[path]))
+    return tuple(shown)
+
+
+def placeholder_error(profile: str, values: tuple[tuple[str, str, Placeholder], ...]) -> ConfigError:
+    """The error ``jobgen submit`` raises for a profile (named ``profile``) that still holds the
+    example ``values`` (:func:`example_values`; at least one): each field, its value, the file that
+    declared it and why; the fix in the hint."""
+    first_path, _, first = values[0]
+    lines = [f"  {path} = {value} ({item.file or 'the profile'}): {item.reason}" for path, value, item in values]
+    fields = ", ".join(path for path, _, _ in values)
+    return ConfigError(
+        f"profile {profile!r} holds example values, not your site's; jobgen submit sends none of them to a cluster:\n"
+        + "\n".join(lines),
+        location=f"{first.file or profile}: {first_path}",
+        hint=f"write a profile of your own with 'extends: {profile}' that sets {fields} (in a copy of the file that lists "
+             "them instead: set each value and delete its line under placeholders:); render, validate, plan, "
+             "submit --dry-run=server and --test-only take the profile as it is",
+    )
+
+
 #: ClusterProfile fields left out of its serialised form (and the inputs hash) while at these defaults.
 _PROFILE_OPTIONAL_FIELDS: dict[str, Any] = {"gpu_hour_price": None, "preflight": False, "preflight_timeout_s": 60, "ssh": None,
                                             "tracking": None}
@@ -630,6 +720,28 @@ class ClusterProfile(_Model):
         "api_key_file) and ``mlflow`` (tracking_uri, experiment, token_file); a spec's\n"
         "``trainer.wandb`` / ``trainer.mlflow`` win field by field. ``null``: none."
     ))
+    placeholders: dict[str, Annotated[Placeholder, WithJsonSchema(_PLACEHOLDER_SCHEMA)]] = Field(default={}, exclude=True, description=(
+        "Fields whose values are examples, not a site's: ``field.path: reason`` (e.g. ``kubernetes.image:\n"
+        "build yours``). ``jobgen submit`` refuses the profile until each is set in a profile that\n"
+        "extends this one; render, validate, plan and dry runs work.\n"
+        "Not part of the rendered files or the inputs hash."
+    ))
+
+    @field_validator("placeholders", mode="before")
+    @classmethod
+    def _reason_only(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"reason": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("placeholders")
+    @classmethod
+    def _known_fields(cls, value: dict[str, Placeholder]) -> dict[str, Placeholder]:
+        for path in value:
+            known = _PLACEHOLDER_PATH_RE.fullmatch(path) and path not in ("name", "placeholders")
+            if not known or not _field_path_exists(cls, path.split(".")):
+                raise ValueError(f"{path!r} is not a profile field path (e.g. kubernetes.image, slurm.partition)")
+        return value
 
     @field_validator("env")
     @classmethod
@@ -659,6 +771,9 @@ class ClusterProfile(_Model):
             raise ValueError("scheduler 'local' runs on this machine: max_nodes must be 1")
         if self.gpu_hour_price is not None and self.gpus_per_node == 0:
             raise ValueError("gpu_hour_price prices GPU-hours, and this profile has no GPUs (gpus_per_node: 0); remove it")
+        for path in self.placeholders:
+            if field_value(self, path) is None:
+                raise ValueError(f"placeholders names {path}, which this profile leaves unset: an example needs a value to replace")
         return self
 
     @property

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, write
+from tests.conftest import EXAMPLES, site_profile, write
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
 
@@ -98,13 +98,14 @@ def test_validate_reports_fit(run_cli):
 def test_submit_to_slurm_without_sbatch_fails_clearly_and_leaves_nothing(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     spec = write(tmp_path / "quickstart.yaml", Path(QUICKSTART).read_text())  # outside a git work tree: no code snapshot
-    result = run_cli("submit", str(spec), "--profile", "slurm-a100", cwd=tmp_path)
+    profile = str(site_profile(tmp_path / "site", "slurm-a100"))  # the shipped one's example partition is refused first
+    result = run_cli("submit", str(spec), "--profile", profile, cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
     # nothing was submitted, so nothing stays written (issue 23: `jobgen render` writes the job
     # directory on its own); nor does a submit write into the user's manifests/ unless asked
     assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
-    asked = run_cli("submit", str(spec), "--profile", "slurm-a100", "--out", "manifests", cwd=tmp_path)
+    asked = run_cli("submit", str(spec), "--profile", profile, "--out", "manifests", cwd=tmp_path)
     assert asked.code == 1 and not (tmp_path / "manifests").exists()
 
 

@@ -16,7 +16,7 @@ from jobgen.backends import kubernetes as k8s
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.specs.load import load_profile, load_spec
-from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
+from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, site_profile
 
 
 class FakeStream:
@@ -369,8 +369,8 @@ def test_cli_refuses_mixed_scheduler_options(run_cli, tmp_path):
 
 
 def test_cli_unknown_kubeconfig_is_bad_input(run_cli, tmp_path):
-    out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--out", str(tmp_path),
-                  "--kubeconfig", str(tmp_path / "nope"))
+    out = run_cli("submit", str(EXAMPLES / "quickstart.yaml"), "-p", str(site_profile(tmp_path / "site", "k8s-a100")),
+                  "--out", str(tmp_path), "--kubeconfig", str(tmp_path / "nope"))
     assert out.code == 2 and f"kubeconfig {tmp_path / 'nope'} does not exist" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -489,8 +489,7 @@ def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    for name in ("k8s-a100", "k8s-h100"):
-        (profiles / f"{name}.yaml").write_text((PROFILES / f"{name}.yaml").read_text())
+    site_profile(profiles, "k8s-h100")  # the shipped one's example values set: a real submit takes it
     kubeconfig = tmp_path / "kubeconfig-b"
     (profiles / "site-b.yaml").write_text(f"extends: k8s-h100\nkubernetes:\n  context: ctx-b\n  kubeconfig: {kubeconfig}\n")
     job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "site-b", profiles_dir=profiles, templates=TEMPLATES)

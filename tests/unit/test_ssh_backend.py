@@ -48,7 +48,7 @@ from jobgen.jobdir import (
 )
 from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import ClusterProfile, SshSettings
-from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, lint_bash, write
+from tests.conftest import ADVERSARIAL, EXAMPLES, PROFILES, TEMPLATES, lint_bash, site_profile, write
 
 
 @pytest.fixture(autouse=True)
@@ -324,7 +324,7 @@ class FakeHosts:
 def quickstart(tmp_path):
     spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no code snapshot
     spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
-    return api.plan_job(spec, "ssh-2node")
+    return api.plan_job(spec, str(site_profile(tmp_path / "site", "ssh-2node")))  # its example hosts set: submit takes it
 
 
 def test_submit_runs_the_planned_commands_and_records_the_hosts(tmp_path, monkeypatch, quickstart):
@@ -376,7 +376,7 @@ def test_a_start_that_fails_on_one_host_stops_the_others(tmp_path, monkeypatch, 
 def test_secrets_reach_the_start_on_stdin_only(tmp_path, monkeypatch):
     spec = tmp_path / "quickstart.yaml"
     spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "secrets: [HF_TOKEN]\n")
-    job_plan = api.plan_job(spec, "ssh-2node")
+    job_plan = api.plan_job(spec, str(site_profile(tmp_path / "site", "ssh-2node")))
     monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts())
     monkeypatch.delenv("HF_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="HF_TOKEN"):

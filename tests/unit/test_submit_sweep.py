@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from jobgen.gitops.manifests import plan_single
 from jobgen.jobdir import SUBMISSION_FILE, Submission, SweepTag, recorded_submissions
-from tests.conftest import EXAMPLES, write
+from tests.conftest import EXAMPLES, site_profile, write
 from tests.fakes.slurm.fakeslurm import reply
 
 SPEC = str(EXAMPLES / "quickstart.yaml")
@@ -183,7 +183,8 @@ def test_kubernetes_gets_one_job_per_point(monkeypatch, tmp_path):
     cluster = FakeCluster()
     monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
-    result = CliRunner().invoke(cli, ["submit", SPEC, "-p", "k8s-h100", "--sweep", "trainer.learning_rate=1e-4,3e-4",
+    profile = str(site_profile(tmp_path / "site", "k8s-h100"))  # the shipped one's example values are refused
+    result = CliRunner().invoke(cli, ["submit", SPEC, "-p", profile, "--sweep", "trainer.learning_rate=1e-4,3e-4",
                                       "--runs-dir", str(tmp_path / "runs"), "-o", "json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -7,9 +7,11 @@ What is in it (one layer, a root filesystem assembled on this machine):
 - the Python interpreter that runs this module (its base installation, ``sys.base_prefix``:
   pyenv's 3.11 on the dev machine) at /usr/local, with its standard library minus the test
   suite, IDLE, tkinter, ensurepip and the host's site-packages; ``python``/``python3`` on PATH;
-- ``jobgen[train]`` with ``torch==2.13.0`` (the CPU wheel the machine's pip configuration finds),
-  installed by pip with ``--prefix`` from a wheel of this work tree (non-editable) and the
-  package index: no dev-venv copy, so nothing of mlflow/wandb/docs tools rides along;
+- ``jobgen[train]`` with the torch of examples/image/constraints.txt (the CPU wheel the machine's
+  pip configuration finds), installed by pip with ``--prefix`` from a wheel of this work tree
+  (non-editable) and the package index, the versions held to that constraints file (the one the
+  shipped recipe, examples/image/Containerfile, installs with): no dev-venv copy, so nothing of
+  mlflow/wandb/docs tools rides along;
 - the host's shared libraries all of it needs, found with ``ldd`` on every ELF file of the tree
   (glibc, libstdc++, libgcc_s, libssl, ...), and ``/bin/sh`` (dash), the one program besides
   Python, for the libraries that shell out. Not a Debian rootfs: the ldd closure is 30 libraries,
@@ -37,8 +39,9 @@ of disk per copy (archive, containerd's content store) for that CPU.
 Cached in ``$JOBGEN_K8S_CACHE/image/<key>/`` (default /var/cache/jobgen-k8s, the directory
 kubelab.py uses), the key a hash of the inputs: this recipe, jobgen's source files (setup.cfg,
 pyproject.toml, README.md, jobgen/, templates/, cluster_profiles/), the requirements (setup.cfg's
-``train`` extra and the torch pin), the interpreter's version and binary, the host's libc.
-Package versions are whatever the index resolves when the key is first built (recorded in
+``train`` extra and the torch pin) and the constraints file, the interpreter's version and binary,
+the host's libc. The packages the constraints file pins get its versions; the others (their
+dependencies) whatever the index resolves when the key is first built (recorded in
 BUILD-INFO.json and the image's labels); delete the cache entry to rebuild.
 
 By hand:
@@ -76,12 +79,26 @@ from typing import Any, BinaryIO
 
 REPO = Path(__file__).resolve().parents[3]
 #: Bump when the recipe changes: a cached image of another recipe is rebuilt.
-RECIPE = 1
+RECIPE = 2
 CACHE_ENV = "JOBGEN_K8S_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jobgen-k8s")
 IMAGE_NAME = "jobgen.local/train"
-#: The CPU build (this machine's pip finds the local +cpu wheel for it; see the README's CPU path).
-TORCH_PIN = "torch==2.13.0"
+#: The versions pip installs (``pip install -c``): the list the shipped recipe,
+#: examples/image/Containerfile, installs with (tests/unit/test_image_recipe.py checks both).
+CONSTRAINTS = REPO / "examples" / "image" / "constraints.txt"
+
+
+def _torch_pin(constraints: Path = CONSTRAINTS) -> str:
+    """The ``torch==<version>`` line of ``constraints``."""
+    match = re.search(r"^torch==(\S+)\s*$", constraints.read_text(), re.M)
+    if match is None:
+        raise RuntimeError(f"{constraints} pins no torch==<version>")
+    return f"torch=={match.group(1)}"
+
+
+#: The CPU build of the constraints' torch (this machine's pip finds the local +cpu wheel for it;
+#: see the README's CPU path).
+TORCH_PIN = _torch_pin()
 EXTRA = "train"
 #: Files of the repository that make up the jobgen wheel (setup.cfg's package_dir and data).
 SOURCE_PATHS = ("setup.cfg", "pyproject.toml", "README.md", "jobgen", "templates", "cluster_profiles")
@@ -178,6 +195,7 @@ def build_inputs(repo: Path = REPO, variant: str = "full") -> dict[str, Any]:
         "variant": variant,
         "jobgen_source_sha256": source.hexdigest(),
         "requirements": requirements(repo, EXTRA if variant == "full" else None),
+        "constraints": (repo / CONSTRAINTS.relative_to(REPO)).read_text() if variant == "full" else None,
         "python": platform.python_version(),
         "python_binary_sha256": _sha256_file(base_python()),
         "libc": "-".join(platform.libc_ver()),
@@ -290,8 +308,9 @@ def _has_setuptools_70() -> bool:
 
 def _pip_install(root: Path, wheel: Path, reqs: list[str], log: Log) -> None:
     """pip (this interpreter's) installs the wheel, its ``train`` extra and the torch pin into the
-    tree's /usr/local; ``--ignore-installed`` so nothing counts as present because the host has it."""
-    target = [f"{wheel}[{EXTRA}]", TORCH_PIN] if reqs else ["--no-deps", str(wheel)]
+    tree's /usr/local, held to :data:`CONSTRAINTS`; ``--ignore-installed`` so nothing counts as
+    present because the host has it."""
+    target = ["-c", CONSTRAINTS, f"{wheel}[{EXTRA}]", TORCH_PIN] if reqs else ["--no-deps", str(wheel)]
     argv = [sys.executable, "-m", "pip", "install", "-q", "--ignore-installed", "--no-compile", "--no-warn-script-location",
             "--prefix", root / "usr" / "local", *target]
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1")

@@ -24,7 +24,7 @@ from jobgen.backends import kubernetes as k8s
 from jobgen.backends.k8s_validate import validate_manifest
 from jobgen.errors import PlanError, SubmitError
 from jobgen.specs.load import load_profile, load_spec
-from tests.conftest import PROFILES, REPO, TEMPLATES
+from tests.conftest import PROFILES, REPO, TEMPLATES, site_profile
 
 pytestmark = pytest.mark.k8s_lab
 ELASTIC_SPEC = REPO / "tests" / "golden" / "specs" / "elastic-fsdp.yaml"
@@ -59,7 +59,8 @@ def test_elastic_job_passes_offline_and_server_dry_run(k8s_lab, profile, tmp_pat
 
 
 def test_cli_creates_the_elastic_job_as_rendered_and_cancels_it(k8s_lab, tmp_path):
-    out = cli(k8s_lab, tmp_path, "submit", str(ELASTIC_SPEC), "-p", "k8s-h100")
+    profile = str(site_profile(tmp_path / "lab-profiles", "k8s-h100"))  # the shipped example values set: a real submit takes it
+    out = cli(k8s_lab, tmp_path, "submit", str(ELASTIC_SPEC), "-p", profile)
     assert out.returncode == 0, out.stdout + out.stderr
     handle = "k8s://jobgen-lab/training/elastic-fsdp"
     assert f"created {handle}" in out.stdout

@@ -21,7 +21,7 @@ from jobgen.backends import kubernetes as k8s
 from jobgen.backends.k8s_validate import validate_manifest
 from jobgen.errors import PlanError, SubmitError
 from jobgen.specs.load import load_profile, load_spec
-from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES
+from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, site_profile
 
 pytestmark = pytest.mark.k8s_lab
 K8S_PROFILES = sorted(p.stem for p in PROFILES.glob("k8s-*.yaml"))
@@ -34,6 +34,13 @@ def cli(lab, cwd: Path, *args: str, timeout: float = 180) -> subprocess.Complete
     for key in ("JOBGEN_K8S_CONTEXT", "JOBGEN_K8S_NAMESPACE", "JOBGEN_DEBUG"):
         env.pop(key, None)
     return subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def lab_profile(tmp_path: Path, base: str) -> str:
+    """The shipped profile ``base`` as the lab's site profile: it extends ``base`` and sets its
+    example values to the names the lab has (the PriorityClass the k8s conftest creates; the
+    rest the API server takes as they are), so a real submit takes it. Named ``base``."""
+    return str(site_profile(tmp_path / "lab-profiles", base))
 
 
 def get(lab, path: str) -> tuple[int, Any]:
@@ -125,7 +132,7 @@ def _job(lab, name: str, namespace: str = "training") -> tuple[int, Any]:
 
 def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     spec = str(EXAMPLES / "quickstart.yaml")
-    first = cli(k8s_lab, tmp_path, "submit", spec, "-p", "k8s-h100", "--set", "resources.nodes=2")
+    first = cli(k8s_lab, tmp_path, "submit", spec, "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "resources.nodes=2")
     assert first.returncode == 0, first.stderr
     handle = "k8s://jobgen-lab/training/quickstart"
     assert f"created {handle}" in first.stdout
@@ -147,16 +154,16 @@ def test_submit_resubmit_replace_status_logs_cancel(k8s_lab, tmp_path):
     record = json.loads((job_dir / ".jobgen-submission.json").read_text())
     assert record["handle"] == handle
 
-    again = cli(k8s_lab, tmp_path, "submit", spec, "-p", "k8s-h100", "--set", "resources.nodes=2")
+    again = cli(k8s_lab, tmp_path, "submit", spec, "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "resources.nodes=2")
     assert again.returncode == 0 and "unchanged" in again.stdout and "nothing was submitted" in again.stdout, again.stdout + again.stderr
     assert _job(k8s_lab, "quickstart")[1]["metadata"]["resourceVersion"] == job["metadata"]["resourceVersion"]
 
-    changed = cli(k8s_lab, tmp_path, "submit", spec, "-p", "k8s-h100", "--set", "resources.nodes=2", "--set", "trainer.max_steps=700")
+    changed = cli(k8s_lab, tmp_path, "submit", spec, "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "resources.nodes=2", "--set", "trainer.max_steps=700")
     assert changed.returncode == 1, changed.stdout + changed.stderr
     assert "already exists with other inputs" in changed.stderr and "--replace" in changed.stderr
     assert _job(k8s_lab, "quickstart")[1]["metadata"]["uid"] == job["metadata"]["uid"]
 
-    replaced = cli(k8s_lab, tmp_path, "submit", spec, "-p", "k8s-h100", "--set", "resources.nodes=2", "--set", "trainer.max_steps=700",
+    replaced = cli(k8s_lab, tmp_path, "submit", spec, "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "resources.nodes=2", "--set", "trainer.max_steps=700",
                    "--replace")
     assert replaced.returncode == 0 and f"replaced {handle}" in replaced.stdout, replaced.stdout + replaced.stderr
     new_job = _job(k8s_lab, "quickstart")[1]
@@ -203,13 +210,13 @@ def test_gitops_directory_submits_as_committed(k8s_lab, tmp_path):
 
 
 def test_missing_namespace_says_how_to_create_it(k8s_lab, tmp_path):
-    out = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--namespace", "nowhere")
+    out = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", lab_profile(tmp_path, "k8s-a100"), "--namespace", "nowhere")
     assert out.returncode == 1
     assert "kubectl create namespace nowhere" in out.stderr, out.stderr
 
 
 def test_unknown_context_is_bad_input_listing_the_known_ones(k8s_lab, tmp_path):
-    out = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-a100", "--context", "prod")
+    out = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", lab_profile(tmp_path, "k8s-a100"), "--context", "prod")
     assert out.returncode == 2
     assert "no context 'prod'" in out.stderr and "jobgen-lab" in out.stderr
     assert "Traceback" not in out.stderr
@@ -307,7 +314,7 @@ def test_code_git_checkout_passes_offline_and_both_servers(k8s_lab, k8s_crd_serv
 def test_ls_lists_a_kubernetes_job_as_status_reports_it(k8s_lab, tmp_path):
     """Issue 13: `jobgen ls` refreshes a Kubernetes submission from the API server; the lab has no
     kubelet, so no pod starts and no usage is shown (never a guess)."""
-    created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-h100", "--set", "name=ls-k8s")
+    created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "name=ls-k8s")
     assert created.returncode == 0, created.stderr
     handle = "k8s://jobgen-lab/training/ls-k8s"
     try:
@@ -355,7 +362,7 @@ def test_status_and_ls_report_completed_failed_and_cancelled(k8s_lab, tmp_path):
     real server's status subresource, as the operator writes them."""
     handles = {}
     for name in ("k8s-ok", "k8s-fail", "k8s-cancel"):
-        created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", "k8s-h100", "--set", f"name={name}")
+        created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", lab_profile(tmp_path, "k8s-h100"), "--set", f"name={name}")
         assert created.returncode == 0, created.stderr
         handles[name] = f"k8s://jobgen-lab/training/{name}"
     try:
