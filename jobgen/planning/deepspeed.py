@@ -94,8 +94,8 @@ def deepspeed_config(spec: TrainingSpec, world: World) -> dict[str, Any]:
 
 
 def check_deepspeed_config(config: dict[str, Any], source: str) -> None:
-    """Check what DeepSpeed's own validator accepts but cannot run as meant (LAB-NOTES
-    "Training stack on CPU": measured against ``DeepSpeedConfig`` of deepspeed 0.19.8).
+    """Check what DeepSpeed's own validator accepts but cannot run as meant (measured
+    against ``DeepSpeedConfig`` of deepspeed 0.19.8).
 
     Run on every config jobgen renders (plan time) and on the ``ds_config.json`` the entrypoint
     reads, which may have been edited by hand after rendering.

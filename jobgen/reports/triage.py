@@ -333,7 +333,7 @@ class LiveFilter:
     """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: every
     rank's (without torchrun's label, as they were printed) and torchrun's own, without
     failures, so that a failed run's terminal shows jobgen's triage (:func:`format_triage`)
-    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22).
+    instead of every rank's traceback and torchrun's ChildFailedError report.
     Failures are tracebacks (up to the exception line, chained ones included), the entrypoint's
     error line, NCCL error lines and C++ abort lines, as :func:`triage` finds them; after the
     first failure torchrun's own lines are held back too (its worker exit reports and
