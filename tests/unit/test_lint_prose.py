@@ -187,3 +187,15 @@ def test_public_docstrings_are_walked_and_private_ones_skipped(tmp_path):
                 """Not public."""
         '''))
     assert [name for name, _ in lint.public_docstrings(source)] == ["module", "public", "Public", "Public.method"]
+
+
+def test_every_nav_page_is_reachable_from_the_index():
+    """docs/index.md's "I want to" table links every page of the nav (the developer pages too)."""
+    import re
+
+    import yaml
+
+    config = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    pages = {page for _, page in lint.nav_pages(config["nav"])} - {"index.md"}
+    linked = set(re.findall(r"\]\(([\w/.-]+\.md)(?:#[\w-]+)?\)", (REPO / "docs" / "index.md").read_text()))
+    assert pages <= linked, sorted(pages - linked)
