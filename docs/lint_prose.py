@@ -17,6 +17,8 @@ The rules:
 - References: no user page and no public docstring of jobgen/ holds an issue reference, a commit
   hash, a machine path or the name of a file that is not in the repository
   (:func:`references` defines each).
+  A reference page's generated tables (its ``<!-- jobgen-reference: NAME -->`` marker, expanded as
+  the site's build hook does) are checked too: they show the models' field descriptions.
 
 A page of :data:`PENDING` is measured and reported but fails only when its figures get worse than
 the ones listed.
@@ -243,13 +245,28 @@ def docstring_findings(repo: Path = REPO, repo_files: frozenset[str] = frozenset
     return out
 
 
+def generated(text: str) -> str:
+    """What the site's build hook puts in place of a page's reference markers (empty without one)."""
+    if "<!-- jobgen-reference:" not in text:
+        return ""
+    if str(REPO) not in sys.path:  # this checkout's jobgen, not another one installed
+        sys.path.insert(0, str(REPO))
+    from jobgen.cli.reference import cli_reference
+    from jobgen.specs.reference import TABLES, expand
+
+    markers = "\n".join(line for line in text.splitlines() if line.startswith("<!-- jobgen-reference:"))
+    return expand(markers, {**TABLES, "cli": cli_reference})
+
+
 def run(repo: Path = REPO, out=sys.stdout) -> int:
     """Measure the user pages and the docstrings, print a table, return the exit status."""
     repo_files = repository_files(repo)
     failed = False
     print(f"{'page':<28} {'words':>6} {'sentences':>9} {'mean':>5} {'refs':>4}  status", file=out)
     for page in user_pages(repo):
-        figures = measure((repo / "docs" / page).read_text(), f"docs/{page}", repo_files)
+        text = (repo / "docs" / page).read_text()
+        figures = measure(text, f"docs/{page}", repo_files)
+        figures.findings += references(generated(text), f"docs/{page} (generated)", repo_files)
         problems = figures.problems()
         status = "ok"
         if page in PENDING:

@@ -563,7 +563,7 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
          "Use `bf16-mixed`, `32-true` or `auto` on CPU (the same spec with fp8 renders for an H100 profile)."),
         (t.strategy == "fsdp" and t.fsdp_state_dict_type == "full", "trainer.fsdp_state_dict_type",
          "You set `trainer.fsdp_state_dict_type='full'`, but {where} has no GPUs; gathering a full FSDP state dict "
-         "segfaults on CPU ranks (torch 2.13, LAB-NOTES).",
+         "segfaults on CPU ranks (torch 2.13).",
          "Use `sharded` (the default) for CPU runs."),
         (t.precision == "16-mixed", "trainer.precision",
          "You set `trainer.precision='16-mixed'`, but {where} has no GPUs; fp16 needs a CUDA GPU (on CPU, PyTorch "

@@ -67,7 +67,7 @@ TORCH_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ")
 TORCHRUN_TEE_RE = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z_]*?)(?P<rank>\d+)\]:(?P<text>.*)$")
 #: Errors a rank gets because a peer died (its collective's connection closed or was aborted):
 #: consequences, not causes. :func:`triage` orders them after every other failure, since which
-#: of the two is printed first is a race (seen on 2 local gloo ranks, issue 22: rank 0's
+#: of the two is printed first is a race (seen on 2 local gloo ranks: rank 0's
 #: "Connection closed by peer" line came out before the ValueError rank 1 raised).
 PEER_LOST_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crashing|ncclRemoteError"

@@ -85,7 +85,7 @@ class TrainerSpec(_Model):
     fsdp_state_dict_type: Literal["sharded", "full"] = Field(default="sharded", description=(
         "FSDP checkpoints: ``sharded`` (a directory, one shard per rank: fast, no gather) or\n"
         "``full`` (one file gathered on rank 0: portable, slow and memory-hungry for large models;\n"
-        "GPU only: gathering a full state dict segfaults on CPU ranks, LAB-NOTES)."
+        "GPU only: gathering a full state dict segfaults on CPU ranks)."
     ))
     ddp_static_graph: bool = Field(default=False, description=(
         "DDP: the set of parameters that get gradients is the same every step (lets DDP skip\n"
@@ -367,7 +367,7 @@ class TrainerSpec(_Model):
 
     @model_validator(mode="after")
     def _offload_rules(self) -> TrainerSpec:
-        # Rules DeepSpeed's own validator misses (LAB-NOTES): offload_param on stage < 3,
+        # Rules DeepSpeed's own validator misses: offload_param on stage < 3,
         # NVMe offload without a path.
         ds_stage = int(self.strategy[-1]) if self.strategy.startswith("deepspeed") else None
         if self.offload_params != "none":

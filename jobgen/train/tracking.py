@@ -380,7 +380,7 @@ class TrackerLogger(Logger):
                 try:
                     tracker.log(own)
                 except Exception as exc:  # noqa: BLE001 - e.g. wandb-core SIGTERMed by SLURM: ConnectionResetError
-                    # neither the other trackers nor training may stop on it (issue 33, seen on the
+                    # neither the other trackers nor training may stop on it (seen on the
                     # SLURM lab); what this tracker confirmed stays what it was, so the next start
                     # sends it the rest from metrics.csv
                     self.failed.add(tracker.name)

@@ -199,3 +199,11 @@ def test_every_nav_page_is_reachable_from_the_index():
     pages = {page for _, page in lint.nav_pages(config["nav"])} - {"index.md"}
     linked = set(re.findall(r"\]\(([\w/.-]+\.md)(?:#[\w-]+)?\)", (REPO / "docs" / "index.md").read_text()))
     assert pages <= linked, sorted(pages - linked)
+
+
+def test_the_generated_reference_tables_are_checked():
+    """A reference page holds a marker; the field descriptions the build puts there are checked too."""
+    assert lint.generated("no marker here") == ""
+    tables = lint.generated("<!-- jobgen-reference: spec -->\n")
+    assert "trainer.precision" in tables
+    assert lint.references(tables, "t", lint.repository_files()) == []
