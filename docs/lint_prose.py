@@ -210,6 +210,8 @@ class Measure:
         return self.words_in_sentences / self.sentences if self.sentences else 0.0
 
     words_in_sentences: int = 0
+    #: The words of the longest sentence (reported, not a rule).
+    longest: int = 0
 
     def problems(self) -> list[str]:
         """What breaks a rule, in words."""
@@ -225,8 +227,9 @@ class Measure:
 def measure(text: str, page: str, repo_files: frozenset[str] = frozenset()) -> Measure:
     """The figures of one page's text."""
     found = sentences(prose(text))
+    lengths = [len(words(s)) for s in found]
     return Measure(page, len(words(strip_code_blocks(strip_front_matter(text)))), len(found),
-                   references(text, page, repo_files), sum(len(words(s)) for s in found))
+                   references(text, page, repo_files), sum(lengths), max(lengths, default=0))
 
 
 def repository_files(repo: Path = REPO) -> frozenset[str]:
@@ -262,7 +265,7 @@ def run(repo: Path = REPO, out=sys.stdout) -> int:
     """Measure the user pages and the docstrings, print a table, return the exit status."""
     repo_files = repository_files(repo)
     failed = False
-    print(f"{'page':<28} {'words':>6} {'sentences':>9} {'mean':>5} {'refs':>4}  status", file=out)
+    print(f"{'page':<28} {'words':>6} {'sentences':>9} {'mean':>5} {'longest':>7} {'refs':>4}  status", file=out)
     for page in user_pages(repo):
         text = (repo / "docs" / page).read_text()
         figures = measure(text, f"docs/{page}", repo_files)
@@ -279,7 +282,7 @@ def run(repo: Path = REPO, out=sys.stdout) -> int:
                 status = "pending"
         elif problems:
             status, failed = "FAIL", True
-        print(f"{page:<28} {figures.words:>6} {figures.sentences:>9} {figures.mean:>5.1f} {len(figures.findings):>4}  {status}", file=out)
+        print(f"{page:<28} {figures.words:>6} {figures.sentences:>9} {figures.mean:>5.1f} {figures.longest:>7} {len(figures.findings):>4}  {status}", file=out)
         if status != "pending":
             for problem in problems:
                 print(f"    {problem}", file=out)
