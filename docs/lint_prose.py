@@ -233,7 +233,13 @@ def measure(text: str, page: str, repo_files: frozenset[str] = frozenset()) -> M
 
 
 def repository_files(repo: Path = REPO) -> frozenset[str]:
-    """The base names of the repository's files (hidden directories and virtual environments skipped)."""
+    """The base names of the repository's files: git's tracked files, or, outside a git checkout,
+    the files under ``repo`` (hidden directories, virtual environments and builds skipped)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        return frozenset(Path(line).name for line in listed.stdout.splitlines())
     skip = {".git", ".venv", "venv", "node_modules", "site", "__pycache__"}
     return frozenset(p.name for p in repo.rglob("*") if p.is_file() and not skip & set(p.relative_to(repo).parts))
 

@@ -29,14 +29,24 @@ def sentences_of(markdown: str) -> list[str]:
 
 
 def test_the_user_pages_and_docstrings_pass():
-    out = io.StringIO()
-    assert lint.run(out=out) == 0, out.getvalue()
-
-
-def test_the_script_runs_from_the_command_line():
+    """``python docs/lint_prose.py`` exits 0 on this checkout: its table is the failure message."""
     result = subprocess.run([sys.executable, "docs/lint_prose.py"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "quickstart.md" in result.stdout and "mean" in result.stdout
+
+
+def test_a_failing_page_fails_the_run(tmp_path):
+    """run() exits 1 on a checkout whose user page breaks a rule (a copy with one page made worse)."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "jobgen").mkdir()
+    (tmp_path / "mkdocs.yml").write_text("nav:\n  - Home: index.md\n  - Developers:\n      - Notes: notes.md\n")
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\nShort. As measured in issue 23.\n")
+    (tmp_path / "docs" / "notes.md").write_text("Developer notes may cite issue 23 and aafdf85.\n")
+    out = io.StringIO()
+    assert lint.run(tmp_path, out=out) == 1
+    assert "issue reference: 'issue 23'" in out.getvalue() and "notes.md" not in out.getvalue()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\nShort. As measured.\n")
+    assert lint.run(tmp_path, out=io.StringIO()) == 0
 
 
 def test_the_developer_pages_are_not_user_pages():
