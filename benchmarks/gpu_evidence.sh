@@ -11,7 +11,7 @@
 # with their before runs and ceilings took ~470 s there, so the traces may be left out).
 #
 # Usage: bash benchmarks/gpu_evidence.sh OUT_DIR [WHEELS_DIR]
-#   WHEELS_DIR: wheels to install first (an offline GPU machine; docs/performance.md, "GPU evidence
+#   WHEELS_DIR: wheels to install first (an offline GPU machine; docs/evidence.md, "GPU evidence
 #   suite" lists them: pydantic, pydantic_core, annotated_types, typing_inspection, hjson,
 #   deepspeed, and pytest, pluggy, iniconfig for the tests), into a private directory put on
 #   PYTHONPATH.

@@ -72,7 +72,7 @@ editable install without an index; jsonargparse is part of ``jobgen[train]``; de
 ninja, py-cpuinfo, msgpack, einops; it also needs psutil, tqdm, packaging, numpy, which transformers
 and peft bring) the ZeRO row; bitsandbytes QLoRA; pytest runs the test suite there. The tiny-Llama builder
 (tests/entrypoint/hf_helpers.py) needs no pytest. kubernetes / jsonschema are not needed (local
-backend). docs/performance.md, "GPU evidence suite", lists what this fetched and its size.
+backend). docs/evidence.md, "On a GPU machine without internet", lists what this fetched and its size.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every error a user can cause is a :class:`JobgenError`: it says what was given, where
 (file + JSON path of the field), and carries a ``hint`` with the exact fix. The CLI prints
 it without a traceback and exits with :attr:`JobgenError.exit_code` (2 for bad input, 1 for
-cluster/submit failures, 130 for an interrupted run; see ARCHITECTURE.md "Errors").
+cluster/submit failures, 130 for an interrupted run; docs/commands.md lists them).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 (:mod:`jobgen.backends.k8s_validate`). Submitting, status, logs and cancel live in
 :mod:`jobgen.backends.kubernetes`; the API client in :mod:`jobgen.backends.k8s_api`.
 
-Launch contract (ARCHITECTURE.md): one pod per node, a container running ``torchrun``
+Launch contract (docs/own-code.md, "Launch contracts"): one pod per node, a container running ``torchrun``
 (``python -m torch.distributed.run``) with nproc-per-node = GPUs per pod, so Lightning sees
 TorchElasticEnvironment (KubeflowEnvironment assumes one process per pod and is not used).
 

@@ -1,7 +1,7 @@
 """Local backend (the embedded default): the bundled entrypoint under torchrun on this machine.
 
 ``torchrun --standalone --nproc-per-node N -m jobgen.train`` in the foreground, gloo on CPU
-(or NCCL when the profile has GPUs), OMP threads set per rank (LAB-NOTES: without it two ranks
+(or NCCL when the profile has GPUs), OMP threads set per rank (measured: without it two ranks
 each take every core and throughput drops 3-4x). Ctrl-C stops every rank: torchrun runs in
 its own process group, gets SIGINT forwarded, and the whole group is killed after a grace period.
 
@@ -105,7 +105,7 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
 def bf16_emulation_warning(precision: str, accelerator: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The warning for a bf16 run on CPU ranks of a machine without native bf16, else None.
 
-    Measured (LAB-NOTES, AMD EPYC with AVX2 only, torch 2.13): a 512x512 bf16 matmul took 206 ms
+    Measured (AMD EPYC with AVX2 only, torch 2.13): a 512x512 bf16 matmul took 206 ms
     vs 7.8 ms in fp32 (~25x); the quickstart ran at 1.1-1.7k tokens/s in bf16-mixed vs ~14k in 32-true.
     """
     if accelerator != "cpu" or not precision.startswith("bf16") or native_bf16(cpuinfo) is not False:

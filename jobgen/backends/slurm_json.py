@@ -33,7 +33,7 @@ Sources (SchedMD's slurm tree, by release tag): 22.05 ``src/plugins/openapi/v0.0
 (``JOB_INFO``, ``JOB_RES``, ``PROCESS_EXIT_CODE``, ``OPENAPI_META``) and
 ``src/interfaces/data_parser.c`` (the CLI's meta: ``plugins`` + ``Slurm`` in 23.02, ``plugin`` +
 ``slurm`` from 23.11); ``doc/html/openapi_release_notes/slurm-23.02.html`` (exit codes tagged
-NO_VAL, commit 413792c5c0, first in 23.02.4); NEWS of 24.05.5 (``null`` instead of ``{}``).
+NO_VAL, https://github.com/SchedMD/slurm/commit/413792c5c0, first in 23.02.4); NEWS of 24.05.5 (``null`` instead of ``{}``).
 
 Pure: no I/O; the SLURM backend runs squeue and hands the text in.
 """

@@ -1,4 +1,4 @@
-"""The SLURM batch script: planning an sbatch job, purely (launch contract in ARCHITECTURE.md).
+"""The SLURM batch script: planning an sbatch job, purely (launch contract in docs/own-code.md).
 
 Launch contract: ``--ntasks-per-node`` = devices per node and ``srun python -m jobgen.train``
 so that Lightning's SLURMEnvironment sees ``SLURM_NTASKS_PER_NODE == devices`` and

@@ -1,6 +1,6 @@
 """Machines without a scheduler, over OpenSSH: planning (pure) and the exact command lines.
 
-Launch contract (ARCHITECTURE.md, "ssh"): one launch script per job, ``launch.sh``, that every
+Launch contract (docs/own-code.md, "Launch contracts"): one launch script per job, ``launch.sh``, that every
 host runs with its node rank; it starts the same torchrun line everywhere (``--nnodes N
 --node-rank i --nproc-per-node D --master-addr <first host> --master-port P``, torchrun's static
 rendezvous, as the seeds' manual multi-node guides do by hand with MASTER_ADDR/NODE_RANK) with

@@ -22,7 +22,7 @@ BUCKET_ELEMENTS = 200_000_000
 #: Top-level keys DeepSpeed 0.19.8 reads: every key ``deepspeed.runtime.config.DeepSpeedConfig``
 #: looks up (recorded by running it on a dict that logs lookups), plus the sections read
 #: elsewhere (optimizer/scheduler, activation checkpointing, AIO, flops profiler, autotuning).
-#: DeepSpeed silently ignores any other key (LAB-NOTES), so a typo there changes nothing.
+#: DeepSpeed silently ignores any other key (measured), so a typo there changes nothing.
 DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "activation_checkpointing", "aio", "amp", "autotuning", "bf16", "bfloat16", "checkpoint", "comet",
     "comms_logger", "communication_data_type", "compile", "compression_training", "csv_monitor",
@@ -82,7 +82,7 @@ def deepspeed_config(spec: TrainingSpec, world: World) -> dict[str, Any]:
         "wall_clock_breakdown": False,
         # DeepSpeed's throughput timer is on by default and synchronises the device at the start
         # and end of every micro batch (deepspeed/utils/timer.py ThroughputTimer, 0.19.8) to time
-        # samples/s, which jobgen's entrypoint measures itself without a sync (issue 28).
+        # samples/s, which jobgen's entrypoint measures itself without a sync.
         "timers": {"throughput": {"enabled": False}},
     }
     if t.precision.startswith("bf16"):
@@ -94,8 +94,8 @@ def deepspeed_config(spec: TrainingSpec, world: World) -> dict[str, Any]:
 
 
 def check_deepspeed_config(config: dict[str, Any], source: str) -> None:
-    """Check what DeepSpeed's own validator accepts but cannot run as meant (LAB-NOTES
-    "Training stack on CPU": measured against ``DeepSpeedConfig`` of deepspeed 0.19.8).
+    """Check what DeepSpeed's own validator accepts but cannot run as meant (measured
+    against ``DeepSpeedConfig`` of deepspeed 0.19.8).
 
     Run on every config jobgen renders (plan time) and on the ``ds_config.json`` the entrypoint
     reads, which may have been edited by hand after rendering.

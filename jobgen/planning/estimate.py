@@ -30,10 +30,10 @@ The estimate is the peak of one training step: the model states alive throughout
 larger of the activations' peak and what is allocated only after it (gradients produced while
 backward frees activations, the optimizer step's temporaries; :func:`with_activations`), plus
 the overhead term for what PyTorch's allocator does not report (CUDA context, NCCL, the
-allocator's reserve). Calibration: the one-GPU peaks measured in issues 21 and 22 (one H100,
+allocator's reserve). Calibration: the one-GPU peaks of the GPU suite (one H100,
 ``torch.cuda.max_memory_allocated``), kept with their sources in
 tests/unit/test_estimate_measured.py ``MEASURED``, are within 15% of the plan (measured /
-planned 0.86-1.05; at aafdf85, before the fixes named in :func:`activation_bytes`,
+planned 0.86-1.05; before the fixes named in :func:`activation_bytes`,
 :func:`residual_bytes` and :func:`deepspeed_bucket_bytes`, ZeRO-2 read 0.59-0.64). It is an
 estimate, not a bound: a layout or shape far from those runs can be off by more.
 
@@ -207,7 +207,7 @@ def residual_bytes(precision: str, strategy: str) -> int:
     (``DeepSpeedEngine._cast_module_mixed_precision``, deepspeed 0.19.8) and Lightning's
     DeepSpeedPrecision adds no autocast, ``bf16-true`` stores 16-bit weights.
 
-    Evidence: Llama-2-7B QLoRA on one H100 (issue 22; rows ``llama7b-qlora-ddp`` and
+    Evidence: Llama-2-7B QLoRA on one H100 (GPU suite rows ``llama7b-qlora-ddp`` and
     ``llama7b-qlora-ds2`` of tests/unit/test_estimate_measured.py): the DDP peak (15.6 GiB) is
     4.5 GiB above ZeRO-2's (11.1 GiB) although ZeRO-2 holds more model state; fp32 checkpointed
     block inputs (32 x 2048 x 4 x 4096 x 4 bytes = 4 GiB instead of 2) are the largest part of
@@ -249,8 +249,8 @@ def activation_bytes(shape: Shape, precision: str, *, checkpointing: bool = Fals
     The peak is ``saved + max(head, transient)``: the head's tensors (logits, loss) live at the
     end of forward and the start of backward, before any layer is recomputed or differentiated;
     the transient is the backward working set, plus one recomputed layer under checkpointing.
-    Summing the two instead (jobgen at aafdf85) over-counts the checkpointed Llama-2-7B QLoRA
-    runs of issue 22 (rows ``llama7b-qlora-*`` of tests/unit/test_estimate_measured.py) by
+    Summing the two instead (an earlier jobgen) over-counts the checkpointed Llama-2-7B QLoRA
+    runs of the GPU suite (rows ``llama7b-qlora-*`` of tests/unit/test_estimate_measured.py) by
     2.3 GiB: head 2.57 GiB, recomputed layer + working set 2.28 GiB.
 
     Args:
@@ -491,9 +491,9 @@ def deepspeed_bucket_bytes(stage: int, p: int, psi: int) -> int:
     The all-gather of updated parameters writes into the flat 16-bit parameter buffer in place
     (``allgather_bucket_size`` chunks it; no extra allocation). NCCL's own buffers are allocated
     outside PyTorch's caching allocator and belong to the overhead term. jobgen's estimate before
-    issue 22 took Hugging Face's "4.5x the bucket sizes" rule (``4.5 x 2 x bucket x p``, 2.7-3.4 GiB
+    the QLoRA runs took Hugging Face's "4.5x the bucket sizes" rule (``4.5 x 2 x bucket x p``, 2.7-3.4 GiB
     here instead of 0.75): with it the plan over-reserved the measured one-GPU ZeRO-2 peaks of
-    issue 21/22 by 36-41% (GPT-350M 0.64, Llama-2-7B QLoRA 0.59 measured / planned).
+    the GPU suite by 36-41% (GPT-350M 0.64, Llama-2-7B QLoRA 0.59 measured / planned).
     Stage 3: the reduce bucket, at most the model (unchanged; not measured here).
     """
     if stage in (1, 2):

@@ -25,9 +25,9 @@ Sources
   to fp32 (:data:`QLORA_UNQUANTIZED_BYTES`; DeepSpeed casts them back to bf16:
   :func:`unquantized_bytes`) and turns on gradient checkpointing
   (``use_gradient_checkpointing=True`` by default).
-* Assumption: QLoRA trains with activation checkpointing under every layout. At aafdf85 the
+* Assumption: QLoRA trains with activation checkpointing under every layout. In an earlier version the
   fsdp / deepspeed_stage_3 recipe (bf16 load, :data:`QLORA_BF16_LOAD_STRATEGIES`) skips
-  ``prepare_model_for_kbit_training`` and with it the checkpointing: issue 22's ZeRO-3 run on one
+  ``prepare_model_for_kbit_training`` and with it the checkpointing: the GPU suite's ZeRO-3 run on one
   H100 peaked at 67.8 GiB, which the estimate *without* checkpointing matches (69.5 GiB, measured
   / planned 0.97; row ``llama7b-qlora-ds3`` of tests/unit/test_estimate_measured.py) while the
   plan with it says 13.1 GiB. At world size 1 ZeRO-3 partitions nothing, so transformers
@@ -52,7 +52,7 @@ Frozen base weights under each layout (they have no gradients or optimizer state
   module + the prefetch bucket); ``offload_params`` puts the partition on the host.
 
 Caveats: the estimate is the peak of one step as :mod:`jobgen.planning.estimate` builds it, calibrated
-against the measured one-GPU QLoRA peaks of issue 22 (ddp 15.6 GiB, ZeRO-2 11.1 GiB: measured /
+against the measured one-GPU QLoRA peaks of the GPU suite (ddp 15.6 GiB, ZeRO-2 11.1 GiB: measured /
 planned 1.05 and 0.86, tests/unit/test_estimate_measured.py). It does not know the caching
 allocator's reserved-but-free memory, bitsandbytes' per-call dequantisation buffers beyond the
 largest Linear, or a framework's own copies. The seed table (:mod:`jobgen.planning.seeds`) is a looser

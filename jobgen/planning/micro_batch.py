@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 AUTO_MICRO_BATCH_MARGIN = 0.10
 """``micro_batch_size: auto`` leaves this fraction of the per-rank budget unplanned: a margin for
 the memory plan's own error (measured peak / plan 0.86-1.05 on one H100 for the GPU suite's GPT
-and QLoRA rows of issues 21 and 22: tests/unit/test_estimate_measured.py)."""
+and QLoRA rows: tests/unit/test_estimate_measured.py)."""
 AUTO_MICRO_BATCH_MAX = 1024
 """The largest micro batch ``auto`` tries (powers of two up to it)."""
 CPU_AUTO_MICRO_BATCH = 8

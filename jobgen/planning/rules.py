@@ -116,7 +116,7 @@ def resolve_precision(spec: TrainingSpec, profile: ClusterProfile) -> TrainingSp
     """``spec`` with ``trainer.precision: auto`` replaced by what the profile's hardware runs
     best: GPUs of compute capability >= 8.0 (Ampere) -> ``bf16-mixed``; older GPUs ->
     ``16-mixed`` (fp16 with loss scaling); CPU -> ``32-true`` (CPUs without native bf16, e.g.
-    AVX2-only, emulate it ~25x slower than fp32: LAB-NOTES, a 512x512 matmul 206 ms vs 7.8 ms).
+    AVX2-only, emulate it ~25x slower than fp32: a 512x512 matmul 206 ms vs 7.8 ms).
     Any other precision is returned unchanged."""
     t = spec.trainer
     if t.precision != "auto":
@@ -508,7 +508,7 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
     Rules and their sources:
     - bf16 needs compute capability >= 8.0 (Ampere); fp8 (``transformer-engine``) >= 9.0
       (Hopper) and the ``transformer_engine`` package on the node.
-    - CPU (measured here, torch 2.13, LAB-NOTES): no fp16 (PyTorch silently runs bf16), no fp8,
+    - CPU (measured with torch 2.13): no fp16 (PyTorch silently runs bf16), no fp8,
       no full FSDP state dict (segfaults), no
       HYBRID_SHARD (runs but silently diverges: val_loss 3.3004 vs 3.2415 for every other
       strategy on the 2-rank matrix job; torch derives the intra-node shard group from the
@@ -563,7 +563,7 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
          "Use `bf16-mixed`, `32-true` or `auto` on CPU (the same spec with fp8 renders for an H100 profile)."),
         (t.strategy == "fsdp" and t.fsdp_state_dict_type == "full", "trainer.fsdp_state_dict_type",
          "You set `trainer.fsdp_state_dict_type='full'`, but {where} has no GPUs; gathering a full FSDP state dict "
-         "segfaults on CPU ranks (torch 2.13, LAB-NOTES).",
+         "segfaults on CPU ranks (torch 2.13).",
          "Use `sharded` (the default) for CPU runs."),
         (t.precision == "16-mixed", "trainer.precision",
          "You set `trainer.precision='16-mixed'`, but {where} has no GPUs; fp16 needs a CUDA GPU (on CPU, PyTorch "
@@ -583,8 +583,8 @@ def check_support(spec: TrainingSpec, accelerator: Accelerator, gpu_type: str | 
 def layout_warnings(spec: TrainingSpec, accelerator: Accelerator) -> tuple[str, ...]:
     """Non-fatal warnings about a layout whose memory plan a GPU run has contradicted.
 
-    QLoRA under ``deepspeed_stage_3`` on a GPU: the first GPU run of the seed recipe (issue 22,
-    one H100, Llama-2-7B QLoRA r 64, sequence 2048, micro batch 4) peaked at 67.8 GiB against a
+    QLoRA under ``deepspeed_stage_3`` on a GPU: the first GPU run of the seed recipe (one
+    H100, Llama-2-7B QLoRA r 64, sequence 2048, micro batch 4) peaked at 67.8 GiB against a
     plan of 17.64 GiB, while ddp (15.6 GiB, 0.95x of its plan) and deepspeed_stage_2 (11.1 GiB,
     0.59x) fitted. jobgen then ran the sharded QLoRA recipe without the gradient checkpointing
     the plan counts (now on, :func:`jobgen.train.hf.load_causal_lm`; jobgen's own activation

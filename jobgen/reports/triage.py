@@ -67,7 +67,7 @@ TORCH_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ")
 TORCHRUN_TEE_RE = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z_]*?)(?P<rank>\d+)\]:(?P<text>.*)$")
 #: Errors a rank gets because a peer died (its collective's connection closed or was aborted):
 #: consequences, not causes. :func:`triage` orders them after every other failure, since which
-#: of the two is printed first is a race (seen on 2 local gloo ranks, issue 22: rank 0's
+#: of the two is printed first is a race (seen on 2 local gloo ranks: rank 0's
 #: "Connection closed by peer" line came out before the ValueError rank 1 raised).
 PEER_LOST_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crashing|ncclRemoteError"
@@ -333,7 +333,7 @@ class LiveFilter:
     """Which lines of a running local job (:func:`torchrun_lines`) reach the terminal: every
     rank's (without torchrun's label, as they were printed) and torchrun's own, without
     failures, so that a failed run's terminal shows jobgen's triage (:func:`format_triage`)
-    instead of every rank's traceback and torchrun's ChildFailedError report (issue 22).
+    instead of every rank's traceback and torchrun's ChildFailedError report.
     Failures are tracebacks (up to the exception line, chained ones included), the entrypoint's
     error line, NCCL error lines and C++ abort lines, as :func:`triage` finds them; after the
     first failure torchrun's own lines are held back too (its worker exit reports and

@@ -1,7 +1,7 @@
 """YAML -> validated models.
 
 Handles: reading YAML safely, ``extends:`` inheritance between profiles, ``--set key.path=value``
-overrides, finding profiles and templates (lookup order of ARCHITECTURE.md), and turning
+overrides, finding profiles and templates (lookup order: :func:`search_dirs`), and turning
 pydantic's errors into :class:`~jobgen.errors.ConfigError` with file, JSON path, did-you-mean
 and a hint.
 """
@@ -83,7 +83,7 @@ def _packaged_dir(subpackage: str, source_dir: str) -> Path:
 def search_dirs(kind: str, override: str | os.PathLike[str] | None = None) -> list[Path]:
     """Directories searched for ``kind`` ("templates" or "cluster_profiles"), first match wins.
 
-    Order (ARCHITECTURE.md): the ``--templates-dir``/``--profiles-dir`` flag, then
+    Order: the ``--templates-dir``/``--profiles-dir`` flag, then
     ``$JOBGEN_HOME/<kind>``, then ``./<kind>`` in the working directory, then the copies
     packaged with jobgen.
     """

@@ -1,6 +1,6 @@
 """ClusterProfile: where a job runs — scheduler, node shape, site conventions.
 
-Profiles are YAML files under ``cluster_profiles/`` (lookup order in ARCHITECTURE.md) and
+Profiles are YAML files under ``cluster_profiles/`` (lookup order: :func:`jobgen.specs.load.search_dirs`) and
 may inherit from another with ``extends: <profile>`` (resolved by :mod:`jobgen.specs.load`). This
 module only validates; it does no I/O.
 """

@@ -85,7 +85,7 @@ class TrainerSpec(_Model):
     fsdp_state_dict_type: Literal["sharded", "full"] = Field(default="sharded", description=(
         "FSDP checkpoints: ``sharded`` (a directory, one shard per rank: fast, no gather) or\n"
         "``full`` (one file gathered on rank 0: portable, slow and memory-hungry for large models;\n"
-        "GPU only: gathering a full state dict segfaults on CPU ranks, LAB-NOTES)."
+        "GPU only: gathering a full state dict segfaults on CPU ranks)."
     ))
     ddp_static_graph: bool = Field(default=False, description=(
         "DDP: the set of parameters that get gradients is the same every step (lets DDP skip\n"
@@ -367,7 +367,7 @@ class TrainerSpec(_Model):
 
     @model_validator(mode="after")
     def _offload_rules(self) -> TrainerSpec:
-        # Rules DeepSpeed's own validator misses (LAB-NOTES): offload_param on stage < 3,
+        # Rules DeepSpeed's own validator misses: offload_param on stage < 3,
         # NVMe offload without a path.
         ds_stage = int(self.strategy[-1]) if self.strategy.startswith("deepspeed") else None
         if self.offload_params != "none":
@@ -461,7 +461,7 @@ class TrainerSpec(_Model):
         At world size 1 there is nothing to shard: torch itself turns FSDP into ``NO_SHARD``
         there, and ZeRO-1/2 keep one partition. What is left of the sharded path is its cost:
         FSDP's per-unit Python and DeepSpeed's per-parameter gradient hooks, bucket copies and
-        timers, which took more host time per step than a GPU's work (issue 28: gpt2-350m on one
+        timers, which took more host time per step than a GPU's work (measured: gpt2-350m on one
         H200 ran at 0.36x the plain loop under fsdp and ZeRO-2, and the 24-block CPU GPT's host
         time per step was ~45 ms under ddp, ~83 ms under fsdp, ~65-70 ms under ZeRO-2). So
         ``fsdp`` and ``deepspeed_stage_1``/``_2`` at world size 1 train as ``ddp`` does there,

@@ -173,7 +173,7 @@ class CodeGitSource(_Model):
 
 
 class CodeSpec(_Model):
-    """The user's code, shipped as an immutable snapshot (ARCHITECTURE.md, "User code").
+    """The user's code, shipped as an immutable snapshot (docs/code-snapshots.md).
 
     SLURM and local: at submit, ``git archive HEAD`` of the repository holding ``repo`` is
     extracted into ``<run dir>/code/<commit>/`` and put first on every rank's PYTHONPATH.

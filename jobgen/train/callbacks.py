@@ -404,7 +404,7 @@ class FSDPGradNormClipping(Callback):
     """Clips the global gradient norm of an FSDP model through FSDP's own ``clip_grad_norm_``.
 
     Lightning's FSDP precision plugin clips by value only (``Trainer(gradient_clip_val=...)``
-    with the default ``"norm"`` algorithm raises; Lightning issue #19235): the norm of sharded
+    with the default ``"norm"`` algorithm raises; https://github.com/Lightning-AI/pytorch-lightning/issues/19235): the norm of sharded
     gradients needs the FSDP module, which reduces the per-shard norms across ranks. Runs after
     gradient accumulation and unscaling, right before each optimizer step.
 

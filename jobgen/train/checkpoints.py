@@ -381,7 +381,7 @@ def number_optimizer_state_by_parameter(checkpoint: dict[str, Any], module: Ligh
     which takes the numbers to be positions in ``model.parameters()`` (Lightning 2.6,
     ``FSDPStrategy.load_checkpoint``): with jobgen's two AdamW groups (decayed matrices, then the
     rest) the group numbering named the wrong tensors, and a run begun on the single-device path
-    (issue 28) could not continue under FSDP at a larger world size. States keyed otherwise
+    could not continue under FSDP at a larger world size. States keyed otherwise
     (FSDP's own, by parameter name) and optimizers over parameters the module does not own are
     left as they are.
     """

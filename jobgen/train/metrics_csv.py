@@ -1,4 +1,4 @@
-"""``logs/version_<n>/metrics.csv``: written at optimizer steps, and read back (issue 33).
+"""``logs/version_<n>/metrics.csv``: written at optimizer steps, and read back.
 
 Lightning's loggers get a training row's step from ``fit_loop.epoch_loop._batches_that_stepped``,
 which Lightning increments after the row is logged (``training_epoch_loop.on_advance_end``,

@@ -279,7 +279,7 @@ class LitGPT(LightningModule):
         loss = self.loss(self(x), y)
         # Not prog_bar: Lightning converts progress-bar metrics to Python numbers after every batch
         # (a host-device sync per step on GPUs); the logger reads it at log intervals only, and
-        # LineProgress / LogIntervalBar show it from there (issue 21).
+        # LineProgress / LogIntervalBar show it from there.
         if self.log_step_loss is None:
             self.log("train_loss", loss, on_step=True, on_epoch=False)
         else:  # logged in on_before_optimizer_step, from a copy started here

@@ -346,7 +346,7 @@ def _speed_levers(resolved: ResolvedSpec, resume: FoundCheckpoint | None = None)
 
 def check_resume_layout(resume: FoundCheckpoint | None, strategy: str, world_size: int) -> None:
     """Refuse, before anything is built, a resume DeepSpeed's engine cannot load: a one-file
-    checkpoint (written on the single-device path, issue 28's world size 1 of ZeRO-1/2, or under
+    checkpoint (written on the single-device path, as ZeRO-1/2 at world size 1 do, or under
     ddp) where ``strategy`` (the one that trains, after the single-device choice) is DeepSpeed,
     whose engine loads only its own checkpoint directories (Lightning 2.6's DeepSpeedStrategy
     raised FileNotFoundError "not a valid DeepSpeed checkpoint" once the ranks had started).

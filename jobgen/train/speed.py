@@ -10,7 +10,7 @@ is what it was before the levers existed:
   ``32-true`` all of them (10-bit mantissa products, fp32 accumulation; PyTorch's "CUDA semantics:
   TensorFloat-32" note). Lightning itself suggests the same setting on such GPUs.
 * :func:`compile_on`: ``trainer.compile: auto`` -> on for jobgen's built-in GPT under ``ddp`` on
-  CUDA GPUs (issue 21's H100 measurement: +14% tokens/s for gpt2-124m, +19% for gpt2-350m);
+  CUDA GPUs (measured on an H100: +14% tokens/s for gpt2-124m, +19% for gpt2-350m);
   off on CPU (the quickstart would pay compilation for nothing), under FSDP (torch.compile over
   FSDP-wrapped blocks is not measured here), DeepSpeed (its engine wraps the module),
   ``transformer-engine``, and Hugging Face models (bitsandbytes' 4-bit layers are not measured

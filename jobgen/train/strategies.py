@@ -1,7 +1,7 @@
 """Strategy subclasses that let Lightning's FSDP and DeepSpeed run on CPU ranks (gloo), for
 local rehearsal of the multi-GPU strategies.
 
-Stock Lightning refuses both on CPU (LAB-NOTES "Training stack on CPU"):
+Stock Lightning refuses both on CPU (measured with Lightning's stock strategies):
 
 * ``FSDPStrategy`` with ``accelerator="cpu"``: the accelerator connector compares the
   strategy's exact type, and the model is wrapped with ``device_id=root_device.index``, which
@@ -14,7 +14,7 @@ Stock Lightning refuses both on CPU (LAB-NOTES "Training stack on CPU"):
 
 Everything else (sharding, ZeRO partitioning and offload, checkpointing, precision) is left to
 Lightning and the engines. Use sharded state-dict checkpoints with FSDP on CPU: gathering a
-full state dict segfaults there (LAB-NOTES).
+full state dict segfaults there.
 
 Two of the overrides are private Lightning methods, as no public hook wraps the model or calls
 ``deepspeed.initialize``: ``FSDPStrategy._setup_model`` and

@@ -32,7 +32,7 @@ when the run ends (finished or failed). A run stopped by a signal (pre-emption, 
 trains and logs those steps again from the checkpoint's step on. The CSV and TensorBoard logs stay
 live; the trackers lag by at most ``checkpoint.every_n_steps``.
 
-What a tracker holds, not what was sent, decides what a later start sends (issue 33: SLURM's
+What a tracker holds, not what was sent, decides what a later start sends (seen on a SLURM requeue: SLURM's
 SIGTERM on requeue reaches ``wandb-core`` too, and what it had not written was lost). W&B gets
 one committed row per step (the step's rows merged first); ``wandb-core`` writes the run's file
 every :data:`WANDB_FLUSH_S` s. The record keeps, per tracker, the highest step it confirmed
@@ -380,7 +380,7 @@ class TrackerLogger(Logger):
                 try:
                     tracker.log(own)
                 except Exception as exc:  # noqa: BLE001 - e.g. wandb-core SIGTERMed by SLURM: ConnectionResetError
-                    # neither the other trackers nor training may stop on it (issue 33, seen on the
+                    # neither the other trackers nor training may stop on it (seen on the
                     # SLURM lab); what this tracker confirmed stays what it was, so the next start
                     # sends it the rest from metrics.csv
                     self.failed.add(tracker.name)

@@ -307,7 +307,7 @@ def build_trainer(
         enable_checkpointing=not spec.smoke,
         # jobgen's data modules rebuild their windows per epoch; a user's loaders are built once.
         reload_dataloaders_every_n_epochs=0 if spec.user_code else 1,
-        use_distributed_sampler=launch.world_size > 1,  # world size 1: no strategy swaps a loader's sampler (issue 28)
+        use_distributed_sampler=launch.world_size > 1,  # world size 1: no strategy swaps a loader's sampler
         logger=loggers,
         callbacks=callbacks,
         plugins=plugins or None,

@@ -1,6 +1,6 @@
 """Claims of the user pages checked against what jobgen does, or against the project's own
 measurements: a page that says what a command writes says what running it writes, and a page
-that says what ran on a GPU agrees with the evidence page (docs/performance.md)."""
+that says what ran on a GPU agrees with the evidence page (docs/evidence.md)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def test_the_trainer_v2_section_names_the_file_render_all_lists(tmp_path, monkey
 
 
 def test_the_precision_paragraph_agrees_with_the_gpu_evidence():
-    """docs/performance.md reports a ``16-mixed`` (fp16) row measured on a GPU; the precision
+    """docs/evidence.md reports a ``16-mixed`` (fp16) row measured on a GPU; the precision
     paragraph of docs/large-models.md may not say fp16 never ran, and links the evidence."""
-    fp16_rows = re.findall(r"^\| gpt\d+m-fp16[^|]*\| [\d,]+ \|", text("docs/performance.md"), flags=re.M)
+    fp16_rows = re.findall(r"^\| gpt\d+m-fp16[^|]*\| [\d,]+ \|", text("docs/evidence.md"), flags=re.M)
     assert fp16_rows, "the evidence page reports no fp16 row: revisit this test"
     paragraph = next(p for p in text("docs/large-models.md").split("\n\n") if p.startswith("Precision (`trainer.precision`"))
     assert not re.search(r"fp16[^.]*not (been )?run", paragraph), paragraph
-    assert "performance.md#gpu-evidence-suite" in paragraph
+    assert "evidence.md#gpu-evidence-suite" in paragraph
