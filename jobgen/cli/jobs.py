@@ -13,7 +13,7 @@ from jobgen import api
 from jobgen.backends.base import JOB_STATES, LogOptions
 from jobgen.cli.options import job_argument
 from jobgen.cli.output import StateChoice, echo_doc, echo_progress, output_option, remember_output
-from jobgen.errors import ConfigError
+from jobgen.errors import ConfigError, printable
 from jobgen.jobdir.submission import resolve_job
 from jobgen.reports.failure_class import classify, triage_evidence
 from jobgen.reports.triage import format_triage
@@ -117,15 +117,16 @@ def status(job: str, output: str, as_json: bool) -> None:
     if output == "json" or as_json:
         click.echo(json.dumps(st.to_json(), sort_keys=True))
         return
-    details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
+    # the scheduler's words (a reason, a pod's message) are shown printable: they cannot end the line or drive the terminal
+    details = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
     for task in st.tasks:  # a SLURM job array: one line per task
-        shown = ", ".join(f"{k} {v}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
-        click.echo(f"  {task.handle}  {task.state}  {task.details.get('name', '')}  ({task.source}{'; ' + shown if shown else ''})")
+        shown = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
+        click.echo(f"  {task.handle}  {task.state}  {printable(task.details.get('name', ''))}  ({task.source}{'; ' + shown if shown else ''})")
 
 
 @click.command()
