@@ -182,17 +182,22 @@ class Backend(ABC):
                 raise ConfigError(f"{flag} does not apply to {self.name} jobs", hint=f"{hint} ({self.name} takes: {takes})")
 
 
-def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
-    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of the job directory
-    ``handle`` was submitted from, per its submission record; ``None`` when there is no record
-    or the directory is gone or unreadable."""
+def recorded_spec(handle: JobHandle) -> ResolvedSpec | None:
+    """The spec.json of the job directory ``handle`` was submitted from, per its submission
+    record; ``None`` when there is no record or the directory is gone or unreadable."""
     record = find_submission(handle)
     if record is None:
         return None
     try:
-        return read_resolved_spec(Path(record.job_dir)).launch
+        return read_resolved_spec(Path(record.job_dir))
     except JobgenError:
         return None
+
+
+def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
+    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :func:`recorded_spec`."""
+    resolved = recorded_spec(handle)
+    return None if resolved is None else resolved.launch
 
 
 def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:

@@ -109,19 +109,27 @@ def status(job: str, output: str, as_json: bool) -> None:
     local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
     error) or CANCELLED (Ctrl-C).
     A failed job's failure class (user: not retried; infrastructure, unknown:
-    retried) and its reason, from what the scheduler reports (docs/failures.md).
-    -o json: {"handle", "state", "source", "details", "usage", "failure"} (a job array
-    adds "tasks"); a scheduler that cannot be asked is an error (exit 1), as JSON too.
+    retried) and its reason, from what the scheduler reports, and the spec's restart
+    budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md).
+    -o json: {"handle", "state", "source", "details", "usage", "failure"} (failure adds
+    "max_restarts"; a job array adds "tasks"); a scheduler that cannot be asked is an
+    error (exit 1), as JSON too.
     """
     st = api.status(job)
+    budget = api.restart_budget(job) if st.failure is not None else None
     if output == "json" or as_json:
-        click.echo(json.dumps(st.to_json(), sort_keys=True))
+        doc = st.to_json()
+        if doc["failure"] is not None:
+            doc["failure"]["max_restarts"] = budget
+        click.echo(json.dumps(doc, sort_keys=True))
         return
     # the scheduler's words (a reason, a pod's message) are shown printable: they cannot end the line or drive the terminal
     details = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
+        if budget is not None:
+            click.echo(f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
     for task in st.tasks:  # a SLURM job array: one line per task

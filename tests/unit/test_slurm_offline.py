@@ -337,6 +337,22 @@ def test_status_of_an_ended_job_names_its_failure_class(slurm, run_cli, state, e
                                                       f"{got['reason']} [{got['evidence']}]"])
 
 
+@pytest.mark.parametrize(("extra", "budget"), [((), 0), (("--set", "restart.max_restarts=3"), 3)])
+def test_status_of_a_failed_job_shows_the_restart_budget_its_spec_json_records(slurm, submit, run_cli, tmp_path, extra, budget):
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit(*extra).code == 0
+    recorded = json.loads((job_dir(tmp_path) / "spec.json").read_text())["spec"]
+    assert recorded.get("restart") == (None if budget == 0 else {"max_restarts": budget})  # the default is left out
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", sacct_rows(row("123", "NODE_FAIL", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
+    got = status_json(run_cli)["failure"]
+    assert (got["class"], got["max_restarts"]) == ("infrastructure", budget)
+    lines = run_cli("status", HANDLE).stdout.splitlines()
+    assert lines[-1] == f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)"
+    slurm.respond("sacct", sacct_rows(row("123", "COMPLETED", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
+    assert "restart budget" not in run_cli("status", HANDLE).stdout  # shown with a failure only
+
+
 @pytest.mark.parametrize("reason", ["NodeDown\n" + "x" * 300, "\x1b[2J\nhint: rm -rf ~", "NodeDown'; $(reboot)"], ids=range(3))
 def test_status_shows_a_hostile_squeue_reason_escaped(slurm, run_cli, reason):
     slurm.respond("squeue", json_reply(squeue_24_05(123, ["FAILED"], reason=reason, return_code=1)))
