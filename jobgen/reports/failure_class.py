@@ -24,10 +24,12 @@ Exit codes (:func:`exit_code_for`): training-operator's ``restartPolicy: ExitCod
 pod whose container exited 128-255 and leaves one that exited 1-127 failed (its API:
 "1-127: permanent error, do not restart; 128-255: retryable error, will restart the pod"); 0
 is success, nothing to restart. So a user error exits 1 (an exception) or 2 (an input error:
-:data:`jobgen.errors.EXIT_BAD_INPUT`), and the entrypoint's infrastructure verdicts exit above
-192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what ssh
-returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
-:data:`EXIT_UNKNOWN` say who decided.
+:data:`jobgen.errors.EXIT_BAD_INPUT`), and jobgen's infrastructure and unknown verdicts exit
+above 192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what
+ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
+:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) does not
+call :func:`exit_code_for` today: it exits 2 for an input error and 1 for any other failure,
+an NCCL error included, and no rendered manifest sets ``restartPolicy: ExitCode``.
 
 Pure: no I/O. The backends turn what their scheduler reports into :class:`Evidence`;
 :func:`triage_evidence` turns a :class:`~jobgen.reports.triage.Triage` into it.
