@@ -213,3 +213,21 @@ def test_the_tables_list_every_row():
         assert f"| `{rule.name}` |" in table
     assert "| infrastructure (hang) | 201 | retryable |" in fc.exit_codes_table()
     assert "| user (input error) | 2 | permanent |" in fc.exit_codes_table()
+
+
+# ------------------------------------------------------------------ a status's own evidence
+
+
+@pytest.mark.parametrize(("details", "expected"), [
+    ({"exit_code": "1:0", "reason": "None"}, ("", 1, None)),  # squeue's "None": no reason
+    ({"exit_code": "0:9", "reason": "NonZeroExitCode"}, ("NonZeroExitCode", 0, 9)),
+    ({"exit_code": "-9"}, ("", None, 9)),  # torchrun's -N: killed by signal N
+    ({"exit_code": "2"}, ("", 2, None)),
+    ({"exit_code": "1:0\nx"}, ("", None, None)), ({"exit_code": "a:b"}, ("", None, None)), ({}, ("", None, None)),
+])
+def test_status_evidence_reads_the_exit_code_and_reason(details, expected):
+    from jobgen.backends.base import JobStatus, status_evidence
+    from jobgen.jobdir.submission import JobHandle
+
+    got = status_evidence(JobStatus(JobHandle.parse("slurm://lab/7"), "FAILED", "sacct", details))
+    assert (got.reason, got.exit_code, got.signal) == expected and got.state == "FAILED"
