@@ -285,7 +285,7 @@ _EXIT_CODE_RE = re.compile(r"^(-?\d+)(?::(\d+))?$")
 
 def status_evidence(status: JobStatus) -> Evidence:
     """What a status's state and ``details`` say about how the job ended: the state, the
-    scheduler's ``reason`` and the ``exit_code`` (``<code>:<signal>`` as SLURM writes it, or a
+    scheduler's ``reason`` (squeue's ``None`` is none) and the ``exit_code`` (``<code>:<signal>`` as SLURM writes it, or a
     bare code; a negative one is torchrun's ``-N`` for signal N)."""
     details = status.details
     code, signal = None, None
@@ -296,7 +296,8 @@ def status_evidence(status: JobStatus) -> Evidence:
         if code < 0:
             code, signal = None, -code
         signal = signal or None
-    return Evidence(status.source, state=status.state, reason=details.get("reason", ""), exit_code=code, signal=signal)
+    reason = details.get("reason", "")
+    return Evidence(status.source, state=status.state, reason="" if reason == "None" else reason, exit_code=code, signal=signal)
 
 
 #: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's
