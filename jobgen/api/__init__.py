@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend, plan
-from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
+from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_spec
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
@@ -179,6 +179,14 @@ def status(job: str) -> JobStatus:
     """The state of ``job`` (a handle URI or a submitted job directory)."""
     handle = resolve_job(job)
     return get_backend(handle.scheduler).status(handle)
+
+
+def restart_budget(job: str) -> int | None:
+    """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
+    ``job`` was submitted from; ``None`` when no submission record or readable job directory
+    says. Recorded only: jobgen restarts no job itself."""
+    resolved = recorded_spec(resolve_job(job))
+    return None if resolved is None else resolved.spec.restart.max_restarts
 
 
 def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> None:

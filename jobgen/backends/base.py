@@ -3,6 +3,7 @@ status, the scheduler-command runner, and the files every job directory gets."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.nccl import nccl_env
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.render import render_template
+from jobgen.reports.failure_class import Classification, Evidence, classify, unclassified
 from jobgen.reports.usage import Usage
 
 if TYPE_CHECKING:
@@ -180,17 +182,22 @@ class Backend(ABC):
                 raise ConfigError(f"{flag} does not apply to {self.name} jobs", hint=f"{hint} ({self.name} takes: {takes})")
 
 
-def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
-    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of the job directory
-    ``handle`` was submitted from, per its submission record; ``None`` when there is no record
-    or the directory is gone or unreadable."""
+def recorded_spec(handle: JobHandle) -> ResolvedSpec | None:
+    """The spec.json of the job directory ``handle`` was submitted from, per its submission
+    record; ``None`` when there is no record or the directory is gone or unreadable."""
     record = find_submission(handle)
     if record is None:
         return None
     try:
-        return read_resolved_spec(Path(record.job_dir)).launch
+        return read_resolved_spec(Path(record.job_dir))
     except JobgenError:
         return None
+
+
+def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
+    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :func:`recorded_spec`."""
+    resolved = recorded_spec(handle)
+    return None if resolved is None else resolved.launch
 
 
 def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:
@@ -216,6 +223,9 @@ class JobStatus:
         tasks: a SLURM job array: each task's status (handle ``slurm://<cluster>/<jobid>_<task>``),
             by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.array_state`).
             Empty for any other job.
+        evidence: what the scheduler reported about how the job's processes ended, for
+            :attr:`failure`, beyond the state and ``details`` (Kubernetes: each pod's reasons and
+            exit codes, :func:`jobgen.backends.k8s_pods.pod_evidence`).
     """
 
     handle: JobHandle
@@ -224,15 +234,33 @@ class JobStatus:
     details: dict[str, str] = field(default_factory=dict)
     usage: Usage | None = None
     tasks: tuple[JobStatus, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict with stable keys (``jobgen status -o json``, ``jobgen ls -o json``);
-        a job array adds ``tasks``: one such dict per task."""
+        a job array adds ``tasks``: one such dict per task. ``failure``: :attr:`failure`'s
+        :meth:`~jobgen.reports.failure_class.Classification.to_json`, or null."""
+        failure = self.failure
         doc = {"handle": str(self.handle), "state": self.state, "source": self.source, "details": self.details,
-               "usage": None if self.usage is None else self.usage.to_json()}
+               "usage": None if self.usage is None else self.usage.to_json(),
+               "failure": None if failure is None else failure.to_json()}
         if self.tasks:
             doc["tasks"] = [task.to_json() for task in self.tasks]
         return doc
+
+    @property
+    def failure(self) -> Classification | None:
+        """Why the job failed (:mod:`jobgen.reports.failure_class`) when its state is one of
+        :data:`FAILURE_STATES`, else ``None``: from :attr:`evidence` and what the state and
+        ``details`` say (:func:`status_evidence`); a job array's, from its failed tasks'. A
+        failure nothing explains is ``unknown``."""
+        if self.state not in FAILURE_STATES:
+            return None
+        pieces = [*self.evidence, status_evidence(self)]
+        for task in self.tasks:
+            if task.state in FAILURE_STATES:
+                pieces += [*task.evidence, status_evidence(task)]
+        return classify(pieces) or unclassified(f"{self.source}: state {self.state}")
 
     @property
     def finished(self) -> bool:
@@ -246,6 +274,31 @@ FINISHED_STATES = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
      "DELETED"}
 )
+
+#: States of a job that failed (or, RESTARTING, whose pods failed and are started again):
+#: :attr:`JobStatus.failure` says why.
+FAILURE_STATES = frozenset({"BOOT_FAIL", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "RESTARTING"})
+
+#: ``<return code>:<signal>`` (sacct's and squeue's ExitCode) or a bare exit code (a local run's).
+_EXIT_CODE_RE = re.compile(r"^(-?\d+)(?::(\d+))?$")
+
+
+def status_evidence(status: JobStatus) -> Evidence:
+    """What a status's state and ``details`` say about how the job ended: the state, the
+    scheduler's ``reason`` (squeue's ``None`` is none) and the ``exit_code`` (``<code>:<signal>`` as SLURM writes it, or a
+    bare code; a negative one is torchrun's ``-N`` for signal N)."""
+    details = status.details
+    code, signal = None, None
+    found = _EXIT_CODE_RE.match(details.get("exit_code", "").strip())
+    if found is not None:
+        code = int(found.group(1))
+        signal = int(found.group(2)) if found.group(2) else None
+        if code < 0:
+            code, signal = None, -code
+        signal = signal or None
+    reason = details.get("reason", "")
+    return Evidence(status.source, state=status.state, reason="" if reason == "None" else reason, exit_code=code, signal=signal)
+
 
 #: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's
 #: job state codes (squeue(1) "JOB STATE CODES"), the Kubernetes backend's (its job conditions,

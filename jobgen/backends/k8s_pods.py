@@ -16,6 +16,7 @@ from jobgen.backends.k8s_manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_
 from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
 from jobgen.errors import printable
 from jobgen.jobdir.submission import JobHandle
+from jobgen.reports.failure_class import Evidence
 from jobgen.reports.usage import Usage, from_iso, span_seconds
 
 
@@ -98,6 +99,39 @@ def pod_summary(pods: list[dict[str, Any]], name: str, container: str) -> str:
         phase = printable(str(status.get("phase") or "Pending"))
         parts.append(f"{printable(replica)} {phase}" + (f" ({', '.join(notes)})" if notes else ""))
     return "; ".join(parts)
+
+
+def _code(value: Any) -> int | None:
+    """An exit code as the API gives it (an integer), else ``None``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def pod_evidence(pods: list[dict[str, Any]], name: str, container: str) -> tuple[Evidence, ...]:
+    """How each pod of job ``name`` and its training container ``container`` ended, for
+    :mod:`jobgen.reports.failure_class`: the pod's reason (``Evicted``, ``Terminated`` at a node
+    shutdown, ``UnexpectedAdmissionError``), its ``DisruptionTarget`` condition's reason
+    (``PreemptionByScheduler``, ``DeletionByTaintManager``, ...), and the container's end, the
+    current one or, after an in-place restart, the last one (``OOMKilled``, exit code 137).
+    Source: the v1 Pod status fields; reasons are kept as given (:class:`Evidence` makes them
+    printable when shown)."""
+    found = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        pod_name = str(meta.get("name") or "")
+        source = "pod " + (pod_name[len(name) + 1:] if pod_name.startswith(f"{name}-") else pod_name)
+        if status.get("reason"):
+            found.append(Evidence(source, reason=str(status["reason"])))
+        disruption = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"
+                           and str(c.get("status")) == "True"), None)
+        if disruption is not None and disruption.get("reason"):
+            found.append(Evidence(source, reason=str(disruption["reason"])))
+        trainer = next((c for c in status.get("containerStatuses") or [] if c.get("name") == container), None) or {}
+        for ended in ((trainer.get("state") or {}).get("terminated"), (trainer.get("lastState") or {}).get("terminated")):
+            if isinstance(ended, dict):
+                reason = str(ended.get("reason") or "")
+                found.append(Evidence(source, reason="" if reason in ("Completed", "Error") else reason, exit_code=_code(ended.get("exitCode")),
+                                      signal=_code(ended.get("signal")) or None))
+    return tuple(found)
 
 
 def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle) -> Usage | None:

@@ -37,7 +37,7 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import job_pods, pod_summary, pod_usage
+from jobgen.backends.k8s_pods import job_pods, pod_evidence, pod_summary, pod_usage
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -481,7 +481,8 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
     pods, container = job_pods(cluster, kind, namespace, name)
     if pods:
         details["pods"] = pod_summary(pods, name, container)
-    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle))
+    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle),
+                     evidence=pod_evidence(pods, name, container))
 
 
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")

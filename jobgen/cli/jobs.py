@@ -13,8 +13,9 @@ from jobgen import api
 from jobgen.backends.base import JOB_STATES, LogOptions
 from jobgen.cli.options import job_argument
 from jobgen.cli.output import StateChoice, echo_doc, echo_progress, output_option, remember_output
-from jobgen.errors import ConfigError
+from jobgen.errors import ConfigError, printable
 from jobgen.jobdir.submission import resolve_job
+from jobgen.reports.failure_class import classify, triage_evidence
 from jobgen.reports.triage import format_triage
 
 
@@ -107,20 +108,33 @@ def status(job: str, output: str, as_json: bool) -> None:
     UNKNOWN when the object does not exist otherwise.
     local: how the last start went: RUNNING, COMPLETED, FAILED (exit code, first
     error) or CANCELLED (Ctrl-C).
-    -o json: {"handle", "state", "source", "details", "usage"} (a job array adds "tasks");
-    a scheduler that cannot be asked is an error (exit 1), as JSON too.
+    A failed job's failure class (user: not retried; infrastructure, unknown:
+    retried) and its reason, from what the scheduler reports, and the spec's restart
+    budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md).
+    -o json: {"handle", "state", "source", "details", "usage", "failure"} (failure adds
+    "max_restarts"; a job array adds "tasks"); a scheduler that cannot be asked is an
+    error (exit 1), as JSON too.
     """
     st = api.status(job)
+    budget = api.restart_budget(job) if st.failure is not None else None
     if output == "json" or as_json:
-        click.echo(json.dumps(st.to_json(), sort_keys=True))
+        doc = st.to_json()
+        if doc["failure"] is not None:
+            doc["failure"]["max_restarts"] = budget
+        click.echo(json.dumps(doc, sort_keys=True))
         return
-    details = ", ".join(f"{k} {v}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
+    # the scheduler's words (a reason, a pod's message) are shown printable: they cannot end the line or drive the terminal
+    details = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(st.details.items()) if v not in ("", "None"))
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
+    if st.failure is not None:
+        click.echo(f"  failure: {st.failure.describe()}")
+        if budget is not None:
+            click.echo(f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
     for task in st.tasks:  # a SLURM job array: one line per task
-        shown = ", ".join(f"{k} {v}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
-        click.echo(f"  {task.handle}  {task.state}  {task.details.get('name', '')}  ({task.source}{'; ' + shown if shown else ''})")
+        shown = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
+        click.echo(f"  {task.handle}  {task.state}  {printable(task.details.get('name', ''))}  ({task.source}{'; ' + shown if shown else ''})")
 
 
 @click.command()
@@ -134,7 +148,7 @@ def status(job: str, output: str, as_json: bool) -> None:
                    "ssh: the node whose output to show, node-0 (default) .. node-<N-1>.")
 @click.option("--first-error", is_flag=True,
               help="Read every rank's (SLURM; local: the run's output.log) or pod's (Kubernetes) output and show the first failure: its rank or pod, "
-                   "node, traceback or NCCL error, then the others in order.")
+                   "node, traceback or NCCL error, then the others in order, and the failure's class (user, infrastructure, unknown) with its reason.")
 @output_option()
 def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_error: bool, output: str) -> None:
     """Print JOB's output: rank zero's lines plus the batch script's own (SLURM), or the
@@ -157,13 +171,18 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_er
                               hint="drop those options, or drop --first-error")
         handle = str(resolve_job(job))  # a job directory is read once; the handle then parses without I/O
         found = api.first_error(handle)
+        decided = classify(triage_evidence(found))
         if output == "json":
             click.echo(json.dumps({"handle": handle, "ordered_by": found.ordered_by,
                                    "first": None if found.first is None else found.first.to_json(),
-                                   "failures": [f.to_json() for f in found.failures], "srun_exits": list(found.exits)}, indent=2))
+                                   "failures": [f.to_json() for f in found.failures], "srun_exits": list(found.exits),
+                                   "failure": None if decided is None else decided.to_json()}, indent=2))
         else:
             for line in format_triage(found, handle):
                 click.echo(line)
+            if decided is not None:
+                click.echo("")
+                click.echo(f"failure: {decided.describe()}")
         return
     if output == "json":
         raise ConfigError("logs -o json applies to --first-error only", hint="add --first-error, or drop -o json")

@@ -121,6 +121,8 @@ class Failure:
         lines: the traceback, or the error line with a little context.
         position, timestamp: of the failure's first line.
         hint: what to do, for a failure whose usual cause is known (:data:`TEARDOWN_HINT`).
+        exit_code: kind ``exit``: the code its launcher reported (torchrun's ``-N``: killed by
+            signal N); else ``None``.
     """
 
     source: str
@@ -132,12 +134,13 @@ class Failure:
     position: int
     timestamp: datetime | None = None
     hint: str | None = None
+    exit_code: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready dict (timestamp as ISO 8601)."""
         return {"source": self.source, "rank": self.rank, "node": self.node, "kind": self.kind,
                 "headline": self.headline, "timestamp": None if self.timestamp is None else self.timestamp.isoformat(),
-                "lines": list(self.lines), "hint": self.hint}
+                "lines": list(self.lines), "hint": self.hint, "exit_code": self.exit_code}
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ def _last_words(lines: list[LogLine], code: int) -> Failure | None:
     line = lines[last]
     return Failure(line.source, line.rank, line.node, "exit", texts[last].strip(),
                    tuple(texts[max(0, last - CONTEXT_LINES):last + 1]), line.position, line.timestamp,
-                   EXIT_HINT.format(code=code))
+                   EXIT_HINT.format(code=code), code)
 
 
 def lost_peer(failure: Failure) -> bool:

@@ -196,6 +196,35 @@ class CheckpointSpec(_Model):
         "(what a requeued job needs); ``never``: always start from step 0."
     ))
 
+#: The most restarts a spec may allow (``restart.max_restarts``): a budget beyond it is a typo
+#: or a job that should be fixed rather than run again.
+MAX_RESTARTS = 100
+
+
+class RestartSpec(_Model):
+    """The restart budget: how often the job may be started again after a failure that
+    :mod:`jobgen.reports.failure_class` classes as retried (``infrastructure`` or ``unknown``;
+    never a ``user`` failure)."""
+
+    max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
+        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). jobgen does not restart\n"
+        "a job itself: the budget is recorded in spec.json and ``jobgen status`` shows it beside a failed\n"
+        "job's failure class (docs/failures.md). SLURM's requeue on its time-limit signal and an elastic\n"
+        "PyTorchJob's torchrun ``--max-restarts`` are not counted against it."
+    ))
+
+    @field_validator("max_restarts", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        # YAML's "3", 3.0 or true are not a count: pydantic would take them as 3 or 1
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"give a whole number of restarts from 0 to {MAX_RESTARTS}, e.g. max_restarts: 3 "
+                             "(unquoted; 0: no restarts)")
+        if not 0 <= value <= MAX_RESTARTS:
+            raise ValueError(f"{value} restarts is outside 0 to {MAX_RESTARTS}; give a budget in that range (0: no restarts)")
+        return value
+
+
 class TrainingSpec(_Model):
     """A training job: model, data, trainer settings, resources, checkpointing and env."""
 
@@ -217,6 +246,10 @@ class TrainingSpec(_Model):
     trainer: TrainerSpec = Field(default=TrainerSpec(), validate_default=True, description="Strategy, precision, batch sizes, optimisation.")
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Nodes, devices per node and time limit.")
     checkpoint: CheckpointSpec = Field(default=CheckpointSpec(), description="Checkpoint cadence and resume behaviour.")
+    restart: RestartSpec = Field(default=RestartSpec(), description=(
+        "The restart budget after a failure jobgen classes as retried (docs/failures.md); left out of\n"
+        "spec.json while it is the default."
+    ))
     env: dict[str, str] = Field(default={}, description=(
         "Extra environment variables for every rank (set after the profile's env). Values are\n"
         "written into the rendered files, so names that look like credentials (``*TOKEN*``,\n"
@@ -340,7 +373,8 @@ class TrainingSpec(_Model):
             # jobgen's optimiser settings do not apply to a class_path model: not written
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k not in BUILTIN_OPTIMIZER_FIELDS}
         omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None),
-                                       ("notify", self.notify is None), ("smoke", not self.smoke)) if empty}
+                                       ("notify", self.notify is None), ("smoke", not self.smoke),
+                                       ("restart", self.restart == RestartSpec())) if empty}
         return {k: v for k, v in data.items() if k not in omit}
 
     @property

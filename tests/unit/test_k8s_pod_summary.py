@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobgen.backends.k8s_pods import pod_summary
+from jobgen.backends.k8s_pods import pod_evidence, pod_summary
 
 
 def pod(name: str, phase: str | None = None, *, node: str | None = None, container: dict[str, Any] | None = None,
@@ -70,3 +70,52 @@ def test_hostile_messages_stay_on_one_printable_line_and_are_cut() -> None:
     assert "\n" not in out and "\x1b" not in out and "\x00" not in out and "\r" not in out
     assert out.startswith("master-0 Pending (Unschedulable\\r: bad\\nline\\x1b[31mred\\x00xxx")
     assert out.endswith("...)") and len(out) < 260, out
+
+
+# ----------------------------------------------------------------- evidence for the failure class
+
+
+def _failure(pods: list[dict[str, Any]], state: str = "FAILED") -> dict[str, Any] | None:
+    from jobgen.backends.base import JobStatus
+    from jobgen.jobdir.submission import JobHandle
+
+    status = JobStatus(JobHandle.parse("k8s://ctx/ns/qs"), state, "kube-apiserver", {"condition": "Failed", "reason": "PyTorchJobFailed"},
+                       evidence=pod_evidence(pods, "qs", "pytorch"))
+    return status.to_json()["failure"]
+
+
+def test_pod_evidence_oom_killed_evicted_preempted_and_the_last_exit_of_a_restarted_container() -> None:
+    oom = pod("qs-worker-0", "Running", container={"restartCount": 1, "state": {"running": {}},
+                                                   "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}})
+    evicted = pod("qs-worker-1", "Failed", reason="Evicted", message="The node was low on resource: memory.")
+    preempted = pod("qs-worker-2", "Failed", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+                    container={"state": {"terminated": {"exitCode": 143, "reason": "Error"}}})
+    found = pod_evidence([oom, evicted, preempted], "qs", "pytorch")
+    assert [(e.source, e.reason, e.exit_code) for e in found] == [
+        ("pod worker-0", "OOMKilled", 137), ("pod worker-1", "Evicted", None), ("pod worker-2", "PreemptionByScheduler", None),
+        ("pod worker-2", "", 143)]
+    assert _failure([oom])["rule"] == "host-oom"
+    assert _failure([evicted])["rule"] == "evicted"
+    assert _failure([preempted])["rule"] == "preempted"
+    assert _failure([oom], "RESTARTING")["class"] == "infrastructure"
+    assert _failure([oom], "RUNNING") is None
+
+
+def test_pod_evidence_a_user_exit_and_a_succeeded_pod() -> None:
+    done = pod("qs-master-0", "Succeeded", container={"state": {"terminated": {"exitCode": 0, "reason": "Completed"}}})
+    bad_input = pod("qs-worker-0", "Failed", container={"state": {"terminated": {"exitCode": 2, "reason": "Error"}}})
+    assert _failure([done, bad_input])["class"] == "user"
+    assert _failure([done]) == {"class": "unknown", "retried": True, "rule": "no-evidence",
+                                "reason": _failure([done])["reason"], "evidence": "kube-apiserver: state FAILED"}
+
+
+def test_pod_evidence_hostile_values() -> None:
+    """Exit codes that are not integers are dropped; reasons are kept as given and shown printable and cut."""
+    weird = pod("qs-worker-0", "Failed", reason="Evicted\x1b[2J\n" + "x" * 300,
+                container={"state": {"terminated": {"exitCode": "137", "reason": "OOMKilled\nmore", "signal": True}}})
+    found = pod_evidence([weird, {"metadata": None, "status": None}], "qs", "pytorch")
+    assert [(e.exit_code, e.signal) for e in found] == [(None, None), (None, None)]
+    failure = _failure([weird])
+    assert failure["class"] == "unknown" and failure["evidence"] == "kube-apiserver: state FAILED"
+    shown = found[0].describe()
+    assert shown.isprintable() and "\\x1b[2J\\n" in shown and len(shown) < 250

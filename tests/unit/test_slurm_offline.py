@@ -289,7 +289,8 @@ def status_json(run_cli, job: str = HANDLE) -> dict:
 def test_status_from_squeue_in_both_json_shapes(slurm, run_cli, shape, state, reason):
     slurm.respond("squeue", json_reply(squeue_doc(shape, state, reason=reason, restarts=1)))  # nothing allocated yet: no usage
     details = {"name": JOB_NAME, "nodes": "node[1-2]", "reason": reason, "restarts": "1"}
-    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details, "usage": None}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details, "usage": None,
+                                    "failure": None}
     plain = run_cli("status", HANDLE)
     assert plain.code == 0
     shown = f"name {JOB_NAME}, nodes node[1-2], " + ("" if reason == "None" else f"reason {reason}, ") + "restarts 1"  # "None": no reason
@@ -315,6 +316,55 @@ def test_status_of_a_finished_job_still_in_squeue_24_05(slurm, run_cli):
     slurm.respond("squeue", json_reply(squeue_24_05(123, ["FAILED"], reason="NonZeroExitCode", return_code=1)))
     got = status_json(run_cli)
     assert (got["state"], got["source"], got["details"]["reason"]) == ("FAILED", "squeue", "NonZeroExitCode")
+
+
+@pytest.mark.parametrize(("state", "exit_code", "cls", "rule"), [
+    ("NODE_FAIL", "0:0", "infrastructure", "node-fail"), ("OUT_OF_MEMORY", "0:125", "infrastructure", "host-oom"),
+    ("PREEMPTED", "0:15", "infrastructure", "preempted"), ("TIMEOUT", "0:15", "user", "time-limit"),
+    ("FAILED", "2:0", "user", "entrypoint-error"), ("FAILED", "0:9", "infrastructure", "killed"),
+    ("FAILED", "1:0", "unknown", "exit-code"), ("FAILED", "", "unknown", "no-evidence"),
+    ("COMPLETED", "0:0", None, None), ("CANCELLED by 1000", "0:15", None, None)])
+def test_status_of_an_ended_job_names_its_failure_class(slurm, run_cli, state, exit_code, cls, rule):
+    """sacct's state and ExitCode (``<code>:<signal>``) classify a failed job; other end states have none."""
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", sacct_rows(row("123", state, exit_code, "node[1-2]", "00:00:05", JOB_NAME)))
+    got = status_json(run_cli)["failure"]
+    assert (None if got is None else (got["class"], got["rule"], got["retried"])) == (
+        None if cls is None else (cls, rule, cls != "user"))
+    plain = run_cli("status", HANDLE).stdout.splitlines()
+    failure_lines = [line for line in plain if line.startswith("  failure: ")]
+    assert failure_lines == ([] if cls is None else [f"  failure: {cls} ({'not retried' if cls == 'user' else 'retried'}): "
+                                                      f"{got['reason']} [{got['evidence']}]"])
+
+
+@pytest.mark.parametrize(("extra", "budget"), [((), 0), (("--set", "restart.max_restarts=3"), 3)])
+def test_status_of_a_failed_job_shows_the_restart_budget_its_spec_json_records(slurm, submit, run_cli, tmp_path, extra, budget):
+    slurm.respond("sbatch", reply("123\n"))
+    assert submit(*extra).code == 0
+    recorded = json.loads((job_dir(tmp_path) / "spec.json").read_text())["spec"]
+    assert recorded.get("restart") == (None if budget == 0 else {"max_restarts": budget})  # the default is left out
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", sacct_rows(row("123", "NODE_FAIL", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
+    got = status_json(run_cli)["failure"]
+    assert (got["class"], got["max_restarts"]) == ("infrastructure", budget)
+    lines = run_cli("status", HANDLE).stdout.splitlines()
+    assert lines[-1] == f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)"
+    slurm.respond("sacct", sacct_rows(row("123", "COMPLETED", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
+    assert "restart budget" not in run_cli("status", HANDLE).stdout  # shown with a failure only
+
+
+@pytest.mark.parametrize("reason", ["NodeDown\n" + "x" * 300, "\x1b[2J\nhint: rm -rf ~", "NodeDown'; $(reboot)"], ids=range(3))
+def test_status_shows_a_hostile_squeue_reason_escaped(slurm, run_cli, reason):
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["FAILED"], reason=reason, return_code=1)))
+    got = status_json(run_cli)["failure"]
+    assert got["class"] == "unknown"  # only the exact word NodeDown is a node failure
+    assert got["evidence"].isprintable() and len(got["evidence"]) < 300
+    plain = run_cli("status", HANDLE)
+    assert plain.code == 0
+    failure = [line for line in plain.stdout.splitlines() if line.startswith("  failure: ")]
+    assert len(failure) == 1 and failure[0].isprintable()
+    # every line, the details' reason included, is one printable line: the reason cannot end it or drive the terminal
+    assert len(plain.stdout.splitlines()) == 2 and all(line.isprintable() for line in plain.stdout.splitlines())
 
 
 def _gpu_job_dir(tmp_path: Path, price: float | None) -> Path:
@@ -551,7 +601,20 @@ def test_logs_first_error_names_the_rank_that_failed_first_and_its_node(slurm, r
     assert doc["handle"] == HANDLE and doc["ordered_by"] == "position"
     assert (doc["first"]["rank"], doc["first"]["node"], doc["first"]["kind"]) == (1, "node2", "traceback")
     assert [f["rank"] for f in doc["failures"]] == [1, 0]
+    assert doc["failure"] == {"class": "user", "retried": False, "rule": "exception", "reason": doc["failure"]["reason"],
+                              "evidence": "rank 1: kind traceback, ValueError: NaN labels in batch 17"}
+    assert lines[-1] == f"failure: user (not retried): {doc['failure']['reason']} [{doc['failure']['evidence']}]"
     assert slurm.argvs() == []  # the submission record names the file
+
+
+def test_logs_first_error_a_rank_killed_by_the_oom_killer_after_a_user_exception(slurm, run_cli, submitted):
+    """Rank 1 raised; then srun reports rank 0 killed by the OOM killer: the exception decides."""
+    submitted.write_text(FAILED_LOG.replace("srun: error: node1: task 0: Exited with exit code 1", "srun: error: node1: task 0: Out Of Memory"))
+    doc = json.loads(run_cli("logs", "--first-error", "-o", "json", HANDLE).stdout)
+    assert (doc["failure"]["class"], doc["failure"]["rule"]) == ("user", "exception")
+    submitted.write_text("jobgen: job 123\n 0: step 1\nsrun: error: node1: task 0: Out Of Memory\n")
+    doc = json.loads(run_cli("logs", "--first-error", "-o", "json", HANDLE).stdout)
+    assert (doc["failure"]["class"], doc["failure"]["rule"], doc["failure"]["retried"]) == ("infrastructure", "host-oom", True)
 
 
 def test_logs_first_error_refuses_options_that_pick_one_rank(slurm, run_cli, submitted):
