@@ -260,11 +260,16 @@ def generated(text: str) -> str:
         return ""
     if str(REPO) not in sys.path:  # this checkout's jobgen, not another one installed
         sys.path.insert(0, str(REPO))
-    from jobgen.cli.reference import cli_reference
-    from jobgen.specs.reference import TABLES, expand
+    import importlib.util
 
+    from jobgen.specs.reference import expand
+
+    # the build hook's own table of markers (docs/hooks.py REFERENCES), so both know the same names
+    spec = importlib.util.spec_from_file_location("jobgen_docs_hooks", REPO / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
     markers = "\n".join(line for line in text.splitlines() if line.startswith("<!-- jobgen-reference:"))
-    return expand(markers, {**TABLES, "cli": cli_reference})
+    return expand(markers, hooks.REFERENCES)
 
 
 def run(repo: Path = REPO, out=sys.stdout) -> int:
