@@ -16,8 +16,9 @@ import jobgen.api
 import jobgen.specs.load
 import jobgen.usercode.classes
 from jobgen.cli import cli
+from jobgen.specs.load import load_profile
 from jobgen.specs.training import TrainingSpec
-from tests.conftest import EXAMPLES, PROFILES, TEMPLATES
+from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, site_profile
 
 SPEC = EXAMPLES / "usercode.yaml"
 
@@ -78,6 +79,10 @@ def test_submit_hands_the_plan_down_instead_of_reading_back_what_it_wrote(profil
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no snapshot
     spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
+    # a site's profile in place of a shipped one with example values (a real submit refuses those)
+    profiles = PROFILES
+    if load_profile(str(PROFILES / f"{profile}.yaml")).placeholders:
+        profiles = site_profile(tmp_path / "profiles", profile).parent
     yaml_reads: list[Path] = []
     read_back: list[str] = []
     planned: list[str] = []
@@ -96,7 +101,7 @@ def test_submit_hands_the_plan_down_instead_of_reading_back_what_it_wrote(profil
     cluster = FakeCluster()
     monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
 
-    result = CliRunner().invoke(cli, ["submit", str(spec), "-p", profile, "--profiles-dir", str(PROFILES),
+    result = CliRunner().invoke(cli, ["submit", str(spec), "-p", profile, "--profiles-dir", str(profiles),
                                       "--templates-dir", str(TEMPLATES)], catch_exceptions=False)
 
     assert result.exit_code == 0, result.output
