@@ -188,7 +188,7 @@ def run_process(argv: list[str], cwd: Path, timeout: float) -> Result:
 #: DeepSpeed's CPU ops (op builder class names) that trainings JIT-compile on first use:
 #: shm_comm (DeepSpeed's communication on the CPU accelerator) and cpu_adam (optimizer offload).
 DEEPSPEED_CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
-#: Seconds the compile of :data:`DEEPSPEED_CPU_OPS` may take (LAB-NOTES: ~23 s + ~55 s on an idle
+#: Seconds the compile of :data:`DEEPSPEED_CPU_OPS` may take (~23 s + ~55 s on an idle
 #: 2-core machine; over 240 s beside a loaded suite and the Kubernetes lab's build).
 DEEPSPEED_OPS_TIMEOUT_S = 1200
 

@@ -62,7 +62,7 @@ def test_deepspeed_on_cpu_without_its_config_is_refused(run_entrypoint, write_sp
 
 
 def test_hand_edited_deepspeed_config_is_checked(run_entrypoint, write_spec, tmp_path: Path) -> None:
-    """What DeepSpeed's validator accepts but ignores (LAB-NOTES) is refused before training."""
+    """What DeepSpeed's validator accepts but ignores is refused before training."""
     (tmp_path / "ds_config.json").write_text(
         json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
     )

@@ -11,7 +11,7 @@ run. Measured here (torch 2.13.0+cpu, lightning 2.6.6, deepspeed 0.19.8, 2 ranks
 this file) all eight cases end at 3.24146 and differ by at most 2.4e-7 (3.2414610 for ddp,
 zero3, zero3_offload; 3.2414613 for the FSDP and ZeRO-2 cases): fp32 reduction order (DDP's
 bucketed all-reduce, FSDP's reduce-scatter, DeepSpeed's partitioned reduction, the fused
-DeepSpeedCPUAdam update). LAB-NOTES found the same agreement on a bigger model. Between the
+DeepSpeedCPUAdam update). Between the
 validations at steps 10 and 20 val_loss falls from 3.631 to 3.2415, ~0.04 per optimizer step,
 so 1e-3 is ~40x below the effect of one skipped or repeated step and ~4000x above the observed
 spread: it catches a strategy that trains differently (lost clipping, schedule, weight decay,

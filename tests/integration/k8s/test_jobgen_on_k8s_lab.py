@@ -51,7 +51,7 @@ def test_lab_serves_kubernetes_1_20_with_the_pytorchjob_crd(k8s_lab):
     status, version = get(k8s_lab, "/version")
     assert status == 200 and version["gitVersion"] == "v1.20.2", version
     assert "pytorchjobs.kubeflow.org" in k8s_lab.installed_crds
-    # LAB-NOTES: 1.20 cannot take the Trainer v2 CRDs (their schemas carry `default: null`).
+    # 1.20 cannot take the Trainer v2 CRDs (their schemas carry `default: null`).
     assert "trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml" in k8s_lab.crd_rejections
     print(f"\n1.20 rejected the TrainJob CRD: {k8s_lab.crd_rejections['trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml'][:300]}")
     assert set(k8s_lab.daemon_pids()) >= {"etcd", "kube-apiserver", "kube-controller-manager"}

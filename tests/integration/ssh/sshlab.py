@@ -9,10 +9,10 @@ over the lab's work directory (:attr:`SshLab.workdir`), so what jobgen copies to
 on the other, as on real machines. Login is root with a key generated for the lab (no password),
 host keys are generated too and listed in a known_hosts file of the lab.
 
-The recipe follows the SLURM lab (tests/integration/slurm/lab.py, and LAB-NOTES.md "A real
-multi-node SLURM cluster on one machine"): daemons entered with ``nsenter --net`` (not ``ip netns
-exec``, pitfall 1), a private UTS + mount namespace per host with a bind-mounted hosts file
-(pitfall 2), a policy-rc.d while apt installs (pitfall 6). Names and subnet differ from the SLURM
+The recipe follows the SLURM lab (tests/integration/slurm/lab.py): daemons entered with
+``nsenter --net`` (``ip netns exec`` would remount /sys for them), a private UTS + mount namespace
+per host with a bind-mounted hosts file (each host its own hostname and name resolution), a
+policy-rc.d while apt installs (so the package does not start a system sshd). Names and subnet differ from the SLURM
 lab's (``js*``, 10.213.9.0/24), so both labs can be up at once.
 
 Needs root, iproute2, util-linux (unshare, nsenter) and apt. Everything lives under ROOT except
