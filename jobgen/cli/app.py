@@ -8,6 +8,7 @@ import click
 from jobgen import __version__
 from jobgen.cli.jobs import cancel, logs, ls, status
 from jobgen.cli.output import JobgenGroup, set_debug
+from jobgen.cli.doctor import doctor
 from jobgen.cli.plan import plan_command
 from jobgen.cli.profiles import profiles, schema
 from jobgen.cli.render import diff, render
@@ -36,7 +37,7 @@ def cli() -> None:
     """
 
 
-for _command in (render, diff, submit, ls, status, logs, cancel, validate, plan_command, profiles, schema):
+for _command in (render, diff, submit, ls, status, logs, cancel, validate, plan_command, doctor, profiles, schema):
     cli.add_command(_command)
 
 
