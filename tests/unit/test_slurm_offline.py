@@ -22,6 +22,7 @@ from tests.fakes.slurm.fakeslurm import (
     NOT_CONFIGURED_RC,
     SACCT_NO_ACCOUNTING,
     SQUEUE_INVALID_JOB,
+    file_reply,
     json_reply,
     reply,
     sacct_rows,
@@ -742,3 +743,18 @@ def test_sbatch_export_in_the_environment_must_pass_the_secrets(slurm, submit_se
         assert result.code == 2, result.stderr
         assert f"SBATCH_EXPORT={export} is set" in result.stderr and f"secrets {dropped} to the job" in result.stderr
         assert slurm.argvs() == []
+
+
+def test_status_reads_squeue_output_that_is_not_utf8(slurm, run_cli, tmp_path):
+    """SLURM passes job names, node names and reasons through as the bytes it was given: a
+    Latin-1 byte in squeue's JSON is shown escaped, never a UnicodeDecodeError."""
+    doc = json.dumps(squeue_24_05(123, ["FAILED"], name="caf\udce9", reason="NodeDown", return_code=1), ensure_ascii=False)
+    raw = tmp_path / "squeue.json"
+    raw.write_bytes(doc.encode("utf-8", "surrogateescape"))  # name: b"caf\xe9"
+    slurm.respond("squeue", file_reply(raw))
+    plain = run_cli("status", HANDLE)
+    assert plain.code == 0, plain.stderr
+    assert "Traceback" not in plain.stderr and "UnicodeDecodeError" not in plain.stderr
+    assert all(line.isprintable() for line in plain.stdout.splitlines()), plain.stdout
+    assert "caf\ufffd" in plain.stdout
+    assert status_json(run_cli)["state"] == "FAILED"
