@@ -12,6 +12,8 @@ The rules:
 
 - Sentence length: the mean sentence of a page's prose is at most :data:`MAX_MEAN_WORDS` words.
   Prose is the text outside fenced code blocks, tables, headings, HTML comments and front matter.
+  The title line of an admonition (``!!! note``, ``??? note``) or of a tab (``=== "docker"``) is no
+  prose; their indented bodies are.
   A code span counts as one word.
 - Page length: a page has at most :data:`MAX_PAGE_WORDS` words outside fenced code blocks.
 - References: no user page and no public docstring of jobgen/ holds an issue reference, a commit
@@ -80,7 +82,7 @@ def prose(text: str) -> str:
     kept: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith(("|", "#")) or re.match(r"\[[^\]]+\]:", stripped) or stripped.startswith(("<", "!!!")):
+        if stripped.startswith(("|", "#")) or re.match(r"\[[^\]]+\]:", stripped) or stripped.startswith(("<", "!!!", "???", "===")):
             kept.append("")
             continue
         item = re.match(r"(?:[-*+]|\d+[.)])\s+(.*)", stripped)

@@ -130,6 +130,21 @@ def test_indented_code_blocks_in_list_items_are_not_prose():
     assert sentences_of(page) == ["Run this:"]
 
 
+def test_tab_and_admonition_titles_are_not_prose_and_their_bodies_are():
+    page = '''
+        === "docker"
+
+            Docker reads the ignore file by its name.
+
+        !!! note "A title. With a full stop"
+            Podman takes it with an option.
+
+        ??? tip
+            A collapsed body.
+        '''
+    assert sentences_of(page) == ["Docker reads the ignore file by its name.", "Podman takes it with an option.", "A collapsed body."]
+
+
 # --------------------------------------------------------------------------- references
 
 
