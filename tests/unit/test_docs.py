@@ -272,3 +272,20 @@ def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, m
     exec(compile(runnable.replace("print(job_plan)", "str(job_plan)"), "docs/api.md", "exec"), {})
     after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
     assert after == before, sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+
+
+def example_files() -> list[str]:
+    """Every file under examples/, relative to the repository (caches and compiled files left out)."""
+    return sorted(p.relative_to(REPO).as_posix() for p in (REPO / "examples").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".egg-info")) and
+                  not any(part.endswith(".egg-info") for part in p.parts))
+
+
+def test_the_examples_page_names_every_example_file():
+    """docs/examples.md lists every file under examples/: by its path, or inside a directory it
+    names (``examples/usercode/tinychar/`` with ``model.py``); a new example must be listed there."""
+    page = text("docs/examples.md")
+    files = example_files()
+    assert "examples/quickstart.yaml" in files and "examples/image/Containerfile" in files
+    missing = [f for f in files if f"`{f}`" not in page and not (f"`{f.rsplit('/', 1)[0]}/`" in page and f"`{f.rsplit('/', 1)[1]}`" in page)]
+    assert not missing, f"docs/examples.md does not name {missing}: add a line saying what each shows and the command that runs it"
