@@ -6,9 +6,10 @@ from __future__ import annotations
 import click
 
 from jobgen import __version__
+from jobgen.cli.calibrate import calibrate_command
+from jobgen.cli.doctor import doctor
 from jobgen.cli.jobs import cancel, logs, ls, status
 from jobgen.cli.output import JobgenGroup, set_debug
-from jobgen.cli.doctor import doctor
 from jobgen.cli.plan import plan_command
 from jobgen.cli.profiles import profiles, schema
 from jobgen.cli.render import diff, render
@@ -37,7 +38,7 @@ def cli() -> None:
     """
 
 
-for _command in (render, diff, submit, ls, status, logs, cancel, validate, plan_command, doctor, profiles, schema):
+for _command in (render, diff, submit, ls, status, logs, cancel, validate, plan_command, calibrate_command, doctor, profiles, schema):
     cli.add_command(_command)
 
 

@@ -83,10 +83,15 @@ def plan_command(spec: str, profile: str, hf_config: str | None, import_model: b
         mp = plan_user_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, spec_source=spec)
     else:
         mp = plan_memory(loaded, prof, world.fewest_nodes, world.devices_per_node, hf_config=hf_config, spec_source=spec)
+    from jobgen.planning.time_model import plan_time, with_ranking
+
+    tp = plan_time(loaded, prof, mp, hf_config=hf_config, spec_source=spec)
+    mp = with_ranking(mp, tp)
     if output == "json":
-        click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json()}, indent=2, sort_keys=True))
+        click.echo(json.dumps({"spec": spec, "name": loaded.name, "profile": prof.name, **mp.to_json(), "prediction": tp.to_json()},
+                              indent=2, sort_keys=True))
     else:
-        click.echo(_plan_table(loaded, prof, mp), nl=False)
+        click.echo(_plan_table(loaded, prof, mp, tp), nl=False)
     spec_row = mp.spec_row
     if not spec_row.fits:
         est = spec_row.estimate
@@ -97,7 +102,7 @@ def plan_command(spec: str, profile: str, hf_config: str | None, import_model: b
                    + f") and will not fit; {instead}", err=True)
 
 
-def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
+def _plan_table(spec: Any, profile: Any, mp: Any, tp: Any = None) -> str:
     """The human-readable `jobgen plan` output (GiB = 2**30 bytes)."""
     g = 2**30
     unit = "GPU" if mp.accelerator == "gpu" else "CPU rank"
@@ -129,6 +134,8 @@ def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
                      f"({sd['measured_bytes_per_gpu'] / g:.1f} GiB) per GPU, {sd['tokens_per_s']:,} tokens/s; "
                      f"estimate {sd['estimate_bytes_per_gpu'] / g:.1f} GiB ({sd['estimate_over_measured']:.2f}x) "
                      f"[{sd['source']}]")
+    if tp is not None:
+        lines += _time_table(mp, tp)
     lines.append("")
     if mp.chosen is not None:
         lines.append(f"recommended: {mp.chosen.label}  (" + " ".join(f"--set {o}" for o in mp.chosen.overrides) + ")")
@@ -141,3 +148,37 @@ def _plan_table(spec: Any, profile: Any, mp: Any) -> str:
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in mp.assumptions]
     return "\n".join(lines) + "\n"
+
+
+def _time_table(mp: Any, tp: Any) -> list[str]:
+    """The prediction's lines of the `jobgen plan` table: per layout the step time, tokens/s, wall
+    time to max_steps, device-hours and cost, each as value (low-high); the calibration row used."""
+    from jobgen.planning.time_model import fmt_count, fmt_duration
+
+    lines = ["", f"  time: {tp.message}"]
+    if not tp.rows:
+        return lines
+    unit = tp.device_kind
+    steps = f"wall ({tp.max_steps:,} steps)" if tp.max_steps else "wall (no max_steps)"
+    lines.append(f"  {'layout':38} {'step':>9} {'tokens/s':>22} {steps:>26} {unit + '-hours':>10} {'cost':>10}")
+    for r in mp.rows:
+        p = tp.rows.get(r.estimate.layout.label)
+        if p is None:
+            continue
+        mark = "*" if mp.chosen is not None and r.estimate.layout == mp.chosen else " "
+        tps = f"{fmt_count(p.tokens_per_s.value)} ({fmt_count(p.tokens_per_s.low)}-{fmt_count(p.tokens_per_s.high)})"
+        wall = (f"{fmt_duration(p.wall_s.value)} ({fmt_duration(p.wall_s.low)}-{fmt_duration(p.wall_s.high)})"
+                if p.wall_s is not None else "-")
+        hours = f"{p.device_hours.value:,.2f}" if p.device_hours is not None else "-"
+        cost = f"{p.cost.value:,.2f}" if p.cost is not None else "-"
+        lines.append(f"{mark} {r.estimate.layout.label:38} {fmt_duration(p.step_s.value):>9} {tps:>22} {wall:>26} {hours:>10} "
+                     f"{cost:>10}" + ("" if r.fits else "  (does not fit)"))
+    used: dict[str, Any] = {}
+    for p in tp.rows.values():
+        used.setdefault(p.lookup.row.describe() + f" [{p.lookup.origin}" + (f"; {p.lookup.note}" if p.lookup.note else "") + "]", p)
+    lines.append("  calibration rows used: " + "; ".join(used))
+    link = tp.link
+    lines.append("  (step = compute at the row's efficiency + collectives not overlapped; bandwidth: " + ", ".join(link.sources)
+                 + "; cost = device-hours x gpu_hour_price" + ("" if tp.price is not None else " (no gpu_hour_price: no cost)")
+                 + "; wall time excludes start-up and validation)")
+    return lines

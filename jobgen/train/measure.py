@@ -5,7 +5,7 @@ model FLOP/s a run achieves divided by the hardware's peak FLOP/s. "Model FLOPs"
 the model needs per token (forward + backward), independent of how it is run: activation
 recomputation is not counted (that would be hardware FLOPs utilisation, HFU).
 
-Peak FLOP/s exist only for GPUs (:data:`PEAK_FLOPS`, keyed by the profile's ``gpu_type``); on
+Peak FLOP/s exist only for GPUs (:data:`jobgen.planning.flops.PEAK_FLOPS`, keyed by the profile's ``gpu_type``); on
 CPU MFU is reported as ``None`` ("n/a"): a CPU's peak depends on its vector units, clock and
 core count, and no figure is invented here.
 
@@ -24,42 +24,8 @@ from typing import Any
 
 import torch
 
+from jobgen.planning.flops import _PRECISION_DTYPE, PEAK_FLOPS, transformer_flops_per_token
 from jobgen.specs.training import TrainingSpec
-
-# Dense (no 2:4 sparsity) peak tensor-core / vector FLOP/s of one GPU, per compute dtype.
-# Sources: NVIDIA datasheets; where a datasheet gives "with sparsity" figures (marked * there),
-# the dense figure is half of it.
-#   V100 SXM2: V100 datasheet (fp32 15.7 TFLOPS, tensor fp16 125 TFLOPS; no tf32/bf16 units).
-#   T4: T4 datasheet (fp32 8.1 TFLOPS, fp16 mixed 65 TFLOPS; no tf32/bf16 units).
-#   A10G: A10 datasheet (fp32 31.2, tf32 62.5, bf16/fp16 125 TFLOPS); AWS's A10G is assumed to
-#     match it (as Lightning's lightning.fabric.utilities.throughput table does).
-#   A100 (SXM and PCIe): A100 datasheet (fp32 19.5, tf32 156, bf16/fp16 312 TFLOPS).
-#   L4: L4 datasheet (fp32 30.3, tf32 120*, bf16/fp16 242* TFLOPS).
-#   L40S: L40S datasheet (fp32 91.6, tf32 366*, bf16/fp16 733* TFLOPS).
-#   H100 (SXM5 assumed; PCIe is ~24% lower): H100 datasheet (fp32 67, tf32 989*, bf16/fp16 1979* TFLOPS).
-#   H200 (SXM): H200 datasheet (fp32 67, tf32 989*, bf16/fp16 1979* TFLOPS; same compute as H100 SXM).
-#   B200: HGX B200 datasheet, 8 GPUs (fp32 600 TFLOPS, tf32 18*, bf16/fp16 36* PFLOPS) / 8.
-# Pre-Ampere GPUs have no bf16 or tf32 tensor cores: bf16 is absent (MFU n/a), tf32 = fp32.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "V100": {"fp32": 15.7e12, "tf32": 15.7e12, "fp16": 125e12},
-    "T4": {"fp32": 8.1e12, "tf32": 8.1e12, "fp16": 65e12},
-    "A10G": {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
-    "L40S": {"fp32": 91.6e12, "tf32": 183e12, "bf16": 366.5e12, "fp16": 366.5e12},
-    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "B200": {"fp32": 75e12, "tf32": 1.125e15, "bf16": 2.25e15, "fp16": 2.25e15},
-}
-"""Dense peak FLOP/s of one GPU per compute dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``),
-keyed by :data:`jobgen.specs.profile.GpuType`; sources in the comment above."""
-
-#: ``transformer-engine`` (fp8 matmuls, bf16 weights) is measured against the bf16 peak, the
-#: usual convention for MFU of fp8 runs (the fp8 dense peak is twice that): MFU stays comparable
-#: with the bf16 run of the same model.
-_PRECISION_DTYPE = {
-    "bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16", "transformer-engine": "bf16",
-}
 
 
 def compute_dtype(precision: str, float32_matmul_precision: str | None = None) -> str:
@@ -88,30 +54,6 @@ def peak_flops_per_s(gpu_type: str | None, precision: str, float32_matmul_precis
     if table is None:
         return None
     return table.get(compute_dtype(precision, float32_matmul_precision))
-
-
-def transformer_flops_per_token(
-    n_layer: int, d_model: int, block_size: int, trainable_params: int, frozen_params: int = 0
-) -> int:
-    """Training FLOPs per token (forward + backward) of a decoder-only transformer.
-
-    ``6 N + 12 n_layer d_model block_size`` (PaLM appendix B; Kaplan et al. 2020, section 2.1,
-    give the forward half, ``2 N + 2 n_layer n_ctx d_attn``): a multiply-add is 2 FLOPs, each
-    weight is used once per token in the forward pass (2 N) and twice in the backward pass
-    (gradient of the activations and of the weight, 4 N); the attention score and value matmuls
-    add ``12 n_layer d_model block_size`` (the causal mask is not discounted, as in PaLM).
-
-    A frozen weight (LoRA's base model) still passes activation gradients back but needs no
-    weight gradient: 4 FLOPs per frozen parameter instead of 6.
-
-    Args:
-        n_layer: transformer blocks.
-        d_model: attention width (heads x head dimension; the residual width for these models).
-        block_size: sequence length in tokens.
-        trainable_params: parameters used in matmuls that get gradients (N).
-        frozen_params: parameters used in matmuls that do not (0 for full training).
-    """
-    return 6 * trainable_params + 4 * frozen_params + 12 * n_layer * d_model * block_size
 
 
 def gpt_matmul_params(spec: TrainingSpec) -> int:
