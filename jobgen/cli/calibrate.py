@@ -43,7 +43,8 @@ def calibrate_command(run_dirs: tuple[str, ...], profile: str | None, file_: str
       jobgen calibrate runs/quickstart --file team-calibration.yaml --dry-run
     """
     from jobgen.jobdir.files import write_atomic
-    from jobgen.planning.calibration import calibration_path, default_path, dumps, load_file, measure_run, update
+    from jobgen.planning.calibrate_runs import measure_run, update
+    from jobgen.planning.calibration import calibration_path, default_path, dumps, load_file
     from jobgen.specs.load import load_profile
 
     prof = load_profile(profile, profiles_dir) if profile else None

@@ -165,13 +165,12 @@ def _time_table(mp: Any, tp: Any) -> list[str]:
         p = tp.rows.get(r.estimate.layout.label)
         if p is None:
             continue
-        mark = "*" if mp.chosen is not None and r.estimate.layout == mp.chosen else " "
         tps = f"{fmt_count(p.tokens_per_s.value)} ({fmt_count(p.tokens_per_s.low)}-{fmt_count(p.tokens_per_s.high)})"
         wall = (f"{fmt_duration(p.wall_s.value)} ({fmt_duration(p.wall_s.low)}-{fmt_duration(p.wall_s.high)})"
                 if p.wall_s is not None else "-")
         hours = f"{p.device_hours.value:,.2f}" if p.device_hours is not None else "-"
         cost = f"{p.cost.value:,.2f}" if p.cost is not None else "-"
-        lines.append(f"{mark} {r.estimate.layout.label:38} {fmt_duration(p.step_s.value):>9} {tps:>22} {wall:>26} {hours:>10} "
+        lines.append(f"  {r.estimate.layout.label:38} {fmt_duration(p.step_s.value):>9} {tps:>22} {wall:>26} {hours:>10} "
                      f"{cost:>10}" + ("" if r.fits else "  (does not fit)"))
     used: dict[str, Any] = {}
     for p in tp.rows.values():

@@ -441,7 +441,10 @@ def with_ranking(mp: Any, tp: TimePlan) -> Any:
     if chosen != mp.chosen and chosen is not None:
         use = "use the recommended layout: " + " ".join(f"--set {o}" for o in chosen.overrides)
         suggestions = tuple(use if s.startswith("use the recommended layout:") else s for s in suggestions)
-    return replace(mp, chosen=chosen, reasons=(*mp.reasons, *lines), suggestions=suggestions)
+    reasons = mp.reasons
+    if chosen != mp.chosen:
+        reasons = tuple(r.replace("fits -> recommended", "fits -> the strategy guide's pick") for r in reasons)
+    return replace(mp, chosen=chosen, reasons=(*reasons, *lines), suggestions=suggestions)
 
 
 def plan_time(spec: Any, profile: Any, mp: Any, *, hf_config: str | None = None, spec_source: str = "spec") -> TimePlan:
@@ -497,16 +500,17 @@ def plan_time(spec: Any, profile: Any, mp: Any, *, hf_config: str | None = None,
                     max_steps=max_steps, price=price, cores_per_rank=cores, cpus_per_node=None if gpu else profile.cpus_per_node)
         if p is not None:
             rows[r.estimate.layout.label] = p
-    where = f"calibration file {path}" + (" (the profile's)" if named else "")
+    from jobgen.errors import printable
+
+    where = f"the profile's calibration file {printable(str(path))}" if named else f"the calibration file {printable(str(path))}"
+    how = "jobgen calibrate RUN_DIR on a finished run of this profile"
     if not rows:
         if not gpu:
-            msg = (f"no prediction: no CPU calibration row in {where}" + ("" if cal is not None else " (no such file)")
-                   + "; a CPU's FLOP/s are known only from a run on it: jobgen calibrate RUN_DIR on a finished run of this profile")
+            msg = ("no prediction: " + ("no calibration file" if cal is None else f"{where} has no CPU row")
+                   + f"; a CPU's FLOP/s are known only from a run on it: {how}")
         else:
             msg = f"no prediction: no calibration row for {accel} {planned_compute_dtype(mp.precision, accel)}"
         return TimePlan(rows={}, **base, message=msg)
-    if cal is None:
-        msg = f"prediction from the seeded table only (no {where})"
-    else:
-        msg = f"prediction from {where} and the seeded table"
+    msg = (f"prediction from the seeded table only (no calibration file; {how} writes one)" if cal is None
+           else f"prediction from {where} and the seeded table")
     return TimePlan(rows=rows, **base, message=msg)

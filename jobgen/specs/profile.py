@@ -412,15 +412,11 @@ PROFILE_FILE_CONTEXT = {"directives": True}
 
 
 class BandwidthSettings(_Model):
-    """Bus bandwidths the time model of ``jobgen plan`` uses instead of its defaults
-    (jobgen.planning.time_model: the GPU type's datasheet, the fabric's typical node)."""
+    """Bus bandwidths (GB/s) for ``jobgen plan``'s time model instead of its defaults (jobgen.planning.time_model)."""
 
-    intra_node_gb_per_s: float | None = Field(default=None, gt=0, lt=100_000, allow_inf_nan=False, description=(
-        "GB/s of a collective within a node (NVLink per direction, or PCIe; gloo between CPU ranks)."))
-    inter_node_gb_per_s: float | None = Field(default=None, gt=0, lt=100_000, allow_inf_nan=False, description=(
-        "GB/s of a collective across nodes (the network per node, e.g. what the preflight's busbw shows)."))
-    pcie_gb_per_s: float | None = Field(default=None, gt=0, lt=100_000, allow_inf_nan=False, description=(
-        "GB/s between a GPU and host memory (offload)."))
+    intra_node_gb_per_s: float | None = Field(default=None, gt=0, lt=1e5, description="Within a node (NVLink/PCIe; gloo on CPU).")
+    inter_node_gb_per_s: float | None = Field(default=None, gt=0, lt=1e5, description="Across nodes (e.g. the preflight's busbw).")
+    pcie_gb_per_s: float | None = Field(default=None, gt=0, lt=1e5, description="Between a GPU and host memory (offload).")
 
 
 class LocalSettings(_Model):
@@ -710,14 +706,9 @@ class ClusterProfile(_Model):
     cpus_per_node: int = Field(default=2, ge=1, description="CPU cores per node available to the job.")
     mem_gib_per_node: float = Field(default=8.0, gt=0, description="Host memory per node available to the job, in GiB.")
     network_fabric: Fabric = Field(default="tcp", description="Inter-node network; selects the NCCL environment preset (see jobgen.planning.nccl).")
-    bandwidth: BandwidthSettings | None = Field(default=None, description=(
-        "Bandwidths for ``jobgen plan``'s time prediction (``intra_node_gb_per_s``, ``inter_node_gb_per_s``,\n"
-        "``pcie_gb_per_s``); ``null``: the GPU type's datasheet and the fabric's typical figures."
-    ))
+    bandwidth: BandwidthSettings | None = Field(default=None, description="``jobgen plan`` time model's bandwidths; ``null``: defaults.")
     calibration: str | None = Field(default=None, min_length=1, max_length=4096, description=(
-        "Calibration file of ``jobgen plan``'s time prediction (docs/predict.md), written by ``jobgen calibrate``;\n"
-        "``~`` is expanded. ``null``: ``$JOBGEN_CALIBRATION``, else ``calibration.yaml`` in jobgen's state directory."
-    ))
+        "``jobgen plan``'s calibration file (``jobgen calibrate`` writes it); ``null``: $JOBGEN_CALIBRATION or the state dir's."))
     env: dict[str, str] = Field(default={}, description=(
         "Extra environment variables for every rank (the spec's env wins on conflicts). Values are\n"
         "written into the rendered files, so names that look like credentials are refused: use the\n"

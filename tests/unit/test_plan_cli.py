@@ -6,7 +6,16 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import EXAMPLES, REPO
+
+
+@pytest.fixture(autouse=True)
+def no_calibration_file(monkeypatch, tmp_path):
+    """No user calibration file: the plan's time prediction rests on the seeded table only, as in
+    the docs' examples (a developer's own ``jobgen calibrate`` would change them)."""
+    monkeypatch.setenv("JOBGEN_CALIBRATION", str(tmp_path / "calibration.yaml"))
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
 SEVEN_B = [a for kv in ("model.preset=null", "model.n_layer=32", "model.n_head=32", "model.d_model=4096",
@@ -30,8 +39,8 @@ def test_plan_json_has_stable_keys(run_cli):
     assert result.code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert set(doc) == {"accelerator", "assumptions", "budget_bytes", "chosen", "chosen_overrides", "devices_per_node",
-                        "host_bytes_per_node", "n_params", "name", "num_nodes", "precision", "profile", "reasons", "rows",
-                        "spec", "spec_fits", "spec_layout", "suggestions"}
+                        "host_bytes_per_node", "n_params", "name", "num_nodes", "precision", "prediction", "profile", "reasons",
+                        "rows", "spec", "spec_fits", "spec_layout", "suggestions"}
     row = doc["rows"][0]
     assert set(row) == {"activations_bytes", "chosen", "fits", "grads_bytes", "host_bytes_per_node", "is_spec", "layout",
                         "notes", "optimizer_bytes", "overhead_bytes", "overrides", "params_bytes", "total_bytes"}
