@@ -40,6 +40,9 @@ ILLUSTRATIONS = {
         "a 2-node preflight's output, figures illustrative (the page says so); the lines are jobgen/train/preflight.py's",
     "/tmp/sweeps/slurm-cpu-array/quickstart/":
         "a job array's directory: test_readme_commands.py checks that the page's commands wrote each file it lists",
+    "runs/quickstart: cpu fp32 ddp <10M: 17,815 tokens/s x 6,529,536 FLOPs/token on 2 rank(s) -> 58.16 GFLOP/s per core "
+    "(1 core(s) per rank)": "`jobgen calibrate`'s output for one quick-start run (docs/predict.md), figures of one run; "
+    "tests/unit/test_calibration.py checks the lines it prints",
 }
 #: The most lines README.md may have: a landing page; the manual is the site (issue 32).
 README_MAX_LINES = 250

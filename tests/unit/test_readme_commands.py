@@ -373,6 +373,11 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
         plan_instead(scratch, words, shown)
         skipped.append(f"{shown}: a training run (tests/entrypoint trains); validated and rendered --stdout here")
         return
+    if words[0] == "calibrate" and not all((scratch.root / w / "summary.json").is_file() for w in words[1:] if not w.startswith("-")):
+        check_synopsis(scratch, words, shown)
+        skipped.append(f"{shown}: needs a finished training run (the page's run was rendered only here); "
+                       "tests/unit/test_calibration.py calibrates run directories")
+        return
     result = scratch.jobgen(*words)
     want = 2 if any(line.startswith("error:") for line in shown.expected) else 0
     assert result.code == want, f"{shown}: exit {result.code}, expected {want}\n{result.out}"
