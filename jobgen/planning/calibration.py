@@ -197,12 +197,12 @@ SEED_MEASUREMENTS: tuple[SeedMeasurement, ...] = (
 SEED_SOURCE = "jobgen's GPU suite (docs/evidence.md)"
 
 
-def seed_rows(leave_out: str | None = None) -> tuple[CalibrationRow, ...]:
+def seed_rows(leave_out: SeedMeasurement | None = None) -> tuple[CalibrationRow, ...]:
     """:data:`SEED_MEASUREMENTS` grouped by key: mean MFU, smallest and largest, count, newest date.
-    ``leave_out``: a measurement's ``row`` name left out (for a leave-one-out check)."""
+    ``leave_out``: a measurement left out (for a leave-one-out check, :func:`leave_one_out`)."""
     groups: dict[tuple[str, ...], list[SeedMeasurement]] = {}
     for m in SEED_MEASUREMENTS:
-        if m.row == leave_out:
+        if m is leave_out:
             continue
         groups.setdefault((m.accelerator, m.dtype, m.layout, size_class(m.n_params)), []).append(m)
     out = []
@@ -213,6 +213,21 @@ def seed_rows(leave_out: str | None = None) -> tuple[CalibrationRow, ...]:
                                   low=min(values), high=max(values), runs=len(ms), date=newest.date,
                                   device=f"NVIDIA {acc}", versions=newest.versions, source=SEED_SOURCE))
     return tuple(out)
+
+
+def leave_one_out() -> list[dict[str, Any]]:
+    """Each seeded run predicted from the others: the MFU of the row :func:`lookup` finds with that
+    run left out, against the run's own. One GPU per run, so the predicted tokens/s over the
+    measured is the MFU ratio (same FLOPs per token, same peak). ``predicted`` None: no row left."""
+    out = []
+    for m in SEED_MEASUREMENTS:
+        hit = lookup(None, m.accelerator, m.dtype, m.layout, size_class(m.n_params), seeds=seed_rows(leave_out=m))
+        mfu = hit.row.value if hit else None
+        out.append({"row": m.row, "accelerator": m.accelerator, "layout": m.layout, "measured_tokens_per_s": m.tokens_per_s,
+                    "predicted_tokens_per_s": None if mfu is None else round(m.tokens_per_s * mfu / m.mfu),
+                    "predicted_over_measured": None if mfu is None else round(mfu / m.mfu, 2),
+                    "from": "" if hit is None else hit.row.describe() + (f" ({hit.note})" if hit.note else "")})
+    return out
 
 
 def default_path() -> Path:
@@ -331,7 +346,8 @@ def lookup(cal: CalibrationFile | None, accelerator: str, dtype: str, layout: st
     1. the key itself: the file's row, else the seed row;
     2. same accelerator, dtype and layout family, the nearest size class;
     3. same accelerator and dtype, another layout family (``ddp`` first), nearest size;
-    4. GPUs only: the same dtype, family and size measured on another GPU type (MFU is a fraction
+    4. GPUs only: bf16 for fp16 and the reverse (the same datasheet peak), same accelerator and family;
+    5. GPUs only: the same dtype, family and size measured on another GPU type (MFU is a fraction
        of each GPU's own peak; how well it carries over between types is an assumption, said so).
 
     CPU rows come from the file only (no CPU is seeded). ``None`` when nothing matches.
@@ -361,6 +377,10 @@ def lookup(cal: CalibrationFile | None, accelerator: str, dtype: str, layout: st
             return Lookup(hit[1], hit[0], False, f"no {layout} row: the {fam} row (layout family differs)")
     if accelerator == "cpu":
         return None
+    twin = {"bf16": "fp16", "fp16": "bf16"}.get(dtype)  # the same peak on every GPU type that has both
+    hit = nearest([(o, r) for o, r in flat if r.accelerator == accelerator and r.dtype == twin and r.layout == layout])
+    if hit:
+        return Lookup(hit[1], hit[0], False, f"no {dtype} row: the {twin} row (same peak)")
     others = [(o, r) for o, r in flat if r.accelerator != "cpu" and r.dtype == dtype]
     hit = nearest([(o, r) for o, r in others if r.layout == layout]) or nearest(others)
     if hit:
