@@ -50,6 +50,12 @@ def plan_command(spec: str, profile: str, hf_config: str | None, import_model: b
     Estimates of the peak, not bounds: within 15% of the peaks measured on one GPU (docs/large-models.md,
     "Memory plan"); the assumptions: block lists what they rest on. Exit 0 even when the spec's strategy
     does not fit (a warning goes to stderr); 2 for bad input.
+    Time: per layout the step time, tokens/s, wall time to max_steps, device-hours and cost
+    (gpu_hour_price), each with a band, from FLOPs per token, the GPU's datasheet peak, the MFU
+    of a calibration row and the collectives the layout adds (jobgen/planning/time_model.py;
+    docs/predict.md). The layouts that fit are ranked by it: the fastest is recommended when it
+    beats the guide's pick beyond both bands. Calibration: the seeded table, and the file
+    `jobgen calibrate` writes; CPU profiles have no prediction until a run is calibrated.
 
     \b
     Examples:

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from jobgen.errors import ConfigError, printable
 from jobgen.planning.calibration import (
@@ -22,6 +22,12 @@ from jobgen.planning.calibration import (
     family_of,
     size_class,
 )
+from jobgen.specs.trainer import Precision, Strategy
+
+#: Precisions and layouts a summary.json may record: the spec's (``auto`` is resolved before a run), and
+#: ``single_device``, the path one-rank FSDP and ZeRO-1/2 take (jobgen.train.speed).
+PRECISIONS = tuple(p for p in get_args(Precision) if p != "auto")
+STRATEGIES = (*get_args(Strategy), "single_device")
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,12 @@ def _num(doc: dict[str, Any], key: str, where: str, *, positive: bool = True) ->
     return float(value)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, missing: str) -> dict[str, Any]:
     where = printable(str(path))
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError("no such file: the run has not finished (summary.json is written at the end of training)",
-                          location=where, hint="calibrate from a finished run's directory") from None
+        raise ConfigError(f"no such file: {missing}", location=where, hint="calibrate from a finished run's directory") from None
     except OSError as exc:
         raise ConfigError(f"cannot read it: {exc.strerror}", location=where) from None
     try:
@@ -95,7 +100,8 @@ def measure_run(run_dir: Path, profile: Any | None) -> RunMeasurement:
     from jobgen.planning.time_model import exposed_comm_s, link_for
 
     summary_path, spec_path = run_dir / "summary.json", run_dir / "spec.json"
-    summary, spec = _read_json(summary_path), _read_json(spec_path)
+    summary = _read_json(summary_path, "the run has not finished (summary.json is written at the end of training)")
+    spec = _read_json(spec_path, "not a run directory of jobgen (spec.json is written when the job is rendered)")
     where = printable(str(summary_path))
     launch = spec.get("launch") if isinstance(spec.get("launch"), dict) else {}
     accel = launch.get("gpu_type") if launch.get("accelerator") == "gpu" else "cpu"
@@ -111,45 +117,43 @@ def measure_run(run_dir: Path, profile: Any | None) -> RunMeasurement:
     tokens_per_step = summary.get("tokens_per_step")
     precision = summary.get("precision")
     strategy = summary.get("layout") or summary.get("strategy")
-    if not isinstance(precision, str) or not isinstance(strategy, str) or len(precision) > 40 or len(strategy) > 40:
-        raise ConfigError("precision or layout is missing or not a short string", location=f"{where}: precision")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision is {printable(repr(precision))[:60]}, not one of {', '.join(PRECISIONS)}",
+                          location=f"{where}: precision")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"layout is {printable(repr(strategy))[:60]}, not one of {', '.join(STRATEGIES)}",
+                          location=f"{where}: layout")
     dtype = planned_compute_dtype(precision, None if accel == "cpu" else accel)
-    if accel != "cpu" and summary.get("levers", {}).get("matmul_precision") is None and precision == "32-true":
+    levers = summary.get("levers") if isinstance(summary.get("levers"), dict) else {}
+    if accel != "cpu" and levers.get("matmul_precision") is None and precision == "32-true":
         dtype = "fp32"
     family = family_of(strategy)
-    num_nodes = int(launch.get("num_nodes") or 1)
+    nodes = launch.get("num_nodes")
+    num_nodes = nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and 1 <= nodes <= world else 1
     per_node = max(1, world // max(1, num_nodes))
     # the collectives of this run's layout at this world (offload is not told apart here: the
     # spec's offload fields are read when spec.json has them)
-    t = (spec.get("spec") or {}).get("trainer") or {} if isinstance(spec.get("spec"), dict) else {}
+    t = spec.get("spec", {}).get("trainer") if isinstance(spec.get("spec"), dict) else None
+    t = t if isinstance(t, dict) else {}
     layout = Layout(strategy if strategy != "single_device" else "ddp",
                     t.get("fsdp_sharding_strategy", "FULL_SHARD") if strategy == "fsdp" else "FULL_SHARD",
                     t.get("offload_optimizer", "none") if strategy.startswith("deepspeed") else "none",
                     t.get("offload_params", "none") if strategy in ("fsdp", "deepspeed_stage_3") else "none")
-    if profile is None and world > 1:
-        from jobgen.specs.load import load_profile
-
-        name = summary.get("profile")
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise ConfigError("the run records no profile name", location=f"{where}: profile",
-                              hint="give the run's profile: jobgen calibrate RUN_DIR --profile P")
-        profile = load_profile(name, None)
+    if profile is None and (world > 1 or accel == "cpu"):
+        profile = _profile_of(summary, where)
     step_tokens = tokens_per_step if isinstance(tokens_per_step, int) and tokens_per_step > 0 else None
     step_s = (step_tokens / tokens_per_s) if step_tokens else 0.0
     comm = 0.0
     if world > 1 and step_s > 0:
         link = link_for(profile, accel, num_nodes)
-        compute_guess = step_s
-        comm = exposed_comm_s(layout, trainable, precision, num_nodes, per_node, link, compute_guess)
-        comm = min(comm, 0.5 * step_s)  # the model is not trusted to explain more than half of a measured step
+        for _ in range(4):  # step = compute + exposed(compute): a few fixed-point rounds settle it
+            comm = exposed_comm_s(layout, trainable, precision, num_nodes, per_node, link, step_s - comm, 1.0,
+                                  "cpu" if accel == "cpu" else "gpu")
+            comm = min(comm, 0.5 * step_s)  # the model is not trusted to explain more than half of a measured step
     compute_s = step_s - comm if step_s > 0 else 0.0
     flops_per_s = tokens_per_s * fpt * (step_s / compute_s if compute_s > 0 else 1.0)
     cores = None
     if accel == "cpu":
-        if profile is None:
-            from jobgen.specs.load import load_profile
-
-            profile = load_profile(str(summary.get("profile")), None) if isinstance(summary.get("profile"), str) else None
         cores = cores_per_rank(profile, per_node)
         value = flops_per_s / (world * cores)
     else:
@@ -182,3 +186,18 @@ def update(cal: CalibrationFile | None, runs: list[RunMeasurement], device: str 
                                      date=max(m.date, old.date if old else ""), versions=m.versions or (old.versions if old else ""),
                                      device=device or (old.device if old else m.key[0]), source="jobgen calibrate")
     return CalibrationFile(rows=tuple(sorted(rows.values(), key=lambda r: r.key)))
+
+
+def _profile_of(summary: dict[str, Any], where: str) -> Any:
+    """The profile a run's summary.json names, loaded by name (its cores per rank and bandwidths).
+
+    Raises:
+        ConfigError: no usable name, or a profile that cannot be loaded.
+    """
+    from jobgen.specs.load import load_profile
+
+    name = summary.get("profile")
+    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
+        raise ConfigError(f"profile is {printable(repr(name))[:60]}, not a profile name", location=f"{where}: profile",
+                          hint="give the run's profile: jobgen calibrate RUN_DIR --profile P")
+    return load_profile(name, None)

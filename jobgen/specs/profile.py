@@ -762,9 +762,10 @@ class ClusterProfile(_Model):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        # Fields added after profiles were in use are left out while at their defaults, so the
-        # inputs hash (and every rendered file) of a profile without them stays as it was.
-        return _omit_defaults(handler(self), _PROFILE_OPTIONAL_FIELDS)
+        # Fields added after profiles were in use are left out while at their defaults, so the inputs hash (and every
+        # rendered file) of a profile without them stays as it was; jobgen plan's own fields are never in it.
+        doc = _omit_defaults(handler(self), _PROFILE_OPTIONAL_FIELDS)
+        return doc if (info.context or {}).get("directives") else {k: v for k, v in doc.items() if k not in ("bandwidth", "calibration")}
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterProfile:

@@ -178,6 +178,9 @@ def test_calibrate_stores_the_mean_of_runs_and_the_plan_predicts_from_it(monkeyp
     ({"flops_per_token": None}, "flops_per_token"),
     ({"world_size": "two"}, "world_size"),
     ({"precision": "p" * 300}, "precision"),
+    ({"precision": "banana"}, "precision"),
+    ({"layout": ["ddp"]}, "layout"),
+    ({"profile": "x\ny"}, "profile"),
 ])
 def test_calibrate_refuses_a_run_with_hostile_figures(tmp_path, change, field):
     run = finished_run(tmp_path, **change)
@@ -203,7 +206,7 @@ def test_calibrate_refuses_an_unfinished_or_non_utf8_run(tmp_path):
 def test_calibrate_a_gpu_run_stores_mfu_of_the_compute_part(tmp_path):
     """A one-GPU run has no collectives: its MFU is tokens/s x FLOPs per token / the peak."""
     run = finished_run(tmp_path, "h100", tokens_per_s=100_000.0, world=1, accelerator="gpu", gpu_type="H100",
-                       precision="bf16-mixed", flops_per_token=2_117_431_296, n_params=303_622_144)
+                       precision="bf16-mixed", flops_per_token=2_117_431_296, n_params=303_622_144, levers="on")
     result = calibrate(str(run), "--file", str(tmp_path / "cal.yaml"), "-o", "json")
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)["rows"][0]
@@ -225,3 +228,39 @@ def test_the_leave_one_out_table_of_the_docs_is_current():
     within = sum(0.75 <= r["predicted_over_measured"] <= 1.25 for r in rows)
     assert f"{within} of {len(rows)} predictions are within 25%" in page
     assert all(r["predicted_tokens_per_s"] for r in rows)  # every run has a row to fall back on
+
+
+def test_the_profiles_time_model_fields_leave_the_inputs_hash_and_rendered_files_alone(tmp_path):
+    """``calibration`` and ``bandwidth`` are jobgen plan's own: adding them to a profile changes no
+    rendered file (the committed manifests stay current); a profile shown to copy keeps them."""
+    from jobgen.api import plan_loaded
+    from jobgen.specs.load import load_profile, load_spec
+    from jobgen.specs.profile import PROFILE_FILE_CONTEXT, BandwidthSettings
+
+    spec = load_spec(QUICKSTART, ())
+    plain = load_profile("slurm-a100", None)
+    tuned = plain.model_copy(update={"calibration": str(tmp_path / "cal.yaml"),
+                                     "bandwidth": BandwidthSettings(intra_node_gb_per_s=200.0)})
+    assert tuned.model_dump() == plain.model_dump()
+    assert tuned.model_dump(context=PROFILE_FILE_CONTEXT)["bandwidth"] == {"intra_node_gb_per_s": 200.0,
+                                                                           "inter_node_gb_per_s": None, "pcie_gb_per_s": None}
+    one, two = (plan_loaded(spec, p, QUICKSTART, profile_source="slurm-a100") for p in (plain, tuned))
+    assert one.inputs_sha256 == two.inputs_sha256 and one.files == two.files
+
+
+def test_calibrate_a_multi_gpu_run_leaves_out_the_collectives_the_model_charges(tmp_path):
+    """ZeRO-2 on 2 GPUs of slurm-h100: the parameter all-gather after the step (2 bytes x Ψ, half
+    of it on each rank's link at the H100's 450 GB/s) overlaps nothing, so the stored MFU is of the
+    step less that time."""
+    psi = 303_622_144
+    run = finished_run(tmp_path, "zero2", tokens_per_s=200_000.0, world=2, accelerator="gpu", gpu_type="H100",
+                       precision="bf16-mixed", strategy="deepspeed_stage_2", flops_per_token=2_117_431_296, n_params=psi,
+                       trainable_params=psi, tokens_per_step=16_384, profile="slurm-h100")
+    result = calibrate(str(run), "--file", str(tmp_path / "cal.yaml"), "-o", "json")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)["runs"][0]
+    step = 16_384 / 200_000.0
+    gather = 2 * psi * 0.5 / 450e9
+    assert measured["comm_s"] == pytest.approx(gather) and measured["step_s"] == pytest.approx(step)
+    assert measured["layout"] == "deepspeed"
+    assert measured["value"] == pytest.approx(200_000.0 * 2_117_431_296 * step / (step - gather) / (2 * 989.4e12))
