@@ -38,6 +38,7 @@ from jobgen.specs.load import load_profile, load_spec, search_dirs
 from jobgen.specs.profile import placeholder_error
 
 if TYPE_CHECKING:
+    from jobgen.reports.progress import Progress
     from jobgen.reports.triage import Triage
     from jobgen.specs.profile import ClusterProfile
     from jobgen.specs.training import TrainingSpec
@@ -179,6 +180,35 @@ def status(job: str) -> JobStatus:
     """The state of ``job`` (a handle URI or a submitted job directory)."""
     handle = resolve_job(job)
     return get_backend(handle.scheduler).status(handle)
+
+
+def progress(job: str) -> Progress | None:
+    """Where ``job``'s run is (:func:`jobgen.reports.progress.read_progress`): its run directory from
+    the handle (local) or the submission record, its ``max_steps`` and tokens per step from
+    spec.json; ``None`` when this machine cannot read the run directory (a Kubernetes run's is in
+    its pods) or no step is logged yet."""
+    from jobgen.jobdir.files import SPEC_FILE
+    from jobgen.jobdir.submission import find_submission
+    from jobgen.reports.progress import read_progress
+
+    handle = resolve_job(job)
+    record = find_submission(handle)
+    run_dir = Path(record.run_dir) if record is not None else Path(handle.path) if handle.scheduler == "local" else None
+    if run_dir is None or handle.scheduler == "kubernetes" or not run_dir.is_dir():
+        return None
+    resolved = recorded_spec(handle)
+    if resolved is None and (run_dir / SPEC_FILE).is_file():
+        try:
+            resolved = read_resolved_spec(run_dir)
+        except JobgenError:
+            resolved = None
+    if resolved is None:
+        return read_progress(run_dir, None, None)
+    spec, launch = resolved.spec, resolved.launch
+    t = spec.trainer
+    block = None if spec.user_code else spec.model.block_size
+    tokens = None if block is None else t.micro_batch_size * block * t.gradient_accumulation_steps * launch.world_size
+    return read_progress(run_dir, t.max_steps, tokens)
 
 
 def restart_budget(job: str) -> int | None:

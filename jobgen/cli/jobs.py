@@ -111,14 +111,18 @@ def status(job: str, output: str, as_json: bool) -> None:
     A failed job's failure class (user: not retried; infrastructure, unknown:
     retried) and its reason, from what the scheduler reports, and the spec's restart
     budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md).
-    -o json: {"handle", "state", "source", "details", "usage", "failure"} (failure adds
-    "max_restarts"; a job array adds "tasks"); a scheduler that cannot be asked is an
-    error (exit 1), as JSON too.
+    Progress, where this machine can read the run directory (local; SLURM and ssh on a shared
+    filesystem; not Kubernetes): the step of max_steps, tokens/s of the last log interval and the
+    ETA at that rate, from the run's metrics.csv (docs/predict.md).
+    -o json: {"handle", "state", "source", "details", "usage", "failure", "progress"} (failure adds
+    "max_restarts"; a job array adds "tasks"; progress null where not readable); a scheduler that
+    cannot be asked is an error (exit 1), as JSON too.
     """
     st = api.status(job)
     budget = api.restart_budget(job) if st.failure is not None else None
+    prog = api.progress(job)
     if output == "json" or as_json:
-        doc = st.to_json()
+        doc = st.to_json() | {"progress": None if prog is None else prog.to_json()}
         if doc["failure"] is not None:
             doc["failure"]["max_restarts"] = budget
         click.echo(json.dumps(doc, sort_keys=True))
@@ -132,6 +136,11 @@ def status(job: str, output: str, as_json: bool) -> None:
             click.echo(f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
+    if prog is not None:
+        rate = f", {prog.tokens_per_s:,.0f} tokens/s (last log interval)" if prog.tokens_per_s is not None else ""
+        eta = ("" if prog.eta_s is None else ", max_steps reached" if prog.eta_s == 0 else f", ETA {_duration(prog.eta_s)}")
+        click.echo(f"  progress: step {prog.step}/{prog.max_steps if prog.max_steps is not None else '?'}{rate}{eta} "
+                   f"(metrics.csv written {_duration(prog.updated_s_ago)} ago)")
     for task in st.tasks:  # a SLURM job array: one line per task
         shown = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
         click.echo(f"  {task.handle}  {task.state}  {printable(task.details.get('name', ''))}  ({task.source}{'; ' + shown if shown else ''})")
