@@ -370,7 +370,10 @@ def lookup(cal: CalibrationFile | None, accelerator: str, dtype: str, layout: st
     same = [(o, r) for o, r in flat if r.accelerator == accelerator and r.dtype == dtype and r.layout == layout]
     hit = nearest(same)
     if hit:
-        return Lookup(hit[1], hit[0], False, f"no {size} row: the nearest size class")
+        smaller = order.index(hit[1].size) > want
+        return Lookup(hit[1], hit[0], False, f"no {size} row: the nearest size class"
+                      + ("; a smaller model than any measured: its host time per step, not modeled, can bound it, so "
+                         "tokens/s is an upper limit" if smaller else ""))
     for fam in ("ddp", "fsdp", "deepspeed"):
         hit = nearest([(o, r) for o, r in flat if r.accelerator == accelerator and r.dtype == dtype and r.layout == fam])
         if hit:

@@ -120,6 +120,7 @@ def test_lookup_prefers_the_file_then_the_nearest_size_then_another_gpu(tmp_path
     assert hit.origin == "file" and hit.exact and hit.row.mfu == 0.3
     near = lookup(None, "H100", "bf16", "ddp", "<10M")
     assert near.origin == "seed" and not near.exact and near.row.size == "100M-1B" and "nearest size" in near.note
+    assert "upper limit" in near.note  # a model smaller than any measured: host-bound, not modeled
     other = lookup(None, "A100", "bf16", "fsdp", "1B-10B")
     assert other.row.accelerator == "H200" and other.row.layout == "fsdp" and "no A100 row" in other.note
     assert lookup(None, "cpu", "fp32", "ddp", "<10M") is None  # no CPU is seeded
