@@ -416,6 +416,9 @@ def _squeue_status(handle: JobHandle, job: SqueueJob) -> JobStatus:
         details["cpus"] = str(job.allocated_cpus)
     if job.state in FINISHED_STATES and job.exit_code is not None:
         details["exit_code"] = str(job.exit_code)
+    if job.state == "PENDING" and job.start is not None:
+        # the scheduler's estimate (squeue's start_time, what `squeue --start` prints); unset when it has none
+        details["expected_start"] = job.start.isoformat()
     return JobStatus(handle, job.state, "squeue", details, _squeue_usage(job, handle))
 
 

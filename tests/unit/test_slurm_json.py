@@ -59,6 +59,8 @@ def status_of(fake, doc: dict[str, Any] | None, job: str, *, raw: str | None = N
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_every_release_reads_the_same_job_alike(slurm, release, case):
     job, state, details, usage = EXPECTED[case]
+    if case == "pending" and release not in ("22.05", "23.02"):  # those fixtures' start_time is 0: no estimate
+        details = details | {"expected_start": "2025-11-24T18:00:00+00:00"}  # SLURM's estimate, start_time 1764007200
     got = status_of(slurm, fixture(release, case), str(job))
     assert (got["state"], got["source"], got["details"]) == (state, "squeue", details), (release, got)
     if usage is None:
