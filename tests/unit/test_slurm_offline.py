@@ -290,11 +290,14 @@ def status_json(run_cli, job: str = HANDLE) -> dict:
 def test_status_from_squeue_in_both_json_shapes(slurm, run_cli, shape, state, reason):
     slurm.respond("squeue", json_reply(squeue_doc(shape, state, reason=reason, restarts=1)))  # nothing allocated yet: no usage
     details = {"name": JOB_NAME, "nodes": "node[1-2]", "reason": reason, "restarts": "1"}
-    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details, "usage": None,
-                                    "failure": None}
+    # a pending job's start_time is SLURM's estimate of its start (squeue --start): shown as expected_start
+    expected = {"expected_start": "2023-11-14T22:13:20+00:00"} if state == "PENDING" else {}
+    assert status_json(run_cli) == {"handle": HANDLE, "state": state, "source": "squeue", "details": details | expected,
+                                    "usage": None, "failure": None, "progress": None}
     plain = run_cli("status", HANDLE)
     assert plain.code == 0
-    shown = f"name {JOB_NAME}, nodes node[1-2], " + ("" if reason == "None" else f"reason {reason}, ") + "restarts 1"  # "None": no reason
+    shown = ("expected_start 2023-11-14T22:13:20+00:00, " if expected else "") + f"name {JOB_NAME}, nodes node[1-2], " + (
+        "" if reason == "None" else f"reason {reason}, ") + "restarts 1"  # "None": no reason
     assert plain.stdout == f"{HANDLE}  {state}  (squeue; {shown})\n"
     assert slurm.argvs() == [SQUEUE_123, SQUEUE_123]
 
