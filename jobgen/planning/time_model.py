@@ -504,13 +504,14 @@ def plan_time(spec: Any, profile: Any, mp: Any, *, hf_config: str | None = None,
 
     where = f"the profile's calibration file {printable(str(path))}" if named else f"the calibration file {printable(str(path))}"
     how = "jobgen calibrate RUN_DIR on a finished run of this profile"
+    missing = f"{where} does not exist yet" if named else "no calibration file"
     if not rows:
         if not gpu:
-            msg = ("no prediction: " + ("no calibration file" if cal is None else f"{where} has no CPU row")
+            msg = ("no prediction: " + (missing if cal is None else f"{where} has no CPU row")
                    + f"; a CPU's FLOP/s are known only from a run on it: {how}")
         else:
             msg = f"no prediction: no calibration row for {accel} {planned_compute_dtype(mp.precision, accel)}"
         return TimePlan(rows={}, **base, message=msg)
-    msg = (f"prediction from the seeded table only (no calibration file; {how} writes one)" if cal is None
+    msg = (f"prediction from the seeded table only ({missing}; {how} writes one)" if cal is None
            else f"prediction from {where} and the seeded table")
     return TimePlan(rows=rows, **base, message=msg)

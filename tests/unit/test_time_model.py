@@ -195,3 +195,13 @@ def test_plan_on_a_gpu_profile_without_a_file_uses_the_seeded_table(monkeypatch,
     assert pred["available"] and "seeded table only" in pred["message"]
     assert all(r["calibration"]["origin"] == "seed" for r in pred["rows"])
     assert pred["bandwidth"]["intra_node_gb_per_s"] == 450
+
+
+def test_a_calibration_file_the_profile_names_but_nobody_wrote_yet_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    profile = tmp_path / "site.yaml"
+    profile.write_text("scheduler: slurm\ngpus_per_node: 8\ncpus_per_node: 64\nmem_gib_per_node: 512\ngpu_type: H100\n"
+                       "calibration: team/cal.yaml\nslurm: {partition: gpu}\n")
+    pred = json.loads(invoke("plan", QUICKSTART, "-p", str(profile), "-o", "json").stdout)["prediction"]
+    assert pred["calibration_file_from_profile"] and pred["calibration_file"] == "team/cal.yaml"
+    assert "the profile's calibration file team/cal.yaml does not exist yet" in pred["message"] and pred["available"]
