@@ -265,3 +265,26 @@ def test_calibrate_a_multi_gpu_run_leaves_out_the_collectives_the_model_charges(
     assert measured["comm_s"] == pytest.approx(gather) and measured["step_s"] == pytest.approx(step)
     assert measured["layout"] == "deepspeed"
     assert measured["value"] == pytest.approx(200_000.0 * 2_117_431_296 * step / (step - gather) / (2 * 989.4e12))
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("bandwidth", "{intra_node_gb_per_s: .nan}", "bandwidth.intra_node_gb_per_s"),
+    ("bandwidth", "{inter_node_gb_per_s: -5}", "bandwidth.inter_node_gb_per_s"),
+    ("bandwidth", "{pcie_gb_per_s: .inf}", "bandwidth.pcie_gb_per_s"),
+    ("bandwidth", "{nvlink: 3}", "bandwidth.nvlink"),
+    ("calibration", "'" + "c" * 5000 + "'", "calibration"),
+    ("calibration", "''", "calibration"),
+])
+def test_hostile_time_model_fields_of_a_profile_are_refused(run_cli, tmp_path, field, value, words):
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"scheduler: local\n{field}: {value}\n")
+    result = run_cli("plan", QUICKSTART, "-p", str(profile))
+    assert result.code == 2 and words in result.stderr and str(profile) in result.stderr, result.stderr
+    assert "c" * 200 not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_calibrate_names_a_hostile_run_directory_printably(tmp_path):
+    odd = tmp_path / "run\nwith\x1b[31m escape"
+    odd.mkdir()
+    result = calibrate(str(odd), "--file", str(tmp_path / "cal.yaml"))
+    assert result.exit_code == 2 and "run\\nwith\\x1b[31m escape" in result.stderr and "\x1b" not in result.stderr
