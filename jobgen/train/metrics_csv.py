@@ -47,8 +47,12 @@ class OptimizerStepCSVLogger(CSVLogger):
 
 def log_at_optimizer_steps(trainer: Trainer, logger: CSVLogger) -> OptimizerStepCSVLogger:
     """Put an :class:`OptimizerStepCSVLogger` of ``logger``'s directory and version in its place
-    among ``trainer``'s loggers (before ``fit``; ``logger`` has written nothing yet); returns it."""
-    steps = OptimizerStepCSVLogger(trainer, save_dir=logger.save_dir, name=logger.name, version=logger.version)
+    among ``trainer``'s loggers (before ``fit``; ``logger`` has written nothing yet); returns it.
+    It appends its rows to metrics.csv at every logged step."""
+    # written at every logged step (Lightning's default waits for a step that is 99 mod 100, which the
+    # log steps of log_every_n_steps: 20 never reach): `jobgen status` reads a running job's progress here
+    steps = OptimizerStepCSVLogger(trainer, save_dir=logger.save_dir, name=logger.name, version=logger.version,
+                                   flush_logs_every_n_steps=1)
     trainer.loggers = [steps if each is logger else each for each in trainer.loggers]
     return steps
 
