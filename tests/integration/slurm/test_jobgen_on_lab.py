@@ -365,6 +365,10 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     # status after the job: sacct (accounting or the job-completion log), not a guess
     final_status = jobgen.status(handle)
     assert final_status["state"] == "COMPLETED" and final_status["source"] in {"squeue", "sacct", "jobcomp"}
+    # progress from the run's metrics.csv (the lab's nodes share this machine's filesystem): the resumed version's last row
+    progress = final_status["progress"]
+    assert (progress["step"], progress["max_steps"], progress["eta_s"]) == (150, 150, 0.0), progress
+    assert progress["tokens_per_s"] > 0 and progress["source"].startswith(str(run / "logs" / "version_")), progress
     # the job directory is a handle too
     job_dir = jobgen.root / "runs" / "lab-requeue" / "job"  # submit without --out: the job dir goes with the run
     assert jobgen.status(str(job_dir))["handle"] == handle
