@@ -192,7 +192,10 @@ def progress(job: str) -> Progress | None:
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
-    record = find_submission(handle)
+    try:
+        record = find_submission(handle)
+    except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
+        record = None
     run_dir = Path(record.run_dir) if record is not None else Path(handle.path) if handle.scheduler == "local" else None
     if run_dir is None or handle.scheduler == "kubernetes" or not run_dir.is_dir():
         return None
