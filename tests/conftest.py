@@ -183,7 +183,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     then the largest unit left.
 
     The unit is chosen from the test's node ID, not with ``xdist_group`` marks: on pytest 9.2
-    those are silently ignored (pytest-xdist issue #1386: xdist's node-ID suffix no longer takes
+    those are silently ignored (pytest-dev/pytest-xdist#1386: xdist's node-ID suffix no longer takes
     effect). Another ``--dist`` mode keeps xdist's own scheduler."""
     if config.getoption("dist") != "load":
         return None
