@@ -1,6 +1,6 @@
-"""Imports flow one way (the project's architecture rule, issue 23):
+"""Imports flow one way (the project's architecture rule):
 ``cli.py, api.py -> backends/ -> plan.py -> rules, estimate, render -> spec, profiles, jobdir, errors``.
-(Since issue 32 the CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
+(The CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
 ``jobgen/api/``, ``jobgen/jobdir/``, each with its entry in :data:`FORBIDDEN`.)
 
 A lower module never imports a higher one, "not even lazily inside a function": the graph below
@@ -160,9 +160,9 @@ FORBIDDEN = {
     "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
                        "jobgen.train", "jobgen.api", "jobgen.cli"),
     "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),
-    "jobgen.api": ("jobgen.cli",),  # the Python API (a package since issue 32: its sweep submit beside submit)
-    "jobgen.cli": (),  # the top floor (a package since issue 32): every command may call anything below it
-    # the job directory's contract (a package since issue 32): below the planner, beside rules and specs
+    "jobgen.api": ("jobgen.cli",),  # the Python API (a package: its sweep submit beside submit)
+    "jobgen.cli": (),  # the top floor (a package): every command may call anything below it
+    # the job directory's contract (a package): below the planner, beside rules and specs
     "jobgen.jobdir": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
                       "jobgen.train", "jobgen.api", "jobgen.cli"),
 }

@@ -1,5 +1,5 @@
 """The commands of the README and of every page of the documentation site (docs/) run, so the
-documentation cannot drift from jobgen (issues 23, 32).
+documentation cannot drift from jobgen.
 
 Every ``jobgen ...`` command of a page's fenced ``bash`` and ``text`` blocks (``$ jobgen ...``
 lines too, with the output shown under them) is taken from the page as it is and run, in page

@@ -137,7 +137,7 @@ def test_sbatch_refusal_exits_1_with_slurms_message_and_records_nothing(slurm, s
 
 
 def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_path, monkeypatch):
-    """issue 30 (finding 14): sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
+    """sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
     ranks, whose input errors then name it and the field instead of spec.json; one left in the
     shell is replaced, not passed on."""
     monkeypatch.setenv("FAKE_SLURM_RECORD_ENV", "JOBGEN_SPEC_SOURCE")
@@ -148,7 +148,7 @@ def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_p
 
 
 def test_a_run_directory_of_another_profile_is_refused_before_sbatch(slurm, submit, tmp_path):
-    """issue 30 (finding 6): the README's SLURM example after the quick start ran in runs/quickstart,
+    """The README's SLURM example after the quick start once ran in runs/quickstart,
     where the local run's checkpoints were; SLURM submit refuses it (exit 2) before sbatch, as local
     submit and the entrypoint do, instead of the job finding out on a node after queueing."""
     from jobgen.jobdir import RUN_IDENTITY_FILE, RunIdentity
