@@ -60,6 +60,8 @@ PENDING: dict[str, tuple[float, int]] = {}
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.", "incl.", "no.", "fig.", "mr.", "dr.", "et al.")
 #: Files that other projects or sessions keep and this repository does not hold.
 FOREIGN_FILES = ("LAB-NOTES", "HOUSE-STYLE", "ARCHITECTURE.md", "../shared")
+#: Any of :data:`FOREIGN_FILES` in a text.
+FOREIGN = re.compile("|".join(re.escape(name) for name in FOREIGN_FILES))
 
 
 # --------------------------------------------------------------------------- prose
@@ -173,7 +175,8 @@ def history_matches(text: str) -> list[tuple[str, re.Match]]:
     An issue reference of this project (:data:`ISSUE`, unless :func:`other_project` says it cites
     another project), a commit hash (:data:`COMMIT`) unless it pins another project's release tag
     (``kubeflow/trainer tag v2.3.0 (commit 658725bd)``), a work session (:data:`SESSION`) and a
-    review's numbered finding (:data:`FINDING`).
+    review's numbered finding (:data:`FINDING`), and the name of a notes file that is not in the
+    repository (:data:`FOREIGN_FILES`).
     """
     found = [("issue reference", m) for m in ISSUE.finditer(text)
              if not (m.group()[0].isalpha() and other_project(text, m.start()))]
@@ -181,6 +184,7 @@ def history_matches(text: str) -> list[tuple[str, re.Match]]:
               if not re.search(r"\btag v?\d+(?:\.\d+)+\W{1,3}(?:commit\s+)?$", text[max(0, m.start() - 40):m.start()])]
     found += [("session reference", m) for m in SESSION.finditer(text)]
     found += [("review finding", m) for m in FINDING.finditer(text)]
+    found += [("file not in the repository", m) for m in FOREIGN.finditer(text)]
     return sorted(found, key=lambda found: found[1].start())
 
 
@@ -339,7 +343,7 @@ def comment_findings(repo: Path = REPO) -> list[Finding]:
             source = path.read_text()
         except (UnicodeDecodeError, OSError):
             continue
-        if not any(rule.search(source) for rule in (COMMIT, SESSION, FINDING, ISSUE)):
+        if not any(rule.search(source) for rule in (COMMIT, SESSION, FINDING, ISSUE, FOREIGN)):
             continue  # nothing in the file can match: no need to parse it
         relative = path.relative_to(repo).as_posix()
         for line, text in comments(path, source):

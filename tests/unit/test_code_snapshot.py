@@ -1,4 +1,4 @@
-"""Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py, ARCHITECTURE.md "User code").
+"""Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py).
 
 A temporary git repository holds a package and the spec. Submitting (local through
 LocalBackend's ``runner=``, SLURM through the fake client commands of tests/fakes/slurm) must

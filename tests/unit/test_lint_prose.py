@@ -340,3 +340,15 @@ def test_a_comment_with_an_issue_reference_fails_the_run(tmp_path):
     assert "tests/test_x.py:1: issue reference: 'issue 23'" in out.getvalue()
     (tmp_path / "tests" / "test_x.py").write_text('CASES = ["issue 23"]  # measured on 2 cores\n')
     assert lint.run(tmp_path, out=io.StringIO()) == 0
+
+
+def test_a_comment_citing_a_notes_file_outside_the_repository_is_found(tmp_path):
+    """A comment or docstring that sends the reader to a notes file the repository does not hold
+    ("LAB-NOTES pitfall 9") is a finding; the same name in a string literal (data) is not."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "lab.py").write_text(
+        '"""The lab (LAB-NOTES pitfall 9)."""\nNAMES = ["LAB-NOTES"]\nx = 1  # see ../shared/docs\n')
+    found = lint.comment_findings(tmp_path)
+    assert [(f.where, f.rule, f.text) for f in found] == [
+        ("tests/lab.py:1", "file not in the repository", "LAB-NOTES"),
+        ("tests/lab.py:3", "file not in the repository", "../shared")]

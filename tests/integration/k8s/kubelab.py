@@ -7,7 +7,7 @@ static token auth (group system:masters), RBAC, a self-signed serving certificat
 Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
 accepted but never run, unless the lab is started with its nodes (``up --with-nodes``,
 kubenodes.py: two kubelets, kube-scheduler, cluster DNS; docs/labs-k8s-nodes-notes.md). The
-recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API server on one machine"):
+recipe (docs/labs.md has it for users of the lab):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
   SOURCE package (1.20.2, vendored) with ``golang-1.19-go`` + ``rsync``:
@@ -632,7 +632,7 @@ def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = Non
 # --------------------------------------------------------------------------- optional: 1.36 CRD semantics
 
 #: Debian sid's k8s.io/apiextensions-apiserver (0.36.x) with all its Go dependencies: a
-#: standalone CRD server with strict field validation and CEL, which 1.20 lacks (LAB-NOTES).
+#: standalone CRD server with strict field validation and CEL, which 1.20 lacks.
 CRD_SERVER_PACKAGE = "golang-k8s-apiextensions-apiserver-dev"
 #: 2: compiled without optimisation or inlining and linked without debug information (see
 #: :func:`_build_crd_server`).
@@ -891,7 +891,7 @@ class K8sLab:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.213.0.0/24",
             # No controller-manager token controller and no kubelet: pods with the default
-            # service account would wait for a token forever; the plugin is off (LAB-NOTES).
+            # service account would wait for a token forever; the plugin is off.
             "--disable-admission-plugins=ServiceAccount",
             "--enable-priority-and-fairness=false", "--v=1", *self.extra_apiserver_args,
         ])

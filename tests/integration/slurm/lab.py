@@ -4,8 +4,8 @@
 One slurmctld ("controller") and two slurmd hosts ("node1", "node2"), each in its own network
 namespace with its own IP, hostname and /etc/hosts, joined by a Linux bridge that also gives the
 host an address, so sbatch/srun/squeue/scancel/sacct run on the host reach the cluster.
-The recipe and the pitfalls it answers are in the lab notes, LAB-NOTES.md ("A real multi-node
-SLURM cluster on one machine"); comments below cite them as "pitfall N".
+The pitfalls the recipe answers are numbered in docs/labs.md ("What the SLURM lab's recipe
+answers"); comments below cite them as "pitfall N".
 
 Needs root, iproute2, util-linux (unshare, nsenter) and apt (Debian 12: slurm-wlm 22.05,
 munge). Everything the lab writes lives under ROOT; it never edits /etc/hosts and only kills

@@ -214,7 +214,7 @@ def val_losses(run: Path) -> list[tuple[int, float]]:
 
 
 def _requeue_now(lab, jid: str, *updates: str) -> None:
-    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: once it is back in the
+    """A requeued job is held ~120 s (BeginTime); docs/labs.md, pitfall 9: once it is back in the
     queue, release it now (with ``updates``, e.g. ``TimeLimit=30``, in the same ``scontrol update``)."""
     def pending() -> bool:
         return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
@@ -427,7 +427,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     stops short of max_steps (:func:`time_limit_steps`: sized from the step rate of the session's
     earlier lab jobs, which it asserts the first run kept under). Once the job is back in the
     queue the test gives the next run a 30-minute limit and releases it from SLURM's ~120 s
-    requeue hold (LAB-NOTES pitfall 9).
+    requeue hold (docs/labs.md, pitfall 9).
 
     With W&B (offline) and MLflow: jobgen ends the trackers' runs after the HPC
     checkpoint and before its ``scontrol requeue``, so the first run's W&B file is whole and holds
