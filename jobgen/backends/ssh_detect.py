@@ -421,7 +421,7 @@ def detect_ssh(*, hosts: Sequence[str], python: str | None = None, overrides: Se
     facts = [a.facts for a in answers if a.facts is not None]
     for f in facts:
         if f.cpus is None or f.mem_kib is None:
-            raise InventoryError(f"host {f.host}: " + "; ".join(f.problems), location=f"ssh {f.host}",
+            raise InventoryError(f"host {f.host}: " + "; ".join(f.problems),
                                  hint="jobgen needs each host's CPU count and memory: run `nproc` and `grep MemTotal /proc/meminfo` there "
                                       "(the remote login shell must be a POSIX one)")
     notes: list[str] = []
@@ -480,7 +480,7 @@ def _gpu_fields(facts: list[HostFacts], gpu_type: str | None, doc: dict[str, Any
     """
     for f in facts:
         if f.gpu_error:
-            raise InventoryError(f"host {f.host}: {f.gpu_error}", location=f"ssh {f.host}",
+            raise InventoryError(f"host {f.host}: {f.gpu_error}",
                                  hint="run `nvidia-smi` on that host and fix its driver, or leave that host out of --host")
     counts = {f.host: len(f.gpus or []) for f in facts}
     fewest = min(facts, key=lambda f: (counts[f.host], f.host))
