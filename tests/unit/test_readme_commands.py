@@ -15,8 +15,10 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
   and ``--set``s (the submits themselves run against the labs in tests/integration);
   ``submit DIR``: DIR must be a rendered job directory;
 - ``status``/``logs``/``cancel`` of a ``slurm://``/``k8s://``/``ssh://`` handle: the labs (skipped here);
-- ``profiles detect``: a SLURM login node (skipped here, its options checked against ``--help``;
-  tests/unit/test_profiles_detect.py runs it against fake SLURM commands);
+- ``profiles detect``: a SLURM login node or the ssh hosts (skipped here, its options checked against ``--help``;
+  tests/unit/test_profiles_detect.py and test_ssh_detect.py run it against fakes);
+- ``doctor`` with a profile that is not a local one: the live cluster (skipped here, its options
+  checked against ``--help``; tests/integration runs it against the labs);
 - a local training run: ``validate`` + ``render --stdout`` (the trainings run in tests/entrypoint);
   the command-mode example, a 3-step all-reduce, runs for real (where it runs, its summary.json,
   ``jobgen status`` COMPLETED);
@@ -229,6 +231,17 @@ def cluster_profile(scratch: Scratch, profile: str | None) -> bool:
     return load_profile(profile).scheduler != "local"
 
 
+def local_profile(profile: str | None) -> bool:
+    """``profile`` loads and is a local one (not a cluster's, nor a file a skipped ``detect`` would write)."""
+    from jobgen.errors import ConfigError
+    from jobgen.specs.load import load_profile
+
+    try:
+        return profile is not None and load_profile(profile).scheduler == "local"
+    except ConfigError:
+        return False
+
+
 def option(words: list[str], *names: str) -> str | None:
     for i, word in enumerate(words):
         if word in names and i + 1 < len(words):
@@ -320,10 +333,14 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
         return
     if words[:2] == ["profiles", "detect"]:
         check_synopsis(scratch, words, shown)
-        skipped.append(f"{shown}: needs a SLURM login node (tests/unit/test_profiles_detect.py runs it against fake "
-                       "SLURM commands); its options checked against --help")
+        skipped.append(f"{shown}: needs a SLURM login node or the ssh hosts (tests/unit/test_profiles_detect.py and "
+                       "test_ssh_detect.py run it against fakes, tests/integration/ssh against the ssh lab); its options checked against --help")
         return
     profile = option(words, "--profile", "-p")
+    if words[0] == "doctor" and not local_profile(profile):
+        check_synopsis(scratch, words, shown)
+        skipped.append(f"{shown}: checks a live cluster (tests/integration runs doctor against the labs); its options checked against --help")
+        return
     if words[0] == "submit" and Path(words[1]).suffix not in (".yaml", ".yml"):
         from jobgen.jobdir import is_job_dir
 
