@@ -8,7 +8,8 @@ opened by a line ``<marker> section <name>``, where ``<marker>`` is a random wor
 probe (so no value a host prints can open a section):
 
 - ``hostname``: ``hostname``;
-- ``cpus``: ``nproc`` (the CPUs this login may use), else ``getconf _NPROCESSORS_ONLN``;
+- ``cpus``: ``nproc`` (the CPUs this login may use; run without ``OMP_NUM_THREADS`` and
+  ``OMP_THREAD_LIMIT``, which GNU nproc prints instead when set), else ``getconf _NPROCESSORS_ONLN``;
 - ``memory``: the ``MemTotal:`` line of ``/proc/meminfo`` (kB, proc(5));
 - ``gpus``: ``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader`` (one ``<name>,
   <MiB> MiB`` line per GPU, nvidia-smi(1)), then ``<marker> exit <code>``; ``<marker> absent``
@@ -51,7 +52,7 @@ PROBE_SCRIPT = r"""m=$1; py=$2; wd=$3
 sec() { printf '\n%s section %s\n' "$m" "$1"; }
 to=; command -v timeout >/dev/null 2>&1 && to="timeout 30"
 sec hostname; hostname </dev/null 2>&1
-sec cpus; nproc </dev/null 2>/dev/null || getconf _NPROCESSORS_ONLN </dev/null 2>&1
+sec cpus; (unset OMP_NUM_THREADS OMP_THREAD_LIMIT; nproc </dev/null 2>/dev/null || getconf _NPROCESSORS_ONLN </dev/null 2>&1)
 sec memory; grep '^MemTotal:' /proc/meminfo </dev/null 2>&1
 sec gpus
 if command -v nvidia-smi >/dev/null 2>&1; then

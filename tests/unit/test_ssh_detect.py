@@ -97,7 +97,9 @@ def this_machine(monkeypatch, tmp_path):
     bin_dir.mkdir()
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)}
+    # a login environment with OMP_NUM_THREADS set (GNU nproc prints it instead of the CPUs when set)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home),
+           "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)) + 7)}
     env.pop("PYTHONPATH", None)
 
     def run_ssh(argv, *, stdin=None, data=None, timeout_s=60.0):
@@ -258,6 +260,15 @@ def test_hosts_with_different_users_or_ports_and_misplaced_options_are_refused(s
     assert bad.exit_code == 2 and "starts with '-'" in bad.stderr
 
 
+@pytest.mark.parametrize("host", ["node 1", "a'b", "n1;touch x", "n1\nn2", "é" * 150 + " x", "-n1", ""])
+def test_hostile_host_options_are_refused_before_any_ssh(scripted, tmp_path, host):
+    called = []
+    scripted["n1"] = lambda m: called.append(m) or probe_output(m)
+    result = invoke("profiles", "detect", "--scheduler", "ssh", "--host", host, cwd=tmp_path)
+    assert result.exit_code == 2 and "Traceback" not in result.output and "--host" in result.stderr, result.output
+    assert called == [] and not (tmp_path / "cluster_profiles").exists()
+
+
 def test_profile_set_reaches_the_hosts_and_the_file(scripted, tmp_path):
     seen = []
     scripted["n1"] = lambda m: seen.append(m) or probe_output(m)
@@ -270,8 +281,9 @@ def test_profile_set_reaches_the_hosts_and_the_file(scripted, tmp_path):
 
 
 def test_the_real_probe_on_this_machine(this_machine, tmp_path):
-    """The probe script itself, in sh: this machine's CPUs and memory, a fake nvidia-smi's GPUs,
-    and an interpreter without jobgen noted (the profile is still written)."""
+    """The probe script itself, in sh: this machine's CPUs (not the login's OMP_NUM_THREADS) and
+    memory, a fake nvidia-smi's GPUs, and an interpreter without jobgen noted (the profile is
+    still written)."""
     fake_nvidia_smi(this_machine, "NVIDIA L4, 23034 MiB\nNVIDIA L4, 23034 MiB\n")
     result = invoke("profiles", "detect", "--scheduler", "ssh", "--host", "n1", "--python", "/usr/bin/python3", "-o", "yaml",
                     cwd=tmp_path)
