@@ -110,6 +110,9 @@ def this_machine(monkeypatch, tmp_path):
                               capture_output=True, cwd=home, env=env, timeout=timeout_s)
 
     monkeypatch.setattr(ssh_backend, "run_ssh", run_ssh)
+    bare = bin_dir / "bare-python"  # this Python without site-packages: no jobgen, torch or lightning
+    bare.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S \"$@\"\n")
+    bare.chmod(0o755)
     return bin_dir
 
 
@@ -285,14 +288,14 @@ def test_the_real_probe_on_this_machine(this_machine, tmp_path):
     memory, a fake nvidia-smi's GPUs, and an interpreter without jobgen noted (the profile is
     still written)."""
     fake_nvidia_smi(this_machine, "NVIDIA L4, 23034 MiB\nNVIDIA L4, 23034 MiB\n")
-    result = invoke("profiles", "detect", "--scheduler", "ssh", "--host", "n1", "--python", "/usr/bin/python3", "-o", "yaml",
+    result = invoke("profiles", "detect", "--scheduler", "ssh", "--host", "n1", "--python", "bare-python", "-o", "yaml",
                     cwd=tmp_path)
     assert result.exit_code == 0, result.output
     doc = yaml.safe_load(result.stdout)
     mem_kib = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:")).split()[1])
     assert doc["cpus_per_node"] == len(os.sched_getaffinity(0)) and doc["mem_gib_per_node"] == int(mem_kib * 100 / 1024 / 1024) / 100
     assert (doc["gpus_per_node"], doc["gpu_type"], doc["gpu_mem_gib"]) == (2, "L4", 22.4)
-    assert "# note: host n1: /usr/bin/python3 cannot import jobgen.train: ModuleNotFoundError" in result.stdout
+    assert "# note: host n1: bare-python cannot import jobgen.train: ModuleNotFoundError" in result.stdout
 
 
 # --------------------------------------------------------------------------- doctor
@@ -311,12 +314,12 @@ def doctor(profile: Path, *args: str) -> tuple[int, dict[str, dict]]:
 
 
 def test_doctor_python_without_jobgen_fails_only_its_line_naming_the_host(this_machine, tmp_path):
-    code, found = doctor(ssh_profile(tmp_path, ["n1"], python="/usr/bin/python3"))
+    code, found = doctor(ssh_profile(tmp_path, ["n1"], python="bare-python"))
     assert code == 1
     assert [n for n, c in found.items() if c["status"] == "fail"] == ["ssh.python[n1]"], found
     check = found["ssh.python[n1]"]
-    assert "n1: /usr/bin/python3 (Python " in check["detail"] and "cannot import jobgen.train: ModuleNotFoundError" in check["detail"]
-    assert "on n1: `/usr/bin/python3 -m pip install '<jobgen checkout or wheel>[train]'`" in check["fix"]
+    assert "n1: bare-python (Python " in check["detail"] and "cannot import jobgen.train: ModuleNotFoundError" in check["detail"]
+    assert "on n1: `bare-python -m pip install '<jobgen checkout or wheel>[train]'`" in check["fix"]
     assert found["ssh.gpus[n1]"]["status"] == "pass" and "CPU profile" in found["ssh.gpus[n1]"]["detail"]
     assert found["ssh.workdir[n1]"]["status"] == "pass" and "missing; submit creates it" in found["ssh.workdir[n1]"]["detail"]
 
@@ -334,18 +337,18 @@ def test_doctor_names_an_unreachable_host_and_skips_its_other_checks(this_machin
 def test_doctor_gpus_and_workdir_fail_with_the_fix(this_machine, tmp_path):
     fake_nvidia_smi(this_machine, "NVIDIA A100-SXM4-40GB, 40960 MiB\n")
     afile = write(tmp_path / "a file", "")
-    profile = ssh_profile(tmp_path, ["n1"], extra="gpus_per_node: 8\ngpu_type: H100\n", workdir=str(afile))
+    profile = ssh_profile(tmp_path, ["n1"], python="bare-python", extra="gpus_per_node: 8\ngpu_type: H100\n", workdir=str(afile))
     code, found = doctor(profile)
     assert code == 1
     gpus = found["ssh.gpus[n1]"]
     assert gpus["status"] == "fail" and gpus["detail"] == "the profile uses 8 GPU(s) per host; n1 has 1 GPU(s) (NVIDIA A100-SXM4-40GB)"
     assert gpus["fix"] == f"set gpus_per_node: 1 in {profile}"
     assert found["ssh.workdir[n1]"]["status"] == "fail" and "exists and is not a directory" in found["ssh.workdir[n1]"]["detail"]
-    code, found = doctor(ssh_profile(tmp_path, ["n1"], extra="gpus_per_node: 1\ngpu_type: H100\n"))
+    code, found = doctor(ssh_profile(tmp_path, ["n1"], python="bare-python", extra="gpus_per_node: 1\ngpu_type: H100\n"))
     assert found["ssh.gpus[n1]"]["status"] == "fail" and found["ssh.gpus[n1]"]["fix"].startswith("set gpu_type: A100 in ")
 
 
 def test_doctor_shared_workdir_is_skipped_when_the_spec_does_not_resume(this_machine, tmp_path):
-    code, found = doctor(ssh_profile(tmp_path, ["n1", "n2"], python="/usr/bin/python3"), str(EXAMPLES / "quickstart.yaml"),
+    code, found = doctor(ssh_profile(tmp_path, ["n1", "n2"], python="bare-python"), str(EXAMPLES / "quickstart.yaml"),
                          "--set", "checkpoint.resume=never")
     assert found["ssh.shared_workdir"]["status"] == "skip" and "does not resume" in found["ssh.shared_workdir"]["detail"]
