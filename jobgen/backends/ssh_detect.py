@@ -147,29 +147,29 @@ class HostFacts:
                 if name not in self.python]
 
 
-def _sections(text: str, marker: str) -> dict[str, list[str]]:
-    """The probe output's lines by section (blank lines dropped), marker lines kept as ``\\0``-led
-    words so a host's text can never read as one (it cannot hold the marker)."""
-    found: dict[str, list[str]] = {}
-    current: list[str] | None = None
+def _sections(text: str, marker: str) -> dict[str, list[tuple[bool, str]]]:
+    """The probe output's lines by section, blank lines dropped: ``(True, words)`` for a marker
+    line (the words after the marker), ``(False, line)`` for a line the host printed (it cannot
+    hold the marker, which it never saw)."""
+    found: dict[str, list[tuple[bool, str]]] = {}
+    current: list[tuple[bool, str]] | None = None
     for line in text.splitlines():
         if line.startswith(marker + " "):
-            words = line[len(marker) + 1:].split(" ", 1)
-            if words[0] == "section" and len(words) == 2:
-                current = found.setdefault(words[1], [])
-                continue
-            if current is not None:
-                current.append("\0" + line[len(marker) + 1:])
-            continue
-        if current is not None and line.strip():
-            current.append(line)
+            words = line[len(marker) + 1:]
+            kind, _, name = words.partition(" ")
+            if kind == "section" and name:
+                current = found.setdefault(name, [])
+            elif current is not None:
+                current.append((True, words))
+        elif current is not None and line.strip():
+            current.append((False, line))
     return found
 
 
-def _status(lines: list[str]) -> tuple[list[str], str | None]:
-    """A section's text lines and its status line (``absent``, ``exit 0``...), if any."""
-    text = [ln for ln in lines if not ln.startswith("\0")]
-    status = next((ln[1:] for ln in lines if ln.startswith("\0")), None)
+def _status(lines: list[tuple[bool, str]]) -> tuple[list[str], str | None]:
+    """A section's lines from the host, and its first marker line's words (``absent``, ``exit 0``...), if any."""
+    text = [line for is_marker, line in lines if not is_marker]
+    status = next((line for is_marker, line in lines if is_marker), None)
     return text, status
 
 
@@ -183,14 +183,14 @@ def parse_probe(host: str, text: str, marker: str) -> HostFacts:
     missing = [name for name in SECTIONS if name not in sections]
     if missing:
         facts.problems.append(f"the probe's output lacks section(s) {', '.join(missing)} (it needs a POSIX sh on the host)")
-    lines = sections.get("hostname", [])
+    lines = _status(sections.get("hostname", []))[0]
     facts.hostname = shown(lines[0]) if lines else ""
-    cpus = sections.get("cpus", [])
+    cpus = _status(sections.get("cpus", []))[0]
     if cpus and re.fullmatch(r"\s*[0-9]{1,6}\s*", cpus[0]) and int(cpus[0]) > 0:
         facts.cpus = int(cpus[0])
     elif "cpus" in sections:
         facts.problems.append(f"nproc printed {shown(cpus[0]) if cpus else '(nothing)'!r}, not a CPU count")
-    memory = sections.get("memory", [])
+    memory = _status(sections.get("memory", []))[0]
     match = re.fullmatch(r"MemTotal:\s*([0-9]{1,15})\s*kB\s*", memory[0]) if memory else None
     if match and int(match.group(1)) > 0:
         facts.mem_kib = int(match.group(1))
@@ -209,7 +209,7 @@ def parse_probe(host: str, text: str, marker: str) -> HostFacts:
     return facts
 
 
-def _parse_gpus(facts: HostFacts, lines: list[str] | None) -> None:
+def _parse_gpus(facts: HostFacts, lines: list[tuple[bool, str]] | None) -> None:
     if lines is None:
         return
     text, status = _status(lines)
@@ -229,7 +229,7 @@ def _parse_gpus(facts: HostFacts, lines: list[str] | None) -> None:
         facts.gpus.append(Gpu(name.strip(), int(match.group(1)) if match else None))
 
 
-def _parse_python(facts: HostFacts, lines: list[str] | None) -> None:
+def _parse_python(facts: HostFacts, lines: list[tuple[bool, str]] | None) -> None:
     if lines is None:
         return
     text, status = _status(lines)

@@ -146,7 +146,7 @@ def test_the_probe_quotes_python_and_workdir():
     assert remote == "sh -s -- jobgen-abc '/opt/my env/bin/python' \"$HOME\"/'runs '\"'\"'a'\"'\"''"
 
 
-HOSTILE = [b"a b 'c' \"d\"", b"x" * 300, b"caf\xe9 \xff\xfe", b"tab\there \x1b[31mred", b"{not json"]
+HOSTILE = [b"a b 'c' \"d\"", b"x" * 300, b"caf\xe9 \xff\xfe", b"tab\there \x1b[31mred", b"{not json", b"nul\x00 byte"]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
