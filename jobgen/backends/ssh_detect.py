@@ -231,6 +231,7 @@ def _parse_gpus(facts: HostFacts, lines: list[tuple[bool, str]] | None) -> None:
 
 def _parse_python(facts: HostFacts, lines: list[tuple[bool, str]] | None) -> None:
     if lines is None:
+        facts.python_error = "not asked: the probe's output ends before its python section"
         return
     text, status = _status(lines)
     if status == "absent":
