@@ -1,6 +1,6 @@
 """``jobgen profiles list|show`` (cluster profiles, ``extends:`` resolved), ``jobgen profiles detect``
-(a profile from a SLURM login node) and ``jobgen schema`` (the JSON Schema of a spec, a profile or
-jobgen.yaml)."""
+(a profile from a SLURM login node or from hosts over ssh) and ``jobgen schema`` (the JSON Schema
+of a spec, a profile or jobgen.yaml)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
               help="ssh: a profile field to set, e.g. --profile-set ssh.identity_file=~/.ssh/lab_key (repeatable; "
                    "ssh.* fields also reach the hosts: workdir, known_hosts, options).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml); "
+              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml, ssh: "
+                   "cluster_profiles/ssh-<first host>.yaml); "
                    "its name (without .yaml) is the profile's name.")
 @click.option("--force", is_flag=True, help="Overwrite FILE when it exists.")
 @output_option("text", "yaml", "json", yaml_help="the profile file, printed instead of written")
