@@ -112,6 +112,10 @@ class DetectedProfile:
         _emit(self.doc, self.sources, 0, "", out)
         return "\n".join(out) + "\n"
 
+    def scope(self) -> str:
+        """What was profiled, for messages: ``partition 'gpu'``."""
+        return f"partition {clean(self.partition)!r}"
+
     def as_json(self) -> dict[str, Any]:
         """``-o json``: ``name``, ``partition``, ``profile`` (the document), ``sources`` and ``notes``
         (as the file's comments show them: non-printable characters escaped)."""
@@ -334,7 +338,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
               f"from `{inv.command}`, SLURM {release or '(version unknown)'}. The comment above each value names its source;",
               "edit it as any profile (docs/profiles.md, \"Detecting a profile\")."]
     found = DetectedProfile(name, p.name, doc, sources, header, notes)
-    _check(found)
+    check_detected(found, hint="choose another partition with --partition, or write the profile by hand (docs/profiles.md)")
     return found
 
 
@@ -432,13 +436,16 @@ def _login_name() -> str | None:
         return None
 
 
-def _check(found: DetectedProfile) -> None:
+def check_detected(found: DetectedProfile, *, hint: str) -> None:
     """The YAML text reads back as the document, and the document is a valid profile.
+
+    Args:
+        hint: how to get around a value the profile model refuses (another partition, other hosts).
 
     Raises:
         InventoryError: either fails (a value from the cluster jobgen did not refuse before).
     """
-    source = f"detected profile {found.name} (partition {clean(found.partition)})"
+    source = f"detected profile {found.name} ({found.scope()})"
     try:
         loaded = parse_yaml(found.yaml_text(), source)
     except ConfigError as exc:
@@ -449,5 +456,4 @@ def _check(found: DetectedProfile) -> None:
         validate(ClusterProfile, {**loaded, "name": found.name}, source)
     except ConfigError as exc:
         raise InventoryError(f"{source} is no valid profile: {exc.message}", location=exc.location,
-                             hint="a value read from the cluster is refused by the profile model; choose another partition "
-                                  "with --partition, or write the profile by hand (docs/profiles.md)") from None
+                             hint=f"a value read from the cluster is refused by the profile model; {hint}") from None

@@ -36,8 +36,9 @@ def doctor(spec: str | None, profile: str, probe: bool, timeout_s: float, output
     jobgen.train with slurm.python and sees the runs directory. Kubernetes: the operator's
     CRDs, namespace, claim (bound, ReadWriteMany), PriorityClass, Kueue LocalQueue, the
     secrets of secret_env; with --probe, a pod that pulls the image. ssh: each host
-    reachable, its Python importing jobgen.train, its GPUs. Exit 0 when no check failed,
-    1 when one did, 2 for bad input.
+    reachable, its Python importing jobgen.train, its GPUs, its work directory writable;
+    with SPEC, the work directory shared when the job resumes on several hosts. Exit 0 when
+    no check failed, 1 when one did, 2 for bad input.
 
     \b
     Example:
