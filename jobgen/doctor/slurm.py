@@ -21,8 +21,9 @@ The checks, in order (each one line; ``fix`` names the profile or spec field to 
 7. ``slurm.test_only``: with a spec, ``sbatch --test-only`` of the rendered job, through
    ``jobgen submit --test-only``'s own path (:func:`jobgen.backends.slurm.submit_dir`), in a
    temporary directory.
-8. ``slurm.probe`` (``--probe``): a one-node job that runs ``slurm.python -c 'import
-   jobgen.train'`` and writes into the runs directory; cancelled when it outlasts the timeout.
+8. ``slurm.probe`` (``--probe``): a one-node job that imports the entrypoint (``jobgen.train``
+   with torch and Lightning) with ``slurm.python`` and writes into the runs directory; cancelled
+   when it outlasts the timeout.
 
 Checks 3-6 need the partition (skipped when check 2 fails), ``slurm.nodes`` needs the GRES
 nodes (skipped after ``slurm.gres``), and the two that submit (7, 8) run only when every
@@ -63,6 +64,10 @@ NAMES = ("slurm.client", "slurm.partition", "slurm.account", "slurm.qos", "slurm
          "slurm.test_only", "slurm.probe")
 #: Lines of the probe job's output that carry its findings start with this.
 PROBE_MARK = "jobgen-doctor:"
+#: What the probe runs with ``slurm.python``: the entrypoint's imports (``jobgen.train`` itself
+#: imports neither torch nor Lightning; ``jobgen.train.run`` does), then the interpreter and versions.
+PROBE_IMPORT = ("import json, sys, torch, lightning, jobgen.train.run; "
+                "print(json.dumps([sys.executable, torch.__version__, lightning.__version__]))")
 #: The probe job's time limit in minutes (less when the partition's MaxTime is shorter).
 PROBE_TIME_MIN = 5
 #: Seconds between two looks at the probe job's state.
@@ -442,19 +447,20 @@ def test_only_check(ctx: DoctorContext) -> Check:
 
 def probe_script(ctx: DoctorContext, marker: Path) -> str:
     """The probe job's batch script: the node's name, the modules and ``env`` of the profile as
-    job.sbatch sets them, ``<slurm.python> -c 'import jobgen.train'`` (its last error lines on
+    job.sbatch sets them, ``<slurm.python> -c`` :data:`PROBE_IMPORT` (its last error lines on
     failure), and the job id written to ``marker`` in the runs directory. Every value is quoted
     (``shlex.quote``); findings are lines starting with :data:`PROBE_MARK`."""
     s = ctx.profile.slurm_settings
     q = shlex.quote
-    lines = ["#!/bin/bash", f'echo "{PROBE_MARK} node ${{SLURMD_NODENAME:-$(hostname)}}"']
+    lines = ["#!/bin/bash", "# Values from the profile are literals in single quotes (shlex.quote): nothing in them expands.",
+             "# shellcheck disable=SC1003,SC2016", f'echo "{PROBE_MARK} node ${{SLURMD_NODENAME:-$(hostname)}}"']
     if s.modules:
         lines.append("module purge")
         lines += [f"module load {q(m)} || echo {q(f'{PROBE_MARK} module load {m} failed')}" for m in s.modules]
     lines += [f"export {key}={q(value)}" for key, value in ctx.profile.env.items()]
     python = q(s.python)
     lines += [
-        f"if out=$({python} -c 'import sys, jobgen.train; print(sys.executable)' 2>&1); then",
+        f"if out=$({python} -c {q(PROBE_IMPORT)} 2>&1); then",
         f'    echo "{PROBE_MARK} import ok ${{out##*$\'\\n\'}}"',
         "else",
         f'    echo "{PROBE_MARK} import failed"',
@@ -579,6 +585,10 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
     if "runs dir written" not in findings or not marker.is_file() or marker.read_text(errors="replace").strip() != jid:
         return Check("slurm.probe", "fail", f"{on}: the file it wrote into {shown(str(probe_dir))} is not here",
                      "pass a --runs-dir on a filesystem the login and compute nodes share (jobgen submit --runs-dir too)")
-    interpreter = imported[len("import ok"):].strip()
-    return Check("slurm.probe", "pass", f"{on}: {python} ({printable(interpreter)[:120]}) imports jobgen.train; it wrote "
+    try:
+        interpreter, torch_version, lightning_version = (str(v) for v in json.loads(imported[len("import ok"):].strip()))
+        found = f"{shown(interpreter, 120)}: torch {printable(torch_version)[:40]}, lightning {printable(lightning_version)[:40]}"
+    except ValueError:
+        found = shown(imported[len("import ok"):].strip(), 120)
+    return Check("slurm.probe", "pass", f"{on}: {python} ({found}) imports jobgen.train; it wrote "
                  f"{shown(str(ctx.runs_dir))} and this machine sees it")

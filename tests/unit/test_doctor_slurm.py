@@ -237,3 +237,31 @@ def test_hostile_partition_and_node_names_never_give_a_traceback(kind, cluster, 
     assert "'gpu'" in detail
     if kind != "newline":  # a name holding a line break splits sinfo's line: that line is left out
         assert (repr(HOSTILE[kind].decode("utf-8", "surrogateescape"))[:20]) in detail
+
+
+def test_the_probe_script_quotes_every_profile_value(tmp_path):
+    """The probe's batch script with hostile modules, env values, interpreter and runs directory:
+    bash and shellcheck accept it, and run here (no SLURM) it reports the interpreter's failure
+    and writes the job id into the runs directory, each value intact."""
+    import subprocess
+
+    from jobgen.doctor import DoctorContext
+    from jobgen.doctor.slurm import PROBE_MARK, probe_script
+    from jobgen.specs.load import load_profile
+    from tests.conftest import ADVERSARIAL, lint_bash
+
+    runs = tmp_path / "runs $(touch PWNED) 'x'"
+    runs.mkdir()
+    profile = write(tmp_path / "p.yaml", json.dumps({  # JSON is YAML
+        "extends": "slurm-cpu", "env": {f"V{i}": value for i, value in enumerate(ADVERSARIAL)},
+        "slurm": {"python": str(tmp_path / "no such python"), "cluster": "cpu"}}))
+    ctx = DoctorContext(profile=load_profile(str(profile)), profile_source=str(profile))
+    script = write(tmp_path / "probe.sbatch", probe_script(ctx, runs / "written-on-node"))
+    lint_bash(script)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node 'one'"}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60).stdout
+    lines = [line for line in out.splitlines() if line.startswith(PROBE_MARK)]
+    assert lines[0] == f"{PROBE_MARK} node node 'one'"
+    assert f"{PROBE_MARK} import failed" in lines and any("no such python" in line for line in lines)
+    assert (runs / "written-on-node").read_text() == "77\n" and f"{PROBE_MARK} runs dir written" in lines
+    assert not (tmp_path / "PWNED").exists()
