@@ -587,7 +587,8 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
                      "pass a --runs-dir on a filesystem the login and compute nodes share (jobgen submit --runs-dir too)")
     try:
         interpreter, torch_version, lightning_version = (str(v) for v in json.loads(imported[len("import ok"):].strip()))
-        found = f"{shown(interpreter, 120)}: torch {printable(torch_version)[:40]}, lightning {printable(lightning_version)[:40]}"
+        found = f"torch {printable(torch_version)[:40]}, lightning {printable(lightning_version)[:40]}" + (
+            "" if interpreter == ctx.profile.slurm_settings.python else f", {shown(interpreter, 120)}")
     except ValueError:
         found = shown(imported[len("import ok"):].strip(), 120)
     return Check("slurm.probe", "pass", f"{on}: {python} ({found}) imports jobgen.train; it wrote "

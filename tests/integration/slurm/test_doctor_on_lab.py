@@ -123,7 +123,9 @@ def test_doctor_passes_on_the_detected_profile_with_the_spec_and_the_probe(site)
     assert {name: c["status"] for name, c in checks.items() if c["status"] != "skip"} == {
         name: "pass" for name in ("slurm.client", "slurm.partition", "slurm.gres", "slurm.nodes", "slurm.time",
                                   "slurm.test_only", "slurm.probe")}, checks
-    assert checks["slurm.account"]["status"] == "skip" and checks["slurm.qos"]["status"] == "skip"  # detect left them null
+    # without slurmdbd detect leaves the account to SLURM (null: skipped); with it, the user's only account (checked)
+    assert checks["slurm.account"]["status"] == ("pass" if site.lab.accounting else "skip"), checks["slurm.account"]
+    assert checks["slurm.qos"]["status"] == "skip"  # detect leaves the QOS to the association's default
     assert "'lab'" in checks["slurm.partition"]["detail"] and "up" in checks["slurm.partition"]["detail"]
     assert "in partition lab" in checks["slurm.test_only"]["detail"]  # SLURM's own estimate
     assert "imports jobgen.train" in checks["slurm.probe"]["detail"]
