@@ -191,6 +191,9 @@ def client_check(ctx: DoctorContext, cluster: Cluster) -> Check:
     select = cluster.config.get("SelectType", "")
     detail = (f"SLURM {printable(cluster.release or '?')}, cluster {shown(cluster.config.get('ClusterName', ''))}, "
               f"SelectType {shown(select)}, partitions from `{cluster.inventory.command}`")
+    left_out = cluster.inventory.notes
+    if left_out:
+        detail += f"; {len(left_out)} record(s) of its output left out (first: {printable(left_out[0])[:160]})"
     if s.version is not None and cluster.version is not None and s.version[:5] != f"{cluster.version[0]:02d}.{cluster.version[1]:02d}":
         detail += f" (the profile records slurm.version {s.version})"
     if ctx.profile.gpus_per_node and s.gpu_request_style != "gres":

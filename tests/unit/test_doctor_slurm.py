@@ -224,6 +224,7 @@ def test_hostile_partition_and_node_names_never_give_a_traceback(kind, cluster, 
     states.write_bytes(HOSTILE[kind] + b"|up\ngpu|up\n")
     slurm.respond(STATES_KEY, file_reply(states))
     write(cluster / "elsewhere.yaml", f"extends: {cluster / 'match.yaml'}\nslurm: {{partition: nope}}\n")
+    printed = {}
     for profile, want in (("match.yaml", 0), ("elsewhere.yaml", 1)):
         for output in ("text", "json", "yaml"):
             result = jobgen("doctor", "--profile", str(cluster / profile), "-o", output, cwd=cluster)
@@ -232,11 +233,14 @@ def test_hostile_partition_and_node_names_never_give_a_traceback(kind, cluster, 
             assert "Traceback" not in result.output
             for line in result.stdout.splitlines():
                 assert line.isprintable(), repr(line)
-    listed = by_name(json.loads(jobgen("doctor", "--profile", str(cluster / "elsewhere.yaml"), "-o", "json", cwd=cluster).stdout))
+            printed[profile, output] = result.stdout
+    listed = by_name(json.loads(printed["elsewhere.yaml", "json"]))
     detail = listed["slurm.partition"]["detail"]
     assert "'gpu'" in detail
     if kind != "newline":  # a name holding a line break splits sinfo's line: that line is left out
         assert (repr(HOSTILE[kind].decode("utf-8", "surrogateescape"))[:20]) in detail
+    else:
+        assert "record(s) of its output left out" in listed["slurm.client"]["detail"]
 
 
 def test_the_probe_script_quotes_every_profile_value(tmp_path):
