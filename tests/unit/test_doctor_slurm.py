@@ -225,8 +225,8 @@ def test_hostile_partition_and_node_names_never_give_a_traceback(kind, cluster, 
     slurm.respond(STATES_KEY, file_reply(states))
     write(cluster / "elsewhere.yaml", f"extends: {cluster / 'match.yaml'}\nslurm: {{partition: nope}}\n")
     printed = {}
-    for profile, want in (("match.yaml", 0), ("elsewhere.yaml", 1)):
-        for output in ("text", "json", "yaml"):
+    for profile, want, outputs in (("match.yaml", 0, ("text",)), ("elsewhere.yaml", 1, ("text", "json", "yaml"))):
+        for output in outputs:
             result = jobgen("doctor", "--profile", str(cluster / profile), "-o", output, cwd=cluster)
             assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
             assert result.exit_code == want, result.output
