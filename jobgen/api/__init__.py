@@ -298,7 +298,7 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
     a job asks for the CPUs and memory of the GPUs it asks for, not the whole node's
     (:func:`jobgen.backends.slurm_submitit.node_share`).
 
-        ex = api.executor("slurm-a100", gpus_per_node=1, time_limit_min=30)
+        ex = api.executor("mycluster-gpu", gpus_per_node=1, time_limit_min=30)
         job = ex.submit(evaluate, "ckpt-1000")      # a submitit Job
         job.result()                                 # the function's return value
 
@@ -316,6 +316,9 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
         ConfigError: a bad profile or override (unknown keys with did-you-mean), a non-SLURM
             profile, submitit not installed (``pip install 'jobgen[submitit]'``).
         SubmitError: no SLURM client tools here; later, from ``submit``: sbatch refused.
+
+    Later, ``submit`` raises ConfigError, before sbatch, while the profile holds example
+    values (``placeholders:``) that no override replaced, as ``jobgen submit`` does.
     """
     from jobgen.backends.slurm_submitit import make_executor  # submitit is an optional extra: only here
 

@@ -314,12 +314,14 @@ JOB_STATES = tuple(sorted(
 
 
 def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-                timeout_s: float = 60.0, what: str = "command", undecodable: str = "strict") -> subprocess.CompletedProcess[str]:
+                timeout_s: float = 60.0, what: str = "command", undecodable: str = "replace") -> subprocess.CompletedProcess[str]:
     """Run a scheduler command (argv list, never a shell) and return it when it exits 0.
 
-    ``undecodable="surrogateescape"`` reads its output as UTF-8 and keeps bytes that are not
-    UTF-8 as lone surrogates (U+DC80-U+DCFF), for callers that check the values they read;
-    ``"strict"`` decodes in the locale's encoding.
+    Its output is read as UTF-8. A scheduler passes names and reasons through as the bytes it
+    was given, and bytes that are not UTF-8 must not end the command: by default each becomes
+    U+FFFD (JSON output stays JSON, and the text can be printed and written anywhere);
+    ``undecodable="surrogateescape"`` keeps them as lone surrogates (U+DC80-U+DCFF), for
+    callers that check the values they read and name the bad bytes.
 
     Raises:
         SubmitError: the program is missing, timed out, or exited non-zero; the message names
@@ -327,7 +329,7 @@ def run_command(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[st
     """
     try:
         proc = subprocess.run(list(argv), cwd=cwd, env=None if env is None else dict(env), capture_output=True, text=True,
-                              timeout=timeout_s, **({} if undecodable == "strict" else {"encoding": "utf-8", "errors": undecodable}))
+                              timeout=timeout_s, encoding="utf-8", errors=undecodable)
     except FileNotFoundError:
         raise SubmitError(
             f"{argv[0]} not found: cannot run {what}",

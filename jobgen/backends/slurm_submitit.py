@@ -65,7 +65,7 @@ from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitErr
 from jobgen.jobdir.files import new_dirs
 from jobgen.jobdir.submission import ArrayTask, CallableJob, JobHandle, Submission
 from jobgen.specs.base import check_shell_safe
-from jobgen.specs.profile import ClusterProfile, SlurmSettings
+from jobgen.specs.profile import ClusterProfile, Placeholder, SlurmSettings, example_values, placeholder_error
 
 #: submitit's variable naming the signal its handler catches (submitit/core/job_environment.py).
 PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
@@ -125,6 +125,9 @@ class ExecutorPlan:
         nodes, tasks_per_node, gpus_per_node: the world asked for.
         clusters: the one cluster the profile's ``extra_sbatch_args`` name with ``--clusters``
             (sbatch's answer names it too; job arrays are recorded with this one), else None.
+        placeholders: the profile's example values that no override replaced
+            (:func:`jobgen.specs.profile.example_values`): submitting refuses them, as
+            ``jobgen submit`` does; making the executor takes them.
     """
 
     profile: str
@@ -137,6 +140,12 @@ class ExecutorPlan:
     tasks_per_node: int
     gpus_per_node: int
     clusters: str | None = None
+    placeholders: tuple[tuple[str, str, Placeholder], ...] = ()
+
+
+#: The executor's overrides that replace a profile field (and so that field's example value).
+_OVERRIDDEN_FIELDS = {"partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
+                      "constraint": "slurm.constraint", "python": "slurm.python"}
 
 
 def check_options(overrides: Mapping[str, Any]) -> ExecutorOptions:
@@ -250,9 +259,11 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
         "additional_parameters": {option: True if value is None else value for option, value in directives},
     }
     clusters = dict(directives).get("clusters")
+    replaced = {path for option, path in _OVERRIDDEN_FIELDS.items() if getattr(options, option) is not None}
     return ExecutorPlan(profile.name, s.cluster, parameters, tuple(directives), shlex.join(container_wrap(s, [python])),
                         options.max_num_timeout, options.nodes, options.tasks_per_node, gpus,
-                        clusters if clusters and "," not in clusters else None)
+                        clusters if clusters and "," not in clusters else None,
+                        tuple(item for item in example_values(profile) if item[0] not in replaced))
 
 
 def node_share(profile: ClusterProfile, gpus: int, *, exclusive: bool) -> tuple[int, float]:
@@ -405,6 +416,8 @@ def _executor_class() -> type:
             return super()._get_job_id_from_submission_command(text)
 
         def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
+            if self.jobgen_plan.placeholders:
+                raise placeholder_error(self.jobgen_plan.profile, self.jobgen_plan.placeholders)
             if len(delayed_submissions) > 1 and self.python != shlex.quote(sys.executable):
                 # submitit's job arrays run with a fresh SlurmExecutor and the default interpreter
                 raise NotSupportedError(

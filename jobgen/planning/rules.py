@@ -595,7 +595,7 @@ def layout_warnings(spec: TrainingSpec, accelerator: Accelerator) -> tuple[str, 
         the warning lines (empty for every other layout and on CPU).
     """
     if accelerator == "gpu" and getattr(spec.model, "load_in_4bit", False) and spec.trainer.strategy == "deepspeed_stage_3":
-        return ("QLoRA under deepspeed_stage_3 peaked at 3.8x its memory plan on an H100 (67.8 vs 17.64 GiB, issue 22) "
+        return ("QLoRA under deepspeed_stage_3 peaked at 3.8x its memory plan on an H100 (67.8 vs 17.64 GiB) "
                 "before jobgen turned gradient checkpointing on for it; no GPU run has confirmed the plan since. "
                 "deepspeed_stage_2 (0.59x of its plan) and ddp (0.95x) trained the same recipe within theirs.",)
     return ()

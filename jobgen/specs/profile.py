@@ -119,8 +119,9 @@ class SlurmSettings(_Model):
     container: ContainerSettings = Field(default=ContainerSettings(), description="Container runtime and image for the tasks.")
     requeue: bool = Field(default=True, description="``--requeue``: the job may be requeued after pre-emption or a node failure.")
     requeue_signal: _SIGNALS = Field(default="USR2", description=(
-        "Signal SLURM sends ``signal_grace_s`` before the time limit; Lightning's SLURMEnvironment\n"
-        "catches it, saves an HPC checkpoint and requeues. USR2, not USR1: NCCL may catch SIGUSR1\n"
+        "Signal SLURM sends ``signal_grace_s`` before the time limit; jobgen's entrypoint catches it,\n"
+        "all ranks save an HPC checkpoint at the same step and global rank 0 runs ``scontrol requeue``.\n"
+        "USR2, not USR1: NCCL may catch SIGUSR1\n"
         "(NVIDIA/nccl#704; submitit defaults to USR2 for the same reason)."
     ))
     signal_grace_s: int = Field(default=120, ge=10, le=3600, description=(

@@ -1,4 +1,4 @@
-"""What a failed local run prints (issue 22): jobgen's line, the first failing rank's error (the
+"""What a failed local run prints: jobgen's line, the first failing rank's error (the
 triage of ``jobgen logs --first-error``) and where the full output is, not every rank's
 traceback and torchrun's ChildFailedError report; the full output stays in the run directory's
 output.log. A real run: ``jobgen submit --profile local`` on 2 CPU ranks of a user module whose

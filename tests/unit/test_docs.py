@@ -41,7 +41,7 @@ ILLUSTRATIONS = {
     "/tmp/sweeps/slurm-cpu-array/quickstart/":
         "a job array's directory: test_readme_commands.py checks that the page's commands wrote each file it lists",
 }
-#: The most lines README.md may have: a landing page; the manual is the site (issue 32).
+#: The most lines README.md may have: a landing page; the manual is the site.
 README_MAX_LINES = 250
 
 
@@ -62,7 +62,7 @@ def test_ci_runs_the_readme_test_command(page):
 
 
 def test_the_readme_is_a_landing_page():
-    """Issue 32: README.md was the manual (2,500 lines); now at most README_MAX_LINES, linking
+    """README.md was the manual (2,500 lines); now at most README_MAX_LINES, linking
     into every page of the site, with no lab recipe (the labs' page is one link)."""
     lines = README.count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move the detail into docs/"
@@ -113,7 +113,7 @@ def test_the_fenced_blocks_are_found():
 
 @pytest.mark.parametrize("page", SET_UP)
 def test_the_quick_starts_test_line_says_it_runs_the_labs_and_names_the_quick_tier(page):
-    """Issue 30: the Quick start's "Test" line said "unit, golden, script and real 2-process training
+    """The Quick start's "Test" line said "unit, golden, script and real 2-process training
     tests" for a command that also runs the SLURM, ssh and Kubernetes labs (root, apt installs, a
     build of many minutes)."""
     test_line = text(page).split("**Test**", 1)[1].split("```bash", 1)[0]
@@ -175,8 +175,8 @@ def plan_examples() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("command,shown", plan_examples(), ids=[c.split()[2] for c, _ in plan_examples()])
 def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypatch):
-    """The pages' `jobgen plan` examples are the command's stdout, `assumptions:` block included
-    (issue 23): run each and compare."""
+    """The pages' `jobgen plan` examples are the command's stdout, `assumptions:` block included:
+    run each and compare."""
     import shlex
 
     from click.testing import CliRunner
@@ -192,7 +192,7 @@ def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypat
 
 
 def test_the_seed_table_is_cited_by_its_public_source():
-    """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
+    """The throughput table comes from SparkTrainer's Distributed Training Guide, not
     from our tracker (one place: jobgen.planning.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
     from jobgen.planning.seeds import SEED_SOURCE
 
@@ -207,16 +207,23 @@ def test_the_seed_table_is_cited_by_its_public_source():
 
 @pytest.mark.parametrize("page", PAGES, ids=page_name)
 def test_every_profile_the_readme_names_is_shipped_or_defined_there(page):
-    """Issue 23: the job-array example named `--profile slurm-cpu-array`, which was not shipped.
-    Each page stands alone: a profile it defines is defined on that page."""
+    """The job-array example once named `--profile slurm-cpu-array`, which was not shipped.
+    Each page stands alone: a profile it defines is defined on that page (a YAML snippet headed
+    with its file, in a list item too), or written there by ``jobgen profiles detect`` (a
+    ``cluster_profiles/<name>.yaml`` path; test_readme_commands.py runs the page's detect and the
+    commands that name the file)."""
+    page_text = page.read_text()
     shipped = {p.stem for p in (REPO / "cluster_profiles").glob("*.yaml")}
-    defined = set(re.findall(r"^# cluster_profiles/([\w-]+)\.yaml\n(?!.*shipped)", page.read_text(), flags=re.M))
-    named = set(re.findall(r"(?:--profile|-p)[ =]([a-z][\w-]*)", page.read_text()))
-    assert named - shipped - defined == set()
+    defined = set(re.findall(r"^ *# cluster_profiles/([\w-]+)\.yaml\n(?!.*shipped)", page_text, flags=re.M))
+    named = set(re.findall(r"(?:--profile|-p)[ =]([a-z][\w./-]*)", page_text))
+    paths = {n for n in named if "/" in n}
+    if "jobgen profiles detect" in page_text:
+        defined |= {Path(n).stem for n in paths if n.startswith("cluster_profiles/")}
+    assert {Path(n).stem if n in paths else n for n in named} - shipped - defined == set()
 
 
 def test_the_repository_root_holds_only_project_files():
-    """Issue 23: a stray `ds.time` (a shell error message) was committed at the root."""
+    """No stray file at the root: a `ds.time` (a shell error message) was once committed there."""
     import subprocess
 
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
@@ -226,7 +233,7 @@ def test_the_repository_root_holds_only_project_files():
 
 
 def test_the_output_directories_the_readme_suggests_are_ignored_by_git():
-    """Issue 30: `benchmarks/gpu_suite.py --out results/` left an untracked results/ in the clone,
+    """`benchmarks/gpu_suite.py --out results/` once left an untracked results/ in the clone,
     and an untracked file blocks the next snapshotted submit (a dirty tree)."""
     import subprocess
 
@@ -254,7 +261,7 @@ def test_readme_layout_names_every_package_and_module():
 
 
 def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, monkeypatch):
-    """Issue 30: the README's API example rendered a two-node plan into manifests/, over the committed
+    """The README's API example once rendered a two-node plan into manifests/, over the committed
     manifests/slurm-a100/quickstart/, and `render --all --check` failed after it. Its plan and
     render lines (docs/api.md's first Python block) run here (in a copy of the checkout's
     manifests/, examples and profiles)."""
@@ -272,3 +279,20 @@ def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, m
     exec(compile(runnable.replace("print(job_plan)", "str(job_plan)"), "docs/api.md", "exec"), {})
     after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in (tmp_path / "manifests").rglob("*") if p.is_file()}
     assert after == before, sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+
+
+def example_files() -> list[str]:
+    """Every file under examples/, relative to the repository (caches and compiled files left out)."""
+    return sorted(p.relative_to(REPO).as_posix() for p in (REPO / "examples").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".egg-info")) and
+                  not any(part.endswith(".egg-info") for part in p.parts))
+
+
+def test_the_examples_page_names_every_example_file():
+    """docs/examples.md lists every file under examples/: by its path, or inside a directory it
+    names (``examples/usercode/tinychar/`` with ``model.py``); a new example must be listed there."""
+    page = text("docs/examples.md")
+    files = example_files()
+    assert "examples/quickstart.yaml" in files and "examples/image/Containerfile" in files
+    missing = [f for f in files if f"`{f}`" not in page and not (f"`{f.rsplit('/', 1)[0]}/`" in page and f"`{f.rsplit('/', 1)[1]}`" in page)]
+    assert not missing, f"docs/examples.md does not name {missing}: add a line saying what each shows and the command that runs it"

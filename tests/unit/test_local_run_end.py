@@ -1,5 +1,4 @@
-"""How a local run ends, as ``jobgen status`` / ``ls`` and the exit code say it (issue 30,
-findings 1, 2 and the end of 5).
+"""How a local run ends, as ``jobgen status`` / ``ls`` and the exit code say it.
 
 The run is real as far as jobgen goes (``jobgen submit SPEC --profile P`` in a subprocess: the
 foreground run, output.log, the triage, the state record) but torchrun is a stand-in: the
@@ -216,7 +215,7 @@ def test_a_run_whose_jobgen_is_gone_without_an_end_is_unknown_not_running(setup)
     assert status["state"] == "UNKNOWN" and "no longer runs" in status["details"]["reason"], status
 
 
-# --------------------------------------------------------------------------- finding 6: one run directory, one run
+# --------------------------------------------------------------------------- one run directory, one run
 
 
 def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
@@ -227,7 +226,7 @@ def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
 
 
 def test_a_run_directory_of_another_profile_or_shape_is_refused_before_anything_runs(setup):
-    """issue 30: the README's SLURM example after the quick start ran in runs/quickstart, found the
+    """The README's SLURM example after the quick start once ran in runs/quickstart, found the
     local run's checkpoint and stopped with "nothing to do". A run directory belongs to the profile
     and shape of its first run; another one is refused (exit 2, nothing started), the same one
     (a longer run, --set trainer.max_steps) resumes there."""
@@ -262,7 +261,7 @@ def test_a_run_directory_of_an_older_jobgen_is_known_by_its_summary(setup):
 
 
 def test_logs_of_a_local_run_print_its_output_log(setup):
-    """issue 30 (finding 14): `jobgen logs local://...` refused; it prints the run's output.log."""
+    """`jobgen logs local://...` once refused; it prints the run's output.log."""
     assert _submit(setup, "boom").returncode == 1
     run_dir = (setup["runs"] / "cmd").resolve()
     proc = _jobgen(setup, "ok", "logs", f"local://{run_dir}")
@@ -272,7 +271,7 @@ def test_logs_of_a_local_run_print_its_output_log(setup):
 
 
 def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
-    """issue 30 (finding 14): jobgen keeps no checkpoints of a command-mode script: "rerun to resume
+    """jobgen keeps no checkpoints of a command-mode script: "rerun to resume
     from the last checkpoint" is not jobgen's to promise there."""
     proc = _submit(setup, "boom")
     assert proc.returncode == 1
@@ -281,7 +280,7 @@ def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
 
 
 def test_an_input_error_under_real_torchrun_exits_2_names_the_users_spec_and_shows_its_headline_once(setup):
-    """issue 30 (finding 14): torchrun exits 1 when a rank exits 2 (the entrypoint's input error); its
+    """torchrun exits 1 when a rank exits 2 (the entrypoint's input error); its
     report's root cause says 2. jobgen submit exits 2 (bad input) with the fix-the-input hint, not
     "resume from the last checkpoint"; the ranks were told the user's spec file (their error names
     it and the field, not spec.json); the triage shows the one-line error once."""

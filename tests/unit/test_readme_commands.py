@@ -1,5 +1,5 @@
 """The commands of the README and of every page of the documentation site (docs/) run, so the
-documentation cannot drift from jobgen (issues 23, 32).
+documentation cannot drift from jobgen.
 
 Every ``jobgen ...`` command of a page's fenced ``bash`` and ``text`` blocks (``$ jobgen ...``
 lines too, with the output shown under them) is taken from the page as it is and run, in page
@@ -15,8 +15,12 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
   and ``--set``s (the submits themselves run against the labs in tests/integration);
   ``submit DIR``: DIR must be a rendered job directory;
 - ``status``/``logs``/``cancel`` of a ``slurm://``/``k8s://``/``ssh://`` handle: the labs (skipped here);
-- ``profiles detect``: a SLURM login node (skipped here, its options checked against ``--help``;
-  tests/unit/test_profiles_detect.py runs it against fake SLURM commands);
+- ``profiles detect --scheduler slurm``: run against fake SLURM commands that answer as a SLURM
+  25.05 cluster named ``grace`` with a GPU partition ``gpu`` (tests/fakes/slurm/detect/25.05/,
+  the cluster docs/howto-own-slurm.md names), so the page's later commands take the profile it
+  wrote; tests/unit/test_profiles_detect.py covers every release;
+- ``doctor`` of a SLURM, Kubernetes or ssh profile: the cluster (its options checked against
+  ``--help``); of the ``local`` profile: run;
 - a local training run: ``validate`` + ``render --stdout`` (the trainings run in tests/entrypoint);
   the command-mode example, a 3-step all-reduce, runs for real (where it runs, its summary.json,
   ``jobgen status`` COMPLETED);
@@ -25,7 +29,8 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
 
 Shown output (lines under a ``$ jobgen`` command) must appear in the command's output, in order.
 At the end each page's own outputs leave ``jobgen render --all --check`` green and no change
-that the next ``jobgen submit`` would refuse. Commands run in-process (:func:`jobgen.cli.main`)
+that the next ``jobgen submit`` would refuse, but for the profiles ``profiles detect`` wrote: those
+are the user's to review and commit. Commands run in-process (:func:`jobgen.cli.main`)
 to keep the test short; only the command-mode run starts processes (torchrun, 2 ranks).
 """
 
@@ -140,11 +145,15 @@ class Result:
 class Scratch:
     """A scratch copy of the repository (its own git repository) that commands run in."""
 
-    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch):
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, profiles: dict[str, str] | None = None):
         self.root = root
+        #: The profiles ``jobgen profiles detect`` wrote (the user reviews and commits them).
+        self.detected: list[Path] = []
         for name in COPIED:
             src = REPO / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)
+        for relative, content in (profiles or {}).items():  # the page's own profiles, as the user added them
+            (root / relative).write_text(content)
         self.tmp = root.parent / "tmp"  # the pages' /tmp/, outside the repository
         self.tmp.mkdir()
         for key, value in GIT_ENV.items():
@@ -160,6 +169,23 @@ class Scratch:
     def words(self, shown: Shown) -> list[str]:
         """The command's arguments, ``/tmp/`` (the pages' scratch place) moved into the scratch copy."""
         return [w.replace("/tmp/", f"{self.tmp}/") for w in shown.words[1:]]
+
+    def detect(self, *argv: str) -> Result:
+        """``jobgen profiles detect ARGV`` against fake ``sinfo``/``scontrol``/``sacctmgr`` that answer
+        as the SLURM 25.05 cluster ``grace`` (tests/fakes/slurm/detect/25.05/); the profile it
+        writes is remembered in :attr:`detected`."""
+        from tests.fakes.slurm.fakeslurm import FakeSlurm, detect_replies
+
+        fake_root = self.root.parent / f"fake-slurm-{len(list(self.root.parent.glob('fake-slurm-*')))}"
+        fake = FakeSlurm(fake_root)
+        detect_replies(fake, "25.05")
+        before = set((self.root / "cluster_profiles").glob("*.yaml"))
+        with pytest.MonkeyPatch.context() as env:
+            for key, value in fake.env.items():
+                env.setenv(key, value)
+            result = self.jobgen("profiles", "detect", *argv)
+        self.detected += sorted(set((self.root / "cluster_profiles").glob("*.yaml")) - before)
+        return result
 
     def jobgen(self, *argv: str) -> Result:
         """``jobgen ARGV`` in-process (the console entry point: exit code, stdout + stderr)."""
@@ -272,7 +298,7 @@ def test_the_readme_commands_run(page, tmp_path, monkeypatch):
     commands = page_commands(page)
     if not commands:  # nothing to run (the reference pages: generated tables)
         return
-    scratch = Scratch(tmp_path / "repo", monkeypatch)
+    scratch = Scratch(tmp_path / "repo", monkeypatch, profiles=invented_profiles(page.read_text()))
     skipped: list[str] = []
     timings: list[tuple[float, str]] = []
     for shown in commands:
@@ -291,7 +317,7 @@ def test_the_readme_commands_run(page, tmp_path, monkeypatch):
     assert check.code == 0, check.out
     from jobgen.usercode.snapshot import changes
 
-    assert changes(scratch.root) == ()
+    assert changes(scratch.root, exclude=scratch.detected) == ()
     slowest = [f"{seconds:6.1f} s  {what}" for seconds, what in sorted(timings, reverse=True)[:5]]
     print("\n".join([f"{page_name(page)}: commands not run here, and why:", *skipped, f"slowest {page_name(page)} commands:", *slowest]))
 
@@ -320,10 +346,16 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
         return
     if words[:2] == ["profiles", "detect"]:
         check_synopsis(scratch, words, shown)
-        skipped.append(f"{shown}: needs a SLURM login node (tests/unit/test_profiles_detect.py runs it against fake "
-                       "SLURM commands); its options checked against --help")
+        assert option(words, "--scheduler") == "slurm", f"{shown}: only SLURM clusters are detected against fakes here"
+        result = scratch.detect(*words[2:])
+        assert result.code == 0, f"{shown} (against the fake SLURM 25.05 cluster 'grace') -> {result.code}\n{result.out}"
+        assert_shows(result, shown, scratch)
         return
     profile = option(words, "--profile", "-p")
+    if words[0] == "doctor" and cluster_profile(scratch, profile):
+        check_synopsis(scratch, words, shown)
+        skipped.append(f"{shown}: checks a live cluster (its options checked against --help)")
+        return
     if words[0] == "submit" and Path(words[1]).suffix not in (".yaml", ".yml"):
         from jobgen.jobdir import is_job_dir
 
@@ -372,6 +404,25 @@ def yaml_snippets(text: str = README) -> list[tuple[int, str]]:
     """``(line, text)`` of every fenced ``yaml`` block of ``text`` (indentation of list items removed)."""
     return [(text[:m.start(3)].count("\n") + 1, "\n".join(line[len(m.group(1)):] for line in m.group(3).splitlines()))
             for m in re.finditer(r"^( *)```(yaml)\n(.*?)^ *```", text, flags=re.S | re.M)]
+
+
+def invented_profiles(text: str) -> dict[str, str]:
+    """``{"cluster_profiles/<name>.yaml": text}`` of every YAML snippet of ``text`` headed
+    ``# cluster_profiles/<name>.yaml`` that names no shipped profile: a profile the page has the
+    user write (``site-h100``), which the page's commands then name."""
+    found = {}
+    for _, snippet in yaml_snippets(text):
+        header = re.match(r"# (cluster_profiles/[\w.-]+\.yaml)\s*$", snippet.splitlines()[0])
+        if header and not (REPO / header.group(1)).exists():
+            found[header.group(1)] = snippet + "\n"
+    return found
+
+
+def test_a_page_profile_is_found():
+    """docs/profiles.md's ``site-h100`` is one :func:`invented_profiles` reads; a shipped one is not."""
+    found = invented_profiles((REPO / "docs" / "profiles.md").read_text())
+    assert "cluster_profiles/site-h100.yaml" in found and "extends: k8s-h100" in found["cluster_profiles/site-h100.yaml"]
+    assert "cluster_profiles/k8s-h100.yaml" not in found
 
 
 def is_subset(part: object, whole: object) -> bool:

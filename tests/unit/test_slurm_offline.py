@@ -22,6 +22,7 @@ from tests.fakes.slurm.fakeslurm import (
     NOT_CONFIGURED_RC,
     SACCT_NO_ACCOUNTING,
     SQUEUE_INVALID_JOB,
+    file_reply,
     json_reply,
     reply,
     sacct_rows,
@@ -136,7 +137,7 @@ def test_sbatch_refusal_exits_1_with_slurms_message_and_records_nothing(slurm, s
 
 
 def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_path, monkeypatch):
-    """issue 30 (finding 14): sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
+    """sbatch exports $JOBGEN_SPEC_SOURCE (the spec file submit read) to the
     ranks, whose input errors then name it and the field instead of spec.json; one left in the
     shell is replaced, not passed on."""
     monkeypatch.setenv("FAKE_SLURM_RECORD_ENV", "JOBGEN_SPEC_SOURCE")
@@ -147,7 +148,7 @@ def test_the_job_is_told_the_users_spec_file_for_its_errors(slurm, submit, tmp_p
 
 
 def test_a_run_directory_of_another_profile_is_refused_before_sbatch(slurm, submit, tmp_path):
-    """issue 30 (finding 6): the README's SLURM example after the quick start ran in runs/quickstart,
+    """The README's SLURM example after the quick start once ran in runs/quickstart,
     where the local run's checkpoints were; SLURM submit refuses it (exit 2) before sbatch, as local
     submit and the entrypoint do, instead of the job finding out on a node after queueing."""
     from jobgen.jobdir import RUN_IDENTITY_FILE, RunIdentity
@@ -742,3 +743,18 @@ def test_sbatch_export_in_the_environment_must_pass_the_secrets(slurm, submit_se
         assert result.code == 2, result.stderr
         assert f"SBATCH_EXPORT={export} is set" in result.stderr and f"secrets {dropped} to the job" in result.stderr
         assert slurm.argvs() == []
+
+
+def test_status_reads_squeue_output_that_is_not_utf8(slurm, run_cli, tmp_path):
+    """SLURM passes job names, node names and reasons through as the bytes it was given: a
+    Latin-1 byte in squeue's JSON is shown escaped, never a UnicodeDecodeError."""
+    doc = json.dumps(squeue_24_05(123, ["FAILED"], name="caf\udce9", reason="NodeDown", return_code=1), ensure_ascii=False)
+    raw = tmp_path / "squeue.json"
+    raw.write_bytes(doc.encode("utf-8", "surrogateescape"))  # name: b"caf\xe9"
+    slurm.respond("squeue", file_reply(raw))
+    plain = run_cli("status", HANDLE)
+    assert plain.code == 0, plain.stderr
+    assert "Traceback" not in plain.stderr and "UnicodeDecodeError" not in plain.stderr
+    assert all(line.isprintable() for line in plain.stdout.splitlines()), plain.stdout
+    assert "caf\ufffd" in plain.stdout
+    assert status_json(run_cli)["state"] == "FAILED"

@@ -90,6 +90,6 @@ def test_every_shipped_example_plans_as_a_smoke_run_where_it_plans(spec_file, pr
 
 
 def test_the_llama_qlora_example_plans_as_a_smoke_run_on_every_gpu_profile() -> None:
-    # issue 22's "done when": the 4-GPU example holds on every GPU profile
+    # the 4-GPU example holds on every GPU profile
     gpu_profiles = [p for p in ("slurm-a100", "slurm-h100", "k8s-a100", "k8s-h100")]
     assert all(_plans(LLAMA, p, smoke=8) for p in gpu_profiles)

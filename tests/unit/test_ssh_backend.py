@@ -80,7 +80,7 @@ def ssh_profile(tmp_path: Path, ssh_section: str, **top: object) -> ClusterProfi
     ("{hosts: [a, b], workdir: /w, options: [ProxyJump]}", {}, r"is not Key=Value"),
     ("{hosts: [a, b], workdir: /w}", {"max_nodes": 3}, r"max_nodes=3 but ssh\.hosts lists 2 host\(s\)"),
     ("{hosts: [a, b], workdir: /w, user: '-l'}", {}, r"user '-l' is empty or starts with '-'"),
-    # issue 29: OpenSSH (9.6 valid_ruser) refuses '-' after a blank and '\' at the end of a user name
+    # OpenSSH (9.6 valid_ruser) refuses '-' after a blank and '\' at the end of a user name
     ("{hosts: [a, b], workdir: /w, user: 'bob -oProxyCommand=touch x'}", {}, r"ssh\.user: .*'-' after a blank"),
     ("{hosts: [a, b], workdir: /w, user: 'alice smith -i'}", {}, r"ssh\.user: .*'-' after a blank"),
     ("{hosts: [a, b], workdir: /w, user: 'bob\\'}", {}, r"ssh\.user: .*holds '\\\\'"),
@@ -401,7 +401,7 @@ def test_logs_name_the_nodes_of_the_job(tmp_path, monkeypatch, quickstart):
         api.status("ssh://elsewhere/x")
 
 
-# --------------------------------------------------------------------------- issue 29: hostile names and workdirs
+# --------------------------------------------------------------------------- hostile names and workdirs
 
 #: Names that tar (or another remote tool) would read as escapes: GNU tar un-escapes ``\057`` (``/``),
 #: ``\t``, ``\\`` in its ``-C`` directory, so ``..\057..\057escaped`` left the run directory.
@@ -481,14 +481,14 @@ def test_long_hosts_and_workdirs_are_recorded_under_a_bounded_file_name(tmp_path
 
 
 def test_short_handles_keep_the_state_record_name_of_earlier_versions(tmp_path):
-    """Records written before issue 29 are still found: a name that fits is spelt as before."""
+    """Records written by earlier versions are still found: a name that fits is spelt as before."""
     assert state_record_path(JobHandle.parse("ssh://gpu-a/srv/runs/q")).name == "gpu-a__srv__runs__q.json"
     long_one = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 200))
     other = state_record_path(JobHandle.parse("ssh://gpu-a/srv/" + "é" * 199 + "e"))
     assert len(long_one.name.encode()) <= 255 and long_one != other
 
 
-# --------------------------------------------------------------------------- the default workdir (issue 30, finding 11)
+# --------------------------------------------------------------------------- the default workdir
 
 
 def test_two_hosts_and_a_name_are_a_profile_and_jobs_run_under_the_login_home(tmp_path):

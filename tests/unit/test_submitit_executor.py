@@ -278,13 +278,13 @@ def test_clusters_from_the_profile_name_the_handle_and_every_later_command(fake_
 
 
 def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_path, capfd):
-    """issue 30 (finding 9): sbatch's message once (in the error, not printed before it too), and
+    """sbatch's message once (in the error, not printed before it too), and
     nothing of the call left in submitit's folder (no pickle, no submission script)."""
     fake_srun.respond("sbatch", reply(stderr="sbatch: error: invalid partition specified: gpu\n", rc=1))
     folder = tmp_path / "sub"
     (folder / "keep.txt").parent.mkdir()
     (folder / "keep.txt").write_text("not submitit's")
-    ex = api.executor("slurm-a100", folder=folder / "%j")
+    ex = api.executor("slurm-a100", folder=folder / "%j", partition="gpu-site")
     capfd.readouterr()
     with pytest.raises(SubmitError, match="invalid partition specified: gpu") as info:
         ex.submit(add, 1, 2)
@@ -300,14 +300,14 @@ def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_pa
 
 def test_a_refused_submit_into_a_new_folder_leaves_no_folder(fake_srun, tmp_path):
     fake_srun.respond("sbatch", reply(stderr="sbatch: error: Batch job submission failed\n", rc=1))
-    ex = api.executor("slurm-a100", folder=tmp_path / "runs" / "submitit" / "%j")
+    ex = api.executor("slurm-a100", folder=tmp_path / "runs" / "submitit" / "%j", partition="gpu-site")
     with pytest.raises(SubmitError):
         ex.submit(add, 1, 2)
     assert not (tmp_path / "runs" / "submitit").exists()
 
 
 def test_a_shared_node_gets_the_cpus_and_memory_of_the_gpus_asked_for(fake_srun, tmp_path):
-    """issue 30 (finding 9): on a profile with `exclusive: false` (or the override), a job of 1 of
+    """On a profile with `exclusive: false` (or the override), a job of 1 of
     a node's 8 GPUs asks for 1/8 of its CPUs and memory, not the whole node; no GPU: one GPU's
     share; an exclusive node, or every GPU, the whole node; explicit values stand."""
     p = load_profile("slurm-a100")
@@ -338,3 +338,21 @@ def test_the_readme_example_uses_valid_overrides():
     for profile, args in calls:
         overrides = eval(f"dict({args})")  # literal keyword arguments of the snippet
         slurm_submitit.plan_executor(load_profile(profile), overrides, profile_source=profile)
+
+
+def test_a_profiles_example_values_are_refused_before_sbatch_unless_overridden(fake_srun, tmp_path):
+    """A shipped profile's ``placeholders:`` (slurm-a100's partition) stop a callable's submission
+    as they stop ``jobgen submit``; an override of the field (``partition=``) lifts it; making the
+    executor (a plan, like ``render``) takes the profile as it is."""
+    slurm = fake_srun
+    slurm.respond("sbatch", reply("Submitted batch job 99\n"))
+    ex = api.executor("slurm-a100", folder=tmp_path / "a" / "%j")
+    with pytest.raises(ConfigError, match=r"example values(.|\n)*slurm\.partition") as caught:
+        ex.submit(add, 1, 2)
+    assert "extends: slurm-a100" in caught.value.hint
+    assert not any(argv[0] == "sbatch" for argv in slurm.argvs())
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").rglob("*.pkl"))
+    job = api.executor("slurm-a100", folder=tmp_path / "b" / "%j", partition="gpu-site").submit(add, 1, 2)
+    assert job.job_id == "99"
+    with pytest.raises(ConfigError, match=r"slurm\.container\.image"):
+        api.executor("slurm-h100", folder=tmp_path / "c" / "%j", partition="h100-site").submit(add, 1, 2)

@@ -142,7 +142,7 @@ def test_two_node_job_trains_to_completion(jobgen, ssh_lab, tmp_path):
     assert "jobgen: node 1 of 2 on host2" in shown and "GLOBAL_RANK: 1" in shown, shown
     assert "done: ssh-two-node at step 6/6" in jobgen("logs", handle).stdout
     listed = {row["handle"]: row for row in json.loads(jobgen("ls", "--state", "completed", "-o", "json").stdout)}
-    assert (listed[handle]["state"], listed[handle]["source"]) == ("COMPLETED", "ssh"), listed  # issue 30: ls as status says
+    assert (listed[handle]["state"], listed[handle]["source"]) == ("COMPLETED", "ssh"), listed  # ls as status says
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
     print(f"\n2-node ssh job: submit to COMPLETED in {time.monotonic() - started:.1f} s (under load)")
 
@@ -165,12 +165,12 @@ def test_cancel_stops_every_process_on_both_hosts(jobgen, ssh_lab, tmp_path):
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
     assert jobgen.state(handle)["state"] == "CANCELLED"
     listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "CANCELLED", "-o", "json").stdout)}
-    assert listed.get(handle) == "CANCELLED", listed  # issue 30: ls as status says
+    assert listed.get(handle) == "CANCELLED", listed  # ls as status says
     print(f"\nssh cancel: every process gone in {time.monotonic() - started:.1f} s (under load)")
 
 
 def test_a_failed_job_is_failed_with_its_exit_code_in_status_and_ls(jobgen, ssh_lab, tmp_path):
-    """Issue 30: a job whose entrypoint refuses its input on both hosts (its data matches no file)
+    """A job whose entrypoint refuses its input on both hosts (its data matches no file)
     ends FAILED with torchrun's non-zero exit code in `jobgen status`, and `jobgen ls --state
     FAILED` lists it; the entrypoint's error is in the node's log and names the spec file `jobgen
     submit` read (a space and a quote in its name) and the field as written there, not spec.json."""
