@@ -59,7 +59,7 @@ _ONE_SIZE_GIB = {"T4": 16, "A10G": 24, "L4": 24, "L40S": 48, "H200": 141}
 _FABRIC_FEATURES = {"ib": "infiniband", "infiniband": "infiniband", "hdr": "infiniband", "ndr": "infiniband",
                     "edr": "infiniband", "roce": "roce", "efa": "efa"}
 #: The oldest SLURM with ``--gpus-per-node`` (select/cons_tres, SLURM 19.05 release notes).
-_GPUS_PER_NODE_SINCE = (19, 5)
+GPUS_PER_NODE_SINCE = (19, 5)
 
 
 def run_client(argv: list[str], what: str) -> str:
@@ -145,7 +145,7 @@ def _plain(value: str, what: str, source: str, hint: str) -> str:
     return value
 
 
-def _versions(run: Runner, notes: list[str]) -> tuple[tuple[int, int] | None, str | None, str]:
+def read_version(run: Runner, notes: list[str]) -> tuple[tuple[int, int] | None, str | None, str]:
     """((major, minor), release, source) from ``sinfo --version``, else ``scontrol --version``."""
     for prog in ("sinfo", "scontrol"):
         try:
@@ -279,7 +279,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     """
     notes: list[str] = []
     sources: dict[str, str] = {}
-    version, release, version_source = _versions(run, notes)
+    version, release, version_source = read_version(run, notes)
     try:
         config = parse_config(run(["scontrol", "show", "config"], "scontrol show config"))
     except SubmitError as exc:
@@ -323,7 +323,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     slurm["version"] = None if version is None else f"{version[0]:02d}.{version[1]:02d}"
     sources["slurm.version"] = version_source
     if doc["gpus_per_node"]:
-        slurm["gpu_request_style"], sources["slurm.gpu_request_style"] = _request_style(version, release, config.get("SelectType", ""))
+        slurm["gpu_request_style"], sources["slurm.gpu_request_style"] = request_style(version, release, config.get("SelectType", ""))
         slurm["gres_gpu_type"] = gres_type
         sources["slurm.gres_gpu_type"] = ("the GRES type of the nodes chosen, so the request lands on them" if gres_type
                                           else "the GRES is untyped: GPUs of any type")
@@ -388,14 +388,14 @@ def _time_fields(p: Partition, slurm: dict[str, Any], sources: dict[str, str]) -
                                        else "no DefaultTime: one hour, or MaxTime when shorter; a spec's resources.time_limit_min wins")
 
 
-def _request_style(version: tuple[int, int] | None, release: str | None, select: str) -> tuple[str, str]:
+def request_style(version: tuple[int, int] | None, release: str | None, select: str) -> tuple[str, str]:
     """``gpu_request_style`` and why: ``gpus-per-node`` on SLURM >= 19.05 with
     ``SelectType=select/cons_tres`` (sbatch(1) "--gpus-per-node"; slurm.conf(5) "SelectType"),
     else ``gres`` (``--gres=gpu:<type>:<n>``, every release)."""
-    if version is not None and version >= _GPUS_PER_NODE_SINCE and select == "select/cons_tres":
+    if version is not None and version >= GPUS_PER_NODE_SINCE and select == "select/cons_tres":
         return "gpus-per-node", f"SLURM {release} with SelectType=select/cons_tres (`scontrol show config`): --gpus-per-node"
     why = ("the version is unknown" if version is None else
-           f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < _GPUS_PER_NODE_SINCE else
+           f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < GPUS_PER_NODE_SINCE else
            f"SelectType is {clean(select) or 'unknown'}, and --gpus-per-node needs select/cons_tres")
     return "gres", "--gres=gpu:<type>:<n>, which every SLURM takes: " + why
 
@@ -403,7 +403,7 @@ def _request_style(version: tuple[int, int] | None, release: str | None, select:
 def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, Any], sources: dict[str, str]) -> None:
     """``slurm.account`` (the one account the user has for the partition, else null) and
     ``slurm.qos`` (null: the association's default) from ``sacctmgr``, with the lists found."""
-    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or _login_name()
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or login_name()
     if not user:
         slurm["account"] = slurm["qos"] = None
         sources["slurm.account"] = "no login name ($USER, $LOGNAME, the password database) to ask sacctmgr for: SLURM's default account"
@@ -427,7 +427,7 @@ def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, An
     sources["slurm.qos"] = f"`sacctmgr`: QOS you may use: {', '.join(qos[:10]) or '(none listed)'}; null: the association's default"
 
 
-def _login_name() -> str | None:
+def login_name() -> str | None:
     """This process's login name from the password database, or None where it has no entry
     (a container's uid): ``getpass.getuser`` raises then."""
     try:
