@@ -6,9 +6,9 @@ from __future__ import annotations
 import click
 
 from jobgen import __version__
+from jobgen.cli.doctor import doctor
 from jobgen.cli.jobs import cancel, logs, ls, status
 from jobgen.cli.output import JobgenGroup, set_debug
-from jobgen.cli.doctor import doctor
 from jobgen.cli.plan import plan_command
 from jobgen.cli.profiles import profiles, schema
 from jobgen.cli.render import diff, render

@@ -344,7 +344,7 @@ def test_a_comment_with_an_issue_reference_fails_the_run(tmp_path):
 
 def test_a_comment_citing_a_notes_file_outside_the_repository_is_found(tmp_path):
     """A comment or docstring that sends the reader to a notes file the repository does not hold
-    ("LAB-NOTES pitfall 9") is a finding; the same name in a string literal (data) is not."""
+    is a finding; the same name in a string literal (data) is not."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "lab.py").write_text(
         '"""The lab (LAB-NOTES pitfall 9)."""\nNAMES = ["LAB-NOTES"]\nx = 1  # see ../shared/docs\n')

@@ -249,6 +249,14 @@ def assert_shows(result: Result, shown: Shown, scratch: Scratch) -> None:
         at += 1
 
 
+def cluster_profile(scratch: Scratch, profile: str | None) -> bool:
+    if profile is None:
+        return False
+    from jobgen.specs.load import load_profile
+
+    return load_profile(profile).scheduler != "local"
+
+
 def local_profile(profile: str | None) -> bool:
     """``profile`` loads and is a local one (not a cluster's, nor a file a skipped ``detect`` would write)."""
     from jobgen.errors import ConfigError
