@@ -19,7 +19,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
+from jobgen.backends import k8s_api
+from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster
 from jobgen.backends.k8s_detect import LOCALQUEUE_CRD, PRODUCT_LABEL, read_nodes, shown
 from jobgen.backends.k8s_manifest import KINDS, K8sKind
 from jobgen.doctor import Check, DoctorContext, needs_probe, skipped_after
@@ -51,7 +52,7 @@ def checks(ctx: DoctorContext) -> Iterator[Check]:
     assert k is not None  # ClusterProfile requires it for scheduler: kubernetes
     namespace = os.environ.get(ENV_NAMESPACE) or k.namespace
     try:
-        cluster = connect(os.environ.get(ENV_CONTEXT) or k.context, k.kubeconfig)
+        cluster = k8s_api.connect(os.environ.get(ENV_CONTEXT) or k.context, k.kubeconfig)
         version = cluster.request("GET", "/version")
     except JobgenError as exc:
         yield Check("kubernetes.api", "fail", exc.message.splitlines()[0], exc.hint or "")
