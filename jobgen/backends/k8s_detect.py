@@ -60,11 +60,11 @@ _RDMA_RESOURCES = (("rdma/", "infiniband"), ("vpc.amazonaws.com/efa", "efa"), ("
 _SHOWN_MAX = 120
 
 
-def shown(value: Any) -> str:
+def shown(value: Any, limit: int = _SHOWN_MAX) -> str:
     """A value read from the cluster as a comment or a report shows it: quoted, non-printable
-    characters escaped, at most 120 characters (then ``...``)."""
+    characters escaped, at most ``limit`` characters (then ``...``)."""
     text = clean(repr(value) if isinstance(value, str) else str(value))
-    return text if len(text) <= _SHOWN_MAX else text[:_SHOWN_MAX - 3] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass

@@ -385,7 +385,7 @@ def _wait_probe(cluster: Cluster, path: str, image: str, timeout_s: float) -> Ch
             waiting, running, ended = state.get("waiting") or {}, state.get("running"), state.get("terminated")
             if waiting.get("reason") in PULL_ERRORS:
                 return Check("kubernetes.image", "fail", f"node {shown(node)} cannot pull {shown(image)}: {shown(waiting.get('reason'))}: "
-                             f"{shown(waiting.get('message') or '')}",
+                             f"{shown(waiting.get('message') or '', 400)}",
                              "push the image where the nodes can pull it, fix kubernetes.image (pinned by digest), or add its "
                              "registry's pull secret to kubernetes.image_pull_secrets")
             if ended is not None:
@@ -394,7 +394,7 @@ def _wait_probe(cluster: Cluster, path: str, image: str, timeout_s: float) -> Ch
                     return Check("kubernetes.image", "pass", f"{shown(image)} pulled on node {shown(node)}; it imports jobgen.train")
                 return Check("kubernetes.image", "fail", f"{shown(image)} pulled and started on node {shown(node)}, but "
                              f"`python -c 'import jobgen.train'` ended with exit code {code} ({shown(ended.get('reason') or '')}: "
-                             f"{shown(ended.get('message') or '')})",
+                             f"{shown(ended.get('message') or '', 400)})",
                              "build the image with jobgen[train] (docs/install.md), or set kubernetes.python to its interpreter")
             if running is not None and time.monotonic() > deadline:
                 return Check("kubernetes.image", "pass", f"{shown(image)} pulled and started on node {shown(node)} "
