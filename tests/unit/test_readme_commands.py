@@ -18,7 +18,8 @@ What cannot run here is planned instead, or skipped, with the reason printed (``
 - ``profiles detect --scheduler slurm``: run against fake SLURM commands that answer as a SLURM
   25.05 cluster named ``grace`` with a GPU partition ``gpu`` (tests/fakes/slurm/detect/25.05/,
   the cluster docs/howto-own-slurm.md names), so the page's later commands take the profile it
-  wrote; tests/unit/test_profiles_detect.py covers every release;
+  wrote; tests/unit/test_profiles_detect.py covers every release; ``--scheduler kubernetes``: an API
+  server (its options checked against ``--help``; tests/unit/test_k8s_detect.py and the k8s lab run it);
 - ``doctor`` of a SLURM, Kubernetes or ssh profile: the cluster (its options checked against
   ``--help``); of the ``local`` profile: run;
 - a local training run: ``validate`` + ``render --stdout`` (the trainings run in tests/entrypoint);
@@ -346,7 +347,11 @@ def run_one(scratch: Scratch, shown: Shown, skipped: list[str]) -> None:
         return
     if words[:2] == ["profiles", "detect"]:
         check_synopsis(scratch, words, shown)
-        assert option(words, "--scheduler") == "slurm", f"{shown}: only SLURM clusters are detected against fakes here"
+        if option(words, "--scheduler") == "kubernetes":
+            skipped.append(f"{shown}: needs a Kubernetes API server (tests/unit/test_k8s_detect.py runs it against an emulated "
+                           "one, tests/integration/k8s/test_k8s_detect_doctor.py against the lab's); options checked against --help")
+            return
+        assert option(words, "--scheduler") == "slurm", f"{shown}: only SLURM and Kubernetes clusters are detected here"
         result = scratch.detect(*words[2:])
         assert result.code == 0, f"{shown} (against the fake SLURM 25.05 cluster 'grace') -> {result.code}\n{result.out}"
         assert_shows(result, shown, scratch)
