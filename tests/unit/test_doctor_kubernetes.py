@@ -84,3 +84,45 @@ def test_an_unreachable_server_fails_api_and_skips_the_rest(monkeypatch, tmp_pat
     assert list(checks) == ORDER
     assert checks["api"]["status"] == "fail" and "does not exist" in checks["api"]["detail"] and "KUBECONFIG" in checks["api"]["fix"]
     assert all(c["status"] == "skip" and "kubernetes.api failed" in c["detail"] for n, c in checks.items() if n != "api")
+
+
+class ProbeCluster(FakeCluster):
+    """The fake cluster that also takes the probe pod: POST answers it with a name, each GET of
+    it returns the next of ``states`` (the last one repeats), DELETE is recorded."""
+
+    def __init__(self, answers, states):
+        super().__init__(answers)
+        self.states, self.created, self.deleted = list(states), [], []
+
+    def request(self, method, path, *, query=None, body=None, timeout=30.0, stream=False):
+        if method == "POST" and path.endswith("/pods"):
+            self.created.append(body)
+            return {**body, "metadata": {**body["metadata"], "name": "jobgen-doctor-probe-x1"}}
+        if path.endswith("/pods/jobgen-doctor-probe-x1"):
+            if method == "DELETE":
+                self.deleted.append(path)
+                return {}
+            state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            return {"spec": {"nodeName": "node 'a'\n"}, "status": {"phase": "Pending", "containerStatuses": [{"state": state}]}}
+        return super().request(method, path, query=query, body=body)
+
+
+@pytest.mark.parametrize(("state", "status", "words"), [
+    ({"waiting": {"reason": "ErrImagePull", "message": 'pull "img":\nfailed \x1b[31m' + "x" * 300}}, "fail", "ErrImagePull"),
+    ({"terminated": {"exitCode": 0, "reason": "Completed"}}, "pass", "imports jobgen.train"),
+    ({"terminated": {"exitCode": 1, "reason": "Error", "message": "ModuleNotFoundError: No module named 'jobgen'"}}, "fail",
+     "exit code 1"),
+], ids=["pull-error", "imports", "no-jobgen"])
+def test_the_probe_reports_the_pod_and_always_deletes_it(fake, monkeypatch, tmp_path, state, status, words):
+    cluster = ProbeCluster(fake.answers, [{"waiting": {"reason": "ContainerCreating"}}, state])
+    monkeypatch.setattr(k8s_api, "connect", lambda context=None, kubeconfig=None: cluster)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    result, checks = doctor(tmp_path, PROFILE, "--probe", "--timeout", "5")
+    image = checks["image"]
+    assert image["status"] == status and words in image["detail"], image
+    assert image["detail"].isprintable() and len(image["detail"]) < 700, image  # cluster text escaped and cut
+    assert cluster.deleted == ["/api/v1/namespaces/training/pods/jobgen-doctor-probe-x1"]
+    pod = cluster.created[0]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["containers"][0]["image"].startswith("registry.example/train@sha256:")
+    assert result.exit_code == (0 if status == "pass" else 1)
