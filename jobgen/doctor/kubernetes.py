@@ -303,19 +303,19 @@ def _nodes_check(cluster: Cluster, ctx: DoctorContext) -> Check:
             return _forbidden("kubernetes.nodes", exc, "the nodes")
         raise
     needed = ctx.plan.world.num_nodes if ctx.plan is not None else 1
-    asked = "the spec's" if ctx.plan is not None else "at least (pass a spec to check its count)"
+    asked = f"the spec needs {needed}" if ctx.plan is not None else "a job needs 1 (pass a spec to check its node count)"
     selected = [n for n in nodes if n.schedulable and all(n.labels.get(key) == value for key, value in k.node_selector.items())]
     selector = f" matching node_selector {k.node_selector}" if k.node_selector else ""
     if p.gpus_per_node == 0:
         status = "pass" if len(selected) >= needed else "fail"
-        return Check("kubernetes.nodes", status, f"CPU profile: {len(selected)} schedulable node(s){selector}, {asked} {needed} "
-                     "needed; GPUs not checked", "" if status == "pass" else f"lower the node count, or fix node_selector in "
+        return Check("kubernetes.nodes", status, f"CPU profile: {len(selected)} schedulable node(s){selector}; {asked}; "
+                     "GPUs not checked", "" if status == "pass" else f"lower the node count, or fix node_selector in "
                      f"{ctx.profile_source}")
     fit = [n for n in selected if n.gpus >= p.gpus_per_node and (n.model is None or n.model == p.gpu_type)]
     unlabelled = [n for n in fit if n.model is None]
     detail = (f"{len(fit)} schedulable node(s){selector} with >= {p.gpus_per_node} allocatable nvidia.com/gpu of {p.gpu_type}"
               + (f" ({len(unlabelled)} without the {PRODUCT_LABEL} label: type not verified)" if unlabelled else "")
-              + f"; {asked} {needed} needed")
+              + f"; {asked}")
     if len(fit) >= needed:
         return Check("kubernetes.nodes", "pass", detail)
     shapes = sorted({f"{n.gpus}x {n.model or shown(n.product) if n.product else n.gpus}" for n in nodes if n.gpus})
