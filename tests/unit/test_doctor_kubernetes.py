@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from jobgen.backends import k8s_api
 from jobgen.cli import cli
-from tests.conftest import write
+from tests.conftest import EXAMPLES, write
 from tests.unit.test_k8s_detect import FakeCluster, cluster_answers
 
 ORDER = ["api", "crd", "operator", "namespace", "claim", "priority_class", "local_queue", "secrets", "nodes", "image"]
@@ -126,3 +126,18 @@ def test_the_probe_reports_the_pod_and_always_deletes_it(fake, monkeypatch, tmp_
     assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod["containers"][0]["image"].startswith("registry.example/train@sha256:")
     assert result.exit_code == (0 if status == "pass" else 1)
+
+
+def test_a_spec_asking_for_more_nodes_than_match_fails_nodes(fake, tmp_path):
+    profile = write(tmp_path / "site.yaml", PROFILE.replace("max_nodes: 3", "max_nodes: 8"))
+    spec = str(EXAMPLES / "quickstart.yaml")
+    args = ["doctor", "--profile", str(profile), spec, "-o", "json"]
+    result = CliRunner().invoke(cli, [*args, "--set", "resources.nodes=3"], prog_name="jobgen")
+    assert result.stdout.startswith("{"), result.output
+    nodes = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["kubernetes.nodes"]
+    assert result.exit_code == 0 and nodes["status"] == "pass" and "the spec needs 3" in nodes["detail"], result.output
+    result = CliRunner().invoke(cli, [*args, "--set", "resources.nodes=4"], prog_name="jobgen")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert result.exit_code == 1 and [n for n, c in checks.items() if c["status"] == "fail"] == ["kubernetes.nodes"], checks
+    assert "3 schedulable node(s)" in checks["kubernetes.nodes"]["detail"] and "GPU nodes have: 4x A100, 8x H100" in \
+        checks["kubernetes.nodes"]["detail"]
