@@ -377,8 +377,9 @@ def _kubernetes_fields(get: Getter, context: str, namespace: str, namespace_sour
     sources["kubernetes.namespace"] = namespace_source
     if get_or_none(get, f"/api/v1/namespaces/{namespace}", notes, "the namespace") is None:
         notes.append(f"namespace {namespace} does not exist (or cannot be read): kubectl create namespace {namespace}")
-    crds = {crd: get_or_none(get, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}", notes, f"CRD {crd}") is not None
-            for crd in (PYTORCHJOB_CRD, TRAINJOB_CRD, LOCALQUEUE_CRD)}
+    found = {crd: get_or_none(get, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}", notes, f"CRD {crd}")
+             for crd in (PYTORCHJOB_CRD, TRAINJOB_CRD, LOCALQUEUE_CRD)}
+    crds = {crd: doc is not None for crd, doc in found.items()}
     if crds[PYTORCHJOB_CRD] or not crds[TRAINJOB_CRD]:
         k8s["job_api"] = "pytorchjob"
         sources["kubernetes.job_api"] = (
@@ -417,7 +418,8 @@ def _kubernetes_fields(get: Getter, context: str, namespace: str, namespace_sour
              if not n.startswith("system-")], pick_one=False)
     queues: list[str] = []
     if crds[LOCALQUEUE_CRD]:
-        queues = _names(get_or_none(get, f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/localqueues", notes,
+        version = storage_version(found[LOCALQUEUE_CRD], "v1beta1")
+        queues = _names(get_or_none(get, f"/apis/kueue.x-k8s.io/{version}/namespaces/{namespace}/localqueues", notes,
                                     "the Kueue LocalQueues"))
         _choose(k8s, sources, "queue_label", f"Kueue LocalQueues in namespace {namespace}", _label_value, queues, pick_one=True)
     else:
@@ -427,6 +429,17 @@ def _kubernetes_fields(get: Getter, context: str, namespace: str, namespace_sour
     _choose(k8s, sources, "runs_volume_claim", f"ReadWriteMany claims in namespace {namespace}", is_dns1123_subdomain, claims,
             pick_one=True)
     return k8s
+
+
+def storage_version(crd: Any, default: str) -> str:
+    """The version a CRD stores (``spec.versions[].storage``), or ``default`` when it names none
+    jobgen can put in a path."""
+    versions = _mapping(_mapping(crd).get("spec")).get("versions")
+    for entry in versions if isinstance(versions, list) else []:
+        name = _mapping(entry).get("name")
+        if _mapping(entry).get("storage") and isinstance(name, str) and re.fullmatch(r"v\d+((alpha|beta)\d+)?", name):
+            return name
+    return default
 
 
 def _label_value(value: str) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from jobgen.backends import k8s_api
 from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster
-from jobgen.backends.k8s_detect import LOCALQUEUE_CRD, PRODUCT_LABEL, read_nodes, shown
+from jobgen.backends.k8s_detect import LOCALQUEUE_CRD, PRODUCT_LABEL, read_nodes, shown, storage_version
 from jobgen.backends.k8s_manifest import KINDS, K8sKind
 from jobgen.doctor import Check, DoctorContext, needs_probe, skipped_after
 from jobgen.errors import JobgenError
@@ -243,8 +243,7 @@ def _local_queue_check(cluster: Cluster, namespace: str, queue: str | None, sour
             return Check("kubernetes.local_queue", "fail", f"kubernetes.queue_label is {queue}, and Kueue is not installed "
                          f"(no CRD {LOCALQUEUE_CRD}): no controller admits the job", f"set kubernetes.queue_label: null in {source}, "
                          "or install Kueue (kueue.sigs.k8s.io/docs/installation)")
-        version = next((str(v.get("name")) for v in (crd.get("spec") or {}).get("versions") or []
-                        if isinstance(v, dict) and v.get("storage")), "v1beta1")
+        version = storage_version(crd, "v1beta1")
         collection = f"/apis/kueue.x-k8s.io/{version}/namespaces/{namespace}/localqueues"
         if _get(cluster, f"{collection}/{queue}") is not None:
             return Check("kubernetes.local_queue", "pass", f"LocalQueue {queue} exists in namespace {namespace}")
