@@ -86,7 +86,7 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
               help="The scheduler to ask (slurm: run on a login node, where sinfo, scontrol and sacctmgr work; "
                    "kubernetes: the API server of a kubeconfig context).")
 @click.option("--partition", default=None, metavar="NAME",
-              help="The partition to profile (default: the only GPU partition, else the only partition).")
+              help="slurm: the partition to profile (default: the only GPU partition, else the only partition).")
 @click.option("--gpu-type", type=click.Choice(list(GPU_COMPUTE_CAPABILITY)), default=None,
               help="The GPU model, for GPUs whose GRES type and features (kubernetes: nvidia.com/gpu.product label) "
                    "name none (gpu:8), or to take that model's nodes in a mixed partition or cluster.")
@@ -95,7 +95,8 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
 @click.option("--namespace", default=None, metavar="NAME",
               help="kubernetes: the namespace jobs go to (default: $JOBGEN_K8S_NAMESPACE, else the context's, else default).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml); "
+              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml, kubernetes: "
+                   "cluster_profiles/<context>-<namespace>.yaml); "
                    "its name (without .yaml) is the profile's name.")
 @click.option("--force", is_flag=True, help="Overwrite FILE when it exists.")
 @output_option("text", "yaml", "json", yaml_help="the profile file, printed instead of written")
@@ -130,6 +131,10 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     """
     if out_file is not None and output != "text":
         raise click.UsageError("-o json|yaml prints the profile instead of writing it; leave out --out FILE, or -o")
+    given = {"--partition": partition} if scheduler == "kubernetes" else {"--context": context, "--namespace": namespace}
+    wrong = [flag for flag, value in given.items() if value]
+    if wrong:
+        raise click.UsageError(f"{', '.join(wrong)} does not apply to --scheduler {scheduler}")
     name = Path(out_file).stem if out_file else None
     found: Any
     if scheduler == "kubernetes":

@@ -259,3 +259,9 @@ def test_an_answer_that_is_not_json_is_a_submit_error_and_bytes_not_utf8_are_kep
         Cluster(_Api(b"<html>proxy error</html>"), "prod").request("GET", "/api/v1/nodes")
     doc = Cluster(_Api(b'{"items": [{"metadata": {"name": "\xff\xfe"}}]}'), "prod").request("GET", "/api/v1/nodes")
     assert doc["items"][0]["metadata"]["name"] == "\udcff\udcfe"
+
+
+@pytest.mark.parametrize(("scheduler", "flag"), [("kubernetes", "--partition"), ("slurm", "--context"), ("slurm", "--namespace")])
+def test_an_option_of_the_other_scheduler_is_a_usage_error(scheduler, flag):
+    result = CliRunner().invoke(cli, ["profiles", "detect", "--scheduler", scheduler, flag, "x"], prog_name="jobgen")
+    assert result.exit_code == 2 and f"{flag} does not apply to --scheduler {scheduler}" in result.output
