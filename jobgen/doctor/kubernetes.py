@@ -30,7 +30,7 @@ from jobgen.errors import JobgenError
 #: Trainer v2 manager overlay), from their installation guides.
 INSTALL = {
     "pytorchjob": 'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3"',
-    "trainjob": 'kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.0.0"',
+    "trainjob": 'kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"',
 }
 #: Label selectors of each operator's controller pods (the upstream manifests' Deployments).
 CONTROLLER_SELECTORS = {
