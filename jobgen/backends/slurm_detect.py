@@ -79,15 +79,16 @@ def gpu_model(text: str) -> str | None:
     return match.group(1).upper() if match else None
 
 
-def gpu_memory_gib(gres_type: str | None, model: str) -> tuple[float | None, str]:
-    """Memory per GPU: the size a GRES type names (``nvidia_a100-sxm4-80gb`` -> 80), else the one
-    size of a model sold in one (:data:`_ONE_SIZE_GIB`), else None; with the reason."""
+def gpu_memory_gib(gres_type: str | None, model: str, what: str = "the GRES type") -> tuple[float | None, str]:
+    """Memory per GPU: the size a GRES type (or another GPU name, called ``what`` in the reason)
+    names (``nvidia_a100-sxm4-80gb`` -> 80), else the one size of a model sold in one
+    (:data:`_ONE_SIZE_GIB`), else None; with the reason."""
     match = re.search(r"(?<![0-9])(\d{1,3})\s*gb?(?![a-z0-9])", (gres_type or "").lower())
     if match and 4 <= int(match.group(1)) <= 512:
-        return float(match.group(1)), f"the GRES type {gres_type!r} names {match.group(1)} GB"
+        return float(match.group(1)), f"{what} {gres_type!r} names {match.group(1)} GB"
     if model in _ONE_SIZE_GIB:
         return float(_ONE_SIZE_GIB[model]), f"{model} comes in one size, {_ONE_SIZE_GIB[model]} GB"
-    return None, f"{model} comes in several sizes and the GRES type does not say which: set gpu_mem_gib (GiB per GPU)"
+    return None, f"{model} comes in several sizes and {what} does not say which: set gpu_mem_gib (GiB per GPU)"
 
 
 @dataclass
@@ -103,18 +104,19 @@ class DetectedProfile:
     header: list[str]
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def scope(self) -> str:
+        """What was profiled, for the CLI's one-line summary: the partition."""
+        return f"partition {clean(self.partition)!r}"
+
     def yaml_text(self) -> str:
         """The profile file: the header, then every value under a comment naming its source.
         Values are written by ``yaml.safe_dump`` (quoted where YAML needs it); comments show
         non-printable characters escaped, so no value read from the cluster can end a comment."""
         out = [f"# {clean(line)}" for line in self.header]
         out += [f"# note: {clean(note)}" for note in self.notes]
-        _emit(self.doc, self.sources, 0, "", out)
+        emit_commented(self.doc, self.sources, 0, "", out)
         return "\n".join(out) + "\n"
-
-    def scope(self) -> str:
-        """What was profiled, for messages: ``partition 'gpu'``."""
-        return f"partition {clean(self.partition)!r}"
 
     def as_json(self) -> dict[str, Any]:
         """``-o json``: ``name``, ``partition``, ``profile`` (the document), ``sources`` and ``notes``
@@ -123,7 +125,9 @@ class DetectedProfile:
                 "sources": {path: clean(text) for path, text in self.sources.items()}, "notes": [clean(n) for n in self.notes]}
 
 
-def _emit(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str, out: list[str]) -> None:
+def emit_commented(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str, out: list[str]) -> None:
+    """Append ``doc``'s YAML lines to ``out`` at ``indent`` spaces, each value under the comment
+    ``sources[dotted.path]`` (non-printable characters escaped); values by ``yaml.safe_dump``."""
     pad = " " * indent
     for key, value in doc.items():
         source = sources.get(prefix + key)
@@ -131,7 +135,7 @@ def _emit(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str
             out.append(f"{pad}# {clean(source)}")
         if isinstance(value, dict):
             out.append(f"{pad}{key}:")
-            _emit(value, sources, indent + 2, f"{prefix}{key}.", out)
+            emit_commented(value, sources, indent + 2, f"{prefix}{key}.", out)
             continue
         text = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=float("inf"), default_flow_style=False)
         out.extend(pad + line for line in text.rstrip("\n").split("\n"))
@@ -445,7 +449,7 @@ def check_detected(found: DetectedProfile, *, hint: str) -> None:
     Raises:
         InventoryError: either fails (a value from the cluster jobgen did not refuse before).
     """
-    source = f"detected profile {found.name} ({found.scope()})"
+    source = f"detected profile {found.name} ({found.scope})"
     try:
         loaded = parse_yaml(found.yaml_text(), source)
     except ConfigError as exc:

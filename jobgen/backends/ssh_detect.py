@@ -376,6 +376,7 @@ class DetectedHosts(DetectedProfile):
 
     hosts: tuple[str, ...] = ()
 
+    @property
     def scope(self) -> str:
         """What was profiled, for messages: ``2 host(s) (node1, node2)``."""
         return f"{len(self.hosts)} host(s) ({', '.join(self.hosts)})"
