@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobgen.backends.k8s_api import ApiError
-from jobgen.backends.slurm_detect import emit_commented, gpu_memory_gib, gpu_model
+from jobgen.backends.slurm_detect import check_detected, emit_commented, gpu_memory_gib, gpu_model
 from jobgen.backends.slurm_inventory import InventoryError, clean, not_plain
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
-from jobgen.specs.load import parse_yaml, validate
-from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY, ClusterProfile
+from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY
 
 #: GETs one API path and returns the decoded JSON body (tests pass fakes). Raises ApiError for a
 #: non-2xx answer, SubmitError when the server cannot be reached.
@@ -287,7 +286,7 @@ def detect_kubernetes(get: Getter, *, context: str, namespace: str, namespace_so
               "The comment above each value names its source. kubernetes.image is an example (placeholders:);",
               "edit it as any profile (docs/profiles.md, \"Detecting a profile\"), then: jobgen doctor --profile <this file>"]
     found = KubernetesDetected(name, context, namespace, doc, sources, header, notes)
-    _check(found)
+    check_detected(found, hint="pass --gpu-type or --namespace, or write the profile by hand (docs/profiles.md)")
     return found
 
 
@@ -489,27 +488,6 @@ def _version(doc: Any) -> str | None:
         return None
     major, minor = str(doc.get("major", "")), re.sub(r"\D.*", "", str(doc.get("minor", "")))
     return f"{major}.{minor}" if major == "1" and minor.isdigit() and len(minor) <= 2 else None
-
-
-def _check(found: KubernetesDetected) -> None:
-    """The YAML text reads back as the document, and the document is a valid profile.
-
-    Raises:
-        InventoryError: either fails (a value from the cluster jobgen did not refuse before).
-    """
-    source = f"detected profile {found.name} ({found.scope})"
-    try:
-        loaded = parse_yaml(found.yaml_text(), source)
-    except ConfigError as exc:
-        raise InventoryError(f"{source}: its YAML does not read back: {exc.message}", hint="report this to jobgen") from None
-    if loaded != found.doc:
-        raise InventoryError(f"{source}: its YAML reads back differently", hint="report this to jobgen")
-    try:
-        validate(ClusterProfile, {**loaded, "name": found.name}, source)
-    except ConfigError as exc:
-        raise InventoryError(f"{source} is no valid profile: {exc.message}", location=exc.location,
-                             hint="a value read from the cluster is refused by the profile model; pass --gpu-type or "
-                                  "--namespace, or write the profile by hand (docs/profiles.md)") from None
 
 
 def connect_and_detect(*, context: str | None, namespace: str | None, gpu_type: str | None, name: str | None,

@@ -440,10 +440,11 @@ def login_name() -> str | None:
         return None
 
 
-def check_detected(found: DetectedProfile, *, hint: str) -> None:
+def check_detected(found: Any, *, hint: str) -> None:
     """The YAML text reads back as the document, and the document is a valid profile.
 
     Args:
+        found: a detected profile of any scheduler (``name``, ``scope``, ``doc``, ``yaml_text()``).
         hint: how to get around a value the profile model refuses (another partition, other hosts).
 
     Raises:
