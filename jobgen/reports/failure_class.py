@@ -58,6 +58,10 @@ RETRIED = {USER: False, INFRASTRUCTURE: True, UNKNOWN: True}
 EXIT_INFRASTRUCTURE = 200
 #: The entrypoint's exit code when a watchdog finds the job hung (no progress): retryable.
 EXIT_HUNG = 201
+#: The watchdog's verdict (:attr:`Evidence.verdict`), and the first word of its line in the
+#: entrypoint's one-line error: ``python -m jobgen.train: error: hang: ...`` (:mod:`jobgen.train.watchdog`).
+HANG_VERDICT = "hang"
+HANG_LINE_RE = re.compile(rf"jobgen\.train: error: {HANG_VERDICT}: ")
 #: The entrypoint's exit code for a failure it cannot attribute: retryable (as :data:`RETRIED`).
 EXIT_UNKNOWN = 202
 #: Below this, an exit code is permanent under ``restartPolicy: ExitCode``; from it, retryable.
@@ -203,9 +207,11 @@ K8S_DISRUPTION = "Kubernetes Pod condition DisruptionTarget (reasons: pod disrup
 
 #: The table, in the order each piece of evidence is tried (the first row that matches it).
 RULES: tuple[Rule, ...] = (
-    Rule("hang", "a watchdog's verdict `hang`, or the entrypoint's exit code 201", INFRASTRUCTURE,
+    Rule("hang", "a watchdog's verdict `hang`, its line in the output (`python -m jobgen.train: error: hang: ...`), or the "
+         "entrypoint's exit code 201", INFRASTRUCTURE,
          "no rank made progress for the watchdog's timeout (a hang: a stuck collective, a dead peer that left no error)",
-         "jobgen's watchdog", lambda e: e.verdict == "hang" or e.exit_code == EXIT_HUNG),
+         "jobgen's watchdog (jobgen.train.watchdog)",
+         lambda e: e.verdict == HANG_VERDICT or e.exit_code == EXIT_HUNG or (e.kind == "error" and bool(HANG_LINE_RE.search(e.text)))),
     Rule("nccl", "an NCCL or transport error in the output (kind `nccl`, or an exception or abort whose line matches "
          "`triage.NCCL_ERROR_RE`)", INFRASTRUCTURE,
          "an NCCL/transport error between ranks (a network or GPU interconnect fault)",

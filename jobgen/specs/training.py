@@ -207,10 +207,12 @@ class RestartSpec(_Model):
     never a ``user`` failure)."""
 
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
-        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). jobgen does not restart\n"
-        "a job itself: the budget is recorded in spec.json and ``jobgen status`` shows it beside a failed\n"
-        "job's failure class (docs/failures.md). SLURM's requeue on its time-limit signal and an elastic\n"
-        "PyTorchJob's torchrun ``--max-restarts`` are not counted against it."
+        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
+        "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
+        "and reason in summary.json and ``jobgen status``. SLURM and Kubernetes: recorded in spec.json and\n"
+        "shown by ``jobgen status`` beside a failed job's failure class (docs/failures.md). SLURM's requeue\n"
+        "on its time-limit signal and an elastic PyTorchJob's torchrun ``--max-restarts`` are not counted\n"
+        "against it."
     ))
 
     @field_validator("max_restarts", mode="before")

@@ -56,7 +56,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from jobgen.reports.failure_class import EXIT_HUNG
+from jobgen.jobdir.files import HANG_DIR, HANG_VERDICT_FILE
+from jobgen.reports.failure_class import EXIT_HUNG, HANG_VERDICT
 
 TRAIN, VALIDATE, CHECKPOINT, DONE = "train", "validate", "checkpoint", "done"
 #: The phases that pause the clock while the rank reporting them has a live heartbeat.
@@ -65,8 +66,6 @@ PAUSED_PHASES = frozenset({VALIDATE, CHECKPOINT, DONE})
 STEP_SAMPLES = 1000
 #: A heartbeat unchanged for this many ticks counts as stopped when the verdict names ranks.
 STALE_TICKS = 3
-#: The directory under the run directory that holds the verdict and the stacks.
-HANG_DIR = "hang"
 
 
 def tick_seconds(hang_timeout_s: float) -> float:
@@ -144,9 +143,9 @@ class Verdict:
         median = "no step timed yet" if self.median_step_s is None else f"median step {self.median_step_s:.3g} s"
         limit = f"limit {self.limit_s:g} s = max(hang_timeout_s {hang_timeout_s:g}, {factor:g} x {median})"
         if self.store:
-            return (f"hang: the rendezvous store at {self.store} did not answer for {self.idle_s:.1f} s ({limit}); its host "
+            return (f"{HANG_VERDICT}: the rendezvous store at {self.store} did not answer for {self.idle_s:.1f} s ({limit}); its host "
                     f"(rank 0's node under srun, node rank 0's torchrun agent) stopped or left")
-        head = f"hang: no rank advanced its optimizer step for {self.idle_s:.1f} s ({limit})"
+        head = f"{HANG_VERDICT}: no rank advanced its optimizer step for {self.idle_s:.1f} s ({limit})"
         if self.first:
             who = "; ".join(f"rank {s.rank} on node {s.host} (pid {s.pid}) at step {_step(s.step)}, silent {s.silent_s:.1f} s"
                             for s in self.first)
@@ -159,7 +158,7 @@ class Verdict:
         def ranks(items: tuple[Stopped, ...]) -> list[dict[str, Any]]:
             return [{"rank": s.rank, "host": s.host, "pid": s.pid, "step": s.step, "silent_s": round(s.silent_s, 3)} for s in items]
 
-        return {"verdict": "hang", "exit_code": EXIT_HUNG, "idle_s": round(self.idle_s, 3), "limit_s": round(self.limit_s, 3),
+        return {"verdict": HANG_VERDICT, "exit_code": EXIT_HUNG, "idle_s": round(self.idle_s, 3), "limit_s": round(self.limit_s, 3),
                 "median_step_s": self.median_step_s, "heartbeat_stopped_first": ranks(self.first),
                 "furthest_behind": ranks(self.behind), "store": self.store or None}
 
@@ -392,7 +391,7 @@ class WatchThread:
         if decided:
             if doc is not None:
                 try:
-                    write_atomic(hang / "verdict.json", json.dumps({**doc, "text": text, "decided_by_rank": self.rank}, indent=2) + "\n")
+                    write_atomic(self.run_dir / HANG_VERDICT_FILE, json.dumps({**doc, "text": text, "decided_by_rank": self.rank}, indent=2) + "\n")
                 except OSError:
                     pass
             print(f"python -m jobgen.train: error: {text}; the stacks of every live rank are in {hang} "

@@ -159,3 +159,13 @@ def test_the_thread_on_a_real_store_dumps_its_stacks_writes_the_verdict_and_exit
     assert store.get("verdict").decode() == doc["text"]
     stacks = (hang / "stacks-rank0.txt").read_text()
     assert stacks.startswith("rank 0 on node ") and "(most recent call first)" in stacks and "_end" in stacks
+
+
+def test_the_watchdogs_line_in_the_output_is_a_hang_not_an_entrypoint_error():
+    observer = Observer((0, 1), hang_timeout_s=1, factor=10, interval_s=0.1, start=0.0)
+    _, verdict = feed(observer, [(t / 10, {0: beat(0, t), 1: beat(0, 1)}) for t in range(1, 30)])
+    line = f"python -m jobgen.train: error: {verdict.text(1, 10)}; the stacks of every live rank are in /r/hang (exit 201)"
+    decided = classify([Evidence("rank 0", kind="error", text=line)])
+    assert (decided.cls, decided.rule) == ("infrastructure", "hang")
+    other = classify([Evidence("rank 0", kind="error", text="python -m jobgen.train: error: spec.json: name: hang: no")])
+    assert (other.cls, other.rule) == ("user", "entrypoint-error")
