@@ -18,11 +18,12 @@ The training loop's only work is the callback setting two attributes (step and p
 boundaries. The rule (:meth:`Observer.observe`): the job is hung when no rank advanced its
 optimizer step for ``max(hang_timeout_s, step_time_factor x median step time)`` seconds (the
 spec's ``watchdog``; defaults 600 s and 10). Validation and checkpoint saving are excluded by
-design: the clock is paused while a rank whose heartbeat is live reports ``validate`` or
-``checkpoint`` (a validation pass or a large save may take longer than any step); a rank whose
-heartbeat stopped holds no pause, so a rank stopped in those phases is still found, after at
-most twice the limit. A deadlock inside validation or a save, every heartbeat live, is left to
-the process group's timeout.
+design: the clock is paused while a rank reports ``validate`` or ``checkpoint`` (a validation
+pass or a large save may take longer than any step), as long as every rank's heartbeat is live.
+Once one has not changed for half of ``hang_timeout_s`` the pause is void and the clock runs:
+the ranks waiting for a stopped peer inside a save's barrier report ``checkpoint`` too. So a
+rank stopped in any phase is found, at most 1.5 x the limit after it stopped. A deadlock inside
+validation or a save, every heartbeat live, is left to the process group's timeout.
 
 A non-zero rank decides only when rank zero's heartbeat has stopped (or when rank zero has
 not decided a full ``hang_timeout_s`` after the limit), so rank zero's verdict, which sees
@@ -222,8 +223,10 @@ class Observer:
             if beat.phase in PAUSED_PHASES:
                 old.paused_since_step = True
             old.beat = beat
-        live = {r for r, s in self.seen.items() if now - s.beat_at < self.hang_timeout_s}
-        if any(self.seen[r].beat.phase in PAUSED_PHASES for r in live):
+        # the pause holds while every heartbeat is live: a rank waiting for a stopped peer inside a
+        # save's barrier or a validation's collective reports that phase too, and must not hold it
+        void = any(now - s.beat_at >= self.hang_timeout_s / 2 for s in self.seen.values())
+        if not void and any(s.beat.phase in PAUSED_PHASES for s in self.seen.values()):
             self.progress_at = now
         idle = now - self.progress_at
         limit = self.limit_s()
