@@ -405,12 +405,14 @@ def attempt_evidence(log: Path, run_dir: Path, code: int, since: float) -> list[
 def stored_evidence(run: LocalRun) -> tuple[Evidence, ...]:
     """The evidence :meth:`LocalBackend.submit` recorded for a failed run (:attr:`LocalRun.evidence`);
     a record it cannot read as :class:`Evidence` is left out."""
+    texts = ("source", "state", "reason", "kind", "text", "verdict")
     out = []
     for doc in run.evidence:
-        try:
-            out.append(Evidence(**doc))
-        except TypeError:
+        numbers = [doc.get(k) for k in ("exit_code", "signal")]
+        if set(doc) - {*texts, "exit_code", "signal"} or not all(isinstance(doc.get(k, ""), str) for k in texts) \
+                or not all(n is None or (isinstance(n, int) and not isinstance(n, bool)) for n in numbers):
             continue
+        out.append(Evidence(**doc))
     return tuple(out)
 
 

@@ -435,3 +435,29 @@ def test_an_input_error_is_not_restarted(setup):
     proc = _submit(setup, "bad-input-torchrun", "--set", "restart.max_restarts=3")
     assert proc.returncode == 1 and _attempts(setup) == 1, proc.stdout + proc.stderr  # command mode: exit 2 is the builtin's
     assert (_status(setup)["failure"]["class"], _status(setup)["failure"]["rule"]) == ("user", "entrypoint-error")
+
+
+def test_a_hostile_verdict_file_or_evidence_record_is_left_out(tmp_path):
+    """What the run directory holds is read, never trusted: a verdict.json that is not the
+    watchdog's, or evidence records of the wrong shape, are left out (no traceback)."""
+    import dataclasses
+
+    from jobgen.backends.local import attempt_evidence, stored_evidence
+    from jobgen.jobdir.runs import LocalRun
+    from jobgen.reports.failure_class import Evidence, classify
+
+    (tmp_path / "hang").mkdir()
+    for raw in (b"\xff\xfe not json", b"[1, 2]", b'{"verdict": "hung"}', b'{"verdict": ["hang"]}'):
+        (tmp_path / "hang" / "verdict.json").write_bytes(raw)
+        assert [e.source for e in attempt_evidence(tmp_path / "output.log", tmp_path, -9, since=0)] == ["torchrun"]
+    (tmp_path / "hang" / "verdict.json").write_text('{"verdict": "hang", "text": "x\\u001b[2J\\n' + "y" * 300 + '"}')
+    found = attempt_evidence(tmp_path / "output.log", tmp_path, 1, since=0)
+    assert [(e.source, e.verdict) for e in found] == [("watchdog", "hang"), ("torchrun", "")]
+    decided = classify(found)
+    assert decided.rule == "hang" and "\x1b" not in decided.evidence and "\n" not in decided.evidence
+    assert decided.evidence.endswith("...") and len(decided.evidence) <= len("watchdog: verdict hang, ") + 200  # cut
+    assert attempt_evidence(tmp_path / "output.log", tmp_path, 1, since=10**12)[0].source == "torchrun"  # an older verdict
+    good = dataclasses.asdict(Evidence("rank 0", kind="traceback", text="ValueError: x"))
+    run = LocalRun(state="FAILED", pid=1, started_at="2026-01-01T00:00:00+00:00", evidence=(
+        good, {"source": 3}, {"source": "r", "exit_code": "201"}, {"source": "r", "exit_code": True}, {"source": "r", "x": 1}))
+    assert stored_evidence(run) == (Evidence("rank 0", kind="traceback", text="ValueError: x"),)
