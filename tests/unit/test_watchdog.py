@@ -178,3 +178,23 @@ def test_the_watchdogs_line_in_the_output_is_a_hang_not_an_entrypoint_error():
     assert (decided.cls, decided.rule) == ("infrastructure", "hang")
     other = classify([Evidence("rank 0", kind="error", text="python -m jobgen.train: error: spec.json: name: hang: no")])
     assert (other.cls, other.rule) == ("user", "entrypoint-error")
+
+
+def test_a_stopped_rank_zero_is_found_by_the_others(tmp_path):
+    """Rank 0 published one heartbeat and then stopped (its thread as frozen as the rest of it):
+    rank 1's thread, which watches only itself and rank 0, names rank 0 and ends the job."""
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set("beat/0", beat(7, 1, host="node-0", pid=11).dumps())
+    exited = threading.Event()
+    thread = WatchThread(store, 1, 4, hang_timeout_s=1, factor=10, run_dir=tmp_path, address="here",
+                         exit=lambda code: exited.set())
+    thread.step = 7
+    thread.start()
+    assert exited.wait(30)
+    doc = json.loads((tmp_path / "hang" / "verdict.json").read_text())
+    assert doc["decided_by_rank"] == 1 and [(r["rank"], r["host"], r["step"]) for r in doc["heartbeat_stopped_first"]] == [(0, "node-0", 7)]
+    assert (tmp_path / "hang" / "stacks-rank1.txt").is_file() and not (tmp_path / "hang" / "stacks-rank0.txt").exists()
