@@ -146,6 +146,8 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     # (a module stays on one: tests/conftest.py xdist_unit), were most of the quick tier's tail.
     "tests/entrypoint/test_resume_layout.py": ALL,
     "tests/entrypoint/test_run_dir_identity.py": frozenset({"test_the_entrypoint_refuses_another_profiles_run_directory"}),  # 63 s
+    # 2-rank trainings with a rank stopped (torchrun's 30 s grace before its SIGKILL of it), restarted, or slow: 36-70 s each.
+    "tests/entrypoint/test_watchdog.py": ALL,
 }
 
 

@@ -110,7 +110,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     error) or CANCELLED (Ctrl-C).
     A failed job's failure class (user: not retried; infrastructure, unknown:
     retried) and its reason, from what the scheduler reports, and the spec's restart
-    budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md).
+    budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md);
+    a local run adds the restarts jobgen made (restarts_used, restart_<n>: class, reason).
     -o json: {"handle", "state", "source", "details", "usage", "failure"} (failure adds
     "max_restarts"; a job array adds "tasks"); a scheduler that cannot be asked is an
     error (exit 1), as JSON too.
@@ -128,7 +129,10 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-        if budget is not None:
+        if budget is not None and "restarts_used" in st.details:  # a local run: jobgen's launcher restarts it
+            click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used "
+                       "(jobgen restarts a local run itself)")
+        elif budget is not None:
             click.echo(f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")

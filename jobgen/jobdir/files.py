@@ -66,6 +66,10 @@ RUN_IDENTITY_FILE = ".jobgen-run.json"
 #: In a local run directory: :class:`LocalRun`, how the last start of the run went (RUNNING while
 #: jobgen holds it in the foreground, then COMPLETED, FAILED or CANCELLED with torchrun's exit code).
 LOCAL_RUN_FILE = ".jobgen-local-run.json"
+#: In a run directory: the progress watchdog's verdict of a hung job, beside every live rank's
+#: Python stacks (``stacks-rank<N>.txt``), in :data:`HANG_DIR` (jobgen.train.watchdog).
+HANG_DIR = "hang"
+HANG_VERDICT_FILE = f"{HANG_DIR}/verdict.json"
 
 #: A job array's index of points (:class:`ArrayIndex`), beside its ``job.sbatch``.
 ARRAY_INDEX_FILE = "array.json"

@@ -27,9 +27,10 @@ is success, nothing to restart. So a user error exits 1 (an exception) or 2 (an 
 :data:`jobgen.errors.EXIT_BAD_INPUT`), and jobgen's infrastructure and unknown verdicts exit
 above 192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what
 ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
-:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) does not
-call :func:`exit_code_for` today: it exits 2 for an input error and 1 for any other failure,
-an NCCL error included, and no rendered manifest sets ``restartPolicy: ExitCode``.
+:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) exits 2
+for an input error, :data:`EXIT_HUNG` when its watchdog finds the job hung
+(:mod:`jobgen.train.watchdog`), and 1 for any other failure, an NCCL error included; no
+rendered manifest sets ``restartPolicy: ExitCode``.
 
 Pure: no I/O. The backends turn what their scheduler reports into :class:`Evidence`;
 :func:`triage_evidence` turns a :class:`~jobgen.reports.triage.Triage` into it.
@@ -57,6 +58,10 @@ RETRIED = {USER: False, INFRASTRUCTURE: True, UNKNOWN: True}
 EXIT_INFRASTRUCTURE = 200
 #: The entrypoint's exit code when a watchdog finds the job hung (no progress): retryable.
 EXIT_HUNG = 201
+#: The watchdog's verdict (:attr:`Evidence.verdict`), and the first word of its line in the
+#: entrypoint's one-line error: ``python -m jobgen.train: error: hang: ...`` (:mod:`jobgen.train.watchdog`).
+HANG_VERDICT = "hang"
+HANG_LINE_RE = re.compile(rf"jobgen\.train: error: {HANG_VERDICT}: ")
 #: The entrypoint's exit code for a failure it cannot attribute: retryable (as :data:`RETRIED`).
 EXIT_UNKNOWN = 202
 #: Below this, an exit code is permanent under ``restartPolicy: ExitCode``; from it, retryable.
@@ -202,9 +207,11 @@ K8S_DISRUPTION = "Kubernetes Pod condition DisruptionTarget (reasons: pod disrup
 
 #: The table, in the order each piece of evidence is tried (the first row that matches it).
 RULES: tuple[Rule, ...] = (
-    Rule("hang", "a watchdog's verdict `hang`, or the entrypoint's exit code 201", INFRASTRUCTURE,
+    Rule("hang", "a watchdog's verdict `hang`, its line in the output (`python -m jobgen.train: error: hang: ...`), or the "
+         "entrypoint's exit code 201", INFRASTRUCTURE,
          "no rank made progress for the watchdog's timeout (a hang: a stuck collective, a dead peer that left no error)",
-         "jobgen's watchdog", lambda e: e.verdict == "hang" or e.exit_code == EXIT_HUNG),
+         "jobgen's watchdog (jobgen.train.watchdog)",
+         lambda e: e.verdict == HANG_VERDICT or e.exit_code == EXIT_HUNG or (e.kind == "error" and bool(HANG_LINE_RE.search(e.text)))),
     Rule("nccl", "an NCCL or transport error in the output (kind `nccl`, or an exception or abort whose line matches "
          "`triage.NCCL_ERROR_RE`)", INFRASTRUCTURE,
          "an NCCL/transport error between ranks (a network or GPU interconnect fault)",

@@ -207,10 +207,12 @@ class RestartSpec(_Model):
     never a ``user`` failure)."""
 
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
-        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). jobgen does not restart\n"
-        "a job itself: the budget is recorded in spec.json and ``jobgen status`` shows it beside a failed\n"
-        "job's failure class (docs/failures.md). SLURM's requeue on its time-limit signal and an elastic\n"
-        "PyTorchJob's torchrun ``--max-restarts`` are not counted against it."
+        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
+        "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
+        "and reason in summary.json and ``jobgen status``. SLURM and Kubernetes: recorded in spec.json and\n"
+        "shown by ``jobgen status`` beside a failed job's failure class (docs/failures.md). SLURM's requeue\n"
+        "on its time-limit signal and an elastic PyTorchJob's torchrun ``--max-restarts`` are not counted\n"
+        "against it."
     ))
 
     @field_validator("max_restarts", mode="before")
@@ -223,6 +225,49 @@ class RestartSpec(_Model):
         if not 0 <= value <= MAX_RESTARTS:
             raise ValueError(f"{value} restarts is outside 0 to {MAX_RESTARTS}; give a budget in that range (0: no restarts)")
         return value
+
+
+#: The watchdog's bounds: a hang timeout from 1 s to 7 days (seconds), a step-time factor from 1 to 1000.
+HANG_TIMEOUT_RANGE_S = (1, 7 * 24 * 3600)
+STEP_TIME_FACTOR_RANGE = (1, 1000)
+
+
+def _bounded_number(value: Any, low: float, high: float, example: str) -> Any:
+    """``value`` when it is a number (int or float, not a bool or a string) in ``[low, high]``;
+    else ValueError with the range and an example (YAML's ``"600"`` or ``true`` is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"give a number from {low:g} to {high:g}, e.g. {example} (unquoted)")
+    if not low <= value <= high:
+        raise ValueError(f"{value:g} is outside {low:g} to {high:g}; give a value in that range, e.g. {example}")
+    return value
+
+
+class WatchdogSpec(_Model):
+    """The progress watchdog of jobgen's entrypoint (``python -m jobgen.train``; docs/failures.md):
+    the job is hung when no rank advanced its optimizer step for ``max(hang_timeout_s,
+    step_time_factor x the median step time)`` seconds, validation and checkpoint saves not
+    counted. Then every live rank writes its threads' Python stacks to ``<run dir>/hang/`` and
+    the job exits :data:`jobgen.reports.failure_class.EXIT_HUNG`. Not used in command mode
+    (``entrypoint:``): a user's own script has no optimizer step jobgen can see."""
+
+    hang_timeout_s: float = Field(default=600, ge=HANG_TIMEOUT_RANGE_S[0], le=HANG_TIMEOUT_RANGE_S[1], description=(
+        f"Seconds without an optimizer step on any rank before the job counts as hung ({HANG_TIMEOUT_RANGE_S[0]} to\n"
+        f"{HANG_TIMEOUT_RANGE_S[1]}); the floor of the limit, which grows with slow steps (``step_time_factor``)."
+    ))
+    step_time_factor: float = Field(default=10, ge=STEP_TIME_FACTOR_RANGE[0], le=STEP_TIME_FACTOR_RANGE[1], description=(
+        f"The limit is at least this many median step times ({STEP_TIME_FACTOR_RANGE[0]} to {STEP_TIME_FACTOR_RANGE[1]}):\n"
+        "a job whose steps take minutes is not called hung after ``hang_timeout_s``."
+    ))
+
+    @field_validator("hang_timeout_s", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        return _bounded_number(value, *HANG_TIMEOUT_RANGE_S, "hang_timeout_s: 600")
+
+    @field_validator("step_time_factor", mode="before")
+    @classmethod
+    def _factor(cls, value: Any) -> Any:
+        return _bounded_number(value, *STEP_TIME_FACTOR_RANGE, "step_time_factor: 10")
 
 
 class TrainingSpec(_Model):
@@ -249,6 +294,10 @@ class TrainingSpec(_Model):
     restart: RestartSpec = Field(default=RestartSpec(), description=(
         "The restart budget after a failure jobgen classes as retried (docs/failures.md); left out of\n"
         "spec.json while it is the default."
+    ))
+    watchdog: WatchdogSpec = Field(default=WatchdogSpec(), description=(
+        "The progress watchdog: when the job counts as hung (docs/failures.md); left out of spec.json\n"
+        "while it is the default."
     ))
     env: dict[str, str] = Field(default={}, description=(
         "Extra environment variables for every rank (set after the profile's env). Values are\n"
@@ -374,7 +423,8 @@ class TrainingSpec(_Model):
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k not in BUILTIN_OPTIMIZER_FIELDS}
         omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None),
                                        ("notify", self.notify is None), ("smoke", not self.smoke),
-                                       ("restart", self.restart == RestartSpec())) if empty}
+                                       ("restart", self.restart == RestartSpec()),
+                                       ("watchdog", self.watchdog == WatchdogSpec())) if empty}
         return {k: v for k, v in data.items() if k not in omit}
 
     @property

@@ -44,7 +44,9 @@ data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resu
 restarted job continues from the newest checkpoint there.
 
 Exit status: 0 when training reached ``max_steps`` (or already had), 2 for bad input (spec
-file, data paths, unsupported strategy/precision), 1 for any other failure. Errors are one
+file, data paths, unsupported strategy/precision), 201 when the progress watchdog finds the
+job hung (:data:`jobgen.reports.failure_class.EXIT_HUNG`; :mod:`jobgen.train.watchdog`), 1 for
+any other failure. Errors are one
 line on stderr; ``--debug`` shows the traceback. An error in a spec field names the user's spec
 file and the field as written there when ``$JOBGEN_SPEC_SOURCE`` says which file it was (``jobgen
 submit`` sets it), else spec.json and its ``spec.`` path. Under torchrun the launcher exits 1

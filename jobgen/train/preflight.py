@@ -138,7 +138,9 @@ def format_node_line(result: NodeResult) -> str:
             f"algbw {result.algbw / 1e9:.2f} GB/s  ({result.seconds * 1e3:.2f} ms per all-reduce)")
 
 
-def _attempt_id(environ: Mapping[str, str]) -> str:
+def attempt_id(environ: Mapping[str, str]) -> str:
+    """This start of the job, as a key prefix of its own: ``slurm-<job>-<restart count>``,
+    ``torchrun-<run id>-<restart count>``, else ``run`` (characters outside ``[A-Za-z0-9_.-]`` replaced)."""
     if environ.get("SLURM_JOB_ID"):
         raw = f"slurm-{environ['SLURM_JOB_ID']}-{environ.get('SLURM_RESTART_COUNT') or 0}"
     elif environ.get("TORCHELASTIC_RUN_ID"):
@@ -301,7 +303,7 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
     timeout = datetime.timedelta(seconds=timeout_s)
     place = find_place(resolved)
     host = socket.gethostname()
-    attempt = _attempt_id(environ)
+    attempt = attempt_id(environ)
     marker_dir = run_dir / "preflight" / attempt
     try:
         marker_dir.mkdir(parents=True, exist_ok=True)
