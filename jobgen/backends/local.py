@@ -59,6 +59,7 @@ from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_ar
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, triage_evidence, unclassified
+from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
 from jobgen.reports.usage import Usage, run_usage
 from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
@@ -325,6 +326,8 @@ class LocalBackend(Backend):
         if run.first_error:
             details["first_error"] = run.first_error
         details |= restart_details(run)
+        if run.state == "COMPLETED":
+            details |= _summary_straggler(run_dir)
         usage = _summary_usage(run_dir) if run.state == "COMPLETED" else None
         return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir), evidence=stored_evidence(run))
 
@@ -466,6 +469,15 @@ def _usage(run: LocalRun, run_dir: Path) -> Usage | None:
     elapsed = ((end or datetime.now(timezone.utc)) - start).total_seconds()
     return Usage(launch.accelerator, launch.world_size, max(elapsed, 0.0), f"{LOCAL_RUN_FILE} start to end x ranks",
                  start=start, end=end, gpu_hour_price=launch.gpu_hour_price)
+
+
+def _summary_straggler(run_dir: Path) -> dict[str, str]:
+    """``jobgen status``'s ``straggler`` detail from the run's summary.json
+    (:func:`~jobgen.reports.straggler.straggler_details`); ``{}`` when it cannot be read."""
+    try:
+        return straggler_details(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
 
 
 def _summary_usage(run_dir: Path) -> Usage | None:
