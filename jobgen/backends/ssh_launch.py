@@ -274,6 +274,51 @@ def log_command(run: str, rank: int, offset: int) -> str:
     return f"if [ -f {path} ]; then tail -c +{offset + 1} {path}; else exit {NO_LOG_EXIT}; fi"
 
 
+#: The first words of the line launch.sh writes at each start into ``node-<rank>.log``
+#: (``jobgen: node <rank> of <nodes> on <host>, ...``): where an attempt's output begins.
+LAUNCH_LINE = "jobgen: node {rank} of "
+#: The most bytes of a node's output read to class how an attempt ended (its end holds the failure).
+EVIDENCE_TAIL_BYTES = 4_000_000
+
+
+def tail_command(run: str, rank: int, max_bytes: int = EVIDENCE_TAIL_BYTES) -> str:
+    """Remote: the last ``max_bytes`` of node ``rank``'s output; exit :data:`NO_LOG_EXIT` when
+    there is none."""
+    path = remote_path(posixpath.join(run, node_file(rank, "log")))
+    return f"if [ -f {path} ]; then tail -c {int(max_bytes)} {path}; else exit {NO_LOG_EXIT}; fi"
+
+
+def read_command(run: str, name: str) -> str:
+    """Remote: the run directory's file ``name`` on stdout; exit :data:`NO_LOG_EXIT` when it is missing."""
+    path = remote_path(posixpath.join(run, name))
+    return f"if [ -f {path} ]; then cat {path}; else exit {NO_LOG_EXIT}; fi"
+
+
+def write_command(run: str, name: str) -> str:
+    """Remote: replace the run directory's file ``name`` by stdin (a temporary file, then ``mv``)."""
+    path = remote_path(posixpath.join(run, name))
+    tmp = remote_path(posixpath.join(run, f".{name}.tmp"))
+    return f"cat > {tmp} && mv -f {tmp} {path}"
+
+
+def sees_command(run: str, rank: int) -> str:
+    """Remote: exit 0 when node ``rank``'s output file is in this host's run directory (node
+    ``rank`` runs elsewhere: the run directory is shared), else 1."""
+    return f"test -e {remote_path(posixpath.join(run, node_file(rank, 'log')))}"
+
+
+def pack_checkpoints_command(run: str) -> str:
+    """Remote: a tar archive of the run directory's ``checkpoints/`` on stdout (an empty one when
+    there is none)."""
+    return f"cd {remote_path(run)} && if [ -d checkpoints ]; then tar -c -f - checkpoints; else tar -c -f - -T /dev/null; fi"
+
+
+def unpack_command(run: str) -> str:
+    """Remote: extract the tar archive on stdin into the run directory (files it holds replace
+    this host's; others stay)."""
+    return f"mkdir -p -- {remote_path(run)} && cd -- {remote_path(run)} && tar -x --no-same-owner -f -"
+
+
 @dataclass(frozen=True)
 class SubmitCommands:
     """What ``jobgen submit`` runs, per host in node-rank order: ``probe`` (reachable, tools
