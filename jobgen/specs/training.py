@@ -209,7 +209,8 @@ class RestartSpec(_Model):
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
         f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
         "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
-        "and reason in summary.json and ``jobgen status``. SLURM and Kubernetes: recorded in spec.json and\n"
+        "and reason in summary.json and ``jobgen status``. Hosts over ssh: a watcher on the submitting machine\n"
+        "does the same for every host. SLURM and Kubernetes: recorded in spec.json and\n"
         "shown by ``jobgen status`` beside a failed job's failure class (docs/failures.md). SLURM's requeue\n"
         "on its time-limit signal and an elastic PyTorchJob's torchrun ``--max-restarts`` are not counted\n"
         "against it."
