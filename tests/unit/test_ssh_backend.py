@@ -544,3 +544,61 @@ def test_two_hosts_and_a_name_are_a_profile_and_jobs_run_under_the_login_home(tm
     finally:
         at_home(ssh.kill_command(handle, 0))
     assert (real / "cancelled").is_file()
+
+
+class EndedHosts(FakeHosts):
+    """Every node's launch ended with exit code ``code``."""
+
+    def __init__(self, code: int):
+        super().__init__()
+        self.code = code
+
+    def __call__(self, argv, *, stdin=None, data=None, timeout_s=60.0):
+        if "procs=" in argv[-1]:
+            return subprocess.CompletedProcess(tuple(argv), 0, f"pid=42\nexit={self.code}\ncancelled=0\nprocs=0\n".encode(), b"")
+        return super().__call__(argv, stdin=stdin, data=data, timeout_s=timeout_s)
+
+
+def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_path, monkeypatch):
+    """Submit with restart.max_restarts starts the watcher (jobgen.backends.ssh_restart; its
+    start replaced here); status then shows its restarts, RESTARTING while it decides, and the
+    class of the failure it recorded once it is done."""
+    from jobgen.backends import ssh_restart
+
+    spec = tmp_path / "quickstart.yaml"
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "restart: {max_restarts: 2}\n")
+    job_plan = api.plan_job(spec, str(site_profile(tmp_path / "site", "ssh-2node")))
+    started: list[tuple] = []
+    monkeypatch.setattr(ssh_restart, "start", lambda *args: started.append(args) or 4242)
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    said: list[str] = []
+    result = api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=said.append)
+    job_dir = tmp_path / "runs" / "quickstart" / "job"
+    assert started == [(job_dir, str(result.handle), str(spec.resolve()))], started
+    assert any("restart budget 2 (restart.max_restarts): this machine watches the job (pid 4242" in line for line in said), said
+    entry = {"restart": 1, "class": "infrastructure", "rule": "killed", "reason": "killed", "evidence": "node 1: signal 9"}
+    record = {"max_restarts": 2, "restarts": [entry], "state": "watching", "pid": 4242,
+              "evidence": [{"source": "node 0 (h): rank 0", "kind": "traceback", "text": "ValueError: bad"}]}
+    (job_dir / ssh_restart.RESTARTS_FILE).write_text(json.dumps(record))
+    running = api.status(str(result.handle))
+    assert running.state == "RUNNING" and running.details["restarts_used"] == "1 of 2", running
+    assert running.details["restart_1"] == "infrastructure (killed): killed [node 1: signal 9]"
+    monkeypatch.setattr(ssh, "run_ssh", EndedHosts(1))
+    monkeypatch.setattr(ssh, "watcher_alive", lambda record: True)
+    deciding = api.status(str(result.handle))
+    assert deciding.state == "RESTARTING" and "restart watcher (pid 4242) is classing the failure" in deciding.details["reason"]
+    (job_dir / ssh_restart.RESTARTS_FILE).write_text(json.dumps(record | {"state": "done"}))
+    failed = api.status(str(result.handle))
+    assert failed.state == "FAILED" and (failed.failure.cls, failed.failure.rule) == ("user", "exception"), failed
+    (job_dir / ssh_restart.RESTARTS_FILE).write_bytes(b"\xff not json")  # an unreadable record: the hosts' word only
+    plain = api.status(str(result.handle))
+    assert plain.state == "FAILED" and "restarts_used" not in plain.details
+
+
+def test_without_a_budget_no_watcher_starts(tmp_path, monkeypatch, quickstart):
+    from jobgen.backends import ssh_restart
+
+    monkeypatch.setattr(ssh_restart, "start", lambda *args: pytest.fail("a watcher without a budget"))
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    assert not (tmp_path / "runs" / "quickstart" / "job" / ssh_restart.RESTARTS_FILE).exists()
