@@ -10,7 +10,8 @@ only tar is needed there, and the bytes arrive as they are here), starts ``bash 
 PID. The submission (:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``)
 is recorded before anything starts; a start that fails, or a launch that ends without writing its
 PID, stops the job on every host, takes the record back and fails the submit. ``status`` asks each host for the launch's PID, its exit code
-and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`);
+and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`;
+a completed job's straggler from node 0's summary.json);
 ``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
 each launch script (which passes it to torchrun, which stops its workers) and, after a grace
 period, SIGKILL to whatever of the job is left, then checks that nothing is.
@@ -46,6 +47,7 @@ from jobgen.backends.ssh_launch import (
     parse_report,
     plan,
     probe_command,
+    read_command,
     run_dir,
     snapshot_dir,
     ssh_argv,
@@ -55,13 +57,14 @@ from jobgen.backends.ssh_launch import (
 )
 from jobgen.backends.ssh_restart import DONE, RESTARTING, RESTARTS_FILE, WATCH_LOG, read_record, stored_evidence, watcher_alive
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, write_atomic
+from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.runs import CodeSnapshot
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.reports.attempts import restart_details
+from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import Triage
 from jobgen.specs.profile import SshSettings
 
@@ -216,6 +219,12 @@ def status(handle: JobHandle) -> JobStatus:
                           hint="check the network and that ssh reaches them without a prompt")
     state, details = job_state(nodes)
     details["run_dir"] = run
+    if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
+        proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
+        try:
+            details |= straggler_details(json.loads(proc.stdout)) if proc.returncode == 0 else {}
+        except ValueError:
+            pass
     submission = find_submission(handle)
     watched = read_record(Path(submission.job_dir)) if submission is not None else None
     if watched is None:

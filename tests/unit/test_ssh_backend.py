@@ -602,3 +602,27 @@ def test_without_a_budget_no_watcher_starts(tmp_path, monkeypatch, quickstart):
     monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
     api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
     assert not (tmp_path / "runs" / "quickstart" / "job" / ssh_restart.RESTARTS_FILE).exists()
+
+
+def test_status_of_a_completed_job_shows_the_straggler_node_0s_summary_records(tmp_path, monkeypatch, quickstart):
+    class Completed(EndedHosts):
+        def __init__(self, summary: bytes):
+            super().__init__(0)
+            self.summary = summary
+
+        def __call__(self, argv, *, stdin=None, data=None, timeout_s=60.0):
+            if argv[-1].startswith("if [ -f ") and "summary.json" in argv[-1] and " cat " in argv[-1]:
+                assert argv[argv.index("--") + 1] == "node1.example.org"  # node 0's host: global rank 0 writes it
+                return subprocess.CompletedProcess(tuple(argv), 0, self.summary, b"")
+            return super().__call__(argv, stdin=stdin, data=data, timeout_s=timeout_s)
+
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    handle = str(api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None).handle)
+    record = {"rank": 1, "node": "node2\x1b[2J", "ratio": 2.1, "step_time_s": 0.42, "median_step_time_s": 0.2}
+    monkeypatch.setattr(ssh, "run_ssh", Completed(json.dumps({"straggler": record}).encode()))
+    done = api.status(handle)
+    assert done.state == "COMPLETED" and done.details["straggler"] == \
+        "rank 1 on node2\\x1b[2J: 2.1x the median step time (0.42 s vs 0.20 s)", done.details
+    for body in (b"\xff{", b'{"straggler": null}', b"[]"):
+        monkeypatch.setattr(ssh, "run_ssh", Completed(body))
+        assert "straggler" not in api.status(handle).details
