@@ -235,7 +235,8 @@ def status(handle: JobHandle) -> JobStatus:
         state = "RESTARTING"
         details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
                              + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
-    return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended else ())
+    # the watcher's evidence is of the attempt it decided last: this one's only once it is done
+    return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
 
 def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
