@@ -14,11 +14,11 @@ import hashlib
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError
 from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir.world import World
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_quote
-from jobgen.planning.rules import World
 from jobgen.specs.profile import SlurmSettings
 
 TEMPLATE = "slurm/job.sbatch.j2"

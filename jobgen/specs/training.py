@@ -78,6 +78,13 @@ _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None
 #: with room for what jobgen appends (``-smoke``, a log file's ``-<jobid>.out``).
 MAX_NAME_BYTES = 200
 
+#: Longest job name (= job directory name) that every backend uses unchanged: Kubernetes names
+#: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
+#: must fit a 63-character DNS label. A longer name (or one that is not a DNS-1035 label) gets a
+#: derived, hashed object name there (:func:`jobgen.backends.k8s_manifest.k8s_name`, with a
+#: warning); generated names stay within it (:func:`jobgen.specs.sweeps.sweep_job_names`).
+MAX_NAME = 48
+
 class DataSpec(_Model):
     """Training data: local text read as raw bytes (``format: text``, byte-level tokens, no
     tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
