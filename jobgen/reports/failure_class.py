@@ -27,9 +27,10 @@ is success, nothing to restart. So a user error exits 1 (an exception) or 2 (an 
 :data:`jobgen.errors.EXIT_BAD_INPUT`), and jobgen's infrastructure and unknown verdicts exit
 above 192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what
 ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
-:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) does not
-call :func:`exit_code_for` today: it exits 2 for an input error and 1 for any other failure,
-an NCCL error included, and no rendered manifest sets ``restartPolicy: ExitCode``.
+:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) exits with
+:func:`exit_code_for` of the exception that ended it (:func:`jobgen.train.__main__.failure_exit_code`):
+2 for an input error, 200 for an NCCL or transport error, a lost peer or a GPU hardware error,
+1 for any other exception. No rendered manifest sets ``restartPolicy: ExitCode``.
 
 Pure: no I/O. The backends turn what their scheduler reports into :class:`Evidence`;
 :func:`triage_evidence` turns a :class:`~jobgen.reports.triage.Triage` into it.
