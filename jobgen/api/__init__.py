@@ -184,7 +184,7 @@ def status(job: str) -> JobStatus:
 def restart_budget(job: str) -> int | None:
     """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
-    says. Recorded only: jobgen restarts no job itself."""
+    says. The SLURM batch script enforces it (docs/failures.md)."""
     resolved = recorded_spec(resolve_job(job))
     return None if resolved is None else resolved.spec.restart.max_restarts
 

@@ -331,6 +331,31 @@ def exit_code_for(cls: str, *, input_error: bool = False, hung: bool = False) ->
     raise ValueError(f"{cls!r} is not a failure class ({', '.join(CLASSES)})")
 
 
+#: srun's words for how a task ended, as the exit code each stands for: 128 + the signal
+#: (:data:`SRUN_SIGNALS`); ``Out Of Memory`` (the cgroup's OOM killer) as SIGKILL's 137. The
+#: batch script's restart decision reads srun's task lines through it (:func:`task_exit_classes`).
+SRUN_WORD_CODES: tuple[tuple[str, int], ...] = (*((word, RETRYABLE_FROM + number) for word, number in SRUN_SIGNALS.items()),
+                                                 ("Out Of Memory", RETRYABLE_FROM + SIGKILL))
+
+
+def task_exit_classes() -> tuple[tuple[int, int, str], ...]:
+    """The class of a task that ended with each exit code 1-255, as ``(low, high, class)``
+    ranges (inclusive, ascending, covering 1-255): what :func:`classify` decides from srun's
+    report ``task N: Exited with exit code C`` (evidence of kind ``exit``). The SLURM batch
+    script renders it to decide on a restart (templates/slurm/job.sbatch.j2): 1-127 ``user``
+    (2: the entrypoint's input error), 137/143 and 200-201 ``infrastructure``, other signals
+    and 202 ``unknown``."""
+    ranges: list[tuple[int, int, str]] = []
+    for code in range(1, 256):
+        decided = classify([Evidence("srun", kind="exit", exit_code=code)])
+        cls = UNKNOWN if decided is None else decided.cls
+        if ranges and ranges[-1][2] == cls:
+            ranges[-1] = (ranges[-1][0], code, cls)
+        else:
+            ranges.append((code, code, cls))
+    return tuple(ranges)
+
+
 def srun_evidence(line: str) -> Evidence | None:
     """Evidence from one of srun's task lines (``node: task 3: Out Of Memory``, ``...: Killed``,
     ``...: Exited with exit code 2``; the ``srun: error: `` prefix optional), or ``None``."""

@@ -207,10 +207,15 @@ class RestartSpec(_Model):
     never a ``user`` failure)."""
 
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
-        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). jobgen does not restart\n"
-        "a job itself: the budget is recorded in spec.json and ``jobgen status`` shows it beside a failed\n"
-        "job's failure class (docs/failures.md). SLURM's requeue on its time-limit signal and an elastic\n"
-        "PyTorchJob's torchrun ``--max-restarts`` are not counted against it."
+        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). On SLURM the batch script\n"
+        "requeues the job after such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job,\n"
+        "whatever its cause) is below it; elsewhere the budget is recorded in spec.json and ``jobgen\n"
+        "status`` shows it beside a failed job's failure class (docs/failures.md). An elastic PyTorchJob's\n"
+        "torchrun ``--max-restarts`` is not counted against it."
+    ))
+    exclude_failed_nodes: bool = Field(default=True, description=(
+        "SLURM: a restart adds the node of the task that failed to the job's excluded nodes\n"
+        "(``scontrol update ExcNodeList``), so the requeued job does not run there again."
     ))
 
     @field_validator("max_restarts", mode="before")
