@@ -20,7 +20,7 @@ from jobgen.reports import failure_class as fc
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import TrainingSpec
-from tests.conftest import PROFILES, TEMPLATES, lint_bash
+from tests.conftest import PROFILES, REPO, TEMPLATES, lint_bash
 
 #: srun stand-in: writes $SRUN_STDERR (a file of srun's lines) to stderr and exits $SRUN_EXIT.
 FAILING_SRUN = """#!/bin/bash
@@ -266,3 +266,18 @@ def test_an_array_task_requeues_itself_not_the_array(tmp_path):
     path = tmp_path / "array.sbatch"
     path.write_text(script)
     lint_bash(path)
+
+
+def test_the_decision_lines_docs_failures_md_shows_are_the_scripts(tmp_path):
+    """docs/failures.md shows three decisions: each is what the script prints for its case."""
+    page = (REPO / "docs" / "failures.md").read_text()
+    block = page.split("```text\njobgen: restart 1/3", 1)[1].split("```", 1)[0]
+    shown = ("jobgen: restart 1/3" + block).strip().splitlines()
+    cases = [([b"srun: error: node2: task 1: Killed"], 137, "0"), ([b"srun: error: node1: task 0: Exited with exit code 1"], 1, "0"),
+             ([b"srun: error: node2: task 1: Exited with exit code 200"], 200, "3")]
+    printed = []
+    for i, (lines, code, used) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        proc, _ = run_failing_job(tmp_path / str(i), restart_script(3), lines, code, {"SLURM_RESTART_COUNT": used})
+        printed += decisions(proc)
+    assert printed == shown

@@ -14,6 +14,8 @@ import pytest
 from jobgen.errors import EXIT_BAD_INPUT, EXIT_RUNTIME, ConfigError, SubmitError
 from jobgen.reports import failure_class as fc
 from jobgen.train import __main__ as entrypoint
+from jobgen.train.gpu_health import GPUHealthError
+from jobgen.train.preflight import PreflightError
 
 
 class DistBackendError(RuntimeError):
@@ -37,6 +39,8 @@ def _wrapped(inner: BaseException, outer: BaseException) -> BaseException:
 CASES = [
     (ConfigError("no file", location="spec.data.paths[0]", hint="give a file"), EXIT_BAD_INPUT),
     (SubmitError("the run directory is not writable"), EXIT_RUNTIME),
+    (PreflightError("preflight: node node2 is slow"), EXIT_RUNTIME),
+    (GPUHealthError("preflight: node gpu-b7: GPU 3 (NVIDIA A100): 2 uncorrectable ECC error(s)"), fc.EXIT_INFRASTRUCTURE),
     (ValueError("bad shape (2, 3)"), EXIT_RUNTIME),
     (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), EXIT_RUNTIME),
     (DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"), fc.EXIT_INFRASTRUCTURE),
