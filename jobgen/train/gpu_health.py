@@ -30,9 +30,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from jobgen.errors import printable
+from jobgen.errors import JobgenError, printable
 from jobgen.reports.failure_class import EXIT_INFRASTRUCTURE
-from jobgen.train.preflight import PreflightError
 
 #: The fields queried, in order (nvidia-smi --help-query-gpu).
 FIELDS = ("index", "name", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending", "remapped_rows.pending")
@@ -46,9 +45,9 @@ TIMEOUT_S = 60.0
 SHOWN_CHARS = 200
 
 
-class GPUHealthError(PreflightError):
-    """A GPU of this node failed the check (or the node's GPUs could not be read): an
-    infrastructure failure, exit 200 (the restart budget retries it elsewhere)."""
+class GPUHealthError(JobgenError):
+    """A GPU of this node failed the preflight's check (or the node's GPUs could not be read):
+    an infrastructure failure, exit 200 (the restart budget retries it elsewhere)."""
 
     exit_code = EXIT_INFRASTRUCTURE
 
