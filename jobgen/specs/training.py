@@ -216,10 +216,15 @@ class RestartSpec(_Model):
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
         f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
         "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
-        "and reason in summary.json and ``jobgen status``. SLURM and Kubernetes: recorded in spec.json and\n"
-        "shown by ``jobgen status`` beside a failed job's failure class (docs/failures.md). SLURM's requeue\n"
-        "on its time-limit signal and an elastic PyTorchJob's torchrun ``--max-restarts`` are not counted\n"
-        "against it."
+        "and reason in summary.json and ``jobgen status``. SLURM: the batch script requeues the job after\n"
+        "such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job, whatever its cause) is\n"
+        "below it. Kubernetes: recorded in spec.json and shown by ``jobgen status`` beside a failed job's\n"
+        "failure class (docs/failures.md). An elastic PyTorchJob's torchrun ``--max-restarts`` is not\n"
+        "counted against it."
+    ))
+    exclude_failed_nodes: bool = Field(default=True, description=(
+        "SLURM: a restart adds the node of the task that failed to the job's excluded nodes\n"
+        "(``scontrol update ExcNodeList``), so the requeued job does not run there again."
     ))
 
     @field_validator("max_restarts", mode="before")
