@@ -26,6 +26,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -36,9 +37,14 @@ from typing import IO, TypeVar
 
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
 from jobgen.backends.ssh_launch import (
+    DONE,
     MISSING,
+    MODULE,
     NO_LOG_EXIT,
+    RESTARTING,
+    RESTARTS_FILE,
     TEMPLATE,
+    WATCH_LOG,
     NodeReport,
     handle_for,
     job_state,
@@ -48,14 +54,16 @@ from jobgen.backends.ssh_launch import (
     plan,
     probe_command,
     read_command,
+    read_record,
     run_dir,
     snapshot_dir,
     ssh_argv,
     status_command,
     stop_command,
+    stored_evidence,
     submit_commands,
+    watcher_alive,
 )
-from jobgen.backends.ssh_restart import DONE, RESTARTING, RESTARTS_FILE, WATCH_LOG, read_record, stored_evidence, watcher_alive
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.runs import CodeSnapshot
@@ -325,12 +333,28 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
         + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
     budget = resolved.spec.restart.max_restarts
     if budget:
-        from jobgen.backends import ssh_restart
-
-        pid = ssh_restart.start(job_dir, str(handle), spec_source)
+        pid = start_watcher(job_dir, str(handle), spec_source)
         out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
-            f"{job_dir / ssh_restart.WATCH_LOG}) and starts it again after a retried failure; keep it running")
+            f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
     return handle
+
+
+def start_watcher(job_dir: Path, handle: str, spec_source: str | None) -> int:
+    """Start the restart watcher (:mod:`jobgen.backends.ssh_restart`) of ``handle`` in a session of
+    its own (it outlives ``jobgen submit``), its output appended to ``<job dir>/``:data:`WATCH_LOG`;
+    it inherits this environment (the spec's secrets, which a restart hands to the hosts again).
+    Returns its PID.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    argv = [sys.executable, "-m", MODULE, "--job-dir", str(job_dir), "--handle", handle]
+    if spec_source is not None:
+        argv += ["--spec-source", spec_source]
+    with open(job_dir / WATCH_LOG, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
+    return proc.pid
 
 
 def _start_hosts(settings: SshSettings, handle: JobHandle, run: str, starts: Sequence[Command],

@@ -42,23 +42,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from jobgen.backends.ssh_launch import DONE, MODULE, RESTARTING, RESTARTS_FILE, WATCHING
 from jobgen.errors import JobgenError, printable
 from jobgen.jobdir.files import SUMMARY_FILE, write_atomic
 from jobgen.reports.attempts import restart_entry, torchrun_evidence, with_restarts
 from jobgen.reports.failure_class import Classification, Evidence, classify, unclassified
 
-#: The watcher's record in the job directory on the submitting machine.
-RESTARTS_FILE = "ssh-restarts.json"
-#: The watcher's own output (what it decided, and why), in the job directory.
-WATCH_LOG = "ssh-restarts.log"
 #: Seconds between two looks at the hosts.
 POLL_S = 2.0
 #: Seconds the hosts may stay unreached (all of them, or the job's state unknown) before the watcher gives up.
 UNREACHED_LIMIT_S = 600.0
-#: The watcher's states in :data:`RESTARTS_FILE`: watching the job, starting it again, done.
-WATCHING, RESTARTING, DONE = "watching", "restarting", "done"
-#: The module the watcher runs as (``python -m``); ``jobgen cancel`` checks a PID's command line for it.
-MODULE = "jobgen.backends.ssh_restart"
 
 
 def node_evidence(rank: int, host: str, output: str, exit_code: int | None, launch_line: str) -> list[Evidence]:
@@ -82,45 +75,6 @@ def decide(evidence: Sequence[Evidence], used: int, budget: int, what: str) -> t
     job's state, for a failure nothing explains (``unknown``)."""
     decided = classify(evidence) or unclassified(what)
     return decided.retried and used < budget, decided
-
-
-def read_record(job_dir: Path) -> dict[str, Any] | None:
-    """The watcher's record in ``job_dir`` (:data:`RESTARTS_FILE`), or ``None`` when it has none
-    or it is not of the watcher's shape (``max_restarts``: int, ``restarts``: a list of dicts,
-    ``state``: str, ``pid``: int, ``evidence``: a list of dicts)."""
-    try:
-        doc = json.loads((job_dir / RESTARTS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ints = ("max_restarts", "pid")
-    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool) for k in ints) \
-            or not isinstance(doc.get("state"), str) or not isinstance(doc.get("restarts"), list) \
-            or not all(isinstance(r, dict) for r in doc["restarts"]) or not isinstance(doc.get("evidence", []), list):
-        return None
-    return doc
-
-
-def stored_evidence(record: dict[str, Any]) -> tuple[Evidence, ...]:
-    """The last attempt's evidence the watcher recorded; an entry not of :class:`Evidence`'s
-    fields and types is left out."""
-    texts = ("source", "state", "reason", "kind", "text", "verdict")
-    out = []
-    for doc in record.get("evidence", []):
-        if not isinstance(doc, dict) or set(doc) - {*texts, "exit_code", "signal"} \
-                or not all(isinstance(doc.get(k, ""), str) for k in texts) \
-                or not all(doc.get(k) is None or (isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool))
-                           for k in ("exit_code", "signal")):
-            continue
-        out.append(Evidence(**doc))
-    return tuple(out)
-
-
-def watcher_alive(record: dict[str, Any]) -> bool:
-    """Whether the watcher process the record names runs on this machine (its command line names :data:`MODULE`)."""
-    try:
-        return MODULE.encode() in Path(f"/proc/{int(record['pid'])}/cmdline").read_bytes()
-    except (OSError, KeyError, ValueError, TypeError):
-        return False
 
 
 class Hosts:
@@ -272,23 +226,6 @@ def _add_to_summary(hosts: Any, record: dict[str, Any], out: Callable[[str], Non
         out("jobgen: node 0 has no readable summary.json; the restarts are in " + RESTARTS_FILE)
         return
     hosts.write_summary(json.dumps(with_restarts(summary, record["max_restarts"], record["restarts"]), indent=2) + "\n")
-
-
-def start(job_dir: Path, handle: str, spec_source: str | None) -> int:
-    """Start the watcher of ``handle`` in a session of its own (it outlives ``jobgen submit``),
-    its output appended to ``<job dir>/``:data:`WATCH_LOG`; it inherits this environment (the
-    spec's secrets, which a restart hands to the hosts again). Returns its PID.
-
-    Raises:
-        OSError: the interpreter could not be started.
-    """
-    argv = [sys.executable, "-m", MODULE, "--job-dir", str(job_dir), "--handle", handle]
-    if spec_source is not None:
-        argv += ["--spec-source", spec_source]
-    with open(job_dir / WATCH_LOG, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True)
-    return proc.pid
 
 
 def main(argv: Sequence[str] | None = None) -> int:

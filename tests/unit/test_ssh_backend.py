@@ -563,13 +563,13 @@ def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_pat
     """Submit with restart.max_restarts starts the watcher (jobgen.backends.ssh_restart; its
     start replaced here); status then shows its restarts, RESTARTING while it decides, and the
     class of the failure it recorded once it is done."""
-    from jobgen.backends import ssh_restart
+    from jobgen.backends.ssh_launch import RESTARTS_FILE
 
     spec = tmp_path / "quickstart.yaml"
     spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "restart: {max_restarts: 2}\n")
     job_plan = api.plan_job(spec, str(site_profile(tmp_path / "site", "ssh-2node")))
     started: list[tuple] = []
-    monkeypatch.setattr(ssh_restart, "start", lambda *args: started.append(args) or 4242)
+    monkeypatch.setattr(ssh, "start_watcher", lambda *args: started.append(args) or 4242)
     monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
     said: list[str] = []
     result = api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=said.append)
@@ -579,7 +579,7 @@ def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_pat
     entry = {"restart": 1, "class": "infrastructure", "rule": "killed", "reason": "killed", "evidence": "node 1: signal 9"}
     record = {"max_restarts": 2, "restarts": [entry], "state": "watching", "pid": 4242,
               "evidence": [{"source": "node 0 (h): rank 0", "kind": "traceback", "text": "ValueError: bad"}]}
-    (job_dir / ssh_restart.RESTARTS_FILE).write_text(json.dumps(record))
+    (job_dir / RESTARTS_FILE).write_text(json.dumps(record))
     running = api.status(str(result.handle))
     assert running.state == "RUNNING" and running.details["restarts_used"] == "1 of 2", running
     assert running.details["restart_1"] == "infrastructure (killed): killed [node 1: signal 9]"
@@ -587,21 +587,21 @@ def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_pat
     monkeypatch.setattr(ssh, "watcher_alive", lambda record: True)
     deciding = api.status(str(result.handle))
     assert deciding.state == "RESTARTING" and "restart watcher (pid 4242) is classing the failure" in deciding.details["reason"]
-    (job_dir / ssh_restart.RESTARTS_FILE).write_text(json.dumps(record | {"state": "done"}))
+    (job_dir / RESTARTS_FILE).write_text(json.dumps(record | {"state": "done"}))
     failed = api.status(str(result.handle))
     assert failed.state == "FAILED" and (failed.failure.cls, failed.failure.rule) == ("user", "exception"), failed
-    (job_dir / ssh_restart.RESTARTS_FILE).write_bytes(b"\xff not json")  # an unreadable record: the hosts' word only
+    (job_dir / RESTARTS_FILE).write_bytes(b"\xff not json")  # an unreadable record: the hosts' word only
     plain = api.status(str(result.handle))
     assert plain.state == "FAILED" and "restarts_used" not in plain.details
 
 
 def test_without_a_budget_no_watcher_starts(tmp_path, monkeypatch, quickstart):
-    from jobgen.backends import ssh_restart
+    from jobgen.backends.ssh_launch import RESTARTS_FILE
 
-    monkeypatch.setattr(ssh_restart, "start", lambda *args: pytest.fail("a watcher without a budget"))
+    monkeypatch.setattr(ssh, "start_watcher", lambda *args: pytest.fail("a watcher without a budget"))
     monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
     api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
-    assert not (tmp_path / "runs" / "quickstart" / "job" / ssh_restart.RESTARTS_FILE).exists()
+    assert not (tmp_path / "runs" / "quickstart" / "job" / RESTARTS_FILE).exists()
 
 
 def test_status_of_a_completed_job_shows_the_straggler_node_0s_summary_records(tmp_path, monkeypatch, quickstart):

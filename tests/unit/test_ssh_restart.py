@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.backends.ssh_launch import LAUNCH_LINE, NodeReport, pack_checkpoints_command, sees_command, unpack_command
-from jobgen.backends.ssh_restart import DONE, RESTARTS_FILE, node_evidence, read_record, stored_evidence, watch
+from jobgen.backends.ssh_launch import (
+    DONE,
+    LAUNCH_LINE,
+    RESTARTS_FILE,
+    NodeReport,
+    pack_checkpoints_command,
+    read_record,
+    sees_command,
+    stored_evidence,
+    unpack_command,
+)
+from jobgen.backends.ssh_restart import node_evidence, watch
 
 KILLED = """\
 jobgen: node 1 of 2 on host2, rendezvous 10.0.0.1:29500
