@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -113,13 +114,25 @@ class Hosts:
         return all(self._call(host, self.launch.sees_command(self.run, 0)).returncode == 0 for host in self.settings.hosts[1:])
 
     def copy_checkpoints(self) -> None:
-        packed = self._call(self.settings.hosts[0], self.launch.pack_checkpoints_command(self.run), timeout_s=self.ssh.COPY_TIMEOUT_S)
-        if packed.returncode != 0:
-            raise RuntimeError(f"node 0's checkpoints could not be read: {self.ssh._why(packed)}")
-        for rank, host in enumerate(self.settings.hosts[1:], start=1):
-            proc = self._call(host, self.launch.unpack_command(self.run), data=packed.stdout, timeout_s=self.ssh.COPY_TIMEOUT_S)
-            if proc.returncode != 0:
-                raise RuntimeError(f"node 0's checkpoints could not be copied to {printable(host)} (node {rank}): {self.ssh._why(proc)}")
+        """Node 0's ``checkpoints/`` as a tar archive into a temporary file here (checkpoints can be
+        gigabytes: never held in memory), then extracted on every other host."""
+        timeout_s = self.settings.connect_timeout_s + self.ssh.COPY_TIMEOUT_S
+        with tempfile.TemporaryFile(prefix="jobgen-checkpoints-") as archive:
+            try:
+                packed = subprocess.run(list(self.launch.ssh_argv(self.settings, self.settings.hosts[0],
+                                                                  self.launch.pack_checkpoints_command(self.run))),
+                                        stdin=subprocess.DEVNULL, stdout=archive, stderr=subprocess.PIPE, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"node 0's checkpoints were not read within {timeout_s:.0f} s") from None
+            if packed.returncode != 0:
+                raise RuntimeError(f"node 0's checkpoints could not be read: {self.ssh._why(packed)}")
+            for rank, host in enumerate(self.settings.hosts[1:], start=1):
+                archive.seek(0)
+                proc = self.ssh.run_ssh(self.launch.ssh_argv(self.settings, host, self.launch.unpack_command(self.run)),
+                                        stdin=archive, timeout_s=timeout_s)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"node 0's checkpoints could not be copied to {printable(host)} (node {rank}): "
+                                       f"{self.ssh._why(proc)}")
 
     def kill(self) -> None:
         for rank, host in enumerate(self.settings.hosts):
