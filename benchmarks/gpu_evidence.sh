@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's GPU evidence in one command: first the GPU-only tests of the levers (pytest, CUDA
+# The GPU evidence of the speed levers in one command: first the GPU-only tests of the levers (pytest, CUDA
 # tests of tests/entrypoint/test_speed_levers.py), then the gpt350m rows through `jobgen submit`
 # (compiled ddp, ddp, fsdp, ZeRO-2; GPU_EVIDENCE_ROWS), each beside its "before"
 # (JOBGEN_LEVERS_OFF=GPU_EVIDENCE_BEFORE, default loss_read: the log-step loss read of

@@ -23,7 +23,7 @@ Rows, in this order (``--rows`` selects by name and runs them in the order given
   all visible GPUs; the latter when ``import deepspeed`` works), llama-lora-bf16 and
   llama-qlora-bf16 (a tiny Llama built here with transformers' LlamaConfig + save_pretrained by
   tests/entrypoint/hf_helpers.py's builder, LoRA on q/v; QLoRA when bitsandbytes imports),
-  llama7b-qlora-ddp, -fsdp, -ds2, -ds3 (issue 22: examples/llama-7b-qlora-fsdp.yaml's recipe on a
+  llama7b-qlora-ddp, -fsdp, -ds2, -ds3 (examples/llama-7b-qlora-fsdp.yaml's recipe on a
   Llama-2-7B random-initialised from examples/hf-configs/llama-2-7b, one GPU; see llama7b_spec).
   CPU (tiny GPT: 4 layers, d_model 128, block 128): cpu-gpt-fp32, cpu-gpt-bf16 (only where the
   CPU has native bf16: avx512_bf16/amx_bf16; emulated bf16 is not timed), cpu-gpt-fp32-compile,
@@ -246,7 +246,7 @@ LLAMA7B_CONFIG = REPO / "examples" / "hf-configs" / "llama-2-7b"
 
 
 def llama7b_spec(out: Path) -> dict[str, Any]:
-    """examples/llama-7b-qlora-fsdp.yaml (issue 22's recipe: QLoRA r 64 on every projection, block
+    """examples/llama-7b-qlora-fsdp.yaml (its recipe: QLoRA r 64 on every projection, block
     2048, micro batch 4 x accumulation 4, bf16-mixed) on a random-initialised Llama-2-7B built from
     the shipped ``examples/hf-configs/llama-2-7b/config.json`` (nothing downloaded: bf16 weights
     saved once under ``<out>/hf/llama-2-7b``, ~13.5 GB, built on the GPU when there is one) and
@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]  # a shared machine's figures depend on it
     print(f"gpu_suite: load average (1/5/15 min) {load_before}")
     by_name = {r.name: r for r in ROWS}
-    # --rows: those rows, in the order given (issue 21); default: the suite's order (CPU rows in CPU mode)
+    # --rows: those rows, in the order given; default: the suite's order (CPU rows in CPU mode)
     selected = ([by_name[n] for n in dict.fromkeys(wanted)] if args.rows is not None
                 else [r for r in ROWS if r.device == "gpu" or cpu_mode])
     import lightning

@@ -1,4 +1,4 @@
-"""Host time per optimizer step of each world-size-1 layout, beside the plain loop (issue 28).
+"""Host time per optimizer step of each world-size-1 layout, beside the plain loop.
 
 Usage:
   python benchmarks/layout_host_time.py [--steps 80] [--out /tmp/layout_host_time]
@@ -19,7 +19,7 @@ figure (summary.json ``tokens_per_s_steady``: the later half of the timed steps)
 * the plain PyTorch loop (benchmarks/plain_loop.py) on the ddp row's run: the floor.
 
 Rows run in ``--rounds`` interleaved rounds; the table gives each row's median ms per step,
-and its ratio to ddp's and to the plain loop's medians. Target (issue 28): fsdp and ZeRO-2 at
+and its ratio to ddp's and to the plain loop's medians. Target: fsdp and ZeRO-2 at
 world size 1 within 10% of ddp's host time.
 """
 

@@ -19,8 +19,8 @@ Prints:
          shape of job, ``torchx run --scheduler slurm --dryrun dist.ddp -j 2x8 --script train.py``
          and the same with ``--scheduler kubernetes -cfg queue=default`` (both ``--workspace ""``:
          no image build, no docker),
-     run interleaved (A B C D A B C D ...) so machine load hits all of them alike. Targets (issue
-     23): the SLURM render <= TorchX's SLURM dry run, the Kubernetes render (with validation) <
+     run interleaved (A B C D A B C D ...) so machine load hits all of them alike. Targets: the
+     SLURM render <= TorchX's SLURM dry run, the Kubernetes render (with validation) <
      TorchX's Kubernetes dry run, compared on the median wall time and on the median CPU time; the
      floor rows are context (the old floor ratios were retired: importing pydantic and building
      the models costs more than them). Beside the wall time, the children's CPU time (user +

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 MODEL = {"preset": None, "n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128}
-"""The tiny GPT of LAB-NOTES ("Training stack on CPU"): ~0.8M parameters, byte-level."""
+"""A tiny GPT: ~0.8M parameters, byte-level."""
 
 
 def make_spec(steps: int, warmup: int, micro_batch: int, world_size: int) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""Measure the prose of the user pages and the public docstrings of jobgen.
+"""Measure the prose of the user pages and the public docstrings of jobgen; check the comments.
 
 Run it from the repository root::
 
     python docs/lint_prose.py
 
-It prints one row per user page and exits non-zero when a rule below is broken.
+It prints one row per user page, then the findings in docstrings and comments, and exits non-zero
+when a rule below is broken.
 The user pages are the pages of mkdocs.yml's ``nav`` outside the developer section
 (:data:`DEVELOPER_SECTION`).
 
@@ -21,6 +22,13 @@ The rules:
   (:func:`references` defines each).
   A reference page's generated tables (its ``<!-- jobgen-reference: NAME -->`` marker, expanded as
   the site's build hook does) are checked too: they show the models' field descriptions.
+- Comments state the rule, not its history: no comment and no docstring of the code, tests,
+  benchmarks, examples, templates and CI scripts (:data:`COMMENTED`) holds an issue reference of
+  this project, a commit hash, a work-session reference or a review's numbered finding
+  (:func:`history_matches` defines each).
+  Only comments and docstrings are read (:func:`comments`): a string literal is data, and may hold
+  an issue reference as a test's input. A citation of another project's issue (``owner/repo#N``,
+  ``pytest-xdist issue #1386``, an issue's URL) is a source, not history, and passes.
 
 A page of :data:`PENDING` is measured and reported but fails only when its figures get worse than
 the ones listed.
@@ -52,6 +60,8 @@ PENDING: dict[str, tuple[float, int]] = {}
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.", "incl.", "no.", "fig.", "mr.", "dr.", "et al.")
 #: Files that other projects or sessions keep and this repository does not hold.
 FOREIGN_FILES = ("LAB-NOTES", "HOUSE-STYLE", "ARCHITECTURE.md", "../shared")
+#: Any of :data:`FOREIGN_FILES` in a text.
+FOREIGN = re.compile("|".join(re.escape(name) for name in FOREIGN_FILES))
 
 
 # --------------------------------------------------------------------------- prose
@@ -118,8 +128,8 @@ def sentences(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- references
 
-#: ``issue 23``, ``issues 23 and 30``, ``#123``, ``(#12)``, ``PR 4``.
-ISSUE = re.compile(r"\b(?:issues?|PRs?|pull request)\s+#?\d+\b|(?<![\w&/#])#\d{1,5}\b", re.I)
+#: ``issue 23``, ``issue-22``, ``issues 23 and 30``, ``#123``, ``(#12)``, ``PR 4``.
+ISSUE = re.compile(r"\b(?:issues?|PRs?|pull request)(?:\s+|-)#?\d+\b|(?<![\w&/#])#\d{1,5}\b", re.I)
 #: A commit hash: 7 to 40 hex digits with a digit and a letter, not part of a longer hex run,
 #: a sha256 digest (``sha256:...``), a colour (``#a1b2c3``), a number (``0x...``) or a UUID.
 COMMIT = re.compile(r"(?<![\w./:@#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-])")
@@ -128,9 +138,59 @@ COMMIT = re.compile(r"(?<![\w./:@#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|home/[\w.-]+|Users/[\w.-]+|var/tmp|tmp/pytest-of-[\w.-]*)(?=/|\b)")
 
 
+#: A work session named by its number: ``stop 37``, ``session 12``.
+SESSION = re.compile(r"\b(?:stop|session)\s+#?\d+\b", re.I)
+#: A review's numbered finding, as a label: ``finding 6:``, ``(finding 14)``, ``findings 7, 8:``.
+FINDING = re.compile(r"\bfindings?\s+\d+(?:\s*(?:,|and)\s*\d+)*\s*[:)]", re.I)
+#: Words before ``issue N`` that make it this project's: ``(issue 22)``, ``since issue 32``, ``in issue 23``.
+OWN_ISSUE_WORDS = frozenset({
+    "a", "after", "an", "and", "as", "at", "before", "by", "cf", "during", "for", "from", "in", "jobgen", "jobgen's",
+    "of", "on", "our", "per", "see", "since", "the", "this", "to", "until", "with", "when", "where", "while"})
+
+
+def other_project(text: str, start: int) -> bool:
+    """Whether the issue reference at ``text[start:]`` cites another project's issue tracker.
+
+    It does when the word right before ``issue``/``PR`` names a project: a word with a hyphen, a dot,
+    a slash or a digit (``pytest-xdist``, ``huggingface/transformers``), one with a capital past its
+    first letter (``PyTorch``, ``NCCL``), or a capitalised word inside a sentence (``Lightning``).
+    A word of :data:`OWN_ISSUE_WORDS` (``since issue 32``), a sentence's first word and a word that
+    ends a clause (``kubenodes.py, issue 31``) do not.
+    """
+    before = re.search(r"(\S+)\s+$", text[:start])
+    if not before:
+        return False
+    word = before.group(1).lstrip("([{\"'`")
+    if not re.search(r"[A-Za-z]", word) or not re.search(r"\w$", word) or word.lower() in OWN_ISSUE_WORDS:
+        return False
+    if re.search(r"[-./\d]", word.rstrip(".")) or re.search(r"[A-Z]", word[1:]):
+        return True
+    first_of_sentence = re.search(r"(?:^|[.!?:]\s+)$", text[:before.start()]) is not None
+    return word[0].isupper() and not first_of_sentence
+
+
+def history_matches(text: str) -> list[tuple[str, re.Match]]:
+    """``(rule, match)`` of each reference to this project's history in a comment or docstring ``text``.
+
+    An issue reference of this project (:data:`ISSUE`, unless :func:`other_project` says it cites
+    another project), a commit hash (:data:`COMMIT`) unless it pins another project's release tag
+    (``kubeflow/trainer tag v2.3.0 (commit 658725bd)``), a work session (:data:`SESSION`) and a
+    review's numbered finding (:data:`FINDING`), and the name of a notes file that is not in the
+    repository (:data:`FOREIGN_FILES`).
+    """
+    found = [("issue reference", m) for m in ISSUE.finditer(text)
+             if not (m.group()[0].isalpha() and other_project(text, m.start()))]
+    found += [("commit hash", m) for m in COMMIT.finditer(text)
+              if not re.search(r"\btag v?\d+(?:\.\d+)+\W{1,3}(?:commit\s+)?$", text[max(0, m.start() - 40):m.start()])]
+    found += [("session reference", m) for m in SESSION.finditer(text)]
+    found += [("review finding", m) for m in FINDING.finditer(text)]
+    found += [("file not in the repository", m) for m in FOREIGN.finditer(text)]
+    return sorted(found, key=lambda found: found[1].start())
+
+
 @dataclass(frozen=True)
 class Finding:
-    """A reference that a user page or a public docstring may not hold."""
+    """A reference that a user page, a docstring or a comment may not hold."""
 
     where: str
     rule: str
@@ -174,6 +234,121 @@ def public_docstrings(path: Path) -> list[tuple[str, str]]:
                     walk(node.body, f"{prefix}{node.name}.")
 
     walk(tree.body, "")
+    return out
+
+
+# --------------------------------------------------------------------------- comments
+
+#: The directories whose comments and docstrings :func:`comment_findings` reads.
+COMMENTED = ("jobgen", "tests", "benchmarks", "examples", "templates", ".ci")
+#: Directories under :data:`COMMENTED` that hold what other projects wrote or what jobgen generated:
+#: vendored resource definitions and the golden files rendered from templates/.
+NOT_OURS = ("jobgen/_crds", "tests/golden/data")
+#: The files read for ``#`` comments, by suffix or by name; a file starting with ``#!`` is read too.
+HASH_COMMENTED = (".sh", ".yaml", ".yml", ".toml", ".j2")
+HASH_COMMENTED_NAMES = ("Containerfile", "Dockerfile")
+
+
+def python_comments(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of a Python source's comments and docstrings.
+
+    A comment is a ``#`` token (tokenize). A docstring is a string statement of its own: a module's,
+    a class's or a function's first statement, or an attribute's docstring after an assignment.
+    Every other string literal is data and not read. A docstring's line is the one it starts on.
+    """
+    import io
+    import tokenize
+
+    out: list[tuple[int, str]] = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            out.append((token.start[0], token.string))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.append((node.lineno, node.value.value))
+    return sorted(out)
+
+
+def hash_comments(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of the ``#`` comments of a shell script, a YAML file or a template, and its
+    Jinja ``{# ... #}`` comments.
+
+    A ``#`` starts a comment at the start of a line or after white space, outside quotes (shell's and
+    YAML's rule); a ``#!`` first line is no comment. ``{#`` and ``$#`` are no comment either.
+    """
+    out: list[tuple[int, str]] = []
+    for match in re.finditer(r"\{#.*?#\}", source, flags=re.S):
+        out.append((source.count("\n", 0, match.start()) + 1, match.group()[2:-2]))
+    plain = re.sub(r"\{#.*?#\}", lambda m: re.sub(r"[^\n]", " ", m.group()), source, flags=re.S)
+    for number, line in enumerate(plain.splitlines(), 1):
+        if number == 1 and line.startswith("#!"):
+            continue
+        quote = ""
+        for i, char in enumerate(line):
+            if quote:
+                if char == quote and (quote == "'" or line[i - 1] != "\\"):
+                    quote = ""
+            elif char in "'\"" and (i == 0 or line[i - 1] != "\\"):
+                quote = char
+            elif char == "#" and (i == 0 or line[i - 1] in " \t"):
+                out.append((number, line[i:]))
+                break
+    return out
+
+
+def comments(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """``(line, text)`` of a file's comments and docstrings; empty for a file of another kind.
+
+    ``source`` is the file's text when the caller has read it already.
+    """
+    if source is None:
+        try:
+            source = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            return []
+    if path.suffix == ".py":
+        try:
+            return python_comments(source)
+        except (SyntaxError, ValueError):  # a file that is not Python (a test's input): no comments to read
+            return []
+    if path.suffix in HASH_COMMENTED or path.name in HASH_COMMENTED_NAMES or source.startswith("#!"):
+        return hash_comments(source)
+    return []
+
+
+def commented_files(repo: Path = REPO) -> list[Path]:
+    """The files under :data:`COMMENTED`, less :data:`NOT_OURS`: git's tracked files, or, outside a
+    git checkout, every file there."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *COMMENTED], cwd=repo, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip("\0"):
+        paths = [repo / name for name in listed.stdout.split("\0") if name]
+    else:
+        paths = [p for top in COMMENTED if (repo / top).is_dir() for p in (repo / top).rglob("*")]
+    ours = [p for p in paths if p.is_file() and not any(p.relative_to(repo).as_posix().startswith(d + "/") for d in NOT_OURS)]
+    return sorted(p for p in ours if "__pycache__" not in p.parts)
+
+
+def comment_findings(repo: Path = REPO) -> list[Finding]:
+    """The history references (:func:`history_matches`) of the comments and docstrings under
+    :data:`COMMENTED`, each at ``path:line``."""
+    out: list[Finding] = []
+    for path in commented_files(repo):
+        if path.suffix not in (".py", *HASH_COMMENTED) and path.name not in HASH_COMMENTED_NAMES:
+            with path.open("rb") as file:
+                if file.read(2) != b"#!":
+                    continue  # a data file: no comments to read
+        try:
+            source = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if not any(rule.search(source) for rule in (COMMIT, SESSION, FINDING, ISSUE, FOREIGN)):
+            continue  # nothing in the file can match: no need to parse it
+        relative = path.relative_to(repo).as_posix()
+        for line, text in comments(path, source):
+            for rule, match in history_matches(text):
+                out.append(Finding(f"{relative}:{line + text.count(chr(10), 0, match.start())}", rule, match.group()))
     return out
 
 
@@ -275,7 +450,7 @@ def generated(text: str) -> str:
 
 
 def run(repo: Path = REPO, out=sys.stdout) -> int:
-    """Measure the user pages and the docstrings, print a table, return the exit status."""
+    """Measure the user pages, the docstrings and the comments, print a table, return the exit status."""
     repo_files = repository_files(repo)
     failed = False
     print(f"{'page':<28} {'words':>6} {'sentences':>9} {'mean':>5} {'longest':>7} {'refs':>4}  status", file=out)
@@ -307,7 +482,11 @@ def run(repo: Path = REPO, out=sys.stdout) -> int:
     print(f"public docstrings of jobgen/: {len(docstrings)} findings", file=out)
     for finding in docstrings:
         print(f"    {finding}", file=out)
-    return 1 if failed or docstrings else 0
+    in_comments = comment_findings(repo)
+    print(f"comments and docstrings of {', '.join(d + '/' for d in COMMENTED)}: {len(in_comments)} findings", file=out)
+    for finding in in_comments:
+        print(f"    {finding}", file=out)
+    return 1 if failed or docstrings or in_comments else 0
 
 
 if __name__ == "__main__":

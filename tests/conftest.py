@@ -93,18 +93,19 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
         "test_qlora_losses_agree_across_strategies",
     }),
     "tests/entrypoint/test_local_failure_output.py": ALL,
-    # Issue 28: 12 entrypoint runs (3 strategies x world size 1 and 2, jobgen's data and a user's) and 2 resumes.
+    "tests/entrypoint/test_straggler.py": ALL,  # two 2-rank trainings, 13 s each
+    # 12 entrypoint runs (3 strategies x world size 1 and 2, jobgen's data and a user's) and 2 resumes.
     "tests/entrypoint/test_sample_order.py": frozenset({
         "test_every_strategy_and_world_size_reads_the_same_samples",
         "test_a_resume_reads_exactly_the_samples_of_the_uninterrupted_run",
         "test_a_users_data_module_reads_the_same_samples_under_every_strategy",
     }),
-    # Issue 28: six in-process trainings (ddp, fsdp and ZeRO-2 with and without the single-device path), one traced.
+    # Six in-process trainings (ddp, fsdp and ZeRO-2 with and without the single-device path), one traced.
     "tests/entrypoint/test_speed_levers.py": frozenset({
         "test_no_host_device_traffic_per_step_in_either_direction",
         "test_jobgen_trace_steps_writes_a_chrome_trace_of_those_steps_only",
     }),
-    # Issue 33: two job pieces, each a process with a real offline W&B run and a real MLflow run.
+    # Two job pieces, each a process with a real offline W&B run and a real MLflow run.
     "tests/entrypoint/test_tracking_wandb_core_killed.py": frozenset({
         "test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once",
     }),
@@ -117,7 +118,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
         "test_a_run_that_raises_after_start_sends_failed_through_the_command",
         "test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed",
     }),
-    # Issue 19: real wandb (offline) and MLflow (SQLite) runs: a 2-rank local job stopped and resubmitted, a requeue, a failure.
+    # Real wandb (offline) and MLflow (SQLite) runs: a 2-rank local job stopped and resubmitted, a requeue, a failure.
     "tests/entrypoint/test_tracking.py": ALL,
     # Each imports Lightning in a `jobgen validate --import` process (~6 s of CPU on a 2-core
     # Xeon, load 2): 13 such tests were 79 s of the quick tier's 270 s of CPU. The quick tier
@@ -128,7 +129,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
         "test_validate_import_passes_for_another_librarys_module_with_a_note",
         "test_validate_import_finds_a_module_at_the_repository_root",
     }),
-    # Issue 31: the pod lab's image builds (kubeimage.py's small variant three times, ~15 s each on
+    # The pod lab's image builds (kubeimage.py's small variant three times, ~15 s each on
     # 2 loaded cores; the full image, opt-in, minutes cold) and the runc run of the full one.
     "tests/integration/k8s/test_kubeimage.py": frozenset({
         "test_small_image_builds_are_identical",
@@ -146,6 +147,8 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     # (a module stays on one: tests/conftest.py xdist_unit), were most of the quick tier's tail.
     "tests/entrypoint/test_resume_layout.py": ALL,
     "tests/entrypoint/test_run_dir_identity.py": frozenset({"test_the_entrypoint_refuses_another_profiles_run_directory"}),  # 63 s
+    # 2-rank trainings with a rank stopped (torchrun's 30 s grace before its SIGKILL of it), restarted, or slow: 36-70 s each.
+    "tests/entrypoint/test_watchdog.py": ALL,
 }
 
 
@@ -183,7 +186,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     then the largest unit left.
 
     The unit is chosen from the test's node ID, not with ``xdist_group`` marks: on pytest 9.2
-    those are silently ignored (pytest-xdist issue #1386: xdist's node-ID suffix no longer takes
+    those are silently ignored (pytest-dev/pytest-xdist#1386: xdist's node-ID suffix no longer takes
     effect). Another ``--dist`` mode keeps xdist's own scheduler."""
     if config.getoption("dist") != "load":
         return None

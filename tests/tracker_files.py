@@ -1,4 +1,4 @@
-"""What a job left in its trackers and in metrics.csv, read with the trackers' own readers (issue 33).
+"""What a job left in its trackers and in metrics.csv, read with the trackers' own readers.
 
 - W&B: an offline run file (``run-<id>.wandb``, the transaction log ``wandb-core`` writes) through
   wandb's own CLI, ``python -m wandb leet inspect --json FILE`` (wandb 0.31: one JSON line per

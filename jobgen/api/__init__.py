@@ -217,7 +217,9 @@ def progress(job: str) -> Progress | None:
 def restart_budget(job: str) -> int | None:
     """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
-    says. Recorded only: jobgen restarts no job itself."""
+    says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`), its watcher on
+    hosts over ssh (:mod:`jobgen.backends.ssh_restart`) and the SLURM batch script on a SLURM job
+    (docs/failures.md); on Kubernetes it is recorded only."""
     resolved = recorded_spec(resolve_job(job))
     return None if resolved is None else resolved.spec.restart.max_restarts
 

@@ -71,8 +71,7 @@ class Cluster:
         if 200 <= response.status < 300:
             if stream:
                 return response.response
-            data = response.read()
-            return json.loads(data) if data else {}
+            return decode_body(response.read(), f"{method} {path}")
         data = response.read() or b""
         message, reason = data.decode("utf-8", "replace").strip(), ""
         try:
@@ -99,6 +98,24 @@ class Cluster:
         """Whether the server rejects unknown fields with ``fieldValidation=Strict``."""
         version = self.server_version
         return version is not None and version >= FIELD_VALIDATION_SINCE
+
+
+def decode_body(data: bytes, what: str) -> Any:
+    """A 2xx answer's body as JSON (``{}`` when empty); bytes that are not UTF-8 are kept as lone
+    surrogates, which :func:`jobgen.errors.printable` shows escaped.
+
+    Raises:
+        SubmitError: the body is not JSON (a proxy's HTML page, a truncated answer); ``what``
+            names the request.
+    """
+    if not data:
+        return {}
+    try:
+        return json.loads(data.decode("utf-8", "surrogateescape"))
+    except ValueError:
+        shown = data[:120].decode("utf-8", "backslashreplace")
+        raise SubmitError(f"{what}: the API server's answer is not JSON: {shown!r}",
+                          hint="check that the context's server is a Kubernetes API server (kubectl get --raw /version)") from None
 
 
 #: Where jobgen takes the kubeconfig from (status, logs and cancel use the one submit used).

@@ -13,9 +13,9 @@ a failed run ends with the first failing rank's error (:func:`jobgen.reports.tri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import jobgen
 from jobgen.backends.base import (
@@ -39,14 +40,28 @@ from jobgen.backends.base import (
     secrets_location,
 )
 from jobgen.errors import EXIT_BAD_INPUT, ConfigError, InterruptedRun, JobgenError, SubmitError
-from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, LOCAL_RUN_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUMMARY_FILE, ignore_run_dir, write_atomic
+from jobgen.jobdir.files import (
+    CODE_DIR_ENV,
+    DS_CONFIG_FILE,
+    HANG_VERDICT_FILE,
+    LOCAL_RUN_FILE,
+    SPEC_FILE,
+    SPEC_SOURCE_ENV,
+    SUMMARY_FILE,
+    ignore_run_dir,
+    write_atomic,
+)
 from jobgen.jobdir.runs import LocalRun, check_run_dir, ensure_tracking_record, read_local_run, write_local_run
 from jobgen.jobdir.spec import ResolvedSpec, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
+from jobgen.reports.attempts import attempt_triage, restart_entry, root_cause_exit_code, torchrun_evidence, with_restarts
+from jobgen.reports.attempts import restart_details as budget_details
+from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, unclassified
+from jobgen.reports.straggler import straggler_details
+from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
 from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
 
@@ -220,20 +235,38 @@ class LocalBackend(Backend):
         started = time.time()
         check_run_dir(job_dir, resolved, claim=True)  # the directory is this run's from now on
         # status/ls read how this start goes from here (a local run has no scheduler to ask)
-        run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        budget = resolved.spec.restart.max_restarts
+        run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       max_restarts=budget)
         write_local_run(job_dir, run)
         resume_hint = ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
                        "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
-        try:
-            code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
-        except KeyboardInterrupt as exc:
-            write_local_run(job_dir, run.ended("CANCELLED", getattr(exc, "exit_code", None)))
-            raise InterruptedRun("run interrupted (Ctrl-C); every rank was stopped", hint=resume_hint) from None
-        except JobgenError as exc:  # torchrun could not be started
-            write_local_run(job_dir, run.ended("FAILED", None, exc.message))
-            raise
+        restarts: list[dict[str, Any]] = []
+        while True:  # one attempt per pass: the first start, then a restart per retried failure within the budget
+            attempt_started = time.time()
+            try:
+                code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+            except KeyboardInterrupt as exc:
+                write_local_run(job_dir, run.ended("CANCELLED", getattr(exc, "exit_code", None)))
+                raise InterruptedRun("run interrupted (Ctrl-C); every rank was stopped", hint=resume_hint) from None
+            except JobgenError as exc:  # torchrun could not be started
+                write_local_run(job_dir, run.ended("FAILED", None, exc.message))
+                raise
+            if code == 0:
+                break
+            evidence = attempt_evidence(log, job_dir, code, since=attempt_started)
+            decided = classify(evidence) or unclassified(f"torchrun: exit code {code}")
+            if not decided.retried or len(restarts) >= budget:
+                break
+            restarts.append(restart_entry(len(restarts) + 1, decided, code))
+            run = run.model_copy(update={"restarts": tuple(restarts)})
+            write_local_run(job_dir, run)
+            out(f"jobgen: restart {len(restarts)} of {budget} (restart.max_restarts) after a failure classed "
+                f"{decided.describe()}" + ("; resuming from the newest checkpoint" if resolved.spec.entrypoint is None else ""))
         if code == 0 and resolved.spec.entrypoint is not None:
             _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
+        if code == 0 and budget:
+            _record_restarts(job_dir, budget, restarts)
         if code != 0:
             hint = resume_hint
             # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT): torchrun exits 1 whatever its
@@ -244,13 +277,18 @@ class LocalBackend(Backend):
                 hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
             found = _log_triage(log) if log.is_file() else None
             first = found.first if found is not None else None
-            write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}"))
+            write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}",
+                                               tuple(dataclasses.asdict(e) for e in evidence)))
             if found is not None:
                 out("")
                 for line in format_triage(found, str(handle)):
                     out(line)
                 out(f"jobgen: every rank's output and torchrun's report: {log}")
                 hint = f"the first failing rank's error is above (all of it: {log}); " + hint
+            out(f"jobgen: failure: {decided.cls} ({'retried' if decided.retried else 'not retried'}): {decided.reason}")
+            if budget:
+                out(f"jobgen: restarts used: {len(restarts)} of {budget} (restart.max_restarts)"
+                    + ("" if decided.retried else "; a user failure is not restarted"))
             if input_error:  # bad input: exit 2, as the entrypoint did
                 raise ConfigError(f"the entrypoint refused its input: its ranks exited {EXIT_BAD_INPUT}, training exited with "
                                   f"code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
@@ -278,15 +316,19 @@ class LocalBackend(Backend):
         details["started_at"] = run.started_at
         if run.state == "RUNNING":
             if _alive(run.pid):
-                return JobStatus(handle, "RUNNING", LOCAL_RUN_FILE, details | {"pid": str(run.pid)}, _usage(run, run_dir))
+                return JobStatus(handle, "RUNNING", LOCAL_RUN_FILE, details | {"pid": str(run.pid)} | restart_details(run),
+                                 _usage(run, run_dir))
             reason = (f"the jobgen process that ran it (pid {run.pid}) no longer runs and recorded no end "
                       "(killed, or the machine restarted); see its output.log")
             return JobStatus(handle, "UNKNOWN", "none", details | {"reason": reason})
         details |= {"ended_at": run.ended_at or "", "exit_code": "" if run.exit_code is None else str(run.exit_code)}
         if run.first_error:
             details["first_error"] = run.first_error
+        details |= restart_details(run)
+        if run.state == "COMPLETED":
+            details |= _summary_straggler(run_dir)
         usage = _summary_usage(run_dir) if run.state == "COMPLETED" else None
-        return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir))
+        return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir), evidence=stored_evidence(run))
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
         """Print the run's :data:`OUTPUT_LOG` (every start, each rank's lines labelled
@@ -337,6 +379,59 @@ class LocalBackend(Backend):
         raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
 
 
+def attempt_evidence(log: Path, run_dir: Path, code: int, since: float) -> list[Evidence]:
+    """How one attempt of a local run ended, for :func:`~jobgen.reports.failure_class.classify`:
+    each rank's first failure in the attempt's part of ``log`` (:func:`_log_triage`), the exit
+    code of the first rank that failed (torchrun's report), the watchdog's verdict when
+    ``<run dir>/hang/verdict.json`` was written since ``since`` (``time.time()``), and torchrun's
+    own exit ``code`` (a negative one: killed by that signal). What cannot be read is left out."""
+    found: list[Evidence] = []
+    if log.is_file():
+        found += torchrun_evidence(_last_start(log))
+    verdict = run_dir / HANG_VERDICT_FILE
+    try:
+        if verdict.stat().st_mtime >= since - 1:
+            doc = json.loads(verdict.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and doc.get("verdict") == HANG_VERDICT:
+                found.append(Evidence("watchdog", verdict=HANG_VERDICT, text=str(doc.get("text", ""))))
+    except (OSError, ValueError):
+        pass
+    found.append(Evidence("torchrun", exit_code=None if code < 0 else code, signal=-code if code < 0 else None))
+    return found
+
+
+def stored_evidence(run: LocalRun) -> tuple[Evidence, ...]:
+    """The evidence :meth:`LocalBackend.submit` recorded for a failed run (:attr:`LocalRun.evidence`);
+    a record it cannot read as :class:`Evidence` is left out."""
+    texts = ("source", "state", "reason", "kind", "text", "verdict")
+    out = []
+    for doc in run.evidence:
+        numbers = [doc.get(k) for k in ("exit_code", "signal")]
+        if set(doc) - {*texts, "exit_code", "signal"} or not all(isinstance(doc.get(k, ""), str) for k in texts) \
+                or not all(n is None or (isinstance(n, int) and not isinstance(n, bool)) for n in numbers):
+            continue
+        out.append(Evidence(**doc))
+    return tuple(out)
+
+
+def restart_details(run: LocalRun) -> dict[str, str]:
+    """``jobgen status`` details of a run's restarts (:func:`jobgen.reports.attempts.restart_details`)."""
+    return budget_details(run.max_restarts, run.restarts)
+
+
+def _record_restarts(run_dir: Path, budget: int, restarts: list[dict[str, Any]]) -> None:
+    """Add ``restarts`` (``max_restarts``, ``used``, ``history``: one entry per restart, as
+    :attr:`LocalRun.restarts`) to the ``summary.json`` the last attempt wrote; nothing when it
+    wrote none or it cannot be read."""
+    path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict):
+        write_atomic(path, json.dumps(with_restarts(summary, budget, restarts), indent=2) + "\n")
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this machine."""
     try:
@@ -362,6 +457,15 @@ def _usage(run: LocalRun, run_dir: Path) -> Usage | None:
     elapsed = ((end or datetime.now(timezone.utc)) - start).total_seconds()
     return Usage(launch.accelerator, launch.world_size, max(elapsed, 0.0), f"{LOCAL_RUN_FILE} start to end x ranks",
                  start=start, end=end, gpu_hour_price=launch.gpu_hour_price)
+
+
+def _summary_straggler(run_dir: Path) -> dict[str, str]:
+    """``jobgen status``'s ``straggler`` detail from the run's summary.json
+    (:func:`~jobgen.reports.straggler.straggler_details`); ``{}`` when it cannot be read."""
+    try:
+        return straggler_details(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
 
 
 def _summary_usage(run_dir: Path) -> Usage | None:
@@ -428,29 +532,27 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     return job_plan
 
 
-#: torchrun's report of a failed run (torch.distributed.elastic ``ChildFailedError.format_msg``):
-#: the first rank that failed, then its ``exitcode  : N (pid: P)``.
-_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n(?:(?!\s*exitcode\s*:).*\n){0,8}?\s*exitcode\s*:\s*(-?\d+)", re.M)
-
-
 def ranks_exit_code(log: Path) -> int | None:
-    """The exit code of the first rank that failed in the last start in ``log``, from torchrun's
-    report ("Root Cause (first observed failure)" ... ``exitcode``); torchrun itself exits 1
-    whatever it was. None: no report (torchrun did not get that far, or the log is gone)."""
+    """The exit code of the first rank that failed in the last start in ``log``
+    (:func:`jobgen.reports.attempts.root_cause_exit_code`). None: no report (torchrun did not get
+    that far, or the log is gone)."""
     try:
         texts = log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    last = texts.rfind(OUTPUT_START)
-    found = list(_ROOT_CAUSE.finditer(texts[max(last, 0):]))
-    return int(found[-1].group(1)) if found else None
+    return root_cause_exit_code(texts[max(texts.rfind(OUTPUT_START), 0):])
+
+
+def _last_start(log: Path) -> list[str]:
+    """The last start's lines in ``log`` (:data:`OUTPUT_LOG`), from its :data:`OUTPUT_START` line on."""
+    texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
+    return texts[starts[-1] if starts else 0:]
 
 
 def _log_triage(log: Path) -> Triage:
     """:func:`~jobgen.reports.triage.triage` of the last start's lines in ``log`` (:data:`OUTPUT_LOG`)."""
-    texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
-    return triage(torchrun_lines(texts[starts[-1] if starts else 0:]))
+    return attempt_triage(_last_start(log))
 
 
 def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Path, echo: Echo = print) -> int:

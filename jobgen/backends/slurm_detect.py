@@ -59,7 +59,7 @@ _ONE_SIZE_GIB = {"T4": 16, "A10G": 24, "L4": 24, "L40S": 48, "H200": 141}
 _FABRIC_FEATURES = {"ib": "infiniband", "infiniband": "infiniband", "hdr": "infiniband", "ndr": "infiniband",
                     "edr": "infiniband", "roce": "roce", "efa": "efa"}
 #: The oldest SLURM with ``--gpus-per-node`` (select/cons_tres, SLURM 19.05 release notes).
-_GPUS_PER_NODE_SINCE = (19, 5)
+GPUS_PER_NODE_SINCE = (19, 5)
 
 
 def run_client(argv: list[str], what: str) -> str:
@@ -79,15 +79,16 @@ def gpu_model(text: str) -> str | None:
     return match.group(1).upper() if match else None
 
 
-def gpu_memory_gib(gres_type: str | None, model: str) -> tuple[float | None, str]:
-    """Memory per GPU: the size a GRES type names (``nvidia_a100-sxm4-80gb`` -> 80), else the one
-    size of a model sold in one (:data:`_ONE_SIZE_GIB`), else None; with the reason."""
+def gpu_memory_gib(gres_type: str | None, model: str, what: str = "the GRES type") -> tuple[float | None, str]:
+    """Memory per GPU: the size a GRES type (or another GPU name, called ``what`` in the reason)
+    names (``nvidia_a100-sxm4-80gb`` -> 80), else the one size of a model sold in one
+    (:data:`_ONE_SIZE_GIB`), else None; with the reason."""
     match = re.search(r"(?<![0-9])(\d{1,3})\s*gb?(?![a-z0-9])", (gres_type or "").lower())
     if match and 4 <= int(match.group(1)) <= 512:
-        return float(match.group(1)), f"the GRES type {gres_type!r} names {match.group(1)} GB"
+        return float(match.group(1)), f"{what} {gres_type!r} names {match.group(1)} GB"
     if model in _ONE_SIZE_GIB:
         return float(_ONE_SIZE_GIB[model]), f"{model} comes in one size, {_ONE_SIZE_GIB[model]} GB"
-    return None, f"{model} comes in several sizes and the GRES type does not say which: set gpu_mem_gib (GiB per GPU)"
+    return None, f"{model} comes in several sizes and {what} does not say which: set gpu_mem_gib (GiB per GPU)"
 
 
 @dataclass
@@ -103,13 +104,18 @@ class DetectedProfile:
     header: list[str]
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def scope(self) -> str:
+        """What was profiled, for the CLI's one-line summary: the partition."""
+        return f"partition {clean(self.partition)!r}"
+
     def yaml_text(self) -> str:
         """The profile file: the header, then every value under a comment naming its source.
         Values are written by ``yaml.safe_dump`` (quoted where YAML needs it); comments show
         non-printable characters escaped, so no value read from the cluster can end a comment."""
         out = [f"# {clean(line)}" for line in self.header]
         out += [f"# note: {clean(note)}" for note in self.notes]
-        _emit(self.doc, self.sources, 0, "", out)
+        emit_commented(self.doc, self.sources, 0, "", out)
         return "\n".join(out) + "\n"
 
     def as_json(self) -> dict[str, Any]:
@@ -119,7 +125,9 @@ class DetectedProfile:
                 "sources": {path: clean(text) for path, text in self.sources.items()}, "notes": [clean(n) for n in self.notes]}
 
 
-def _emit(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str, out: list[str]) -> None:
+def emit_commented(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str, out: list[str]) -> None:
+    """Append ``doc``'s YAML lines to ``out`` at ``indent`` spaces, each value under the comment
+    ``sources[dotted.path]`` (non-printable characters escaped); values by ``yaml.safe_dump``."""
     pad = " " * indent
     for key, value in doc.items():
         source = sources.get(prefix + key)
@@ -127,7 +135,7 @@ def _emit(doc: dict[str, Any], sources: dict[str, str], indent: int, prefix: str
             out.append(f"{pad}# {clean(source)}")
         if isinstance(value, dict):
             out.append(f"{pad}{key}:")
-            _emit(value, sources, indent + 2, f"{prefix}{key}.", out)
+            emit_commented(value, sources, indent + 2, f"{prefix}{key}.", out)
             continue
         text = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=float("inf"), default_flow_style=False)
         out.extend(pad + line for line in text.rstrip("\n").split("\n"))
@@ -141,7 +149,7 @@ def _plain(value: str, what: str, source: str, hint: str) -> str:
     return value
 
 
-def _versions(run: Runner, notes: list[str]) -> tuple[tuple[int, int] | None, str | None, str]:
+def read_version(run: Runner, notes: list[str]) -> tuple[tuple[int, int] | None, str | None, str]:
     """((major, minor), release, source) from ``sinfo --version``, else ``scontrol --version``."""
     for prog in ("sinfo", "scontrol"):
         try:
@@ -275,7 +283,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     """
     notes: list[str] = []
     sources: dict[str, str] = {}
-    version, release, version_source = _versions(run, notes)
+    version, release, version_source = read_version(run, notes)
     try:
         config = parse_config(run(["scontrol", "show", "config"], "scontrol show config"))
     except SubmitError as exc:
@@ -319,7 +327,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
     slurm["version"] = None if version is None else f"{version[0]:02d}.{version[1]:02d}"
     sources["slurm.version"] = version_source
     if doc["gpus_per_node"]:
-        slurm["gpu_request_style"], sources["slurm.gpu_request_style"] = _request_style(version, release, config.get("SelectType", ""))
+        slurm["gpu_request_style"], sources["slurm.gpu_request_style"] = request_style(version, release, config.get("SelectType", ""))
         slurm["gres_gpu_type"] = gres_type
         sources["slurm.gres_gpu_type"] = ("the GRES type of the nodes chosen, so the request lands on them" if gres_type
                                           else "the GRES is untyped: GPUs of any type")
@@ -334,7 +342,7 @@ def detect_slurm(*, partition: str | None = None, gpu_type: str | None = None, n
               f"from `{inv.command}`, SLURM {release or '(version unknown)'}. The comment above each value names its source;",
               "edit it as any profile (docs/profiles.md, \"Detecting a profile\")."]
     found = DetectedProfile(name, p.name, doc, sources, header, notes)
-    _check(found)
+    check_detected(found, hint="choose another partition with --partition, or write the profile by hand (docs/profiles.md)")
     return found
 
 
@@ -384,14 +392,14 @@ def _time_fields(p: Partition, slurm: dict[str, Any], sources: dict[str, str]) -
                                        else "no DefaultTime: one hour, or MaxTime when shorter; a spec's resources.time_limit_min wins")
 
 
-def _request_style(version: tuple[int, int] | None, release: str | None, select: str) -> tuple[str, str]:
+def request_style(version: tuple[int, int] | None, release: str | None, select: str) -> tuple[str, str]:
     """``gpu_request_style`` and why: ``gpus-per-node`` on SLURM >= 19.05 with
     ``SelectType=select/cons_tres`` (sbatch(1) "--gpus-per-node"; slurm.conf(5) "SelectType"),
     else ``gres`` (``--gres=gpu:<type>:<n>``, every release)."""
-    if version is not None and version >= _GPUS_PER_NODE_SINCE and select == "select/cons_tres":
+    if version is not None and version >= GPUS_PER_NODE_SINCE and select == "select/cons_tres":
         return "gpus-per-node", f"SLURM {release} with SelectType=select/cons_tres (`scontrol show config`): --gpus-per-node"
     why = ("the version is unknown" if version is None else
-           f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < _GPUS_PER_NODE_SINCE else
+           f"SLURM {release} has no --gpus-per-node (19.05 and later)" if version < GPUS_PER_NODE_SINCE else
            f"SelectType is {clean(select) or 'unknown'}, and --gpus-per-node needs select/cons_tres")
     return "gres", "--gres=gpu:<type>:<n>, which every SLURM takes: " + why
 
@@ -399,7 +407,7 @@ def _request_style(version: tuple[int, int] | None, release: str | None, select:
 def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, Any], sources: dict[str, str]) -> None:
     """``slurm.account`` (the one account the user has for the partition, else null) and
     ``slurm.qos`` (null: the association's default) from ``sacctmgr``, with the lists found."""
-    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or _login_name()
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or login_name()
     if not user:
         slurm["account"] = slurm["qos"] = None
         sources["slurm.account"] = "no login name ($USER, $LOGNAME, the password database) to ask sacctmgr for: SLURM's default account"
@@ -423,7 +431,7 @@ def _accounts(run: Runner, partition: str, user: str | None, slurm: dict[str, An
     sources["slurm.qos"] = f"`sacctmgr`: QOS you may use: {', '.join(qos[:10]) or '(none listed)'}; null: the association's default"
 
 
-def _login_name() -> str | None:
+def login_name() -> str | None:
     """This process's login name from the password database, or None where it has no entry
     (a container's uid): ``getpass.getuser`` raises then."""
     try:
@@ -432,13 +440,17 @@ def _login_name() -> str | None:
         return None
 
 
-def _check(found: DetectedProfile) -> None:
+def check_detected(found: Any, *, hint: str) -> None:
     """The YAML text reads back as the document, and the document is a valid profile.
+
+    Args:
+        found: a detected profile of any scheduler (``name``, ``scope``, ``doc``, ``yaml_text()``).
+        hint: how to get around a value the profile model refuses (another partition, other hosts).
 
     Raises:
         InventoryError: either fails (a value from the cluster jobgen did not refuse before).
     """
-    source = f"detected profile {found.name} (partition {clean(found.partition)})"
+    source = f"detected profile {found.name} ({found.scope})"
     try:
         loaded = parse_yaml(found.yaml_text(), source)
     except ConfigError as exc:
@@ -449,5 +461,4 @@ def _check(found: DetectedProfile) -> None:
         validate(ClusterProfile, {**loaded, "name": found.name}, source)
     except ConfigError as exc:
         raise InventoryError(f"{source} is no valid profile: {exc.message}", location=exc.location,
-                             hint="a value read from the cluster is refused by the profile model; choose another partition "
-                                  "with --partition, or write the profile by hand (docs/profiles.md)") from None
+                             hint=f"a value read from the cluster is refused by the profile model; {hint}") from None

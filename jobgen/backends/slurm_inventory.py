@@ -18,6 +18,8 @@ Sources of the formats (SchedMD's man pages and data_parser plugins, by release)
   default one), ``%c`` CPUs, ``%m`` memory in megabytes (MiB), ``%G`` GRES, ``%f`` available
   features, ``%l`` MaxTime and ``%L`` DefaultTime (``days-hours:minutes:seconds``,
   ``infinite``, ``n/a``).
+- ``sinfo --noheader --format=%R|%a`` (:data:`SINFO_AVAIL_ARGV`): one line per partition, its
+  name and availability (``up``, ``down``, ``drain``, ``inact``), sinfo(1) "-o, --format".
 - ``sinfo --json`` (21.08 and later; :func:`parse_sinfo_json`) in two shapes: up to 23.02
   (openapi/v0.0.38 in 22.05, data_parser/v0.0.39 in 23.02) a dump of ``nodes`` and
   ``partitions``; from 23.11 (data_parser/v0.0.40 - v0.0.43) ``sinfo``, one record per group
@@ -117,13 +119,11 @@ def _split_top(text: str) -> list[str]:
 _COUNT_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
-def parse_gpus(gres: str) -> Gpus | None:
-    """The GPUs of a node's GRES string, or None when it has none (``(null)``, empty, no ``gpu``).
-
-    ``gpu:a100:8(S:0-1),nvme:1`` -> ``Gpus("a100", 8)``; ``gpu:8`` -> ``Gpus(None, 8)``; ``gpu``
-    -> one. A node with GPUs of several types gives the type it has most of (ties: the name
-    first in sort order). A count that is not a number makes the item unreadable (skipped).
-    """
+def gpu_counts(gres: str) -> dict[str | None, int]:
+    """Every GPU type of a node's GRES string and its count (None: untyped), e.g.
+    ``gpu:a100:2(IDX:0,2),gpu:v100:1,nvme:1`` -> ``{"a100": 2, "v100": 1}``; ``gpu:8`` ->
+    ``{None: 8}``; ``gpu`` -> one. Empty for none (``(null)``, empty, no ``gpu``). An item whose
+    count is not a number, or that has a field too many (``name:type:extra:count``), is skipped."""
     counts: dict[str | None, int] = {}
     for item in _split_top(gres):
         item = re.sub(r"\(.*\)\s*$", "", item)
@@ -143,6 +143,17 @@ def parse_gpus(gres: str) -> Gpus | None:
             gpu_type = rest[0].strip() or None
         if count:
             counts[gpu_type] = counts.get(gpu_type, 0) + count
+    return counts
+
+
+def parse_gpus(gres: str) -> Gpus | None:
+    """The GPUs of a node's GRES string (:func:`gpu_counts`), or None when it has none.
+
+    ``gpu:a100:8(S:0-1),nvme:1`` -> ``Gpus("a100", 8)``; ``gpu:8`` -> ``Gpus(None, 8)``; ``gpu``
+    -> one. A node with GPUs of several types gives the type it has most of (ties: the name
+    first in sort order).
+    """
+    counts = gpu_counts(gres)
     if not counts:
         return None
     best = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or ""))[0]
@@ -266,6 +277,23 @@ def parse_sinfo_text(text: str) -> Inventory:
         p.max_time_min, p.default_time_min = max_min, def_min
         p.nodes.append(Node(name, _int_or_none(cpus), _int_or_none(mem), gres.strip(), _features(feats), where))
     return inv
+
+
+#: Each partition's availability, one line each: ``%R`` (the name, no ``*``) and ``%a`` (``up``,
+#: ``down``, ``drain``, ``inact``), sinfo(1) "-o, --format".
+SINFO_AVAIL_ARGV = ("sinfo", "--noheader", f"--format=%R{SINFO_TEXT_SEP}%a")
+
+
+def parse_partition_states(text: str) -> dict[str, str]:
+    """``sinfo --noheader --format=%R|%a`` as ``{partition: availability}`` (lower case); a line
+    that is not two fields (a name holding ``|`` or a line break) is skipped, so the partition
+    it names reads as unknown."""
+    out: dict[str, str] = {}
+    for line in text.split("\n"):
+        cells = line.split(SINFO_TEXT_SEP)
+        if len(cells) == 2 and cells[0]:
+            out.setdefault(cells[0], cells[1].strip().lower())
+    return out
 
 
 # --------------------------------------------------------------------------- sinfo --json

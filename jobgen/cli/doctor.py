@@ -21,11 +21,14 @@ _MARK = {"pass": "ok  ", "fail": "FAIL", "skip": "skip"}
                    "image. Without it they are reported as skipped.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300.0, show_default=True, metavar="SECONDS",
               help="How long a probe may wait for the cluster, queueing included.")
+@click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="The runs directory `jobgen submit --runs-dir` will use; the SLURM probe checks that a compute node "
+                   "can write it and that this machine sees what it wrote.")
 @output_option("text", "json", "yaml")
 @set_option
 @profiles_dir_option
 @templates_dir_option
-def doctor(spec: str | None, profile: str, probe: bool, timeout_s: float, output: str, overrides: tuple[str, ...],
+def doctor(spec: str | None, profile: str, probe: bool, timeout_s: float, runs_dir: str, output: str, overrides: tuple[str, ...],
            profiles_dir: str | None, templates_dir: str | None) -> None:
     """Check PROFILE (and SPEC's request, when given) against the live cluster before anything queues.
 
@@ -36,8 +39,9 @@ def doctor(spec: str | None, profile: str, probe: bool, timeout_s: float, output
     jobgen.train with slurm.python and sees the runs directory. Kubernetes: the operator's
     CRDs, namespace, claim (bound, ReadWriteMany), PriorityClass, Kueue LocalQueue, the
     secrets of secret_env; with --probe, a pod that pulls the image. ssh: each host
-    reachable, its Python importing jobgen.train, its GPUs. Exit 0 when no check failed,
-    1 when one did, 2 for bad input.
+    reachable, its Python importing jobgen.train, its GPUs, its work directory writable;
+    with SPEC, the work directory shared when the job resumes on several hosts. Exit 0 when
+    no check failed, 1 when one did, 2 for bad input.
 
     \b
     Example:
@@ -54,7 +58,7 @@ def doctor(spec: str | None, profile: str, probe: bool, timeout_s: float, output
     job_plan = (api.plan_loaded(loaded, prof, spec, profile_source=profile, templates=templates_dir)
                 if loaded is not None and spec is not None else None)
     ctx = DoctorContext(profile=prof, profile_source=profile, spec=loaded, spec_path=spec, plan=job_plan, probe=probe,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, runs_dir=runs_dir)
     if output == "text":
         echo_progress(f"checking profile {printable(profile)} ({prof.scheduler})" + (f" with {printable(spec)}" if spec else ""))
     found = run_checks(ctx)

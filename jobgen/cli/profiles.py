@@ -1,6 +1,6 @@
 """``jobgen profiles list|show`` (cluster profiles, ``extends:`` resolved), ``jobgen profiles detect``
-(a profile from a SLURM login node) and ``jobgen schema`` (the JSON Schema of a spec, a profile or
-jobgen.yaml)."""
+(a profile from a SLURM login node or from hosts over ssh) and ``jobgen schema`` (the JSON Schema
+of a spec, a profile or jobgen.yaml)."""
 
 from __future__ import annotations
 
@@ -82,21 +82,36 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
 
 
 @profiles.command("detect")
-@click.option("--scheduler", type=click.Choice(["slurm"]), required=True,
-              help="The scheduler to ask (slurm: run on a login node, where sinfo, scontrol and sacctmgr work).")
+@click.option("--scheduler", type=click.Choice(["slurm", "kubernetes", "ssh"]), required=True,
+              help="The scheduler to ask (slurm: run on a login node, where sinfo, scontrol and sacctmgr work; "
+                   "kubernetes: the API server of a kubeconfig context; ssh: the --host machines, over ssh).")
 @click.option("--partition", default=None, metavar="NAME",
-              help="The partition to profile (default: the only GPU partition, else the only partition).")
+              help="slurm: the partition to profile (default: the only GPU partition, else the only partition).")
 @click.option("--gpu-type", type=click.Choice(list(GPU_COMPUTE_CAPABILITY)), default=None,
-              help="The GPU model, for GPUs whose GRES type and features name none (gpu:8), or to take that "
-                   "model's nodes in a mixed partition.")
+              help="The GPU model, for GPUs whose GRES type and features (kubernetes: nvidia.com/gpu.product label; "
+                   "ssh: nvidia-smi's name) name none (gpu:8), or to take that model's nodes in a mixed partition or cluster.")
+@click.option("--context", default=None, metavar="NAME",
+              help="kubernetes: the kubeconfig context to read (default: $JOBGEN_K8S_CONTEXT, else the current context).")
+@click.option("--namespace", default=None, metavar="NAME",
+              help="kubernetes: the namespace jobs go to (default: $JOBGEN_K8S_NAMESPACE, else the context's, else default).")
+@click.option("--host", "hosts", multiple=True, metavar="USER@HOST[:PORT]",
+              help="ssh: a machine to profile (repeatable, in node-rank order; USER@ and :PORT optional, the same for every host).")
+@click.option("--python", default=None, metavar="PATH",
+              help="ssh: the Python interpreter on every host (ssh.python; default python3).")
+@click.option("--profile-set", "profile_overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="ssh: a profile field to set, e.g. --profile-set ssh.identity_file=~/.ssh/lab_key (repeatable; "
+                   "ssh.* fields also reach the hosts: workdir, known_hosts, options).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml); "
+              help="The profile file to write (default: cluster_profiles/<cluster>-<partition>.yaml; kubernetes: "
+                   "cluster_profiles/<context>-<namespace>.yaml; ssh: cluster_profiles/ssh-<first host>.yaml); "
                    "its name (without .yaml) is the profile's name.")
 @click.option("--force", is_flag=True, help="Overwrite FILE when it exists.")
 @output_option("text", "yaml", "json", yaml_help="the profile file, printed instead of written")
-def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None, out_file: str | None, force: bool,
-                    output: str) -> None:
-    """Write a cluster profile from what this SLURM login node's commands say.
+def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None, context: str | None, namespace: str | None,
+                    hosts: tuple[str, ...], python: str | None, profile_overrides: tuple[str, ...], out_file: str | None,
+                    force: bool, output: str) -> None:
+    """Write a cluster profile from what this SLURM login node's commands say, what a
+    Kubernetes API server says, or what the hosts say over ssh.
 
     \b
     Reads: the SLURM version (sinfo --version), ClusterName and SelectType (scontrol show
@@ -110,16 +125,47 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     with --partition; run detect once per partition, each with its own --out).
 
     \b
+    Kubernetes reads, from the API server of --context: the server version, the nodes'
+    allocatable nvidia.com/gpu, CPU and memory and GPU feature discovery's product and memory
+    labels, taints and RDMA resources, the operator CRDs (PyTorchJob, TrainJob), the namespace's
+    ReadWriteMany claims, the PriorityClasses and Kueue LocalQueues. The image cannot be read:
+    the file keeps an example under placeholders:, which jobgen submit refuses until you set it.
+
+    \b
     Example:
       jobgen profiles detect --scheduler slurm --partition gpu
       jobgen validate examples/quickstart.yaml --profile cluster_profiles/<cluster>-gpu.yaml
-    """
-    from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
+      jobgen profiles detect --scheduler kubernetes --context prod --namespace training
 
+    \b
+    ssh: one ssh round trip per host (BatchMode) reads its CPUs (nproc), memory (MemTotal),
+    GPUs (nvidia-smi), and whether --python imports jobgen.train, torch and lightning. The
+    profile takes the fewest CPUs, memory and GPUs across the hosts. Example:
+      jobgen profiles detect --scheduler ssh --host alice@node1 --host alice@node2 --python /opt/venv/bin/python
+    """
     if out_file is not None and output != "text":
         raise click.UsageError("-o json|yaml prints the profile instead of writing it; leave out --out FILE, or -o")
+    applies = {"--partition": ("slurm",), "--context": ("kubernetes",), "--namespace": ("kubernetes",),
+               "--host": ("ssh",), "--python": ("ssh",), "--profile-set": ("ssh",)}
+    given = {"--partition": partition, "--context": context, "--namespace": namespace, "--host": hosts,
+             "--python": python, "--profile-set": profile_overrides}
+    wrong = [flag for flag, value in given.items() if value and scheduler not in applies[flag]]
+    if wrong:
+        raise click.UsageError(f"{', '.join(wrong)} does not apply to --scheduler {scheduler}")
     name = Path(out_file).stem if out_file else None
-    found = detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
+    found: Any
+    if scheduler == "kubernetes":
+        from jobgen.backends.k8s_detect import connect_and_detect  # the kubernetes client: off every other command's path
+
+        found = connect_and_detect(context=context, namespace=namespace, gpu_type=gpu_type, name=name)
+    elif scheduler == "ssh":
+        from jobgen.backends.ssh_detect import detect_ssh  # runs ssh: off every other command's path
+
+        found = detect_ssh(hosts=hosts, python=python, overrides=profile_overrides, gpu_type=gpu_type, name=name)
+    else:
+        from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
+
+        found = detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
     for note in found.notes:
         echo_progress(f"note: {printable(note)}", err=True)
     if output == "json":
@@ -138,9 +184,11 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     shape = f"{found.doc['gpus_per_node']}x {found.doc['gpu_type']}" if found.doc["gpus_per_node"] else "CPU-only"
-    click.echo(f"wrote {path}: profile {found.name} (partition {printable(found.partition)!r}, {found.doc['max_nodes']} node(s), "
-               f"{shape})")
-    click.echo(f"next: jobgen validate examples/quickstart.yaml --profile {path}")
+    click.echo(f"wrote {path}: profile {found.name} ({found.scope}, {found.doc['max_nodes']} node(s), {shape})")
+    if scheduler == "kubernetes":
+        click.echo(f"next: set kubernetes.image (placeholders:), then jobgen doctor --profile {path}")
+    else:
+        click.echo(f"next: jobgen validate examples/quickstart.yaml --profile {path}")
 
 
 def _flatten(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -69,6 +69,8 @@ class DoctorContext:
         probe: run the opt-in probes (a one-node SLURM job, a probe pod): they queue work on
             the cluster, so they run only when asked (``--probe``).
         timeout_s: seconds a probe may wait for the cluster (queueing included).
+        runs_dir: where ``jobgen submit --runs-dir`` puts the runs (SLURM: a filesystem the
+            compute nodes share; the SLURM probe writes there from a compute node).
     """
 
     profile: ClusterProfile
@@ -78,6 +80,7 @@ class DoctorContext:
     plan: JobPlan | None = None
     probe: bool = False
     timeout_s: float = 300.0
+    runs_dir: str = "runs"
 
 
 def run_checks(ctx: DoctorContext) -> list[Check]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -176,10 +176,19 @@ class LocalRun(BaseModel):
     ended_at: str | None = Field(default=None, description="When it ended (UTC, ISO 8601); None while RUNNING.")
     exit_code: int | None = Field(default=None, description="torchrun's exit code; None while RUNNING or when it never ended on its own.")
     first_error: str | None = Field(default=None, description="FAILED: ``<rank>: <headline>`` of the first failure in output.log.")
+    evidence: tuple[dict[str, Any], ...] = Field(default=(), description=(
+        "FAILED: how the last attempt ended, as :class:`jobgen.reports.failure_class.Evidence` fields (the "
+        "ranks' exit code from torchrun's report, each rank's first failure, the watchdog's verdict); "
+        "``jobgen status`` classifies the failure from it."))
+    max_restarts: int = Field(default=0, description="The spec's ``restart.max_restarts`` this run was started with.")
+    restarts: tuple[dict[str, Any], ...] = Field(default=(), description=(
+        "The restarts jobgen made within the budget, oldest first: ``restart`` (1, 2, ...), ``class``, "
+        "``reason``, ``rule``, ``evidence``, ``exit_code`` (torchrun's), ``at`` (UTC, ISO 8601)."))
 
-    def ended(self, state: LocalRunState, exit_code: int | None, first_error: str | None = None) -> LocalRun:
+    def ended(self, state: LocalRunState, exit_code: int | None, first_error: str | None = None,
+              evidence: tuple[dict[str, Any], ...] = ()) -> LocalRun:
         """This start, ended now in ``state``."""
-        return self.model_copy(update={"state": state, "exit_code": exit_code, "first_error": first_error,
+        return self.model_copy(update={"state": state, "exit_code": exit_code, "first_error": first_error, "evidence": evidence,
                                        "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
 

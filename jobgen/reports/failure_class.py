@@ -27,9 +27,11 @@ is success, nothing to restart. So a user error exits 1 (an exception) or 2 (an 
 :data:`jobgen.errors.EXIT_BAD_INPUT`), and jobgen's infrastructure and unknown verdicts exit
 above 192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what
 ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
-:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) does not
-call :func:`exit_code_for` today: it exits 2 for an input error and 1 for any other failure,
-an NCCL error included, and no rendered manifest sets ``restartPolicy: ExitCode``.
+:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) exits with
+:func:`exit_code_for` of the exception that ended it (:func:`jobgen.train.__main__.failure_exit_code`):
+2 for an input error, 200 for an NCCL or transport error, a lost peer or a GPU hardware error,
+1 for any other exception; :data:`EXIT_HUNG` when its watchdog finds the job hung
+(:mod:`jobgen.train.watchdog`). No rendered manifest sets ``restartPolicy: ExitCode``.
 
 Pure: no I/O. The backends turn what their scheduler reports into :class:`Evidence`;
 :func:`triage_evidence` turns a :class:`~jobgen.reports.triage.Triage` into it.
@@ -57,6 +59,10 @@ RETRIED = {USER: False, INFRASTRUCTURE: True, UNKNOWN: True}
 EXIT_INFRASTRUCTURE = 200
 #: The entrypoint's exit code when a watchdog finds the job hung (no progress): retryable.
 EXIT_HUNG = 201
+#: The watchdog's verdict (:attr:`Evidence.verdict`), and the first word of its line in the
+#: entrypoint's one-line error: ``python -m jobgen.train: error: hang: ...`` (:mod:`jobgen.train.watchdog`).
+HANG_VERDICT = "hang"
+HANG_LINE_RE = re.compile(rf"jobgen\.train: error: {HANG_VERDICT}: ")
 #: The entrypoint's exit code for a failure it cannot attribute: retryable (as :data:`RETRIED`).
 EXIT_UNKNOWN = 202
 #: Below this, an exit code is permanent under ``restartPolicy: ExitCode``; from it, retryable.
@@ -202,9 +208,11 @@ K8S_DISRUPTION = "Kubernetes Pod condition DisruptionTarget (reasons: pod disrup
 
 #: The table, in the order each piece of evidence is tried (the first row that matches it).
 RULES: tuple[Rule, ...] = (
-    Rule("hang", "a watchdog's verdict `hang`, or the entrypoint's exit code 201", INFRASTRUCTURE,
+    Rule("hang", "a watchdog's verdict `hang`, its line in the output (`python -m jobgen.train: error: hang: ...`), or the "
+         "entrypoint's exit code 201", INFRASTRUCTURE,
          "no rank made progress for the watchdog's timeout (a hang: a stuck collective, a dead peer that left no error)",
-         "jobgen's watchdog", lambda e: e.verdict == "hang" or e.exit_code == EXIT_HUNG),
+         "jobgen's watchdog (jobgen.train.watchdog)",
+         lambda e: e.verdict == HANG_VERDICT or e.exit_code == EXIT_HUNG or (e.kind == "error" and bool(HANG_LINE_RE.search(e.text)))),
     Rule("nccl", "an NCCL or transport error in the output (kind `nccl`, or an exception or abort whose line matches "
          "`triage.NCCL_ERROR_RE`)", INFRASTRUCTURE,
          "an NCCL/transport error between ranks (a network or GPU interconnect fault)",
@@ -328,6 +336,31 @@ def exit_code_for(cls: str, *, input_error: bool = False, hung: bool = False) ->
     if cls == UNKNOWN:
         return EXIT_UNKNOWN
     raise ValueError(f"{cls!r} is not a failure class ({', '.join(CLASSES)})")
+
+
+#: srun's words for how a task ended, as the exit code each stands for: 128 + the signal
+#: (:data:`SRUN_SIGNALS`); ``Out Of Memory`` (the cgroup's OOM killer) as SIGKILL's 137. The
+#: batch script's restart decision reads srun's task lines through it (:func:`task_exit_classes`).
+SRUN_WORD_CODES: tuple[tuple[str, int], ...] = (*((word, RETRYABLE_FROM + number) for word, number in SRUN_SIGNALS.items()),
+                                                 ("Out Of Memory", RETRYABLE_FROM + SIGKILL))
+
+
+def task_exit_classes() -> tuple[tuple[int, int, str], ...]:
+    """The class of a task that ended with each exit code 1-255, as ``(low, high, class)``
+    ranges (inclusive, ascending, covering 1-255): what :func:`classify` decides from srun's
+    report ``task N: Exited with exit code C`` (evidence of kind ``exit``). The SLURM batch
+    script renders it to decide on a restart (templates/slurm/job.sbatch.j2): 1-127 ``user``
+    (2: the entrypoint's input error), 137/143 and 200-201 ``infrastructure``, other signals
+    and 202 ``unknown``."""
+    ranges: list[tuple[int, int, str]] = []
+    for code in range(1, 256):
+        decided = classify([Evidence("srun", kind="exit", exit_code=code)])
+        cls = UNKNOWN if decided is None else decided.cls
+        if ranges and ranges[-1][2] == cls:
+            ranges[-1] = (ranges[-1][0], code, cls)
+        else:
+            ranges.append((code, code, cls))
+    return tuple(ranges)
 
 
 def srun_evidence(line: str) -> Evidence | None:

@@ -78,6 +78,13 @@ _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None
 #: with room for what jobgen appends (``-smoke``, a log file's ``-<jobid>.out``).
 MAX_NAME_BYTES = 200
 
+#: Longest job name (= job directory name) that every backend uses unchanged: Kubernetes names
+#: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
+#: must fit a 63-character DNS label. A longer name (or one that is not a DNS-1035 label) gets a
+#: derived, hashed object name there (:func:`jobgen.backends.k8s_manifest.k8s_name`, with a
+#: warning); generated names stay within it (:func:`jobgen.specs.sweeps.sweep_job_names`).
+MAX_NAME = 48
+
 class DataSpec(_Model):
     """Training data: local text read as raw bytes (``format: text``, byte-level tokens, no
     tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
@@ -207,10 +214,18 @@ class RestartSpec(_Model):
     never a ``user`` failure)."""
 
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
-        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). jobgen does not restart\n"
-        "a job itself: the budget is recorded in spec.json and ``jobgen status`` shows it beside a failed\n"
-        "job's failure class (docs/failures.md). SLURM's requeue on its time-limit signal and an elastic\n"
-        "PyTorchJob's torchrun ``--max-restarts`` are not counted against it."
+        f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
+        "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
+        "and reason in summary.json and ``jobgen status``. Hosts over ssh: a watcher on the submitting\n"
+        "machine does the same for every host. SLURM: the batch script requeues the job after\n"
+        "such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job, whatever its cause) is\n"
+        "below it. Kubernetes: recorded in spec.json and shown by ``jobgen status`` beside a failed job's\n"
+        "failure class (docs/failures.md). An elastic PyTorchJob's torchrun ``--max-restarts`` is not\n"
+        "counted against it."
+    ))
+    exclude_failed_nodes: bool = Field(default=True, description=(
+        "SLURM: a restart adds the node of the task that failed to the job's excluded nodes\n"
+        "(``scontrol update ExcNodeList``), so the requeued job does not run there again."
     ))
 
     @field_validator("max_restarts", mode="before")
@@ -223,6 +238,63 @@ class RestartSpec(_Model):
         if not 0 <= value <= MAX_RESTARTS:
             raise ValueError(f"{value} restarts is outside 0 to {MAX_RESTARTS}; give a budget in that range (0: no restarts)")
         return value
+
+
+#: The watchdog's bounds: a hang timeout from 1 s to 7 days (seconds), a step-time factor from 1 to 1000.
+HANG_TIMEOUT_RANGE_S = (1, 7 * 24 * 3600)
+STEP_TIME_FACTOR_RANGE = (1, 1000)
+#: A straggler's factor: from 1.1 (a rank 10% slower than the others' median) to 1000.
+STRAGGLER_FACTOR_RANGE = (1.1, 1000)
+
+
+def _bounded_number(value: Any, low: float, high: float, example: str) -> Any:
+    """``value`` when it is a number (int or float, not a bool or a string) in ``[low, high]``;
+    else ValueError with the range and an example (YAML's ``"600"`` or ``true`` is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"give a number from {low:g} to {high:g}, e.g. {example} (unquoted)")
+    if not low <= value <= high:
+        raise ValueError(f"{value:g} is outside {low:g} to {high:g}; give a value in that range, e.g. {example}")
+    return value
+
+
+class WatchdogSpec(_Model):
+    """The progress watchdog of jobgen's entrypoint (``python -m jobgen.train``; docs/failures.md):
+    the job is hung when no rank advanced its optimizer step for ``max(hang_timeout_s,
+    step_time_factor x the median step time)`` seconds, validation and checkpoint saves not
+    counted. Then every live rank writes its threads' Python stacks to ``<run dir>/hang/`` and
+    the job exits :data:`jobgen.reports.failure_class.EXIT_HUNG`. Not used in command mode
+    (``entrypoint:``): a user's own script has no optimizer step jobgen can see. It also reports
+    a straggler: a rank whose compute time per batch is more than ``straggler_factor`` times the
+    median of the others' (:func:`jobgen.train.watchdog.find_straggler`)."""
+
+    hang_timeout_s: float = Field(default=600, ge=HANG_TIMEOUT_RANGE_S[0], le=HANG_TIMEOUT_RANGE_S[1], description=(
+        f"Seconds without an optimizer step on any rank before the job counts as hung ({HANG_TIMEOUT_RANGE_S[0]} to\n"
+        f"{HANG_TIMEOUT_RANGE_S[1]}); the floor of the limit, which grows with slow steps (``step_time_factor``)."
+    ))
+    step_time_factor: float = Field(default=10, ge=STEP_TIME_FACTOR_RANGE[0], le=STEP_TIME_FACTOR_RANGE[1], description=(
+        f"The limit is at least this many median step times ({STEP_TIME_FACTOR_RANGE[0]} to {STEP_TIME_FACTOR_RANGE[1]}):\n"
+        "a job whose steps take minutes is not called hung after ``hang_timeout_s``."
+    ))
+    straggler_factor: float = Field(default=1.5, ge=STRAGGLER_FACTOR_RANGE[0], le=STRAGGLER_FACTOR_RANGE[1], description=(
+        f"A rank whose compute time per batch is more than this many times the median of the other ranks'\n"
+        f"is reported once as a straggler, with its node ({STRAGGLER_FACTOR_RANGE[0]:g} to {STRAGGLER_FACTOR_RANGE[1]}):\n"
+        "in the log, summary.json (``straggler``) and ``jobgen status``."
+    ))
+
+    @field_validator("hang_timeout_s", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        return _bounded_number(value, *HANG_TIMEOUT_RANGE_S, "hang_timeout_s: 600")
+
+    @field_validator("step_time_factor", mode="before")
+    @classmethod
+    def _factor(cls, value: Any) -> Any:
+        return _bounded_number(value, *STEP_TIME_FACTOR_RANGE, "step_time_factor: 10")
+
+    @field_validator("straggler_factor", mode="before")
+    @classmethod
+    def _straggler(cls, value: Any) -> Any:
+        return _bounded_number(value, *STRAGGLER_FACTOR_RANGE, "straggler_factor: 1.5")
 
 
 class TrainingSpec(_Model):
@@ -249,6 +321,10 @@ class TrainingSpec(_Model):
     restart: RestartSpec = Field(default=RestartSpec(), description=(
         "The restart budget after a failure jobgen classes as retried (docs/failures.md); left out of\n"
         "spec.json while it is the default."
+    ))
+    watchdog: WatchdogSpec = Field(default=WatchdogSpec(), description=(
+        "The progress watchdog: when the job counts as hung (docs/failures.md); left out of spec.json\n"
+        "while it is the default."
     ))
     env: dict[str, str] = Field(default={}, description=(
         "Extra environment variables for every rank (set after the profile's env). Values are\n"
@@ -374,7 +450,8 @@ class TrainingSpec(_Model):
             data["trainer"] = {k: v for k, v in data["trainer"].items() if k not in BUILTIN_OPTIMIZER_FIELDS}
         omit = {key for key, empty in (("secrets", not self.secrets), ("code", self.code is None),
                                        ("notify", self.notify is None), ("smoke", not self.smoke),
-                                       ("restart", self.restart == RestartSpec())) if empty}
+                                       ("restart", self.restart == RestartSpec()),
+                                       ("watchdog", self.watchdog == WatchdogSpec())) if empty}
         return {k: v for k, v in data.items() if k not in omit}
 
     @property

@@ -63,7 +63,7 @@ COMMAND_TRAINER_FIELDS = frozenset({
     "offload_optimizer", "offload_params", "nvme_path", "gradient_clip_val",
 })
 #: TrainingSpec sections that configure the built-in entrypoint only (refused in command mode).
-BUILTIN_SECTIONS = ("model", "data", "checkpoint")
+BUILTIN_SECTIONS = ("model", "data", "checkpoint", "watchdog")
 
 
 class EntrypointSpec(_Model):

@@ -12,6 +12,7 @@ Run directory layout (``<run_dir>``)::
     logs/version_<n>/tensorboard/              TensorBoard events (``tensorboard`` in ``trainer.loggers``)
     .jobgen-tracking.json, wandb/, mlflow.db   W&B / MLflow: the run's key and ids, W&B's (offline) run dirs, MLflow's
                                                default database (``wandb`` / ``mlflow`` in ``trainer.loggers``)
+    hang/verdict.json, hang/stacks-rank<N>.txt the watchdog's verdict and every live rank's Python stacks (a hung job)
     summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints, code,
                                                the trackers' runs (``tracking``)
     code/<commit>[-dirty-<sha>]/               the code snapshot jobgen submit took (SLURM, local; $JOBGEN_CODE_DIR)
@@ -50,6 +51,7 @@ from jobgen.train.notify import notify_finished
 from jobgen.train.resolved import ResolvedSpec
 from jobgen.train.sources import SplitLayout
 from jobgen.train.trainer import RunPaths, build_trainer
+from jobgen.train.watchdog import ProgressWatchdog
 
 # Known, harmless for this entrypoint; they would only confuse people reading job logs.
 _QUIET_WARNINGS = (
@@ -193,6 +195,8 @@ def train(
         requeue.before_requeue, requeue.requeue_failed = tracker.before_requeue, tracker.requeue_failed
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
+    watch = spec.watchdog  # a hang ends the job with failure_class.EXIT_HUNG (jobgen.train.watchdog)
+    trainer.callbacks.insert(0, watchdog := ProgressWatchdog(watch.hang_timeout_s, watch.step_time_factor, run_dir, watch.straggler_factor))
     traced = trace_steps(os.environ.get(TRACE_STEPS_ENV))
     if traced is not None:  # a torch.profiler trace of a few steps (callbacks.StepTrace)
         trainer.callbacks.insert(0, StepTrace(*traced, run_dir / "traces"))
@@ -273,6 +277,7 @@ def train(
                 "data_format": "class_path" if spec.user_code else spec.data.format,
                 **({"data": spec.data.class_path, "epoch": trainer.current_epoch} if spec.user_code else {}),
                 **({"smoke": True} if spec.smoke else {}),
+                "straggler": watchdog.straggler,  # a rank slower than the others (jobgen.train.watchdog.find_straggler), or null
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),

@@ -14,7 +14,7 @@ import pytest
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import ResolvedSpec, load_resolved_spec
-from jobgen.planning.rules import World
+from jobgen.jobdir.world import World
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.resolved import load_deepspeed_config
 
@@ -94,7 +94,7 @@ def test_data_paths_matching_nothing(run_entrypoint, write_spec) -> None:
 
 
 def test_an_input_error_names_the_users_spec_file_and_field(run_entrypoint, write_spec, monkeypatch) -> None:
-    """issue 30 (finding 14): `jobgen submit` tells the ranks the user's spec file
+    """`jobgen submit` tells the ranks the user's spec file
     ($JOBGEN_SPEC_SOURCE): a spec field's error names it and the field as the user wrote it, not
     spec.json's ``spec.`` path; a hostile value (a newline, an escape sequence) cannot break the
     one-line error or reach the terminal raw."""

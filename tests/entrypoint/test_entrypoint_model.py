@@ -193,7 +193,7 @@ def _lrs_after_resume(saved_max: int, resumed_max: int, steps_before: int, steps
 @pytest.mark.parametrize("optimizers_first", [False, True], ids=["ddp_order", "deepspeed_fsdp_order"])
 @pytest.mark.parametrize("record", [True, False], ids=["recorded", "older_checkpoint"])
 def test_raising_max_steps_on_resume_keeps_the_schedule_end(optimizers_first: bool, record: bool) -> None:
-    # issue 30, finding 5: a finished 60-step run trained longer (max_steps 60 -> 120) must not
+    # a finished 60-step run trained longer (max_steps 60 -> 120) must not
     # re-stretch the cosine (the lr jumped from its end back up); it continues the old schedule's
     # tail: min_lr_ratio x learning_rate for every step past the old end.
     _, uninterrupted, _ = _lrs_after_resume(60, 60, 0, 60, optimizers_first)

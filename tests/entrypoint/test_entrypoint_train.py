@@ -71,7 +71,7 @@ def test_two_process_training_checkpoints_and_resumes(run_entrypoint, write_spec
         "last.ckpt", "step-00000020.ckpt", "step-00000030.ckpt",
     ]  # fmt: skip
     assert (run_dir / "data" / "train.bin").stat().st_mtime_ns == bins_mtime  # bins reused, not rebuilt
-    # Training longer keeps the 20-step cosine (issue 30, finding 5): the steps past 20 train at its
+    # Training longer keeps the 20-step cosine: the steps past 20 train at its
     # end, min_lr_ratio x learning_rate = 0.1 x 3e-3, said in the log; the lr never jumps back up.
     assert resumed.stdout.count("resume: max_steps 20 -> 30; the learning-rate schedule keeps the 2-step warmup "
                                 "and its cosine end at step 20") == 1, resumed.output

@@ -33,7 +33,7 @@ def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path)
     assert doc["mode"] == "cpu" and doc["steps"] == 3
     assert doc["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
     rows = {r["name"]: r for r in doc["rows"]}
-    assert [r["name"] for r in doc["rows"]] == ROWS  # the order --rows gave (issue 21)
+    assert [r["name"] for r in doc["rows"]] == ROWS  # the order --rows gave
     reason = "unmeasured: no CUDA device" if not torch.cuda.is_available() else "unmeasured: --cpu given"
     for name in (n for n in ROWS if n != "cpu-gpt-fp32"):
         assert rows[name]["status"] == reason, rows[name]
@@ -61,7 +61,7 @@ def test_cpu_mode_runs_the_cpu_row_and_marks_gpu_rows_unmeasured(tmp_path: Path)
 
 
 def test_llama7b_rows_plan_the_example_recipe_on_a_gpu_profile(tmp_path: Path, monkeypatch) -> None:
-    """The four llama7b rows' specs (issue 22 item 8) are the example's recipe with the row's
+    """The four llama7b rows' specs are the example's recipe with the row's
     strategy, and `jobgen plan` sizes each from the shipped 7B config (the weights are not built
     here: a placeholder safetensors file stands in for the random-init save)."""
     import importlib.util

@@ -79,7 +79,7 @@ def test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes(
     resumed_losses = _train_losses(Path(summary2["metrics_csv"]))
     # Adapters were restored: the first logged loss after resume is near the end of run 1, not ln(vocab).
     assert resumed_losses[min(resumed_losses)] < 0.6 * first_loss, resumed_losses
-    # The 30-step cosine is kept, not re-stretched to 40 (issue 30, finding 5): steps 31-40 train at
+    # The 30-step cosine is kept, not re-stretched to 40: steps 31-40 train at
     # min_lr_ratio x learning_rate = 0.1 x 2e-2, as LitGPT's do.
     assert "resume: max_steps 30 -> 40; the learning-rate schedule keeps" in resumed.stdout, resumed.output
     lrs = _lrs(Path(summary2["metrics_csv"]))

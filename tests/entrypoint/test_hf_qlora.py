@@ -1,4 +1,4 @@
-"""QLoRA (4-bit NF4 base + LoRA adapters) rehearsed on CPU under every strategy (issue 22).
+"""QLoRA (4-bit NF4 base + LoRA adapters) rehearsed on CPU under every strategy.
 
 bitsandbytes (>= 0.48.1) quantises and runs 4-bit layers on the CPU, so the sharded QLoRA
 recipes the GPUs run are checked here without a GPU: the tiny Llama of
@@ -13,7 +13,7 @@ and the four must end within ``ENDS_ATOL`` of each other.
 Wall time of this file on the shared 2-core machine (load average ~14): 4 min 34 s; each run
 40-55 s (ddp 43.8 s, fsdp 39.9 s, ZeRO-2 44.0 s, ZeRO-3 54.6 s of training wall time).
 
-Before the fix (main at aafdf85) the plan was refused on the CPU profile ("has no GPUs; 4-bit
+Before the fix the plan was refused on the CPU profile ("has no GPUs; 4-bit
 quantisation (bitsandbytes) runs on CUDA GPUs only") and, with that rule out of the way, fsdp
 crashed while wrapping with the GPU's error: ``Must flatten tensors with uniform dtype but got
 torch.bfloat16 and torch.float32``.
@@ -184,7 +184,7 @@ def test_a_validation_pass_leaves_the_4bit_layers_differentiable(write_spec, hf_
 
 def test_fsdp_units_of_qlora_each_hold_one_dtype_and_one_requires_grad(write_spec, hf_dir: Path) -> None:
     """Every FSDP unit the strategy's policy makes (plus the root) flattens parameters of one
-    dtype and one requires_grad: the condition whose breach crashed the GPU run (issue 22)."""
+    dtype and one requires_grad: the condition whose breach crashed the GPU run."""
     from jobgen.jobdir import load_resolved_spec
     from jobgen.train.build import build_module
     from jobgen.train.trainer import build_strategy
@@ -219,7 +219,7 @@ def test_qlora_on_cpu_without_a_cpu_capable_bitsandbytes_is_a_located_error(
 
 
 def test_flops_per_token_is_the_logical_models_in_every_quant_storage(write_spec, hf_dir: Path) -> None:
-    """MFU's FLOPs per token come from the model's logical shape (issue 28, scope 5): the same
+    """MFU's FLOPs per token come from the model's logical shape: the same
     number whether bitsandbytes stores the 4-bit weights as uint8 (ddp, ZeRO-2: two values per
     element) or as bf16 (fsdp, ZeRO-3: four per element), equal to 6 x adapters + 4 x frozen +
     attention with the frozen count read off the planner's config shape (every decoder Linear,

@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM with LoRA under every strategy jobgen rehearses on CPU (issue 12).
+"""A Hugging Face causal LM with LoRA under every strategy jobgen rehearses on CPU.
 
 The tiny Llama of :mod:`tests.entrypoint.hf_helpers` (hidden 64, 2 decoder layers, LoRA r=4 on
 q_proj/v_proj: 1,792 trainable of 82,368 parameters) on its JSONL records, planned by jobgen's

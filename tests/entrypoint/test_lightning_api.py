@@ -5,7 +5,7 @@ that renames a hook, changes its parameters or drops an attribute jobgen reads f
 name, instead of deep inside a 2-rank training run (or silently: an override Lightning no longer
 calls just stops applying). setup.cfg bounds lightning (>=2.4,<2.7; tested with 2.6.6).
 
-What is pinned (issue 10):
+What is pinned:
 
 * every method jobgen's Lightning subclasses define that Lightning's base also defines
   (strategy overrides in jobgen/train/strategies.py, callback hooks in callbacks.py and
@@ -21,7 +21,7 @@ What is pinned (issue 10):
 * the fit-loop privates ValidateEveryNSteps replaces and reads (``_should_check_val_fx``,
   ``_should_accumulate``, ``_can_stop_early``: no public hook decides when to validate);
 * that the Trainer hands CPUFSDPStrategy its FSDPPrecision through the ``precision_plugin``
-  setter (swapped there for CPU autocast) and Lightning's own still autocasts CUDA only (issue 22);
+  setter (swapped there for CPU autocast) and Lightning's own still autocasts CUDA only;
 * the attributes and public calls jobgen relies on (FSDPStrategy's ``kwargs`` & co., its
   private ``_state_dict_type`` and default ``use_orig_params=True`` read for LoRA,
   ``Trainer.save_checkpoint``, ``Strategy.remove_checkpoint``/``barrier``/``broadcast``, the

@@ -1,8 +1,9 @@
-"""What a failed local run prints (issue 22): jobgen's line, the first failing rank's error (the
+"""What a failed local run prints: jobgen's line, the first failing rank's error (the
 triage of ``jobgen logs --first-error``) and where the full output is, not every rank's
 traceback and torchrun's ChildFailedError report; the full output stays in the run directory's
 output.log. A real run: ``jobgen submit --profile local`` on 2 CPU ranks of a user module whose
-training_step raises on rank 1 only (rank 0 then fails too, waiting for its peer)."""
+training_step raises on rank 1 only (rank 0 then fails too, waiting for its peer). The spec's
+restart budget of 3 is not spent on it: an exception in user code runs once."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ SPEC = {
                 "val_check_interval": 4, "limit_val_batches": 1, "num_sanity_val_steps": 0},
     "checkpoint": {"every_n_steps": 4, "resume": "never"},
     "resources": {"devices_per_node": 2},
+    "restart": {"max_restarts": 3},  # an exception in user code is not restarted
 }
 
 
@@ -68,3 +70,10 @@ def test_a_failed_local_run_prints_the_first_failing_ranks_error_and_the_log(tmp
     # and `jobgen logs --first-error` reads the same file
     first = api.first_error(str(run_dir)).first
     assert first is not None and first.rank == 1 and "rank one broke at batch 1" in first.headline
+    # a budget of 3, one start: an exception in the user's code is a user failure, never restarted
+    assert text.count("==== jobgen submit") == 1 and "jobgen: restart " not in terminal, result.output
+    assert "jobgen: restarts used: 0 of 3 (restart.max_restarts); a user failure is not restarted" in terminal, result.output
+    status = api.status(str(run_dir))
+    # the entrypoint reports the exception in one line (python -m jobgen.train: error: ValueError: ...)
+    assert status.state == "FAILED" and (status.failure.cls, status.failure.rule) == ("user", "entrypoint-error"), status
+    assert status.details["restarts_used"] == "0 of 3"

@@ -180,9 +180,9 @@ def _lines(ax) -> dict[str, Any]:
 
 
 def test_curves_put_each_point_at_its_optimizer_step_and_show_a_single_point(tmp_path: Path, monkeypatch) -> None:
-    """issue 30, finding 13: the curves are drawn over optimizer steps taken (metrics.csv's step is
-    the optimizer step since issue 33: the 50th step's row says 50); a smoke run's one row of each
-    series was drawn as a line of one point, which shows nothing; the loss axis says the unit the
+    """The curves are drawn over optimizer steps taken (metrics.csv's step is
+    the optimizer step: the 50th step's row says 50); a smoke run's one row of each
+    series was once drawn as a line of one point, which shows nothing; the loss axis says the unit the
     terminal's summary says (nats/byte for text data)."""
     smoke = tmp_path / "smoke"
     (smoke / "logs" / "version_0").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""A run begun on the single-device path (``fsdp`` at world size 1, issue 28) continued at world
+"""A run begun on the single-device path (``fsdp`` at world size 1) continued at world
 size 2 under FSDP: the documented way (the run directory's identity and summary.json moved away
 on purpose, the global batch kept) must resume with the optimizer state it saved.
 
@@ -6,7 +6,7 @@ Lightning's FSDPStrategy loads a single-file checkpoint's optimizer state throug
 ``FSDP.rekey_optim_state_dict(state, PARAM_NAME, model)``, which takes the state's integer ids
 to be positions in ``model.parameters()``. torch numbers them by position in the optimizer's
 parameter groups, and jobgen's AdamW has two groups (decayed matrices, then the rest), so the
-ids named the wrong tensors: on main at 572c1d4 the resume died with "The size of tensor a
+ids named the wrong tensors: before the fix the resume died with "The size of tensor a
 (49152) must match the size of tensor b (65536)". DeepSpeed's engine cannot load such a file at
 all: that continuation is refused up front. The tests run the real entrypoint under
 ``torch.distributed.run`` with CPU ranks (gloo); ~3 min in all on 2 cores.
@@ -38,8 +38,8 @@ def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run:
            strategy: str = "fsdp"):
     doc = _spec(world_size, max_steps, strategy)
     if strategy.startswith("deepspeed"):  # the ds_config.json render writes beside spec.json
+        from jobgen.jobdir.world import World
         from jobgen.planning.deepspeed import deepspeed_config
-        from jobgen.planning.rules import World
         from jobgen.specs.training import TrainingSpec
 
         config = deepspeed_config(TrainingSpec.model_validate(doc["spec"]), World(1, world_size, "cpu", micro_batch_size=MICRO))
@@ -113,7 +113,7 @@ def test_deepspeed_refuses_to_continue_a_one_file_checkpoint_before_the_ranks_bu
     """ZeRO-2 at world size 1 trains on the single-device path and writes one-file checkpoints;
     DeepSpeed's engine at world size 2 loads only its own directories. The continuation is
     refused as bad input (the ranks exit 2, the file named, the ways out in the hint) before any training;
-    on main at 572c1d4 the ranks started and died with FileNotFoundError (exit 1)."""
+    before the fix the ranks started and died with FileNotFoundError (exit 1)."""
     run = tmp_path / "run"
     first = _train(run_entrypoint, tmp_path, 1, STEPS, run, "deepspeed_stage_2")
     assert first.code == 0, first.output

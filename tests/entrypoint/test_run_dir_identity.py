@@ -1,4 +1,4 @@
-"""One run directory, one run (issue 30, finding 6): the entrypoint refuses to resume (or to call
+"""One run directory, one run: the entrypoint refuses to resume (or to call
 "nothing to do") a run directory that holds a run of another profile or shape, whoever started
 it (``jobgen submit``, or ``sbatch job.sbatch`` by hand in a committed job directory)."""
 
@@ -34,7 +34,7 @@ def test_the_entrypoint_refuses_another_profiles_run_directory(tmp_path: Path, w
 
 def test_doing_what_the_refusal_says_lets_the_next_start_continue_that_run(tmp_path: Path) -> None:
     """The refusal's way to continue another shape's run on purpose is complete: doing what its
-    hint says (and nothing else) lets the next check pass. On main at 572c1d4 the hint named only
+    hint says (and nothing else) lets the next check pass. Before the fix the hint named only
     the identity file; once it was deleted, the check fell back to summary.json and refused again."""
     import re
 

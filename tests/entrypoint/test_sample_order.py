@@ -1,5 +1,5 @@
 """The training samples every rank sees: the same order under ddp, fsdp and deepspeed, at world
-size 1 and 2, and after a resume (issue 28, scope 6).
+size 1 and 2, and after a resume.
 
 Each case is the real entrypoint (``python -m jobgen.train`` through
 tests/entrypoint/record_batches.py, which only adds a callback recording the input tensor of
@@ -10,8 +10,8 @@ every training micro batch, per rank) under ``torch.distributed.run`` with 1 or 
 The data module's contract (jobgen/train/data.py): optimizer step ``s`` reads global samples
 ``4s .. 4s+3``, and rank ``r`` of ``W`` reads every ``W``-th of them, so interleaving the ranks'
 samples gives the run's global sequence, which must be sample ``g`` = the window
-``TrainWindows(train.bin, seed)[g]`` for ``g = 0, 1, ...`` in every case. Before the fix (main at
-7d8898c) the world-size-1 fsdp and deepspeed runs failed it: the data module passed no sampler
+``TrainWindows(train.bin, seed)[g]`` for ``g = 0, 1, ...`` in every case. Before the fix
+the world-size-1 fsdp and deepspeed runs failed it: the data module passed no sampler
 at world size 1 and Lightning, which counts FSDP and DeepSpeed as distributed at any world size,
 put in its own ``DistributedSampler(shuffle=True)``: a permutation of the epoch's samples. A
 resume from the step-2 checkpoint must then read exactly what the uninterrupted run read at
@@ -25,8 +25,8 @@ order at world size 1, Lightning's seeded ``DistributedSampler`` at 2. Before th
 The last test checks each jobgen data module (text, tokens, jsonl) in-process against
 Lightning's own sampler rule under FSDP; ``[text-1]``, ``[tokens-1]``, ``[jsonl-1]`` failed before.
 
-Wall time on the shared 2-core machine, each half beside a second copy of itself (the check on
-7d8898c): jobgen's data (6 runs, 2 resumes, the in-process test) 6 min 30 s, the user's modules
+Wall time on the shared 2-core machine, each half beside a second copy of itself:
+jobgen's data (6 runs, 2 resumes, the in-process test) 6 min 30 s, the user's modules
 (6 runs) 3 min 20 s; 15-30 s per run, mostly start-up.
 """
 
@@ -52,8 +52,8 @@ STEPS = 4
 MICRO = 2
 GLOBAL_BATCH = 4
 #: case id -> trainer overrides. Layouts that run Lightning's FSDP and DeepSpeed strategies at
-#: world size 1 too: plain fsdp and ZeRO-1/2 take the single-device path there once issue 28's
-#: lever is in (``TrainerSpec.single_device_reason``), activation checkpointing and ZeRO-3 keep
+#: world size 1 too: plain fsdp and ZeRO-1/2 take the single-device path there
+#: (``TrainerSpec.single_device_reason``), activation checkpointing and ZeRO-3 keep
 #: the strategy (a ``class_path`` model names the classes to recompute: :data:`USER_EXTRA`).
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp"},
@@ -73,8 +73,8 @@ OVERRIDES = {
 
 def _job(job_dir: Path, strategy: str, world: int) -> Path:
     """Write the resolved spec (and, for DeepSpeed, the rendered ds_config.json) for ``world`` CPU ranks."""
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config, dumps
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
 
     accumulation = GLOBAL_BATCH // (MICRO * world)
@@ -98,8 +98,8 @@ BORING = "lightning.pytorch.demos.boring_classes"
 
 def _user_job(job_dir: Path, strategy: str, world: int) -> Path:
     """:func:`_job` for the BoringModel on the BoringDataModule (one sample per micro batch, no accumulation)."""
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config, dumps
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
 
     trainer = {k: v for k, v in _merge(TINY_SPEC, OVERRIDES)["trainer"].items()

@@ -1,4 +1,4 @@
-"""The entrypoint's GPU speed levers (jobgen.train.speed, issue 21), tested on CPU: each lever is
+"""The entrypoint's GPU speed levers (jobgen.train.speed), tested on CPU: each lever is
 chosen by the function the GPU path calls, with the device query faked, and the CPU path stays
 as it was (no lever on). Plus the hot loop's host-device synchronisation, counted by a spy."""
 
@@ -170,8 +170,8 @@ def _fit(module, precision: str, clip: float | None, steps: int, batches) -> Non
 def test_fused_adamw_clips_under_bf16_mixed_exactly_as_a_plain_fused_loop(monkeypatch) -> None:
     """Lightning's MixedPrecision plugin refuses to clip for any optimizer that unscales itself
     ("does not allow for gradient clipping ... Are you using a 'fused' optimizer?"; seen on an
-    H200 under bf16-mixed), although bf16 has no loss scaler (Lightning-AI/pytorch-lightning
-    #21435). The module clips itself there: a real fit under bf16-mixed with clipping now takes
+    H200 under bf16-mixed), although bf16 has no loss scaler
+    (Lightning-AI/pytorch-lightning#21435). The module clips itself there: a real fit under bf16-mixed with clipping now takes
     fused AdamW (the lever's device rule widened to CPU tensors) and ends with exactly the
     parameters of a plain loop: autocast forward, backward, ``clip_grad_norm_``, fused AdamW
     step, the same schedule. A clip bound of 0.05 clips every step."""
@@ -317,7 +317,7 @@ def test_the_hot_loop_reads_tensors_on_the_host_only_at_log_intervals(tmp_path: 
     assert not synchronize
 
 
-# --- host <-> device traffic per step, both directions, every layout (issue 28) -------------
+# --- host <-> device traffic per step, both directions, every layout ------------------------
 
 #: Where a sharding engine itself moves host values or reads the device every step (its own code,
 #: not jobgen's or Lightning's): allowed in the layouts that run the engine (``JOBGEN_LEVERS_OFF=
@@ -354,8 +354,8 @@ def test_no_host_device_traffic_per_step_in_either_direction(tmp_path: Path, mon
     step counter (the single-tensor AdamW of a CPU run) is left out (a GPU run's fused AdamW
     keeps it on the device), and so are a data sampler's index lists (host tensors only).
     """
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
     from jobgen.train import run
     from jobgen.train.callbacks import Throughput
@@ -559,8 +559,8 @@ def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_
     require("deepspeed", "deepspeed not installed")
     from deepspeed.utils.config import get_timers_config
 
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
     from tests.entrypoint.conftest import TINY_SPEC, _merge
 

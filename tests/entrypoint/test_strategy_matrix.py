@@ -159,7 +159,7 @@ def test_fsdp_resumes_from_its_sharded_checkpoint_and_validates_inside_fit(matri
     """FULL_SHARD's checkpoint is sharded (a directory: one file per rank plus ``meta.pt``), and a
     run given more steps resumes from it. 25 is off the validation interval (10): the last
     validation runs inside fit, as a separate trainer.validate() cannot re-enter a model FSDP has
-    wrapped (jobgen.train.run._ValidationTracker). (Until issue 23 test_entrypoint_train's
+    wrapped (jobgen.train.run._ValidationTracker). (Formerly test_entrypoint_train's
     FSDP test, which trained its own DDP and FSDP runs for the comparison that
     test_strategy_trains_to_the_same_loss_as_ddp makes; it resumes the matrix's FSDP run now.)"""
     src_dir, full = matrix["fsdp_full_shard"]

@@ -1,4 +1,4 @@
-"""summary.json says what its fields are (issue 30, finding 8): the step checkpoint it names is the
+"""summary.json says what its fields are: the step checkpoint it names is the
 newest one kept (retention keeps the newest ``keep_last_k`` by step), not a "best" one: no
 validation loss decides it."""
 

@@ -1,4 +1,4 @@
-"""Experiment trackers that survive a stop (issue 19): real ``wandb`` (offline) and real MLflow
+"""Experiment trackers that survive a stop: real ``wandb`` (offline) and real MLflow
 (a SQLite store), no network, no W&B login. A fake ``WANDB_API_KEY`` lives only in the test's
 environment (the spec lists its name in ``secrets``).
 
@@ -236,8 +236,8 @@ exit 0
 
 
 def test_a_slurm_requeue_keeps_every_step_once_in_wandb_and_mlflow_though_wandb_core_is_sigtermed(tmp_path: Path) -> None:
-    """jobgen's own requeue (USR2, the time-limit path) with slurmstepd's SIGTERM to wandb-core
-    (issue 33): the trackers end their runs before ``scontrol requeue``; the resumed start sends
+    """jobgen's own requeue (USR2, the time-limit path) with slurmstepd's SIGTERM to wandb-core:
+    the trackers end their runs before ``scontrol requeue``; the resumed start sends
     from metrics.csv what they lack (the requeue step's row, logged after the requeue); every step
     of metrics.csv once in each tracker, one W&B id, one MLflow run."""
     from tests.entrypoint.test_entrypoint_requeue import _kill, _wait, _wait_for_step
@@ -289,7 +289,7 @@ def test_a_slurm_requeue_keeps_every_step_once_in_wandb_and_mlflow_though_wandb_
 
 def test_metrics_csv_steps_are_the_trackers_steps(tmp_path: Path) -> None:
     """metrics.csv's step column is the optimizer step, as the trackers', checkpoints' and
-    progress lines' (issue 33: it was one below, Lightning's count of steps before the row)."""
+    progress lines' (it was once one below, Lightning's count of steps before the row)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = _tracked_spec(tmp_path, {"max_steps": 20, "val_check_interval": 10, "loggers": ["mlflow"],
                                     "mlflow": {"tracking_uri": uri}})

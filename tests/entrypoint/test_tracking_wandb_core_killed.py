@@ -1,4 +1,4 @@
-"""W&B rows survive a SIGTERM to ``wandb-core`` (issue 33), without SLURM and without training.
+"""W&B rows survive a SIGTERM to ``wandb-core``, without SLURM and without training.
 
 On a SLURM requeue slurmstepd sends SIGTERM to every process of the step, ``wandb-core``
 included, at the moment jobgen's rank zero gets its own; the rows W&B had not yet written to the

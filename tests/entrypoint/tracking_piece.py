@@ -1,4 +1,4 @@
-"""One piece of a tracked job, without training (issue 33): jobgen's own :class:`TrackerLogger`
+"""One piece of a tracked job, without training: jobgen's own :class:`TrackerLogger`
 with a real W&B run (offline) and a real MLflow run (SQLite), fed rows the way Lightning feeds
 them, run in its own process like one start of a SLURM job.
 

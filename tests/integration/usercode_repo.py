@@ -1,4 +1,4 @@
-"""The user-code project the lab tests of issue 11 submit: the example package
+"""The user-code project the user-code lab tests submit: the example package
 ``examples/usercode/tinychar`` (not jobgen's) and a spec naming its classes, committed to a
 temporary git repository, so a code snapshot does not depend on the jobgen checkout's state."""
 

@@ -118,8 +118,8 @@ def _quickstart_on(profile: str, **slurm: object) -> str:
 
 
 def test_shared_nodes_take_the_rendezvous_port_from_the_job_id(tmp_path):
-    """issue 30, finding 12: two jobs of a profile with exclusive: false that share their first node
-    met at the fixed port 29500; each job now has its own, master_port + job id mod 1000 (a
+    """Two jobs of a profile with exclusive: false that share their first node
+    once met at the fixed port 29500; each job now has its own, master_port + job id mod 1000 (a
     requeued job keeps its id, so its port)."""
     script = _quickstart_on("slurm-cpu")
     ports = []

@@ -102,7 +102,7 @@ def test_submit_to_slurm_without_sbatch_fails_clearly_and_leaves_nothing(run_cli
     result = run_cli("submit", str(spec), "--profile", profile, cwd=tmp_path)
     assert result.code == 1 and "sbatch not found" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
-    # nothing was submitted, so nothing stays written (issue 23: `jobgen render` writes the job
+    # nothing was submitted, so nothing stays written (`jobgen render` writes the job
     # directory on its own); nor does a submit write into the user's manifests/ unless asked
     assert not (tmp_path / "manifests").exists() and not (tmp_path / "runs").exists()
     asked = run_cli("submit", str(spec), "--profile", profile, "--out", "manifests", cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py, ARCHITECTURE.md "User code").
+"""Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py).
 
 A temporary git repository holds a package and the spec. Submitting (local through
 LocalBackend's ``runner=``, SLURM through the fake client commands of tests/fakes/slurm) must
@@ -392,7 +392,7 @@ def test_python_path_is_a_plain_subdirectory(bad):
         validate(TrainingSpec, {"name": "j", "code": {"python_path": bad}}, "<test>")
 
 
-# --------------------------------------------------------------------------- issue 23: jobgen's outputs never block jobgen
+# --------------------------------------------------------------------------- jobgen's outputs never block jobgen
 
 
 def test_two_local_submits_in_a_row_from_one_repository(repo, tmp_path):
@@ -439,7 +439,7 @@ def test_rendered_job_dirs_in_the_work_tree_do_not_block_a_submit(repo, tmp_path
     assert third.code == 2 and "manifests/notes.txt" in third.stderr
 
 
-# --------------------------------------------------------------------------- issue 23: python_path defaults to the repository root
+# --------------------------------------------------------------------------- python_path defaults to the repository root
 
 
 def _user_repo(tmp_path: Path, code: str) -> tuple[Path, Path]:
@@ -477,7 +477,7 @@ def test_local_import_dir_of_a_python_path_and_of_no_repository(tmp_path):
     assert local_import_dir(load_spec(builtin), builtin) is None  # jobgen's own model: no user code
 
 
-# --------------------------------------------------------------------------- issue 23: command mode, local
+# --------------------------------------------------------------------------- command mode, local
 
 
 def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_path, monkeypatch):
@@ -514,11 +514,11 @@ def test_a_failed_local_command_run_writes_no_summary_and_is_failed(repo, tmp_pa
         local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
     assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
     status = get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve())))
-    assert (status.state, status.details["exit_code"]) == ("FAILED", "3"), status  # issue 30: not UNKNOWN for good
+    assert (status.state, status.details["exit_code"]) == ("FAILED", "3"), status  # not UNKNOWN for good
 
 
 def test_a_rendered_deepspeed_job_does_not_block_a_submit(repo, tmp_path, run_cli):
-    """issue 30: ``ds_config.json`` carries no mark of its own (it is DeepSpeed's format): it is
+    """``ds_config.json`` carries no mark of its own (it is DeepSpeed's format): it is
     jobgen's output when the spec.json jobgen rendered beside it names it, in a job directory and
     in a job array's ``points/<i>/``. A ds_config.json of the user's elsewhere is still a change."""
     from jobgen.usercode.snapshot import changes

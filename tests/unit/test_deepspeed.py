@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from jobgen.errors import PlanError
+from jobgen.jobdir.world import World
 from jobgen.planning.deepspeed import deepspeed_config
-from jobgen.planning.rules import World
 from jobgen.specs.load import validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import require
@@ -64,7 +64,7 @@ def test_deepspeed_rejects_a_wrong_world_size(monkeypatch):
     ],
 )
 def test_jobgen_rejects_what_deepspeed_misses(trainer, message):
-    """LAB-NOTES: DeepSpeed accepts offload_param on stage 2, NVMe without a path, negative clipping."""
+    """DeepSpeed's own validator accepts offload_param on stage 2, NVMe without a path, negative clipping."""
     from jobgen.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
@@ -94,7 +94,7 @@ def test_not_a_deepspeed_strategy():
     ],
 )
 def test_check_deepspeed_config_catches_what_deepspeed_accepts(monkeypatch, config, location, message):
-    """Each config passes DeepSpeed's own validator (LAB-NOTES), and jobgen refuses it with the
+    """Each config passes DeepSpeed's own validator, and jobgen refuses it with the
     file, the field path and a hint."""
     from jobgen.errors import DeepSpeedConfigError
     from jobgen.planning.deepspeed import check_deepspeed_config

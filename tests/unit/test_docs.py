@@ -43,8 +43,12 @@ ILLUSTRATIONS = {
     "runs/quickstart: cpu fp32 ddp <10M: 17,815 tokens/s x 6,529,536 FLOPs/token on 2 rank(s) -> 58.16 GFLOP/s per core "
     "(1 core(s) per rank)": "`jobgen calibrate`'s output for one quick-start run (docs/predict.md), figures of one run; "
     "tests/unit/test_calibration.py checks the lines it prints",
+    "jobgen: restart 1/3 after infrastructure failure (exit 137 on node2); excluding node2":
+        "the SLURM batch script's restart decisions: tests/script/test_sbatch_restart.py produces each line of the block",
+    "preflight: GPUs on node gpu5: 8 x NVIDIA H100 80GB HBM3 ok":
+        "the preflight's GPU check: tests/unit/test_gpu_health.py produces each line of the block",
 }
-#: The most lines README.md may have: a landing page; the manual is the site (issue 32).
+#: The most lines README.md may have: a landing page; the manual is the site.
 README_MAX_LINES = 250
 
 
@@ -65,7 +69,7 @@ def test_ci_runs_the_readme_test_command(page):
 
 
 def test_the_readme_is_a_landing_page():
-    """Issue 32: README.md was the manual (2,500 lines); now at most README_MAX_LINES, linking
+    """README.md was the manual (2,500 lines); now at most README_MAX_LINES, linking
     into every page of the site, with no lab recipe (the labs' page is one link)."""
     lines = README.count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move the detail into docs/"
@@ -116,7 +120,7 @@ def test_the_fenced_blocks_are_found():
 
 @pytest.mark.parametrize("page", SET_UP)
 def test_the_quick_starts_test_line_says_it_runs_the_labs_and_names_the_quick_tier(page):
-    """Issue 30: the Quick start's "Test" line said "unit, golden, script and real 2-process training
+    """The Quick start's "Test" line said "unit, golden, script and real 2-process training
     tests" for a command that also runs the SLURM, ssh and Kubernetes labs (root, apt installs, a
     build of many minutes)."""
     test_line = text(page).split("**Test**", 1)[1].split("```bash", 1)[0]
@@ -178,8 +182,8 @@ def plan_examples() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("command,shown", plan_examples(), ids=[c.split()[2] for c, _ in plan_examples()])
 def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypatch):
-    """The pages' `jobgen plan` examples are the command's stdout, `assumptions:` block included
-    (issue 23): run each and compare."""
+    """The pages' `jobgen plan` examples are the command's stdout, `assumptions:` block included:
+    run each and compare."""
     import shlex
 
     from click.testing import CliRunner
@@ -195,7 +199,7 @@ def test_readme_plan_output_is_what_the_command_prints(command, shown, monkeypat
 
 
 def test_the_seed_table_is_cited_by_its_public_source():
-    """Issue 23: the throughput table comes from SparkTrainer's Distributed Training Guide, not
+    """The throughput table comes from SparkTrainer's Distributed Training Guide, not
     from our tracker (one place: jobgen.planning.seeds.SEED_SOURCE, which `jobgen plan` prints)."""
     from jobgen.planning.seeds import SEED_SOURCE
 
@@ -210,7 +214,7 @@ def test_the_seed_table_is_cited_by_its_public_source():
 
 @pytest.mark.parametrize("page", PAGES, ids=page_name)
 def test_every_profile_the_readme_names_is_shipped_or_defined_there(page):
-    """Issue 23: the job-array example named `--profile slurm-cpu-array`, which was not shipped.
+    """The job-array example once named `--profile slurm-cpu-array`, which was not shipped.
     Each page stands alone: a profile it defines is defined on that page (a YAML snippet headed
     with its file, in a list item too), or written there by ``jobgen profiles detect`` (a
     ``cluster_profiles/<name>.yaml`` path; test_readme_commands.py runs the page's detect and the
@@ -226,7 +230,7 @@ def test_every_profile_the_readme_names_is_shipped_or_defined_there(page):
 
 
 def test_the_repository_root_holds_only_project_files():
-    """Issue 23: a stray `ds.time` (a shell error message) was committed at the root."""
+    """No stray file at the root: a `ds.time` (a shell error message) was once committed there."""
     import subprocess
 
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
@@ -236,7 +240,7 @@ def test_the_repository_root_holds_only_project_files():
 
 
 def test_the_output_directories_the_readme_suggests_are_ignored_by_git():
-    """Issue 30: `benchmarks/gpu_suite.py --out results/` left an untracked results/ in the clone,
+    """`benchmarks/gpu_suite.py --out results/` once left an untracked results/ in the clone,
     and an untracked file blocks the next snapshotted submit (a dirty tree)."""
     import subprocess
 
@@ -264,7 +268,7 @@ def test_readme_layout_names_every_package_and_module():
 
 
 def test_the_python_api_snippet_leaves_the_committed_manifests_alone(tmp_path, monkeypatch):
-    """Issue 30: the README's API example rendered a two-node plan into manifests/, over the committed
+    """The README's API example once rendered a two-node plan into manifests/, over the committed
     manifests/slurm-a100/quickstart/, and `render --all --check` failed after it. Its plan and
     render lines (docs/api.md's first Python block) run here (in a copy of the checkout's
     manifests/, examples and profiles)."""

@@ -146,7 +146,7 @@ def test_the_types_are_named_as_yaml_has_them(field, type_shown):
 
 
 def test_a_field_added_to_a_model_is_in_the_reference_without_a_hand_edit(monkeypatch):
-    """What issue 32 asks of the reference: it is generated. A field added to the spec, and one
+    """The reference is generated. A field added to the spec, and one
     added to a nested section, appear in the page the build makes from the marker."""
 
     class Trainer(TrainerSpec):

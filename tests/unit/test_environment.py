@@ -125,7 +125,7 @@ def test_cli_refuses_a_credential_in_a_slurm_spec_with_exit_2(run_cli, tmp_path)
 
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_validate_without_a_profile_refuses_a_credential_in_env(run_cli, tmp_path, output):
-    """issue 30: the credential rule does not depend on a profile: `validate SPEC` said "valid spec"
+    """The credential rule does not depend on a profile: `validate SPEC` once said "valid spec"
     for what render and submit refuse."""
     spec = write(tmp_path / "spec.yaml", yaml.safe_dump({"name": "j", "env": {"HF_TOKEN": MARKER, "TOKENIZERS_PARALLELISM": "false"}}))
     out = run_cli("validate", str(spec), "-o", output)

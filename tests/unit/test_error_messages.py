@@ -1,4 +1,4 @@
-"""Error messages that must not mislead or leak (issue 23, "Errors that mislead or leak")."""
+"""Error messages that must not mislead or leak."""
 
 from __future__ import annotations
 

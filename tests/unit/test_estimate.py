@@ -97,7 +97,7 @@ def _parts(shape, e=2, r=2):
 
 def test_activation_peak_is_saved_plus_the_larger_of_head_and_transient():
     """Head tensors (logits, loss) and a layer's recomputation/backward buffers are never alive
-    together: the peak adds the larger of the two to what is saved, not both (issue 22)."""
+    together: the peak adds the larger of the two to what is saved, not both."""
     t = BIG.block_size * BIG.micro_batch_size * BIG.d_model
     per_layer, head, backward = _parts(BIG)
     full = E.activation_bytes(BIG, "bf16-mixed")

@@ -245,7 +245,7 @@ def test_qlora_on_gpt2_is_not_supported(tmp_path):
 
 
 def test_hf_specs_validate_with_every_strategy():
-    """jobgen.specs.training no longer refuses model.hf_path with FSDP/DeepSpeed (issue 12)."""
+    """jobgen.specs.training no longer refuses model.hf_path with FSDP/DeepSpeed."""
     for strategy in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3"):
         assert qlora_spec(strategy).trainer.strategy == strategy
 
@@ -257,8 +257,8 @@ def test_estimate_against_the_seed_table(row):
     Tolerance: ``0.35 <= estimate / seed figure <= 1.1``. The seed table is a reference, not the
     calibration: the estimate is calibrated to peaks jobgen measured itself
     (tests/unit/test_estimate_measured.py: ``torch.cuda.max_memory_allocated`` plus the plan's
-    overhead term), and jobgen's own measurement of the seed's DDP recipe on one GPU (15.6 GiB,
-    issue 22) is 0.70x the seed's 24 GB for it: the seed figures hold memory that
+    overhead term), and jobgen's own measurement of the seed's DDP recipe on one GPU (15.6 GiB)
+    is 0.70x the seed's 24 GB for it: the seed figures hold memory that
     ``max_memory_allocated`` does not (the allocator's reserve and the CUDA context, as
     nvidia-smi reports them, is the likely reading; the table does not say). The lower bound
     catches a term lost (the base or the checkpointed activations alone are ~4 GiB, a quarter of

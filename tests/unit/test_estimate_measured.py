@@ -20,10 +20,10 @@ from jobgen.specs.load import load_spec
 from jobgen.specs.profile import ClusterProfile
 from tests.conftest import EXAMPLES
 
-ISSUE_21 = ("issue 21 (benchmarks/gpu_suite.py on one H100 80GB HBM3, torch 2.11.0+cu130, lightning 2.6.6, "
-            "deepspeed 0.19.8, main at aafdf85)")
-ISSUE_22 = ("issue 22 (one H100 80GB HBM3, torch 2.11.0+cu130, lightning 2.6.6, transformers 5.17, peft 0.21, "
-            "deepspeed 0.19.8, bitsandbytes 0.50.2, main at aafdf85)")
+GPU_SUITE_H100 = ("benchmarks/gpu_suite.py on one H100 80GB HBM3 (torch 2.11.0+cu130, lightning 2.6.6, "
+                  "deepspeed 0.19.8, main at aafdf85)")
+QLORA_H100 = ("the Llama-2-7B QLoRA runs on one H100 80GB HBM3 (torch 2.11.0+cu130, lightning 2.6.6, transformers 5.17, "
+              "peft 0.21, deepspeed 0.19.8, bitsandbytes 0.50.2, main at aafdf85)")
 LLAMA = str(EXAMPLES / "llama-7b-qlora-fsdp.yaml")
 LLAMA_CONFIG = str(EXAMPLES / "hf-configs" / "llama-2-7b" / "config.json")
 TOLERANCE = 0.15
@@ -57,24 +57,24 @@ def _llama(strategy: str) -> tuple[str, ...]:
 
 
 MEASURED: tuple[Measured, ...] = (
-    Measured("llama7b-qlora-ddp", LLAMA, _llama("ddp"), 15.6, ISSUE_22,
+    Measured("llama7b-qlora-ddp", LLAMA, _llama("ddp"), 15.6, QLORA_H100,
              "Llama-2-7B random-initialised from examples/hf-configs/llama-2-7b, QLoRA r 64, block 2048, micro batch "
              "4 x accumulation 4; plan at aafdf85 16.47 GiB (0.95)"),
-    Measured("llama7b-qlora-ds2", LLAMA, _llama("deepspeed_stage_2"), 11.1, ISSUE_22,
+    Measured("llama7b-qlora-ds2", LLAMA, _llama("deepspeed_stage_2"), 11.1, QLORA_H100,
              "same recipe; plan at aafdf85 18.85 GiB (0.59)"),
-    Measured("llama7b-qlora-ds3", LLAMA, _llama("deepspeed_stage_3"), 67.8, ISSUE_22,
+    Measured("llama7b-qlora-ds3", LLAMA, _llama("deepspeed_stage_3"), 67.8, QLORA_H100,
              "same recipe; plan at aafdf85 17.64 GiB (3.8). At aafdf85 the fsdp/deepspeed_stage_3 QLoRA recipe "
              "(jobgen.train.hf.qlora_load) skips prepare_model_for_kbit_training and with it gradient "
              "checkpointing; the plan assumes checkpointing, so the row is compared with the estimate without it",
              checkpointing=False),
     Measured("gpt350m-bf16-compile-mb16-ddp", "examples/quickstart.yaml", _gpt350m("ddp", 16, "trainer.compile=true"),
-             round(0.90 * 20.94, 2), ISSUE_21,
-             "the issue gives peak / plan 0.90 against aafdf85's plan of 20.94 GiB for this spec; torch.compile "
+             round(0.90 * 20.94, 2), GPU_SUITE_H100,
+             "the suite's run gave peak / plan 0.90 against aafdf85's plan of 20.94 GiB for this spec; torch.compile "
              "(the estimate models eager activations)"),
     Measured("gpt350m-ds2-mb8", "examples/quickstart.yaml", _gpt350m("deepspeed_stage_2", 8),
-             round(0.64 * 17.12, 2), ISSUE_21,
-             "the issue gives peak / plan 0.64 against aafdf85's plan, 17.12 GiB at the suite's micro batch 8 "
-             "(assumed: the issue names micro batch 16 only for the compile row; at 16 the ratio would be 0.79)"),
+             round(0.64 * 17.12, 2), GPU_SUITE_H100,
+             "the suite's run gave peak / plan 0.64 against aafdf85's plan, 17.12 GiB at the suite's micro batch 8 "
+             "(assumed: the run's record names micro batch 16 only for the compile row; at 16 the ratio would be 0.79)"),
 )
 
 

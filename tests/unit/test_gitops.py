@@ -58,7 +58,7 @@ def test_parse_sweep_splits_on_top_level_commas_only():
 
 
 @pytest.mark.parametrize(("text", "values"), [
-    # issue 29: a quote inside a word is an ordinary character (it made one value of a'b,plain)
+    # a quote inside a word is an ordinary character (it made one value of a'b,plain)
     ("env.P=a'b,plain", ("a'b", "plain")),
     ('env.P=a"b,plain', ('a"b', "plain")),
     ("env.P=it's,x'", ("it's", "x'")),

@@ -1,4 +1,4 @@
-"""Hostile input, second round (issue 29): every value a user controls on the ssh, tracker, sweep,
+"""Hostile input, second round: every value a user controls on the ssh, tracker, sweep,
 notify and Kubernetes surfaces is either refused at load, exit 2, with the file and the field
 named, or arrives intact byte for byte where it is used. Never a traceback, never a half-written
 job directory. In-process through click's CliRunner (as tests/unit/test_cli_output.py)."""
@@ -39,7 +39,7 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
 
 
-# --------------------------------------------------------------------------- finding 3: names in bytes
+# --------------------------------------------------------------------------- names in bytes
 
 @pytest.mark.parametrize("name", ["日" * 100, "é" * 128], ids=["cjk-100", "e-acute-128"])
 def test_a_job_name_too_long_in_bytes_is_refused_naming_the_field(tmp_path, name):
@@ -58,7 +58,7 @@ def test_a_long_name_that_fits_in_bytes_renders(tmp_path):
     assert json.loads((tmp_path / "manifests" / "slurm-a100" / name / "spec.json").read_text())["spec"]["name"] == name
 
 
-# --------------------------------------------------------------------------- finding 4: --sweep values
+# --------------------------------------------------------------------------- --sweep values
 
 @pytest.mark.parametrize("value", ["a'b", 'a"b', "it's", "$(touch PWNED)", "日本"])
 def test_a_sweep_value_with_a_quote_inside_a_word_is_its_own_point(tmp_path, value):
@@ -76,7 +76,7 @@ def test_a_sweep_value_the_grammar_cannot_split_is_refused_before_anything_is_wr
     assert not (tmp_path / "manifests").exists()
 
 
-# --------------------------------------------------------------------------- finding 5: one credential check for every URL
+# --------------------------------------------------------------------------- one credential check for every URL
 
 #: A credential in a URL, as users write them (SECRET is the credential): every URL a spec or
 #: profile holds is refused with any of these, naming the field and never echoing SECRET.
@@ -134,7 +134,7 @@ def test_urls_without_a_credential_arrive_intact(tmp_path, surface, url):
     assert any(url in p.read_text() for p in (tmp_path / "manifests").rglob("*.json"))
 
 
-# --------------------------------------------------------------------------- findings 7, 8: control characters in manifests
+# --------------------------------------------------------------------------- control characters in manifests
 
 #: Characters YAML reads as a line break (NEL, U+2028, U+2029: a double-quoted scalar folds them
 #: into a space) or may not hold unescaped (DEL, the C1 controls, ESC, BOM).
@@ -220,7 +220,7 @@ def test_control_characters_given_by_set_arrive_intact_or_are_refused(tmp_path, 
     check_verdict(tmp_path, result, value, key.split(".")[-1])
 
 
-# --------------------------------------------------------------------------- finding 6: notify URLs the sender cannot send
+# --------------------------------------------------------------------------- notify URLs the sender cannot send
 
 @pytest.mark.parametrize("url", [
     "https://h.example.com/a b", "https://h.example.com/a\tb", "https://h.example.com/a\x7fb", "https://h.example.com/é",
@@ -249,7 +249,7 @@ def test_webhook_urls_the_sender_takes_arrive_intact(tmp_path, url):
 
 from tests.conftest import ADVERSARIAL  # noqa: E402
 
-#: The project's adversarial values, the tar escapes of finding 1, control characters and a long multi-byte value.
+#: The project's adversarial values, GNU tar's escapes (``\057``, ``\t``, ``\\``), control characters and a long multi-byte value.
 HOSTILE = [*ADVERSARIAL, "..\\057..\\057escaped", "tab\\tand\\\\", "nel\x85x", "del\x7fx", "日本語", "-oProxyCommand=touch PWNED",
            "a -oProxyCommand=x"]
 

@@ -1,6 +1,6 @@
-"""Imports flow one way (the project's architecture rule, issue 23):
+"""Imports flow one way (the project's architecture rule):
 ``cli.py, api.py -> backends/ -> plan.py -> rules, estimate, render -> spec, profiles, jobdir, errors``.
-(Since issue 32 the CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
+(The CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
 ``jobgen/api/``, ``jobgen/jobdir/``, each with its entry in :data:`FORBIDDEN`.)
 
 A lower module never imports a higher one, "not even lazily inside a function": the graph below
@@ -146,25 +146,27 @@ def test_the_generic_estimate_does_not_know_the_hf_one():
 
 
 #: What each package of jobgen/ may not import: the pipeline's direction at package level
-#: (README "Layout": imports flow one way). ``jobdir`` and
-#: ``planning`` meet in the middle (the contract records rules' World; the planner writes the
-#: contract), which the module-level cycle test above keeps acyclic.
+#: (docs/development.md "Layout": imports flow one way). The job directory's contract
+#: (``jobdir``: file names, spec.json, the world) sits below the planner, which writes it, and
+#: above the specs, whose models it records.
 FORBIDDEN = {
-    "jobgen.specs": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
-                     "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.specs": ("jobgen.jobdir", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
+                     "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
     "jobgen.planning": ("jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports", "jobgen.train",
-                        "jobgen.api", "jobgen.cli"),
-    "jobgen.backends": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
-    "jobgen.gitops": ("jobgen.train", "jobgen.api", "jobgen.cli"),
-    "jobgen.usercode": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+                        "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+    "jobgen.backends": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+    "jobgen.gitops": ("jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+    "jobgen.usercode": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
     "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
-                       "jobgen.train", "jobgen.api", "jobgen.cli"),
-    "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli"),
-    "jobgen.api": ("jobgen.cli",),  # the Python API (a package since issue 32: its sweep submit beside submit)
-    "jobgen.cli": (),  # the top floor (a package since issue 32): every command may call anything below it
-    # the job directory's contract (a package since issue 32): below the planner, beside rules and specs
-    "jobgen.jobdir": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
-                      "jobgen.train", "jobgen.api", "jobgen.cli"),
+                       "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+    "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+    "jobgen.api": ("jobgen.cli",),  # the Python API (a package: its sweep submit beside submit)
+    # `jobgen doctor`'s checks: they read the cluster with the backends' clients, on top of the plan
+    "jobgen.doctor": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+    "jobgen.cli": (),  # the top floor (a package): every command may call anything below it
+    # the job directory's contract (a package): below the planner, beside rules and specs
+    "jobgen.jobdir": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
+                      "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
 }
 
 

@@ -255,7 +255,7 @@ def test_status_and_cancel(job_dir, fake):
     assert done.state == "DELETED" and done.finished and JOB not in fake.objects and CM not in fake.objects
     delete = next(c for c in fake.calls if c[0] == "DELETE" and c[1] == JOB)
     assert delete
-    after = k8s.status(handle)  # issue 30: what jobgen cancelled is CANCELLED, not UNKNOWN
+    after = k8s.status(handle)  # what jobgen cancelled is CANCELLED, not UNKNOWN
     assert (after.state, after.source) == ("CANCELLED", "jobgen cancel") and after.finished, after
     assert k8s.cancel(handle, out=lambda _: None).state == "UNKNOWN"
 
@@ -294,7 +294,7 @@ def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_
 
 
 def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_restart(job_dir, fake, monkeypatch):
-    """Seen on real pods (issue 31): `logs -f --replica worker-0` of a worker that exited 0 while
+    """Seen on real pods: `logs -f --replica worker-0` of a worker that exited 0 while
     the Master still ran printed "restarted; attaching again" (and attached again, for ever while
     the job ran): an ended stream of a running job was taken for a restart. A restart is a new
     container (restartCount up) or a new pod (another uid); a pod that is Succeeded or Failed is
@@ -434,7 +434,7 @@ def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir,
 
 
 def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(job_dir, fake):
-    """Found on the lab's real pods (issue 31): a container that failed and was restarted in place
+    """Found on the lab's real pods: a container that failed and was restarted in place
     (OnFailure) runs again and has not printed its error yet; the failure is in its previous run's
     log, which the kubelet keeps (``previous=true``). Both runs are read, the previous first; a
     previous log the kubelet no longer has is skipped (the current run still counts)."""
@@ -505,7 +505,7 @@ def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_
 
 @pytest.mark.parametrize("context", ["kind-lab", "arn:aws:eks:eu-west-1:1:cluster/my team"])
 def test_an_unreachable_api_server_hint_names_the_context_to_check(context) -> None:
-    # issue 30, finding 14: the hint said `kubectl --context <context> get --raw /readyz` literally
+    # the hint once said `kubectl --context <context> get --raw /readyz` literally
     class Down:
         def param_serialize(self, **kwargs: Any) -> tuple:
             return ()

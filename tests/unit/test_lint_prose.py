@@ -152,7 +152,7 @@ def rules(text: str, files: frozenset[str] = frozenset({"README.md"})) -> list[s
     return [f.rule for f in lint.references(text, "t", files)]
 
 
-@pytest.mark.parametrize("text", ["as issue 23 says", "Issues 21 and 28", "fixed in #123", "(#7)", "see PR 4"])
+@pytest.mark.parametrize("text", ["as issue 23 says", "the issue-22 refusal", "Issues 21 and 28", "fixed in #123", "(#7)", "see PR 4"])
 def test_issue_references_are_found(text):
     assert rules(text) == ["issue reference"]
 
@@ -232,3 +232,123 @@ def test_the_generated_reference_tables_are_checked():
     tables = lint.generated("<!-- jobgen-reference: spec -->\n")
     assert "trainer.precision" in tables
     assert lint.references(tables, "t", lint.repository_files()) == []
+
+
+# --------------------------------------------------------------------------- comments and docstrings
+
+
+def history_rules(text: str) -> list[str]:
+    return [rule for rule, _ in lint.history_matches(text)]
+
+
+@pytest.mark.parametrize("text", [
+    "# as measured in issue 23", "(issue 22)", "Issue 30: a job", "Since issue 32 the CLI is a package",
+    "Until issue 23 it trained", "issues 23, 32", "see #1386", "Part A of issue 31.", "kubenodes.py, issue 31",
+    "(``fsdp`` at world size 1, issue 28)", "jobgen issue 12", "it was fixed in PR 4",
+])
+def test_this_projects_issue_references_are_history(text):
+    assert history_rules(text) == ["issue reference"]
+
+
+@pytest.mark.parametrize("text", [
+    "pytest-xdist issue #1386", "(pytest-xdist issue #1386: the suffix)", "NVIDIA/nccl#704",
+    "Lightning-AI/pytorch-lightning#21435", "a bug that Lightning issue #15022 tracks", "PyTorch issue 1234",
+    "https://github.com/Lightning-AI/pytorch-lightning/issues/15022", "huggingface/transformers issue 123",
+    "kubeflow/trainer tag v2.3.0 (commit 658725bd)", "at tag v1.9.0 (commit 6f74c7f6b; pkg/ is the same)",
+    "finding 3 free nodes", "`# 1 node`", "stop the 2 ranks",
+])
+def test_other_projects_issues_and_lookalikes_are_not_history(text):
+    assert history_rules(text) == []
+
+
+@pytest.mark.parametrize(("text", "rule"), [
+    ("on main at 572c1d4 the resume died", "commit hash"), ("written at stop 37", "session reference"),
+    ("(issue 30, finding 14): the hint", "issue reference"), ("# finding 6: one run directory", "review finding"),
+    ("findings 7, 8: control characters", "review finding"),
+])
+def test_commits_sessions_and_review_findings_are_history(text, rule):
+    assert rule in history_rules(text)
+
+
+PYTHON_SOURCE = '''\
+"""Module docstring (issue 1)."""
+DATA = "as issue 23 says"  # a comment on issue 2
+ISSUE_TEXT = ["Issues 21 and 28", f"issue {DATA}"]
+WIDTH = 3
+"""An attribute's docstring since issue 3."""
+
+
+def f():
+    """pytest-xdist issue #1386 and NVIDIA/nccl#704 are citations."""
+    return "(issue 4)"
+
+
+class C:
+    """Class (issue 5)."""
+
+    def m(self):
+        # comment in a method, issue 6
+        return """not a docstring: issue 7"""
+'''
+
+
+def test_python_comments_and_docstrings_are_read_and_string_literals_are_not(tmp_path):
+    """Comments (tokenize) and docstrings (string statements: a module's, a function's, a class's,
+    an attribute's) are read; a string literal that is data, an f-string or a returned triple-quoted
+    string is not, so a test may feed issue references to the checker as input."""
+    source = tmp_path / "tests" / "test_m.py"
+    source.parent.mkdir()
+    source.write_text(PYTHON_SOURCE)
+    found = [(f.where, f.text) for f in lint.comment_findings(tmp_path)]
+    assert found == [("tests/test_m.py:1", "issue 1"), ("tests/test_m.py:2", "issue 2"), ("tests/test_m.py:5", "issue 3"),
+                     ("tests/test_m.py:14", "issue 5"), ("tests/test_m.py:17", "issue 6")]
+
+
+def test_a_docstring_finding_is_reported_on_its_own_line(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "b.py").write_text('"""Line one.\n\nLine three names issue\n23 across a break."""\n')
+    assert [str(f) for f in lint.comment_findings(tmp_path)] == ["benchmarks/b.py:3: issue reference: 'issue\\n23'"]
+
+
+def test_hash_comments_of_shell_yaml_and_templates_are_read_and_their_values_are_not(tmp_path):
+    files = {
+        ".ci/run": "#!/usr/bin/env bash\n# runs the suite (issue 23)\necho \"a value # issue 24\" # but this is: issue 25\n"
+                   "n=${#args[@]}  # count\n",
+        "examples/spec.yaml": "name: 'a value # issue 26'\nnote: issue 27  # issue 28\n# NVIDIA/nccl#704 is cited\n",
+        "templates/job.sbatch.j2": "#!/bin/bash\n{# Jinja comment: issue 29 #}\n#SBATCH --job-name={{ name }}\nx={{ '#30' }}\n",
+        "jobgen/_crds/v1/crd.yaml": "# vendored: issue 31\n",
+        "tests/golden/data/p/job.sbatch": "# rendered: issue 32\n",
+        "tests/notes.txt": "# not a kind of file that is read: issue 33\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = sorted((f.where, f.text) for f in lint.comment_findings(tmp_path))
+    assert found == [(".ci/run:2", "issue 23"), (".ci/run:3", "issue 25"), ("examples/spec.yaml:2", "issue 28"),
+                     ("templates/job.sbatch.j2:2", "issue 29")]
+
+
+def test_a_comment_with_an_issue_reference_fails_the_run(tmp_path):
+    """run() exits 1 on a checkout whose test holds an issue reference in a comment, 0 once it is gone."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "mkdocs.yml").write_text("nav:\n  - Home: index.md\n")
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\nShort.\n")
+    (tmp_path / "tests" / "test_x.py").write_text('CASES = ["issue 23"]  # measured in issue 23\n')
+    out = io.StringIO()
+    assert lint.run(tmp_path, out=out) == 1
+    assert "tests/test_x.py:1: issue reference: 'issue 23'" in out.getvalue()
+    (tmp_path / "tests" / "test_x.py").write_text('CASES = ["issue 23"]  # measured on 2 cores\n')
+    assert lint.run(tmp_path, out=io.StringIO()) == 0
+
+
+def test_a_comment_citing_a_notes_file_outside_the_repository_is_found(tmp_path):
+    """A comment or docstring that sends the reader to a notes file the repository does not hold
+    is a finding; the same name in a string literal (data) is not."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "lab.py").write_text(
+        '"""The lab (LAB-NOTES pitfall 9)."""\nNAMES = ["LAB-NOTES"]\nx = 1  # see ../shared/docs\n')
+    found = lint.comment_findings(tmp_path)
+    assert [(f.where, f.rule, f.text) for f in found] == [
+        ("tests/lab.py:1", "file not in the repository", "LAB-NOTES"),
+        ("tests/lab.py:3", "file not in the repository", "../shared")]

@@ -1,4 +1,4 @@
-"""The local profile uses this machine's GPUs (issue 22, jobgen.specs.local_gpus): with the device
+"""The local profile uses this machine's GPUs (jobgen.specs.local_gpus): with the device
 query faked (GPUs found), one rank per GPU, ``precision: auto`` from the GPU, the plan's budget
 from its memory; without GPUs (faked, and for real on this CPU machine) the profile, and so every
 rendered file, is what it was."""
@@ -129,7 +129,7 @@ def test_on_this_cpu_machine_the_local_profile_is_unchanged_and_torch_is_not_imp
 
 @pytest.mark.parametrize("output", ["yaml", "json", "text"])
 def test_profiles_show_keeps_the_flag_so_a_copy_keeps_gpu_detection(run_cli, tmp_path, output) -> None:
-    # issue 30, finding 14: `profiles show local -o yaml`, the profile file to copy, dropped
+    # `profiles show local -o yaml`, the profile file to copy, once dropped
     # local.detect_gpus: true (the dump leaves it out of the inputs hash), so a copy lost detection
     shown = run_cli("profiles", "show", "local", "-o", output, "--profiles-dir", str(PROFILES))
     assert shown.code == 0, shown.stderr

@@ -1,5 +1,4 @@
-"""How a local run ends, as ``jobgen status`` / ``ls`` and the exit code say it (issue 30,
-findings 1, 2 and the end of 5).
+"""How a local run ends, as ``jobgen status`` / ``ls`` and the exit code say it.
 
 The run is real as far as jobgen goes (``jobgen submit SPEC --profile P`` in a subprocess: the
 foreground run, output.log, the triage, the state record) but torchrun is a stand-in: the
@@ -80,9 +79,67 @@ Root Cause (first observed failure):
 ============================================================
 """
 
+#: torchrun's report after the watchdog ended rank 0 with 201 and torchrun SIGKILLed the stopped
+#: rank 1 (the form of torch 2.13's report, as TORCHRUN_EXIT_2), after rank 0's verdict line.
+HUNG = "".join(line + "\n" for line in (
+    '[default0]:step 12/60 | train_loss 3.3737',
+    '[default0]:python -m jobgen.train: error: hang: no rank advanced its optimizer step for 3.0 s (limit 3 s = max'
+    '(hang_timeout_s 3, 10 x median step 0.02 s)); heartbeat stopped first: rank 1 on node here (pid 4244) at step '
+    '12, silent 3.0 s; the stacks of every live rank are in /runs/cmd/hang (exit 201)',
+    'W1127 04:44:09.507000 22468 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 4244 closing'
+    ' signal SIGTERM',
+    'W1127 04:44:39.507000 22468 torch/distributed/elastic/multiprocessing/api.py:1048] Unable to shutdown process '
+    '4244 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL',
+    'E1127 04:44:09.507000 22468 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 201) loca'
+    'l_rank: 0 (pid: 4243) of binary: /usr/bin/python3',
+    'Traceback (most recent call last):',
+    '  File "<frozen runpy>", line 198, in _run_module_as_main',
+    'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:',
+    '============================================================',
+    'jobgen.train FAILED',
+    '------------------------------------------------------------',
+    'Failures:',
+    '[1]:',
+    '  time      : 2026-11-27_04:44:39',
+    '  host      : localhost',
+    '  rank      : 1 (local_rank: 1)',
+    '  exitcode  : -9 (pid: 4244)  (SIGKILL)',
+    '  error_file: <N/A>',
+    '  traceback : Signal 9 (SIGKILL) received by PID 4244',
+    '------------------------------------------------------------',
+    'Root Cause (first observed failure):',
+    '[0]:',
+    '  time      : 2026-11-27_04:44:09',
+    '  host      : localhost',
+    '  rank      : 0 (local_rank: 0)',
+    '  exitcode  : 201 (pid: 4243)',
+    '  error_file: <N/A>',
+    '  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html',
+    '============================================================',
+))
+
+#: A rank's exception in the user's code (then torchrun's report of exit 1, as in BOOM).
+RAISED = """\
+[default0]:Traceback (most recent call last):
+[default0]:  File "/work/train.py", line 3, in training_step
+[default0]:RuntimeError: user code failed at step 3
+""" + BOOM[BOOM.index("W1201"):]
+
 FAKE_TORCHRUN = f"""#!{sys.executable}
 import os, signal, sys, time
 mode = os.environ["FAKE_TORCHRUN"]
+if "FAKE_ATTEMPTS" in os.environ:  # count the starts
+    with open(os.environ["FAKE_ATTEMPTS"], "a") as f:
+        f.write("start\\n")
+    starts = len(open(os.environ["FAKE_ATTEMPTS"]).read().split())
+    if mode == "hung-then-ok":
+        mode = "hung" if starts == 1 else "ok"
+if mode == "hung":
+    sys.stdout.write({HUNG!r})
+    sys.exit(1)
+if mode == "raise":
+    sys.stdout.write({RAISED!r})
+    sys.exit(1)
 if mode == "boom":
     sys.stdout.write({BOOM!r})
     sys.exit(1)
@@ -124,7 +181,8 @@ def setup(tmp_path: Path) -> dict[str, Path]:
 
 
 def _env(setup: dict[str, Path], mode: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JOBGEN_STATE_DIR": str(setup["state"]), "FAKE_TORCHRUN": mode}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JOBGEN_STATE_DIR": str(setup["state"]), "FAKE_TORCHRUN": mode,
+           "FAKE_ATTEMPTS": str(setup["root"] / "attempts")}
     env.pop("JOBGEN_DEBUG", None)
     return env
 
@@ -216,7 +274,7 @@ def test_a_run_whose_jobgen_is_gone_without_an_end_is_unknown_not_running(setup)
     assert status["state"] == "UNKNOWN" and "no longer runs" in status["details"]["reason"], status
 
 
-# --------------------------------------------------------------------------- finding 6: one run directory, one run
+# --------------------------------------------------------------------------- one run directory, one run
 
 
 def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
@@ -227,7 +285,7 @@ def _other_profile(setup: dict[str, Path], name: str, ranks: int) -> Path:
 
 
 def test_a_run_directory_of_another_profile_or_shape_is_refused_before_anything_runs(setup):
-    """issue 30: the README's SLURM example after the quick start ran in runs/quickstart, found the
+    """The README's SLURM example after the quick start once ran in runs/quickstart, found the
     local run's checkpoint and stopped with "nothing to do". A run directory belongs to the profile
     and shape of its first run; another one is refused (exit 2, nothing started), the same one
     (a longer run, --set trainer.max_steps) resumes there."""
@@ -262,7 +320,7 @@ def test_a_run_directory_of_an_older_jobgen_is_known_by_its_summary(setup):
 
 
 def test_logs_of_a_local_run_print_its_output_log(setup):
-    """issue 30 (finding 14): `jobgen logs local://...` refused; it prints the run's output.log."""
+    """`jobgen logs local://...` once refused; it prints the run's output.log."""
     assert _submit(setup, "boom").returncode == 1
     run_dir = (setup["runs"] / "cmd").resolve()
     proc = _jobgen(setup, "ok", "logs", f"local://{run_dir}")
@@ -272,7 +330,7 @@ def test_logs_of_a_local_run_print_its_output_log(setup):
 
 
 def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
-    """issue 30 (finding 14): jobgen keeps no checkpoints of a command-mode script: "rerun to resume
+    """jobgen keeps no checkpoints of a command-mode script: "rerun to resume
     from the last checkpoint" is not jobgen's to promise there."""
     proc = _submit(setup, "boom")
     assert proc.returncode == 1
@@ -281,7 +339,7 @@ def test_a_failed_command_mode_run_is_not_told_to_rerun_to_resume(setup):
 
 
 def test_an_input_error_under_real_torchrun_exits_2_names_the_users_spec_and_shows_its_headline_once(setup):
-    """issue 30 (finding 14): torchrun exits 1 when a rank exits 2 (the entrypoint's input error); its
+    """torchrun exits 1 when a rank exits 2 (the entrypoint's input error); its
     report's root cause says 2. jobgen submit exits 2 (bad input) with the fix-the-input hint, not
     "resume from the last checkpoint"; the ranks were told the user's spec file (their error names
     it and the field, not spec.json); the triage shows the one-line error once."""
@@ -305,3 +363,117 @@ def test_an_entrypoint_input_error_is_not_told_to_rerun_to_resume(setup):
     hint = proc.stderr.split("hint:", 1)[1]
     assert "resume from the last checkpoint" not in hint and "fix what its error names" in hint, proc.stderr
     assert "data.paths: no file matches" in proc.stdout + proc.stderr  # the triage shows it
+
+
+def _attempts(setup: dict[str, Path]) -> int:
+    path = setup["root"] / "attempts"
+    return len(path.read_text().split()) if path.is_file() else 0
+
+
+def _status_text(setup: dict[str, Path]) -> str:
+    proc = _jobgen(setup, "ok", "status", f"local://{(setup['runs'] / 'cmd').resolve()}")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_a_hang_is_restarted_within_the_budget_and_the_restart_is_recorded(setup):
+    proc = _submit(setup, "hung-then-ok", "--set", "restart.max_restarts=1")
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 0, terminal
+    assert _attempts(setup) == 2
+    assert "jobgen: restart 1 of 1 (restart.max_restarts) after a failure classed infrastructure (retried): no rank made " \
+           "progress" in terminal, terminal
+    status = _status(setup)
+    assert status["state"] == "COMPLETED" and status["details"]["restarts_used"] == "1 of 1", status
+    assert status["details"]["restart_1"].startswith("infrastructure (hang): no rank made progress"), status
+    summary = json.loads((setup["runs"] / "cmd" / "summary.json").read_text())
+    history = summary["restarts"]["history"]
+    assert (summary["restarts"]["max_restarts"], summary["restarts"]["used"]) == (1, 1)
+    assert [(h["restart"], h["class"], h["rule"], h["exit_code"]) for h in history] == [(1, "infrastructure", "hang", 1)]
+    assert "hang" in history[0]["evidence"]
+    log = (setup["runs"] / "cmd" / "output.log").read_text()
+    assert log.count("==== jobgen submit") == 2  # each attempt's output after its own start line
+
+
+def test_without_a_budget_a_hang_ends_failed_as_infrastructure_hang(setup):
+    proc = _submit(setup, "hung")
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and _attempts(setup) == 1, terminal
+    assert "jobgen: failure: infrastructure (retried): no rank made progress" in terminal and "restarts used" not in terminal
+    status = _status(setup)
+    assert status["state"] == "FAILED" and "restarts_used" not in status["details"], status
+    failure = status["failure"]
+    assert (failure["class"], failure["rule"], failure["max_restarts"]) == ("infrastructure", "hang", 0), failure
+    assert "restart budget: max_restarts 0 (spec.json)" in _status_text(setup)
+
+
+def test_a_budget_is_spent_then_the_run_fails_with_every_restart_recorded(setup):
+    proc = _submit(setup, "hung", "--set", "restart.max_restarts=2")
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and _attempts(setup) == 3, terminal
+    assert "jobgen: restarts used: 2 of 2 (restart.max_restarts)" in terminal, terminal
+    status = _status(setup)
+    assert status["state"] == "FAILED" and status["details"]["restarts_used"] == "2 of 2", status
+    assert {k for k in status["details"] if k.startswith("restart_")} == {"restart_1", "restart_2"}
+    assert status["failure"]["rule"] == "hang" and status["failure"]["max_restarts"] == 2
+    assert "restart budget: max_restarts 2, 2 of 2 used (jobgen restarts a local run itself)" in _status_text(setup)
+
+
+def test_an_exception_in_user_code_is_not_restarted_whatever_the_budget(setup):
+    proc = _submit(setup, "raise", "--set", "restart.max_restarts=3")
+    terminal = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and _attempts(setup) == 1, terminal
+    assert "jobgen: failure: user (not retried): an exception in the job's code" in terminal, terminal
+    assert "jobgen: restarts used: 0 of 3 (restart.max_restarts); a user failure is not restarted" in terminal
+    status = _status(setup)
+    assert status["state"] == "FAILED" and status["details"]["restarts_used"] == "0 of 3", status
+    assert (status["failure"]["class"], status["failure"]["rule"]) == ("user", "exception"), status
+
+
+def test_an_input_error_is_not_restarted(setup):
+    proc = _submit(setup, "bad-input-torchrun", "--set", "restart.max_restarts=3")
+    assert proc.returncode == 1 and _attempts(setup) == 1, proc.stdout + proc.stderr  # command mode: exit 2 is the builtin's
+    assert (_status(setup)["failure"]["class"], _status(setup)["failure"]["rule"]) == ("user", "entrypoint-error")
+
+
+def test_a_hostile_verdict_file_or_evidence_record_is_left_out(tmp_path):
+    """What the run directory holds is read, never trusted: a verdict.json that is not the
+    watchdog's, or evidence records of the wrong shape, are left out (no traceback)."""
+    import dataclasses
+
+    from jobgen.backends.local import attempt_evidence, stored_evidence
+    from jobgen.jobdir.runs import LocalRun
+    from jobgen.reports.failure_class import Evidence, classify
+
+    (tmp_path / "hang").mkdir()
+    for raw in (b"\xff\xfe not json", b"[1, 2]", b'{"verdict": "hung"}', b'{"verdict": ["hang"]}'):
+        (tmp_path / "hang" / "verdict.json").write_bytes(raw)
+        assert [e.source for e in attempt_evidence(tmp_path / "output.log", tmp_path, -9, since=0)] == ["torchrun"]
+    (tmp_path / "hang" / "verdict.json").write_text('{"verdict": "hang", "text": "x\\u001b[2J\\n' + "y" * 300 + '"}')
+    found = attempt_evidence(tmp_path / "output.log", tmp_path, 1, since=0)
+    assert [(e.source, e.verdict) for e in found] == [("watchdog", "hang"), ("torchrun", "")]
+    decided = classify(found)
+    assert decided.rule == "hang" and "\x1b" not in decided.evidence and "\n" not in decided.evidence
+    assert decided.evidence.endswith("...") and len(decided.evidence) <= len("watchdog: verdict hang, ") + 200  # cut
+    assert attempt_evidence(tmp_path / "output.log", tmp_path, 1, since=10**12)[0].source == "torchrun"  # an older verdict
+    good = dataclasses.asdict(Evidence("rank 0", kind="traceback", text="ValueError: x"))
+    run = LocalRun(state="FAILED", pid=1, started_at="2026-01-01T00:00:00+00:00", evidence=(
+        good, {"source": 3}, {"source": "r", "exit_code": "201"}, {"source": "r", "exit_code": True}, {"source": "r", "x": 1}))
+    assert stored_evidence(run) == (Evidence("rank 0", kind="traceback", text="ValueError: x"),)
+
+
+def test_status_of_a_completed_run_shows_the_straggler_its_summary_records(tmp_path):
+    from jobgen.backends.local import LocalBackend
+    from jobgen.jobdir.runs import LocalRun, write_local_run
+    from jobgen.jobdir.submission import JobHandle
+
+    run = LocalRun(state="RUNNING", pid=os.getpid(), started_at="2026-01-01T00:00:00+00:00")
+    write_local_run(tmp_path, run.ended("COMPLETED", 0))
+    straggler = {"rank": 3, "node": "node2", "ratio": 2.1, "step_time_s": 0.42, "median_step_time_s": 0.2}
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": straggler}))
+    details = LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    assert details["straggler"] == "rank 3 on node2: 2.1x the median step time (0.42 s vs 0.20 s)", details
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": None}))
+    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    (tmp_path / "summary.json").write_bytes(b"\xff{")
+    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details

@@ -40,7 +40,7 @@ def test_sbatch_scripts_are_executable(render):
 
 
 def test_the_shipped_project_renders_without_warnings(render):
-    # issue 30, finding 14: every `render --all` of the shipped jobgen.yaml warned 5 times (the
+    # every `render --all` of the shipped jobgen.yaml once warned 5 times (the
     # example image tag is not pinned by digest); a warning nobody acts on hides the ones that matter
     warnings = [f"{job.entry} {job.plan.profile}: {w}" for job in render.jobs for w in job.plan.warnings]
     assert warnings == []

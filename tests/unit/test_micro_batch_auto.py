@@ -1,4 +1,4 @@
-"""``trainer.micro_batch_size: auto`` (issue 21): resolved at plan time from the memory plan, with
+"""``trainer.micro_batch_size: auto``: resolved at plan time from the memory plan, with
 its margin, recorded in spec.json; a clear rule on CPU profiles; refused where it cannot work."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No module of jobgen/ is over 800 lines (issue 32): one that grows past it is split along its
+"""No module of jobgen/ is over 800 lines: one that grows past it is split along its
 seams, by concept (as cli/, jobdir/, planning/estimate.py + memory_plan.py and
 train/tracking.py + trackers.py were), not trimmed to fit. Lines are counted as ``wc -l`` does."""
 

@@ -90,7 +90,7 @@ def test_wheel_ships_every_template_and_profile(wheel):
 
 
 def test_wheel_ships_every_module(wheel):
-    """setup.cfg lists jobgen's packages one by one: a package made by a split (issue 32: jobgen.cli,
+    """setup.cfg lists jobgen's packages one by one: a package made by a split (jobgen.cli,
     jobgen.jobdir, jobgen.api) must be added there, or a non-editable install lacks its modules."""
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "jobgen").rglob("*.py")}
     with zipfile.ZipFile(wheel) as zf:

@@ -175,7 +175,7 @@ def test_plan_hf_imports_no_heavy_modules():
 
 
 def test_help_assumptions_and_readme_describe_the_estimate_alike(run_cli):
-    """Issue 23: `plan --help` called estimates upper bounds while the README called the HF
+    """`plan --help` once called estimates upper bounds while the README called the HF
     figures a floor. One reading everywhere: an estimate of the peak, not a bound."""
     helptext = " ".join(run_cli("plan", "--help").stdout.split())
     assert "Estimates of the peak, not bounds" in helptext

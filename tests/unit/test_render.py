@@ -46,7 +46,7 @@ def test_tojson_scalars_stay_strings_in_yaml(value):
     assert yaml.safe_load(f"k: {to_json(value)}") == {"k": value}
 
 
-#: Every character a YAML reader refuses raw or folds (issue 29: NEL became a space, DEL made the
+#: Every character a YAML reader refuses raw or folds (NEL became a space, DEL made the
 #: manifest "not valid YAML"), and the C0 controls.
 YAML_HOSTILE = "".join(map(chr, [*range(1, 32), *range(0x7F, 0xA0), 0x2028, 0x2029, 0xFEFF, 0xFFFE, 0xFFFF]))
 

@@ -24,7 +24,7 @@ VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
                       "jobgen.backends.k8s_pods",
                       "jobgen.train", "jobgen.backends.slurm_submitit")
-#: jobgen modules a single render of a non-DeepSpeed spec has no use for (issue 23's profile):
+#: jobgen modules a single render of a non-DeepSpeed spec has no use for (as profiled):
 #: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
 #: the project file's model (--all only) and git (--commit only).
 OFF_THE_SINGLE_RENDER_PATH = ("jobgen.planning.deepspeed", "jobgen.usercode.snapshot", "tarfile", "jobgen.specs.project", "jobgen.gitops.git")

@@ -1,4 +1,4 @@
-"""RequeueOnSignal's hooks around jobgen's own ``scontrol requeue`` (issue 33) and the trackers
+"""RequeueOnSignal's hooks around jobgen's own ``scontrol requeue`` and the trackers
 behind them: ``before_requeue`` runs before the command (SLURM's SIGTERM after a successful
 requeue reaches ``wandb-core`` too), ``requeue_failed`` after a refused one, when training goes on.
 A stand-in trainer and requeue command; the checkpoint save is replaced by a file."""

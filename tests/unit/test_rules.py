@@ -7,7 +7,8 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import PlanError
-from jobgen.planning.rules import World, resolve_world
+from jobgen.jobdir.world import World
+from jobgen.planning.rules import resolve_world
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES
@@ -146,7 +147,7 @@ def test_local_bf16_warning_follows_the_cpu_flags(tmp_path, flags, warned):
 
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_3", "deepspeed_stage_2", "fsdp"])
 def test_validate_warns_before_queueing_qlora_under_zero3_on_gpus(run_cli, strategy):
-    """ZeRO-3 + QLoRA peaked at 3.8x its plan on an H100 (issue 22); until a GPU run confirms the
+    """ZeRO-3 + QLoRA peaked at 3.8x its plan on an H100; until a GPU run confirms the
     fix the planner says so and names the layouts that fitted; other layouts stay silent."""
     from tests.conftest import REPO
 

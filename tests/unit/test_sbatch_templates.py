@@ -1,6 +1,6 @@
 """One sbatch template: the job array (templates/slurm/array.sbatch.j2) is the single job
 (job.sbatch.j2) plus the blocks where an array task differs, so a fix to the launch, the signal
-trap or the environment is made once (issue 23, "Structure")."""
+trap or the environment is made once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`jobgen submit SPEC` reads and validates the spec once and hands the loaded object down (the
 plan, the --smoke variant made from it, the class_path import check), instead of reading the
-file again for each (issue 23, "Structure"); below the API the backend takes the plan's own
+file again for each; below the API the backend takes the plan's own
 objects (the resolved spec, the manifest's objects, the submission record it saved) instead of
 reading back what submit has just written. `jobgen validate -p` plans the spec it loaded."""
 

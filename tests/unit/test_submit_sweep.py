@@ -1,4 +1,4 @@
-"""`jobgen submit SPEC --sweep ...`: render and submit a sweep in one command (issue 20, scope 3).
+"""`jobgen submit SPEC --sweep ...`: render and submit a sweep in one command.
 
 SLURM answers through the fake client commands (tests/fakes/slurm): one job per point on
 ``slurm-cpu``, ONE job array on ``slurm-cpu-array`` (``slurm.sweep_as_array``). Bad input is

@@ -278,7 +278,7 @@ def test_clusters_from_the_profile_name_the_handle_and_every_later_command(fake_
 
 
 def test_sbatch_refusing_is_a_submit_error_with_slurms_message(fake_srun, tmp_path, capfd):
-    """issue 30 (finding 9): sbatch's message once (in the error, not printed before it too), and
+    """sbatch's message once (in the error, not printed before it too), and
     nothing of the call left in submitit's folder (no pickle, no submission script)."""
     fake_srun.respond("sbatch", reply(stderr="sbatch: error: invalid partition specified: gpu\n", rc=1))
     folder = tmp_path / "sub"
@@ -307,7 +307,7 @@ def test_a_refused_submit_into_a_new_folder_leaves_no_folder(fake_srun, tmp_path
 
 
 def test_a_shared_node_gets_the_cpus_and_memory_of_the_gpus_asked_for(fake_srun, tmp_path):
-    """issue 30 (finding 9): on a profile with `exclusive: false` (or the override), a job of 1 of
+    """On a profile with `exclusive: false` (or the override), a job of 1 of
     a node's 8 GPUs asks for 1/8 of its CPUs and memory, not the whole node; no GPU: one GPU's
     share; an exclusive node, or every GPU, the whole node; explicit values stand."""
     p = load_profile("slurm-a100")

@@ -1,4 +1,4 @@
-"""Experiment trackers (issue 19) without training: ``trainer.loggers`` and its options, the
+"""Experiment trackers without training: ``trainer.loggers`` and its options, the
 profile's ``tracking`` defaults, the plan-time credential rules, the run key record made at submit
 (local, SLURM, per array task), what the entrypoint sends (redaction, parameters), and the
 logger's step gating with stand-in trackers. The real wandb/MLflow runs: tests/entrypoint/test_tracking.py."""
@@ -169,8 +169,8 @@ def test_what_plan_time_accepts() -> None:
 def test_the_tracker_credentials_are_credentials_to_every_existing_check() -> None:
     names = [n for group in TRACKER_CREDENTIALS.values() for n in group]
     assert names and all(looks_secret(n) for n in names)
+    from jobgen.jobdir.world import World
     from jobgen.planning.environment import check_job_env
-    from jobgen.planning.rules import World
 
     for name in names:
         with pytest.raises(PlanError, match="looks like a credential"):
@@ -372,7 +372,7 @@ class Dead(Recorder):
 
 
 def test_a_tracker_that_fails_leaves_the_others_and_training_going(tmp_path: Path, capsys) -> None:
-    """Seen on the SLURM lab (issue 33): SLURM's SIGTERM for a requeue reached ``wandb-core``
+    """Seen on the SLURM lab: SLURM's SIGTERM for a requeue reached ``wandb-core``
     right after the step-50 checkpoint, whose rows W&B then failed to take: the exception left
     ``checkpoint_written``, MLflow never got the rows, and training ended on it before the step's
     validation (its val_loss then missing from metrics.csv and every tracker for good). A failing
@@ -445,7 +445,7 @@ def test_key_files_are_read_into_the_trackers_variables_on_rank_zero(tmp_path: P
 
 
 # --------------------------------------------------------------------------- the trackers' own variables
-# (issue 30, finding 10): a field the spec and the profile leave unset defers to W&B's and MLflow's
+# A field the spec and the profile leave unset defers to W&B's and MLflow's
 # environment variables on the node, as wandb.init and MLflow do without jobgen.
 
 WANDB_VARIABLES = ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR")

@@ -168,7 +168,7 @@ def test_local_jobs_say_first_error_is_not_theirs(run_cli, tmp_path):
 
 
 def test_a_rank_that_lost_its_peer_comes_after_the_peers_own_error():
-    # what 2 local gloo ranks wrote (issue 22): rank 0's lost connection came out first
+    # what 2 local gloo ranks wrote: rank 0's lost connection came out first
     lines = srun_lines(SRUN_LOG)
     rank0 = [line for line in lines if line.rank == 0 and line.position >= 8]
     others = [line for line in lines if line not in rank0]
@@ -219,7 +219,7 @@ def test_the_live_filter_shows_the_ranks_lines_and_holds_back_failures_and_torch
     assert live.failed
 
 
-#: CI's failed run of issue 23 (the SLURM lab, examples/scripts/ddp_allreduce.py before it ended
+#: A failed CI run (the SLURM lab, examples/scripts/ddp_allreduce.py before it ended
 #: with os._exit): both ranks finished, then rank 1 aborted in interpreter teardown and srun
 #: killed rank 0. No traceback anywhere.
 TEARDOWN_ABORT_LOG = """\
@@ -271,7 +271,7 @@ def test_the_live_filter_holds_back_an_abort_line():
 
 
 def test_a_rank_srun_reports_exited_without_a_traceback_is_named_by_its_last_line():
-    """issue 30: ``sys.exit("message")`` on a rank leaves no traceback, only the message; srun's
+    """``sys.exit("message")`` on a rank leaves no traceback, only the message; srun's
     exit line says the task failed, so its last line is its failure (kind ``exit``), after any
     rank with a traceback; a rank srun reports as exiting 0 is no failure."""
     log = ("0: step 10/100 loss 5.10\n1: step 10/100 loss 5.11\n1: config error: no dataset named 'wiki'\n"

@@ -108,7 +108,7 @@ def test_submit_no_import_check_skips_it(run_cli, tmp_path):
 
 
 def test_validate_import_finds_a_module_at_the_repository_root(run_cli, tmp_path):
-    """Issue 23: ``mymodels.py`` at the root of the user's git repository and ``model.class_path:
+    """``mymodels.py`` at the root of the user's git repository and ``model.class_path:
     mymodels.Regressor``: the snapshot's python_path defaults to the repository root, so the
     import check imports from there (run from outside the repository: no cwd on sys.path).
     ``python_path: .`` and the other spellings: test_code_snapshot's local_import_dir tests."""

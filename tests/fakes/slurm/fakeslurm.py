@@ -5,7 +5,8 @@ on PATH) it plays one client command: it appends ``{"prog", "argv", "cwd", ...}`
 ``calls`` of the JSON state file named by ``$FAKE_SLURM_STATE`` and answers with the next
 response queued for that command (``responses[<command>]``, a list; the last one repeats).
 ``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``; so have ``"sinfo --json"``,
-``"sinfo --version"`` and ``"scontrol --version"``. A response's ``stdout_file`` is copied to
+``"sinfo --version"``, ``"scontrol --version"`` and ``"sinfo --format=%R|%a"`` (each partition's
+availability, what ``jobgen doctor`` asks). A response's ``stdout_file`` is copied to
 stdout byte for byte (output that is not UTF-8). A command with no response queued exits 97
 and says so, so an unexpected call fails the test instead of passing silently.
 
@@ -33,6 +34,8 @@ PROGRAMS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctm
 #: ``jobgen profiles detect``'s view of one cluster per release: see :func:`detect_replies`.
 DETECT_FIXTURES = Path(__file__).parent / "detect"
 NOT_CONFIGURED_RC = 97
+#: sinfo's format for each partition's availability (jobgen.backends.slurm_inventory.SINFO_AVAIL_ARGV).
+PARTITION_STATES_FORMAT = "--format=%R|%a"
 
 
 # --------------------------------------------------------------------------- the fake programs
@@ -44,6 +47,8 @@ def _command_key(prog: str, args: list[str]) -> str:
     for flag in ("--version", "--json"):
         if prog in ("sinfo", "scontrol") and flag in args:
             return f"{prog} {flag}"
+    if prog == "sinfo" and PARTITION_STATES_FORMAT in args:
+        return f"sinfo {PARTITION_STATES_FORMAT}"
     return prog
 
 

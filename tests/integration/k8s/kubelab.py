@@ -7,7 +7,7 @@ static token auth (group system:masters), RBAC, a self-signed serving certificat
 Kubeflow CRDs from jobgen/_crds installed. There is no kubelet and no scheduler: pods are
 accepted but never run, unless the lab is started with its nodes (``up --with-nodes``,
 kubenodes.py: two kubelets, kube-scheduler, cluster DNS; docs/labs-k8s-nodes-notes.md). The
-recipe is in the lab notes, LAB-NOTES.md ("A real Kubernetes API server on one machine"):
+recipe (docs/labs.md has it for users of the lab):
 
 - kube-apiserver and kube-controller-manager are built from Debian bookworm's ``kubernetes``
   SOURCE package (1.20.2, vendored) with ``golang-1.19-go`` + ``rsync``:
@@ -70,7 +70,7 @@ from tests.processes import pid_alive, stop_pid  # noqa: E402  (kubenodes.py use
 #: Bump when the build recipe changes: a cached build with another recipe is rebuilt.
 #: 2: built with the ``providerless`` tag. 3: ``make gen_openapi`` + ``build.sh`` instead of
 #: ``make WHAT=`` (the same binaries, ~100 s less CPU on 2 cores: 273 s instead of 376 s for
-#: kube-apiserver alone, measured in issue 23). 4: compiled without optimisation or inlining
+#: kube-apiserver alone, measured). 4: compiled without optimisation or inlining
 #: (:data:`GO_GC_FLAGS`), the source tree kept for the node binaries' build (:data:`SHARED_TREE_STAMP`).
 RECIPE = 4
 CACHE_ENV = "JOBGEN_K8S_CACHE"
@@ -569,7 +569,7 @@ def lowest_cpu_priority() -> None:
     puts the processes of each session in one scheduling group and shares the CPU between groups
     by the group's nice value (sched(7), "The autogroup feature"), so ``setsid nice -n 19 CMD``
     runs CMD in a group of its own at nice 0, as heavy as the whole test session: two such CPU
-    hogs slowed a CPU-bound loop 3x on 2 cores, 1.1x once their group's nice was 19 (issue 23).
+    hogs slowed a CPU-bound loop 3x on 2 cores, 1.1x once their group's nice was 19.
     Without autogroups only the process's nice counts, and the write is skipped."""
     os.setpriority(os.PRIO_PROCESS, 0, 19)
     with contextlib.suppress(OSError):
@@ -632,14 +632,14 @@ def build_in_background(*, crd_server: bool, log: Path, cache: Path | None = Non
 # --------------------------------------------------------------------------- optional: 1.36 CRD semantics
 
 #: Debian sid's k8s.io/apiextensions-apiserver (0.36.x) with all its Go dependencies: a
-#: standalone CRD server with strict field validation and CEL, which 1.20 lacks (LAB-NOTES).
+#: standalone CRD server with strict field validation and CEL, which 1.20 lacks.
 CRD_SERVER_PACKAGE = "golang-k8s-apiextensions-apiserver-dev"
 #: 2: compiled without optimisation or inlining and linked without debug information (see
 #: :func:`_build_crd_server`).
 CRD_SERVER_RECIPE = 2
 #: ``go build`` flags of the CRD server: the lab sends it a few dozen requests, so the compiler's
 #: optimisation (``-N -l`` turns it and inlining off) and the DWARF tables (``-s -w``) are build
-#: time it never pays back. Measured in issue 23, one cold build each on 2 cores: 284 s of
+#: time it never pays back. Measured with one cold build each on 2 cores: 284 s of
 #: compile CPU with Go's defaults, 220 s with these; the lab's tests took the same time with both.
 CRD_SERVER_GO_FLAGS = ("-gcflags=all=-N -l", "-ldflags=-s -w")
 
@@ -891,7 +891,7 @@ class K8sLab:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.213.0.0/24",
             # No controller-manager token controller and no kubelet: pods with the default
-            # service account would wait for a token forever; the plugin is off (LAB-NOTES).
+            # service account would wait for a token forever; the plugin is off.
             "--disable-admission-plugins=ServiceAccount",
             "--enable-priority-and-fairness=false", "--v=1", *self.extra_apiserver_args,
         ])

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two kubelet nodes for the Kubernetes lab (kubelab.py): pods that really run on this machine.
 
-Part A of issue 31. ``kubelab.py up --with-nodes`` starts the lab's etcd + kube-apiserver +
+``kubelab.py up --with-nodes`` starts the lab's etcd + kube-apiserver +
 kube-controller-manager and, with this module:
 
 - a bridge ``jkbr0`` (10.213.16.1/24, its ``ip link`` alias naming the lab root) and two

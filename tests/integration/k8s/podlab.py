@@ -1,4 +1,4 @@
-"""The pod lab the tests of jobgen on real pods share (issue 31): the node lab (kubenodes.py) with
+"""The pod lab the tests of jobgen on real pods share: the node lab (kubenodes.py) with
 the training image built from this repository (kubeimage.py) imported on both nodes, the
 emulated training-operator v1.9 (training_operator.py) running, and what jobgen needs there
 (namespace, Secret, shared run directory, the ``k8s-lab`` profile), and the emulated Trainer v2
@@ -199,7 +199,7 @@ def follow_logs(p: PodLab, handle: str, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-#: A mutation check of the pod tests (issue 31: each test is seen failing when the rendered
+#: A mutation check of the pod tests (each test is seen failing when the rendered
 #: container command or env is broken on purpose): ``JOBGEN_POD_MUTATION`` holds a JSON object
 #: ``{job name: [[old, new], ...]}``, text replacements that :func:`submit` makes in that job's
 #: rendered manifest (pytorchjob.yaml or trainjob.yaml; each must match), which it then submits

@@ -1,4 +1,4 @@
-"""An elastic PyTorchJob really running in pods (issue 31), scaled down while it trains, keeps
+"""An elastic PyTorchJob really running in pods, scaled down while it trains, keeps
 its global batch: ``jobgen submit examples/quickstart.yaml`` with ``resources.nodes=1:2`` (Worker
 pods only, ``elasticPolicy`` 1..2, torchrun ``--nnodes=1:2`` with a c10d rendezvous hosted by
 worker 0's agent) in the node lab, driven through the CLI only (submit, status, logs). In the lab

@@ -294,7 +294,7 @@ resources: {nodes: 2}
 
 
 def test_code_git_checkout_passes_offline_and_both_servers(k8s_lab, k8s_crd_server, tmp_path):
-    """Issue 11: code shipped as a pinned commit renders a PyTorchJob the 1.20 server accepts in a
+    """Code shipped as a pinned commit renders a PyTorchJob the 1.20 server accepts in a
     dry run (job, ConfigMap, a Pod per replica), and PyTorchJob and TrainJob the 1.36 CRD server
     accepts with strict field validation (nothing pruned)."""
     spec = tmp_path / "code-git.yaml"
@@ -312,7 +312,7 @@ def test_code_git_checkout_passes_offline_and_both_servers(k8s_lab, k8s_crd_serv
 
 
 def test_ls_lists_a_kubernetes_job_as_status_reports_it(k8s_lab, tmp_path):
-    """Issue 13: `jobgen ls` refreshes a Kubernetes submission from the API server; the lab has no
+    """`jobgen ls` refreshes a Kubernetes submission from the API server; the lab has no
     kubelet, so no pod starts and no usage is shown (never a guess)."""
     created = cli(k8s_lab, tmp_path, "submit", str(EXAMPLES / "quickstart.yaml"), "-p", lab_profile(tmp_path, "k8s-h100"), "--set", "name=ls-k8s")
     assert created.returncode == 0, created.stderr
@@ -355,7 +355,7 @@ def _operator_writes(lab, name: str, end: str | None) -> None:
 
 
 def test_status_and_ls_report_completed_failed_and_cancelled(k8s_lab, tmp_path):
-    """Issue 30: a PyTorchJob that ends Succeeded is COMPLETED, one that ends Failed is FAILED, one
+    """A PyTorchJob that ends Succeeded is COMPLETED, one that ends Failed is FAILED, one
     that `jobgen cancel` deleted is CANCELLED, in `jobgen status` and in `jobgen ls` (and found
     by `ls --state`). The operator is emulated (:func:`_operator_writes`): the lab has a real API
     server but no kubelet and no training-operator, so the end conditions are written through the

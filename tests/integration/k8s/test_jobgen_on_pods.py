@@ -1,4 +1,4 @@
-"""jobgen's PyTorchJobs really running in pods (issue 31): the ``jobgen`` CLI against the node
+"""jobgen's PyTorchJobs really running in pods: the ``jobgen`` CLI against the node
 lab (kubenodes.py: kube-apiserver 1.20, two kubelet nodes with containerd and runc, CNI,
 kube-scheduler, cluster DNS), the emulated training-operator v1.9 (training_operator.py, the one
 emulated part) and the training image built from this repository (kubeimage.py). In the lab tier

@@ -4,8 +4,8 @@ waits for the build on a cold machine).
 
 Linux groups the processes of each session for the scheduler (autogroups, sched(7)), and shares
 the CPU between groups by the GROUP's nice value: a build started with ``setsid nice -n 19`` sat
-in a group of its own at nice 0 and took as much CPU as the whole test session (measured in
-issue 23: two such hogs on 2 cores slowed a CPU-bound loop 3x, 1.1x once their group's nice was
+in a group of its own at nice 0 and took as much CPU as the whole test session (measured:
+two such hogs on 2 cores slowed a CPU-bound loop 3x, 1.1x once their group's nice was
 19). Needs no lab (Linux with autogroups; skipped elsewhere)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pods that really run: the k8s lab with two kubelet nodes (kubenodes.py, issue 31 part A).
+"""Pods that really run: the k8s lab with two kubelet nodes (kubenodes.py).
 
 One lab (the ``k8s_nodes`` fixture; ``JOBGEN_SKIP_K8S_NODES=1`` skips it) proves, in order:
 

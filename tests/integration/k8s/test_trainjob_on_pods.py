@@ -1,5 +1,5 @@
-"""jobgen's TrainJobs (Trainer v2, ``kubernetes.job_api: trainjob``) really running in pods
-(issue 31): the ``jobgen`` CLI against the node lab (kubenodes.py: kube-apiserver 1.20, two
+"""jobgen's TrainJobs (Trainer v2, ``kubernetes.job_api: trainjob``) really running in pods:
+the ``jobgen`` CLI against the node lab (kubenodes.py: kube-apiserver 1.20, two
 kubelet nodes with containerd and runc, CNI, kube-scheduler, cluster DNS), the emulated Trainer
 v2.3.0 + JobSet v0.12.0 + Indexed Job controllers (trainer_controller.py: the emulated part; the
 Trainer CRDs installed with the parts 1.20 cannot parse removed, :func:`trainer_controller.crd_for_120`)

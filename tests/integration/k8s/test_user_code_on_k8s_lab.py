@@ -1,4 +1,4 @@
-"""Issue 11 on the real kube-apiserver lab: the user-module spec of the SLURM lab test (tinychar's
+"""User code on the real kube-apiserver lab: the user-module spec of the SLURM lab test (tinychar's
 ``class_path`` model and data module, from a committed repository) renders a PyTorchJob that
 passes jobgen's offline validation and the server's dry run (``jobgen submit DIR
 --dry-run=server``: ConfigMap, PyTorchJob, a Pod from each replica template), with the image as

@@ -4,8 +4,8 @@
 One slurmctld ("controller") and two slurmd hosts ("node1", "node2"), each in its own network
 namespace with its own IP, hostname and /etc/hosts, joined by a Linux bridge that also gives the
 host an address, so sbatch/srun/squeue/scancel/sacct run on the host reach the cluster.
-The recipe and the pitfalls it answers are in the lab notes, LAB-NOTES.md ("A real multi-node
-SLURM cluster on one machine"); comments below cite them as "pitfall N".
+The pitfalls the recipe answers are numbered in docs/labs.md ("What the SLURM lab's recipe
+answers"); comments below cite them as "pitfall N".
 
 Needs root, iproute2, util-linux (unshare, nsenter) and apt (Debian 12: slurm-wlm 22.05,
 munge). Everything the lab writes lives under ROOT; it never edits /etc/hosts and only kills
@@ -232,7 +232,7 @@ def release_requeued(lab: SlurmLab, job_id: str, *updates: str, requeued_at: flo
 
     slurmctld revokes the job's credential at the requeue and slurmd refuses any credential made
     in the revocation's second ("Killing non-startable batch JobId=21: Job credential revoked",
-    seen in issue 23 when the release came 0.2 s after the requeue, on the same node)."""
+    seen when the release came 0.2 s after the requeue, on the same node)."""
     time.sleep(max(0.0, math.floor(requeued_at) + 1.05 - time.time()))
     run_slurm(lab, "scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
 
@@ -362,8 +362,8 @@ class SlurmLab:
     works from a new process given the same root. ``cpus_per_node`` and ``real_memory_mb`` (MB)
     are what each node advertises to SLURM (SlurmdParameters=config_overrides: they need not
     match the machine). One CPU per node by default: the nodes share this machine's cores (2
-    on CI), and a rank per node with 2 OpenMP threads oversubscribes them (measured in issue
-    23: 2 ranks x OMP_NUM_THREADS=2 on 2 cores took 2.3x the wall time and 2.5x the CPU of
+    on CI), and a rank per node with 2 OpenMP threads oversubscribes them (measured:
+    2 ranks x OMP_NUM_THREADS=2 on 2 cores took 2.3x the wall time and 2.5x the CPU of
     OMP_NUM_THREADS=1 for the lab's job). ``accounting=True`` adds slurmdbd + MariaDB in the
     controller namespace so that plain ``sacct``/``sacct --json`` work; without it ``sacct -c`` (jobcomp/filetxt)
     still does (pitfall 8).

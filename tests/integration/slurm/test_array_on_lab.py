@@ -95,7 +95,7 @@ def test_a_sweep_runs_as_one_array_and_a_requeued_task_resumes_alone(jobgen, slu
         return run_slurm(slurm_lab, "squeue", "-h", "-j", f"{jid}_2", "-o", "%T", check=False).stdout.strip() == "PENDING"
 
     wait_for(pending, 60, 0.5, what=f"task {jid}_2 back in the queue")
-    run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}_2", "StartTime=now")  # LAB-NOTES pitfall 9
+    run_slurm(slurm_lab, "scontrol", "update", f"JobId={jid}_2", "StartTime=now")  # docs/labs.md, pitfall 9
     final, seen = jobgen.wait_state(handle, FINAL, timeout=600)
     status = jobgen.status(handle)
     assert final == "COMPLETED", (seen, status, [jobgen("logs", "--rank", "all", f"{handle}_{i}", check=False).stdout[-2000:]

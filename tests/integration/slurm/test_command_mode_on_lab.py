@@ -1,4 +1,4 @@
-"""Command mode (issue 11) and job triage/accounting (issue 13) on the real 2-node lab cluster.
+"""Command mode and job triage/accounting on the real 2-node lab cluster.
 
 - the shipped plain-torch DDP script and the shipped LightningCLI script, launched by ``jobgen
   submit`` through srun on 2 nodes x 1 rank: world size 2, ranks 0 and 1 on node ranks 0 and 1
@@ -137,7 +137,7 @@ def test_first_error_names_the_failing_rank_its_node_and_its_exception(jobgen): 
 
 
 def test_a_script_that_exits_3_is_failed_with_exit_code_3_in_status_and_ls(jobgen):  # noqa: F811
-    """Issue 30: a one-node command-mode job whose script exits 3 is FAILED in `jobgen status`
+    """A one-node command-mode job whose script exits 3 is FAILED in `jobgen status`
     with SLURM's exit code ``3:0`` (code:signal), and `jobgen ls --state FAILED` lists it."""
     (jobgen.root / "exit3.py").write_text('import sys\nprint("exit3: giving up", flush=True)\nsys.exit(3)\n')
     spec = jobgen.root / "lab-exit3.yaml"

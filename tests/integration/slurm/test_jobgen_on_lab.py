@@ -7,7 +7,7 @@ would; the lab is the ``slurm_lab`` fixture (conftest.py). Wall times are printe
 The two requeue tests (``scontrol requeue`` mid-run; the time-limit signal and jobgen's own
 requeue) log to every tracker, ``trainer.loggers: [csv, wandb, mlflow]`` (W&B offline, MLflow on a
 SQLite file in the test's directory, which both nodes see), and check what the trackers hold at
-the end (issue 33: :func:`check_trackers`), on the same jobs rather than on two more: SLURM's
+the end (:func:`check_trackers`), on the same jobs rather than on two more: SLURM's
 SIGTERM on a requeue reaches every process of the step, W&B's ``wandb-core`` included, which is
 what lost W&B's rows before each requeue.
 """
@@ -106,7 +106,7 @@ class Jobgen:
         return str(path)
 
     def track(self, experiment: str) -> dict[str, Any]:
-        """Log to every tracker (issue 33): the trainer fields for W&B offline and MLflow on a
+        """Log to every tracker: the trainer fields for W&B offline and MLflow on a
         SQLite file under the test's directory (the lab's nodes share this machine's filesystem),
         MLflow experiment ``experiment``, a row every 5 steps. The submits get the fake key and no
         W&B or MLflow variable of the test's own environment; W&B's config, cache and data
@@ -214,7 +214,7 @@ def val_losses(run: Path) -> list[tuple[int, float]]:
 
 
 def _requeue_now(lab, jid: str, *updates: str) -> None:
-    """A requeued job is held ~120 s (BeginTime); LAB-NOTES pitfall 9: once it is back in the
+    """A requeued job is held ~120 s (BeginTime); docs/labs.md, pitfall 9: once it is back in the
     queue, release it now (with ``updates``, e.g. ``TimeLimit=30``, in the same ``scontrol update``)."""
     def pending() -> bool:
         return run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%T", check=False).stdout.strip() == "PENDING"
@@ -249,7 +249,7 @@ def _compare(what: str, got: list[int], expected: list[int]) -> list[str]:
 
 def check_trackers(jg: Jobgen, run: Path, experiment: str, resumed: int, log: str) -> dict[str, Any]:
     """What the trackers hold after a tracked job (:meth:`Jobgen.track`) that SLURM ran twice,
-    the second run resumed from a checkpoint of step ``resumed`` (issue 33). ``log`` is every
+    the second run resumed from a checkpoint of step ``resumed``. ``log`` is every
     rank's log (``jobgen logs --rank all``). Returns the figures the test prints.
 
     Asserted, every discrepancy listed in one message: W&B (its offline files, one per start,
@@ -329,7 +329,7 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     another 125 steps (~4 s at ~30 steps/s, the fastest seen here) to finish on its own, so it is
     the requeued run that completes, resumed from a step checkpoint.
 
-    With W&B (offline) and MLflow (issue 33): SLURM's SIGTERM reaches W&B's ``wandb-core`` a
+    With W&B (offline) and MLflow: SLURM's SIGTERM reaches W&B's ``wandb-core`` a
     second or two after the checkpoint's rows were sent (seen: W&B's first piece without them);
     at the end both trackers hold every metrics.csv step once, those of the first run included
     (:func:`check_trackers`).
@@ -431,9 +431,9 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(jobgen, slurm_lab):
     stops short of max_steps (:func:`time_limit_steps`: sized from the step rate of the session's
     earlier lab jobs, which it asserts the first run kept under). Once the job is back in the
     queue the test gives the next run a 30-minute limit and releases it from SLURM's ~120 s
-    requeue hold (LAB-NOTES pitfall 9).
+    requeue hold (docs/labs.md, pitfall 9).
 
-    With W&B (offline) and MLflow (issue 33): jobgen ends the trackers' runs after the HPC
+    With W&B (offline) and MLflow: jobgen ends the trackers' runs after the HPC
     checkpoint and before its ``scontrol requeue``, so the first run's W&B file is whole and holds
     every step before the checkpoint's; that step's own row reaches the trackers from metrics.csv
     at the next start; at the end both trackers hold every metrics.csv step once
@@ -507,26 +507,30 @@ def test_cancel_leaves_no_process_on_any_node(jobgen, slurm_lab):
     assert "CANCELLED" in out
     # scancel has returned and squeue says CANCELLED; give PID 1 a moment to reap, then nothing may be left
     wait_for(lambda: not any(slurm_lab.node_pids().values()), 30, 0.5, what=f"no job process on any node ({slurm_lab.node_pids()})")
-    # issue 30: `jobgen status` and `jobgen ls` (--state) say CANCELLED too
+    # `jobgen status` and `jobgen ls` (--state) say CANCELLED too
     assert jobgen.status(handle)["state"] == "CANCELLED"
     listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "cancelled", "-o", "json").stdout)}
     assert listed == {handle: "CANCELLED"}, listed
 
 
 def test_an_input_error_fails_the_job_naming_the_users_spec_file(jobgen):
-    """Issue 30 (finding 14): the bundled entrypoint refuses data that matches nothing on both
+    """The bundled entrypoint refuses data that matches nothing on both
     nodes: the job is FAILED with a non-zero exit code (srun's: the highest of its tasks', 2, or
     128 + 15 when it stopped the other rank with SIGTERM first, srun(1) "RETURN VALUE"), `ls
     --state FAILED` lists it, and the error names the spec file `jobgen submit` read and the
-    field as written there, not spec.json."""
+    field as written there, not spec.json. With a restart budget of 3 the batch script classes it
+    a user failure (its task's exit code 2 decides over srun's kill of the other task) and the
+    job ends after one run with that code, never requeued."""
     jobgen.profile()
     spec = Path(jobgen.spec("lab-bad-data", max_steps=10, every=5))
     spec.write_text(spec.read_text().replace("data: {max_bytes: 1000000}", "data: {paths: [no-such-dir/*.txt]}"))
-    handle = jobgen.submit(str(spec))
+    handle = jobgen.submit(str(spec), "slurm-lab", "--set", "restart.max_restarts=3")
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=180)
     log = jobgen("logs", "--rank", "all", handle).stdout
     assert final == "FAILED", (seen, log[-3000:])
-    assert jobgen.status(handle)["details"].get("exit_code") in ("2:0", "143:0"), jobgen.status(handle)
+    details = jobgen.status(handle)["details"]
+    assert details.get("exit_code") == "2:0" and details.get("restarts") in (None, "", "0"), details
+    assert "jobgen: no restart after user failure (exit 2 on node" in log and "jobgen: restart " not in log, log[-3000:]
     assert f"python -m jobgen.train: error: {spec.resolve()}: data.paths[0]: 'no-such-dir/*.txt' matches no files" in log, log[-3000:]
     listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
     assert listed == {handle: "FAILED"}, listed

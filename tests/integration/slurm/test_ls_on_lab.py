@@ -1,4 +1,4 @@
-"""`jobgen ls` on the real lab (issue 13): a local run and a 2-node SLURM job submitted from one
+"""`jobgen ls` on the real lab: a local run and a 2-node SLURM job submitted from one
 machine (one state index) are listed with the states `jobgen status` gives, and the finished lab
 job's CPU-hours are its allocated CPUs x its elapsed time."""
 

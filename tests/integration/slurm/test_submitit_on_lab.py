@@ -1,4 +1,4 @@
-"""`jobgen.api.executor` on the real lab: a Python callable through submitit (issue 20, item 6).
+"""`jobgen.api.executor` on the real lab: a Python callable through submitit.
 
 A function's result comes back through ``job.result()`` and the job is listed by ``jobgen ls``; a
 ``submitit.helpers.Checkpointable`` callable, signalled with the profile's requeue signal (USR1

@@ -1,4 +1,4 @@
-"""`jobgen submit SPEC --sweep ...` on the real lab cluster (issue 20, scope 3): with a profile
+"""`jobgen submit SPEC --sweep ...` on the real lab cluster: with a profile
 that extends the shipped ``slurm-cpu-array`` (sweeps as ONE job array) for the lab, one command
 renders and submits a 2-point sweep as one array (one sbatch, one job in squeue with two tasks),
 each task trains its own point, and ``jobgen ls`` lists the array with its tasks together under

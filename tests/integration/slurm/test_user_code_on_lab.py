@@ -1,4 +1,4 @@
-"""Issue 11 on the real 2-node lab cluster: the user's own LightningModule / LightningDataModule
+"""User code on the real 2-node lab cluster: the user's own LightningModule / LightningDataModule
 (``model``/``data`` by ``class_path`` + ``init_args``) trained through ``jobgen submit``, from an
 immutable code snapshot that survives an edit of the working tree and a requeue.
 
@@ -29,7 +29,7 @@ from tests.integration.usercode_repo import git, user_repo
 pytestmark = pytest.mark.slurm_lab
 
 def test_user_module_trains_across_two_nodes_from_its_snapshot_through_an_edit_and_a_requeue(jobgen, slurm_lab):  # noqa: F811
-    """Acceptance (issue 11): a class_path model + data module trains on 2 nodes to COMPLETED;
+    """Acceptance: a class_path model + data module trains on 2 nodes to COMPLETED;
     after submit the working tree's package is broken (it raises on import) and the job is
     requeued mid-run: it resumes at its checkpoint's global step with the same snapshot, and
     summary.json's code.commit is the repository's HEAD at submit."""
