@@ -326,7 +326,7 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     the gitops, preflight, ls and command-mode tests.)
 
     The requeue comes within a second of the step-25 checkpoint, and the first run would need
-    another 125 steps (~4 s at ~30 steps/s, the fastest seen here) to finish on its own, so it is
+    another 275 steps (~9 s at ~30 steps/s, the fastest seen here) to finish on its own, so it is
     the requeued run that completes, resumed from a step checkpoint.
 
     With W&B (offline) and MLflow: SLURM's SIGTERM reaches W&B's ``wandb-core`` a
@@ -336,7 +336,7 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     """
     jobgen.profile()
     started = time.monotonic()
-    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=150, every=25, trainer=jobgen.track("lab-requeue")))
+    handle = jobgen.submit(jobgen.spec("lab-requeue", max_steps=300, every=25, trainer=jobgen.track("lab-requeue")))
     assert handle.startswith("slurm://jobgenlab/")
     run = run_dir(jobgen, "lab-requeue")
     _wait_for_checkpoint(run, 600)
@@ -351,12 +351,12 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     assert "restart 1" in log, log
     # rank zero's progress, without the srun --label prefix; rank 1's lines are filtered out
     assert "jobgen: job " in log and "on 2 node(s)" in log
-    assert any(line.startswith("step 150/150") or line.startswith("done: lab-requeue at step 150/150") for line in log.splitlines()), log
+    assert any(line.startswith("step 300/300") or line.startswith("done: lab-requeue at step 300/300") for line in log.splitlines()), log
     everything = jobgen("logs", "--rank", "all", handle).stdout
     assert "1: " in everything and "0: " in everything
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["global_step"] == 150 and summary["world_size"] == 2
-    assert summary["resumed_from_step"] and 25 <= summary["resumed_from_step"] < 150, summary
+    assert summary["global_step"] == 300 and summary["world_size"] == 2
+    assert summary["resumed_from_step"] and 25 <= summary["resumed_from_step"] < 300, summary
     assert "resuming from" in log
     record_step_rate(summary)
     losses = val_losses(run)  # both runs' metrics files
@@ -367,7 +367,7 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     assert final_status["state"] == "COMPLETED" and final_status["source"] in {"squeue", "sacct", "jobcomp"}
     # progress from the run's metrics.csv (the lab's nodes share this machine's filesystem): the resumed version's last row
     progress = final_status["progress"]
-    assert (progress["step"], progress["max_steps"], progress["eta_s"]) == (150, 150, 0.0), progress
+    assert (progress["step"], progress["max_steps"], progress["eta_s"]) == (300, 300, 0.0), progress
     assert progress["tokens_per_s"] > 0 and progress["source"].startswith(str(run / "logs" / "version_")), progress
     # the job directory is a handle too
     job_dir = jobgen.root / "runs" / "lab-requeue" / "job"  # submit without --out: the job dir goes with the run
