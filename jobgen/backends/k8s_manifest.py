@@ -325,8 +325,12 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
     p, k, w = ctx.profile, ctx.profile.kubernetes, ctx.world
     assert k is not None
     run_dir = f"{RUN_ROOT}/{name}"
-    # The bundled entrypoint's image has jobgen: its launcher gives the pod the failure's class as exit code.
+    # The bundled entrypoint's image has jobgen: its launcher gives the pod the failure's class as exit code
+    # and, with a budget, ends the restarts once it is spent (the operator does not: restart_ledger).
     launcher = [_kubelet_literal(k.python), "-m", LAUNCH_MODULE if ctx.spec.entrypoint is None else "torch.distributed.run"]
+    budget = restart_budget(ctx)
+    if ctx.spec.entrypoint is None and budget:
+        launcher += [f"--restart-budget={budget}", f"--restart-ledger={_kubelet_literal(restart_ledger(run_dir, ctx))}"]
     if kind is PYTORCHJOB and w.elastic:
         # No Master: the operator sets PET_RDZV_* and PET_NNODES but not PET_NPROC_PER_NODE (module doc).
         launcher += [f"--nnodes={w.fewest_nodes}:{w.num_nodes}", f"--nproc-per-node={w.devices_per_node}",
@@ -445,6 +449,16 @@ def restart_budget(ctx: PlanContext) -> int:
     return ctx.spec.restart.max_restarts or k.backoff_limit or 0
 
 
+def restart_ledger(run_dir: str, ctx: PlanContext) -> str:
+    """Where :mod:`jobgen.train.launch` counts each pod's starts: ``<run dir>/restarts/<first 12
+    hex digits of the inputs sha256>``, so a changed job starts a new count. training-operator
+    v1.9 ends ExitCode restarts by ``backoffLimit`` only when it is 0 (a recreated pod's
+    ``restartCount`` starts at 0: pkg/core/job.go ``PastBackoffLimit``), so the launcher spends
+    the budget. It lasts only as long as the run directory: an emptyDir goes with the pod
+    (:func:`plan` warns)."""
+    return f"{run_dir}/restarts/{ctx.inputs_sha256[:12]}"
+
+
 def run_policy(ctx: PlanContext) -> dict[str, Any]:
     """PyTorchJob ``spec.runPolicy`` (training-operator RunPolicy), keys in a fixed order:
     ``backoffLimit`` is :func:`restart_budget`."""
@@ -528,6 +542,10 @@ def plan(ctx: PlanContext) -> JobPlan:
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
                                             k8s_version=k.version, profile_source=ctx.profile_source)
     warnings += report.warnings
+    if kind is PYTORCHJOB and restart_budget(ctx) and not k.runs_volume_claim:
+        warnings += (f"restart budget {restart_budget(ctx)} without kubernetes.runs_volume_claim: the run directory is an "
+                     "emptyDir, so a recreated pod starts from step 0 and jobgen cannot count its restarts (they are then "
+                     "bounded by nothing); set runs_volume_claim to a ReadWriteMany PersistentVolumeClaim",)
     unpinned = image_warning(ctx)
     if unpinned:
         warnings += (unpinned,)

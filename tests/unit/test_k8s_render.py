@@ -140,6 +140,23 @@ def test_the_restart_budget_is_the_backoff_limit_of_every_exit_code_replica(tmp_
     assert job["spec"]["runPolicy"]["backoffLimit"] == expected
     assert {role: r["restartPolicy"] for role, r in job["spec"]["pytorchReplicaSpecs"].items()} == {"Master": "ExitCode",
                                                                                                      "Worker": "ExitCode"}
+    for role in ("Master", "Worker"):
+        command = container(job, role)["command"]
+        assert command[:3] == ["python", "-m", "jobgen.train.launch"]
+        own = [arg for arg in command if arg.startswith("--restart-")]
+        if expected:  # the launcher spends the budget: v1.9 bounds ExitCode restarts by backoffLimit only at 0
+            assert own[0] == f"--restart-budget={expected}" and own[1].startswith("--restart-ledger=/workspace/runs/job/restarts/")
+            assert command.index(own[1]) == 4  # ahead of torchrun's arguments
+        else:
+            assert own == []
+
+
+def test_a_budget_without_a_shared_run_directory_warns(tmp_path):
+    job_plan, _ = render(tmp_path, {"runs_volume_claim": None}, spec={"restart": {"max_restarts": 2}})
+    assert any("restart budget 2 without kubernetes.runs_volume_claim" in w for w in job_plan.warnings), job_plan.warnings
+    for settings, budget in (({}, 2), ({"runs_volume_claim": None}, 0)):  # k8s-a100 mounts a claim; no budget, no restarts
+        job_plan, _ = render(tmp_path, settings, spec={"restart": {"max_restarts": budget}})
+        assert not any("runs_volume_claim" in w for w in job_plan.warnings), job_plan.warnings
 
 
 def test_secrets_are_references_never_values(tmp_path):

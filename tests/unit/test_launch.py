@@ -146,3 +146,79 @@ def test_sigterm_to_the_launcher_reaches_the_worker_and_exits_143(tmp_path):
     assert returncode == 143, output
     assert (tmp_path / "signal").read_text() == str(int(signal.SIGTERM))
     assert "jobgen.train.launch: got signal 15" in output
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--standalone", "x.py"], (None, None, ["--standalone", "x.py"])),
+    (["--restart-budget=2", "--restart-ledger=/runs/a b/restarts", "--standalone", "x.py", "--restart-budget=9"],
+     (2, Path("/runs/a b/restarts"), ["--standalone", "x.py", "--restart-budget=9"])),  # torchrun's and the script's are left alone
+])
+def test_the_launchers_own_options_come_first(argv, expected):
+    from jobgen.train.launch import own_options
+
+    assert own_options(argv) == expected
+
+
+@pytest.mark.parametrize("argv", [["--restart-budget=two", "--restart-ledger=/x"], ["--restart-budget=-1", "--restart-ledger=/x"],
+                                  ["--restart-budget=1"], ["--restart-ledger=/x"], ["--restart-budget=\x1b[2J\n", "--restart-ledger=/x"]])
+def test_a_bad_budget_or_half_the_options_is_refused(argv):
+    from jobgen.train.launch import own_options
+
+    with pytest.raises(SystemExit) as exc:
+        own_options(argv)
+    message = str(exc.value.code)
+    assert message.startswith("jobgen.train.launch: error: ") and "\x1b" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("hostname", "expected"), [
+    ("job-master-0", "job-master-0"), ("", "pod"), ("../../etc/passwd", "_.._etc_passwd"), ("a b\n\x00", "a_b__"),
+    ("\udcff" * 3, "___"), ("x" * 300, "x" * 253), ("..", "pod"),
+])
+def test_the_pod_name_is_a_safe_file_name(hostname, expected):
+    from jobgen.train.launch import pod_name
+
+    assert pod_name({"HOSTNAME": hostname}) == expected
+
+
+def test_starts_are_counted_per_pod(tmp_path):
+    from jobgen.train.launch import record_start
+
+    ledger = tmp_path / "restarts" / "0123abcd"
+    assert [record_start(ledger, "job-master-0") for _ in range(3)] == [0, 1, 2]
+    assert record_start(ledger, "job-worker-0") == 0
+
+
+def test_a_start_beyond_the_budget_exits_1_before_torchrun(tmp_path, monkeypatch, capsys):
+    """A pod killed from outside (the launcher could not answer) and recreated once more than the budget allows."""
+    from jobgen.train.launch import main
+
+    monkeypatch.setenv("HOSTNAME", "job-master-0")
+    (tmp_path / "job-master-0").write_text("1\n2\n")  # the first start and one restart: budget 1 spent
+    assert main(["--restart-budget=1", f"--restart-ledger={tmp_path}", "--standalone", "no-such-script.py"]) == 1
+    assert "this start is restart 2, beyond the budget of 1: exit 1" in capsys.readouterr().err
+    assert (tmp_path / "job-master-0").read_text().count("\n") == 3
+
+
+def test_an_unwritable_ledger_fails_the_pod_permanently(tmp_path, monkeypatch, capsys):
+    from jobgen.train.launch import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["--restart-budget=1", f"--restart-ledger={tmp_path / 'file'}", "--standalone", "x.py"]) == 1
+    assert "cannot count this pod's starts in " in capsys.readouterr().err
+
+
+def test_a_retryable_failure_with_the_budget_spent_exits_1(tmp_path):
+    """A real torchrun run: the worker is SIGKILLed (137, retryable) on the pod's last allowed start."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    (ledger / "job-master-0").write_text("1\n")  # one start before: this is restart 1 of 1
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "HOSTNAME": "job-master-0"}
+    argv = [sys.executable, "-m", "jobgen.train.launch", "--restart-budget=1", f"--restart-ledger={ledger}", "--standalone",
+            "--nproc-per-node=1", str(worker), "sigkill", str(tmp_path / "signal")]
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "jobgen.train.launch: restart 1 of 1 (restart.max_restarts)" in done.stderr
+    assert "restart budget spent (1 of 1): exit 1 instead of 137, so the job fails" in done.stderr
