@@ -329,7 +329,7 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
     # and, with a budget, ends the restarts once it is spent (the operator does not: restart_ledger).
     launcher = [_kubelet_literal(k.python), "-m", LAUNCH_MODULE if ctx.spec.entrypoint is None else "torch.distributed.run"]
     budget = restart_budget(ctx)
-    if ctx.spec.entrypoint is None and budget:
+    if kind is PYTORCHJOB and ctx.spec.entrypoint is None and budget:  # a TrainJob's Job restarts in place (OnFailure)
         launcher += [f"--restart-budget={budget}", f"--restart-ledger={_kubelet_literal(restart_ledger(run_dir, ctx))}"]
     if kind is PYTORCHJOB and w.elastic:
         # No Master: the operator sets PET_RDZV_* and PET_NNODES but not PET_NPROC_PER_NODE (module doc).

@@ -159,8 +159,10 @@ def test_a_killed_rank_recreates_the_pod_within_the_budget_and_the_job_resumes(p
     assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
     assert job["spec"]["runPolicy"]["backoffLimit"] == 1
     first_ckpt = run_dir / "checkpoints" / f"step-{EVERY:08d}.ckpt"
-    wait_for(first_ckpt.is_file, 600, 0.2, what=f"the step {EVERY} checkpoint in the shared run directory")
+    wait_for(lambda: first_ckpt.is_file() or any(pod["status"].get("phase") == "Failed" for pod in job_pods(pods, "qs-kill")),
+             600, 0.5, what=f"the step {EVERY} checkpoint in the shared run directory")
     (master,) = job_pods(pods, "qs-kill")
+    assert master["status"].get("phase") == "Running", master["status"]
     launcher = task_pid(pods, master)
     assert "jobgen.train.launch" in Path(f"/proc/{launcher}/cmdline").read_bytes().decode(errors="replace")
     trainers = children(launcher)
