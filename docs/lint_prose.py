@@ -128,8 +128,8 @@ def sentences(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- references
 
-#: ``issue 23``, ``issues 23 and 30``, ``#123``, ``(#12)``, ``PR 4``.
-ISSUE = re.compile(r"\b(?:issues?|PRs?|pull request)\s+#?\d+\b|(?<![\w&/#])#\d{1,5}\b", re.I)
+#: ``issue 23``, ``issue-22``, ``issues 23 and 30``, ``#123``, ``(#12)``, ``PR 4``.
+ISSUE = re.compile(r"\b(?:issues?|PRs?|pull request)(?:\s+|-)#?\d+\b|(?<![\w&/#])#\d{1,5}\b", re.I)
 #: A commit hash: 7 to 40 hex digits with a digit and a letter, not part of a longer hex run,
 #: a sha256 digest (``sha256:...``), a colour (``#a1b2c3``), a number (``0x...``) or a UUID.
 COMMIT = re.compile(r"(?<![\w./:@#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-])")

@@ -23,7 +23,7 @@ from jobgen.reports.failure_class import Classification, Evidence, classify, unc
 from jobgen.reports.usage import Usage
 
 if TYPE_CHECKING:
-    from jobgen.planning.rules import World
+    from jobgen.jobdir.world import World
     from jobgen.reports.triage import Triage
     from jobgen.specs.profile import ClusterProfile, SshSettings
 

@@ -63,7 +63,6 @@ from jobgen.jobdir.files import (
     CODE_INFO_FILE,
     DS_CONFIG_FILE,
     KUSTOMIZATION_FILE,
-    MAX_NAME,
     PYTORCHJOB_FILE,
     SPEC_FILE,
     TRAINJOB_FILE,
@@ -75,6 +74,7 @@ from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_ar
 from jobgen.planning.environment import launcher_owned
 from jobgen.planning.plan import ApiRequest, ClusterObject, JobPlan, PlanContext
 from jobgen.specs.k8s_names import DNS1035_LABEL
+from jobgen.specs.training import MAX_NAME
 
 TEMPLATE = "kubernetes/pytorchjob.yaml.j2"
 TRAINJOB_TEMPLATE = "kubernetes/trainjob.yaml.j2"

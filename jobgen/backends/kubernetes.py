@@ -41,8 +41,8 @@ from jobgen.backends.k8s_pods import job_pods, pod_evidence, pod_summary, pod_us
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
+from jobgen.jobdir.world import World
 from jobgen.planning.plan import JobPlan, PlanContext
-from jobgen.planning.rules import World
 from jobgen.reports.triage import LogLine, Triage, parse_rfc3339, triage
 from jobgen.specs.k8s_names import is_dns1123_label
 

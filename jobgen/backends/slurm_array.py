@@ -30,6 +30,7 @@ from jobgen.backends.slurm_script import (
     RUNS_DIR_PLACEHOLDER,
     launch_argv,
     master_port_window,
+    restart_values,
     run_dir_name,
     sbatch_command,
     sbatch_directives,
@@ -104,13 +105,14 @@ def _template_values(ctx: PlanContext, base_name: str, tasks: int) -> dict[str, 
         "srun_options": srun_options(ctx),
         "launch": launch_argv(ctx, spec_path),
         "forward_signal": s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
+        "restart": restart_values(ctx.spec),
     }
 
 
 _WHAT = {"directives": "#SBATCH options", "modules": "modules", "env": "environment", "secrets": "secrets",
          "omp_threads": "CPUs per rank", "master_port": "master port", "shared_nodes": "exclusive nodes",
          "port_window": "master port", "srun_options": "srun options",
-         "launch": "launch line", "forward_signal": "requeue signal"}
+         "launch": "launch line", "forward_signal": "requeue signal", "restart": "restart budget (restart)"}
 
 
 def _first_difference(a: Any, b: Any) -> str:

@@ -10,16 +10,19 @@ live in :mod:`jobgen.backends.slurm`.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError
 from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir.world import World
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_quote
-from jobgen.planning.rules import World
+from jobgen.reports.failure_class import CLASSES, SRUN_WORD_CODES, task_exit_classes
 from jobgen.specs.profile import SlurmSettings
+from jobgen.specs.training import TrainingSpec
 
 TEMPLATE = "slurm/job.sbatch.j2"
 #: Placeholder in the planned sbatch command for ``jobgen submit --runs-dir`` (made absolute).
@@ -251,6 +254,20 @@ def site_directives(s: SlurmSettings) -> list[tuple[str, str | None]]:
     return out
 
 
+def restart_values(spec: TrainingSpec) -> dict[str, Any] | None:
+    """What the batch script needs to restart the job after a retried failure (the template's
+    ``restart``), or None when ``restart.max_restarts`` is 0 (the script then ends with srun's
+    status, as without a budget): the budget, ``exclude_failed_nodes``, the class of each task
+    exit code (:func:`~jobgen.reports.failure_class.task_exit_classes`), srun's words for a
+    task's end with their codes (:data:`~jobgen.reports.failure_class.SRUN_WORD_CODES`) and the
+    classes in precedence order."""
+    r = spec.restart
+    if r.max_restarts == 0:
+        return None
+    return {"max_restarts": r.max_restarts, "exclude_failed_nodes": r.exclude_failed_nodes,
+            "code_classes": task_exit_classes(), "word_codes": SRUN_WORD_CODES, "classes": CLASSES}
+
+
 def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     """``(option, value)`` pairs for ``#SBATCH`` lines, in a stable order; value None: a flag.
 
@@ -280,6 +297,8 @@ def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:
     if w.accelerator == "gpu":
         out += gpu_directives(s, gpus_per_node=w.devices_per_node, tasks_per_node=w.devices_per_node, nodes=w.num_nodes)
     out += site_directives(s)
+    if ctx.spec.restart.max_restarts and not s.requeue:  # the batch script's own requeue needs it (scontrol requeue)
+        out.append(("requeue", None))
     out.append(("open-mode", "append"))
     out.append(("output", "slurm-%j.out"))
     for arg in s.extra_sbatch_args:
@@ -425,6 +444,7 @@ def plan(ctx: PlanContext) -> JobPlan:
         srun_options=srun_options(ctx),
         launch=launch_argv(ctx),
         forward_signal=s.requeue_signal if s.requeue and s.signal_target == "batch" else None,
+        restart=restart_values(ctx.spec),
     )
     files.append((SBATCH_FILE, script))
     return JobPlan(

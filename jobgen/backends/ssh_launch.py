@@ -36,9 +36,9 @@ from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError, printable
 from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SSH_JOB_ENV
 from jobgen.jobdir.submission import JobHandle
+from jobgen.jobdir.world import World
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_argv
-from jobgen.planning.rules import World
 from jobgen.specs.profile import SshSettings
 
 TEMPLATE = "ssh/launch.sh.j2"

@@ -110,14 +110,18 @@ def status(job: str, output: str, as_json: bool) -> None:
     error) or CANCELLED (Ctrl-C).
     A failed job's failure class (user: not retried; infrastructure, unknown:
     retried) and its reason, from what the scheduler reports, and the spec's restart
-    budget (restart.max_restarts) from its job directory's spec.json (docs/failures.md);
-    a local run adds the restarts jobgen made (restarts_used, restart_<n>: class, reason).
+    budget (restart.max_restarts) from its job directory's spec.json, beside the restarts
+    used: those jobgen made in a local run (restarts_used, restart_<n>: class, reason), or the
+    scheduler's count (SLURM: its requeues; docs/failures.md).
     -o json: {"handle", "state", "source", "details", "usage", "failure"} (failure adds
     "max_restarts"; a job array adds "tasks"); a scheduler that cannot be asked is an
     error (exit 1), as JSON too.
     """
     st = api.status(job)
-    budget = api.restart_budget(job) if st.failure is not None else None
+    used = st.details.get("restarts", "")  # SLURM: squeue's restart_cnt (the job's requeues so far)
+    local_used = st.details.get("restarts_used", "")  # a local run: "<n> of <budget>", jobgen's own restarts
+    restarted = used not in ("", "0") or (local_used != "" and not local_used.startswith("0 "))
+    budget = api.restart_budget(job) if st.failure is not None or restarted else None
     if output == "json" or as_json:
         doc = st.to_json()
         if doc["failure"] is not None:
@@ -129,11 +133,12 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-        if budget is not None and "restarts_used" in st.details:  # a local run: jobgen's launcher restarts it
-            click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used "
-                       "(jobgen restarts a local run itself)")
-        elif budget is not None:
-            click.echo(f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)")
+    if budget is not None and "restarts_used" in st.details:  # a local run: jobgen's launcher restarts it
+        click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used "
+                   "(jobgen restarts a local run itself)")
+    elif budget is not None:
+        shown_used = f", {printable(used)} used" if used else ""
+        click.echo(f"  restart budget: max_restarts {budget}{shown_used} (spec.json)")
     if st.usage is not None:
         click.echo(f"  usage: {st.usage.describe()}")
     for task in st.tasks:  # a SLURM job array: one line per task

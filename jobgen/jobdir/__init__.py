@@ -39,6 +39,8 @@ The contract is one package, one module per concept; every name is importable fr
 - :mod:`jobgen.jobdir.spec`: ``spec.json`` (:class:`ResolvedSpec`, :class:`LaunchSpec`) and ``array.json`` (:class:`ArrayIndex`);
 - :mod:`jobgen.jobdir.runs`: a run directory's records (:class:`CodeSnapshot`, :class:`RunIdentity`,
   :class:`LocalRun`, :class:`TrackingRecord`);
+- :mod:`jobgen.jobdir.world`: the job's world (:class:`~jobgen.jobdir.world.World`: nodes x ranks per
+  node and the numbers derived from it);
 - :mod:`jobgen.jobdir.submission`: the handle (:class:`JobHandle`), the submission record
   (:class:`Submission`) and the state index.
 """
@@ -59,7 +61,6 @@ from jobgen.jobdir.files import (
     KUSTOMIZATION_FILE,
     LAUNCH_FILE,
     LOCAL_RUN_FILE,
-    MAX_NAME,
     MLFLOW_DB_FILE,
     OWNED_FILES,
     POINT_FILES,
@@ -129,6 +130,7 @@ from jobgen.jobdir.submission import (
     state_dir,
     state_record_path,
 )
+from jobgen.specs.training import MAX_NAME  # a job's name rule: a spec's, named here with the contract
 
 __all__ = [
     "ARRAY_INDEX_FILE",

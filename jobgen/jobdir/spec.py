@@ -22,8 +22,8 @@ from pydantic import (
 )
 
 from jobgen.errors import ConfigError, json_path
-from jobgen.jobdir.files import ARRAY_INDEX_FILE, SPEC_FILE, point_file
-from jobgen.planning.rules import World
+from jobgen.jobdir.files import ARRAY_INDEX_FILE, SPEC_FILE, point_file, pretty_json
+from jobgen.jobdir.world import World
 from jobgen.specs.profile import SshSettings
 from jobgen.specs.training import TrainingSpec
 
@@ -106,8 +106,6 @@ class ResolvedSpec(BaseModel):
 
     def dumps(self) -> str:
         """The file's text: deterministic JSON (field order, 2-space indent, final newline)."""
-        from jobgen.planning.render import pretty_json
-
         return pretty_json(self)
 
     @property
@@ -194,8 +192,6 @@ class ArrayIndex(BaseModel):
 
     def dumps(self) -> str:
         """The file's text: deterministic JSON (field order, 2-space indent, final newline)."""
-        from jobgen.planning.render import pretty_json
-
         return pretty_json(self)
 
     def point(self, index: int) -> ArrayPoint:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from jobgen.errors import PlanError
 
 if TYPE_CHECKING:
-    from jobgen.planning.rules import World
+    from jobgen.jobdir.world import World
     from jobgen.specs.training import TrainingSpec
 
 #: The environment variable Lightning's DeepSpeedStrategy reads its config path from when it

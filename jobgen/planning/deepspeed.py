@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobgen.errors import DeepSpeedConfigError, PlanError, did_you_mean
-from jobgen.planning.render import pretty_json
-from jobgen.planning.rules import World
+from jobgen.jobdir.files import pretty_json
+from jobgen.jobdir.world import World
 from jobgen.specs.training import TrainingSpec
 
 #: Bucket sizes in elements (DeepSpeed's defaults are 5e8; 2e8 halves the communication

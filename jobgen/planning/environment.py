@@ -30,7 +30,7 @@ from jobgen.errors import ConfigError, PlanError
 from jobgen.planning.nccl import nccl_env
 
 if TYPE_CHECKING:
-    from jobgen.planning.rules import World
+    from jobgen.jobdir.world import World
     from jobgen.specs.profile import ClusterProfile
     from jobgen.specs.training import TrainingSpec
 

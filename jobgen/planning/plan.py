@@ -23,10 +23,11 @@ from jobgen import __version__
 from jobgen.errors import PlanError
 from jobgen.jobdir.files import write_job_files
 from jobgen.jobdir.spec import LaunchSpec, ResolvedSpec
+from jobgen.jobdir.world import World
 from jobgen.planning.command import check_trainer_args
 from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
-from jobgen.planning.rules import World, check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
+from jobgen.planning.rules import check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
 from jobgen.planning.tracking import check_tracking, resolve_tracking
 from jobgen.specs.profile import ClusterProfile, Placeholder, SshSettings, example_values
 from jobgen.specs.training import TrainingSpec

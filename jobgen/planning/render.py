@@ -78,17 +78,6 @@ def sbatch_quote(value: Any) -> str:
     return sh_quote(str(value).replace("\\", "\\\\"))
 
 
-def pretty_json(value: Any) -> str:
-    """Deterministic, human-diffable JSON: 2-space indent, UTF-8, final newline.
-
-    Keys keep their order: callers build dicts in a fixed order and pydantic models serialise
-    in field-definition order (mappings from user input are sorted by their validators).
-    Serialised by pydantic-core (Rust): the stdlib encoder falls back to pure Python whenever
-    ``indent`` is set, which made it the largest cost of a render.
-    """
-    return pydantic_core.to_json(value, indent=2).decode() + "\n"
-
-
 #: Characters a YAML reader does not take as they are inside a double-quoted scalar: DEL and the C1
 #: controls (not printable in YAML 1.1/1.2: "not valid YAML"), NEL, U+2028, U+2029 (line breaks:
 #: folded into a space), the BOM, surrogates and U+FFFE/U+FFFF. JSON's ``\uXXXX`` escapes are

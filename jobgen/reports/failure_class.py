@@ -27,9 +27,11 @@ is success, nothing to restart. So a user error exits 1 (an exception) or 2 (an 
 :data:`jobgen.errors.EXIT_BAD_INPUT`), and jobgen's infrastructure and unknown verdicts exit
 above 192: 129-192 are 128 + a signal number (Linux signals 1-64, signal(7)) and 255 is what
 ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG` and
-:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) exits 2
-for an input error, :data:`EXIT_HUNG` when its watchdog finds the job hung
-(:mod:`jobgen.train.watchdog`), and 1 for any other failure, an NCCL error included.
+:data:`EXIT_UNKNOWN` say who decided. The entrypoint (``python -m jobgen.train``) exits with
+:func:`exit_code_for` of the exception that ended it (:func:`jobgen.train.__main__.failure_exit_code`):
+2 for an input error, 200 for an NCCL or transport error, a lost peer or a GPU hardware error,
+1 for any other exception; :data:`EXIT_HUNG` when its watchdog finds the job hung
+(:mod:`jobgen.train.watchdog`).
 
 torchrun exits 1 whatever its workers did, so a pod's exit code would say nothing. Rendered
 PyTorchJobs (``restartPolicy: ExitCode``) start torchrun through :mod:`jobgen.train.launch`,
@@ -339,6 +341,31 @@ def exit_code_for(cls: str, *, input_error: bool = False, hung: bool = False) ->
     if cls == UNKNOWN:
         return EXIT_UNKNOWN
     raise ValueError(f"{cls!r} is not a failure class ({', '.join(CLASSES)})")
+
+
+#: srun's words for how a task ended, as the exit code each stands for: 128 + the signal
+#: (:data:`SRUN_SIGNALS`); ``Out Of Memory`` (the cgroup's OOM killer) as SIGKILL's 137. The
+#: batch script's restart decision reads srun's task lines through it (:func:`task_exit_classes`).
+SRUN_WORD_CODES: tuple[tuple[str, int], ...] = (*((word, RETRYABLE_FROM + number) for word, number in SRUN_SIGNALS.items()),
+                                                 ("Out Of Memory", RETRYABLE_FROM + SIGKILL))
+
+
+def task_exit_classes() -> tuple[tuple[int, int, str], ...]:
+    """The class of a task that ended with each exit code 1-255, as ``(low, high, class)``
+    ranges (inclusive, ascending, covering 1-255): what :func:`classify` decides from srun's
+    report ``task N: Exited with exit code C`` (evidence of kind ``exit``). The SLURM batch
+    script renders it to decide on a restart (templates/slurm/job.sbatch.j2): 1-127 ``user``
+    (2: the entrypoint's input error), 137/143 and 200-201 ``infrastructure``, other signals
+    and 202 ``unknown``."""
+    ranges: list[tuple[int, int, str]] = []
+    for code in range(1, 256):
+        decided = classify([Evidence("srun", kind="exit", exit_code=code)])
+        cls = UNKNOWN if decided is None else decided.cls
+        if ranges and ranges[-1][2] == cls:
+            ranges[-1] = (ranges[-1][0], code, cls)
+        else:
+            ranges.append((code, code, cls))
+    return tuple(ranges)
 
 
 def srun_evidence(line: str) -> Evidence | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobgen.errors import ConfigError
-from jobgen.jobdir.files import MAX_NAME
+from jobgen.specs.training import MAX_NAME
 
 #: Short names of common spec fields in sweep job names (``quickstart-lr1e-4-mbs4``); other
 #: fields use their last path segment without underscores.

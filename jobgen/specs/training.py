@@ -78,6 +78,13 @@ _DATA_FORMAT_FIELDS = {"format": "text", "token_dtype": None, "vocab_size": None
 #: with room for what jobgen appends (``-smoke``, a log file's ``-<jobid>.out``).
 MAX_NAME_BYTES = 200
 
+#: Longest job name (= job directory name) that every backend uses unchanged: Kubernetes names
+#: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
+#: must fit a 63-character DNS label. A longer name (or one that is not a DNS-1035 label) gets a
+#: derived, hashed object name there (:func:`jobgen.backends.k8s_manifest.k8s_name`, with a
+#: warning); generated names stay within it (:func:`jobgen.specs.sweeps.sweep_job_names`).
+MAX_NAME = 48
+
 class DataSpec(_Model):
     """Training data: local text read as raw bytes (``format: text``, byte-level tokens, no
     tokenizer), pre-tokenized token files (``tokens``) or JSONL instruction data (``jsonl``).
@@ -209,10 +216,15 @@ class RestartSpec(_Model):
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
         f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
         "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
-        "and reason in summary.json and ``jobgen status``. SLURM and Kubernetes: recorded in spec.json and\n"
-        "shown by ``jobgen status`` beside a failed job's failure class (docs/failures.md). SLURM's requeue\n"
-        "on its time-limit signal and an elastic PyTorchJob's torchrun ``--max-restarts`` are not counted\n"
-        "against it."
+        "and reason in summary.json and ``jobgen status``. SLURM: the batch script requeues the job after\n"
+        "such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job, whatever its cause) is\n"
+        "below it. Kubernetes: a PyTorchJob's ``runPolicy.backoffLimit`` with ``restartPolicy: ExitCode``\n"
+        "(the operator recreates a pod that failed so; 0 here takes the profile's ``kubernetes.backoff_limit``;\n"
+        "docs/failures.md). An elastic PyTorchJob's torchrun ``--max-restarts`` is not counted against it."
+    ))
+    exclude_failed_nodes: bool = Field(default=True, description=(
+        "SLURM: a restart adds the node of the task that failed to the job's excluded nodes\n"
+        "(``scontrol update ExcNodeList``), so the requeued job does not run there again."
     ))
 
     @field_validator("max_restarts", mode="before")

@@ -44,8 +44,10 @@ data bins, checkpoints, CSV metrics and ``summary.json``. With ``checkpoint.resu
 restarted job continues from the newest checkpoint there.
 
 Exit status: 0 when training reached ``max_steps`` (or already had), 2 for bad input (spec
-file, data paths, unsupported strategy/precision), 201 when the progress watchdog finds the
-job hung (:data:`jobgen.reports.failure_class.EXIT_HUNG`; :mod:`jobgen.train.watchdog`), 1 for
+file, data paths, unsupported strategy/precision), 200 for a failure that is the cluster's (an
+NCCL or transport error, a lost peer, a GPU hardware error: :func:`failure_exit_code`), 201 when
+the progress watchdog finds the job hung (:data:`jobgen.reports.failure_class.EXIT_HUNG`;
+:mod:`jobgen.train.watchdog`), 1 for
 any other failure. Errors are one
 line on stderr; ``--debug`` shows the traceback. An error in a spec field names the user's spec
 file and the field as written there when ``$JOBGEN_SPEC_SOURCE`` says which file it was (``jobgen
@@ -68,6 +70,7 @@ from jobgen.errors import EXIT_RUNTIME, JobgenError, printable
 from jobgen.jobdir.files import CODE_DIR_ENV, SPEC_SOURCE_ENV
 from jobgen.jobdir.runs import read_code_snapshot
 from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec
+from jobgen.reports.failure_class import Evidence, classify, exit_code_for
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.formats import InstructionFiles, TokenFiles, discover_token_files, read_instruction_files
 from jobgen.train.resolved import check_runtime_support, runtime_world
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - top level: one line, non-zero exit
-        text = " ".join(str(exc).split())
+        text = printable(" ".join(str(exc).split()))  # the message is the job's: no escape reaches the log
         _notify_failed(resolved, run_dir, f"{type(exc).__name__}: {text}")
         if args.debug:
             raise
@@ -210,7 +213,28 @@ def main(argv: list[str] | None = None) -> int:
             f"{PROG}: error: {type(exc).__name__}: {text} (run with --debug for the traceback)",
             file=sys.stderr,
         )
-        return EXIT_RUNTIME
+        return failure_exit_code(exc)
+
+
+def failure_exit_code(exc: BaseException) -> int:
+    """The exit code for a failure that ended the entrypoint with ``exc``: a
+    :class:`~jobgen.errors.JobgenError`'s own code (2: input error, 1: other; subclasses that
+    find the cluster at fault set 200); otherwise ``exit_code_for`` of the class
+    :func:`jobgen.reports.failure_class.classify` gives the exception as a traceback's
+    evidence: 200 for an NCCL/transport error, a lost peer or a GPU hardware error, 1 for any
+    other exception (CUDA out of memory included). The text classified is each exception of
+    the chain (``__cause__``, else ``__context__``) as ``<qualified type>: <message>``, so an
+    NCCL error that a wrapper re-raised still counts."""
+    if isinstance(exc, JobgenError):
+        return exc.exit_code
+    lines, seen, current = [], set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        kind = type(current)
+        lines.append(f"{kind.__module__}.{kind.__qualname__}: {' '.join(str(current).split())}")
+        current = current.__cause__ or current.__context__
+    decided = classify([Evidence(PROG, kind="traceback", text=" | ".join(lines))])
+    return EXIT_RUNTIME if decided is None else exit_code_for(decided.cls)
 
 
 def _notify_failed(resolved: ResolvedSpec | None, run_dir: Path | None, error: str) -> None:

@@ -4,6 +4,10 @@ Turned on by the profile's ``preflight: true`` or ``jobgen submit --preflight`` 
 ``launch.preflight`` in spec.json). The entrypoint runs it before Lightning builds its Trainer;
 a failure exits 1 with one line naming the node. Steps, every rank:
 
+0. on a GPU profile, local rank zero of each node checks the node's GPUs with nvidia-smi
+   (:mod:`jobgen.train.gpu_health`: a failed GPU exits 200, an infrastructure failure); on a CPU
+   profile global rank zero says the check was skipped;
+
 1. writes a marker ``<run_dir>/preflight/<attempt>/<rank>-<hostname>`` (best effort; on a shared
    run directory rank zero can then name a rank that started but never reached it);
 2. joins a rendezvous: a TCPStore at MASTER_ADDR:MASTER_PORT (hosted by rank zero under srun,
@@ -282,6 +286,25 @@ class _Watchdog:
         self._timer.cancel()
 
 
+def check_node_gpus(accelerator: str, devices_per_node: int, environ: Mapping[str, str], out: Callable[[str], None]) -> None:
+    """Step 0 of the preflight: on a GPU profile, local rank zero (``SLURM_LOCALID``, else
+    torchrun's ``LOCAL_RANK``) checks this node's GPUs and prints one line; on a CPU profile
+    global rank zero (``SLURM_PROCID``, else ``RANK``) prints that the check was skipped.
+
+    Raises:
+        GPUHealthError: see :func:`jobgen.train.gpu_health.check_gpus`.
+    """
+    if accelerator != "gpu":
+        if environ.get("SLURM_PROCID", environ.get("RANK", "0")) == "0":
+            out("preflight: GPU check skipped: the profile's nodes have no GPUs")
+        return
+    if environ.get("SLURM_LOCALID", environ.get("LOCAL_RANK", "0")) != "0":
+        return
+    from jobgen.train.gpu_health import check_gpus
+
+    out(check_gpus(devices_per_node, socket.gethostname(), environ))
+
+
 def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ,
                   out: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
     """Run the preflight on this rank (every rank calls it); returns with torch.distributed's
@@ -290,8 +313,10 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
     Raises:
         PreflightError: a node did not join in time, this node cannot reach rank zero, or a node
             is slow (see the module doc); the message names the node(s).
+        GPUHealthError: this node's GPUs failed the check (exit 200; :mod:`jobgen.train.gpu_health`).
     """
     launch = resolved.launch
+    check_node_gpus(launch.accelerator, launch.devices_per_node, environ, out)
     if launch.world_size == 1:
         out("preflight: 1 rank, no collective to test")
         return

@@ -14,7 +14,7 @@ import pytest
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir import ResolvedSpec, load_resolved_spec
-from jobgen.planning.rules import World
+from jobgen.jobdir.world import World
 from jobgen.specs.training import TrainingSpec
 from jobgen.train.resolved import load_deepspeed_config
 

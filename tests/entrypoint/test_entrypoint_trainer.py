@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from jobgen.jobdir import load_resolved_spec
-from jobgen.planning.rules import World
+from jobgen.jobdir.world import World
 from jobgen.train import data as data_module
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint, find_checkpoints, newest_checkpoint, read_global_step

@@ -38,8 +38,8 @@ def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run:
            strategy: str = "fsdp"):
     doc = _spec(world_size, max_steps, strategy)
     if strategy.startswith("deepspeed"):  # the ds_config.json render writes beside spec.json
+        from jobgen.jobdir.world import World
         from jobgen.planning.deepspeed import deepspeed_config
-        from jobgen.planning.rules import World
         from jobgen.specs.training import TrainingSpec
 
         config = deepspeed_config(TrainingSpec.model_validate(doc["spec"]), World(1, world_size, "cpu", micro_batch_size=MICRO))

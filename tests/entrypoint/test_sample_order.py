@@ -73,8 +73,8 @@ OVERRIDES = {
 
 def _job(job_dir: Path, strategy: str, world: int) -> Path:
     """Write the resolved spec (and, for DeepSpeed, the rendered ds_config.json) for ``world`` CPU ranks."""
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config, dumps
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
 
     accumulation = GLOBAL_BATCH // (MICRO * world)
@@ -98,8 +98,8 @@ BORING = "lightning.pytorch.demos.boring_classes"
 
 def _user_job(job_dir: Path, strategy: str, world: int) -> Path:
     """:func:`_job` for the BoringModel on the BoringDataModule (one sample per micro batch, no accumulation)."""
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config, dumps
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
 
     trainer = {k: v for k, v in _merge(TINY_SPEC, OVERRIDES)["trainer"].items()

@@ -354,8 +354,8 @@ def test_no_host_device_traffic_per_step_in_either_direction(tmp_path: Path, mon
     step counter (the single-tensor AdamW of a CPU run) is left out (a GPU run's fused AdamW
     keeps it on the device), and so are a data sampler's index lists (host tensors only).
     """
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
     from jobgen.train import run
     from jobgen.train.callbacks import Throughput
@@ -559,8 +559,8 @@ def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_
     require("deepspeed", "deepspeed not installed")
     from deepspeed.utils.config import get_timers_config
 
+    from jobgen.jobdir.world import World
     from jobgen.planning.deepspeed import deepspeed_config
-    from jobgen.planning.rules import World
     from jobgen.specs.training import TrainingSpec
     from tests.entrypoint.conftest import TINY_SPEC, _merge
 

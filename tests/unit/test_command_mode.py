@@ -12,9 +12,9 @@ import yaml
 from jobgen.backends import plan
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
+from jobgen.jobdir.world import World
 from jobgen.planning.command import check_config_files, check_entrypoint_exists, trainer_args
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command
-from jobgen.planning.rules import World
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from jobgen.errors import PlanError
+from jobgen.jobdir.world import World
 from jobgen.planning.deepspeed import deepspeed_config
-from jobgen.planning.rules import World
 from jobgen.specs.load import validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import require

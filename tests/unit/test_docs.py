@@ -40,6 +40,10 @@ ILLUSTRATIONS = {
         "a 2-node preflight's output, figures illustrative (the page says so); the lines are jobgen/train/preflight.py's",
     "/tmp/sweeps/slurm-cpu-array/quickstart/":
         "a job array's directory: test_readme_commands.py checks that the page's commands wrote each file it lists",
+    "jobgen: restart 1/3 after infrastructure failure (exit 137 on node2); excluding node2":
+        "the SLURM batch script's restart decisions: tests/script/test_sbatch_restart.py produces each line of the block",
+    "preflight: GPUs on node gpu5: 8 x NVIDIA H100 80GB HBM3 ok":
+        "the preflight's GPU check: tests/unit/test_gpu_health.py produces each line of the block",
 }
 #: The most lines README.md may have: a landing page; the manual is the site.
 README_MAX_LINES = 250

@@ -19,7 +19,8 @@ from jobgen.backends import k8s_manifest, plan
 from jobgen.backends.k8s_validate import validate_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
-from jobgen.planning.rules import World, elastic_nodes
+from jobgen.jobdir.world import World
+from jobgen.planning.rules import elastic_nodes
 from jobgen.specs.load import load_profile, load_spec, validate
 from jobgen.specs.training import ResourcesSpec, TrainingSpec
 from jobgen.train.resolved import check_runtime_support, runtime_world

@@ -152,7 +152,7 @@ def rules(text: str, files: frozenset[str] = frozenset({"README.md"})) -> list[s
     return [f.rule for f in lint.references(text, "t", files)]
 
 
-@pytest.mark.parametrize("text", ["as issue 23 says", "Issues 21 and 28", "fixed in #123", "(#7)", "see PR 4"])
+@pytest.mark.parametrize("text", ["as issue 23 says", "the issue-22 refusal", "Issues 21 and 28", "fixed in #123", "(#7)", "see PR 4"])
 def test_issue_references_are_found(text):
     assert rules(text) == ["issue reference"]
 

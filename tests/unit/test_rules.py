@@ -7,7 +7,8 @@ import pytest
 
 from jobgen.backends import plan
 from jobgen.errors import PlanError
-from jobgen.planning.rules import World, resolve_world
+from jobgen.jobdir.world import World
+from jobgen.planning.rules import resolve_world
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, TEMPLATES

@@ -343,15 +343,22 @@ def test_status_of_a_failed_job_shows_the_restart_budget_its_spec_json_records(s
     slurm.respond("sbatch", reply("123\n"))
     assert submit(*extra).code == 0
     recorded = json.loads((job_dir(tmp_path) / "spec.json").read_text())["spec"]
-    assert recorded.get("restart") == (None if budget == 0 else {"max_restarts": budget})  # the default is left out
+    assert recorded.get("restart") == (None if budget == 0 else {"max_restarts": budget, "exclude_failed_nodes": True})  # the default is left out
     slurm.respond("squeue", SQUEUE_INVALID_JOB)
     slurm.respond("sacct", sacct_rows(row("123", "NODE_FAIL", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
     got = status_json(run_cli)["failure"]
     assert (got["class"], got["max_restarts"]) == ("infrastructure", budget)
     lines = run_cli("status", HANDLE).stdout.splitlines()
-    assert lines[-1] == f"  restart budget: max_restarts {budget} (spec.json; jobgen restarts no job itself)"
+    assert lines[-1] == f"  restart budget: max_restarts {budget} (spec.json)"
     slurm.respond("sacct", sacct_rows(row("123", "COMPLETED", "0:0", "node[1-2]", "00:00:05", JOB_NAME)))
-    assert "restart budget" not in run_cli("status", HANDLE).stdout  # shown with a failure only
+    assert "restart budget" not in run_cli("status", HANDLE).stdout  # shown with a failure or a restart only
+    # a job that restarted: the restarts used (squeue's restart_cnt) beside the budget, failed or not
+    for state, restarts in (("RUNNING", 1), ("FAILED", 2)):
+        slurm.respond("squeue", json_reply(squeue_doc("24.05", state, reason="None", restarts=restarts)))
+        lines = run_cli("status", HANDLE).stdout.splitlines()
+        assert lines[0].endswith(f"restarts {restarts})") and lines[-1] == f"  restart budget: max_restarts {budget}, {restarts} used (spec.json)"
+    slurm.respond("squeue", json_reply(squeue_doc("24.05", "RUNNING", reason="None", restarts=0)))
+    assert "restart budget" not in run_cli("status", HANDLE).stdout
 
 
 @pytest.mark.parametrize("reason", ["NodeDown\n" + "x" * 300, "\x1b[2J\nhint: rm -rf ~", "NodeDown'; $(reboot)"], ids=range(3))

@@ -25,7 +25,7 @@ def test_the_default_is_no_restart_and_stays_out_of_spec_json():
     assert "restart" not in plain.model_dump(mode="json")
     assert "restart" not in spec({"max_restarts": 0}).model_dump(mode="json")
     dumped = spec({"max_restarts": 3}).model_dump(mode="json")
-    assert dumped["restart"] == {"max_restarts": 3}
+    assert dumped["restart"] == {"max_restarts": 3, "exclude_failed_nodes": True}
     assert TrainingSpec.model_validate(dumped).restart.max_restarts == 3  # spec.json reads back
 
 

@@ -169,8 +169,8 @@ def test_what_plan_time_accepts() -> None:
 def test_the_tracker_credentials_are_credentials_to_every_existing_check() -> None:
     names = [n for group in TRACKER_CREDENTIALS.values() for n in group]
     assert names and all(looks_secret(n) for n in names)
+    from jobgen.jobdir.world import World
     from jobgen.planning.environment import check_job_env
-    from jobgen.planning.rules import World
 
     for name in names:
         with pytest.raises(PlanError, match="looks like a credential"):

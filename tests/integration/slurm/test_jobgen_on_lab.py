@@ -514,15 +514,19 @@ def test_an_input_error_fails_the_job_naming_the_users_spec_file(jobgen):
     nodes: the job is FAILED with a non-zero exit code (srun's: the highest of its tasks', 2, or
     128 + 15 when it stopped the other rank with SIGTERM first, srun(1) "RETURN VALUE"), `ls
     --state FAILED` lists it, and the error names the spec file `jobgen submit` read and the
-    field as written there, not spec.json."""
+    field as written there, not spec.json. With a restart budget of 3 the batch script classes it
+    a user failure (its task's exit code 2 decides over srun's kill of the other task) and the
+    job ends after one run with that code, never requeued."""
     jobgen.profile()
     spec = Path(jobgen.spec("lab-bad-data", max_steps=10, every=5))
     spec.write_text(spec.read_text().replace("data: {max_bytes: 1000000}", "data: {paths: [no-such-dir/*.txt]}"))
-    handle = jobgen.submit(str(spec))
+    handle = jobgen.submit(str(spec), "slurm-lab", "--set", "restart.max_restarts=3")
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=180)
     log = jobgen("logs", "--rank", "all", handle).stdout
     assert final == "FAILED", (seen, log[-3000:])
-    assert jobgen.status(handle)["details"].get("exit_code") in ("2:0", "143:0"), jobgen.status(handle)
+    details = jobgen.status(handle)["details"]
+    assert details.get("exit_code") == "2:0" and details.get("restarts") in (None, "", "0"), details
+    assert "jobgen: no restart after user failure (exit 2 on node" in log and "jobgen: restart " not in log, log[-3000:]
     assert f"python -m jobgen.train: error: {spec.resolve()}: data.paths[0]: 'no-such-dir/*.txt' matches no files" in log, log[-3000:]
     listed = {row["handle"]: row["state"] for row in json.loads(jobgen("ls", "--state", "FAILED", "-o", "json").stdout)}
     assert listed == {handle: "FAILED"}, listed

@@ -78,6 +78,8 @@ def test_preflight_prints_bandwidth_per_node_then_trains(jobgen):  # noqa: F811 
         assert line and float(line.group(1)) > 0, log[-4000:]
     assert "preflight: ok in" in log
     assert log.index("preflight: ok") < log.index("step 40/40"), log[-4000:]
+    # the lab's nodes have no GPUs (slurm-cpu): rank zero says the GPU check was skipped, once
+    assert log.count("preflight: GPU check skipped: the profile's nodes have no GPUs") == 1, log[-4000:]
     print("\n" + "\n".join(line for line in log.splitlines() if line.startswith("preflight:")))
 
 
