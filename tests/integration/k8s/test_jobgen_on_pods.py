@@ -15,9 +15,10 @@ What the module's tests prove, each through the CLI only (submit, status, logs, 
 2. ``jobgen cancel`` deletes the job, and no container, task or pod sandbox is left in either
    node's containerd;
 3. restartPolicy ExitCode (jobgen.train.launch gives the pod the failure's class as exit code):
-   a training process SIGKILLed from the host (found through its pod's container) exits the pod
-   137, the operator recreates the pod within the spec's restart budget, and the job resumes from
-   the last checkpoint in the shared run directory; an input error (exit 2) fails the job with no
+   a worker's training process SIGKILLed from the host (found through its pod's container) exits
+   the pod 137, the other pod's rank exits 200 (its lost peer), the operator recreates both pods
+   within the spec's restart budget, and the job resumes from the last checkpoint in the shared
+   run directory; an input error (exit 2) fails the job with no
    restart, and ``jobgen status`` says class user;
 4. a Secret referenced by the profile's ``kubernetes.secret_env`` reaches the container's
    environment, and no rendered file, ConfigMap or job object holds its value.
@@ -144,16 +145,16 @@ def test_cancel_leaves_no_pod_or_container_on_either_node(pods: PodLab) -> None:
     assert state(pods, handle)["state"] == "CANCELLED"
 
 
-def test_a_killed_rank_recreates_the_pod_within_the_budget_and_the_job_resumes(pods: PodLab) -> None:
-    """restartPolicy ExitCode with a budget of 1: a 1-pod job whose training process is SIGKILLed
-    from the host past its first checkpoint. jobgen.train.launch exits 137 (128 + SIGKILL:
-    retryable), the operator deletes the pod and creates it again (a new pod, restartCount 0; the
-    pod's own policy is Never), and the new pod resumes from the step checkpoint in the shared run
-    directory and completes. One pod: with two, the other pod's rank loses its peer, and only an
-    entrypoint that exits 200 for a lost peer makes that pod's failure retryable."""
+def test_a_killed_worker_recreates_the_pods_within_the_budget_and_the_job_resumes(pods: PodLab) -> None:
+    """restartPolicy ExitCode with a budget of 1: worker-0's training process SIGKILLed from the
+    host past the first checkpoint. jobgen.train.launch exits worker-0's pod 137 (128 + SIGKILL),
+    and the Master's rank, having lost its gloo peer, exits 200 (the entrypoint's class code): both
+    retryable, so the operator deletes both pods and creates them again (new pods, restartCount 0;
+    the pods' own policy is Never), and the job resumes from the step checkpoint in the shared run
+    directory and completes."""
     started = time.monotonic()
     run_dir = pods.runs / "qs-kill"
-    handle = submit(pods, "qs-kill", "resources.nodes=1", "restart.max_restarts=1")
+    handle = submit(pods, "qs-kill", "restart.max_restarts=1")
     manifest = yaml.safe_load_all((pods.work / "runs" / "qs-kill" / "job" / "pytorchjob.yaml").read_text())
     job = [doc for doc in manifest if doc and doc.get("kind") == "PyTorchJob"][0]
     assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
@@ -161,9 +162,10 @@ def test_a_killed_rank_recreates_the_pod_within_the_budget_and_the_job_resumes(p
     first_ckpt = run_dir / "checkpoints" / f"step-{EVERY:08d}.ckpt"
     wait_for(lambda: first_ckpt.is_file() or any(pod["status"].get("phase") == "Failed" for pod in job_pods(pods, "qs-kill")),
              600, 0.5, what=f"the step {EVERY} checkpoint in the shared run directory")
-    (master,) = job_pods(pods, "qs-kill")
-    assert master["status"].get("phase") == "Running", master["status"]
-    launcher = task_pid(pods, master)
+    before = {pod["metadata"]["name"]: pod for pod in job_pods(pods, "qs-kill")}
+    assert {pod["status"].get("phase") for pod in before.values()} == {"Running"}, [p["status"] for p in before.values()]
+    worker = before["qs-kill-worker-0"]
+    launcher = task_pid(pods, worker)
     assert "jobgen.train.launch" in Path(f"/proc/{launcher}/cmdline").read_bytes().decode(errors="replace")
     trainers = children(launcher)
     assert len(trainers) == 1, (launcher, trainers)
@@ -171,18 +173,23 @@ def test_a_killed_rank_recreates_the_pod_within_the_budget_and_the_job_resumes(p
     assert "jobgen.train" in cmdline, cmdline
     os.kill(trainers[0], signal.SIGKILL)
     killed_at = time.monotonic()
-    print(f"\nSIGKILLed pid {trainers[0]} in {master['metadata']['name']} (uid {master['metadata']['uid']})")
+    print(f"\nSIGKILLed pid {trainers[0]} in {worker['metadata']['name']} on {worker['spec']['nodeName']}")
     final = wait_state(pods, handle, {"COMPLETED", "FAILED"}, 900)
     print(f"qs-kill: {final['state']} {time.monotonic() - killed_at:.0f} s after the kill; {final['details']}")
     assert final["state"] == "COMPLETED", final
-    (again,) = job_pods(pods, "qs-kill")
-    assert again["metadata"]["name"] == master["metadata"]["name"] and again["metadata"]["uid"] != master["metadata"]["uid"]
-    assert again["spec"]["restartPolicy"] == "Never" and not container_status(again).get("restartCount")
+    after = {pod["metadata"]["name"]: pod for pod in job_pods(pods, "qs-kill")}
+    assert sorted(after) == sorted(before)
+    assert after["qs-kill-worker-0"]["metadata"]["uid"] != worker["metadata"]["uid"]  # recreated, not restarted in place
+    for pod in after.values():
+        assert pod["spec"]["restartPolicy"] == "Never" and not container_status(pod).get("restartCount"), pod["metadata"]["name"]
+    starts = {path.name: path.read_text().count("\n") for path in (run_dir / "restarts").glob("*/*")}
+    print(f"starts per pod (the launcher's count): {starts}")
+    assert starts["qs-kill-worker-0"] == 2, starts
     versions = sorted(run_dir.glob("logs/version_*"), key=lambda q: int(q.name.split("_")[1]))
     assert len(versions) >= 2, versions  # a second start logged: it resumed, it did not run once
     with open(versions[-1] / "metrics.csv", newline="") as f:
         steps = [int(float(row["step"])) for row in csv.DictReader(f) if row.get("train_loss")]
-    assert min(steps) == EVERY + 1 and max(steps) == STEPS, steps  # the new pod began after the step-EVERY checkpoint
+    assert min(steps) == EVERY + 1 and max(steps) == STEPS, steps  # the new pods began after the step-EVERY checkpoint
     print(f"test duration {time.monotonic() - started:.0f} s")
 
 
