@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: error: cannot count this pod's starts in {printable(str(ledger))}: {printable(str(exc))}",
                   file=sys.stderr, flush=True)
             return EXIT_BUDGET_SPENT
-        print(f"{PROG}: restart {restarts} of {budget} (restart.max_restarts)" if restarts else
-              f"{PROG}: first start (restart budget {budget})", file=sys.stderr, flush=True)
+        if restarts:  # a first start prints nothing: the job's output begins with the entrypoint's
+            print(f"{PROG}: restart {restarts} of {budget} (restart.max_restarts)", file=sys.stderr, flush=True)
         if restarts > budget:
             print(f"{PROG}: this start is restart {restarts}, beyond the budget of {budget}: exit {EXIT_BUDGET_SPENT}",
                   file=sys.stderr, flush=True)

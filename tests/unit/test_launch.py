@@ -221,4 +221,7 @@ def test_a_retryable_failure_with_the_budget_spent_exits_1(tmp_path):
     done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "jobgen.train.launch: restart 1 of 1 (restart.max_restarts)" in done.stderr
+    (ledger / "job-master-0").write_text("")
+    first = subprocess.run([*argv[:-2], "input-error", argv[-1]], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 2 and "jobgen.train.launch: restart" not in first.stderr, first.stderr  # a first start says nothing
     assert "restart budget spent (1 of 1): exit 1 instead of 137, so the job fails" in done.stderr

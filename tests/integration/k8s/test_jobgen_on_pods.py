@@ -227,6 +227,10 @@ def test_an_input_error_fails_the_job_without_a_restart_and_status_says_user(pod
         first = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in created}
         final = wait_state(pods, handle, {"FAILED", "COMPLETED"}, 300)
         assert final["state"] == "FAILED", final
+        # the operator fails the job at the first pod's permanent exit; the other pod ends by itself (cleanPodPolicy None)
+        wait_for(lambda: all(pod["status"].get("phase") == "Failed" for pod in job_pods(pods, "qs-bad-input")), 300, 1.0,
+                 what="both pods Failed")
+        final = state(pods, handle)
         assert final["failure"]["class"] == "user" and final["failure"]["retried"] is False, final["failure"]
         pods_now = job_pods(pods, "qs-bad-input")
         assert {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in pods_now} == first  # no pod recreated
