@@ -442,8 +442,9 @@ def image_warning(ctx: PlanContext) -> str | None:
 def restart_budget(ctx: PlanContext) -> int:
     """The job's restart budget on Kubernetes: the spec's ``restart.max_restarts`` when it is
     above 0, else the profile's ``kubernetes.backoff_limit`` (the default for the cluster's jobs;
-    ``null``: 0). One number: ``runPolicy.backoffLimit``, and for an elastic job torchrun's
-    ``--max-restarts`` and ``elasticPolicy.maxRestarts``."""
+    ``null``: 0). One number: ``runPolicy.backoffLimit`` and :mod:`jobgen.train.launch`'s
+    ``--restart-budget``; an elastic job's torchrun restarts in its pods are apart
+    (:data:`ELASTIC_GROUP_RESTARTS`)."""
     k = ctx.profile.kubernetes
     assert k is not None
     return ctx.spec.restart.max_restarts or k.backoff_limit or 0
