@@ -96,6 +96,7 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
         "test_qlora_losses_agree_across_strategies",
     }),
     "tests/entrypoint/test_local_failure_output.py": ALL,
+    "tests/entrypoint/test_straggler.py": ALL,  # two 2-rank trainings, 13 s each
     # 12 entrypoint runs (3 strategies x world size 1 and 2, jobgen's data and a user's) and 2 resumes.
     "tests/entrypoint/test_sample_order.py": frozenset({
         "test_every_strategy_and_world_size_reads_the_same_samples",

@@ -184,10 +184,10 @@ def status(job: str) -> JobStatus:
 def restart_budget(job: str) -> int | None:
     """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
-    says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`) and the SLURM
-    batch script on a SLURM job (docs/failures.md); on Kubernetes training-operator's ExitCode policy
-    and ``jobgen.train.launch`` do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``,
-    which this does not read)."""
+    says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`), its watcher on
+    hosts over ssh (:mod:`jobgen.backends.ssh_restart`) and the SLURM batch script on a SLURM job
+    (docs/failures.md); on Kubernetes training-operator's ExitCode policy and ``jobgen.train.launch``
+    do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``, which this does not read)."""
     resolved = recorded_spec(resolve_job(job))
     return None if resolved is None else resolved.spec.restart.max_restarts
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -58,8 +57,11 @@ from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
-from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, triage_evidence, unclassified
-from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line, torchrun_lines, triage
+from jobgen.reports.attempts import attempt_triage, restart_entry, root_cause_exit_code, torchrun_evidence, with_restarts
+from jobgen.reports.attempts import restart_details as budget_details
+from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, unclassified
+from jobgen.reports.straggler import straggler_details
+from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
 from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
 
@@ -256,9 +258,7 @@ class LocalBackend(Backend):
             decided = classify(evidence) or unclassified(f"torchrun: exit code {code}")
             if not decided.retried or len(restarts) >= budget:
                 break
-            restarts.append({"restart": len(restarts) + 1, "class": decided.cls, "reason": decided.reason, "rule": decided.rule,
-                             "evidence": decided.evidence, "exit_code": code,
-                             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            restarts.append(restart_entry(len(restarts) + 1, decided, code))
             run = run.model_copy(update={"restarts": tuple(restarts)})
             write_local_run(job_dir, run)
             out(f"jobgen: restart {len(restarts)} of {budget} (restart.max_restarts) after a failure classed "
@@ -325,6 +325,8 @@ class LocalBackend(Backend):
         if run.first_error:
             details["first_error"] = run.first_error
         details |= restart_details(run)
+        if run.state == "COMPLETED":
+            details |= _summary_straggler(run_dir)
         usage = _summary_usage(run_dir) if run.state == "COMPLETED" else None
         return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir), evidence=stored_evidence(run))
 
@@ -385,11 +387,7 @@ def attempt_evidence(log: Path, run_dir: Path, code: int, since: float) -> list[
     own exit ``code`` (a negative one: killed by that signal). What cannot be read is left out."""
     found: list[Evidence] = []
     if log.is_file():
-        found += triage_evidence(_log_triage(log))
-        ranks = ranks_exit_code(log)
-        if ranks is not None:
-            found.append(Evidence("torchrun report (first failing rank)", exit_code=None if ranks < 0 else ranks,
-                                  signal=-ranks if ranks < 0 else None))
+        found += torchrun_evidence(_last_start(log))
     verdict = run_dir / HANG_VERDICT_FILE
     try:
         if verdict.stat().st_mtime >= since - 1:
@@ -417,14 +415,8 @@ def stored_evidence(run: LocalRun) -> tuple[Evidence, ...]:
 
 
 def restart_details(run: LocalRun) -> dict[str, str]:
-    """``jobgen status`` details of a run's restarts: ``restarts_used`` (``"1 of 3"``) once the
-    spec has a budget, and ``restart_<n>``: ``<class> (<rule>): <reason> [<evidence>]`` per restart."""
-    if not run.max_restarts:
-        return {}
-    details = {"restarts_used": f"{len(run.restarts)} of {run.max_restarts}"}
-    for item in run.restarts:
-        details[f"restart_{item.get('restart')}"] = f"{item.get('class')} ({item.get('rule')}): {item.get('reason')} [{item.get('evidence')}]"
-    return details
+    """``jobgen status`` details of a run's restarts (:func:`jobgen.reports.attempts.restart_details`)."""
+    return budget_details(run.max_restarts, run.restarts)
 
 
 def _record_restarts(run_dir: Path, budget: int, restarts: list[dict[str, Any]]) -> None:
@@ -437,8 +429,7 @@ def _record_restarts(run_dir: Path, budget: int, restarts: list[dict[str, Any]])
     except (OSError, ValueError):
         return
     if isinstance(summary, dict):
-        summary["restarts"] = {"max_restarts": budget, "used": len(restarts), "history": restarts}
-        write_atomic(path, json.dumps(summary, indent=2) + "\n")
+        write_atomic(path, json.dumps(with_restarts(summary, budget, restarts), indent=2) + "\n")
 
 
 def _alive(pid: int) -> bool:
@@ -466,6 +457,15 @@ def _usage(run: LocalRun, run_dir: Path) -> Usage | None:
     elapsed = ((end or datetime.now(timezone.utc)) - start).total_seconds()
     return Usage(launch.accelerator, launch.world_size, max(elapsed, 0.0), f"{LOCAL_RUN_FILE} start to end x ranks",
                  start=start, end=end, gpu_hour_price=launch.gpu_hour_price)
+
+
+def _summary_straggler(run_dir: Path) -> dict[str, str]:
+    """``jobgen status``'s ``straggler`` detail from the run's summary.json
+    (:func:`~jobgen.reports.straggler.straggler_details`); ``{}`` when it cannot be read."""
+    try:
+        return straggler_details(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
 
 
 def _summary_usage(run_dir: Path) -> Usage | None:
@@ -532,29 +532,27 @@ def _replan(job_dir: Path, resolved: ResolvedSpec) -> JobPlan:
     return job_plan
 
 
-#: torchrun's report of a failed run (torch.distributed.elastic ``ChildFailedError.format_msg``):
-#: the first rank that failed, then its ``exitcode  : N (pid: P)``.
-_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n(?:(?!\s*exitcode\s*:).*\n){0,8}?\s*exitcode\s*:\s*(-?\d+)", re.M)
-
-
 def ranks_exit_code(log: Path) -> int | None:
-    """The exit code of the first rank that failed in the last start in ``log``, from torchrun's
-    report ("Root Cause (first observed failure)" ... ``exitcode``); torchrun itself exits 1
-    whatever it was. None: no report (torchrun did not get that far, or the log is gone)."""
+    """The exit code of the first rank that failed in the last start in ``log``
+    (:func:`jobgen.reports.attempts.root_cause_exit_code`). None: no report (torchrun did not get
+    that far, or the log is gone)."""
     try:
         texts = log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    last = texts.rfind(OUTPUT_START)
-    found = list(_ROOT_CAUSE.finditer(texts[max(last, 0):]))
-    return int(found[-1].group(1)) if found else None
+    return root_cause_exit_code(texts[max(texts.rfind(OUTPUT_START), 0):])
+
+
+def _last_start(log: Path) -> list[str]:
+    """The last start's lines in ``log`` (:data:`OUTPUT_LOG`), from its :data:`OUTPUT_START` line on."""
+    texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
+    return texts[starts[-1] if starts else 0:]
 
 
 def _log_triage(log: Path) -> Triage:
     """:func:`~jobgen.reports.triage.triage` of the last start's lines in ``log`` (:data:`OUTPUT_LOG`)."""
-    texts = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    starts = [i for i, text in enumerate(texts) if text.startswith(OUTPUT_START)]
-    return triage(torchrun_lines(texts[starts[-1] if starts else 0:]))
+    return attempt_triage(_last_start(log))
 
 
 def _run_foreground(argv: list[str], cwd: Path, env: dict[str, str], *, log: Path, echo: Echo = print) -> int:

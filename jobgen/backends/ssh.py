@@ -10,7 +10,8 @@ only tar is needed there, and the bytes arrive as they are here), starts ``bash 
 PID. The submission (:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``)
 is recorded before anything starts; a start that fails, or a launch that ends without writing its
 PID, stops the job on every host, takes the record back and fails the submit. ``status`` asks each host for the launch's PID, its exit code
-and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`);
+and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`;
+a completed job's straggler from node 0's summary.json);
 ``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
 each launch script (which passes it to torchrun, which stops its workers) and, after a grace
 period, SIGKILL to whatever of the job is left, then checks that nothing is.
@@ -21,9 +22,11 @@ command lines are planned in :mod:`jobgen.backends.ssh_launch`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -34,9 +37,14 @@ from typing import IO, TypeVar
 
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
 from jobgen.backends.ssh_launch import (
+    DONE,
     MISSING,
+    MODULE,
     NO_LOG_EXIT,
+    RESTARTING,
+    RESTARTS_FILE,
     TEMPLATE,
+    WATCH_LOG,
     NodeReport,
     handle_for,
     job_state,
@@ -45,20 +53,26 @@ from jobgen.backends.ssh_launch import (
     parse_report,
     plan,
     probe_command,
+    read_command,
+    read_record,
     run_dir,
     snapshot_dir,
     ssh_argv,
     status_command,
     stop_command,
+    stored_evidence,
     submit_commands,
+    watcher_alive,
 )
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE
+from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.runs import CodeSnapshot
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present
-from jobgen.planning.plan import JobPlan, PlanContext
+from jobgen.planning.plan import Command, JobPlan, PlanContext
+from jobgen.reports.attempts import restart_details
+from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import Triage
 from jobgen.specs.profile import SshSettings
 
@@ -144,7 +158,7 @@ def pack(job_dir: Path, code: tuple[Path, CodeSnapshot] | None, into: IO[bytes])
     of the code snapshot (as ``code/<id>/``) into ``into``; owners are not recorded (the hosts'
     user owns what is extracted)."""
     def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if Path(info.name).name == SUBMISSION_FILE:
+        if Path(info.name).name in (SUBMISSION_FILE, RESTARTS_FILE, WATCH_LOG):
             return None
         info.uid = info.gid = 0
         info.uname = info.gname = ""
@@ -212,7 +226,25 @@ def status(handle: JobHandle) -> JobStatus:
         raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
                           hint="check the network and that ssh reaches them without a prompt")
     state, details = job_state(nodes)
-    return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
+    details["run_dir"] = run
+    if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
+        proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
+        try:
+            details |= straggler_details(json.loads(proc.stdout)) if proc.returncode == 0 else {}
+        except ValueError:
+            pass
+    submission = find_submission(handle)
+    watched = read_record(Path(submission.job_dir)) if submission is not None else None
+    if watched is None:
+        return JobStatus(handle, state, "ssh", details)
+    details |= restart_details(watched["max_restarts"], watched["restarts"])
+    ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
+    if ended and watched["state"] != DONE and watcher_alive(watched):
+        state = "RESTARTING"
+        details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
+                             + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
+    # the watcher's evidence is of the attempt it decided last: this one's only once it is done
+    return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
 
 def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
@@ -285,28 +317,84 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
                             code_dir=snapshot_dir(run, code[0].name) if code else None, code=code[1] if code else None,
                             ssh=settings)
     record.save()
+    (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
 
-    def start(rank: int, host: str) -> str | None:
-        proc = run_ssh(commands.start[rank].argv, data=secret_data, timeout_s=_timeout(settings, 30))
-        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
-
-    started = _each(settings.hosts, start)
-    if any(started):
+    started, problems = _start_hosts(settings, handle, run, commands.start, secret_data)
+    if problems:
         _undo(settings, handle, record)
-        raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
-                          + "\n  ".join(f for f in started if f), hint="the hosts' messages are above")
-    nodes = _wait(handle, lambda nodes: all(_launched(n) or _ended_unlaunched(n) for n in nodes), START_WAIT_S)
-    unconfirmed = [n for n in nodes if not _launched(n)]
-    if unconfirmed:
-        problems = [f"{n.host} (node {n.rank}): " + _not_launched(settings, run, n) for n in unconfirmed]
-        _undo(settings, handle, record)
+        if not started:
+            raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
+                              + "\n  ".join(problems), hint="the hosts' messages are above")
         raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
                           + "\n  ".join(problems),
                           hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
     master = settings.rendezvous_host
     out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
         + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
+    budget = resolved.spec.restart.max_restarts
+    if budget:
+        pid = start_watcher(job_dir, str(handle), spec_source)
+        out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
+            f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
     return handle
+
+
+def start_watcher(job_dir: Path, handle: str, spec_source: str | None) -> int:
+    """Start the restart watcher (:mod:`jobgen.backends.ssh_restart`) of ``handle`` in a session of
+    its own (it outlives ``jobgen submit``), its output appended to ``<job dir>/``:data:`WATCH_LOG`;
+    it inherits this environment (the spec's secrets, which a restart hands to the hosts again).
+    Returns its PID.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    argv = [sys.executable, "-m", MODULE, "--job-dir", str(job_dir), "--handle", handle]
+    if spec_source is not None:
+        argv += ["--spec-source", spec_source]
+    with open(job_dir / WATCH_LOG, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
+    return proc.pid
+
+
+def _start_hosts(settings: SshSettings, handle: JobHandle, run: str, starts: Sequence[Command],
+                 secret_data: bytes | None) -> tuple[bool, list[str]]:
+    """Run each host's start command and wait until every launch wrote its PID; returns whether
+    every start command ran, and the problems (empty: every launch confirmed). The caller stops
+    what started when there are problems."""
+    def start(rank: int, host: str) -> str | None:
+        proc = run_ssh(starts[rank].argv, data=secret_data, timeout_s=_timeout(settings, 30))
+        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+    failed = [f for f in _each(settings.hosts, start) if f]
+    if failed:
+        return False, failed
+    nodes = _wait(handle, lambda nodes: all(_launched(n) or _ended_unlaunched(n) for n in nodes), START_WAIT_S)
+    return True, [f"{n.host} (node {n.rank}): " + _not_launched(settings, run, n) for n in nodes if not _launched(n)]
+
+
+def restart_hosts(handle: JobHandle, *, spec_source: str | None) -> list[str]:
+    """Start the recorded job ``handle`` again on every host, as ``jobgen submit`` started it (its
+    run directory, code snapshot and secrets from this environment); whatever started is killed
+    again when a launch is not confirmed. Returns the problems (empty: every launch confirmed).
+
+    Raises:
+        ConfigError: no record of the job here, its job directory is unreadable, or a secret is not set.
+    """
+    settings, run = _settings(handle)
+    record = find_submission(handle)
+    assert record is not None  # _settings found it
+    resolved = read_resolved_spec(Path(record.job_dir))
+    secrets = resolved.spec.secrets
+    location = secrets_location(Path(record.job_dir), None)
+    check_present(secrets, dict(os.environ), location=location)
+    snapshot = Path(record.code_dir).name if record.code_dir else None
+    commands = submit_commands(settings, resolved.spec.name, snapshot_id=snapshot, secrets=secrets, spec_source=spec_source)
+    _, problems = _start_hosts(settings, handle, run, commands.start, _secret_lines(secrets, location))
+    if problems:
+        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                         timeout_s=_timeout(settings, 30)))
+    return problems
 
 
 def _launched(node: NodeReport) -> bool:
@@ -392,6 +480,7 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> Jo
         SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
     """
     settings, run = _settings(handle)
+    _stop_watcher(handle)  # first: it would start the job again
 
     def stop(rank: int, host: str) -> str | None:
         proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
@@ -412,6 +501,28 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> Jo
                           hint=f"run `jobgen cancel {handle}` again once the hosts answer")
     state, details = job_state(nodes)
     return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
+
+
+def _stop_watcher(handle: JobHandle) -> None:
+    """End the job's restart watcher (:mod:`jobgen.backends.ssh_restart`) when it runs here, and
+    mark its record done (``CANCELLED``)."""
+    import signal
+
+    submission = find_submission(handle)
+    job_dir = Path(submission.job_dir) if submission is not None else None
+    watched = read_record(job_dir) if job_dir is not None else None
+    if job_dir is None or watched is None or watched["state"] == DONE:
+        return
+    if watcher_alive(watched):
+        try:
+            os.kill(watched["pid"], signal.SIGTERM)
+        except OSError:
+            pass
+        deadline = time.monotonic() + 10
+        while watcher_alive(watched) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    write_atomic(job_dir / RESTARTS_FILE, json.dumps({**watched, "state": DONE, "outcome": "CANCELLED",
+                                                     "reason": "jobgen cancel stopped it"}, indent=2) + "\n")
 
 
 class SshBackend(Backend):

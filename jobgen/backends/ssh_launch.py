@@ -28,9 +28,12 @@ Submitting, status, logs and cancel live in :mod:`jobgen.backends.ssh`.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError, printable
@@ -39,6 +42,7 @@ from jobgen.jobdir.submission import JobHandle
 from jobgen.jobdir.world import World
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_argv
+from jobgen.reports.failure_class import Evidence
 from jobgen.specs.profile import SshSettings
 
 TEMPLATE = "ssh/launch.sh.j2"
@@ -52,6 +56,16 @@ SNAPSHOT_ID_PLACEHOLDER = "<snapshot id>"
 HOST_TOOLS = ("bash", "setsid", "tar")
 #: The probe's word for a missing tool (one line per tool).
 MISSING = "jobgen-missing:"
+
+
+#: The restart watcher's record (:mod:`jobgen.backends.ssh_restart`) in the job directory on the submitting machine.
+RESTARTS_FILE = "ssh-restarts.json"
+#: The watcher's own output (what it decided, and why), in the job directory.
+WATCH_LOG = "ssh-restarts.log"
+#: The watcher's states in :data:`RESTARTS_FILE`: watching the job, starting it again, done.
+WATCHING, RESTARTING, DONE = "watching", "restarting", "done"
+#: The module the watcher runs as (``python -m``); ``jobgen cancel`` checks a PID's command line for it.
+MODULE = "jobgen.backends.ssh_restart"
 
 
 def node_file(rank: int, kind: str) -> str:
@@ -274,6 +288,51 @@ def log_command(run: str, rank: int, offset: int) -> str:
     return f"if [ -f {path} ]; then tail -c +{offset + 1} {path}; else exit {NO_LOG_EXIT}; fi"
 
 
+#: The first words of the line launch.sh writes at each start into ``node-<rank>.log``
+#: (``jobgen: node <rank> of <nodes> on <host>, ...``): where an attempt's output begins.
+LAUNCH_LINE = "jobgen: node {rank} of "
+#: The most bytes of a node's output read to class how an attempt ended (its end holds the failure).
+EVIDENCE_TAIL_BYTES = 4_000_000
+
+
+def tail_command(run: str, rank: int, max_bytes: int = EVIDENCE_TAIL_BYTES) -> str:
+    """Remote: the last ``max_bytes`` of node ``rank``'s output; exit :data:`NO_LOG_EXIT` when
+    there is none."""
+    path = remote_path(posixpath.join(run, node_file(rank, "log")))
+    return f"if [ -f {path} ]; then tail -c {int(max_bytes)} {path}; else exit {NO_LOG_EXIT}; fi"
+
+
+def read_command(run: str, name: str) -> str:
+    """Remote: the run directory's file ``name`` on stdout; exit :data:`NO_LOG_EXIT` when it is missing."""
+    path = remote_path(posixpath.join(run, name))
+    return f"if [ -f {path} ]; then cat {path}; else exit {NO_LOG_EXIT}; fi"
+
+
+def write_command(run: str, name: str) -> str:
+    """Remote: replace the run directory's file ``name`` by stdin (a temporary file, then ``mv``)."""
+    path = remote_path(posixpath.join(run, name))
+    tmp = remote_path(posixpath.join(run, f".{name}.tmp"))
+    return f"cat > {tmp} && mv -f {tmp} {path}"
+
+
+def sees_command(run: str, rank: int) -> str:
+    """Remote: exit 0 when node ``rank``'s output file is in this host's run directory (node
+    ``rank`` runs elsewhere: the run directory is shared), else 1."""
+    return f"test -e {remote_path(posixpath.join(run, node_file(rank, 'log')))}"
+
+
+def pack_checkpoints_command(run: str) -> str:
+    """Remote: a tar archive of the run directory's ``checkpoints/`` on stdout (an empty one when
+    there is none)."""
+    return f"cd {remote_path(run)} && if [ -d checkpoints ]; then tar -c -f - checkpoints; else tar -c -f - -T /dev/null; fi"
+
+
+def unpack_command(run: str) -> str:
+    """Remote: extract the tar archive on stdin into the run directory (files it holds replace
+    this host's; others stay)."""
+    return f"mkdir -p -- {remote_path(run)} && cd -- {remote_path(run)} && tar -x --no-same-owner -f -"
+
+
 @dataclass(frozen=True)
 class SubmitCommands:
     """What ``jobgen submit`` runs, per host in node-rank order: ``probe`` (reachable, tools
@@ -391,3 +450,45 @@ def _describe(node: NodeReport) -> str:
     elif node.pid is None:
         parts.append("not started")
     return ": ".join(parts[:1]) + ": " + ", ".join(parts[1:])
+
+
+# --------------------------------------------------------------------------- the restart watcher's record
+
+
+def read_record(job_dir: Path) -> dict[str, Any] | None:
+    """The watcher's record in ``job_dir`` (:data:`RESTARTS_FILE`), or ``None`` when it has none
+    or it is not of the watcher's shape (``max_restarts``: int, ``restarts``: a list of dicts,
+    ``state``: str, ``pid``: int, ``evidence``: a list of dicts)."""
+    try:
+        doc = json.loads((job_dir / RESTARTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ints = ("max_restarts", "pid")
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool) for k in ints) \
+            or not isinstance(doc.get("state"), str) or not isinstance(doc.get("restarts"), list) \
+            or not all(isinstance(r, dict) for r in doc["restarts"]) or not isinstance(doc.get("evidence", []), list):
+        return None
+    return doc
+
+
+def stored_evidence(record: dict[str, Any]) -> tuple[Evidence, ...]:
+    """The last attempt's evidence the watcher recorded; an entry not of :class:`Evidence`'s
+    fields and types is left out."""
+    texts = ("source", "state", "reason", "kind", "text", "verdict")
+    out = []
+    for doc in record.get("evidence", []):
+        if not isinstance(doc, dict) or set(doc) - {*texts, "exit_code", "signal"} \
+                or not all(isinstance(doc.get(k, ""), str) for k in texts) \
+                or not all(doc.get(k) is None or (isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool))
+                           for k in ("exit_code", "signal")):
+            continue
+        out.append(Evidence(**doc))
+    return tuple(out)
+
+
+def watcher_alive(record: dict[str, Any]) -> bool:
+    """Whether the watcher process the record names runs on this machine (its command line names :data:`MODULE`)."""
+    try:
+        return MODULE.encode() in Path(f"/proc/{int(record['pid'])}/cmdline").read_bytes()
+    except (OSError, KeyError, ValueError, TypeError):
+        return False

@@ -119,7 +119,7 @@ def status(job: str, output: str, as_json: bool) -> None:
     """
     st = api.status(job)
     used = st.details.get("restarts", "")  # SLURM: squeue's restart_cnt (the job's requeues so far)
-    local_used = st.details.get("restarts_used", "")  # a local run: "<n> of <budget>", jobgen's own restarts
+    local_used = st.details.get("restarts_used", "")  # a local or ssh run: "<n> of <budget>", jobgen's own restarts
     restarted = used not in ("", "0") or (local_used != "" and not local_used.startswith("0 "))
     budget = api.restart_budget(job) if st.failure is not None or restarted else None
     if output == "json" or as_json:
@@ -133,9 +133,9 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-    if budget is not None and "restarts_used" in st.details:  # a local run: jobgen's launcher restarts it
-        click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used "
-                   "(jobgen restarts a local run itself)")
+    if budget is not None and "restarts_used" in st.details:  # a local run or hosts over ssh: jobgen restarts it
+        itself = "hosts over ssh: jobgen's watcher restarts them" if st.handle.scheme == "ssh" else "jobgen restarts a local run itself"
+        click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used ({itself})")
     elif budget is not None:
         shown_used = f", {printable(used)} used" if used else ""
         click.echo(f"  restart budget: max_restarts {budget}{shown_used} (spec.json)")

@@ -216,7 +216,8 @@ class RestartSpec(_Model):
     max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS, description=(
         f"Restarts allowed after a retried failure (0 to {MAX_RESTARTS}; 0: none). A local run: jobgen\n"
         "starts the ranks again, resuming from the newest checkpoint, and records each restart's class\n"
-        "and reason in summary.json and ``jobgen status``. SLURM: the batch script requeues the job after\n"
+        "and reason in summary.json and ``jobgen status``. Hosts over ssh: a watcher on the submitting\n"
+        "machine does the same for every host. SLURM: the batch script requeues the job after\n"
         "such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job, whatever its cause) is\n"
         "below it. Kubernetes: a PyTorchJob's ``runPolicy.backoffLimit`` with ``restartPolicy: ExitCode``\n"
         "(the operator recreates a pod that failed so; 0 here takes the profile's ``kubernetes.backoff_limit``;\n"
@@ -242,6 +243,8 @@ class RestartSpec(_Model):
 #: The watchdog's bounds: a hang timeout from 1 s to 7 days (seconds), a step-time factor from 1 to 1000.
 HANG_TIMEOUT_RANGE_S = (1, 7 * 24 * 3600)
 STEP_TIME_FACTOR_RANGE = (1, 1000)
+#: A straggler's factor: from 1.1 (a rank 10% slower than the others' median) to 1000.
+STRAGGLER_FACTOR_RANGE = (1.1, 1000)
 
 
 def _bounded_number(value: Any, low: float, high: float, example: str) -> Any:
@@ -260,7 +263,9 @@ class WatchdogSpec(_Model):
     step_time_factor x the median step time)`` seconds, validation and checkpoint saves not
     counted. Then every live rank writes its threads' Python stacks to ``<run dir>/hang/`` and
     the job exits :data:`jobgen.reports.failure_class.EXIT_HUNG`. Not used in command mode
-    (``entrypoint:``): a user's own script has no optimizer step jobgen can see."""
+    (``entrypoint:``): a user's own script has no optimizer step jobgen can see. It also reports
+    a straggler: a rank whose compute time per batch is more than ``straggler_factor`` times the
+    median of the others' (:func:`jobgen.train.watchdog.find_straggler`)."""
 
     hang_timeout_s: float = Field(default=600, ge=HANG_TIMEOUT_RANGE_S[0], le=HANG_TIMEOUT_RANGE_S[1], description=(
         f"Seconds without an optimizer step on any rank before the job counts as hung ({HANG_TIMEOUT_RANGE_S[0]} to\n"
@@ -269,6 +274,11 @@ class WatchdogSpec(_Model):
     step_time_factor: float = Field(default=10, ge=STEP_TIME_FACTOR_RANGE[0], le=STEP_TIME_FACTOR_RANGE[1], description=(
         f"The limit is at least this many median step times ({STEP_TIME_FACTOR_RANGE[0]} to {STEP_TIME_FACTOR_RANGE[1]}):\n"
         "a job whose steps take minutes is not called hung after ``hang_timeout_s``."
+    ))
+    straggler_factor: float = Field(default=1.5, ge=STRAGGLER_FACTOR_RANGE[0], le=STRAGGLER_FACTOR_RANGE[1], description=(
+        f"A rank whose compute time per batch is more than this many times the median of the other ranks'\n"
+        f"is reported once as a straggler, with its node ({STRAGGLER_FACTOR_RANGE[0]:g} to {STRAGGLER_FACTOR_RANGE[1]}):\n"
+        "in the log, summary.json (``straggler``) and ``jobgen status``."
     ))
 
     @field_validator("hang_timeout_s", mode="before")
@@ -280,6 +290,11 @@ class WatchdogSpec(_Model):
     @classmethod
     def _factor(cls, value: Any) -> Any:
         return _bounded_number(value, *STEP_TIME_FACTOR_RANGE, "step_time_factor: 10")
+
+    @field_validator("straggler_factor", mode="before")
+    @classmethod
+    def _straggler(cls, value: Any) -> Any:
+        return _bounded_number(value, *STRAGGLER_FACTOR_RANGE, "straggler_factor: 1.5")
 
 
 class TrainingSpec(_Model):

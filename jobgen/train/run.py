@@ -196,7 +196,7 @@ def train(
     validated = _ValidationTracker()
     trainer.callbacks.insert(0, validated)  # the checkpoint callback stays last
     watch = spec.watchdog  # a hang ends the job with failure_class.EXIT_HUNG (jobgen.train.watchdog)
-    trainer.callbacks.insert(0, ProgressWatchdog(watch.hang_timeout_s, watch.step_time_factor, run_dir))
+    trainer.callbacks.insert(0, watchdog := ProgressWatchdog(watch.hang_timeout_s, watch.step_time_factor, run_dir, watch.straggler_factor))
     traced = trace_steps(os.environ.get(TRACE_STEPS_ENV))
     if traced is not None:  # a torch.profiler trace of a few steps (callbacks.StepTrace)
         trainer.callbacks.insert(0, StepTrace(*traced, run_dir / "traces"))
@@ -277,6 +277,7 @@ def train(
                 "data_format": "class_path" if spec.user_code else spec.data.format,
                 **({"data": spec.data.class_path, "epoch": trainer.current_epoch} if spec.user_code else {}),
                 **({"smoke": True} if spec.smoke else {}),
+                "straggler": watchdog.straggler,  # a rank slower than the others (jobgen.train.watchdog.find_straggler), or null
                 "resumed_from": None if resume is None else str(resume.path),
                 "resumed_from_step": None if resume is None else resume.global_step,
                 "metrics_csv": os.path.join(logger.log_dir, "metrics.csv"),

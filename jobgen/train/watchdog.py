@@ -36,6 +36,20 @@ When the job is hung, the rank that decides first writes the verdict to the stor
 first, their node and their last step), and every live rank writes the Python stacks of all its
 threads (``faulthandler.dump_traceback(all_threads=True)``) to ``<run dir>/hang/stacks-rank<N>.txt``
 and exits :data:`jobgen.reports.failure_class.EXIT_HUNG`.
+
+Stragglers. Each heartbeat also carries the rank's compute time per batch: the median of its
+newest :data:`COMPUTE_SAMPLES` times from ``on_train_batch_start`` to ``on_before_backward``
+(Lightning's Callback hooks: the batch is loaded, the training step's forward and loss ran, the
+backward has not started). That span, not the step time, because synchronous data parallel
+training makes every rank's optimizer step take the same wall time: DDP's gradient all-reduce
+runs inside the backward (its bucket hooks) and its end waits for the slowest rank, so a slow
+rank makes its peers wait there and every step time, and every backward's end, is the slowest
+rank's. The forward has no collective under DDP (no buffers broadcast: jobgen's models hold
+none, and a user's module that registers buffers has DDP broadcast them at the forward's start),
+so each rank's own speed shows in it. Under FSDP and DeepSpeed ZeRO-3 the forward gathers
+parameters, so the peers of a slow rank wait inside it too and a straggler's ratio reads lower.
+Rank zero compares the ranks (:func:`find_straggler`) every tick, and reports the first
+straggler once: one line in the log, and ``summary.json``'s ``straggler``.
 """
 
 from __future__ import annotations
@@ -67,6 +81,10 @@ PAUSED_PHASES = frozenset({VALIDATE, CHECKPOINT, DONE})
 STEP_SAMPLES = 1000
 #: A heartbeat unchanged for this many ticks counts as stopped when the verdict names ranks.
 STALE_TICKS = 3
+#: Compute-time samples (batches) a rank's published median is taken over (the newest).
+COMPUTE_SAMPLES = 50
+#: Batches a rank times before it publishes its median (the first ones carry one-off costs).
+MIN_COMPUTE_SAMPLES = 5
 
 
 def tick_seconds(hang_timeout_s: float) -> float:
@@ -78,26 +96,35 @@ def tick_seconds(hang_timeout_s: float) -> float:
 @dataclass(frozen=True)
 class Beat:
     """One rank's heartbeat as published: ``step`` (optimizer step), ``phase``, ``count`` (grows
-    every tick while its thread runs), ``host``, ``pid``."""
+    every tick while its thread runs), ``host``, ``pid``, and ``compute_s``: the median of the
+    rank's newest compute times per batch (seconds, see the module docstring), ``None`` before
+    :data:`MIN_COMPUTE_SAMPLES` batches."""
 
     step: int
     phase: str
     count: int
     host: str
     pid: int
+    compute_s: float | None = None
 
     def dumps(self) -> str:
         """The store's value (JSON)."""
-        return json.dumps({"step": self.step, "phase": self.phase, "count": self.count, "host": self.host, "pid": self.pid})
+        return json.dumps({"step": self.step, "phase": self.phase, "count": self.count, "host": self.host, "pid": self.pid,
+                           "compute_s": self.compute_s})
 
     @classmethod
     def loads(cls, raw: bytes) -> Beat | None:
-        """A beat from the store's value; ``None`` for anything else."""
+        """A beat from the store's value; ``None`` for anything else (a ``compute_s`` that is not a
+        positive finite number reads as ``None``)."""
         try:
             doc = json.loads(raw)
-            return cls(int(doc["step"]), str(doc["phase"]), int(doc["count"]), str(doc["host"]), int(doc["pid"]))
+            beat = cls(int(doc["step"]), str(doc["phase"]), int(doc["count"]), str(doc["host"]), int(doc["pid"]))
         except (ValueError, KeyError, TypeError):
             return None
+        compute = doc.get("compute_s")
+        if isinstance(compute, (int, float)) and not isinstance(compute, bool) and 0 < compute < float("inf"):
+            return Beat(beat.step, beat.phase, beat.count, beat.host, beat.pid, float(compute))
+        return beat
 
 
 @dataclass
@@ -162,6 +189,49 @@ class Verdict:
         return {"verdict": HANG_VERDICT, "exit_code": EXIT_HUNG, "idle_s": round(self.idle_s, 3), "limit_s": round(self.limit_s, 3),
                 "median_step_s": self.median_step_s, "heartbeat_stopped_first": ranks(self.first),
                 "furthest_behind": ranks(self.behind), "store": self.store or None}
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank slower than the others (:func:`find_straggler`): its ``rank``, its ``node`` (the
+    host name it published), ``ratio`` = ``step_time_s`` / ``median_step_time_s``, where
+    ``step_time_s`` is its compute time per batch and ``median_step_time_s`` the median of the
+    other ranks' (seconds; see the module docstring for what is timed)."""
+
+    rank: int
+    node: str
+    ratio: float
+    step_time_s: float
+    median_step_time_s: float
+
+    def text(self) -> str:
+        """The log's line."""
+        return (f"jobgen: rank {self.rank} on {self.node} is a straggler: {self.ratio:.1f}x the median step time "
+                f"({self.step_time_s:.2f} s vs {self.median_step_time_s:.2f} s)")
+
+    def to_json(self) -> dict[str, Any]:
+        """``summary.json``'s ``straggler``: ``rank``, ``node``, ``ratio``, ``step_time_s``, ``median_step_time_s``."""
+        return {"rank": self.rank, "node": self.node, "ratio": round(self.ratio, 3), "step_time_s": round(self.step_time_s, 6),
+                "median_step_time_s": round(self.median_step_time_s, 6)}
+
+
+def find_straggler(beats: Mapping[int, Beat | None], factor: float) -> Straggler | None:
+    """The slowest rank when its compute time is more than ``factor`` times the median of the
+    other ranks' compute times, else ``None``.
+
+    The median of the others, not of all ranks: with two ranks the median of all is the mean of
+    the slow one and the fast one, and a rank twice as slow as its peer would read 1.33x. Ranks
+    without a published time (``None``, or no ``compute_s`` yet) are left out; fewer than two
+    with one: ``None``. The slowest rank by time, the lowest rank number between equal times.
+    """
+    timed = sorted((b.compute_s, -r, b.host) for r, b in beats.items() if b is not None and b.compute_s is not None)
+    if len(timed) < 2:
+        return None
+    slow_s, minus_rank, host = timed[-1]
+    others = statistics.median(t[0] for t in timed[:-1])
+    if others <= 0 or slow_s <= factor * others:
+        return None
+    return Straggler(-minus_rank, host, slow_s / others, slow_s, others)
 
 
 def _step(step: int | None) -> str:
@@ -319,10 +389,14 @@ class WatchThread:
         run_dir: where ``hang/`` goes.
         address: the store's address, for the verdict when it stops answering.
         exit: how the process ends (``os._exit``; a test passes its own).
+        straggler_factor: the spec's ``watchdog.straggler_factor`` (:func:`find_straggler`, rank zero).
+
+    ``compute``: this rank's compute times per batch (seconds, the newest :data:`COMPUTE_SAMPLES`),
+    appended by the training loop; ``straggler``: on rank zero, the straggler it reported.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, hang_timeout_s: float, factor: float, run_dir: Path,
-                 address: str, exit: Callable[[int], None] = os._exit):
+                 address: str, exit: Callable[[int], None] = os._exit, straggler_factor: float = 1.5):
         self.board = _Board(store)
         self.rank, self.world_size = rank, world_size
         self.hang_timeout_s, self.factor = float(hang_timeout_s), float(factor)
@@ -330,6 +404,9 @@ class WatchThread:
         self.run_dir, self.address, self._exit = run_dir, address, exit
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.step, self.phase = 0, TRAIN
+        self.straggler_factor = float(straggler_factor)
+        self.compute: deque[float] = deque(maxlen=COMPUTE_SAMPLES)
+        self.straggler: Straggler | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobgen-watchdog", daemon=True)
 
@@ -349,12 +426,15 @@ class WatchThread:
         while not self._stop.is_set():
             count += 1
             try:
-                self.board.publish(self.rank, Beat(self.step, self.phase, count, self.host, self.pid))
+                self.board.publish(self.rank, Beat(self.step, self.phase, count, self.host, self.pid, self._compute_s()))
                 held = self.board.verdict()
                 if held:
                     self._end(held, decided=False)
                     return
-                verdict = observer.observe(time.monotonic(), self.board.read(watched))
+                beats = self.board.read(watched)
+                verdict = observer.observe(time.monotonic(), beats)
+                if self.rank == 0 and self.straggler is None:
+                    self._look_for_straggler(beats)
             except Exception:  # noqa: BLE001 - the store did not answer (timeout, connection reset)
                 verdict = observer.store_silent(time.monotonic(), self.address)
                 if verdict is not None:
@@ -374,6 +454,18 @@ class WatchThread:
             self.board.publish(self.rank, Beat(self.step, DONE, count + 1, self.host, self.pid))
         except Exception:  # noqa: BLE001 - best effort: the job is ending
             pass
+
+    def _compute_s(self) -> float | None:
+        """The median of :attr:`compute`, ``None`` before :data:`MIN_COMPUTE_SAMPLES` samples."""
+        samples = list(self.compute)  # a copy: the training loop appends meanwhile
+        return statistics.median(samples) if len(samples) >= MIN_COMPUTE_SAMPLES else None
+
+    def _look_for_straggler(self, beats: Mapping[int, Beat | None]) -> None:
+        """Report the first straggler :func:`find_straggler` names (one line, once)."""
+        found = find_straggler(beats, self.straggler_factor)
+        if found is not None:
+            self.straggler = found
+            print(found.text(), flush=True)
 
     def _acts_on(self, verdict: Verdict) -> bool:
         """Rank zero acts on every verdict; another rank only when rank zero's heartbeat stopped,
@@ -444,14 +536,25 @@ class ProgressWatchdog(Callback):
     (Lightning 2.6 docs, "Callback"): ``on_save_checkpoint`` runs as a checkpoint is built, before
     it is written, and the next batch start ends the ``checkpoint`` phase.
 
+    It times each batch's compute (``on_train_batch_start`` to ``on_before_backward``, see the
+    module docstring) into the thread's :attr:`WatchThread.compute`.
+
     Args:
-        hang_timeout_s, step_time_factor: the spec's ``watchdog``.
+        hang_timeout_s, step_time_factor, straggler_factor: the spec's ``watchdog``.
         run_dir: where ``hang/`` goes.
     """
 
-    def __init__(self, hang_timeout_s: float, step_time_factor: float, run_dir: Path):
+    def __init__(self, hang_timeout_s: float, step_time_factor: float, run_dir: Path, straggler_factor: float = 1.5):
         self.hang_timeout_s, self.step_time_factor, self.run_dir = hang_timeout_s, step_time_factor, run_dir
+        self.straggler_factor = straggler_factor
         self.thread: WatchThread | None = None
+        self._batch_started: float | None = None
+
+    @property
+    def straggler(self) -> dict[str, Any] | None:
+        """On global rank zero, the straggler reported (:meth:`Straggler.to_json`); else ``None``."""
+        found = self.thread.straggler if self.thread is not None else None
+        return None if found is None else found.to_json()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.thread is not None:
@@ -465,7 +568,7 @@ class ProgressWatchdog(Callback):
                   f"did not answer: {type(exc).__name__}: {text})", file=sys.stderr, flush=True)
             return
         self.thread = WatchThread(store, trainer.global_rank, trainer.world_size, self.hang_timeout_s,
-                                  self.step_time_factor, self.run_dir, address)
+                                  self.step_time_factor, self.run_dir, address, straggler_factor=self.straggler_factor)
         self.thread.step = trainer.global_step
         self.thread.start()
         if trainer.is_global_zero:
@@ -476,6 +579,12 @@ class ProgressWatchdog(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.thread is not None:
             self.thread.phase = TRAIN
+            self._batch_started = time.perf_counter()
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
+        if self.thread is not None and self._batch_started is not None:
+            self.thread.compute.append(time.perf_counter() - self._batch_started)
+            self._batch_started = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

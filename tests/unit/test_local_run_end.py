@@ -460,3 +460,20 @@ def test_a_hostile_verdict_file_or_evidence_record_is_left_out(tmp_path):
     run = LocalRun(state="FAILED", pid=1, started_at="2026-01-01T00:00:00+00:00", evidence=(
         good, {"source": 3}, {"source": "r", "exit_code": "201"}, {"source": "r", "exit_code": True}, {"source": "r", "x": 1}))
     assert stored_evidence(run) == (Evidence("rank 0", kind="traceback", text="ValueError: x"),)
+
+
+def test_status_of_a_completed_run_shows_the_straggler_its_summary_records(tmp_path):
+    from jobgen.backends.local import LocalBackend
+    from jobgen.jobdir.runs import LocalRun, write_local_run
+    from jobgen.jobdir.submission import JobHandle
+
+    run = LocalRun(state="RUNNING", pid=os.getpid(), started_at="2026-01-01T00:00:00+00:00")
+    write_local_run(tmp_path, run.ended("COMPLETED", 0))
+    straggler = {"rank": 3, "node": "node2", "ratio": 2.1, "step_time_s": 0.42, "median_step_time_s": 0.2}
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": straggler}))
+    details = LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    assert details["straggler"] == "rank 3 on node2: 2.1x the median step time (0.42 s vs 0.20 s)", details
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": None}))
+    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    (tmp_path / "summary.json").write_bytes(b"\xff{")
+    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details

@@ -11,9 +11,22 @@ import pytest
 
 from jobgen.errors import ConfigError
 from jobgen.reports.failure_class import EXIT_HUNG, Evidence, classify
+from jobgen.reports.straggler import straggler_details
 from jobgen.specs.load import validate
 from jobgen.specs.training import TrainingSpec, WatchdogSpec
-from jobgen.train.watchdog import CHECKPOINT, DONE, TRAIN, VALIDATE, Beat, Observer, WatchThread, tick_seconds
+from jobgen.train.watchdog import (
+    CHECKPOINT,
+    DONE,
+    MIN_COMPUTE_SAMPLES,
+    TRAIN,
+    VALIDATE,
+    Beat,
+    Observer,
+    Straggler,
+    WatchThread,
+    find_straggler,
+    tick_seconds,
+)
 
 
 def spec(watchdog: object, **extra: object) -> TrainingSpec:
@@ -25,7 +38,7 @@ def test_defaults_are_600_s_and_10_and_stay_out_of_spec_json():
     assert plain.watchdog == WatchdogSpec() and (plain.watchdog.hang_timeout_s, plain.watchdog.step_time_factor) == (600, 10)
     assert "watchdog" not in plain.model_dump(mode="json")
     dumped = spec({"hang_timeout_s": 3, "step_time_factor": 2.5}).model_dump(mode="json")
-    assert dumped["watchdog"] == {"hang_timeout_s": 3, "step_time_factor": 2.5}
+    assert dumped["watchdog"] == {"hang_timeout_s": 3, "step_time_factor": 2.5, "straggler_factor": 1.5}
     assert TrainingSpec.model_validate(dumped).watchdog.hang_timeout_s == 3  # spec.json reads back
 
 
@@ -37,6 +50,10 @@ def test_defaults_are_600_s_and_10_and_stay_out_of_spec_json():
     ("hang_timeout_s", "x" * 300 + "\n\x1b[2J", "give a number"), ("hang_timeout_s", b"\xff\xfe", "give a number"),
     ("step_time_factor", 0.5, "0.5 is outside 1 to 1000"), ("step_time_factor", 1001, "1001 is outside 1 to 1000"),
     ("step_time_factor", "10", "give a number from 1 to 1000"), ("step_time_factor", [10], "give a number"),
+    ("straggler_factor", 1, "1 is outside 1.1 to 1000"), ("straggler_factor", -2, "-2 is outside 1.1 to 1000"),
+    ("straggler_factor", 1e309, "inf is outside"), ("straggler_factor", float("nan"), "give a number from 1.1 to 1000"),
+    ("straggler_factor", "1.5", "give a number"), ("straggler_factor", False, "give a number"),
+    ("straggler_factor", "x" * 300 + "\n\x1b[2J", "give a number"), ("straggler_factor", b"\xff", "give a number"),
 ])
 def test_a_bad_value_is_refused_naming_the_field_and_the_fix(field, given, says):
     with pytest.raises(ConfigError) as caught:
@@ -198,3 +215,93 @@ def test_a_stopped_rank_zero_is_found_by_the_others(tmp_path):
     doc = json.loads((tmp_path / "hang" / "verdict.json").read_text())
     assert doc["decided_by_rank"] == 1 and [(r["rank"], r["host"], r["step"]) for r in doc["heartbeat_stopped_first"]] == [(0, "node-0", 7)]
     assert (tmp_path / "hang" / "stacks-rank1.txt").is_file() and not (tmp_path / "hang" / "stacks-rank0.txt").exists()
+
+
+def timed(compute_s: dict[int, float | None], host: str = "node-{}") -> dict[int, Beat | None]:
+    return {r: Beat(5, TRAIN, 1, host.format(r), 100 + r, c) for r, c in compute_s.items()}
+
+
+def test_straggler_factor_defaults_to_1_5_and_reads_back_from_spec_json():
+    assert WatchdogSpec().straggler_factor == 1.5
+    dumped = spec({"straggler_factor": 2}).model_dump(mode="json")
+    assert dumped["watchdog"] == {"hang_timeout_s": 600, "step_time_factor": 10, "straggler_factor": 2}
+    assert TrainingSpec.model_validate(dumped).watchdog.straggler_factor == 2
+
+
+def test_a_rank_more_than_the_factor_slower_than_the_others_median_is_the_straggler():
+    found = find_straggler(timed({0: 0.20, 1: 0.21, 2: 0.42, 3: 0.19}), 1.5)
+    assert (found.rank, found.node, round(found.ratio, 2)) == (2, "node-2", 2.1), found
+    assert (found.step_time_s, found.median_step_time_s) == (0.42, 0.20)
+    assert found.text() == "jobgen: rank 2 on node-2 is a straggler: 2.1x the median step time (0.42 s vs 0.20 s)"
+    assert found.to_json() == {"rank": 2, "node": "node-2", "ratio": 2.1, "step_time_s": 0.42, "median_step_time_s": 0.2}
+    # two ranks: the median of the others is the fast rank's own time (not the mean of both: 1.33x)
+    two = find_straggler(timed({0: 0.1, 1: 0.2}), 1.5)
+    assert (two.rank, two.ratio) == (1, 2.0)
+
+
+@pytest.mark.parametrize("times", [
+    {0: 0.20, 1: 0.29, 2: 0.21},  # noisy, 1.45x: below the factor
+    {0: 0.20, 1: 0.30, 2: 0.20},  # exactly the factor: not more than it
+    {0: 0.20, 1: 0.20},  # even
+    {0: 0.20, 1: None, 2: None},  # one rank timed: nothing to compare
+    {0: 0.20},
+    {},
+])
+def test_no_straggler_below_the_factor_or_without_two_timed_ranks(times):
+    assert find_straggler(timed(times), 1.5) is None
+
+
+def test_unpublished_ranks_are_left_out_and_equal_times_name_the_lowest_rank():
+    beats = timed({0: 0.1, 2: 0.5, 3: 0.5}) | {1: None}
+    assert find_straggler(beats, 1.5).rank == 2
+
+
+@pytest.mark.parametrize("raw", [b'"x"', b"-1", b"0", b"1e999", b"true", b"NaN"])
+def test_a_compute_time_that_is_not_a_positive_number_reads_as_none(raw):
+    text = Beat(1, TRAIN, 2, "h", 3).dumps().replace('"compute_s": null', '"compute_s": ' + raw.decode())
+    assert Beat.loads(text.encode()) == Beat(1, TRAIN, 2, "h", 3)
+    assert Beat.loads(Beat(1, TRAIN, 2, "h", 3, 0.25).dumps().encode()).compute_s == 0.25
+
+
+def test_rank_zeros_thread_reports_a_straggler_once(tmp_path, capsys):
+    """Rank 0's WatchThread on an in-process HashStore where rank 1 publishes a compute time 3x
+    rank 0's: one line, once, and the record the summary takes."""
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    thread = WatchThread(store, 0, 2, hang_timeout_s=10, factor=10, run_dir=tmp_path, address="here", exit=lambda code: None,
+                         straggler_factor=1.5)
+    thread.compute.extend([0.1] * MIN_COMPUTE_SAMPLES)
+    store.set("beat/1", Beat(0, TRAIN, 1, "node b\n\x1b", 7, 0.3).dumps())
+    thread.start()
+    deadline = time.monotonic() + 30
+    while thread.straggler is None and time.monotonic() < deadline:
+        store.set("beat/1", Beat(0, TRAIN, int(time.monotonic() * 100), "node b\n\x1b", 7, 0.3).dumps())
+        time.sleep(0.05)
+    time.sleep(3 * thread.interval_s)
+    thread.stop()
+    assert thread.straggler == Straggler(1, "node b\n\x1b", thread.straggler.ratio, 0.3, 0.1)
+    assert abs(thread.straggler.ratio - 3.0) < 1e-9
+    out = capsys.readouterr().out
+    assert out.count("is a straggler") == 1 and "jobgen: rank 1 on node b" in out, out
+
+
+@pytest.mark.parametrize("summary", [
+    None, [], {}, {"straggler": None}, {"straggler": "rank 1"}, {"straggler": {"rank": "1", "node": "n", "ratio": 2,
+                                                                               "step_time_s": 1, "median_step_time_s": 0.5}},
+    {"straggler": {"rank": True, "node": "n", "ratio": 2, "step_time_s": 1, "median_step_time_s": 0.5}},
+    {"straggler": {"rank": 1, "node": 5, "ratio": 2, "step_time_s": 1, "median_step_time_s": 0.5}},
+    {"straggler": {"rank": 1, "node": "n", "ratio": float("nan"), "step_time_s": 1, "median_step_time_s": 0.5}},
+    {"straggler": {"rank": 1, "node": "n", "ratio": 2, "step_time_s": "1", "median_step_time_s": 0.5}},
+])
+def test_status_shows_nothing_for_a_summary_without_a_well_formed_straggler(summary):
+    assert straggler_details(summary) == {}
+
+
+def test_status_shows_the_straggler_printable_and_cut():
+    record = Straggler(3, "node2\n\x1b[2J" + "x" * 300, 2.1, 0.42, 0.2).to_json()
+    shown = straggler_details({"straggler": record})["straggler"]
+    assert shown.startswith("rank 3 on node2\\n\\x1b[2J") and shown.endswith(": 2.1x the median step time (0.42 s vs 0.20 s)")
+    assert "\n" not in shown and "\x1b" not in shown and len(shown) < 200, shown

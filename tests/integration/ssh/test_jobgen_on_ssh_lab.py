@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -201,3 +202,98 @@ def test_an_unreachable_host_is_named_before_anything_starts(jobgen, ssh_lab, tm
     assert not (ssh_lab.disk(ssh_lab.hosts[0]) / "ssh-unreachable").exists()  # nothing copied to the host that answered
     assert not (jobgen.root / "runs" / "ssh-unreachable").exists()  # nor left here
     assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
+
+
+RESTART_SPEC = """\
+name: {name}
+model: {{preset: null, n_layer: 1, n_head: 2, d_model: 32, block_size: 32}}
+data: {{max_bytes: 200000}}
+trainer: {{precision: 32-true, micro_batch_size: 4, max_steps: 150, warmup_steps: 1, val_check_interval: 1000,
+          limit_val_batches: 1, log_every_n_steps: 1}}
+checkpoint: {{every_n_steps: 20, keep_last_k: 20}}
+watchdog: {{hang_timeout_s: 20}}
+restart: {{max_restarts: {budget}}}
+"""
+
+
+def _rank_pid(lab: SshLab, host: str, rank: int) -> int | None:
+    """The PID of the training worker with RANK=<rank> among ``host``'s processes (torchrun sets it)."""
+    for pid in lab.job_pids()[host]:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"jobgen.train" in cmdline:
+            return pid
+    return None
+
+
+def _stop_watcher(jobgen: Jobgen, name: str) -> None:
+    """SIGKILL the job's restart watcher if a failed test left it running."""
+    from jobgen.backends.ssh_launch import RESTARTS_FILE, watcher_alive
+
+    for path in jobgen.root.rglob(RESTARTS_FILE):
+        record = json.loads(path.read_text())
+        if path.parent.name == name and watcher_alive(record):
+            os.kill(record["pid"], 9)
+
+
+def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(jobgen, ssh_lab, tmp_path):
+    """restart.max_restarts 1: rank 1's worker on host2 is SIGKILLed after step 25; the watcher
+    classes the failure infrastructure, copies node 0's checkpoints to host2 (the hosts' disks
+    are not shared), starts both hosts again, they resume from the newest checkpoint and
+    complete; status and node 0's summary.json record the restart."""
+    started = time.monotonic()
+    name = "ssh-restart"
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(RESTART_SPEC.format(name=name, budget=1))
+    handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
+    node0, node1 = (ssh_lab.disk(h) / name for h in ssh_lab.hosts)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            log = (node0 / "node-0.log").read_text(errors="replace") if (node0 / "node-0.log").exists() else ""
+            steps = [int(s) for s in re.findall(r"step (\d+)/150", log)]
+            pid = _rank_pid(ssh_lab, "host2", 1)
+            if steps and max(steps) >= 25 and pid is not None:
+                break
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.5)
+        os.kill(pid, 9)
+        killed = time.monotonic()
+        status = jobgen.wait(handle, {"COMPLETED", "FAILED", "CANCELLED", "UNKNOWN"}, timeout=420)
+        logs = ((node0 / "node-0.log").read_text()[-3000:], (node1 / "node-1.log").read_text()[-3000:])
+        assert status["state"] == "COMPLETED", (status, logs)
+        assert status["details"]["restarts_used"] == "1 of 1", status
+        assert status["details"]["restart_1"].startswith("infrastructure ("), status
+        summary = json.loads((node0 / "summary.json").read_text())
+        assert summary["global_step"] == 150 and summary["resumed_from_step"] >= 20, summary
+        assert (summary["restarts"]["used"], summary["restarts"]["history"][0]["class"]) == (1, "infrastructure"), summary
+        assert (node1 / "checkpoints" / f"step-{summary['resumed_from_step']:08d}.ckpt").is_file()  # copied from host1
+        for node, log in ((node0, "node-0.log"), (node1, "node-1.log")):  # two starts on each host
+            assert (node / log).read_text().count("jobgen: node ") == 2
+        assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
+    finally:
+        _stop_watcher(jobgen, name)
+    print(f"\nssh restart: submit to COMPLETED in {time.monotonic() - started:.1f} s, "
+          f"{time.monotonic() - killed:.1f} s of it after the kill (under load)")
+
+
+def test_a_user_error_with_a_budget_fails_after_one_start(jobgen, ssh_lab, tmp_path):
+    """restart.max_restarts 3 and data that matches no file (the entrypoint's input error, exit
+    2 on both hosts): FAILED, class user, no restart."""
+    started = time.monotonic()
+    name = "ssh-user-error"
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(RESTART_SPEC.format(name=name, budget=3).replace("data: {max_bytes: 200000}", "data: {paths: [none/*.txt]}"))
+    handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
+    try:
+        status = jobgen.wait(handle, {"COMPLETED", "FAILED", "CANCELLED", "UNKNOWN"}, timeout=180)
+        assert status["state"] == "FAILED", status
+        assert (status["failure"]["class"], status["details"]["restarts_used"]) == ("user", "0 of 3"), status
+        node0 = ssh_lab.disk(ssh_lab.hosts[0]) / name
+        assert (node0 / "node-0.log").read_text().count("jobgen: node 0 of 2") == 1
+    finally:
+        _stop_watcher(jobgen, name)
+    print(f"\nssh user error with a budget: FAILED in {time.monotonic() - started:.1f} s")
