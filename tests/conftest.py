@@ -74,6 +74,9 @@ SLOW_TESTS: dict[str, str | frozenset[str]] = {
     "tests/entrypoint/test_user_code_train.py": ALL,
     "tests/integration/k8s/test_rank_semantics.py": ALL,
     "tests/unit/test_cli.py": frozenset({"test_local_submit_trains_and_resumes"}),
+    "tests/unit/test_launch.py": frozenset({"test_a_real_torchrun_run_exits_with_its_workers_class", "test_a_failed_rendezvous_exits_200",
+                                            "test_sigterm_to_the_launcher_reaches_the_worker_and_exits_143",
+                                            "test_a_retryable_failure_with_the_budget_spent_exits_1"}),  # torchrun runs, 9-18 s
     "tests/unit/test_submit_sweep.py": frozenset({"test_a_two_point_local_sweep_trains_both_points_and_prints_two_handles"}),
     "tests/entrypoint/test_entrypoint_cli.py": frozenset({"test_hand_edited_deepspeed_config_is_checked"}),
     "tests/entrypoint/test_hf_lora.py": frozenset({

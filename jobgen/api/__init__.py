@@ -219,7 +219,8 @@ def restart_budget(job: str) -> int | None:
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
     says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`), its watcher on
     hosts over ssh (:mod:`jobgen.backends.ssh_restart`) and the SLURM batch script on a SLURM job
-    (docs/failures.md); on Kubernetes it is recorded only."""
+    (docs/failures.md); on Kubernetes training-operator's ExitCode policy and ``jobgen.train.launch``
+    do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``, which this does not read)."""
     resolved = recorded_spec(resolve_job(job))
     return None if resolved is None else resolved.spec.restart.max_restarts
 

@@ -92,6 +92,18 @@ RUN_ROOT = "/workspace/runs"
 INPUTS_ANNOTATION = "jobgen.dev/inputs-sha256"
 JOB_NAME_ANNOTATION = "jobgen.dev/job-name"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "jobgen"}
+#: The module the bundled entrypoint's pods start torchrun through (:mod:`jobgen.train.launch`):
+#: the pod's exit code then carries the failure's class, as ``restartPolicy: ExitCode`` reads it.
+LAUNCH_MODULE = "jobgen.train.launch"
+#: Every replica's restart policy (training-operator v1.9 ``RestartPolicyExitCode``): exit codes
+#: 1-127 fail the job, 128-255 recreate the pod (jobgen.reports.failure_class).
+RESTART_POLICY = "ExitCode"
+#: An elastic job's torchrun ``--max-restarts`` (and ``elasticPolicy.maxRestarts``): how often the
+#: agent restarts the worker group in its pod after a worker failed, of any class. A pod leaving
+#: (a scale-down, a lost node) fails the ranks that were its peers, and these restarts let the
+#: others re-form the rendezvous without it; they are not the spec's restart budget
+#: (``restart.max_restarts``, :func:`restart_budget`), which counts the pods' failures after it.
+ELASTIC_GROUP_RESTARTS = 3
 #: The training-operator's default port name on the Master's ``pytorch`` container.
 PORT_NAME = "pytorchjob-port"
 #: What the Trainer v2 ``torch-distributed`` runtime calls its replicated job and container.
@@ -313,12 +325,17 @@ def pod_values(ctx: PlanContext, name: str, kind: K8sKind) -> dict[str, Any]:
     p, k, w = ctx.profile, ctx.profile.kubernetes, ctx.world
     assert k is not None
     run_dir = f"{RUN_ROOT}/{name}"
-    launcher = [_kubelet_literal(k.python), "-m", "torch.distributed.run"]
+    # The bundled entrypoint's image has jobgen: its launcher gives the pod the failure's class as exit code
+    # and, with a budget, ends the restarts once it is spent (the operator does not: restart_ledger).
+    launcher = [_kubelet_literal(k.python), "-m", LAUNCH_MODULE if ctx.spec.entrypoint is None else "torch.distributed.run"]
+    budget = restart_budget(ctx)
+    if kind is PYTORCHJOB and ctx.spec.entrypoint is None and budget:  # a TrainJob's Job restarts in place (OnFailure)
+        launcher += [f"--restart-budget={budget}", f"--restart-ledger={_kubelet_literal(restart_ledger(run_dir, ctx))}"]
     if kind is PYTORCHJOB and w.elastic:
         # No Master: the operator sets PET_RDZV_* and PET_NNODES but not PET_NPROC_PER_NODE (module doc).
         launcher += [f"--nnodes={w.fewest_nodes}:{w.num_nodes}", f"--nproc-per-node={w.devices_per_node}",
                      f"--rdzv-backend={RDZV_BACKEND}", "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
-                     f"--max-restarts={k.backoff_limit}"]
+                     f"--max-restarts={ELASTIC_GROUP_RESTARTS}"]
     elif kind is PYTORCHJOB:
         # The operator sets MASTER_ADDR/MASTER_PORT, torchrun reads only --master-addr/PET_MASTER_ADDR.
         launcher += ["--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
@@ -422,11 +439,33 @@ def image_warning(ctx: PlanContext) -> str | None:
             "code.git: {url, ref}, or set code.snapshot: false")
 
 
-def run_policy(ctx: PlanContext) -> dict[str, Any]:
-    """PyTorchJob ``spec.runPolicy`` (training-operator RunPolicy), keys in a fixed order."""
+def restart_budget(ctx: PlanContext) -> int:
+    """The job's restart budget on Kubernetes: the spec's ``restart.max_restarts`` when it is
+    above 0, else the profile's ``kubernetes.backoff_limit`` (the default for the cluster's jobs;
+    ``null``: 0). One number: ``runPolicy.backoffLimit`` and :mod:`jobgen.train.launch`'s
+    ``--restart-budget``; an elastic job's torchrun restarts in its pods are apart
+    (:data:`ELASTIC_GROUP_RESTARTS`)."""
     k = ctx.profile.kubernetes
     assert k is not None
-    policy: dict[str, Any] = {"backoffLimit": k.backoff_limit, "cleanPodPolicy": k.clean_pod_policy}
+    return ctx.spec.restart.max_restarts or k.backoff_limit or 0
+
+
+def restart_ledger(run_dir: str, ctx: PlanContext) -> str:
+    """Where :mod:`jobgen.train.launch` counts each pod's starts: ``<run dir>/restarts/<first 12
+    hex digits of the inputs sha256>``, so a changed job starts a new count. training-operator
+    v1.9 ends ExitCode restarts by ``backoffLimit`` only when it is 0 (a recreated pod's
+    ``restartCount`` starts at 0: pkg/core/job.go ``PastBackoffLimit``), so the launcher spends
+    the budget. It lasts only as long as the run directory: an emptyDir goes with the pod
+    (:func:`plan` warns)."""
+    return f"{run_dir}/restarts/{ctx.inputs_sha256[:12]}"
+
+
+def run_policy(ctx: PlanContext) -> dict[str, Any]:
+    """PyTorchJob ``spec.runPolicy`` (training-operator RunPolicy), keys in a fixed order:
+    ``backoffLimit`` is :func:`restart_budget`."""
+    k = ctx.profile.kubernetes
+    assert k is not None
+    policy: dict[str, Any] = {"backoffLimit": restart_budget(ctx), "cleanPodPolicy": k.clean_pod_policy}
     if k.ttl_seconds_after_finished is not None:
         policy["ttlSecondsAfterFinished"] = k.ttl_seconds_after_finished
     minutes = ctx.spec.resources.time_limit_min or k.time_limit_min
@@ -444,12 +483,11 @@ def run_policy(ctx: PlanContext) -> dict[str, Any]:
 
 def elastic_policy(ctx: PlanContext) -> dict[str, Any]:
     """PyTorchJob ``spec.elasticPolicy`` for an elastic world, keys in a fixed order: the node
-    range, torchrun's rendezvous backend, and ``maxRestarts`` = ``kubernetes.backoff_limit``
-    (the same failure budget, spent by torchrun's agent restarting the worker group before
-    the pod fails; a node joining or leaving restarts the group without spending it)."""
-    k, w = ctx.profile.kubernetes, ctx.world
-    assert k is not None and w.min_nodes is not None
-    return {"minReplicas": w.min_nodes, "maxReplicas": w.num_nodes, "rdzvBackend": RDZV_BACKEND, "maxRestarts": k.backoff_limit}
+    range, torchrun's rendezvous backend, and ``maxRestarts`` = :data:`ELASTIC_GROUP_RESTARTS`
+    (as the command's ``--max-restarts``)."""
+    w = ctx.world
+    assert w.min_nodes is not None
+    return {"minReplicas": w.min_nodes, "maxReplicas": w.num_nodes, "rdzvBackend": RDZV_BACKEND, "maxRestarts": ELASTIC_GROUP_RESTARTS}
 
 
 def plan(ctx: PlanContext) -> JobPlan:
@@ -487,12 +525,12 @@ def plan(ctx: PlanContext) -> JobPlan:
     }
     if kind is PYTORCHJOB and w.elastic:  # Worker only: every pod is alike, the rendezvous assigns node ranks
         text = render_job_template(ctx, ELASTIC_TEMPLATE, nproc_per_node=str(w.devices_per_node), run_policy=run_policy(ctx),
-                                   roles=[("Worker", w.num_nodes)], elastic_policy=elastic_policy(ctx),
+                                   roles=[("Worker", w.num_nodes)], restart_policy=RESTART_POLICY, elastic_policy=elastic_policy(ctx),
                                    min_nodes=w.min_nodes, max_nodes=w.num_nodes, **common)
     elif kind is PYTORCHJOB:
         roles = [("Master", 1)] + ([("Worker", w.num_nodes - 1)] if w.num_nodes > 1 else [])
         text = render_job_template(ctx, TEMPLATE, nproc_per_node=str(w.devices_per_node), run_policy=run_policy(ctx),
-                                   roles=roles, **common)
+                                   roles=roles, restart_policy=RESTART_POLICY, **common)
     else:
         minutes = ctx.spec.resources.time_limit_min or k.time_limit_min
         text = render_job_template(ctx, TRAINJOB_TEMPLATE, runtime=k.trainer_runtime, num_nodes=w.num_nodes,
@@ -505,6 +543,10 @@ def plan(ctx: PlanContext) -> JobPlan:
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
                                             k8s_version=k.version, profile_source=ctx.profile_source)
     warnings += report.warnings
+    if kind is PYTORCHJOB and restart_budget(ctx) and not k.runs_volume_claim:
+        warnings += (f"restart budget {restart_budget(ctx)} without kubernetes.runs_volume_claim: the run directory is an "
+                     "emptyDir, so a recreated pod starts from step 0 and jobgen cannot count its restarts (they are then "
+                     "bounded by nothing); set runs_volume_claim to a ReadWriteMany PersistentVolumeClaim",)
     unpinned = image_warning(ctx)
     if unpinned:
         warnings += (unpinned,)

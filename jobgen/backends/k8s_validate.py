@@ -264,6 +264,11 @@ def _schema_problems(validator: Any, obj: Any, prefix: str, source: str) -> Iter
 # ----- operator webhook rules
 
 
+#: A replica's ``restartPolicy`` values (training-operator v1.9 common_types.go): ExitCode gives its
+#: pods ``restartPolicy: Never`` and decides by the container's exit code (core/pod.go ``SetRestartPolicy``).
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+
+
 def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[Problem]:
     """The training-operator v1.9 PyTorchJob validating webhook's rules (validatePyTorchJob)."""
     src = "training-operator PyTorchJob webhook"
@@ -293,6 +298,11 @@ def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[Problem]:
                 out.append(Problem(f"{where}.template.spec.containers[{i}].image", "must be set", src))
         if containers and not any((c or {}).get("name") == "pytorch" for c in containers):
             out.append(Problem(f"{where}.template.spec.containers", "must have a container named 'pytorch'", src))
+        policy = rspec.get("restartPolicy")
+        if policy is not None and policy not in RESTART_POLICIES:
+            # neither the CRD nor the webhook checks it; the operator copies it into each pod, which the API server refuses
+            out.append(Problem(f"{where}.restartPolicy", f"{policy!r} is not one of {', '.join(RESTART_POLICIES)}",
+                               "training-operator v1.9 pkg/apis/kubeflow.org/v1/common_types.go RestartPolicy"))
     if "elasticPolicy" in spec and spec["elasticPolicy"] is not None:
         elastic = spec["elasticPolicy"] or {}
         if "Worker" not in specs:
@@ -311,10 +321,12 @@ _TORCHRUN_FLAGS = {"nnodes": "--nnodes", "nproc-per-node": "--nproc-per-node", "
 def _torchrun_flags(command: list[Any]) -> dict[str, str] | None:
     """``{flag name: value}`` of the torchrun options in ``command`` (``--flag=value`` or
     ``--flag value``, ``_`` or ``-`` spelling) before the training module/script; None when the
-    command does not run torchrun (``torchrun`` or ``python -m torch.distributed.run``)."""
+    command does not run torchrun (``torchrun``, ``python -m torch.distributed.run``, or jobgen's
+    launcher ``python -m jobgen.train.launch``, which takes torchrun's arguments)."""
     argv = [str(a) for a in command]
-    if "torch.distributed.run" in argv:
-        start = argv.index("torch.distributed.run") + 1
+    module = next((m for m in ("torch.distributed.run", "jobgen.train.launch") if m in argv), None)
+    if module is not None:
+        start = argv.index(module) + 1
     elif argv and argv[0].rsplit("/", 1)[-1] == "torchrun":
         start = 1
     else:

@@ -31,7 +31,12 @@ ssh returns for its own errors, so :data:`EXIT_INFRASTRUCTURE`, :data:`EXIT_HUNG
 :func:`exit_code_for` of the exception that ended it (:func:`jobgen.train.__main__.failure_exit_code`):
 2 for an input error, 200 for an NCCL or transport error, a lost peer or a GPU hardware error,
 1 for any other exception; :data:`EXIT_HUNG` when its watchdog finds the job hung
-(:mod:`jobgen.train.watchdog`). No rendered manifest sets ``restartPolicy: ExitCode``.
+(:mod:`jobgen.train.watchdog`).
+
+torchrun exits 1 whatever its workers did, so a pod's exit code would say nothing. Rendered
+PyTorchJobs (``restartPolicy: ExitCode``) start torchrun through :mod:`jobgen.train.launch`,
+which ends with :func:`launcher_exit_code` of torchrun's first failure: :data:`LAUNCHER_EXITS`
+is that table.
 
 Pure: no I/O. The backends turn what their scheduler reports into :class:`Evidence`;
 :func:`triage_evidence` turns a :class:`~jobgen.reports.triage.Triage` into it.
@@ -411,4 +416,54 @@ def exit_codes_table() -> str:
                         (f"{INFRASTRUCTURE} (hang)", exit_code_for(INFRASTRUCTURE, hung=True)),
                         (INFRASTRUCTURE, exit_code_for(INFRASTRUCTURE)), (UNKNOWN, exit_code_for(UNKNOWN))):
         rows.append(f"| {label} | {code} | {'retryable' if code >= RETRYABLE_FROM else 'permanent'} |")
+    return "\n".join(rows) + "\n"
+
+
+#: What :mod:`jobgen.train.launch` exits with, per what ended torchrun: ``(what torchrun reported,
+#: the launcher's exit code, the class it stands for)``. A worker's own code is kept, so the
+#: entrypoint's class codes (1, 2, 200-202) reach the pod; a worker killed by signal N becomes
+#: 128 + N, as a shell reports it (:func:`_signal` reads it back). torchrun's own failure is
+#: jobgen's launch, not the user's code: a rendezvous that timed out or closed, or a store it
+#: could not reach, means a peer pod or the network is missing (``infrastructure``); any other
+#: exception inside torchrun is ``unknown``. Both are retryable under ``restartPolicy: ExitCode``.
+LAUNCHER_EXITS: tuple[tuple[str, str, str], ...] = (
+    ("a worker exited 1-255 (the entrypoint: 1 an exception, 2 an input error, 200-202 its class codes)",
+     "the worker's code", "as that code: 1-127 user, 200-202 as above"),
+    ("a worker was killed by signal N (torchrun's exitcode -N)", "128 + N (137 for SIGKILL)",
+     "as the signal: SIGKILL and SIGTERM infrastructure, SIGINT user, others unknown"),
+    ("torchrun's rendezvous failed (RendezvousError: timeout, closed, connection) or its store could not be reached",
+     str(EXIT_INFRASTRUCTURE), INFRASTRUCTURE),
+    ("the launcher itself got a signal N (the kubelet's SIGTERM when the pod is deleted)", "128 + N", "as the signal"),
+    ("any other exception inside torchrun", str(EXIT_UNKNOWN), UNKNOWN),
+)
+
+
+def launcher_exit_code(worker_exit: int | None = None, *, rendezvous_error: bool = False, signal: int | None = None) -> int:
+    """The exit code of :mod:`jobgen.train.launch` after torchrun failed (:data:`LAUNCHER_EXITS`).
+
+    Args:
+        worker_exit: torchrun's exit code of the first worker that failed
+            (``ProcessFailure.exitcode``: -N for signal N, else 1-255), or ``None`` when no
+            worker failed (torchrun itself raised).
+        rendezvous_error: torchrun's own exception was a rendezvous or store failure.
+        signal: the signal the launcher itself received (torchrun's ``SignalException``).
+
+    Returns:
+        1-255: 1-127 permanent, 128-255 retryable under ``restartPolicy: ExitCode``.
+    """
+    if signal is not None:
+        return RETRYABLE_FROM + signal
+    if worker_exit is None:
+        return EXIT_INFRASTRUCTURE if rendezvous_error else EXIT_UNKNOWN
+    if worker_exit < 0:
+        return RETRYABLE_FROM + min(-worker_exit, 127)
+    if 0 < worker_exit <= 255:
+        return worker_exit
+    return EXIT_UNKNOWN
+
+
+def launcher_exits_table() -> str:
+    """:data:`LAUNCHER_EXITS` as a Markdown table (docs/failures.md)."""
+    rows = ["| torchrun reported | the pod exits | class |", "| --- | --- | --- |"]
+    rows += [f"| {what} | {code} | {cls} |" for what, code, cls in LAUNCHER_EXITS]
     return "\n".join(rows) + "\n"

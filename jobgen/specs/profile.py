@@ -311,11 +311,10 @@ class KubernetesSettings(_Model):
         "PersistentVolumeClaim mounted at /workspace/runs (checkpoints, metrics); it must be\n"
         "ReadWriteMany for multi-pod jobs. ``null``: an emptyDir, lost when a pod is replaced."
     ))
-    backoff_limit: int = Field(default=3, ge=0, description=(
-        "PyTorchJob ``runPolicy.backoffLimit``: container restarts before the operator marks the job Failed. "
-        "jobgen's replicas restart OnFailure, so a failed container is restarted in its pod by the kubelet; "
-        "training-operator v1.9 counts those restarts (the ``restartCount`` of the job's running pods, "
-        "pkg/controller.v1/common/job.go), not pods it deletes and recreates."))
+    backoff_limit: int | None = Field(default=None, ge=0, description=(
+        "The restart budget of this cluster's jobs whose spec sets none (``restart.max_restarts`` 0); a\n"
+        "spec's budget above 0 wins. ``null``: 0, no restarts. Rendered as PyTorchJob\n"
+        "``runPolicy.backoffLimit`` with ``restartPolicy: ExitCode`` (docs/kubernetes.md)."))
     clean_pod_policy: Literal["None", "Running", "All"] = Field(default="None", description=(
         "PyTorchJob ``runPolicy.cleanPodPolicy``: which pods to delete when the job ends."
     ))

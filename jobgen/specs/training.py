@@ -219,9 +219,9 @@ class RestartSpec(_Model):
         "and reason in summary.json and ``jobgen status``. Hosts over ssh: a watcher on the submitting\n"
         "machine does the same for every host. SLURM: the batch script requeues the job after\n"
         "such a failure while ``SLURM_RESTART_COUNT`` (every requeue of the job, whatever its cause) is\n"
-        "below it. Kubernetes: recorded in spec.json and shown by ``jobgen status`` beside a failed job's\n"
-        "failure class (docs/failures.md). An elastic PyTorchJob's torchrun ``--max-restarts`` is not\n"
-        "counted against it."
+        "below it. Kubernetes: a PyTorchJob's ``runPolicy.backoffLimit`` with ``restartPolicy: ExitCode``\n"
+        "(the operator recreates a pod that failed so; 0 here takes the profile's ``kubernetes.backoff_limit``;\n"
+        "docs/failures.md). An elastic PyTorchJob's torchrun ``--max-restarts`` is not counted against it."
     ))
     exclude_failed_nodes: bool = Field(default=True, description=(
         "SLURM: a restart adds the node of the task that failed to the job's excluded nodes\n"

@@ -315,7 +315,7 @@ def test_code_git_checks_out_the_commit_in_every_pod(tmp_path, job_api):
         pod = patch["template"]["spec"]["template"]["spec"]
         command, env, mounts, volumes = trainer["command"], trainer["env"], pod["containers"][0]["volumeMounts"], pod["volumes"]
     assert command[:4] == ["sh", "-c", k8s_manifest.CHECKOUT_SCRIPT, "jobgen-code"]
-    assert command[4:7] == ["python", "-m", "torch.distributed.run"] and "jobgen.train" in command
+    assert command[4:7] == ["python", "-m", "jobgen.train.launch"] and "jobgen.train" in command
     values = {e["name"]: e.get("value") for e in env}
     root = f"/jobgen-code/{REF}"
     assert values["JOBGEN_CODE_DIR"] == root and values["PYTHONPATH"] == f"{root}/src"

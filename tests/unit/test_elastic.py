@@ -105,7 +105,7 @@ def test_elastic_pytorchjob_has_worker_replicas_at_max_and_an_elastic_policy(tmp
     container = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["name"] == "pytorch"
     assert container["command"] == [
-        "python", "-m", "torch.distributed.run", "--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d",
+        "python", "-m", "jobgen.train.launch", "--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d",
         "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)", "--max-restarts=3",
         "-m", "jobgen.train", "--spec", "/etc/jobgen/spec.json", "--run-dir", "/workspace/runs/job"]
     assert not any(arg.startswith("--master-addr") for arg in container["command"])  # no Master: MASTER_ADDR is never set
@@ -123,13 +123,15 @@ def test_elastic_pytorchjob_has_worker_replicas_at_max_and_an_elastic_policy(tmp
         "POST /api/v1/namespaces/training/pods?dryRun=All"]  # one pod template: Worker
 
 
-def test_max_restarts_follows_backoff_limit_and_volcano_gangs_the_minimum(tmp_path):
+def test_torchruns_group_restarts_are_apart_from_the_restart_budget_and_volcano_gangs_the_minimum(tmp_path):
     job_plan = plan_elastic(tmp_path, "3:6", kubernetes={"backoff_limit": 7, "scheduler_name": "volcano", "priority_class": None})
     _, job = docs_of(job_plan)
-    assert job["spec"]["elasticPolicy"]["maxRestarts"] == 7
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 7  # the pods' failures: the budget
+    assert job["spec"]["elasticPolicy"]["maxRestarts"] == 3  # the agent's worker-group restarts in a pod
     assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 3}
     command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
-    assert "--max-restarts=7" in command and "--nnodes=3:6" in command
+    assert "--max-restarts=3" in command and "--nnodes=3:6" in command
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
 
 
 def test_elastic_inputs_hash_includes_the_elastic_template_only_for_elastic_jobs(tmp_path):

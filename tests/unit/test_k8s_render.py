@@ -47,7 +47,7 @@ def container(job: dict[str, Any], role: str = "Master") -> dict[str, Any]:
 def test_master_one_and_workers_nodes_minus_one(tmp_path, nodes, expected):
     _, (_, job) = render(tmp_path, spec={"resources": {"nodes": nodes}})
     assert {role: r["replicas"] for role, r in job["spec"]["pytorchReplicaSpecs"].items()} == expected
-    assert all(r["restartPolicy"] == "OnFailure" for r in job["spec"]["pytorchReplicaSpecs"].values())
+    assert all(r["restartPolicy"] == "ExitCode" for r in job["spec"]["pytorchReplicaSpecs"].values())
 
 
 def test_launch_command_is_torchrun_with_the_operators_master_address(tmp_path):
@@ -55,7 +55,8 @@ def test_launch_command_is_torchrun_with_the_operators_master_address(tmp_path):
     assert job["spec"]["nprocPerNode"] == "4"  # PET_NPROC_PER_NODE = GPUs per pod
     c = container(job, "Worker")
     assert c["name"] == "pytorch"
-    assert c["command"][:5] == ["python", "-m", "torch.distributed.run", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
+    # jobgen's launcher runs torchrun with these arguments and exits with the failure's class (restartPolicy ExitCode)
+    assert c["command"][:5] == ["python", "-m", "jobgen.train.launch", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
     assert c["command"][5:] == ["-m", "jobgen.train", "--spec", "/etc/jobgen/spec.json", "--run-dir", "/workspace/runs/job"]
     assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -130,6 +131,34 @@ def test_run_policy(tmp_path):
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 1800  # the spec wins
 
 
+@pytest.mark.parametrize(("profile_limit", "spec_budget", "expected"), [(None, 0, 0), (None, 2, 2), (5, 0, 5), (5, 1, 1), (0, 3, 3)])
+def test_the_restart_budget_is_the_backoff_limit_of_every_exit_code_replica(tmp_path, profile_limit, spec_budget, expected):
+    """One budget: the spec's restart.max_restarts when above 0, else the profile's backoff_limit (null: 0).
+    backoffLimit 0 with ExitCode: the operator fails the job at its first failed pod (no restarts)."""
+    settings = {} if profile_limit is None else {"backoff_limit": profile_limit}
+    _, (_, job) = render(tmp_path, settings, spec={"resources": {"nodes": 2}, "restart": {"max_restarts": spec_budget}})
+    assert job["spec"]["runPolicy"]["backoffLimit"] == expected
+    assert {role: r["restartPolicy"] for role, r in job["spec"]["pytorchReplicaSpecs"].items()} == {"Master": "ExitCode",
+                                                                                                     "Worker": "ExitCode"}
+    for role in ("Master", "Worker"):
+        command = container(job, role)["command"]
+        assert command[:3] == ["python", "-m", "jobgen.train.launch"]
+        own = [arg for arg in command if arg.startswith("--restart-")]
+        if expected:  # the launcher spends the budget: v1.9 bounds ExitCode restarts by backoffLimit only at 0
+            assert own[0] == f"--restart-budget={expected}" and own[1].startswith("--restart-ledger=/workspace/runs/job/restarts/")
+            assert command.index(own[1]) == 4  # ahead of torchrun's arguments
+        else:
+            assert own == []
+
+
+def test_a_budget_without_a_shared_run_directory_warns(tmp_path):
+    job_plan, _ = render(tmp_path, {"runs_volume_claim": None}, spec={"restart": {"max_restarts": 2}})
+    assert any("restart budget 2 without kubernetes.runs_volume_claim" in w for w in job_plan.warnings), job_plan.warnings
+    for settings, budget in (({}, 2), ({"runs_volume_claim": None}, 0)):  # k8s-a100 mounts a claim; no budget, no restarts
+        job_plan, _ = render(tmp_path, settings, spec={"restart": {"max_restarts": budget}})
+        assert not any("runs_volume_claim" in w for w in job_plan.warnings), job_plan.warnings
+
+
 def test_secrets_are_references_never_values(tmp_path):
     job_plan, (config_map, job) = render(tmp_path, {"secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"},
                                                                     "WANDB_API_KEY": {"secret": "wandb", "key": "api-key", "optional": True}}})
@@ -177,7 +206,7 @@ def test_trainjob_output_references_the_runtime_and_carries_the_same_pod_setting
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
     trainer = job["spec"]["trainer"]
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 8
-    assert trainer["command"] == ["python", "-m", "torch.distributed.run", "-m", "jobgen.train", "--spec", "/etc/jobgen/spec.json",
+    assert trainer["command"] == ["python", "-m", "jobgen.train.launch", "-m", "jobgen.train", "--spec", "/etc/jobgen/spec.json",
                                   "--run-dir", "/workspace/runs/job"]  # the Trainer sets PET_MASTER_ADDR itself
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in trainer["env"]

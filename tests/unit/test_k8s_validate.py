@@ -71,6 +71,15 @@ def test_operator_webhook_rules(docs, mutate, fragment):
     assert fragment in message and "[training-operator PyTorchJob webhook]" in message
 
 
+@pytest.mark.parametrize("policy", ["ExitCodes", "exitcode", "Exit\nCode", "x" * 300])
+def test_a_replica_restart_policy_outside_the_operators_four_is_refused(docs, policy):
+    """The CRD types restartPolicy as any string; the operator copies it into each pod, which the API server refuses."""
+    assert all(r["restartPolicy"] == "ExitCode" for r in docs[1]["spec"]["pytorchReplicaSpecs"].values())
+    message = problems_after(docs, lambda j: j["spec"]["pytorchReplicaSpecs"]["Worker"].__setitem__("restartPolicy", policy))
+    assert "Worker.restartPolicy: " in message and "is not one of Always, OnFailure, Never, ExitCode" in message
+    assert "common_types.go RestartPolicy" in message
+
+
 @pytest.mark.parametrize(("mutate", "fragment"), [
     (lambda j: worker(j)["resources"]["limits"].__setitem__("cpu", "4"), "'180' must be less than or equal to cpu limit '4'"),
     (lambda j: worker(j)["resources"]["requests"].__setitem__("memory", "3Ti"), "'3Ti' must be less than or equal to memory limit"),

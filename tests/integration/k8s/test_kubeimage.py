@@ -192,7 +192,7 @@ def test_smoke_spec_and_pod_command_are_jobgens_render(tmp_path):
     manifest = (tmp_path / "pytorchjob.yaml").read_text()
     assert 'image: "jobgen.local/train:t"' in manifest and 'imagePullPolicy: "Never"' in manifest
     argv, env, master = kubeimage.master_container(tmp_path / "pytorchjob.yaml")
-    assert argv[:3] == ["python", "-m", "torch.distributed.run"] and f"--master-addr={master}" in argv
+    assert argv[:3] == ["python", "-m", "jobgen.train.launch"] and f"--master-addr={master}" in argv
     assert argv[argv.index("--spec") + 1] == "/etc/jobgen/spec.json"
     assert (env["WORLD_SIZE"], env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["RANK"]) == ("1", "1", "1", "0")
 

@@ -106,7 +106,7 @@ def test_torchrun_reads_the_operators_master_address(tmp_path):
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env |= operator_env(job, "worker", 0)
     argv = [kubelet_expand(a, env) for a in container["command"]]
-    run_index = argv.index("torch.distributed.run")
+    run_index = argv.index("jobgen.train.launch")  # jobgen's launcher hands these arguments to torchrun's parse_args
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
