@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from jobgen.reports.progress import read_progress
 from tests.conftest import REPO, write
