@@ -193,7 +193,7 @@ def test_pods_services_and_env_of_a_two_pod_two_process_job(k8s_lab, operator, t
                               **({op.JOB_ROLE_LABEL: "master"} if role == "master" else {})}
             assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "op-env",
                                                            "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
-            assert pod["spec"]["restartPolicy"] == "OnFailure"
+            assert pod["spec"]["restartPolicy"] == "Never"  # jobgen's replicas restart ExitCode: v1.9 gives their pods Never
             container = pod["spec"]["containers"][0]
             template_env = template["spec"]["containers"][0]["env"]
             assert container["env"][:len(template_env)] == template_env  # the template's first, the operator's appended
@@ -270,15 +270,15 @@ def test_master_success_completes_the_job_and_deletion_cascades(k8s_lab, operato
 
 
 def test_on_failure_recreates_a_failed_pod_and_restarts_count_against_backoff_limit(k8s_lab, operator, tmp_path):
-    """jobgen's replicas restart OnFailure with runPolicy.backoffLimit 3. A pod that fails as a
+    """Replicas that restart OnFailure with runPolicy.backoffLimit 3 (set here: jobgen renders
+    ExitCode, tested below). A pod that fails as a
     whole (phase Failed, e.g. evicted) is deleted and created again (a new uid) and the job is
     Restarting (`jobgen status` RESTARTING); the kubelet's in-place restarts (restartCount of
     Running pods) count against backoffLimit: at 3 the job is Failed, its pods and Services
     deleted (`jobgen status` FAILED)."""
     _, job = render(tmp_path, "op-backoff")
-    assert job["spec"]["runPolicy"]["backoffLimit"] == 3
-    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"OnFailure"}
-    create(k8s_lab, job)
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
+    create(k8s_lab, _with_policy(job, "OnFailure", backoff_limit=3))
     try:
         # the Master still Pending: nothing turns Restarting back into Running, so jobgen sees it
         first = kubelet(k8s_lab, "op-backoff-worker-0", "Failed", exit_code=1)
@@ -310,7 +310,7 @@ def test_on_failure_recreates_a_failed_pod_and_restarts_count_against_backoff_li
 
 
 def _with_policy(job: dict[str, Any], policy: str, backoff_limit: int | None = None) -> dict[str, Any]:
-    """jobgen's job with every replica's restartPolicy set to ``policy`` (jobgen renders OnFailure only)."""
+    """jobgen's job with every replica's restartPolicy set to ``policy`` (jobgen renders ExitCode only)."""
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         replica["restartPolicy"] = policy
     if backoff_limit is not None:
@@ -372,7 +372,7 @@ def test_never_policy_fails_the_job_on_the_first_failure(k8s_lab, operator, tmp_
     """restartPolicy Never: a Worker that fails fails the job (v1.9's UpdateJobStatus message,
     completionTime set), `jobgen status` FAILED with that message; nothing is recreated."""
     _, job = render(tmp_path, "op-never")
-    create(k8s_lab, _with_policy(job, "Never"))
+    create(k8s_lab, _with_policy(job, "Never", backoff_limit=3))  # a backoffLimit of 0 would fail it by the limit first
     try:
         kubelet(k8s_lab, "op-never-master-0", "Running")
         uid = kubelet(k8s_lab, "op-never-worker-0", "Failed", exit_code=1)
