@@ -204,7 +204,9 @@ def main() -> None:
     if args.warmup < 1 or args.steps < 1:
         parser.error("--steps and --warmup must be at least 1")
     if args.worker == "entrypoint":
-        sys.exit(entrypoint_worker(args.warmup, ["--spec", str(args.spec), "--run-dir", str(args.run_dir)], args.run_dir))
+        from jobgen.train.__main__ import exit_process
+
+        exit_process(entrypoint_worker(args.warmup, ["--spec", str(args.spec), "--run-dir", str(args.run_dir)], args.run_dir))
     if args.worker == "plain":
         plain_worker(args.spec, args.run_dir, args.warmup, args.out)
         return

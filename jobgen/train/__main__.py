@@ -250,14 +250,14 @@ def exit_process(code: int) -> None:
     """Leave the process with ``code``; after training, without interpreter teardown.
 
     Once torch.distributed has run, interpreter teardown can abort a rank whose run has finished
-    and written everything: "terminate called without an active exception", SIGABRT, and the
-    launcher reports the whole job failed (seen once in 600 CI tests, rank 1 after a complete
-    FSDP run). A core dump of the same abort in a plain gloo script showed why: a process-group
-    worker thread dropped its last collective's tensors while Python was finalising (docs/own-code.md,
-    "Command mode", where users' scripts get the same advice). Every file the run writes is
-    closed by then (checkpoints, summary.json, loggers finalised by Lightning), so after flushing
-    stdout/stderr the process ends with ``os._exit``. Without training (bad input, --help) it
-    exits normally.
+    and written everything: a process-group worker thread still holds its last collective's
+    tensors while Python finalises, C++ calls ``std::terminate`` ("terminate called without an
+    active exception", SIGABRT), and the launcher reports the whole job failed. Every file the
+    run writes is closed by then (checkpoints, summary.json, loggers finalised by Lightning), so
+    after flushing stdout/stderr the process ends with ``os._exit``. Without training (bad
+    input, --help) it exits normally. Users' own scripts get the same advice in
+    docs/own-code.md, "Command mode". A script that wraps :func:`main` (adds callbacks, then
+    calls it) ends with this function too.
     """
     if "jobgen.train.run" not in sys.modules:
         sys.exit(code)

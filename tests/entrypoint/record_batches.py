@@ -58,4 +58,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from jobgen.train.__main__ import exit_process
+
+    exit_process(main(sys.argv[1:]))  # as ``python -m jobgen.train`` ends: no interpreter teardown after training
