@@ -22,7 +22,7 @@ one job array or one job per point through :func:`submit`) is :mod:`jobgen.api.s
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,6 +242,8 @@ class ListedJob:
         status: the backend's answer; ``None`` when it could not be asked (``stale`` says why).
         name: the job name (from the job directory's spec.json), if it is still readable.
         num_nodes, devices_per_node, accelerator: the world the job directory asked for, if readable.
+        max_restarts: the spec's restart budget (``restart.max_restarts`` in the job directory's
+            spec.json), if readable.
         stale: why the state shown is only the record's (the cluster could not be reached, or
             the job directory is gone), else ``None``.
     """
@@ -253,14 +255,30 @@ class ListedJob:
     devices_per_node: int | None
     accelerator: str | None
     stale: str | None
+    max_restarts: int | None = None
 
     @property
     def state(self) -> str:
         """The backend's state, or ``UNREACHABLE`` when it could not be asked (never a guess)."""
         return self.status.state if self.status is not None else "UNREACHABLE"
 
+    @property
+    def restarts_used(self) -> int | None:
+        """The restarts the job's records count (:func:`restarts_used`), ``None`` where none does."""
+        return None if self.status is None else restarts_used(self.status.details)
+
+    @property
+    def restart_budget(self) -> int | None:
+        """The budget the job's status states (``restarts_used``: ``"<n> of <budget>"``, the budget the
+        backend enforces, e.g. a PyTorchJob's ``backoffLimit``), else :attr:`max_restarts`."""
+        words = str(self.status.details.get("restarts_used", "")).split() if self.status is not None else []
+        if len(words) >= 3 and words[1] == "of" and words[2].isdigit() and words[2].isascii():
+            return int(words[2])
+        return self.max_restarts
+
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict with stable keys (``jobgen ls -o json``)."""
+        """JSON-ready dict with stable keys (``jobgen ls -o json``); ``restarts``: ``{"used", "max_restarts"}``
+        (each ``None`` where unknown)."""
         handle = JobHandle.parse(self.record.handle)
         return {
             "handle": self.record.handle, "cluster": handle.cluster, "scheduler": handle.scheduler, "name": self.name,
@@ -268,7 +286,8 @@ class ListedJob:
             "num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node, "accelerator": self.accelerator,
             "submitted_at": self.record.submitted_at, "job_dir": self.record.job_dir, "run_dir": self.record.run_dir,
             "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
-            "stale": self.stale, "sweep": None if self.record.sweep is None else self.record.sweep.model_dump(mode="json"),
+            "stale": self.stale, "restarts": {"used": self.restarts_used, "max_restarts": self.restart_budget},
+            "sweep": None if self.record.sweep is None else self.record.sweep.model_dump(mode="json"),
             **({"tasks": self.tasks()} if self.record.array else {}),
         }
 
@@ -279,6 +298,18 @@ class ListedJob:
         return [{"handle": f"{self.record.handle}_{t.index}", "index": t.index, "name": t.name, "run_dir": t.run_dir,
                  "state": states.get(t.index, "UNREACHABLE" if self.status is None else "UNKNOWN")}
                 for t in self.record.array or ()]
+
+
+def restarts_used(details: Mapping[str, str]) -> int | None:
+    """The restarts a job's status details count: ``restarts_used`` (``"<n> of <budget>"``: the
+    restarts jobgen made in a local run or through the ssh watcher, and on Kubernetes the launch
+    wrapper's ledger or the pods' restart counts), else ``restarts`` (SLURM's ``restart_cnt``: the
+    job's requeues, whatever their cause); ``None`` when neither holds a count."""
+    used = str(details.get("restarts_used", "")).partition(" ")[0]
+    if used.isdigit() and used.isascii():
+        return int(used)
+    count = str(details.get("restarts", ""))
+    return int(count) if count.isdigit() and count.isascii() else None
 
 
 def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
@@ -301,6 +332,7 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
         if progress is not None:
             progress(index, len(records), record.handle)
         world: tuple[int | None, int | None, str | None] = (None, None, None)
+        budget: int | None = None
         if record.callable is not None:  # a Python callable (submitit): no spec.json, the record has its world
             call = record.callable
             name, gone = call.name, None
@@ -310,6 +342,7 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
                 resolved = read_resolved_spec(Path(record.job_dir))
                 name, gone = resolved.spec.name, None
                 world = (resolved.launch.num_nodes, resolved.launch.devices_per_node, resolved.launch.accelerator)
+                budget = resolved.spec.restart.max_restarts
                 if record.array:  # a job array is one row, named after the sweep (its tasks are in status.tasks)
                     index = read_array_index(Path(record.job_dir))
                     name = index.name if index is not None else name
@@ -319,7 +352,7 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
             status, stale = get_backend(handle.scheduler).status(handle), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
-        row = ListedJob(record, status, name, *world, stale)
+        row = ListedJob(record, status, name, *world, stale, budget)
         if not wanted or row.state.upper() in wanted:
             rows.append(row)
     return rows

@@ -63,6 +63,7 @@ from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, uncla
 from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
+from jobgen.train.notifier import RESTART_COUNT_ENV, Notifier
 from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
@@ -242,8 +243,10 @@ class LocalBackend(Backend):
         resume_hint = ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
                        "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
         restarts: list[dict[str, Any]] = []
+        notifier = _restart_notifier(resolved, job_dir, str(handle), env)
         while True:  # one attempt per pass: the first start, then a restart per retried failure within the budget
             attempt_started = time.time()
+            env[RESTART_COUNT_ENV] = str(len(restarts))  # the entrypoint's notifications say which start this is
             try:
                 code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
             except KeyboardInterrupt as exc:
@@ -263,6 +266,8 @@ class LocalBackend(Backend):
             write_local_run(job_dir, run)
             out(f"jobgen: restart {len(restarts)} of {budget} (restart.max_restarts) after a failure classed "
                 f"{decided.describe()}" + ("; resuming from the newest checkpoint" if resolved.spec.entrypoint is None else ""))
+            if notifier is not None:
+                notifier.send_restart(restarts[-1], budget)
         if code == 0 and resolved.spec.entrypoint is not None:
             _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
         if code == 0 and budget:
@@ -417,6 +422,15 @@ def stored_evidence(run: LocalRun) -> tuple[Evidence, ...]:
 def restart_details(run: LocalRun) -> dict[str, str]:
     """``jobgen status`` details of a run's restarts (:func:`jobgen.reports.attempts.restart_details`)."""
     return budget_details(run.max_restarts, run.restarts)
+
+
+def _restart_notifier(resolved: ResolvedSpec, run_dir: Path, handle: str, env: dict[str, str]) -> Notifier | None:
+    """What sends ``restart`` when this process restarts the run (the spec's ``notify``; the
+    entrypoint's ranks send the other events): None without ``notify``. ``env``: the run's
+    environment, where the webhook's token and URL variables are read."""
+    if resolved.spec.notify is None:
+        return None
+    return Notifier(resolved.spec.notify, resolved, run_dir, env, handle=handle, prog="jobgen")
 
 
 def _record_restarts(run_dir: Path, budget: int, restarts: list[dict[str, Any]]) -> None:

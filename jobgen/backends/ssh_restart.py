@@ -23,7 +23,8 @@ ranks' shards) needs a shared run directory.
 
 What it decided goes to :data:`RESTARTS_FILE` in the job directory (``jobgen status`` reads it:
 ``restarts_used``, ``restart_<n>``, the last attempt's evidence) and, once the job completes, to
-node 0's ``summary.json`` (``restarts``), as a local run records them. The watcher ends when the
+node 0's ``summary.json`` (``restarts``), as a local run records them. Each restart also goes to the spec's ``notify`` targets as a ``restart`` event, sent from
+this machine (with its environment's token and URL variables) before the hosts start again. The watcher ends when the
 job completes, fails for good, or is cancelled (``jobgen cancel`` stops it first). If this
 machine stops, the job runs on without restarts.
 """
@@ -150,11 +151,14 @@ class Hosts:
 
 
 def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], str], *, out: Callable[[str], None] = print,
-          poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> str:
+          poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+          notify: Callable[[dict[str, Any], int], Any] | None = None) -> str:
     """Watch the job until it ends for good; returns how: ``COMPLETED``, ``FAILED``, ``CANCELLED``
     or ``UNKNOWN`` (the hosts stayed unreached for :data:`UNREACHED_LIMIT_S`). Records each
     decision in ``job_dir`` (:data:`RESTARTS_FILE`) as it is made. ``launch_line(rank)``: the
-    start of launch.sh's line on node ``rank`` (:data:`jobgen.backends.ssh_launch.LAUNCH_LINE`)."""
+    start of launch.sh's line on node ``rank`` (:data:`jobgen.backends.ssh_launch.LAUNCH_LINE`).
+    ``notify(entry, budget)``: called with each restart's record once it is decided, before the
+    hosts are started again (:meth:`jobgen.train.notifier.Notifier.send_restart`: the ``restart`` event)."""
     record: dict[str, Any] = {"max_restarts": budget, "restarts": [], "state": WATCHING, "pid": os.getpid(), "evidence": [],
                               "started_at": _now()}
     _write(job_dir, record)
@@ -198,6 +202,8 @@ def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], s
         record["state"] = RESTARTING
         _write(job_dir, record)
         out(f"jobgen: restart {used + 1} of {budget} (restart.max_restarts) after a failure classed {decided.describe()}")
+        if notify is not None:
+            notify(record["restarts"][-1], budget)
         try:
             hosts.kill()
             if len(nodes) > 1 and not hosts.shared():
@@ -246,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch the job (:func:`watch`) with the budget of the job directory's spec.json."""
     from jobgen.backends.ssh_launch import LAUNCH_LINE
     from jobgen.jobdir.spec import read_resolved_spec
+    from jobgen.train.notifier import Notifier
 
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     parser.add_argument("--job-dir", required=True, type=Path)
@@ -257,8 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_now()} {line}", flush=True)
 
     try:
-        budget = read_resolved_spec(args.job_dir).spec.restart.max_restarts
-        outcome = watch(Hosts(args.handle, args.spec_source), args.job_dir, budget, lambda rank: LAUNCH_LINE.format(rank=rank), out=say)
+        resolved = read_resolved_spec(args.job_dir)
+        budget = resolved.spec.restart.max_restarts
+        hosts = Hosts(args.handle, args.spec_source)
+        notifier = None if resolved.spec.notify is None else Notifier(resolved.spec.notify, resolved, hosts.run, handle=args.handle,
+                                                                       prog="jobgen")
+        outcome = watch(hosts, args.job_dir, budget, lambda rank: LAUNCH_LINE.format(rank=rank), out=say,
+                        notify=None if notifier is None else notifier.send_restart)
     except JobgenError as exc:
         say(f"jobgen: the watcher stopped: {exc.message}")
         return 1

@@ -28,7 +28,9 @@ from jobgen.reports.triage import format_triage
 def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     """List every job submitted from this machine (newest first), each refreshed from its
     scheduler: state, nodes x devices, start, elapsed and GPU-hours (CPU-hours on CPU
-    clusters; cost when the profile has gpu_hour_price).
+    clusters; cost when the profile has gpu_hour_price), and RESTARTS (used/budget) once a
+    job has a restart budget: jobgen's own restarts of a local or ssh run, the launch wrapper's
+    or the pods' count on Kubernetes, SLURM's requeue count (every requeue, whatever its cause).
 
     \b
     The list comes from jobgen's state index (~/.local/state/jobgen, $JOBGEN_STATE_DIR).
@@ -54,22 +56,31 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
         click.echo("no jobs" + (" matching the filters" if cluster or states else " submitted from this machine yet"))
         return
     sweeps = any(row.record.sweep is not None for row in rows)  # a SWEEP column only when some job has one
-    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST") + (("SWEEP",) if sweeps else ())]
+    # a RESTARTS column ("<used>/<budget>") only when some job has a budget or was restarted
+    restarts = any(row.restart_budget or row.restarts_used for row in rows)
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST")
+             + (("RESTARTS",) if restarts else ()) + (("SWEEP",) if sweeps else ())]
     for row in rows:
         world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
         name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
         sweep = ((row.record.sweep.id if row.record.sweep is not None else "-"),) if sweeps else ()
-        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None), *sweep))
+        used = ((f"{_or_dash(row.restarts_used)}/{_or_dash(row.restart_budget)}",) if restarts else ())
+        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None), *used,
+                      *sweep))
         task_usage = {t.handle.array_task: t.usage for t in row.status.tasks} if row.status is not None else {}
         for task in row.tasks() if row.record.array else ():  # a job array's tasks, under it
             table.append((f"  {task['handle']}", f"  {task['name']}", task["state"], world, *_usage_cells(task_usage.get(task["index"])),
-                          *sweep))
+                          *(("",) if restarts else ()), *sweep))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     for row in rows:
         if row.stale:
             click.echo(f"note: {row.record.handle}: {row.stale}")
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _usage_cells(usage: Any) -> tuple[str, str, str, str]:
@@ -111,8 +122,10 @@ def status(job: str, output: str, as_json: bool) -> None:
     A failed job's failure class (user: not retried; infrastructure, unknown:
     retried) and its reason, from what the scheduler reports, and the spec's restart
     budget (restart.max_restarts) from its job directory's spec.json, beside the restarts
-    used: those jobgen made in a local run (restarts_used, restart_<n>: class, reason), or the
-    scheduler's count (SLURM: its requeues; docs/failures.md).
+    used: those jobgen made in a local run or through the ssh watcher (restarts_used,
+    restart_<n>: class, reason), on Kubernetes the launch wrapper's count from the head of each
+    pod's log, else the pods' restartCount (restarts_source says which), or SLURM's count of
+    its requeues (docs/failures.md).
     Progress, where this machine can read the run directory (local; SLURM and ssh on a shared
     filesystem; not Kubernetes): the step of max_steps, tokens/s of the last log interval and the
     ETA at that rate, from the run's metrics.csv (docs/predict.md).
@@ -137,8 +150,10 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-    if budget is not None and "restarts_used" in st.details:  # a local run or hosts over ssh: jobgen restarts it
-        itself = "hosts over ssh: jobgen's watcher restarts them" if st.handle.scheme == "ssh" else "jobgen restarts a local run itself"
+    if budget is not None and "restarts_used" in st.details:  # jobgen's own count: local, ssh, Kubernetes' launch wrapper
+        itself = ("hosts over ssh: jobgen's watcher restarts them" if st.handle.scheme == "ssh" else
+                  f"Kubernetes: {st.details.get('restarts_source', 'the pods')}" if st.handle.scheme == "k8s" else
+                  "jobgen restarts a local run itself")
         click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used ({itself})")
     elif budget is not None:
         shown_used = f", {printable(used)} used" if used else ""

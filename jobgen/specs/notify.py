@@ -1,4 +1,4 @@
-"""``notify:`` of a training spec: the webhook and/or command rank zero notifies on started,
+"""``notify:`` of a training spec: the webhook and/or command notified on started, restart,
 requeued, finished and failed; credentials only by reference. No I/O."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pydantic import (
 
 from jobgen.specs.base import ENV_KEY_RE, _Model, check_shell_safe, url_credential
 
-NotifyEvent = Literal["started", "requeued", "finished", "failed"]
-NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("started", "requeued", "finished", "failed")
+NotifyEvent = Literal["started", "restart", "requeued", "finished", "failed"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("started", "restart", "requeued", "finished", "failed")
 
 class WebhookSpec(_Model):
     """An HTTP(S) endpoint that gets each notification as a JSON body (``POST``,
@@ -90,7 +90,8 @@ class NotifySpec(_Model):
         "``[/usr/local/bin/notify-team, --channel, ml]``."
     ))
     events: tuple[NotifyEvent, ...] = Field(default=NOTIFY_EVENTS, description=(
-        "Which events to send: ``started`` (each start, also after a requeue), ``requeued`` (the job\n"
+        "Which events to send: ``started`` (each start, also after a requeue), ``restart`` (a restart\n"
+        "within ``restart.max_restarts``: its class, reason, restarts used and the budget), ``requeued`` (the job\n"
         "checkpointed and requeued itself on SLURM's signal), ``finished`` (max_steps reached),\n"
         "``failed`` (the entrypoint raised or stopped early)."
     ))

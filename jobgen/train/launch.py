@@ -90,6 +90,22 @@ def own_options(argv: list[str]) -> tuple[int | None, Path | None, list[str]]:
     return budget, ledger, rest
 
 
+#: The line a restarted pod's log starts with (``jobgen status`` reads the count from it: :func:`logged_restarts`).
+RESTART_LINE = PROG + ": restart {restarts} of {budget} (restart.max_restarts)"
+_RESTART_LINE_RE = re.compile(r"^(?:\S+ )?" + re.escape(PROG) + r": restart (\d{1,6}) of (\d{1,6}) \(restart\.max_restarts\)$")
+
+
+def logged_restarts(text: str) -> tuple[int, int] | None:
+    """``(restarts, budget)`` from the first :data:`RESTART_LINE` in a pod's log ``text`` (a line
+    may start with the kubelet's timestamp); None when no line is one (a first start, or a log
+    that says something else)."""
+    for line in text.splitlines():
+        found = _RESTART_LINE_RE.match(line.strip())
+        if found:
+            return int(found.group(1)), int(found.group(2))
+    return None
+
+
 def pod_name(environ: dict[str, str] | None = None) -> str:
     """This pod's name as a file name: ``$HOSTNAME`` (the kubelet sets it to the pod's name), with
     any character outside ``a-z 0-9 . -`` replaced by ``_`` and cut to 253 characters; ``pod``
@@ -136,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_BUDGET_SPENT
         if restarts:  # a first start prints nothing: the job's output begins with the entrypoint's
-            print(f"{PROG}: restart {restarts} of {budget} (restart.max_restarts)", file=sys.stderr, flush=True)
+            print(RESTART_LINE.format(restarts=restarts, budget=budget), file=sys.stderr, flush=True)
         if restarts > budget:
             print(f"{PROG}: this start is restart {restarts}, beyond the budget of {budget}: exit {EXIT_BUDGET_SPENT}",
                   file=sys.stderr, flush=True)

@@ -35,212 +35,24 @@ The entrypoint imports this module (and so Lightning) only for specs with ``noti
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 
-from jobgen import __version__
-from jobgen.reports.usage import run_usage
-from jobgen.specs.training import NotifySpec
+from jobgen.train.notifier import (  # noqa: F401 - the sending half, re-exported for the entrypoint's callers
+    RETRY_DELAY_S,
+    Notifier,
+    global_rank,
+    job_handle,
+    process_start_time,
+    warn,
+)
 
 if TYPE_CHECKING:
     from jobgen.jobdir.spec import ResolvedSpec
-
-#: Seconds between the first attempt and the retry.
-RETRY_DELAY_S = 1.0
-#: Set when the module is imported; the fallback for the process start time (see :func:`process_start_time`).
-_IMPORTED_AT = time.time()
-
-
-def process_start_time() -> float:
-    """When this process started (epoch seconds): from /proc on Linux, else when this module was imported."""
-    try:
-        stat = Path("/proc/self/stat").read_text()
-        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22: starttime, in clock ticks after boot
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED_AT
-
-
-def global_rank(environ: Mapping[str, str] = os.environ) -> int:
-    """This process's global rank from the launcher's environment (torchrun ``RANK``, srun
-    ``SLURM_PROCID``), 0 for a single process. Used before (or without) Lightning."""
-    for key in ("RANK", "SLURM_PROCID"):
-        value = environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module doc)."""
-    launch = resolved.launch
-    if launch.scheduler == "slurm" and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        # one task of a job array: the task's own handle (its SLURM_JOB_ID is not what submit printed)
-        return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    if launch.scheduler == "slurm" and environ.get("SLURM_JOB_ID"):
-        return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_JOB_ID']}"
-    if launch.scheduler == "local":
-        return f"local://{run_dir}"
-    return None
-
-
-def _restart_count(environ: Mapping[str, str]) -> int:
-    for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
-        value = environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def _warn(text: str) -> None:
-    print(f"jobgen.train: warning: {text}", file=sys.stderr, flush=True)
-
-
-class Notifier:
-    """Builds the JSON body and delivers it to the spec's webhook and/or command.
-
-    Args:
-        spec: the spec's ``notify`` section.
-        resolved: the resolved spec (job name, profile, scheduler, world size, accelerator).
-        run_dir: the run directory (absolute).
-        environ: where the token (``token_env``), the URL (``url_env``) and the SLURM job id
-            are read from, at send time.
-        started: process start (epoch seconds), for ``gpu_hours``.
-    """
-
-    def __init__(self, spec: NotifySpec, resolved: ResolvedSpec, run_dir: Path,
-                 environ: Mapping[str, str] = os.environ, started: float | None = None):
-        self.spec = spec
-        self.resolved = resolved
-        self.run_dir = run_dir
-        self.environ = environ
-        self.started = process_start_time() if started is None else started
-        self._threads: list[threading.Thread] = []
-
-    def body(self, event: str, *, step: int | None = None, train_loss: float | None = None,
-             val_loss: float | None = None, error: str | None = None) -> dict[str, Any]:
-        """The JSON object sent for ``event`` (keys in a fixed order; see the module doc)."""
-        launch = self.resolved.launch
-        now = time.time()
-        used = run_usage(launch.accelerator, launch.world_size, now - self.started)
-        gpu_hours = round(used.device_hours or 0.0, 6) if used.device_kind == "gpu" else None
-        return {
-            "event": event,
-            "job": self.resolved.spec.name,
-            "handle": job_handle(self.resolved, self.run_dir, self.environ),
-            "step": step,
-            "max_steps": self.resolved.spec.trainer.max_steps,
-            "train_loss": train_loss,
-            "val_loss": val_loss,
-            "gpu_hours": gpu_hours,
-            "time": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "host": socket.gethostname(),
-            "run_dir": str(self.run_dir),
-            "profile": self.resolved.profile,
-            "restart": _restart_count(self.environ),
-            "error": error,
-        }
-
-    def wants(self, event: str) -> bool:
-        """Whether ``notify.events`` lists ``event``."""
-        return event in self.spec.events
-
-    def send(self, event: str, **fields: Any) -> bool:
-        """Deliver ``event`` now (webhook, then command); True when every target took it. Never raises."""
-        if not self.wants(event):
-            return True
-        try:
-            payload = json.dumps(self.body(event, **fields)).encode()
-        except Exception as exc:  # noqa: BLE001 - a notification never fails training
-            _warn(f"notification {event!r} not sent: {type(exc).__name__}: {exc}")
-            return False
-        ok = True
-        if self.spec.webhook is not None:
-            ok &= self._deliver(event, "webhook", lambda: self._post(payload))
-        if self.spec.command is not None:
-            ok &= self._deliver(event, f"command {self.spec.command[0]}", lambda: self._run(payload))
-        return ok
-
-    def send_in_background(self, event: str, **fields: Any) -> None:
-        """:meth:`send` in a daemon thread (the training loop goes on); :meth:`wait` joins it."""
-        if not self.wants(event):
-            return
-        thread = threading.Thread(target=self.send, args=(event,), kwargs=fields, name=f"jobgen-notify-{event}", daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def wait(self) -> None:
-        """Wait (bounded: two attempts each) for notifications still being sent in the background."""
-        limit = 2 * self.spec.timeout_s + RETRY_DELAY_S + 1.0
-        for thread in self._threads:
-            thread.join(limit)
-        self._threads = [t for t in self._threads if t.is_alive()]
-
-    def _deliver(self, event: str, target: str, attempt: Any) -> bool:
-        problem = ""
-        for number in (1, 2):
-            try:
-                problem = attempt()
-            except Exception as exc:  # noqa: BLE001 - a notification never fails training
-                problem = f"{type(exc).__name__}: {exc}"
-            if not problem:
-                return True
-            if number == 1:
-                time.sleep(RETRY_DELAY_S)
-        _warn(f"notification {event!r} to the {target} failed twice ({' '.join(problem.split())}); training is not affected")
-        return False
-
-    def _post(self, payload: bytes) -> str:
-        """One POST; returns "" on a 2xx answer, else what went wrong (never the token or a secret URL)."""
-        hook = self.spec.webhook
-        assert hook is not None
-        url = hook.url if hook.url is not None else self.environ.get(hook.url_env or "", "")
-        if not url:
-            return f"${hook.url_env} (url_env) is not set on this node"
-        headers = {"Content-Type": "application/json", "User-Agent": f"jobgen/{__version__}"}
-        if hook.token_env is not None:
-            token = self.environ.get(hook.token_env, "")
-            if not token:
-                return f"${hook.token_env} (token_env) is not set on this node"
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(url, data=payload, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.spec.timeout_s) as response:  # noqa: S310 - http(s) checked by the spec
-                response.read(65536)
-                return "" if 200 <= response.status < 300 else f"HTTP {response.status}"
-        except urllib.error.HTTPError as exc:
-            return f"HTTP {exc.code} {exc.reason}"
-        except urllib.error.URLError as exc:
-            return f"cannot reach the URL ({exc.reason})"
-        except (TimeoutError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    def _run(self, payload: bytes) -> str:
-        argv = list(self.spec.command or ())
-        try:
-            result = subprocess.run(argv, input=payload, capture_output=True, timeout=self.spec.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return f"{argv[0]} did not finish within {self.spec.timeout_s:g} s"
-        except OSError as exc:
-            return f"cannot run {argv[0]}: {exc.strerror or exc}"
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).decode(errors="replace").strip()[-300:]
-            return f"{argv[0]} exited {result.returncode}" + (f": {detail}" if detail else "")
-        return ""
 
 
 def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
@@ -325,7 +137,7 @@ def notify_failure(resolved: ResolvedSpec | None, run_dir: Path | None, error: s
         if notifier is not None:
             notifier.send("failed", error=error)
     except Exception as exc:  # noqa: BLE001 - a notification never fails (or masks) the real error
-        _warn(f"notification 'failed' not sent: {type(exc).__name__}: {exc}")
+        warn(f"notification 'failed' not sent: {type(exc).__name__}: {exc}")
 
 
 def notify_callback(resolved: ResolvedSpec, run_dir: Path) -> NotifyCallback | None:

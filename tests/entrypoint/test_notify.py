@@ -255,3 +255,45 @@ def test_missing_token_is_reported_without_sending(hook: Hook, capsys: pytest.Ca
     notifier = _notifier({"webhook": {"url": hook.url, "token_env": TOKEN_ENV}}, {"OTHER": "x"})
     assert notifier.send("started") is False
     assert not hook.requests and f"${TOKEN_ENV} (token_env) is not set on this node" in capsys.readouterr().err
+
+
+HOSTILE_REASON = 'rank 1 said "no"\nand\tthen \x1b[2J' + "é" * 40 + "\udcff" + "x" * 300  # quotes, newline, control, non-UTF-8 (surrogate), > 300 bytes
+
+
+def test_restart_carries_class_reason_restarts_used_and_budget_and_takes_a_hostile_reason(hook: Hook) -> None:
+    """``restart``: the other events' keys plus class, reason, restarts_used and max_restarts; the
+    body's ``restart`` is the restart's number. A reason with quotes, newlines, control characters,
+    a lone surrogate and 300+ bytes arrives as the same text; one over 1000 characters is cut."""
+    from jobgen.train.notifier import REASON_CHARS
+
+    notifier = _notifier({"webhook": {"url": hook.url}})
+    entry = {"restart": 2, "class": "infrastructure", "reason": HOSTILE_REASON, "rule": "hang", "evidence": "x", "exit_code": 201}
+    assert notifier.send_restart(entry, 3, step=40) is True
+    assert notifier.send_restart({**entry, "reason": "y" * 5000}, 3) is True
+    first, second = hook.bodies()
+    assert set(first) == {"event", "job", "handle", "step", "max_steps", "train_loss", "val_loss", "gpu_hours", "time", "host",
+                          "run_dir", "profile", "restart", "error", "class", "reason", "restarts_used", "max_restarts"}
+    assert (first["event"], first["job"], first["step"], first["restart"]) == ("restart", "unit", 40, 2)
+    assert (first["class"], first["restarts_used"], first["max_restarts"]) == ("infrastructure", 2, 3)
+    assert first["reason"] == HOSTILE_REASON  # JSON escapes every character of it, the lone surrogate too
+    assert len(second["reason"]) == REASON_CHARS and second["reason"].endswith("...")
+
+
+def test_a_malformed_restart_record_is_sent_with_nulls_and_a_filtered_event_is_not_sent(hook: Hook) -> None:
+    notifier = _notifier({"webhook": {"url": hook.url}})
+    assert notifier.send_restart({"restart": "1; rm -rf /", "class": ["x"], "reason": 7}, 2) is True
+    body = hook.bodies()[0]
+    assert (body["class"], body["reason"], body["restarts_used"], body["max_restarts"], body["restart"]) == (None, None, None, 2, 0)
+    quiet = _notifier({"webhook": {"url": hook.url}, "events": ["failed"]})
+    assert quiet.send_restart({"restart": 1, "class": "unknown", "reason": "r"}, 1) is True
+    assert len(hook.requests) == 1  # "restart" not in notify.events: nothing sent
+
+
+def test_a_spec_lists_restart_among_its_events_and_a_local_restart_count_is_the_bodys_restart() -> None:
+    from jobgen.specs.notify import NOTIFY_EVENTS
+    from jobgen.train.notifier import RESTART_COUNT_ENV
+
+    assert "restart" in NOTIFY_EVENTS
+    notifier = _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "2", "TORCHELASTIC_RESTART_COUNT": "0"})
+    assert notifier.body("started", step=0)["restart"] == 2
+    assert _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "x\n", "SLURM_RESTART_COUNT": "4"}).body("started")["restart"] == 4
