@@ -130,7 +130,7 @@ import os, signal, sys, time
 mode = os.environ["FAKE_TORCHRUN"]
 if "FAKE_ATTEMPTS" in os.environ:  # count the starts
     with open(os.environ["FAKE_ATTEMPTS"], "a") as f:
-        f.write("start\\n")
+        f.write("start" + os.environ.get("JOBGEN_RESTART_COUNT", "-") + "\\n")  # and which start jobgen says it is
     starts = len(open(os.environ["FAKE_ATTEMPTS"]).read().split())
     if mode == "hung-then-ok":
         mode = "hung" if starts == 1 else "ok"
@@ -377,10 +377,25 @@ def _status_text(setup: dict[str, Path]) -> str:
 
 
 def test_a_hang_is_restarted_within_the_budget_and_the_restart_is_recorded(setup):
+    """The restart is recorded in status, ls (RESTARTS used/budget; -o json ``restarts``),
+    summary.json, and sent as a ``restart`` notification (the spec's notify command) before the
+    second start, whose environment says it is restart 1."""
+    received = setup["root"] / "notified.jsonl"
+    recorder = write(setup["root"] / "recorder.py", "import sys\nwith open(sys.argv[1], 'a') as f:\n"
+                     "    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
+    write(setup["spec"], f"name: cmd\nentrypoint: {{script: train.py}}\nnotify: {{command: [{sys.executable}, {recorder}, {received}]}}\n")
     proc = _submit(setup, "hung-then-ok", "--set", "restart.max_restarts=1")
     terminal = proc.stdout + proc.stderr
     assert proc.returncode == 0, terminal
-    assert _attempts(setup) == 2
+    assert (setup["root"] / "attempts").read_text().split() == ["start0", "start1"]
+    (body,) = [json.loads(line) for line in received.read_text().splitlines()]  # command mode: jobgen's restart event only
+    assert (body["event"], body["class"], body["restarts_used"], body["max_restarts"], body["restart"]) == \
+           ("restart", "infrastructure", 1, 1, 1), body
+    assert body["reason"].startswith("no rank made progress") and body["handle"] == f"local://{(setup['runs'] / 'cmd').resolve()}"
+    listed = json.loads(_jobgen(setup, "ok", "ls", "-o", "json").stdout)
+    assert [row["restarts"] for row in listed] == [{"used": 1, "max_restarts": 1}], listed
+    table = _jobgen(setup, "ok", "ls").stdout.splitlines()
+    assert table[0].split()[-1] == "RESTARTS" and table[1].split()[-1] == "1/1", table
     assert "jobgen: restart 1 of 1 (restart.max_restarts) after a failure classed infrastructure (retried): no rank made " \
            "progress" in terminal, terminal
     status = _status(setup)

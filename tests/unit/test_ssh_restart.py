@@ -67,6 +67,7 @@ class FakeHosts:
         self.calls: list[str] = []
         self.outputs: dict[int, str] = {}
         self.written: str | None = None
+        self.notified: list[tuple[dict, int]] = []  # (restart record, budget) per restart event
 
     def state(self):
         state, reports, outputs = self.states.pop(0) if len(self.states) > 1 else self.states[0]
@@ -98,7 +99,8 @@ class FakeHosts:
 
 def run(hosts: FakeHosts, job_dir: Path, budget: int) -> tuple[str, list[str]]:
     said: list[str] = []
-    outcome = watch(hosts, job_dir, budget, launch_line, out=said.append, poll_s=0, sleep=lambda s: None)
+    outcome = watch(hosts, job_dir, budget, launch_line, out=said.append, poll_s=0, sleep=lambda s: None,
+                    notify=lambda entry, budget: (hosts.calls.append("notify"), hosts.notified.append((dict(entry), budget))))
     return outcome, said
 
 
@@ -107,9 +109,11 @@ def test_a_killed_rank_is_restarted_within_the_budget_and_the_restart_recorded(t
     hosts = FakeHosts([("RUNNING", nodes(None, None, procs=3), {}), failed, ("RUNNING", nodes(None, None, procs=3), {}),
                        ("COMPLETED", nodes(0, 0), {})])
     outcome, said = run(hosts, tmp_path, budget=1)
-    assert outcome == "COMPLETED" and hosts.calls == ["kill", "start"], (hosts.calls, said)
+    # the restart event goes out once the restart is decided, before the hosts are started again
+    assert outcome == "COMPLETED" and hosts.calls == ["notify", "kill", "start"], (hosts.calls, said)
     record = read_record(tmp_path)
     assert record["state"] == DONE and record["outcome"] == "COMPLETED" and len(record["restarts"]) == 1, record
+    assert hosts.notified == [(record["restarts"][0], 1)]
     entry = record["restarts"][0]
     assert (entry["restart"], entry["class"], entry["exit_code"]) == (1, "infrastructure", 1), entry
     assert entry["rule"] in ("lost-peer", "killed") and "node " in entry["evidence"], entry
@@ -133,14 +137,14 @@ def test_the_budget_is_spent_then_the_job_fails(tmp_path):
     failed = ("FAILED", nodes(1, 1), {0: LOST_PEER, 1: KILLED})
     hosts = FakeHosts([failed, ("RUNNING", nodes(None, None, procs=2), {}), failed])
     outcome, said = run(hosts, tmp_path, budget=1)
-    assert outcome == "FAILED" and hosts.calls == ["kill", "start"], said
+    assert outcome == "FAILED" and hosts.calls == ["notify", "kill", "start"], said
     assert "the budget is spent (1 of 1)" in said[-1], said
 
 
 def test_a_run_directory_that_is_not_shared_gets_node_0s_checkpoints_before_the_restart(tmp_path):
     hosts = FakeHosts([("FAILED", nodes(1, 1), {0: LOST_PEER, 1: KILLED}), ("COMPLETED", nodes(0, 0), {})], shared=False)
     assert run(hosts, tmp_path, budget=2)[0] == "COMPLETED"
-    assert hosts.calls == ["kill", "copy", "start"]
+    assert hosts.calls == ["notify", "kill", "copy", "start"]
 
 
 def test_a_launch_killed_without_an_exit_code_is_a_failure_nothing_explains_and_is_restarted(tmp_path):
