@@ -519,3 +519,46 @@ def test_an_unreachable_api_server_hint_names_the_context_to_check(context) -> N
 
     assert "<context>" not in err.value.hint
     assert f"kubectl --context {shlex.quote(context)} get --raw /readyz" in err.value.hint
+
+
+def _restart_pods(fake: FakeCluster, counts: dict[str, int]) -> str:
+    pods = "/api/v1/namespaces/training/pods"
+    for name, count in counts.items():
+        fake.objects[f"{pods}/{name}"] = {
+            "metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "quickstart"}},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}, "restartCount": count}]}}
+    return pods
+
+
+def test_status_counts_restarts_from_the_launch_wrappers_line_at_the_head_of_each_pods_log(job_dir, fake):
+    """The run directory (the wrapper's ledger) is on the pods' volume: the count comes from the
+    line the wrapper prints at each restarted start; the largest over the pods (a per-pod budget)."""
+    from jobgen.train.launch import RESTART_LINE
+
+    handle = k8s.submit_dir(job_dir("restart.max_restarts=3"), out=lambda _: None).handle
+    pods = _restart_pods(fake, {"quickstart-master-0": 0, "quickstart-worker-0": 0})
+    fake.logs = {f"{pods}/quickstart-master-0/log": [RESTART_LINE.format(restarts=2, budget=3).encode() + b"\n", b"step 10\n"],
+                 f"{pods}/quickstart-worker-0/log": [b"W1129 warning\n" + RESTART_LINE.format(restarts=1, budget=3).encode() + b"\n"]}
+    st = k8s.status(handle)
+    assert st.details["restarts_used"] == "2 of 3" and "launch wrapper" in st.details["restarts_source"], st.details
+    assert all(("limitBytes", str(k8s.RESTART_LINE_BYTES)) in c[2] for c in fake.calls if c[1].endswith("/log"))
+
+
+def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_line(job_dir, fake):
+    handle = k8s.submit_dir(job_dir("restart.max_restarts=2"), out=lambda _: None).handle
+    pods = _restart_pods(fake, {"quickstart-master-0": 1, "quickstart-worker-0": 0})
+    hostile = (b"\xff\xfe jobgen.train.launch: restart x of 3 (restart.max_restarts)\n"
+               b"jobgen.train.launch: restart 9999999 of 2 (restart.max_restarts)\n" + b"\"'\x1b[2J" * 100 + b"\n")
+    fake.logs = {f"{pods}/quickstart-master-0/log": [hostile]}  # the worker's log cannot be read (400)
+    st = k8s.status(handle)
+    assert st.details["restarts_used"] == "1 of 2" and "restartCount" in st.details["restarts_source"], st.details
+    from jobgen import api
+    assert api.restarts_used(st.details) == 1 and api.restarts_used({"restarts_used": "x of 2", "restarts": "3"}) == 3
+    assert api.restarts_used({"restarts_used": "\u0663 of 2"}) is None  # a non-ASCII digit is no count
+
+
+def test_status_without_a_budget_reads_no_log(job_dir, fake):
+    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    _restart_pods(fake, {"quickstart-master-0": 4})
+    st = k8s.status(handle)
+    assert "restarts_used" not in st.details and not [c for c in fake.calls if c[1].endswith("/log")]
