@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: error: cannot count this pod's starts in {printable(str(ledger))}: {printable(str(exc))}",
                   file=sys.stderr, flush=True)
             return EXIT_BUDGET_SPENT
+        # the workers inherit it: the entrypoint's notifications say which restart of the pod this is
+        os.environ["JOBGEN_RESTART_COUNT"] = str(restarts)  # jobgen.train.notifier.RESTART_COUNT_ENV
         if restarts:  # a first start prints nothing: the job's output begins with the entrypoint's
             print(RESTART_LINE.format(restarts=restarts, budget=budget), file=sys.stderr, flush=True)
         if restarts > budget:

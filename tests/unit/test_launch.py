@@ -225,3 +225,18 @@ def test_a_retryable_failure_with_the_budget_spent_exits_1(tmp_path):
     first = subprocess.run([*argv[:-2], "input-error", argv[-1]], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert first.returncode == 2 and "jobgen.train.launch: restart" not in first.stderr, first.stderr  # a first start says nothing
     assert "restart budget spent (1 of 1): exit 1 instead of 137, so the job fails" in done.stderr
+
+
+def test_the_workers_are_told_which_restart_of_the_pod_this_is(tmp_path, monkeypatch):
+    """torchrun's workers inherit JOBGEN_RESTART_COUNT (the ledger's count): the entrypoint's
+    ``started`` carries it as ``restart`` (a recreated pod's torchrun counts from 0 again)."""
+    from jobgen.train import launch
+    from jobgen.train.notifier import RESTART_COUNT_ENV
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(launch, "_torchrun", lambda argv: seen.append(os.environ.get(RESTART_COUNT_ENV)) or 0)
+    monkeypatch.setenv("HOSTNAME", "job-master-0")
+    monkeypatch.delenv(RESTART_COUNT_ENV, raising=False)
+    for _ in range(2):
+        assert launch.main(["--restart-budget=2", f"--restart-ledger={tmp_path}", "--standalone", "x.py"]) == 0
+    assert seen == ["0", "1"]
