@@ -1,4 +1,6 @@
-"""Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``.
+"""Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``; the
+``restart`` event is sent by jobgen where it decides a restart (a local run, the ssh watcher:
+:class:`jobgen.train.notifier.Notifier.send_restart`), not from here.
 
 The spec's ``notify:`` (:class:`jobgen.specs.training.NotifySpec`) names a webhook (a JSON body POSTed
 with :mod:`urllib.request`, stdlib only) and/or a command (argv, the JSON body on stdin). Only
@@ -23,6 +25,11 @@ The body (:meth:`Notifier.body`), one JSON object::
      "max_steps": 1000, "train_loss": 1.71, "val_loss": 1.76, "gpu_hours": 2.13,
      "time": "2025-01-31T12:00:00Z", "host": "gpu-017", "run_dir": "/shared/runs/quickstart",
      "profile": "slurm-a100", "restart": 0, "error": null}
+
+``restart``: :data:`jobgen.train.notifier.RESTART_COUNT_ENV` (a local run's restarts, or a
+Kubernetes pod's from the launch wrapper's ledger), else ``SLURM_RESTART_COUNT``, else
+``TORCHELASTIC_RESTART_COUNT``. A ``restart`` body adds ``class``, ``reason``,
+``restarts_used`` and ``max_restarts`` (:func:`jobgen.train.notifier.restart_fields`).
 
 ``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task:
 ``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
