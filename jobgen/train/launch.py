@@ -133,18 +133,47 @@ def record_start(ledger: Path, name: str) -> int:
     return before
 
 
+#: The restart records of a pod, ``<ledger>/<pod name>`` + this suffix: one JSON line per restart.
+RECORDS_SUFFIX = ".restarts.jsonl"
+
+
+def record_restart(ledger: Path, name: str, number: int, code: int) -> None:
+    """Append restart ``number`` of pod ``name`` to its records (``<ledger>/<name>`` +
+    :data:`RECORDS_SUFFIX`): ``restart``, ``class`` (of exit ``code``, as the SLURM batch script
+    classes a task's code: :func:`jobgen.reports.failure_class.task_exit_classes`), ``reason``,
+    ``exit_code``, ``at`` (UTC). The restarted pod's rank zero reads it
+    (:func:`jobgen.train.notifier.restart_of_this_start`). A record that cannot be written is
+    said on stderr and does not change the exit code."""
+    import json
+    from datetime import datetime, timezone
+
+    from jobgen.reports.failure_class import task_exit_classes
+
+    cls = next((c for low, high, c in task_exit_classes() if low <= code <= high), "unknown")
+    doc = {"restart": number, "class": cls, "reason": f"pod {name}: exit {code}", "exit_code": code,
+           "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        with open(ledger / f"{name}{RECORDS_SUFFIX}", "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc) + "\n")
+    except OSError as exc:
+        print(f"{PROG}: could not record restart {number} in {printable(str(ledger))}: {printable(str(exc))}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with ``argv`` (the launcher's options, then torchrun's own arguments); return 0 when
     every worker succeeded, else the exit code of
     :func:`jobgen.reports.failure_class.launcher_exit_code`. One line on stderr names the
     decision; torchrun's own report (the first failure's rank, exit code, error file) comes first.
     With a restart budget (:func:`own_options`), a retryable code once the budget is spent becomes
-    :data:`EXIT_BUDGET_SPENT` (module docstring)."""
+    :data:`EXIT_BUDGET_SPENT` (module docstring); within the budget it is recorded
+    (:func:`record_restart`) for the restarted pod's ``restart`` notification and summary.json."""
     from jobgen.reports.failure_class import RETRYABLE_FROM
 
     budget, ledger, torchrun_argv = own_options(sys.argv[1:] if argv is None else argv)
     restarts = 0
     if budget is not None and ledger is not None:
+        # the workers inherit it: rank zero sends this restart's record as the `restart` notification
+        os.environ["JOBGEN_RESTART_RECORD"] = str(ledger / f"{pod_name()}{RECORDS_SUFFIX}")  # notifier.RESTART_RECORD_ENV
         try:
             restarts = record_start(ledger, pod_name())
         except OSError as exc:
@@ -164,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: restart budget spent ({restarts} of {budget}): exit {EXIT_BUDGET_SPENT} instead of {code}, so the job fails",
               file=sys.stderr, flush=True)
         return EXIT_BUDGET_SPENT
+    if code >= RETRYABLE_FROM and budget is not None and ledger is not None:  # the operator starts the pod again
+        record_restart(ledger, pod_name(), restarts + 1, code)
     return code
 
 

@@ -2,6 +2,9 @@
 webhook and/or the command. Standard library only (no torch, no Lightning), so that jobgen itself
 sends the events it decides on the machine that runs it: ``restart`` from a local run
 (:mod:`jobgen.backends.local`) and from the ssh restart watcher (:mod:`jobgen.backends.ssh_restart`).
+Where the restart is decided with no notifier at hand (the SLURM batch script, training-operator
+on Kubernetes), the decider leaves a record (:data:`RESTART_RECORD_ENV`) and the restarted run's
+rank zero sends ``restart`` at its start (:func:`restart_of_this_start`).
 The entrypoint's events and the body's fields: :mod:`jobgen.train.notify`.
 """
 
@@ -84,6 +87,50 @@ def restart_count(environ: Mapping[str, str]) -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+#: A run's restart records where jobgen does not decide its restarts itself: the path of a JSON-lines
+#: file, one :func:`restart_record` per restart, oldest first, that the decider appends to before the
+#: job starts again (the SLURM batch script; on Kubernetes, the launch wrapper). Set for every start.
+RESTART_RECORD_ENV = "JOBGEN_RESTART_RECORD"
+#: The most bytes of a restart record file read (the records of 100 restarts take a few KiB).
+RECORD_BYTES = 1 << 20
+
+
+def read_restart_records(path: str | Path) -> list[dict[str, Any]]:
+    """The restart records in ``path`` (:data:`RESTART_RECORD_ENV`), oldest first: each line a JSON
+    object with a whole ``restart`` from 1 (its number), ``class`` and ``reason`` strings; a line
+    that is not one (cut off, another format, non-UTF-8 bytes) is left out, and a file that cannot
+    be read gives none. At most :data:`RECORD_BYTES` are read. Never raises."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(RECORD_BYTES)
+    except (OSError, ValueError):
+        return []
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        number = doc.get("restart") if isinstance(doc, dict) else None
+        if isinstance(number, int) and not isinstance(number, bool) and number >= 1 \
+                and isinstance(doc.get("class"), str) and isinstance(doc.get("reason"), str):
+            records.append(doc)
+    return records
+
+
+def restart_of_this_start(environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """The restart record of this start, where the restart was decided outside jobgen's own
+    process: the last record in :data:`RESTART_RECORD_ENV`'s file when its number is this start's
+    :func:`restart_count` (> 0). None on a first start, without the variable, or when the count
+    moved on without a record (SLURM counts a requeue after its time-limit signal too)."""
+    path = environ.get(RESTART_RECORD_ENV, "")
+    count = restart_count(environ)
+    if not path or count < 1:
+        return None
+    records = read_restart_records(path)
+    return records[-1] if records and records[-1]["restart"] == count else None
 
 
 def warn(text: str, prog: str = "jobgen.train") -> None:
@@ -198,6 +245,16 @@ class Notifier:
         if not self.wants(event):
             return
         thread = threading.Thread(target=self.send, args=(event,), kwargs=fields, name=f"jobgen-notify-{event}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def send_in_order_in_background(self, *events: tuple[str, dict[str, Any]]) -> None:
+        """``(event, fields)`` pairs sent one after the other (:meth:`send`) in one daemon thread."""
+        wanted = [(event, fields) for event, fields in events if self.wants(event)]
+        if not wanted:
+            return
+        thread = threading.Thread(target=lambda: [self.send(event, **fields) for event, fields in wanted],
+                                  name="jobgen-notify-" + "-".join(e for e, _ in wanted), daemon=True)
         thread.start()
         self._threads.append(thread)
 

@@ -1,6 +1,7 @@
-"""Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``; the
-``restart`` event is sent by jobgen where it decides a restart (a local run, the ssh watcher:
-:class:`jobgen.train.notifier.Notifier.send_restart`), not from here.
+"""Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``, and
+``restart`` at the start of a restart that the SLURM batch script or the Kubernetes launch wrapper
+decided and recorded (:func:`jobgen.train.notifier.restart_of_this_start`). jobgen itself sends
+``restart`` where it decides one (a local run, the ssh watcher: :meth:`jobgen.train.notifier.Notifier.send_restart`).
 
 The spec's ``notify:`` (:class:`jobgen.specs.training.NotifySpec`) names a webhook (a JSON body POSTed
 with :mod:`urllib.request`, stdlib only) and/or a command (argv, the JSON body on stdin). Only
@@ -55,6 +56,8 @@ from jobgen.train.notifier import (  # noqa: F401 - the sending half, re-exporte
     global_rank,
     job_handle,
     process_start_time,
+    restart_fields,
+    restart_of_this_start,
     warn,
 )
 
@@ -108,8 +111,13 @@ class NotifyCallback(Callback):
         NotifyCallback.active = self
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """``started``, in the background (the first step does not wait for the webhook)."""
-        self.notifier.send_in_background("started", **self.state())
+        """``started``, in the background (the first step does not wait for the webhook); first
+        ``restart`` when this start is a restart recorded by the SLURM batch script or the
+        Kubernetes launch wrapper (:func:`jobgen.train.notifier.restart_of_this_start`)."""
+        record = restart_of_this_start(self.notifier.environ)
+        budget = self.notifier.resolved.spec.restart.max_restarts
+        first = [] if record is None else [("restart", {**self.state(), "restart": restart_fields(record, budget)})]
+        self.notifier.send_in_order_in_background(*first, ("started", self.state()))
 
     def requeued(self, step: int) -> None:
         """``requeued`` at ``step`` (rank zero, after ``scontrol requeue`` succeeded)."""

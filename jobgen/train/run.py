@@ -297,6 +297,7 @@ def train(
                 # W&B / MLflow runs (jobgen.train.tracking.TrackerLogger.describe): ids, URLs or paths.
                 **({"tracking": tracker.describe()} if tracker is not None else {}),
             }
+            summary = recorded_restarts(summary, resolved.spec.restart.max_restarts)
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)
             _plot_curves(logger, paths, summary["data_format"])
@@ -473,6 +474,21 @@ def _destroy_process_group() -> None:
     # ("terminate called without an active exception") on one rank while others finish.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def recorded_restarts(summary: dict[str, Any], budget: int, environ: Any = os.environ) -> dict[str, Any]:
+    """``summary`` with ``restarts`` (``max_restarts``, ``used``, ``history``:
+    :func:`jobgen.reports.attempts.with_restarts`) from the restart records of a run whose restarts
+    the SLURM batch script or the Kubernetes launch wrapper decided
+    (:data:`jobgen.train.notifier.RESTART_RECORD_ENV`); unchanged without a budget or that variable
+    (a local or ssh run: jobgen adds them after the run)."""
+    from jobgen.reports.attempts import with_restarts
+    from jobgen.train.notifier import RESTART_RECORD_ENV, read_restart_records
+
+    path = environ.get(RESTART_RECORD_ENV, "")
+    if not budget or not path:
+        return summary
+    return with_restarts(summary, budget, read_restart_records(path))
 
 
 def _print_summary(summary: dict[str, Any], paths: RunPaths) -> None:

@@ -297,3 +297,39 @@ def test_a_spec_lists_restart_among_its_events_and_a_local_restart_count_is_the_
     notifier = _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "2", "TORCHELASTIC_RESTART_COUNT": "0"})
     assert notifier.body("started", step=0)["restart"] == 2
     assert _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "x\n", "SLURM_RESTART_COUNT": "4"}).body("started")["restart"] == 4
+
+
+def test_a_restart_the_batch_script_recorded_is_sent_before_started_and_added_to_summary(hook: Hook, tmp_path: Path) -> None:
+    """SLURM: the batch script appended the record (tests/script/test_sbatch_restart.py checks the
+    line); at the requeued job's start (SLURM_RESTART_COUNT 1) rank zero sends ``restart`` with it,
+    then ``started``; summary.json gets the records. A time-limit requeue later (count 2, no record
+    2) sends no ``restart``; a malformed record file is no record and no traceback."""
+    from jobgen.train.notify import NotifyCallback
+    from jobgen.train.run import recorded_restarts
+
+    records = tmp_path / "slurm-42.jsonl"
+    records.write_text('{"restart": 1, "class": "infrastructure", "reason": "exit 137 on node2", "exit_code": 137, "at": "x"}\n')
+    env = {"JOBGEN_RESTART_RECORD": str(records), "SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "42"}
+    spec = {"webhook": {"url": hook.url}}
+    callback = NotifyCallback(_notifier(spec, env))
+    callback.on_train_start(None, None)
+    callback.notifier.wait()
+    assert hook.events() == ["restart", "started"]
+    body = hook.bodies()[0]
+    assert (body["class"], body["reason"], body["restarts_used"], body["restart"]) == ("infrastructure", "exit 137 on node2", 1, 1)
+    summary = recorded_restarts({"global_step": 20}, 3, env)
+    assert summary["restarts"]["used"] == 1 and summary["restarts"]["history"][0]["reason"] == "exit 137 on node2"
+    assert recorded_restarts({"global_step": 20}, 0, env) == {"global_step": 20}  # no budget: nothing added
+
+    hook.requests.clear()
+    later = NotifyCallback(_notifier(spec, env | {"SLURM_RESTART_COUNT": "2"}))
+    later.on_train_start(None, None)
+    later.notifier.wait()
+    assert hook.events() == ["started"]
+    records.write_bytes(b"\xff\xfe{not json\n" + b"[1, 2]\n" + b'"' * 300 + b"\n")
+    hook.requests.clear()
+    garbled = NotifyCallback(_notifier(spec, env))
+    garbled.on_train_start(None, None)
+    garbled.notifier.wait()
+    assert hook.events() == ["started"]
+    assert recorded_restarts({}, 3, env)["restarts"] == {"max_restarts": 3, "used": 0, "history": []}

@@ -74,6 +74,21 @@ def run_failing_job(tmp_path: Path, script: str, srun_lines: list[bytes], srun_e
     return proc, [[part.decode(errors="backslashreplace") for part in call] for call in calls if call[:2] != [b"show", b"hostnames"]]
 
 
+def restart_records(run_dir: Path, job_id: str = "42") -> list[dict]:
+    """The restart records the script appended (JOBGEN_RESTART_RECORD), as the entrypoint reads them;
+    every line must be one (a line the reader leaves out fails here)."""
+    import json
+
+    from jobgen.train.notifier import read_restart_records
+
+    path = run_dir / "restarts" / f"slurm-{job_id}.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == read_restart_records(path), lines
+    return [{k: v for k, v in doc.items() if k != "at"} for doc in read_restart_records(path)]
+
+
 def decisions(proc: subprocess.CompletedProcess[bytes]) -> list[str]:
     return [line for line in proc.stderr.decode(errors="backslashreplace").splitlines() if line.startswith("jobgen: ")]
 
@@ -88,6 +103,9 @@ def test_an_infrastructure_failure_excludes_the_node_and_requeues_within_the_bud
     assert proc.returncode == 0, proc.stderr
     assert calls == [["show", "job", "-o", "42"], ["requeue", "42"], ["update", "JobId=42", "ExcNodeList=node0,node2"]]
     assert decisions(proc) == ["jobgen: restart 1/1 after infrastructure failure (exit 137 on node2); excluding node2"]
+    # the record the restarted run's rank zero notifies and adds to summary.json
+    assert restart_records(tmp_path / "submit dir" / "runs" / "r") == [
+        {"restart": 1, "class": "infrastructure", "reason": "exit 137 on node2", "exit_code": 137}]
     # srun's stderr still reaches the job's output, its stdout untouched
     assert "srun: error: node2: task 1: Killed" in proc.stderr.decode() and proc.stdout.decode().count("rank output on stdout") == 1
 
@@ -110,6 +128,8 @@ def test_a_retried_failure_is_requeued_naming_its_class_and_node(tmp_path, lines
     proc, calls = run_failing_job(tmp_path, restart_script(budget), lines, srun_exit, {"SLURM_RESTART_COUNT": used})
     assert proc.returncode == 0, proc.stderr
     assert decisions(proc) == [expected]
+    (record,) = restart_records(tmp_path / "submit dir" / "runs" / "r")
+    assert (record["restart"], record["class"]) == (int(used) + 1, expected.split(" after ")[1].split()[0]), record
     node = expected.rsplit(" ", 1)[1]
     assert calls[1:] == [["requeue", "42"], ["update", "JobId=42", f"ExcNodeList={node}"]]
 
@@ -137,7 +157,7 @@ def test_an_exhausted_budget_ends_the_job_with_the_failures_code(tmp_path):
 
 def test_a_failed_requeue_ends_the_job_with_the_failures_code(tmp_path):
     proc, calls = run_failing_job(tmp_path, restart_script(2), KILLED, 137, {"REQUEUE_FAILS": "1"})
-    assert proc.returncode == 137
+    assert proc.returncode == 137 and restart_records(tmp_path / "submit dir" / "runs" / "r") == []  # no restart: no record
     assert calls == [["show", "job", "-o", "42"], ["requeue", "42"]]
     assert decisions(proc)[-1].startswith("jobgen: scontrol requeue 42 failed (requeue disabled?")
 
@@ -162,6 +182,9 @@ def test_a_node_name_that_is_not_a_slurm_name_is_not_excluded_and_nothing_runs(t
     # a name with a space is no task line of srun's at all (srun's task line has none)
     assert line.endswith("is not a SLURM node name" if b" " not in node else "srun named no failed task's node"), line
     assert "\x1b" not in line and not list(tmp_path.rglob("PWNED"))
+    # the record names no node it could not check (its JSON stays one valid line)
+    assert restart_records(tmp_path / "submit dir" / "runs" / "r") == [
+        {"restart": 1, "class": "infrastructure", "reason": "exit 137", "exit_code": 137}]
 
 
 @pytest.mark.parametrize("exc_list", ["$(touch PWNED)", "node1 InjectedKey=1", "a" * 5000, "node\x1b[2J"])
@@ -263,6 +286,8 @@ def test_an_array_task_requeues_itself_not_the_array(tmp_path):
     proc, calls = run_failing_job(tmp_path, script, KILLED, 137, env)
     assert proc.returncode == 0, proc.stderr
     assert calls == [["show", "job", "-o", "70_1"], ["requeue", "70_1"], ["update", "JobId=70_1", "ExcNodeList=node2"]]
+    (record,) = [r for d in (tmp_path / "runs").iterdir() for r in restart_records(d, "70_1")]  # the task's own record
+    assert (record["restart"], record["class"]) == (1, "infrastructure")
     path = tmp_path / "array.sbatch"
     path.write_text(script)
     lint_bash(path)

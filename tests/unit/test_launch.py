@@ -227,16 +227,34 @@ def test_a_retryable_failure_with_the_budget_spent_exits_1(tmp_path):
     assert "restart budget spent (1 of 1): exit 1 instead of 137, so the job fails" in done.stderr
 
 
-def test_the_workers_are_told_which_restart_of_the_pod_this_is(tmp_path, monkeypatch):
-    """torchrun's workers inherit JOBGEN_RESTART_COUNT (the ledger's count): the entrypoint's
-    ``started`` carries it as ``restart`` (a recreated pod's torchrun counts from 0 again)."""
+def test_the_workers_are_told_which_restart_of_the_pod_this_is_and_what_it_restarted_from(tmp_path, monkeypatch):
+    """torchrun's workers inherit JOBGEN_RESTART_COUNT (the ledger's count) and JOBGEN_RESTART_RECORD:
+    a retryable exit within the budget is recorded (class, reason), and at the pod's next start
+    rank zero finds that record as this start's restart (its ``restart`` notification); a first
+    start, a user exit and a garbled line in the records find none."""
     from jobgen.train import launch
-    from jobgen.train.notifier import RESTART_COUNT_ENV
+    from jobgen.train.notifier import RESTART_COUNT_ENV, RESTART_RECORD_ENV, restart_of_this_start
 
-    seen: list[str | None] = []
-    monkeypatch.setattr(launch, "_torchrun", lambda argv: seen.append(os.environ.get(RESTART_COUNT_ENV)) or 0)
+    seen: list[tuple[str | None, dict | None]] = []
+    codes = iter([137, 0, 1])
+
+    def fake_torchrun(argv):
+        seen.append((os.environ.get(RESTART_COUNT_ENV), restart_of_this_start(os.environ)))
+        return next(codes)
+
+    monkeypatch.setattr(launch, "_torchrun", fake_torchrun)
     monkeypatch.setenv("HOSTNAME", "job-master-0")
     monkeypatch.delenv(RESTART_COUNT_ENV, raising=False)
-    for _ in range(2):
-        assert launch.main(["--restart-budget=2", f"--restart-ledger={tmp_path}", "--standalone", "x.py"]) == 0
-    assert seen == ["0", "1"]
+    monkeypatch.delenv(RESTART_RECORD_ENV, raising=False)
+    argv = ["--restart-budget=2", f"--restart-ledger={tmp_path}", "--standalone", "x.py"]
+    assert launch.main(argv) == 137  # the operator starts the pod again
+    records = tmp_path / f"job-master-0{launch.RECORDS_SUFFIX}"
+    with records.open("ab") as f:
+        f.write(b'{"restart": "1", "class": 7}\n\xff\xfe not json\n')  # garbled lines are left out
+    assert launch.main(argv) == 0
+    assert launch.main(argv) == 1  # a user exit: no record
+    assert [count for count, _ in seen] == ["0", "1", "2"]
+    assert seen[0][1] is None and seen[2][1] is None  # a first start; a count the records do not reach
+    record = seen[1][1]
+    assert (record["restart"], record["class"], record["reason"], record["exit_code"]) == (1, "infrastructure", "pod job-master-0: exit 137", 137)
+    assert os.environ[RESTART_RECORD_ENV] == str(records)
