@@ -182,9 +182,15 @@ def test_a_stopped_rank_is_found_hung_its_peers_stacks_written_and_the_job_fails
 
 
 def test_with_a_budget_a_stopped_rank_is_restarted_and_continues_like_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Also the notifications of a restarted run (the spec's notify command): started (restart 0),
+    restart (jobgen's decision: class, reason, 1 of 1), started (restart 1), finished."""
+    received = tmp_path / "notified.jsonl"
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
     launched, run_dir = submit({"trainer": {"max_steps": 120, "val_check_interval": 1000, "log_every_n_steps": 5},
                                 "checkpoint": {"every_n_steps": 10, "keep_last_k": 20},
-                                "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S}, "restart": {"max_restarts": 1}}, tmp_path)
+                                "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S}, "restart": {"max_restarts": 1},
+                                "notify": {"command": [sys.executable, str(recorder), str(received)]}}, tmp_path)
     stopped = None
     try:
         stopped, _ = stop_rank_one(launched, 12, TIMEOUT_S)
@@ -207,6 +213,11 @@ def test_with_a_budget_a_stopped_rank_is_restarted_and_continues_like_an_uninter
     st = status(run_dir)
     assert st["state"] == "COMPLETED" and st["details"]["restarts_used"] == "1 of 1", st
     assert st["details"]["restart_1"].startswith("infrastructure (hang): "), st
+    bodies = [json.loads(line) for line in received.read_text().splitlines()]
+    assert [(b["event"], b["restart"]) for b in bodies] == [("started", 0), ("restart", 1), ("started", 1), ("finished", 1)], bodies
+    restart = bodies[1]
+    assert (restart["class"], restart["restarts_used"], restart["max_restarts"]) == ("infrastructure", 1, 1), restart
+    assert restart["reason"] == restarts["history"][0]["reason"] and restart["handle"] == f"local://{run_dir.resolve()}"
 
     # an uninterrupted run from the checkpoint the restart resumed
     reference = tmp_path / "reference"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -65,7 +66,11 @@ def _show_job(lab, jid: str) -> str:
 def test_a_killed_rank_requeues_the_job_onto_the_other_node_where_it_resumes(jobgen, slurm_lab):  # noqa: F811 - the fixture
     jobgen.profile()
     spec = jobgen.root / "lab-restart.yaml"
-    spec.write_text(SPEC.format(name="lab-restart", max_steps=600, every=25))
+    received = jobgen.root / "notified.jsonl"  # the notify command runs on the nodes, which share this filesystem
+    recorder = jobgen.root / "recorder.py"
+    recorder.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
+    notify = f"notify: {{command: [{json.dumps(sys.executable)}, {json.dumps(str(recorder))}, {json.dumps(str(received))}]}}\n"
+    spec.write_text(SPEC.format(name="lab-restart", max_steps=600, every=25) + notify)
     started = time.monotonic()
     handle = jobgen.submit(str(spec))
     jid = job_id(handle)
@@ -98,5 +103,15 @@ def test_a_killed_rank_requeues_the_job_onto_the_other_node_where_it_resumes(job
         slurm_lab, "squeue", "-h", "-t", "all", "-j", jid, "-o", "%N").stdout
     text = jobgen("status", handle).stdout
     assert "restarts 1" in text and "  restart budget: max_restarts 1, 1 used (spec.json)" in text, text
+    # the batch script's record of the restart: in summary.json, and sent by the requeued run's rank zero before started
+    restarts = summary["restarts"]
+    assert (restarts["max_restarts"], restarts["used"]) == (1, 1), restarts
+    (entry,) = restarts["history"]
+    assert (entry["restart"], entry["class"], entry["reason"], entry["exit_code"]) == (1, "infrastructure", f"exit 137 on {first}", 137)
+    bodies = [json.loads(line) for line in received.read_text().splitlines()]
+    assert [(b["event"], b["restart"]) for b in bodies] == [("started", 0), ("restart", 1), ("started", 1), ("finished", 1)], bodies
+    assert (bodies[1]["class"], bodies[1]["reason"], bodies[1]["restarts_used"], bodies[1]["max_restarts"]) == \
+           ("infrastructure", f"exit 137 on {first}", 1, 1), bodies[1]
+    assert bodies[1]["handle"].endswith(f"/{jid}"), (bodies[1], handle)
     print(f"\nrestart job: killed on {first}, requeued onto {other}, COMPLETED {time.monotonic() - started:.0f} s after "
           f"submit (resumed from step {summary['resumed_from_step']}); states {seen}")
