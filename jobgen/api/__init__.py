@@ -271,9 +271,9 @@ class ListedJob:
     def restart_budget(self) -> int | None:
         """The budget the job's status states (``restarts_used``: ``"<n> of <budget>"``, the budget the
         backend enforces, e.g. a PyTorchJob's ``backoffLimit``), else :attr:`max_restarts`."""
-        words = str(self.status.details.get("restarts_used", "")).split() if self.status is not None else []
-        if len(words) >= 3 and words[1] == "of" and words[2].isdigit() and words[2].isascii():
-            return int(words[2])
+        words = str(self.status.details.get("restarts_used", "")).split(" ") if self.status is not None else []
+        if len(words) == 3 and words[1] == "of" and _count(words[0]) is not None and _count(words[2]) is not None:
+            return _count(words[2])
         return self.max_restarts
 
     def to_json(self) -> dict[str, Any]:
@@ -301,15 +301,20 @@ class ListedJob:
 
 
 def restarts_used(details: Mapping[str, str]) -> int | None:
-    """The restarts a job's status details count: ``restarts_used`` (``"<n> of <budget>"``: the
+    """The restarts a job's status details count: ``restarts_used`` (exactly ``"<n> of <budget>"``: the
     restarts jobgen made in a local run or through the ssh watcher, and on Kubernetes the launch
     wrapper's ledger or the pods' restart counts), else ``restarts`` (SLURM's ``restart_cnt``: the
     job's requeues, whatever their cause); ``None`` when neither holds a count."""
-    used = str(details.get("restarts_used", "")).partition(" ")[0]
-    if used.isdigit() and used.isascii():
-        return int(used)
-    count = str(details.get("restarts", ""))
-    return int(count) if count.isdigit() and count.isascii() else None
+    words = str(details.get("restarts_used", "")).split(" ")
+    if len(words) == 3 and words[1] == "of" and _count(words[0]) is not None and _count(words[2]) is not None:
+        return _count(words[0])
+    return _count(str(details.get("restarts", "")))
+
+
+def _count(text: str) -> int | None:
+    """``text`` as a count of restarts: 1 to 6 ASCII digits (what SLURM's ``restart_cnt`` and jobgen
+    write), else None."""
+    return int(text) if 1 <= len(text) <= 6 and text.isascii() and text.isdigit() else None
 
 
 def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
