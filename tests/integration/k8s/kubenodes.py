@@ -100,6 +100,8 @@ from kubelab import (  # noqa: E402
     wait_for,
 )
 
+from tests.netns import LabNetwork, link_alias, link_exists  # noqa: E402  (the repository on sys.path: kubelab.py)
+
 #: Bump when the node build recipe changes (binaries, runtime packages, images). 2: kubelab's
 #: recipe 4 (no optimisation; the API server build's source tree and Go build cache reused).
 NODE_RECIPE = 2
@@ -155,6 +157,8 @@ NODES = (
 )
 #: The address ranges the lab uses (checked against the machine's addresses and routes).
 LAB_NETS = (SUBNET, *(ipaddress.ip_network(n.pod_cidr) for n in NODES))
+#: The lab's bridge, node namespaces and veths (every link name starts with ``jk``).
+NETWORK = LabNetwork(BRIDGE, HOST_IP, SUBNET, OWNER_TAG, "jk", NODES)
 #: Kernel settings kubelet 1.20 changes at start (pkg/kubelet/cm/container_manager_linux.go
 #: setupKernelTunables): saved before the first kubelet starts and put back by ``down``.
 KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
@@ -417,21 +421,6 @@ def _write_images(cache: Path) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _link_exists(name: str) -> bool:
-    return Path(f"/sys/class/net/{name}").exists()
-
-
-def _link_alias(name: str) -> str:
-    try:
-        return Path(f"/sys/class/net/{name}/ifalias").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _netns_exists(name: str) -> bool:
-    return Path(f"/run/netns/{name}").exists()
-
-
 def _cmdline(pid: int) -> list[str]:
     try:
         return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
@@ -595,44 +584,23 @@ class NodeLab:
     def _check_conflicts(self) -> None:
         """Refuse when the jk* names belong to another root or to something else, or the lab's
         address ranges overlap an address or route outside the lab."""
-        names = [BRIDGE, *(n.veth for n in NODES)]
-        taken = [n for n in names if _link_exists(n)] + [f"netns {n.netns}" for n in NODES if _netns_exists(n.netns)]
+        taken = NETWORK.taken()
         if taken:
-            alias = _link_alias(BRIDGE)
-            if alias.startswith(OWNER_TAG):
-                other = alias[len(OWNER_TAG):]
+            other = NETWORK.owner()
+            if other is not None:
                 raise LabError(f"another jobgen k8s lab with nodes is up (root {other}; {', '.join(taken)}); stop it with: "
                                f"{sys.executable} {Path(kubelab.__file__).resolve()} down --root {other}")
-            raise LabError(f"{', '.join(taken)} already exist and are not this lab's (bridge {BRIDGE} alias {alias!r})")
-        for line in run(["ip", "-o", "-4", "addr", "show"]).splitlines():
-            dev, cidr = line.split()[1], line.split()[3]
-            if not dev.startswith("jk") and any(ipaddress.ip_interface(cidr).network.overlaps(net) for net in LAB_NETS):
-                raise LabError(f"{dev} has {cidr}, which overlaps the node lab's {', '.join(map(str, LAB_NETS))}")
-        for line in run(["ip", "-4", "route", "show"]).splitlines():
-            dest = line.split()[0]
-            if dest == "default" or " dev jk" in f" {line}":
-                continue
-            with contextlib.suppress(ValueError):
-                if any(ipaddress.ip_network(dest, strict=False).overlaps(net) for net in LAB_NETS):
-                    raise LabError(f"route {line!r} overlaps the node lab's address ranges")
+            raise LabError(f"{', '.join(taken)} already exist and are not this lab's (bridge {BRIDGE} alias {link_alias(BRIDGE)!r})")
+        why = NETWORK.overlap(run, LAB_NETS[1:])
+        if why:
+            raise LabError(why)
 
     def _network_up(self) -> None:
         """The bridge (host address, owner alias), per node a namespace + veth, routes: each
         node to the other's pod CIDR directly, the host to both; no default route in the nodes."""
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
-        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
         (self.base / "network").write_text("up\n")
+        NETWORK.up(self.root, run)
         for node in NODES:
-            run(["ip", "netns", "add", node.netns])
-            run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", node.peer])
-            run(["ip", "link", "set", node.peer, "netns", node.netns])
-            run(["ip", "link", "set", node.veth, "master", BRIDGE])
-            run(["ip", "link", "set", node.veth, "up"])
-            run(["ip", "-n", node.netns, "addr", "add", f"{node.ip}/{SUBNET.prefixlen}", "dev", node.peer])
-            run(["ip", "-n", node.netns, "link", "set", node.peer, "up"])
-            run(["ip", "-n", node.netns, "link", "set", "lo", "up"])
             # No default route: the nodes need only the lab subnet (API server, DNS on the host)
             # and the other node's pod CIDR. Anything else fails at once (ENETUNREACH) instead of
             # timing out on the host, which forwards nothing: kubelet 1.20 links the AWS ECR
@@ -647,22 +615,12 @@ class NodeLab:
                     run(["ip", "-n", node.netns, "route", "add", other.pod_cidr, "via", other.ip])
 
     def _network_is_ours(self) -> bool:
-        if _link_exists(BRIDGE):
-            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
-        return (self.base / "network").is_file()
+        return NETWORK.is_ours(self.root, built=(self.base / "network").is_file())
 
     def _network_down(self, problems: list[str]) -> None:
         if not self._network_is_ours():
             return
-        for node in NODES:
-            if _netns_exists(node.netns) and subprocess.run(["ip", "netns", "del", node.netns], capture_output=True).returncode:
-                problems.append(f"could not delete netns {node.netns}")
-        for name in [*(n.veth for n in NODES), BRIDGE]:
-            if _link_exists(name):
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
-        left = [n for n in [BRIDGE, *(n.veth for n in NODES)] if _link_exists(n)] + [n.netns for n in NODES if _netns_exists(n.netns)]
-        if left:
-            problems.append(f"still present: {', '.join(left)}")
+        problems += NETWORK.down()
         (self.base / "network").unlink(missing_ok=True)
 
     # ----- PKI
@@ -951,7 +909,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self._remove_cgroup(node, problems)
             self._remove_pod_logs(node)
         self._network_down(problems)
-        if not (_link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
+        if not (link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
             self._restore_kernel_tunables()
             self._clean_machine_paths()
         for child in self._children:

@@ -25,7 +25,6 @@ This module imports nothing from jobgen and only the standard library.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import ipaddress
 import json
 import math
@@ -43,6 +42,7 @@ from typing import TypeVar
 if __package__ in (None, ""):  # imported as ``lab`` (its directory on sys.path) or run as a script: the repository's tests package
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from tests.netns import LabNetwork, enter_host, host_argv, link_alias, link_exists, namespace_pids, netns_inode  # noqa: E402
 from tests.processes import pid_alive, stop_pid  # noqa: E402  (sshlab.py takes pid_alive from here)
 
 CLUSTER_NAME = "jobgenlab"
@@ -93,6 +93,8 @@ NODES = (
     LabHost("node2", "jgnode2", "10.213.7.12", "jgvnode2", "jgenode2"),
 )
 HOSTS = (CONTROLLER, *NODES)
+#: The lab's bridge, namespaces and veths (every link name starts with ``jg``).
+NETWORK = LabNetwork(BRIDGE, HOST_IP, SUBNET, OWNER_TAG, "jg", HOSTS)
 
 
 # --------------------------------------------------------------------------- errors
@@ -318,24 +320,6 @@ def _ppid(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def _netns_inode(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _link_alias(name: str) -> str:
-    try:
-        return Path("/sys/class/net", name, "ifalias").read_text().strip()
-    except OSError:
-        return ""
-
-
 def _process_identity(pid: int) -> dict[str, int] | None:
     """``{"pid", "start"}`` (start: clock ticks after boot, /proc/<pid>/stat field 22), which
     tells a live process from a later one given the same PID; None when ``pid`` is gone."""
@@ -345,10 +329,6 @@ def _process_identity(pid: int) -> dict[str, int] | None:
         return None
     # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
     return None if fields[0] == "Z" else {"pid": pid, "start": int(fields[19])}
-
-
-def _netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
 
 
 # --------------------------------------------------------------------------- the lab
@@ -488,11 +468,8 @@ class SlurmLab:
         if not pid_alive(pid) or _comm(pid) != comm:
             return None
         if host is not None:
-            try:
-                lab_ino = os.stat(f"/run/netns/{host.netns}").st_ino
-            except OSError:
-                return None
-            if _netns_inode(pid) != lab_ino:
+            lab_ino = netns_inode(f"/run/netns/{host.netns}")
+            if lab_ino is None or netns_inode(f"/proc/{pid}/ns/net") != lab_ino:
                 return None
         else:
             try:
@@ -516,15 +493,7 @@ class SlurmLab:
 
     def namespace_pids(self) -> dict[str, list[int]]:
         """Every live PID in each lab namespace (via `ip netns pids`), by host name."""
-        out: dict[str, list[int]] = {}
-        for host in HOSTS:
-            if not _netns_exists(host.netns):
-                out[host.name] = []
-                continue
-            proc = run(["ip", "netns", "pids", host.netns], check=False, timeout=30)
-            pids = sorted(int(p) for p in proc.stdout.split() if p.isdigit())
-            out[host.name] = [p for p in pids if pid_alive(p)]
-        return out
+        return {host.name: namespace_pids(host.netns) for host in HOSTS}
 
     def node_pids(self) -> dict[str, list[int]]:
         """PIDs in each lab namespace other than the lab's daemons, by host name
@@ -611,45 +580,27 @@ class SlurmLab:
         before its fixture's teardown); a held one (or anything without our bridge alias)
         raises LabConflictError.
         """
-        names = [BRIDGE, *(h.veth for h in HOSTS)]
-        taken = [n for n in names if _link_exists(n)]
-        taken += [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
+        taken = NETWORK.taken()
         if taken:
-            alias = _link_alias(BRIDGE)
-            if alias == OWNER_TAG + str(self.root):
+            other = NETWORK.owner()
+            if other == str(self.root):
                 print(f"lab: tearing down a lab left running under {self.root}", file=sys.stderr)
                 self._teardown(drain_timeout=10)
-            elif alias.startswith(OWNER_TAG) and (
-                    why := SlurmLab(Path(alias[len(OWNER_TAG):])).abandoned()):
-                other = alias[len(OWNER_TAG):]
+            elif other is not None and (why := SlurmLab(Path(other)).abandoned()):
                 print(f"lab: tearing down the lab under {other}: {why}", file=sys.stderr)
                 SlurmLab(Path(other))._teardown(drain_timeout=10)
-            elif alias.startswith(OWNER_TAG):
-                other = alias[len(OWNER_TAG):]
+            elif other is not None:
                 raise LabConflictError(
                     f"another jobgen SLURM lab is up (root {other}; {', '.join(taken)}); stop it "
                     f"with: {sys.executable} {Path(__file__).resolve()} down --root {other}")
             else:
                 raise LabConflictError(
                     f"{', '.join(taken)} already exist and are not a jobgen lab's "
-                    f"(bridge {BRIDGE} alias: {alias!r}); refusing to touch them")
+                    f"(bridge {BRIDGE} alias: {link_alias(BRIDGE)!r}); refusing to touch them")
         # The subnet must not overlap any address or route outside the lab.
-        out = run(["ip", "-o", "-4", "addr", "show"]).stdout
-        for line in out.splitlines():
-            fields = line.split()
-            dev, cidr = fields[1], fields[3]
-            if not dev.startswith("jg") and ipaddress.ip_interface(cidr).network.overlaps(SUBNET):
-                raise LabConflictError(f"{dev} has {cidr}, which overlaps the lab subnet {SUBNET}")
-        for line in run(["ip", "-4", "route", "show"]).stdout.splitlines():
-            dest = line.split()[0]
-            if dest == "default" or " dev jg" in f" {line}":
-                continue
-            try:
-                net = ipaddress.ip_network(dest, strict=False)
-            except ValueError:
-                continue
-            if net.overlaps(SUBNET):
-                raise LabConflictError(f"route {line!r} overlaps the lab subnet {SUBNET}")
+        why = NETWORK.overlap(lambda argv: run(argv).stdout)
+        if why:
+            raise LabConflictError(why)
 
     def _write_files(self) -> None:
         for sub in ("etc", "log", "run", "state/slurmctld", "munge",
@@ -765,25 +716,12 @@ class SlurmLab:
 
     def _network_up(self) -> None:
         """Bridge with the host's lab IP; per host a netns, a veth pair, an IP, lo up."""
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
-        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for h in HOSTS:
-            run(["ip", "netns", "add", h.netns])
-            run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer])
-            run(["ip", "link", "set", h.peer, "netns", h.netns])
-            run(["ip", "link", "set", h.veth, "master", BRIDGE])
-            run(["ip", "link", "set", h.veth, "up"])
-            run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{SUBNET.prefixlen}", "dev", h.peer])
-            run(["ip", "-n", h.netns, "link", "set", h.peer, "up"])
-            run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        NETWORK.up(self.root, run)
 
     def _in_namespace(self, host: LabHost, argv: Sequence[str]) -> list[str]:
         """argv run as ``host``: its netns via nsenter (pitfall 1: not `ip netns exec`), a
         private UTS+mount namespace with its hostname and the lab hosts file (pitfall 2)."""
-        return ["nsenter", f"--net=/run/netns/{host.netns}", "--",
-                "unshare", "--uts", "--mount", "--propagation", "private", "--",
+        return [*host_argv(host.netns),
                 sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec",
                 "--hostname", host.name, "--hosts", str(self.hosts_file), "--", *argv]
 
@@ -954,19 +892,7 @@ class SlurmLab:
             for host in HOSTS:
                 for pid in self.namespace_pids().get(host.name, []):
                     self._stop(pid, f"pid {pid} in {host.netns}", grace=2)
-            for host in HOSTS:
-                if _netns_exists(host.netns):
-                    if run(["ip", "netns", "del", host.netns], check=False).returncode:
-                        problems.append(f"could not delete netns {host.netns}")
-            for host in HOSTS:
-                if _link_exists(host.veth):
-                    run(["ip", "link", "del", host.veth], check=False)
-            if _link_exists(BRIDGE):
-                run(["ip", "link", "del", BRIDGE], check=False)
-            left = [n for n in [BRIDGE, *(h.veth for h in HOSTS)] if _link_exists(n)]
-            left += [h.netns for h in HOSTS if _netns_exists(h.netns)]
-            if left:
-                problems.append(f"still present: {', '.join(left)}")
+            problems += NETWORK.down()
         for proc in self._children:
             proc.poll()
         self._children = [p for p in self._children if p.returncode is None]
@@ -993,9 +919,7 @@ class SlurmLab:
     def _network_is_ours(self) -> bool:
         """True when the jg* bridge carries this root's alias, or it is gone and lab.json
         says this root built the network (so leftovers are ours to remove)."""
-        if _link_exists(BRIDGE):
-            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
-        return bool(self._read_state().get("network"))
+        return NETWORK.is_ours(self.root, built=bool(self._read_state().get("network")))
 
     def _cancel_all(self, drain_timeout: float) -> None:
         env = self.client_env()
@@ -1023,7 +947,7 @@ class SlurmLab:
                 "node_pids": self.node_pids(),
                 "hosts": {h.name: {"ip": h.ip, "netns": h.netns} for h in HOSTS},
                 "bridge": {"name": BRIDGE, "host_ip": HOST_IP,
-                           "present": _link_exists(BRIDGE)}}
+                           "present": link_exists(BRIDGE)}}
 
 
 # --------------------------------------------------------------------------- namespace entry
@@ -1032,16 +956,7 @@ class SlurmLab:
 def _nsexec(hostname: str, hosts: str, argv: list[str]) -> None:
     """Inside `unshare --uts --mount --propagation private`: set the hostname, bind-mount the
     lab hosts file over /etc/hosts (this mount namespace only: pitfall 2), exec argv."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    name = hostname.encode()
-    if libc.sethostname(name, len(name)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sethostname({hostname}): {os.strerror(err)}")
-    ms_bind = 4096
-    if libc.mount(hosts.encode(), b"/etc/hosts", None, ms_bind, None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"bind-mount {hosts} over /etc/hosts: {os.strerror(err)}")
-    os.execvp(argv[0], argv)
+    enter_host(hostname, [(hosts, "/etc/hosts")], argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
