@@ -1,8 +1,7 @@
 """Building the Kubernetes lab's binaries into the cache (kubelab.py's build recipe): a private apt
-configuration for Debian source and binary packages, the cached kube-apiserver,
-kube-controller-manager and etcd, the optional 1.36 CRD server, and the background build a test
-session starts early at the lowest CPU priority. kubelab.py re-exports every name.
-"""
+configuration for Debian source and binary packages, the cached kube-apiserver, kube-controller-
+manager and etcd, the optional 1.36 CRD server, and the background build a test session starts early
+at the lowest CPU priority. kubelab.py re-exports the names tests and kubenodes.py use."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The Kubernetes lab's shared parts (kubelab.py, kubebuild.py, kubenodes.py): the build recipe's
 constants, the lab's errors, running a command, waiting, the ports a process listens on, where the
-build cache and the CRDs are. kubelab.py re-exports every name, so ``kubelab.X`` keeps working.
+build cache and the CRDs are. kubelab.py re-exports the names tests and kubenodes.py use, so
+``kubelab.X`` keeps working.
 
 This module imports nothing from jobgen: the standard library and tests/ports.py.
 """
