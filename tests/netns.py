@@ -1,6 +1,7 @@
 """The labs' network (the SLURM, ssh and Kubernetes node labs under tests/integration/): a bridge
 on this machine with a host address, and per lab host a network namespace joined to it by a veth
-pair, with its own address on the bridge's subnet; entering such a host; tearing it all down.
+pair, with its own address on the bridge's subnet; running a command as such a host (this file
+as a script: :func:`host_argv`); tearing it all down.
 
 Each lab passes its own names and subnet (:class:`LabNetwork`), so labs can be up at once. The
 bridge's ``ip link`` alias (``<owner tag><root>``) marks it as a lab's and names the root that
@@ -10,16 +11,21 @@ Standard library (and tests/processes.py) only, so each lab module can import it
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ipaddress
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tests.processes import pid_alive
+if __package__ in (None, ""):  # run as a script (host_argv): the repository's tests package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.processes import pid_alive  # noqa: E402
 
 #: ``mount(2)`` flag MS_BIND (linux/mount.h).
 MS_BIND = 4096
@@ -179,17 +185,21 @@ def _ip(*args: str) -> int:
         return 124
 
 
-def host_argv(netns: str) -> list[str]:
+def host_argv(netns: str, hostname: str, binds: Sequence[tuple[str, str]]) -> list[str]:
     """The argv prefix that runs a command as a lab host: its network namespace through
-    ``nsenter --net`` (``ip netns exec`` would also remount /sys), then ``unshare`` of a private
-    UTS and mount namespace, where :func:`enter_host` sets the hostname and bind mounts."""
-    return ["nsenter", f"--net=/run/netns/{netns}", "--", "unshare", "--uts", "--mount", "--propagation", "private", "--"]
+    ``nsenter --net`` (``ip netns exec`` would also remount /sys), a private UTS and mount
+    namespace (``unshare``), then this file as a script (:func:`enter_host`): the hostname, and each
+    ``(source, target)`` of ``binds`` bind-mounted in that mount namespace only (the lab hosts file
+    over /etc/hosts, a host's own disk...). Append the command; nsenter, unshare and this script
+    exec each other, so the process started is the command's."""
+    bind_args = [arg for source, target in binds for arg in ("--bind", source, target)]
+    return ["nsenter", f"--net=/run/netns/{netns}", "--", "unshare", "--uts", "--mount", "--propagation", "private", "--",
+            sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--hostname", hostname, *bind_args, "--"]
 
 
 def enter_host(hostname: str, binds: Sequence[tuple[str, str]], argv: Sequence[str]) -> None:
     """Inside :func:`host_argv`'s namespaces: set the hostname, bind-mount each ``(source,
-    target)`` (the lab hosts file over /etc/hosts, a host's own disk...: in this mount namespace
-    only), then exec ``argv`` (looked up on PATH). Raises OSError when a step fails."""
+    target)``, then exec ``argv`` (looked up on PATH). Raises OSError when a step fails."""
     libc = ctypes.CDLL(None, use_errno=True)
     name = hostname.encode()
     if libc.sethostname(name, len(name)) != 0:
@@ -212,3 +222,22 @@ def namespace_pids(netns: str) -> list[int]:
     except subprocess.TimeoutExpired:
         return []
     return sorted(p for p in (int(x) for x in out.split() if x.isdigit()) if pid_alive(p))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``--hostname NAME [--bind SOURCE TARGET]... -- COMMAND...``: :func:`enter_host` (the tail of
+    :func:`host_argv`); returns 1 only when exec did not happen (argparse exits 2 on bad arguments)."""
+    parser = argparse.ArgumentParser(description="Run COMMAND as a lab host (inside host_argv's namespaces).")
+    parser.add_argument("--hostname", required=True)
+    parser.add_argument("--bind", nargs=2, action="append", default=[], metavar=("SOURCE", "TARGET"))
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command after --")
+    enter_host(args.hostname, [tuple(b) for b in args.bind], command)
+    return 1  # not reached: exec
+
+
+if __name__ == "__main__":
+    sys.exit(main())

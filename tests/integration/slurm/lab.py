@@ -42,7 +42,7 @@ from typing import TypeVar
 if __package__ in (None, ""):  # imported as ``lab`` (its directory on sys.path) or run as a script: the repository's tests package
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from tests.netns import LabNetwork, enter_host, host_argv, link_alias, link_exists, namespace_pids, netns_inode  # noqa: E402
+from tests.netns import LabNetwork, host_argv, link_alias, link_exists, namespace_pids, netns_inode  # noqa: E402
 from tests.processes import pid_alive, stop_pid  # noqa: E402  (sshlab.py takes pid_alive from here)
 
 CLUSTER_NAME = "jobgenlab"
@@ -721,9 +721,7 @@ class SlurmLab:
     def _in_namespace(self, host: LabHost, argv: Sequence[str]) -> list[str]:
         """argv run as ``host``: its netns via nsenter (pitfall 1: not `ip netns exec`), a
         private UTS+mount namespace with its hostname and the lab hosts file (pitfall 2)."""
-        return [*host_argv(host.netns),
-                sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec",
-                "--hostname", host.name, "--hosts", str(self.hosts_file), "--", *argv]
+        return [*host_argv(host.netns, host.name, [(str(self.hosts_file), "/etc/hosts")]), *argv]
 
     def _daemon_env(self) -> dict[str, str]:
         env = self.client_env()
@@ -950,15 +948,6 @@ class SlurmLab:
                            "present": link_exists(BRIDGE)}}
 
 
-# --------------------------------------------------------------------------- namespace entry
-
-
-def _nsexec(hostname: str, hosts: str, argv: list[str]) -> None:
-    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind-mount the
-    lab hosts file over /etc/hosts (this mount namespace only: pitfall 2), exec argv."""
-    enter_host(hostname, [(hosts, "/etc/hosts")], argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: up | down | status | env (each with --root); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -974,16 +963,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="also run slurmdbd + MariaDB (plain sacct, sacct --json)")
             p.add_argument("--cpus-per-node", type=int, default=1)
             p.add_argument("--real-memory-mb", type=int, default=4000)
-    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
-    ns.add_argument("--hostname", required=True)
-    ns.add_argument("--hosts", required=True)
-    ns.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
 
-    if args.command == "_nsexec":
-        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        _nsexec(args.hostname, args.hosts, rest)
-        return 1  # not reached: exec
     if args.command == "up":
         lab = SlurmLab(args.root, accounting=args.accounting, cpus_per_node=args.cpus_per_node,
                        real_memory_mb=args.real_memory_mb)

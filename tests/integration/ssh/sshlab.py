@@ -56,7 +56,7 @@ from lab import (  # noqa: E402
     wait_for,
 )
 
-from tests.netns import LabNetwork, enter_host, host_argv, namespace_pids, netns_inode  # noqa: E402  (the repository on sys.path: lab.py)
+from tests.netns import LabNetwork, host_argv, namespace_pids, netns_inode  # noqa: E402  (the repository on sys.path: lab.py)
 
 SUBNET = ipaddress.ip_network("10.213.9.0/24")
 BRIDGE = "jsbr0"
@@ -308,9 +308,7 @@ class SshLab:
             raise LabError("sshd not found after installing openssh-server")
         pids = {}
         for host in HOSTS:
-            argv = [*host_argv(host.netns),
-                    sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec", "--hostname", host.name,
-                    "--hosts", str(self.root / "hosts"), "--disk", str(self.disk(host)), "--workdir", str(self.workdir), "--",
+            argv = [*host_argv(host.netns, host.name, [(str(self.root / "hosts"), "/etc/hosts"), (str(self.disk(host)), str(self.workdir))]),
                     sshd, "-D", "-e", "-f", str(self.root / host.name / "sshd_config")]
             log = (self.log_dir / f"sshd.{host.name}.log").open("ab")
             log.write(f"$ {shlex.join(argv)}\n".encode())
@@ -342,28 +340,13 @@ class SshLab:
         stop_pid(pid, "sshd", grace, label="ssh lab")
 
 
-def _nsexec(hostname: str, hosts: str, disk: str, workdir: str, argv: list[str]) -> None:
-    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind the lab hosts
-    file over /etc/hosts and the host's disk over the work directory (this mount namespace
-    only), exec argv."""
-    enter_host(hostname, [(hosts, "/etc/hosts"), (disk, workdir)], argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """up | down | _nsexec (with --root); returns the exit code."""
+    """up | down (with --root); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "down"):
         sub.add_parser(name).add_argument("--root", type=Path, default=Path("/tmp/jobgen-ssh-lab"))
-    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
-    for option in ("--hostname", "--hosts", "--disk", "--workdir"):
-        ns.add_argument(option, required=True)
-    ns.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "_nsexec":
-        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        _nsexec(args.hostname, args.hosts, args.disk, args.workdir, rest)
-        return 1  # not reached
     lab = SshLab(args.root)
     try:
         if args.command == "up":
