@@ -313,7 +313,7 @@ class SshLab:
             log = (self.log_dir / f"sshd.{host.name}.log").open("ab")
             log.write(f"$ {shlex.join(argv)}\n".encode())
             log.flush()
-            # nsenter, unshare and _nsexec exec each other: the PID is sshd's
+            # nsenter, unshare and tests/netns.py exec each other: the PID is sshd's
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
             pids[host.name] = proc.pid
