@@ -14,7 +14,7 @@ from pathlib import Path
 
 import kubelab
 
-from tests.netns import LabNetwork  # noqa: E402  (the repository on sys.path: kubelab.py)
+from tests.netns import LabNetwork  # the repository is on sys.path once kubelab is imported
 
 SUBNET = ipaddress.ip_network("10.213.16.0/24")
 HOST_IP = "10.213.16.1"

@@ -22,7 +22,7 @@ from kubelab import (
     LabError,
     wait_for,
 )
-from nodecore import (  # noqa: E402
+from nodecore import (
     BRIDGE,
     MACHINE_PATHS,
     NODES,
@@ -33,7 +33,7 @@ from nodecore import (  # noqa: E402
     _stop_pid,
 )
 
-from tests.netns import link_exists  # noqa: E402  (the repository on sys.path: kubelab.py)
+from tests.netns import link_exists  # the repository is on sys.path once kubelab is imported
 
 
 class NodeTeardown:
