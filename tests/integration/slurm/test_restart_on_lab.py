@@ -249,6 +249,7 @@ def test_a_node_whose_gpu_fails_the_preflight_is_excluded_and_the_job_completes_
     started = time.monotonic()
     handle = jobgen.submit(str(spec), "slurm-lab", "--preflight")
     jid = job_id(handle)
+    # both nodes idle (the fixture drains the queue): slurmctld places the job on the first, node1
     requeued_at = _requeued(slurm_lab, jid, node1)
     release_requeued(slurm_lab, jid, requeued_at=requeued_at)
     final, seen = jobgen.wait_state(handle, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
