@@ -23,8 +23,8 @@ from jobgen.backends.k8s_validate import PACKAGED_CRDS_DIR
 REPO = Path(__file__).resolve().parent.parent
 # jobgen's cache of derived data (jobgen/planning/cache.py) goes to a directory of this test session, not
 # the user's ~/.cache; subprocesses (xdist workers too) inherit it. Tests of the cache set their own.
-# Made only where none is set (setdefault's argument used to make one in every worker and inner
-# pytest, ~560 left in /tmp) and removed when the process that made it exits.
+# Made only where none is set (so xdist workers and inner pytest runs share the session's one) and
+# removed when the process that made it exits.
 if "JOBGEN_CACHE_DIR" not in os.environ:
     os.environ["JOBGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="jobgen-test-cache-")
     atexit.register(shutil.rmtree, os.environ["JOBGEN_CACHE_DIR"], ignore_errors=True)

@@ -64,7 +64,7 @@ from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
 from jobgen.train.notifier import RESTART_COUNT_ENV, Notifier
-from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for
+from jobgen.usercode.snapshot import snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -221,15 +221,14 @@ class LocalBackend(Backend):
         code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
                             allow_dirty=options.allow_dirty, out=out)
         if code is not None:  # the snapshot first, ahead of jobgen itself
-            env[CODE_DIR_ENV] = str(code[0])
-            env["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), env["PYTHONPATH"])
+            env.update(code.environment(env["PYTHONPATH"]))
             if command.cwd is not None:  # command mode: run the committed script, not the working tree's
-                cwd = inside_snapshot(cwd, code[0], code[1])
+                cwd = code.workdir(cwd)
         env.setdefault("PYTHONUNBUFFERED", "1")
         log = job_dir / OUTPUT_LOG
         record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv), log_file=str(log),
-                            inputs_sha256=resolved.inputs_sha256, code_dir=str(code[0]) if code else None,
-                            code=code[1] if code else None)
+                            inputs_sha256=resolved.inputs_sha256, code_dir=str(code.dir) if code else None,
+                            code=code.record if code else None)
         record.save()
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))

@@ -187,7 +187,7 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
             check_run_dir(directory, spec_of, claim=True)  # the directory is this run's from now on
             if spec_of.spec.trainer.trackers:
                 ensure_tracking_record(directory)
-    from jobgen.usercode.snapshot import inside_snapshot, pythonpath, snapshot_for  # submit only: off the render path
+    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
 
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
                         out=out, check_only=test_only)
@@ -197,11 +197,10 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
         environ[SPEC_SOURCE_ENV] = str(spec_file.resolve())
     if code is not None:
         check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
-        environ[CODE_DIR_ENV] = str(code[0])
-        environ["PYTHONPATH"] = pythonpath(code[1].import_dir(code[0]), environ.get("PYTHONPATH"))
+        environ.update(code.environment(environ.get("PYTHONPATH")))
     workdir = None
     if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
-        workdir = str(inside_snapshot(Path.cwd(), code[0], code[1]) if code is not None else Path.cwd())
+        workdir = str(code.workdir(Path.cwd()) if code is not None else Path.cwd())
     command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
                              workdir=workdir)
     argv = list(command.argv)
@@ -224,7 +223,7 @@ def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str
         log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
         argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
         slurm_cluster=slurm_cluster or None,
-        code_dir=str(code[0]) if code else None, code=code[1] if code else None, array=tasks,
+        code_dir=str(code.dir) if code else None, code=code.record if code else None, array=tasks,
     )
     record.save()
     return handle, record

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
 from jobgen.backends.ssh_launch import (
@@ -66,7 +66,6 @@ from jobgen.backends.ssh_launch import (
 )
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
-from jobgen.jobdir.runs import CodeSnapshot
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present
@@ -75,6 +74,9 @@ from jobgen.reports.attempts import restart_details
 from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import Triage
 from jobgen.specs.profile import SshSettings
+
+if TYPE_CHECKING:  # submit takes the snapshot with a lazy import: off the render path
+    from jobgen.usercode.snapshot import TakenSnapshot
 
 #: Seconds ``submit`` waits for every launch to write its PID after starting it.
 START_WAIT_S = 30.0
@@ -153,7 +155,7 @@ def probe(settings: SshSettings) -> None:
         )
 
 
-def pack(job_dir: Path, code: tuple[Path, CodeSnapshot] | None, into: IO[bytes]) -> None:
+def pack(job_dir: Path, code: TakenSnapshot | None, into: IO[bytes]) -> None:
     """Write a tar archive of the job directory (as ``job/``, without its submission record) and
     of the code snapshot (as ``code/<id>/``) into ``into``; owners are not recorded (the hosts'
     user owns what is extracted)."""
@@ -167,7 +169,7 @@ def pack(job_dir: Path, code: tuple[Path, CodeSnapshot] | None, into: IO[bytes])
     with tarfile.open(fileobj=into, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.add(str(job_dir), arcname="job", filter=anonymous)
         if code is not None:
-            tar.add(str(code[0]), arcname=f"{CODE_SUBDIR}/{code[0].name}", filter=anonymous)
+            tar.add(str(code.dir), arcname=f"{CODE_SUBDIR}/{code.id}", filter=anonymous)
 
 
 def _secret_lines(names: tuple[str, ...], location: str) -> bytes | None:
@@ -292,7 +294,7 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
     code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
     # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
     spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
-    commands = submit_commands(settings, name, snapshot_id=code[0].name if code else None, secrets=secrets, spec_source=spec_source)
+    commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
     with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
         archive = Path(tmp) / "job.tar"
         with archive.open("wb") as sink:
@@ -304,7 +306,7 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
                 proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
             return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
 
-        out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code[0].name}" if code else "")
+        out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code.id}" if code else "")
             + f") to {run} on {len(settings.hosts)} host(s)")
         failed = [f for f in _each(settings.hosts, copy) if f is not None]
     if failed:
@@ -314,7 +316,7 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
     # Recorded before anything starts: a job running on the hosts always has its record here
     # (status, logs and cancel find its hosts); an undone start takes the record back.
     record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
-                            code_dir=snapshot_dir(run, code[0].name) if code else None, code=code[1] if code else None,
+                            code_dir=snapshot_dir(run, code.id) if code else None, code=code.record if code else None,
                             ssh=settings)
     record.save()
     (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record

@@ -31,6 +31,11 @@ every rank, is the one the log shows. The store is a fallback case of its own: u
 zero's process hosts it, and when it stops answering for ``hang_timeout_s`` the watching ranks
 call the job hung and name rank zero's node.
 
+A job of one rank has no other rank to see its heartbeat stop when its whole process stops
+(SIGSTOP, a native call holding the GIL): its rank starts a sentinel process, which the thread
+sends each tick's step and limit through a pipe (:mod:`jobgen.train.sentinel`); it ends the rank
+with SIGKILL, after printing the verdict, when no tick arrived for the limit.
+
 When the job is hung, the rank that decides first writes the verdict to the store and to
 ``<run dir>/hang/verdict.json``, prints it (one line naming the rank(s) whose heartbeat stopped
 first, their node and their last step), and every live rank writes the Python stacks of all its
@@ -60,6 +65,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -393,10 +399,13 @@ class WatchThread:
 
     ``compute``: this rank's compute times per batch (seconds, the newest :data:`COMPUTE_SAMPLES`),
     appended by the training loop; ``straggler``: on rank zero, the straggler it reported.
+    ``sentinel``: the sentinel process this thread sends each tick's step and limit to (a job of
+    one rank, :func:`start_sentinel`), or None; the thread closes its pipe and reaps it when it ends.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, hang_timeout_s: float, factor: float, run_dir: Path,
-                 address: str, exit: Callable[[int], None] = os._exit, straggler_factor: float = 1.5):
+                 address: str, exit: Callable[[int], None] = os._exit, straggler_factor: float = 1.5,
+                 sentinel: subprocess.Popen[bytes] | None = None):
         self.board = _Board(store)
         self.rank, self.world_size = rank, world_size
         self.hang_timeout_s, self.factor = float(hang_timeout_s), float(factor)
@@ -407,6 +416,7 @@ class WatchThread:
         self.straggler_factor = float(straggler_factor)
         self.compute: deque[float] = deque(maxlen=COMPUTE_SAMPLES)
         self.straggler: Straggler | None = None
+        self.sentinel = sentinel
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobgen-watchdog", daemon=True)
 
@@ -420,6 +430,12 @@ class WatchThread:
         self._stop.set()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:  # however the watch ends short of the process's exit, the sentinel must not outlive it
+            self._end_sentinel()
+
+    def _watch(self) -> None:
         watched = tuple(range(self.world_size)) if self.rank == 0 else (0, self.rank)
         observer = Observer(watched, self.hang_timeout_s, self.factor, self.interval_s, time.monotonic())
         count = 0
@@ -433,6 +449,8 @@ class WatchThread:
                     return
                 beats = self.board.read(watched)
                 verdict = observer.observe(time.monotonic(), beats)
+                if self.sentinel is not None and not self._tell_sentinel(observer.limit_s()):
+                    self._end_sentinel()
                 if self.rank == 0 and self.straggler is None:
                     self._look_for_straggler(beats)
             except Exception:  # noqa: BLE001 - the store did not answer (timeout, connection reset)
@@ -453,6 +471,34 @@ class WatchThread:
         try:  # the others' clocks pause for a rank that is done
             self.board.publish(self.rank, Beat(self.step, DONE, count + 1, self.host, self.pid))
         except Exception:  # noqa: BLE001 - best effort: the job is ending
+            pass
+
+    def _tell_sentinel(self, limit_s: float | None) -> bool:
+        """Send the sentinel this tick's step and limit, or (``limit_s`` None) that the watch is
+        done: one line, never blocking (a full pipe drops it). Returns False when the sentinel is
+        gone (or there is none)."""
+        if self.sentinel is None or self.sentinel.stdin is None:
+            return False
+        doc = {"done": True} if limit_s is None else {"step": self.step, "limit_s": limit_s}
+        try:
+            os.write(self.sentinel.stdin.fileno(), (json.dumps(doc) + "\n").encode())
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _end_sentinel(self) -> None:
+        """Tell the sentinel the watch is done, close its pipe (it exits) and reap it; best effort."""
+        self._tell_sentinel(None)
+        proc, self.sentinel = self.sentinel, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(5.0)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
 
     def _compute_s(self) -> float | None:
@@ -504,6 +550,23 @@ class WatchThread:
         sys.stdout.flush()
         sys.stderr.flush()
         self._exit(EXIT_HUNG)
+
+
+def start_sentinel(run_dir: Path, hang_timeout_s: float) -> subprocess.Popen[bytes] | None:
+    """Start this rank's sentinel (``python -m jobgen.train.sentinel``, :mod:`jobgen.train.sentinel`)
+    with a pipe on its stdin, set not to block; its stderr is this process's. None (and a warning
+    line) when it cannot start."""
+    argv = [sys.executable, "-m", "jobgen.train.sentinel", "--pid", str(os.getpid()), "--host", socket.gethostname(),
+            "--run-dir", str(run_dir), "--limit-s", f"{hang_timeout_s:g}", "--interval-s", f"{tick_seconds(hang_timeout_s):g}"]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+    except OSError as exc:
+        print(f"python -m jobgen.train: warning: no sentinel for the watchdog ({exc}); a stopped process goes unnoticed",
+              file=sys.stderr, flush=True)
+        return None
+    assert proc.stdin is not None
+    os.set_blocking(proc.stdin.fileno(), False)
+    return proc
 
 
 def connect_store(trainer: Trainer, timeout_s: float) -> tuple[Any, str]:
@@ -567,8 +630,11 @@ class ProgressWatchdog(Callback):
             print(f"python -m jobgen.train: warning: rank {trainer.global_rank}: no progress watchdog (the rendezvous store "
                   f"did not answer: {type(exc).__name__}: {text})", file=sys.stderr, flush=True)
             return
+        # one rank: nobody else sees its heartbeat stop
+        sentinel = start_sentinel(self.run_dir, self.hang_timeout_s) if trainer.world_size == 1 else None
         self.thread = WatchThread(store, trainer.global_rank, trainer.world_size, self.hang_timeout_s,
-                                  self.step_time_factor, self.run_dir, address, straggler_factor=self.straggler_factor)
+                                  self.step_time_factor, self.run_dir, address, straggler_factor=self.straggler_factor,
+                                  sentinel=sentinel)
         self.thread.step = trainer.global_step
         self.thread.start()
         if trainer.is_global_zero:

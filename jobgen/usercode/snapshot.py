@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_DIFF_FILE, CODE_INFO_FILE, CODE_SUBDIR, is_jobgen_output, write_atomic
+from jobgen.jobdir.files import CODE_DIFF_FILE, CODE_DIR_ENV, CODE_INFO_FILE, CODE_SUBDIR, is_jobgen_output, write_atomic
 from jobgen.jobdir.runs import CodeSnapshot, read_code_snapshot
 from jobgen.specs.training import TrainingSpec
 
@@ -247,7 +247,33 @@ def _overlay(repo: CodeRepo, dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def take(repo: CodeRepo, run_dir: Path, *, allow_dirty: bool, out: Echo) -> tuple[Path, CodeSnapshot]:
+@dataclass(frozen=True)
+class TakenSnapshot:
+    """A code snapshot on disk: its directory ``<run dir>/code/<id>/`` and its record.
+
+    What every backend does with one lives here: the ranks' environment, the working
+    directory of command mode, and the fields of the submission record."""
+
+    dir: Path
+    record: CodeSnapshot
+
+    @property
+    def id(self) -> str:
+        """The directory's name: ``<commit>`` or ``<commit>-dirty-<12 hex of the diff's sha256>``."""
+        return self.dir.name
+
+    def environment(self, pythonpath_rest: str | None) -> dict[str, str]:
+        """The ranks' variables: ``$JOBGEN_CODE_DIR`` (:data:`jobgen.jobdir.CODE_DIR_ENV`) names the
+        snapshot, and its import directory goes first on ``PYTHONPATH`` ahead of ``pythonpath_rest``
+        (the caller's PYTHONPATH, or None)."""
+        return {CODE_DIR_ENV: str(self.dir), "PYTHONPATH": pythonpath(self.record.import_dir(self.dir), pythonpath_rest)}
+
+    def workdir(self, path: Path) -> Path:
+        """``path`` in the snapshot (:func:`inside_snapshot`): command mode's working directory."""
+        return inside_snapshot(path, self.dir, self.record)
+
+
+def take(repo: CodeRepo, run_dir: Path, *, allow_dirty: bool, out: Echo) -> TakenSnapshot:
     """Extract the snapshot into ``<run_dir>/code/<commit>[-dirty-<12 hex>]/`` (atomically: a
     temporary directory renamed into place) and return it with its record; an existing snapshot
     of the same commit and diff is reused (it is immutable).
@@ -269,7 +295,7 @@ def take(repo: CodeRepo, run_dir: Path, *, allow_dirty: bool, out: Echo) -> tupl
     if dest.exists():
         existing = _same(dest, info)
         out(f"jobgen: code: {described}: snapshot {dest} (already there)")
-        return dest, existing
+        return TakenSnapshot(dest, existing)
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{ident[:12]}.", suffix=".tmp"))
     try:
@@ -290,7 +316,7 @@ def take(repo: CodeRepo, run_dir: Path, *, allow_dirty: bool, out: Echo) -> tupl
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     out(f"jobgen: code: {described}: snapshot {dest}")
-    return dest, info
+    return TakenSnapshot(dest, info)
 
 
 def _same(dest: Path, info: CodeSnapshot) -> CodeSnapshot:
@@ -307,7 +333,7 @@ def _same(dest: Path, info: CodeSnapshot) -> CodeSnapshot:
 
 
 def snapshot_for(spec: TrainingSpec, *, spec_file: Path | None, job_dir: Path, run_dir: Path, allow_dirty: bool,
-                 out: Echo, check_only: bool = False) -> tuple[Path, CodeSnapshot] | None:
+                 out: Echo, check_only: bool = False) -> TakenSnapshot | None:
     """Find the repository (:func:`find_repo`) and take its snapshot (:func:`take`); None when
     there is none to take. ``check_only`` (``sbatch --test-only``): refuse uncommitted changes
     as submit would, but write nothing."""

@@ -9,7 +9,10 @@ through torchrun directly.
 - the same with ``restart.max_restarts: 1``: jobgen starts the ranks again, they resume from the
   newest checkpoint and complete, with the losses of an uninterrupted run from that checkpoint;
 - a rank that is slow but advances, with validation and checkpoint saves longer than the hang
-  timeout on one rank: the job completes.
+  timeout on one rank: the job completes;
+- a job of one rank stopped with SIGSTOP: no peer watches it, so its sentinel process
+  (jobgen/train/sentinel.py) prints the verdict naming it, writes ``hang/verdict.json`` and ends
+  it with SIGKILL.
 
 An exception in user code with a budget runs once: tests/entrypoint/test_local_failure_output.py.
 """
@@ -261,3 +264,45 @@ def test_a_slow_rank_that_advances_and_long_validation_and_saves_are_not_a_hang(
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["global_step"] == 6
     assert not (tmp_path / "run" / "hang").exists(), launched.output
     assert "watchdog: hung after max(2 s, 10 x median step)" in launched.output
+
+
+def test_a_stopped_single_rank_is_ended_by_its_sentinel_naming_it(write_spec, tmp_path: Path) -> None:
+    spec = write_spec({"trainer": {"max_steps": 5000, "val_check_interval": 5000, "log_every_n_steps": 1},
+                       "checkpoint": {"every_n_steps": 10}, "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S}},
+                      devices_per_node=1, world_size=1)
+    run_dir = tmp_path / "run"
+    launched = Launched([sys.executable, "-m", "jobgen.train", "--spec", str(spec), "--run-dir", str(run_dir)], tmp_path)
+    try:
+        launched.wait_for_step(12, TIMEOUT_S)
+        rank = launched.proc.pid
+        sentinels = [pid for pid in descendants(rank) if b"jobgen.train.sentinel" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(rank, signal.SIGSTOP)
+        began = time.monotonic()
+        code = launched.wait(HANG_TIMEOUT_S + 60)
+        took = time.monotonic() - began
+    finally:
+        if launched.proc.poll() is None:
+            launched.kill()
+    output = launched.output
+    assert code == -signal.SIGKILL, output
+    assert took < HANG_TIMEOUT_S + 10, (took, output)
+    verdict = json.loads((run_dir / "hang" / "verdict.json").read_text())
+    first = verdict["heartbeat_stopped_first"]
+    assert (verdict["verdict"], verdict["exit_code"], verdict["decided_by"]) == ("hang", 137, "sentinel"), verdict
+    assert [(r["rank"], r["pid"]) for r in first] == [(0, rank)] and first[0]["step"] >= 1, verdict
+    line = next(x for x in launched.err if "error: hang: no rank advanced its optimizer step" in x)
+    assert f"heartbeat stopped first: rank 0 on node {first[0]['host']} (pid {rank}) at step {first[0]['step']}" in line, line
+    assert "its sentinel ended it with SIGKILL and no stacks were written (exit 137)" in line, line
+    assert len(sentinels) == 1, sentinels
+    deadline = time.monotonic() + 10
+    while running(sentinels[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(sentinels[0]), sentinels  # it ended after ending the rank
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -535,3 +535,21 @@ def test_a_rendered_deepspeed_job_does_not_block_a_submit(repo, tmp_path, run_cl
     assert changes(repo) == ()
     write(repo / "configs" / "ds_config.json", "{}\n")  # the user's own: not beside a spec.json of jobgen's
     assert [c.path for c in changes(repo)] == ["configs/ds_config.json"]
+
+
+def test_a_taken_snapshot_gives_the_ranks_environment_and_command_modes_workdir(tmp_path):
+    """The one place every backend takes the snapshot's variables and working directory from:
+    the import directory first on PYTHONPATH (a path with spaces and quotes kept whole), the
+    caller's PYTHONPATH after it, and a directory of the work tree mapped into the snapshot."""
+    from jobgen.usercode.snapshot import TakenSnapshot
+
+    work_tree = tmp_path / "my 'proj'"
+    snap = tmp_path / "runs" / "r 1" / "code" / ("a" * 40)
+    record = CodeSnapshot(commit="a" * 40, dirty=False, diff_sha256=None, repo=str(work_tree), python_path="src")
+    taken = TakenSnapshot(snap, record)
+    env = taken.environment("/opt/site:/x y")
+    assert env == {"JOBGEN_CODE_DIR": str(snap), "PYTHONPATH": f"{snap / 'src'}:/opt/site:/x y"}
+    assert taken.environment(None)["PYTHONPATH"] == str(snap / "src")
+    assert taken.id == "a" * 40
+    assert taken.workdir(work_tree / "jobs") == snap / "jobs"
+    assert taken.workdir(tmp_path / "elsewhere") == tmp_path / "elsewhere"

@@ -1,6 +1,7 @@
-"""No module of jobgen/ is over 800 lines: one that grows past it is split along its
+"""No module of jobgen/ or tests/ is over 800 lines: one that grows past it is split along its
 seams, by concept (as cli/, jobdir/, planning/estimate.py + memory_plan.py and
-train/tracking.py + trackers.py were), not trimmed to fit. Lines are counted as ``wc -l`` does."""
+train/tracking.py + trackers.py were; in tests/, the labs' kubelab.py + kubecore.py + kubebuild.py),
+not trimmed to fit. Lines are counted as ``wc -l`` does."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import jobgen
 
 PACKAGE = Path(jobgen.__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
-#: The most lines a module of jobgen/ may have.
+#: The most lines a module of jobgen/ or tests/ may have.
 MAX_LINES = 800
 
 
@@ -23,6 +25,13 @@ def modules_over(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
 def test_no_module_of_jobgen_is_over_800_lines():
     over = modules_over(PACKAGE)
     assert not over, f"modules of jobgen/ over {MAX_LINES} lines (split each along its seams, by concept):\n" + "\n".join(
+        f"  {path}: {lines} lines" for path, lines in sorted(over.items(), key=lambda item: -item[1]))
+
+
+def test_no_module_of_tests_is_over_800_lines():
+    """The test suite's modules too: the labs (tests/integration/*/), fixtures, helpers."""
+    over = modules_over(TESTS)
+    assert not over, f"modules of tests/ over {MAX_LINES} lines (split each along its seams, by concept):\n" + "\n".join(
         f"  {path}: {lines} lines" for path, lines in sorted(over.items(), key=lambda item: -item[1]))
 
 

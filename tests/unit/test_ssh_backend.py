@@ -440,8 +440,8 @@ def test_the_copy_lands_in_the_run_directory_whatever_the_job_and_workdir_names(
 
 def test_a_launch_that_ends_before_it_starts_fails_the_submit_and_is_undone(tmp_path, monkeypatch, quickstart):
     """A launch that ends without writing its PID (``bash: job/launch.sh: No such file or
-    directory``, as after the tar escape) used to leave submit saying "submitted" and status
-    PENDING for ever: submit now names the host and its output, stops every host, and keeps no record."""
+    directory``, as after the tar escape) fails the submit: it names the host and its output,
+    stops every host, and keeps no record (never "submitted" with a status PENDING for ever)."""
     monkeypatch.setattr(ssh, "START_WAIT_S", 3.0)
     monkeypatch.setattr(ssh, "POLL_S", 0.05)
     monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts(dead="node2.example.org"))

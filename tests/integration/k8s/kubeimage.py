@@ -56,195 +56,58 @@ Standard library only at import (jobgen is imported, lazily, to render the smoke
 from __future__ import annotations
 
 import argparse
-import configparser
 import contextlib
-import fcntl
-import gzip
-import hashlib
-import io
 import json
 import os
 import platform
 import re
 import shutil
-import stat
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
-#: Bump when the recipe changes: a cached image of another recipe is rebuilt.
-RECIPE = 2
-CACHE_ENV = "JOBGEN_K8S_CACHE"
-DEFAULT_CACHE = Path("/var/cache/jobgen-k8s")
-IMAGE_NAME = "jobgen.local/train"
-#: The versions pip installs (``pip install -c``): the list the shipped recipe,
-#: examples/image/Containerfile, installs with (tests/unit/test_image_recipe.py checks both).
-CONSTRAINTS = REPO / "examples" / "image" / "constraints.txt"
-
-
-def _torch_pin(constraints: Path = CONSTRAINTS) -> str:
-    """The ``torch==<version>`` line of ``constraints``."""
-    match = re.search(r"^torch==(\S+)\s*$", constraints.read_text(), re.M)
-    if match is None:
-        raise RuntimeError(f"{constraints} pins no torch==<version>")
-    return f"torch=={match.group(1)}"
-
-
-#: The CPU build of the constraints' torch (this machine's pip finds the local +cpu wheel for it;
-#: see the README's CPU path).
-TORCH_PIN = _torch_pin()
-EXTRA = "train"
-#: Files of the repository that make up the jobgen wheel (setup.cfg's package_dir and data).
-SOURCE_PATHS = ("setup.cfg", "pyproject.toml", "README.md", "jobgen", "templates", "cluster_profiles")
-#: Top-level stdlib directories left out: the test suite, GUI and installer bits, the host's
-#: third-party packages, the static library and build config.
-STDLIB_SKIP_TOP = frozenset({"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages"})
-#: Nested test packages of the stdlib (ctypes/test, unittest/test, ...), left out too.
-STDLIB_SKIP_NESTED = frozenset({"test", "tests", "idle_test"})
-#: lib-dynload modules left out: CPython's own test modules and tkinter's binding (needs Tk).
-DYNLOAD_SKIP = re.compile(r"^(_test|_ctypes_test|_xxtestfuzz|xxlimited|_tkinter)")
-#: Libraries loaded with dlopen (ldd cannot see them) that glibc or torch may need.
-DLOPEN_LIBS = ("libgcc_s.so.1",)
-MULTIARCH = "x86_64-linux-gnu"
-MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
-MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_LAYER = {"none": "application/vnd.oci.image.layer.v1.tar", "gzip": "application/vnd.oci.image.layer.v1.tar+gzip"}
-REF_ANNOTATION = "org.opencontainers.image.ref.name"
-#: containerd's own name annotation; ``ctr images import`` prefers it to the OCI ref name.
-CONTAINERD_NAME = "io.containerd.image.name"
-#: The smoke containers' hostname (a pod's is its name).
-HOSTNAME = "jobgen-smoke"
-ENV = ("PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1")
-
-Log = Callable[[str], None]
-
-
-class ImageError(RuntimeError):
-    """The image cannot be built or does not run; the message says which step and why."""
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- inputs and cache
-
-
-def cache_dir() -> Path:
-    """``$JOBGEN_K8S_CACHE`` or /var/cache/jobgen-k8s (shared with kubelab.py); images under ``image/``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-
-
-def source_date_epoch() -> int:
-    """The layer's file mtimes and the config's ``created``: ``$SOURCE_DATE_EPOCH`` or 0."""
-    return int(os.environ.get("SOURCE_DATE_EPOCH") or 0)
-
-
-def source_files(repo: Path = REPO) -> list[Path]:
-    """The repository files the jobgen wheel is built from, sorted (no caches, no egg-info)."""
-    found: list[Path] = []
-    for name in SOURCE_PATHS:
-        path = repo / name
-        if path.is_file():
-            found.append(path)
-            continue
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.endswith(".egg-info"))
-            found.extend(Path(dirpath, f) for f in filenames if not f.endswith((".pyc", ".pyo")))
-    return sorted(found)
-
-
-def requirements(repo: Path = REPO, extra: str | None = EXTRA) -> list[str]:
-    """The packages pip installs beside jobgen: setup.cfg's ``extra`` (comments dropped) and the torch pin."""
-    if extra is None:
-        return []
-    cfg = configparser.ConfigParser(interpolation=None)
-    cfg.read(repo / "setup.cfg")
-    lines = [line.split("#", 1)[0].strip() for line in cfg["options.extras_require"][extra].splitlines()]
-    return [line for line in lines if line] + [TORCH_PIN]
-
-
-def base_python() -> Path:
-    """The interpreter the image carries: the base installation of the one running this module."""
-    return Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def build_inputs(repo: Path = REPO, variant: str = "full") -> dict[str, Any]:
-    """What the image is a function of; its hash is the cache key (and the image tag's suffix)."""
-    source = hashlib.sha256()
-    for path in source_files(repo):
-        source.update(path.relative_to(repo).as_posix().encode() + b"\0")
-        source.update(hashlib.sha256(path.read_bytes()).digest())
-    return {
-        "recipe": RECIPE,
-        "variant": variant,
-        "jobgen_source_sha256": source.hexdigest(),
-        "requirements": requirements(repo, EXTRA if variant == "full" else None),
-        "constraints": (repo / CONSTRAINTS.relative_to(REPO)).read_text() if variant == "full" else None,
-        "python": platform.python_version(),
-        "python_binary_sha256": _sha256_file(base_python()),
-        "libc": "-".join(platform.libc_ver()),
-        "machine": platform.machine(),
-        "source_date_epoch": source_date_epoch(),
-    }
-
-
-def inputs_key(inputs: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of :func:`build_inputs`."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-
-
-def jobgen_version(repo: Path = REPO) -> str:
-    """jobgen's ``__version__`` read from the source (no import)."""
-    match = re.search(r'^__version__\s*=\s*["\']([^"\']+)', (repo / "jobgen" / "__init__.py").read_text(), re.M)
-    return match.group(1) if match else "0"
-
-
-def image_tag(inputs: dict[str, Any], repo: Path = REPO) -> str:
-    """``<jobgen version>-<first 12 hex of the key>`` (``-small`` for the small variant)."""
-    suffix = "" if inputs["variant"] == "full" else f"-{inputs['variant']}"
-    return f"{jobgen_version(repo)}-{inputs_key(inputs)[:12]}{suffix}"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _run(argv: list[str], log: Log, timeout: float = 1800, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (lowest CPU priority), raising :class:`ImageError` with its output's tail."""
-    argv = ["nice", "-n", "19", *map(str, argv)]
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
-    except subprocess.TimeoutExpired as exc:
-        raise ImageError(f"timed out after {timeout} s: {' '.join(argv)}") from exc
-    if proc.returncode != 0:
-        raise ImageError(f"exit {proc.returncode}: {' '.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}")
-    log(f"  {time.monotonic() - start:.1f} s: {' '.join(argv[3:])[:160]}")
-    return proc
-
+# The recipe's inputs (imagebase.py), the OCI archive (ociarchive.py) and the runc smoke check
+# (imagesmoke.py): their names used elsewhere are re-exported here (``kubeimage.X``).
+from imagebase import (  # noqa: F401
+    CONSTRAINTS,
+    DLOPEN_LIBS,
+    DYNLOAD_SKIP,
+    EXTRA,
+    IMAGE_NAME,
+    MULTIARCH,
+    REPO,
+    SOURCE_PATHS,
+    STDLIB_SKIP_NESTED,
+    STDLIB_SKIP_TOP,
+    TORCH_PIN,
+    ImageError,
+    Log,
+    _locked,
+    _run,
+    _stderr,
+    base_python,
+    build_inputs,
+    cache_dir,
+    image_tag,
+    inputs_key,
+    jobgen_version,
+    requirements,
+    source_files,
+)
+from imagesmoke import (  # noqa: F401
+    cpu_profile,
+    master_container,
+    render_smoke_spec,
+    runc_binary,
+    smoke,
+)
+from ociarchive import (  # noqa: F401
+    read_oci_archive,
+    write_oci_archive,
+)
 
 # --------------------------------------------------------------------------- the root filesystem
 
@@ -457,238 +320,6 @@ def build_rootfs(root: Path, repo: Path = REPO, variant: str = "full", log: Log 
     return {"host_libraries": libs, "packages": packages, "timings": timings, "uncompiled": uncompiled}
 
 
-# --------------------------------------------------------------------------- the layer and the OCI layout
-
-
-class _HashingWriter(io.RawIOBase):
-    """A write-only stream that hashes (sha256) and counts what passes to ``target`` (or nowhere)."""
-
-    def __init__(self, target: BinaryIO | None) -> None:
-        self.target = target
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.sha.update(view)
-        self.size += len(view)
-        if self.target is not None:
-            self.target.write(view)
-        return len(view)
-
-
-def _tar_info(path: Path, name: str, mtime: int) -> tarfile.TarInfo:
-    st = path.lstat()
-    info = tarfile.TarInfo(name)
-    info.mtime = mtime
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    if stat.S_ISLNK(st.st_mode):
-        info.type = tarfile.SYMTYPE
-        info.linkname = os.readlink(path)
-        info.mode = 0o777
-    elif stat.S_ISDIR(st.st_mode):
-        info.type = tarfile.DIRTYPE
-        info.mode = 0o1777 if name in ("tmp", "var/tmp") else 0o755
-    elif stat.S_ISREG(st.st_mode):
-        info.type = tarfile.REGTYPE
-        info.size = st.st_size
-        info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-    else:
-        raise ImageError(f"unexpected file type in the image tree: {path}")
-    return info
-
-
-def _walk_sorted(directory: Path) -> Iterator[Path]:
-    """Every entry under ``directory`` depth first, each directory's entries sorted by name and a
-    directory right before its contents (symlinks to directories are entries, not followed)."""
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        path = Path(entry.path)
-        yield path
-        if entry.is_dir(follow_symlinks=False):
-            yield from _walk_sorted(path)
-
-
-def write_layer(root: Path, out: BinaryIO, compress: str = "none", mtime: int | None = None) -> tuple[str, str, int]:
-    """Write ``root`` as a layer tarball to ``out``: entries in sorted order (each directory
-    before its contents), fixed mtime, uid/gid 0, no names, normalised modes; hard links written
-    as regular files. Returns (diff_id, digest, size): the uncompressed tar's sha256, the
-    blob's sha256 and its size (equal to the diff_id for ``compress="none"``)."""
-    mtime = source_date_epoch() if mtime is None else mtime
-    blob = _HashingWriter(out)
-    if compress == "gzip":
-        # mtime=0 and no file name in the gzip header: the same bytes every time. Level 1: the
-        # layer is built on 2 cores and never leaves the machine (the module docstring's figures).
-        gz = gzip.GzipFile(fileobj=blob, mode="wb", compresslevel=1, mtime=0, filename="")
-        tar_stream: _HashingWriter = _HashingWriter(gz)  # type: ignore[arg-type]
-    elif compress == "none":
-        gz = None
-        tar_stream = blob
-    else:
-        raise ImageError(f"unknown compression {compress!r} (none, gzip)")
-    buffered = io.BufferedWriter(tar_stream, buffer_size=1 << 20)
-    with tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path in _walk_sorted(root):
-            info = _tar_info(path, path.relative_to(root).as_posix(), mtime)
-            if info.type == tarfile.REGTYPE:
-                with path.open("rb") as fh:
-                    tar.addfile(info, fh)
-            else:
-                tar.addfile(info)
-    buffered.flush()
-    if gz is not None:
-        gz.close()
-    diff_id = tar_stream.sha.hexdigest()
-    return f"sha256:{diff_id}", f"sha256:{blob.sha.hexdigest()}", blob.size
-
-
-def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), mtime, 0o644, 0, 0, "", ""
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _add_dir(tar: tarfile.TarFile, name: str, mtime: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.type, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = tarfile.DIRTYPE, mtime, 0o755, 0, 0, "", ""
-    tar.addfile(info)
-
-
-def write_oci_archive(root: Path, archive: Path, ref: str, compress: str = "none",
-                      labels: dict[str, str] | None = None, log: Log = _stderr) -> dict[str, Any]:
-    """Write ``root`` as a one-layer OCI image layout in a tar file (``oci-layout``,
-    ``index.json``, ``blobs/sha256/``) named ``ref``; returns the digests and sizes."""
-    mtime = source_date_epoch()
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    with tempfile.NamedTemporaryFile(dir=archive.parent, prefix=".layer-", delete=False) as tmp:
-        layer_path = Path(tmp.name)
-        try:
-            diff_id, layer_digest, layer_size = write_layer(root, tmp, compress, mtime)  # type: ignore[arg-type]
-        except BaseException:
-            layer_path.unlink()
-            raise
-    layer_s = round(time.monotonic() - start, 1)
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
-    config = {
-        "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine()),
-        "os": "linux",
-        "created": created,
-        "config": {"Env": list(ENV), "Cmd": ["python"], "WorkingDir": "/", "Labels": dict(sorted((labels or {}).items()))},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": created, "created_by": f"tests/integration/k8s/kubeimage.py recipe {RECIPE}"}],
-    }
-    config_bytes = _canonical(config)
-    config_desc = {"mediaType": MEDIA_CONFIG, "digest": "sha256:" + hashlib.sha256(config_bytes).hexdigest(), "size": len(config_bytes)}
-    manifest = {"schemaVersion": 2, "mediaType": MEDIA_MANIFEST, "config": config_desc,
-                "layers": [{"mediaType": MEDIA_LAYER[compress], "digest": layer_digest, "size": layer_size}]}
-    manifest_bytes = _canonical(manifest)
-    manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
-    index = {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [{
-        "mediaType": MEDIA_MANIFEST, "digest": manifest_digest, "size": len(manifest_bytes),
-        "platform": {"architecture": config["architecture"], "os": "linux"},
-        "annotations": {REF_ANNOTATION: ref, CONTAINERD_NAME: ref}}]}
-    blobs = sorted([(config_desc["digest"], config_bytes), (manifest_digest, manifest_bytes), (layer_digest, None)])
-    partial = archive.with_name(f".{archive.name}.partial")
-    try:
-        with partial.open("wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            _add_dir(tar, "blobs", mtime)
-            _add_dir(tar, "blobs/sha256", mtime)
-            for digest, data in blobs:
-                name = f"blobs/sha256/{digest.split(':', 1)[1]}"
-                if data is None:
-                    info = tarfile.TarInfo(name)
-                    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = layer_size, mtime, 0o644, 0, 0, "", ""
-                    with layer_path.open("rb") as layer_fh:
-                        tar.addfile(info, layer_fh)
-                else:
-                    _add_bytes(tar, name, data, mtime)
-            _add_bytes(tar, "index.json", _canonical(index), mtime)
-            _add_bytes(tar, "oci-layout", _canonical({"imageLayoutVersion": "1.0.0"}), mtime)
-        partial.replace(archive)
-    finally:
-        layer_path.unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
-    log(f"OCI archive {archive} ({archive.stat().st_size / 1e6:.0f} MB, layer {compress} {layer_size / 1e6:.0f} MB "
-        f"in {layer_s} s), manifest {manifest_digest}")
-    return {"ref": ref, "manifest_digest": manifest_digest, "config_digest": config_desc["digest"], "layer_digest": layer_digest,
-            "diff_id": diff_id, "layer_size": layer_size, "archive_size": archive.stat().st_size, "compress": compress,
-            "layer_s": layer_s}
-
-
-# --------------------------------------------------------------------------- reading an archive back
-
-
-def read_oci_archive(archive: Path, verify: bool = True) -> dict[str, Any]:
-    """Parse an OCI layout tarball: index, manifest, config. With ``verify``, every blob's sha256
-    and size are checked against its descriptor and the layers' diff_ids against their
-    uncompressed contents (raises :class:`ImageError` on a mismatch)."""
-    with tarfile.open(archive, "r:") as tar:
-        members = {m.name: m for m in tar.getmembers()}
-
-        def blob(digest: str) -> tarfile.TarInfo:
-            name = f"blobs/sha256/{digest.split(':', 1)[1]}"
-            if name not in members:
-                raise ImageError(f"{archive}: {digest} is referenced but not in blobs/")
-            return members[name]
-
-        def read(member: tarfile.TarInfo) -> bytes:
-            fh = tar.extractfile(member)
-            assert fh is not None
-            return fh.read()
-
-        layout = json.loads(read(members["oci-layout"]))
-        index = json.loads(read(members["index.json"]))
-        (entry,) = index["manifests"]
-        manifest_bytes = read(blob(entry["digest"]))
-        manifest = json.loads(manifest_bytes)
-        config_bytes = read(blob(manifest["config"]["digest"]))
-        config = json.loads(config_bytes)
-        if verify:
-            for desc, data in ((entry, manifest_bytes), (manifest["config"], config_bytes)):
-                if "sha256:" + hashlib.sha256(data).hexdigest() != desc["digest"] or len(data) != desc["size"]:
-                    raise ImageError(f"{archive}: blob {desc['digest']} does not match its descriptor")
-            for desc, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True):
-                fh = tar.extractfile(blob(desc["digest"]))
-                assert fh is not None
-                plain = _HashingWriter(None)
-                packed = hashlib.sha256()
-                raw = io.BufferedReader(_TeeReader(fh, packed), 1 << 20)  # type: ignore[arg-type]
-                stream: Any = gzip.GzipFile(fileobj=raw) if desc["mediaType"].endswith("+gzip") else raw
-                while block := stream.read(1 << 20):
-                    plain.write(block)
-                size = raw.raw.size  # type: ignore[attr-defined]
-                if "sha256:" + packed.hexdigest() != desc["digest"] or size != desc["size"]:
-                    raise ImageError(f"{archive}: layer blob {desc['digest']} does not match its descriptor")
-                if "sha256:" + plain.sha.hexdigest() != diff_id:
-                    raise ImageError(f"{archive}: layer {desc['digest']}'s uncompressed sha256 is not its diff_id {diff_id}")
-    return {"layout": layout, "index": index, "manifest": manifest, "config": config, "members": sorted(members)}
-
-
-class _TeeReader(io.RawIOBase):
-    """Reads from ``source`` and feeds every byte read into ``sha`` (counting them)."""
-
-    def __init__(self, source: BinaryIO, sha: Any) -> None:
-        self.source, self.sha, self.size = source, sha, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.source.read(len(buffer))
-        self.sha.update(data)
-        self.size += len(data)
-        buffer[: len(data)] = data
-        return len(data)
-
-
 # --------------------------------------------------------------------------- build (cached)
 
 
@@ -780,212 +411,6 @@ def _tree_size(root: Path) -> int:
             if not path.is_symlink():
                 total += path.stat().st_size
     return total
-
-
-# --------------------------------------------------------------------------- running it (runc)
-
-
-def unpack_bundle(archive: Path, bundle: Path) -> Path:
-    """Extract the image's layer into ``bundle/rootfs`` (GNU tar, as a runtime would) and return it."""
-    rootfs = bundle / "rootfs"
-    rootfs.mkdir(parents=True)
-    meta = read_oci_archive(archive, verify=False)
-    (layer,) = meta["manifest"]["layers"]
-    with tarfile.open(archive, "r:") as tar:
-        fh = tar.extractfile(f"blobs/sha256/{layer['digest'].split(':', 1)[1]}")
-        assert fh is not None
-        flags = ["-z"] if layer["mediaType"].endswith("+gzip") else []
-        proc = subprocess.Popen(["tar", "-x", *flags, "-f", "-", "-C", str(rootfs), "--numeric-owner"], stdin=subprocess.PIPE)
-        assert proc.stdin is not None
-        shutil.copyfileobj(fh, proc.stdin, 1 << 20)
-        proc.stdin.close()
-        if proc.wait(600) != 0:
-            raise ImageError(f"tar could not unpack the layer of {archive}")
-    return rootfs
-
-
-def runtime_config(args: list[str], binds: list[tuple[Path, str, bool]], env: list[str] | None = None,
-                   hostname: str | None = None) -> dict[str, Any]:
-    """A minimal OCI runtime config: the image's environment, root without extra capabilities,
-    new pid/ipc/uts/mount/network namespaces (runc brings up ``lo`` in the new network
-    namespace), /dev/shm a 1 GiB tmpfs (the pod gets one sized by the profile's shm_size_gib),
-    ``binds``: (host path, container path, read-only)."""
-    caps = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
-    mounts: list[dict[str, Any]] = [
-        {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=1g"]},
-        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-    ]
-    for host, dest, readonly in binds:
-        mounts.append({"destination": dest, "type": "bind", "source": str(host),
-                       "options": ["rbind", "ro" if readonly else "rw"]})
-    return {
-        "ociVersion": "1.0.2",
-        "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": args, "env": env or list(ENV), "cwd": "/",
-                    "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-                    "noNewPrivileges": True},
-        "root": {"path": "rootfs", "readonly": False},
-        "hostname": hostname or HOSTNAME,
-        "mounts": mounts,
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
-                  "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-                  "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]},
-    }
-
-
-def runc_binary() -> str | None:
-    """runc on PATH (Debian's package: ``apt-get install -y runc``), or None."""
-    return shutil.which("runc")
-
-
-def run_container(bundle: Path, args: list[str], binds: list[tuple[Path, str, bool]], timeout: float = 600,
-                  env: list[str] | None = None, name: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``args`` in the unpacked image at ``bundle`` with runc (its state under ``bundle/state``);
-    a run past ``timeout`` is killed and deleted. Returns the completed process (exit code, output)."""
-    runc = runc_binary()
-    if runc is None:
-        raise ImageError("runc not found (apt-get install -y runc)")
-    (bundle / "config.json").write_text(json.dumps(runtime_config(args, binds, env), indent=2))
-    state = bundle / "state"
-    state.mkdir(exist_ok=True)
-    cid = name or f"jobgen-smoke-{os.getpid()}-{time.monotonic_ns()}"
-    argv = [runc, "--root", str(state), "run", "--bundle", str(bundle), cid]
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        subprocess.run([runc, "--root", str(state), "kill", cid, "KILL"], capture_output=True, timeout=30)
-        raise ImageError(f"container {cid} ran past {timeout} s: {exc.stdout!r} {exc.stderr!r}") from exc
-    finally:
-        subprocess.run([runc, "--root", str(state), "delete", "--force", cid], capture_output=True, timeout=60)
-
-
-def cpu_profile(ref: str, processes: int = 1) -> dict[str, Any]:
-    """A Kubernetes cluster profile (a dict to write as YAML) for pods of this image on CPU nodes:
-    ``processes`` gloo ranks per pod, no GPUs, node selector, tolerations, RDMA or runs claim,
-    ``imagePullPolicy: Never`` (the image is imported on each node: there is no registry)."""
-    return {
-        "description": "the pod lab: CPU pods of the locally built training image",
-        "scheduler": "kubernetes", "max_nodes": 4, "default_nodes": 1,
-        "gpus_per_node": 0, "cpu_processes_per_node": processes, "cpus_per_node": 2, "mem_gib_per_node": 8,
-        "network_fabric": "tcp",
-        "kubernetes": {"namespace": "training", "image": ref, "image_pull_policy": "Never", "shm_size_gib": 1,
-                       "master_port": 23456},
-    }
-
-
-def render_smoke_spec(directory: Path, ref: str, repo: Path = REPO) -> Path:
-    """spec.json for a tiny CPU model, rendered by jobgen (the repository's, imported here) for a
-    Kubernetes profile with 1 pod x 1 CPU process whose image is ``ref``: the file the ConfigMap
-    would carry to /etc/jobgen/spec.json. Returns its path; pytorchjob.yaml is written beside it."""
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
-    import yaml
-
-    from jobgen.backends import plan
-    from jobgen.specs.load import load_profile, load_spec
-
-    directory.mkdir(parents=True, exist_ok=True)
-    profile = directory / "k8s-cpu-image.yaml"
-    profile.write_text(yaml.safe_dump(cpu_profile(ref)))
-    spec = directory / "image-smoke.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "image-smoke",
-        "model": {"preset": None, "n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64},
-        "data": {"max_bytes": 200_000},
-        "trainer": {"strategy": "ddp", "precision": "32-true", "micro_batch_size": 4, "max_steps": 2, "warmup_steps": 1,
-                    "val_check_interval": 2, "limit_val_batches": 1, "log_every_n_steps": 1},
-        "resources": {"nodes": 1, "devices_per_node": 1},
-        "checkpoint": {"every_n_steps": 2, "keep_last_k": 1},
-    }))
-    job_plan = plan(load_spec(spec), load_profile(str(profile)), repo / "templates")
-    (directory / "spec.json").write_text(job_plan.file("spec.json"))
-    (directory / "pytorchjob.yaml").write_text(job_plan.file("pytorchjob.yaml"))
-    return directory / "spec.json"
-
-
-def master_container(pytorchjob_yaml: Path) -> tuple[list[str], dict[str, str], str]:
-    """What the kubelet runs in the Master pod (index 0) of the rendered PyTorchJob: the
-    container's command with ``$(VAR)`` expanded, its environment (the container's ``env`` plus
-    what the training-operator v1.9 appends: see test_rank_semantics.py), and the Master's
-    Service name (MASTER_ADDR), which the pod's /etc/hosts must resolve."""
-    import yaml
-
-    job = next(d for d in yaml.safe_load_all(pytorchjob_yaml.read_text()) if d and d.get("kind") == "PyTorchJob")
-    specs = job["spec"]["pytorchReplicaSpecs"]
-    container = specs["Master"]["template"]["spec"]["containers"][0]
-    nproc = str(job["spec"]["nprocPerNode"])
-    pods = sum(r["replicas"] for r in specs.values())
-    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "pytorchjob-port")
-    master = f"{job['metadata']['name']}-master-0"
-    env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
-    env |= {"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master, "WORLD_SIZE": str(pods * int(nproc)),
-            "RANK": "0", "PET_NPROC_PER_NODE": nproc, "PET_NODE_RANK": "0", "PET_NNODES": str(pods)}
-    expand = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))")
-    argv = [expand.sub(lambda m: "$" if m.group(1) == "$" else env.get(m.group(2), m.group(0)), a) for a in container["command"]]
-    return argv, env, master
-
-
-def smoke(archive: Path, work: Path, ref: str, log: Log = _stderr) -> dict[str, Any]:
-    """Unpack ``archive`` into a runc bundle under ``work`` and run, in the container: the imports
-    (torch, lightning, deepspeed, jobgen.train) and a 2-step CPU training of the bundled entrypoint
-    under torch.distributed.run with the spec.json jobgen renders (bind-mounted read-only at
-    /etc/jobgen/spec.json, like the ConfigMap) and the run directory bind-mounted at /tmp/run.
-    Returns timings and outputs; raises :class:`ImageError` when a step fails."""
-    result: dict[str, Any] = {}
-    t = time.monotonic()
-    bundle = work / "bundle"
-    unpack_bundle(archive, bundle)
-    result["unpack_s"] = round(time.monotonic() - t, 1)
-    spec_json = render_smoke_spec(work / "rendered", ref)
-    argv, env, master = master_container(spec_json.parent / "pytorchjob.yaml")
-    # The kubelet mounts an /etc/hosts that resolves the pod's hostname (torchrun's c10d store
-    # names it; unresolvable, the agent waits for ever); the Master's Service name resolves through
-    # the cluster's DNS, here through the same file.
-    hosts = work / "hosts"
-    hosts.write_text(f"127.0.0.1\tlocalhost {HOSTNAME} {master}\n")
-    run_dir = work / "run"
-    run_dir.mkdir()
-    binds = [(spec_json, "/etc/jobgen/spec.json", True), (hosts, "/etc/hosts", True), (run_dir, "/tmp/run", False)]
-    t = time.monotonic()
-    code = ("import sys, torch, lightning, deepspeed, jobgen.train; "
-            "print(torch.__version__, lightning.__version__, deepspeed.__version__, sys.version.split()[0])")
-    proc = run_container(bundle, ["python", "-c", code], binds, timeout=300)
-    result["import_s"] = round(time.monotonic() - t, 1)
-    result["import_output"] = (proc.stdout + proc.stderr).strip()[-2000:]
-    if proc.returncode != 0:
-        raise ImageError(f"imports failed in the container (exit {proc.returncode}):\n{result['import_output']}")
-    result["versions"] = dict(zip(("torch", "lightning", "deepspeed", "python"), proc.stdout.split()[-4:], strict=True))
-    log(f"container imports in {result['import_s']} s: {result['versions']}")
-    t = time.monotonic()
-    train = ["python", "-m", "torch.distributed.run", "--nproc-per-node=1", "-m", "jobgen.train",
-             "--spec", "/etc/jobgen/spec.json", "--run-dir", "/tmp/run"]
-    proc = run_container(bundle, train, binds, timeout=600, env=[*ENV, "OMP_NUM_THREADS=1"])
-    result["train_s"] = round(time.monotonic() - t, 1)
-    result["train_returncode"] = proc.returncode
-    result["train_output"] = (proc.stdout + proc.stderr)[-6000:]
-    if proc.returncode != 0:
-        raise ImageError(f"training failed in the container (exit {proc.returncode}):\n{result['train_output']}")
-    result["run_files"] = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
-    log(f"container trained 2 steps in {result['train_s']} s; run dir: {len(result['run_files'])} files")
-    # The rendered Master pod's own command and environment, and its runs volume (an emptyDir there).
-    runs = work / "pod-runs"
-    runs.mkdir()
-    pod_binds = [(spec_json, "/etc/jobgen/spec.json", True), (hosts, "/etc/hosts", True), (runs, "/workspace/runs", False)]
-    t = time.monotonic()
-    proc = run_container(bundle, argv, pod_binds, timeout=600, env=[*ENV, *(f"{k}={v}" for k, v in env.items())])
-    result["pod_command"] = argv
-    result["pod_train_s"] = round(time.monotonic() - t, 1)
-    result["pod_train_returncode"] = proc.returncode
-    result["pod_train_output"] = (proc.stdout + proc.stderr)[-6000:]
-    if proc.returncode != 0:
-        raise ImageError(f"the rendered pod command failed in the container (exit {proc.returncode}):\n{result['pod_train_output']}")
-    result["pod_run_files"] = sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*") if p.is_file())
-    log(f"the rendered Master pod command trained in {result['pod_train_s']} s: {' '.join(argv)}")
-    return result
 
 
 # --------------------------------------------------------------------------- command line

@@ -56,18 +56,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import io
-import ipaddress
 import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,397 +72,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kubelab  # noqa: E402
 from kubelab import (  # noqa: E402
-    BUILD_PACKAGES,
-    BUILD_TAGS,
-    SOURCE_PACKAGE,
     TOKEN,
     K8sLab,
     LabCommandError,
     LabError,
     LabStartError,
-    LabUnavailable,
-    PrivateApt,
-    _dpkg_version,
-    _installed,
-    _locked,
     _tail,
-    apt_install,
-    debian_mirror,
-    go_build_env,
     pid_alive,
     run,
-    unpack_source,
     wait_for,
 )
 
-#: Bump when the node build recipe changes (binaries, runtime packages, images). 2: kubelab's
-#: recipe 4 (no optimisation; the API server build's source tree and Go build cache reused).
-NODE_RECIPE = 2
-NODE_TARGETS = ("cmd/kubelet", "cmd/kube-scheduler")
-NODE_BINARIES = ("kubelet", "kube-scheduler")
-#: Debian 12 packages fetched with ``apt-get download`` and unpacked with ``dpkg -x``; the ones
-#: after busybox-static are the libraries dnsmasq links (with theirs) that a minimal Debian lacks:
-#: it runs with LD_LIBRARY_PATH, and the build checks that it finds each (:func:`missing_libraries`).
-RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "dnsmasq-base", "busybox-static",
-                    "libnetfilter-conntrack3", "libnfnetlink0", "libmnl0", "libnftables1", "libnftnl11", "libjansson4",
-                    "libxtables12")
-#: Where the unpacked runtime packages keep their libraries (dnsmasq's LD_LIBRARY_PATH).
-RUNTIME_LIBRARIES = "usr/lib/x86_64-linux-gnu"
-PAUSE_IMAGE = "jobgen.local/pause:3.4"
-BUSYBOX_IMAGE = "jobgen.local/busybox:1.35"
-#: Every file of the images gets this mtime (reproducible tarballs): 2021-01-01T00:00:00Z.
-IMAGE_MTIME = 1609459200
-
-SUBNET = ipaddress.ip_network("10.213.16.0/24")
-HOST_IP = "10.213.16.1"
-BRIDGE = "jkbr0"
-#: The bridge's ``ip link`` alias: marks it as this lab's and names the root.
-OWNER_TAG = "jobgen-k8s-nodes root="
-CLUSTER_DOMAIN = "cluster.local"
-KUBELET_PORT = 10250
-
-
-@dataclass(frozen=True)
-class Node:
-    """One lab node: a network namespace with a veth on the lab bridge and its own pod CIDR."""
-
-    name: str  #: the Node object's name (kubelet --hostname-override)
-    netns: str
-    ip: str
-    veth: str  #: host end, on the bridge
-    peer: str  #: namespace end
-    pod_cidr: str
-
-    @property
-    def gateway(self) -> str:
-        """The node's address on its CNI bridge (its pods' default gateway)."""
-        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
-
-    def cgroup(self, root: Path) -> str:
-        """The kubelet's --cgroup-root for a lab under ``root`` (the pods' cgroups live below it):
-        the root's hash in the name, so a lab under another root never touches these."""
-        return f"/jobgen-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}-{self.name}"
-
-
-NODES = (
-    Node("jk-node1", "jknode1", "10.213.16.11", "jkvnode1", "jkenode1", "10.213.17.0/24"),
-    Node("jk-node2", "jknode2", "10.213.16.12", "jkvnode2", "jkenode2", "10.213.18.0/24"),
+# The node build (nodebuild.py), the shared definitions (nodecore.py) and the teardown (nodedown.py):
+# their names used elsewhere are re-exported here (``kubenodes.X``).
+from nodebuild import (  # noqa: E402, F401
+    BUSYBOX_IMAGE,
+    IMAGE_MTIME,
+    NODE_RECIPE,
+    PAUSE_IMAGE,
+    RUNTIME_LIBRARIES,
+    RUNTIME_PACKAGES,
+    Entry,
+    cached_nodes,
+    ensure_node_binaries,
+    missing_libraries,
+    node_dir,
+    runtime_path,
+    write_image_tar,
 )
-#: The address ranges the lab uses (checked against the machine's addresses and routes).
-LAB_NETS = (SUBNET, *(ipaddress.ip_network(n.pod_cidr) for n in NODES))
-#: Kernel settings kubelet 1.20 changes at start (pkg/kubelet/cm/container_manager_linux.go
-#: setupKernelTunables): saved before the first kubelet starts and put back by ``down``.
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
-CGROUP_FS = Path("/sys/fs/cgroup")
-#: Machine paths the node daemons write whatever their flags say: kubelet 1.20's device-plugin
-#: socket (/var/lib/kubelet/device-plugins/kubelet.sock) and pod logs (/var/log/pods,
-#: /var/log/containers), containerd 1.6's shim sockets (/run/containerd/s) and libcni's result
-#: cache (/var/lib/cni/results). ``down`` removes what the lab left there, and a directory of
-#: this list that did not exist before ``prepare`` once it is empty.
-MACHINE_PATHS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/log/pods", "/var/log/containers",
-                 "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni")
+from nodecore import (  # noqa: E402, F401
+    BRIDGE,
+    CLUSTER_DOMAIN,
+    HOST_IP,
+    KERNEL_TUNABLES,
+    KUBELET_PORT,
+    LAB_NETS,
+    MACHINE_PATHS,
+    NETWORK,
+    NODES,
+    Node,
+    _cgroup_hierarchies,
+    _cmdline,
+    _stop_pid,
+)
+from nodedown import NodeTeardown  # noqa: E402
 
-
-# --------------------------------------------------------------------------- build (cached)
-
-
-def node_dir(cache: Path) -> Path:
-    """The cache entry of the node binaries, runtime and images: ``nodes-recipe<NODE_RECIPE>``."""
-    return cache / f"nodes-recipe{NODE_RECIPE}"
-
-
-def cached_nodes(cache: Path) -> dict[str, Any] | None:
-    """The node entry's stamp when it matches :data:`NODE_RECIPE` and its files are there, else None."""
-    base = node_dir(cache)
-    try:
-        info = json.loads((base / "BUILD-INFO.json").read_text())
-    except (OSError, ValueError):
-        return None
-    needed = [base / "bin" / b for b in (*NODE_BINARIES, "pause")] + [runtime_path(cache, "usr/bin/containerd")]
-    if info.get("recipe") != NODE_RECIPE or not all(os.access(p, os.X_OK) for p in needed):
-        return None
-    if not all((base / "images" / f).is_file() for f in ("pause.tar", "busybox.tar")):
-        return None
-    return info
-
-
-def runtime_path(cache: Path, rel: str) -> Path:
-    """A file of the unpacked runtime packages (``rel`` as in the packages: ``usr/bin/ctr``)."""
-    return node_dir(cache) / "runtime" / rel
-
-
-def ensure_node_binaries(cache: Path | None = None, *, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Make sure the node entry is complete (building it if needed) and return its stamp:
-    ``recipe``, ``source_version``, ``go_version``, ``runtime`` (package -> version), ``compile_s``,
-    ``build_s``, ``cpu`` and ``cached``. Holds the cache's ``.lock-nodes`` while building.
-
-    Raises LabUnavailable (no apt, mirror or packages) or LabCommandError (the build failed)."""
-    cache = cache or kubelab.cache_dir()
-    info = cached_nodes(cache)
-    if info is not None:
-        return {**info, "cached": True}
-    with _locked(cache / ".lock-nodes"):
-        info = cached_nodes(cache)
-        if info is not None:
-            return {**info, "cached": True}
-        return {**_build_nodes(cache, log), "cached": False}
-
-
-def _build_nodes(cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    started = time.monotonic()
-    base = node_dir(cache)
-    base.mkdir(parents=True, exist_ok=True)
-    build_log = base / "build.log"
-    build_log.write_text("")
-    missing = [pkg for pkg, marker in BUILD_PACKAGES.items() if not _installed(marker)]
-    if not _installed("gcc"):
-        missing.append("gcc")
-    if missing:
-        log(f"k8s nodes: installing {' '.join(missing)}")
-        apt_install(missing, build_log)
-    dsc = next(iter(sorted((cache / "src").glob(f"{SOURCE_PACKAGE}_*.dsc"))), None)
-    if dsc is None:  # kubelab's build keeps the source package; fetch it when that one never ran
-        uri, suite = debian_mirror()
-        apt = PrivateApt(cache / "apt", uri, suite)
-        try:
-            apt.update(build_log)
-            dsc = apt.source(SOURCE_PACKAGE, cache / "src", build_log)
-        except LabCommandError as exc:
-            raise LabUnavailable(f"cannot download the {SOURCE_PACKAGE} source package: {exc}") from None
-    # kubelab's build keeps its tree for this one (kubelab.build): the OpenAPI code is generated
-    # and the packages shared with kube-apiserver are in the tree's Go build cache.
-    tree = kubelab.shared_tree(cache, dsc)
-    shared = tree is not None
-    where = "the API server build's tree" if shared else "a tree of its own"
-    log(f"k8s nodes: building {' '.join(NODE_TARGETS)} and pause in {where} (log: {build_log})")
-    env = go_build_env(cache)
-    compile_started = time.monotonic()
-    if tree is None:
-        tree = base / "src-tree"
-        unpack_source(dsc, tree, build_log)
-        run(["make", "gen_openapi"], cwd=tree, env=env, log=build_log, timeout=3600)
-    run(["hack/make-rules/build.sh", *NODE_TARGETS], cwd=tree, env=env, log=build_log, timeout=3600)
-    compile_s = time.monotonic() - compile_started
-    bins = base / "bin"
-    bins.mkdir(exist_ok=True)
-    for name in NODE_BINARIES:
-        built = next(iter(sorted(tree.glob(f"_output/**/{name}"))), None)
-        if built is None:
-            raise LabCommandError(["build.sh"], 0, f"the build produced no {name}")
-        _install_file(built, bins / name)
-    # The pause container as build/pause/Makefile compiles it (CFLAGS there), statically.
-    run(["gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=v3.4-jobgen", "-o", str(bins / ".pause.tmp"),
-         str(tree / "build" / "pause" / "linux" / "pause.c")], log=build_log, timeout=300)
-    run(["strip", str(bins / ".pause.tmp")], log=build_log, timeout=60)
-    os.replace(bins / ".pause.tmp", bins / "pause")
-    source_version = dsc.name[len(SOURCE_PACKAGE) + 1:-4]
-    kubelab.shutil.rmtree(tree, ignore_errors=True)
-    runtime = _fetch_runtime(cache, build_log)
-    _write_images(cache)
-    info = {
-        "recipe": NODE_RECIPE, "kube_version": kubelab.KUBE_VERSION, "source_version": source_version, "tags": list(BUILD_TAGS),
-        "targets": list(NODE_TARGETS), "go_version": _dpkg_version("golang-1.19-go"),
-        "reflect2_version": _dpkg_version("golang-github-modern-go-reflect2-dev"), "runtime": runtime,
-        "images": {"pause": PAUSE_IMAGE, "busybox": BUSYBOX_IMAGE}, "cpu": _cpu_model(), "cores": os.cpu_count(),
-        "compile_s": round(compile_s, 1), "build_s": round(time.monotonic() - started, 1), "shared_tree": shared,
-        "gc_flags": kubelab.GO_GC_FLAGS, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    (base / "BUILD-INFO.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    return info
-
-
-def _install_file(src: Path, dest: Path) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    kubelab.shutil.copy2(src, tmp)
-    os.replace(tmp, dest)
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
-def _fetch_runtime(cache: Path, build_log: Path) -> dict[str, str]:
-    """``apt-get download`` :data:`RUNTIME_PACKAGES` and ``dpkg -x`` them into ``runtime/``;
-    returns package -> version (from the .deb names)."""
-    base = node_dir(cache)
-    debs = base / "debs"
-    kubelab.shutil.rmtree(debs, ignore_errors=True)
-    debs.mkdir(parents=True)
-    try:
-        run(["apt-get", "download", *RUNTIME_PACKAGES], cwd=debs, log=build_log, timeout=900)
-    except LabCommandError:
-        run(["apt-get", "-o", f"DPkg::Lock::Timeout={kubelab.DPKG_LOCK_WAIT_S}", "update"], log=build_log, timeout=600)
-        run(["apt-get", "download", *RUNTIME_PACKAGES], cwd=debs, log=build_log, timeout=900)
-    root = base / "runtime"
-    kubelab.shutil.rmtree(root, ignore_errors=True)
-    versions = {}
-    for deb in sorted(debs.glob("*.deb")):
-        run(["dpkg", "-x", str(deb), str(root)], log=build_log, timeout=300)
-        name, version = deb.name.split("_")[:2]
-        versions[name] = version.replace("%3a", ":")
-    missing = missing_libraries(root / "usr" / "sbin" / "dnsmasq", root / RUNTIME_LIBRARIES)
-    if missing:
-        raise LabCommandError(["ldd", str(root / "usr" / "sbin" / "dnsmasq")], 0,
-                              f"dnsmasq from {versions.get('dnsmasq-base')} needs {', '.join(missing)}, which neither the machine nor "
-                              "RUNTIME_PACKAGES has: add the package that ships each")
-    return versions
-
-
-def missing_libraries(binary: Path, library_path: Path) -> list[str]:
-    """The shared libraries the dynamic loader cannot find for ``binary`` run with
-    ``LD_LIBRARY_PATH=library_path`` (ldd(1)'s ``NAME => not found`` lines), in ldd's order.
-    Only the machine's own libraries and ``library_path`` count: a library another test
-    installed on the machine hides a missing one, so the build runs this before any lab test.
-
-    Raises LabCommandError when ldd cannot run on ``binary``."""
-    out = run(["ldd", str(binary)], env={**os.environ, "LD_LIBRARY_PATH": str(library_path)}, timeout=60)
-    return [line.split("=>", 1)[0].strip() for line in out.splitlines() if line.rstrip().endswith("=> not found")]
-
-
-# --------------------------------------------------------------------------- images (docker-archive tarballs)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One entry of an image layer: a directory (``data`` None, no ``link``), a file or a symlink."""
-
-    path: str
-    mode: int = 0o755
-    data: bytes | None = None
-    link: str = ""
-
-
-def layer_tar(entries: Iterable[Entry]) -> bytes:
-    """An uncompressed layer tarball of ``entries``, sorted by path, owned by root, every mtime
-    :data:`IMAGE_MTIME`: the same entries always give the same bytes (so the same digest)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in sorted(entries, key=lambda e: e.path):
-            info = tarfile.TarInfo(entry.path)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = IMAGE_MTIME, 0, 0, "root", "root"
-            info.mode = entry.mode
-            if entry.link:
-                info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.link, 0o777
-                tar.addfile(info)
-            elif entry.data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(entry.data)
-                tar.addfile(info, io.BytesIO(entry.data))
-    return buf.getvalue()
-
-
-def write_image_tar(path: Path, name: str, entries: Iterable[Entry], config: dict[str, Any]) -> str:
-    """Write a one-layer image as a docker-archive tarball (``manifest.json``, the config blob,
-    the layer; what ``docker save`` writes and ``ctr images import`` reads) tagged ``name``.
-    Reproducible: fixed mtimes, sorted entries, sorted JSON keys. Returns the image's config digest."""
-    layer = layer_tar(entries)
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    image_config = {"architecture": "amd64", "os": "linux", "created": "2021-01-01T00:00:00Z", "config": config,
-                    "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-                    "history": [{"created": "2021-01-01T00:00:00Z", "created_by": "jobgen kubenodes.write_image_tar"}]}
-    config_bytes = json.dumps(image_config, sort_keys=True, separators=(",", ":")).encode()
-    config_digest = hashlib.sha256(config_bytes).hexdigest()
-    layer_name = f"{diff_id[7:]}/layer.tar"
-    manifest = json.dumps([{"Config": f"{config_digest}.json", "RepoTags": [name], "Layers": [layer_name]}],
-                          sort_keys=True, separators=(",", ":")).encode()
-    files = {f"{config_digest}.json": config_bytes, layer_name: layer, "manifest.json": manifest}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for arcname in sorted({*files, f"{diff_id[7:]}/"}):
-            info = tarfile.TarInfo(arcname.rstrip("/"))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = IMAGE_MTIME, 0, 0, "root", "root"
-            if arcname.endswith("/"):
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            else:
-                info.mode, info.size = 0o644, len(files[arcname])
-                tar.addfile(info, io.BytesIO(files[arcname]))
-    os.replace(tmp, path)
-    return "sha256:" + config_digest
-
-
-#: Busybox applets the test image links (``/bin/<applet> -> busybox``).
-BUSYBOX_APPLETS = ("sh", "cat", "echo", "env", "hostname", "httpd", "ip", "ls", "mkdir", "nc", "nslookup", "ps", "seq",
-                   "sleep", "test", "true", "false", "wget", "date", "grep", "head", "tail", "sed", "id", "uname")
-
-
-def _write_images(cache: Path) -> None:
-    """The pause image (``/pause``) and the busybox test image, into the entry's ``images/``."""
-    base = node_dir(cache)
-    pause = (base / "bin" / "pause").read_bytes()
-    write_image_tar(base / "images" / "pause.tar", PAUSE_IMAGE, [Entry("pause", 0o755, pause)],
-                    {"Entrypoint": ["/pause"], "User": "65535:65535"})
-    busybox = runtime_path(cache, "bin/busybox").read_bytes()
-    entries = [Entry("bin"), Entry("etc"), Entry("tmp", 0o1777), Entry("www"), Entry("bin/busybox", 0o755, busybox),
-               Entry("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
-               Entry("etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n"), Entry("root", 0o700)]
-    entries += [Entry(f"bin/{applet}", link="busybox") for applet in BUSYBOX_APPLETS]
-    write_image_tar(base / "images" / "busybox.tar", BUSYBOX_IMAGE, entries,
-                    {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"})
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _link_exists(name: str) -> bool:
-    return Path(f"/sys/class/net/{name}").exists()
-
-
-def _link_alias(name: str) -> str:
-    try:
-        return Path(f"/sys/class/net/{name}/ifalias").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _netns_exists(name: str) -> bool:
-    return Path(f"/run/netns/{name}").exists()
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _mounts_under(root: Path) -> list[str]:
-    """Mount points at or below ``root`` (from /proc/self/mountinfo), deepest first."""
-    prefix = str(root.resolve()).rstrip("/") + "/"
-    found = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].replace("\\040", " ")
-            if point.startswith(prefix):
-                found.append(point)
-    return sorted(set(found), key=lambda p: (-p.count("/"), p))
-
-
-def _cgroup_hierarchies() -> list[Path]:
-    """The cgroup hierarchies mounted under /sys/fs/cgroup: the v1 controllers (cpu, memory, ...,
-    name=systemd) and the hybrid layout's cgroup2 at ``unified``, where runc makes the
-    containers' cgroups too (``down`` must remove them there as well)."""
-    out = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            fields = line.split()
-            if fields[2] in ("cgroup", "cgroup2") and fields[1].startswith(str(CGROUP_FS) + "/"):
-                out.append(Path(fields[1]))
-    return sorted(out)
-
+from tests.netns import link_alias  # noqa: E402  (the repository on sys.path: kubelab.py)
 
 # --------------------------------------------------------------------------- the nodes
 
 
-class NodeLab:
+class NodeLab(NodeTeardown):
     """The node part of a lab under ``root`` (``root/nodes/``): network, containerd + kubelet per
     node, kube-scheduler, dnsmasq and its watcher. Use :func:`lab_args` for the K8sLab it
     needs, :meth:`prepare` before ``K8sLab.up``, :meth:`up` after it, :meth:`down` before
@@ -595,44 +250,23 @@ class NodeLab:
     def _check_conflicts(self) -> None:
         """Refuse when the jk* names belong to another root or to something else, or the lab's
         address ranges overlap an address or route outside the lab."""
-        names = [BRIDGE, *(n.veth for n in NODES)]
-        taken = [n for n in names if _link_exists(n)] + [f"netns {n.netns}" for n in NODES if _netns_exists(n.netns)]
+        taken = NETWORK.taken()
         if taken:
-            alias = _link_alias(BRIDGE)
-            if alias.startswith(OWNER_TAG):
-                other = alias[len(OWNER_TAG):]
+            other = NETWORK.owner()
+            if other is not None:
                 raise LabError(f"another jobgen k8s lab with nodes is up (root {other}; {', '.join(taken)}); stop it with: "
                                f"{sys.executable} {Path(kubelab.__file__).resolve()} down --root {other}")
-            raise LabError(f"{', '.join(taken)} already exist and are not this lab's (bridge {BRIDGE} alias {alias!r})")
-        for line in run(["ip", "-o", "-4", "addr", "show"]).splitlines():
-            dev, cidr = line.split()[1], line.split()[3]
-            if not dev.startswith("jk") and any(ipaddress.ip_interface(cidr).network.overlaps(net) for net in LAB_NETS):
-                raise LabError(f"{dev} has {cidr}, which overlaps the node lab's {', '.join(map(str, LAB_NETS))}")
-        for line in run(["ip", "-4", "route", "show"]).splitlines():
-            dest = line.split()[0]
-            if dest == "default" or " dev jk" in f" {line}":
-                continue
-            with contextlib.suppress(ValueError):
-                if any(ipaddress.ip_network(dest, strict=False).overlaps(net) for net in LAB_NETS):
-                    raise LabError(f"route {line!r} overlaps the node lab's address ranges")
+            raise LabError(f"{', '.join(taken)} already exist and are not this lab's (bridge {BRIDGE} alias {link_alias(BRIDGE)!r})")
+        why = NETWORK.overlap(run, LAB_NETS[1:])
+        if why:
+            raise LabError(why)
 
     def _network_up(self) -> None:
         """The bridge (host address, owner alias), per node a namespace + veth, routes: each
         node to the other's pod CIDR directly, the host to both; no default route in the nodes."""
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
-        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
         (self.base / "network").write_text("up\n")
+        NETWORK.up(self.root, run)
         for node in NODES:
-            run(["ip", "netns", "add", node.netns])
-            run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", node.peer])
-            run(["ip", "link", "set", node.peer, "netns", node.netns])
-            run(["ip", "link", "set", node.veth, "master", BRIDGE])
-            run(["ip", "link", "set", node.veth, "up"])
-            run(["ip", "-n", node.netns, "addr", "add", f"{node.ip}/{SUBNET.prefixlen}", "dev", node.peer])
-            run(["ip", "-n", node.netns, "link", "set", node.peer, "up"])
-            run(["ip", "-n", node.netns, "link", "set", "lo", "up"])
             # No default route: the nodes need only the lab subnet (API server, DNS on the host)
             # and the other node's pod CIDR. Anything else fails at once (ENETUNREACH) instead of
             # timing out on the host, which forwards nothing: kubelet 1.20 links the AWS ECR
@@ -647,22 +281,12 @@ class NodeLab:
                     run(["ip", "-n", node.netns, "route", "add", other.pod_cidr, "via", other.ip])
 
     def _network_is_ours(self) -> bool:
-        if _link_exists(BRIDGE):
-            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
-        return (self.base / "network").is_file()
+        return NETWORK.is_ours(self.root, built=(self.base / "network").is_file())
 
     def _network_down(self, problems: list[str]) -> None:
         if not self._network_is_ours():
             return
-        for node in NODES:
-            if _netns_exists(node.netns) and subprocess.run(["ip", "netns", "del", node.netns], capture_output=True).returncode:
-                problems.append(f"could not delete netns {node.netns}")
-        for name in [*(n.veth for n in NODES), BRIDGE]:
-            if _link_exists(name):
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
-        left = [n for n in [BRIDGE, *(n.veth for n in NODES)] if _link_exists(n)] + [n.netns for n in NODES if _netns_exists(n.netns)]
-        if left:
-            problems.append(f"still present: {', '.join(left)}")
+        problems += NETWORK.down()
         (self.base / "network").unlink(missing_ok=True)
 
     # ----- PKI
@@ -910,164 +534,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def log_tails(self, lines: int = 30) -> str:
         """The last lines of every node daemon's log."""
         return "\n".join(f"--- {p.name}\n{_tail(p, lines)}" for p in sorted((self.base / "log").glob("*.log")))
-
-    # ----- down
-
-    def down(self, lab: K8sLab | None = None, *, drain_timeout: float = 60.0) -> None:
-        """Stop everything :meth:`prepare`/:meth:`up` started under this root and remove what
-        they made (see the module docstring). ``lab``, when its API server still runs, is used
-        to delete the pods first so the kubelets stop them cleanly. Raises LabError naming what
-        could not be removed."""
-        if not self.base.exists():
-            return
-        started = time.monotonic()
-        problems: list[str] = []
-        pids = self.daemon_pids()
-        if lab is not None and "kube-apiserver" in lab.daemon_pids() and any(k.startswith("kubelet-") for k in pids):
-            try:
-                self._delete_all_pods(lab, drain_timeout)
-            except (LabError, TimeoutError, OSError) as exc:
-                # Not fatal: what the kubelets did not stop, containerd is told to kill below.
-                print(f"k8s nodes: the pods were not stopped through the API server ({exc}"[:300]
-                      + "); stopping the containers through containerd", file=sys.stderr)
-        for node in NODES:
-            self._stop_daemon(f"kubelet-{node.name}")
-        for node in NODES:
-            if f"containerd-{node.name}" in pids:
-                self._remove_containers(node)
-            self._stop_daemon(f"containerd-{node.name}")
-            self._stop_shims(node)
-        for name in ("kube-scheduler", "dns-watch", "dnsmasq"):
-            self._stop_daemon(name, grace=5)
-        for node in NODES:
-            self._kill_cgroup(node)
-        for point in _mounts_under(self.base):
-            if subprocess.run(["umount", point], capture_output=True).returncode:
-                subprocess.run(["umount", "-l", point], capture_output=True)
-        left = _mounts_under(self.base)
-        if left:
-            problems.append(f"mounts left: {', '.join(left[:5])}")
-        for node in NODES:
-            self._remove_cgroup(node, problems)
-            self._remove_pod_logs(node)
-        self._network_down(problems)
-        if not (_link_exists(BRIDGE) and not self._network_is_ours()):  # not while another root's kubelets run
-            self._restore_kernel_tunables()
-            self._clean_machine_paths()
-        for child in self._children:
-            with contextlib.suppress(Exception):
-                child.wait(timeout=1)
-        self._children.clear()
-        self.timings["down_s"] = round(time.monotonic() - started, 2)
-        if problems:
-            raise LabError("node lab teardown incomplete: " + "; ".join(problems))
-
-    def _delete_all_pods(self, lab: K8sLab, timeout: float) -> None:
-        """Delete every pod (grace period 0) and wait until no container runs on either node."""
-        status, answer = lab.request("GET", "/api/v1/pods")
-        for pod in (answer.get("items") or []) if status == 200 and isinstance(answer, dict) else []:
-            meta = pod["metadata"]
-            lab.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                        {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
-
-        def stopped() -> bool:
-            return all(not self.ctr(node, "tasks", "ls", "-q", timeout=20).split() for node in NODES)
-        wait_for(stopped, timeout, 0.5, what="the pods' containers to stop")
-
-    def _remove_containers(self, node: Node) -> None:
-        """Kill and delete whatever containerd still has (kubelet gone: no CNI teardown, the
-        node's namespace goes with its bridge; libcni's cached results of those sandboxes are
-        dropped here)."""
-        with contextlib.suppress(LabCommandError):
-            for container in self.containers(node):
-                for cached in Path("/var/lib/cni/results").glob(f"*-{container}-*"):
-                    cached.unlink(missing_ok=True)
-            for task in self.ctr(node, "tasks", "ls", "-q", timeout=20).split():
-                with contextlib.suppress(LabCommandError):
-                    self.ctr(node, "tasks", "kill", "-s", "SIGKILL", task, timeout=20)
-                with contextlib.suppress(LabCommandError):
-                    self.ctr(node, "tasks", "delete", "-f", task, timeout=30)
-            for container in self.containers(node):
-                with contextlib.suppress(LabCommandError):
-                    self.ctr(node, "containers", "delete", container, timeout=30)
-
-    def _stop_shims(self, node: Node) -> None:
-        """containerd-shim processes of this node's containerd (their argv names its socket)."""
-        sock = str(self.socket(node))
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                argv = _cmdline(int(entry.name))
-                if argv and "containerd-shim" in argv[0] and sock in argv:
-                    _stop_pid(int(entry.name), f"shim {entry.name}", 5)
-
-    def _kill_cgroup(self, node: Node) -> None:
-        """SIGKILL every process left in the node's cgroups (containers whose shim is gone)."""
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / node.cgroup(self.root).lstrip("/")
-            if not top.is_dir():
-                continue
-            for procs in top.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError, ValueError):
-                    for pid in procs.read_text().split():
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(int(pid), signal.SIGKILL)
-
-    def _clean_machine_paths(self) -> None:
-        """After the daemons stopped: kubelet's device-plugin socket, then every directory of
-        :data:`MACHINE_PATHS` that did not exist before :meth:`prepare`, once empty."""
-        saved = self.base / "machine-paths.json"
-        try:
-            existed = json.loads(saved.read_text())
-        except (OSError, ValueError):
-            return
-        if not existed.get("/var/lib/kubelet/device-plugins"):
-            for name in ("kubelet.sock", "DEPRECATION"):
-                with contextlib.suppress(OSError):
-                    (Path("/var/lib/kubelet/device-plugins") / name).unlink()
-        for path in MACHINE_PATHS:  # children before their parents
-            if not existed.get(path, True):
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-        saved.unlink()
-
-    def _remove_pod_logs(self, node: Node) -> None:
-        """The pods' log directories kubelet 1.20 keeps in the fixed /var/log/pods (named
-        ``<namespace>_<pod>_<uid>``) and their links in /var/log/containers, for every pod UID the
-        node's kubelet root still lists: normally none are left (kubelet removes them with the pod).
-        Both the machine's directories and the node's own (its mount namespace's, :meth:`_make_mount_ns`)."""
-        uids = {p.name for p in (self.node_dir(node) / "kubelet" / "pods").glob("*")}
-        if not uids:
-            return
-        own = self.node_dir(node) / "var-log"
-        for path in [*Path("/var/log/pods").glob("*_*_*"), *(own / "pods").glob("*_*_*")]:
-            if path.name.rsplit("_", 1)[-1] in uids:
-                kubelab.shutil.rmtree(path, ignore_errors=True)
-        for link in [*Path("/var/log/containers").glob("*.log"), *(own / "containers").glob("*.log")]:
-            if link.is_symlink() and not link.exists():
-                target = os.readlink(link)
-                if any(f"_{uid}/" in target for uid in uids):
-                    link.unlink()
-
-    def _remove_cgroup(self, node: Node, problems: list[str]) -> None:
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / node.cgroup(self.root).lstrip("/")
-            if not top.is_dir():
-                continue
-            for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
-                for _ in range(20):
-                    try:
-                        path.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.1)
-            if top.is_dir():
-                problems.append(f"cgroup {top} left")
-
-
-def _stop_pid(pid: int, what: str, grace: float) -> None:
-    kubelab.stop_pid(pid, what, grace, label="k8s nodes")
 
 
 def attach(root: Path, cache: Path | None = None) -> K8sLab:

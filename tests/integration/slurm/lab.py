@@ -25,24 +25,48 @@ This module imports nothing from jobgen and only the standard library.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import ipaddress
 import json
-import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 if __package__ in (None, ""):  # imported as ``lab`` (its directory on sys.path) or run as a script: the repository's tests package
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+# The generic helpers (labtools.py) and the SLURM clients (slurmjobs.py): the names tests and
+# sshlab.py use are re-exported here, so ``from lab import ...`` keeps working.
+from labtools import (  # noqa: E402, F401
+    SBIN,
+    LabCommandError,
+    LabConflictError,
+    LabError,
+    LabInstallError,
+    LabStartError,
+    _comm,
+    _ppid,
+    _process_identity,
+    _require,
+    _tail,
+    apt_install,
+    find_binary,
+    run,
+    wait_for,
+)
+from slurmjobs import (  # noqa: E402, F401
+    job_state,
+    release_requeued,
+    run_slurm,
+    sbatch,
+    wait_for_job,
+)
+
+from tests.netns import LabNetwork, host_argv, link_alias, link_exists, namespace_pids, netns_inode  # noqa: E402
 from tests.processes import pid_alive, stop_pid  # noqa: E402  (sshlab.py takes pid_alive from here)
 
 CLUSTER_NAME = "jobgenlab"
@@ -72,8 +96,6 @@ ACCOUNTING_BINARIES = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db",
                        "my_print_defaults")
 #: How long slurmctld keeps an ended job in squeue (slurm.conf MinJobAge; SLURM's default).
 MIN_JOB_AGE_S = 300
-#: Places searched for daemons besides $PATH (pytest may run with a PATH without sbin).
-SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
 
 @dataclass(frozen=True)
@@ -93,262 +115,10 @@ NODES = (
     LabHost("node2", "jgnode2", "10.213.7.12", "jgvnode2", "jgenode2"),
 )
 HOSTS = (CONTROLLER, *NODES)
+#: The lab's bridge, namespaces and veths (every link name starts with ``jg``).
+NETWORK = LabNetwork(BRIDGE, HOST_IP, SUBNET, OWNER_TAG, "jg", HOSTS)
 
 
-# --------------------------------------------------------------------------- errors
-
-
-class LabError(RuntimeError):
-    """Anything that stops the lab from coming up or going down."""
-
-
-class LabCommandError(LabError):
-    """A command failed: carries argv, the return code (None: timed out), stdout and stderr."""
-
-    def __init__(self, argv: Sequence[str], returncode: int | None, stdout: str, stderr: str,
-                 note: str = ""):
-        self.argv = [str(a) for a in argv]
-        self.returncode = returncode
-        self.stdout = stdout
-        self.stderr = stderr
-        status = "timed out" if returncode is None else f"exit {returncode}"
-        detail = (stderr.strip() or stdout.strip())[-3000:]
-        super().__init__(f"{shlex.join(self.argv)}: {status}{note}" + (f"\n{detail}" if detail else ""))
-
-
-class LabInstallError(LabError):
-    """The SLURM/munge (or slurmdbd/MariaDB) packages could not be installed."""
-
-
-class LabConflictError(LabError):
-    """The lab's interface/namespace names or subnet are already in use by something else."""
-
-
-class LabStartError(LabError):
-    """A daemon did not start or the nodes did not become idle; the message has the log tails."""
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def run(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-        timeout: float = 60, check: bool = True, input: str | None = None,
-        ) -> subprocess.CompletedProcess[str]:
-    """Run argv (no shell) and return the completed process (text stdout/stderr).
-
-    Raises LabCommandError (argv, return code, stderr) when it exits non-zero and check is
-    true, when it runs longer than ``timeout`` seconds, or when the program is missing.
-    """
-    argv = [os.fspath(a) for a in argv]
-    try:
-        proc = subprocess.run(argv, env=None if env is None else dict(env), input=input,
-                              capture_output=True, text=True, timeout=timeout,
-                              stdin=None if input is not None else subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        raise LabCommandError(argv, None, out, err, f" after {timeout:g} s") from None
-    except FileNotFoundError as exc:
-        raise LabCommandError(argv, 127, "", str(exc)) from None
-    if check and proc.returncode != 0:
-        raise LabCommandError(argv, proc.returncode, proc.stdout, proc.stderr)
-    return proc
-
-
-T = TypeVar("T")
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2,
-             what: str = "") -> T:
-    """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
-
-    Returns that value. Raises TimeoutError after ``timeout`` seconds, naming ``what`` (or the
-    predicate) and the last value seen.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            name = what or getattr(predicate, "__name__", repr(predicate))
-            raise TimeoutError(f"gave up waiting for {name} after {timeout:g} s "
-                               f"(last value: {value!r})")
-        time.sleep(interval)
-
-
-def run_slurm(lab: SlurmLab, *argv: str, timeout: float = 60, check: bool = True,
-              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a SLURM client (``run_slurm(lab, "squeue", "-h")``) on the host against ``lab``.
-
-    The environment is ``lab.client_env()`` plus ``env``. Raises LabCommandError on a non-zero
-    exit (when check is true) or after ``timeout`` seconds.
-    """
-    return run(argv, env={**lab.client_env(), **(env or {})}, timeout=timeout, check=check)
-
-
-#: squeue %T states after which a job never runs again (unless requeued by hand).
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                             "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
-
-
-def sbatch(lab: SlurmLab, *argv: str, timeout: float = 30) -> str:
-    """``sbatch --parsable ARGV`` on the host; returns the job id. Raises LabCommandError."""
-    out = run_slurm(lab, "sbatch", "--parsable", *argv, timeout=timeout).stdout.strip()
-    return out.split(";", 1)[0]
-
-
-def job_state(lab: SlurmLab, job_id: str) -> str:
-    """The job's state from ``squeue -h -t all -j ID -o %T`` ("PENDING", "RUNNING",
-    "COMPLETED", ...), or "" when squeue does not know it. Without ``-t all`` squeue 22.05
-    hides finished jobs; with it they stay listed for MinJobAge (300 s)."""
-    proc = run_slurm(lab, "squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False,
-                     timeout=20)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def wait_for_job(lab: SlurmLab, job_id: str, timeout: float = 60,
-                 states: frozenset[str] | set[str] = TERMINAL_STATES) -> str:
-    """Poll squeue every 0.2 s (``sbatch --wait`` polls every ~10 s: pitfall 12) until the job
-    is in one of ``states``; returns that state. Raises TimeoutError after ``timeout`` s."""
-    last = ""
-
-    def reached() -> str:
-        nonlocal last
-        last = job_state(lab, job_id)
-        return last if last in states else ""
-
-    try:
-        return wait_for(reached, timeout, 0.2)
-    except TimeoutError:
-        raise TimeoutError(f"job {job_id} is {last or 'unknown to squeue'} after {timeout:g} s; "
-                           f"waited for one of {sorted(states)}") from None
-
-
-def release_requeued(lab: SlurmLab, job_id: str, *updates: str, requeued_at: float) -> None:
-    """Release a requeued job from its ~120 s hold (``scontrol update StartTime=now``, plus
-    ``updates`` such as ``TimeLimit=30``), no sooner than the second after ``requeued_at``
-    (``time.time()`` of the ``scontrol requeue`` or of the signal that requeued it).
-
-    slurmctld revokes the job's credential at the requeue and slurmd refuses any credential made
-    in the revocation's second ("Killing non-startable batch JobId=21: Job credential revoked",
-    seen when the release came 0.2 s after the requeue, on the same node)."""
-    time.sleep(max(0.0, math.floor(requeued_at) + 1.05 - time.time()))
-    run_slurm(lab, "scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
-
-
-def find_binary(name: str) -> str | None:
-    """Absolute path of ``name`` on $PATH or in the sbin/bin directories, or None."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for folder in SBIN:
-        candidate = Path(folder) / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
-def apt_install(packages: Sequence[str], binaries: Sequence[str]) -> None:
-    """apt-get install ``packages`` when any of ``binaries`` is missing (pitfall 6: with a
-    policy-rc.d so postinsts start no service; created only if missing, removed after).
-    Runs `apt-get update` only when the install fails without it. Raises LabInstallError."""
-    missing = [b for b in binaries if find_binary(b) is None]
-    if not missing:
-        return
-    if find_binary("apt-get") is None:
-        raise LabInstallError(f"missing {', '.join(missing)} and no apt-get to install "
-                              f"{' '.join(packages)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    created_policy = False
-    if not policy.exists():
-        policy.write_text("#!/bin/sh\n# jobgen SLURM lab: no service starts during install\n"
-                          "exit 101\n")
-        policy.chmod(0o755)
-        created_policy = True
-    # Wait for dpkg's lock (the Kubernetes lab's build may install in the background meanwhile).
-    argv = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "--no-install-recommends", *packages]
-    try:
-        try:
-            run(argv, env=env, timeout=900)
-        except LabCommandError as first:
-            try:
-                run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"], env=env, timeout=600)
-                run(argv, env=env, timeout=900)
-            except LabCommandError as second:
-                raise LabInstallError(f"could not install {' '.join(packages)}: {second}\n"
-                                      f"(before apt-get update: {first})") from None
-    finally:
-        if created_policy:
-            policy.unlink(missing_ok=True)
-    still = [b for b in binaries if find_binary(b) is None]
-    if still:
-        raise LabInstallError(f"installed {' '.join(packages)} but {', '.join(still)} "
-                              f"still missing")
-
-
-def _require(name: str) -> str:
-    path = find_binary(name)
-    if path is None:
-        raise LabError(f"{name} not found on PATH or in {', '.join(SBIN)}")
-    return path
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(missing)"
-    return "\n".join(text[-lines:]) or "(empty)"
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _netns_inode(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _link_alias(name: str) -> str:
-    try:
-        return Path("/sys/class/net", name, "ifalias").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _process_identity(pid: int) -> dict[str, int] | None:
-    """``{"pid", "start"}`` (start: clock ticks after boot, /proc/<pid>/stat field 22), which
-    tells a live process from a later one given the same PID; None when ``pid`` is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
-    return None if fields[0] == "Z" else {"pid": pid, "start": int(fields[19])}
-
-
-def _netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
 
 
 # --------------------------------------------------------------------------- the lab
@@ -488,11 +258,8 @@ class SlurmLab:
         if not pid_alive(pid) or _comm(pid) != comm:
             return None
         if host is not None:
-            try:
-                lab_ino = os.stat(f"/run/netns/{host.netns}").st_ino
-            except OSError:
-                return None
-            if _netns_inode(pid) != lab_ino:
+            lab_ino = netns_inode(f"/run/netns/{host.netns}")
+            if lab_ino is None or netns_inode(f"/proc/{pid}/ns/net") != lab_ino:
                 return None
         else:
             try:
@@ -516,15 +283,7 @@ class SlurmLab:
 
     def namespace_pids(self) -> dict[str, list[int]]:
         """Every live PID in each lab namespace (via `ip netns pids`), by host name."""
-        out: dict[str, list[int]] = {}
-        for host in HOSTS:
-            if not _netns_exists(host.netns):
-                out[host.name] = []
-                continue
-            proc = run(["ip", "netns", "pids", host.netns], check=False, timeout=30)
-            pids = sorted(int(p) for p in proc.stdout.split() if p.isdigit())
-            out[host.name] = [p for p in pids if pid_alive(p)]
-        return out
+        return {host.name: namespace_pids(host.netns) for host in HOSTS}
 
     def node_pids(self) -> dict[str, list[int]]:
         """PIDs in each lab namespace other than the lab's daemons, by host name
@@ -611,45 +370,27 @@ class SlurmLab:
         before its fixture's teardown); a held one (or anything without our bridge alias)
         raises LabConflictError.
         """
-        names = [BRIDGE, *(h.veth for h in HOSTS)]
-        taken = [n for n in names if _link_exists(n)]
-        taken += [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
+        taken = NETWORK.taken()
         if taken:
-            alias = _link_alias(BRIDGE)
-            if alias == OWNER_TAG + str(self.root):
+            other = NETWORK.owner()
+            if other == str(self.root):
                 print(f"lab: tearing down a lab left running under {self.root}", file=sys.stderr)
                 self._teardown(drain_timeout=10)
-            elif alias.startswith(OWNER_TAG) and (
-                    why := SlurmLab(Path(alias[len(OWNER_TAG):])).abandoned()):
-                other = alias[len(OWNER_TAG):]
+            elif other is not None and (why := SlurmLab(Path(other)).abandoned()):
                 print(f"lab: tearing down the lab under {other}: {why}", file=sys.stderr)
                 SlurmLab(Path(other))._teardown(drain_timeout=10)
-            elif alias.startswith(OWNER_TAG):
-                other = alias[len(OWNER_TAG):]
+            elif other is not None:
                 raise LabConflictError(
                     f"another jobgen SLURM lab is up (root {other}; {', '.join(taken)}); stop it "
                     f"with: {sys.executable} {Path(__file__).resolve()} down --root {other}")
             else:
                 raise LabConflictError(
                     f"{', '.join(taken)} already exist and are not a jobgen lab's "
-                    f"(bridge {BRIDGE} alias: {alias!r}); refusing to touch them")
+                    f"(bridge {BRIDGE} alias: {link_alias(BRIDGE)!r}); refusing to touch them")
         # The subnet must not overlap any address or route outside the lab.
-        out = run(["ip", "-o", "-4", "addr", "show"]).stdout
-        for line in out.splitlines():
-            fields = line.split()
-            dev, cidr = fields[1], fields[3]
-            if not dev.startswith("jg") and ipaddress.ip_interface(cidr).network.overlaps(SUBNET):
-                raise LabConflictError(f"{dev} has {cidr}, which overlaps the lab subnet {SUBNET}")
-        for line in run(["ip", "-4", "route", "show"]).stdout.splitlines():
-            dest = line.split()[0]
-            if dest == "default" or " dev jg" in f" {line}":
-                continue
-            try:
-                net = ipaddress.ip_network(dest, strict=False)
-            except ValueError:
-                continue
-            if net.overlaps(SUBNET):
-                raise LabConflictError(f"route {line!r} overlaps the lab subnet {SUBNET}")
+        why = NETWORK.overlap(lambda argv: run(argv).stdout)
+        if why:
+            raise LabConflictError(why)
 
     def _write_files(self) -> None:
         for sub in ("etc", "log", "run", "state/slurmctld", "munge",
@@ -765,27 +506,12 @@ class SlurmLab:
 
     def _network_up(self) -> None:
         """Bridge with the host's lab IP; per host a netns, a veth pair, an IP, lo up."""
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
-        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for h in HOSTS:
-            run(["ip", "netns", "add", h.netns])
-            run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer])
-            run(["ip", "link", "set", h.peer, "netns", h.netns])
-            run(["ip", "link", "set", h.veth, "master", BRIDGE])
-            run(["ip", "link", "set", h.veth, "up"])
-            run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{SUBNET.prefixlen}", "dev", h.peer])
-            run(["ip", "-n", h.netns, "link", "set", h.peer, "up"])
-            run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        NETWORK.up(self.root, run)
 
     def _in_namespace(self, host: LabHost, argv: Sequence[str]) -> list[str]:
         """argv run as ``host``: its netns via nsenter (pitfall 1: not `ip netns exec`), a
         private UTS+mount namespace with its hostname and the lab hosts file (pitfall 2)."""
-        return ["nsenter", f"--net=/run/netns/{host.netns}", "--",
-                "unshare", "--uts", "--mount", "--propagation", "private", "--",
-                sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec",
-                "--hostname", host.name, "--hosts", str(self.hosts_file), "--", *argv]
+        return [*host_argv(host.netns, host.name, [(str(self.hosts_file), "/etc/hosts")]), *argv]
 
     def _daemon_env(self) -> dict[str, str]:
         env = self.client_env()
@@ -954,19 +680,7 @@ class SlurmLab:
             for host in HOSTS:
                 for pid in self.namespace_pids().get(host.name, []):
                     self._stop(pid, f"pid {pid} in {host.netns}", grace=2)
-            for host in HOSTS:
-                if _netns_exists(host.netns):
-                    if run(["ip", "netns", "del", host.netns], check=False).returncode:
-                        problems.append(f"could not delete netns {host.netns}")
-            for host in HOSTS:
-                if _link_exists(host.veth):
-                    run(["ip", "link", "del", host.veth], check=False)
-            if _link_exists(BRIDGE):
-                run(["ip", "link", "del", BRIDGE], check=False)
-            left = [n for n in [BRIDGE, *(h.veth for h in HOSTS)] if _link_exists(n)]
-            left += [h.netns for h in HOSTS if _netns_exists(h.netns)]
-            if left:
-                problems.append(f"still present: {', '.join(left)}")
+            problems += NETWORK.down()
         for proc in self._children:
             proc.poll()
         self._children = [p for p in self._children if p.returncode is None]
@@ -993,9 +707,7 @@ class SlurmLab:
     def _network_is_ours(self) -> bool:
         """True when the jg* bridge carries this root's alias, or it is gone and lab.json
         says this root built the network (so leftovers are ours to remove)."""
-        if _link_exists(BRIDGE):
-            return _link_alias(BRIDGE) == OWNER_TAG + str(self.root)
-        return bool(self._read_state().get("network"))
+        return NETWORK.is_ours(self.root, built=bool(self._read_state().get("network")))
 
     def _cancel_all(self, drain_timeout: float) -> None:
         env = self.client_env()
@@ -1023,25 +735,7 @@ class SlurmLab:
                 "node_pids": self.node_pids(),
                 "hosts": {h.name: {"ip": h.ip, "netns": h.netns} for h in HOSTS},
                 "bridge": {"name": BRIDGE, "host_ip": HOST_IP,
-                           "present": _link_exists(BRIDGE)}}
-
-
-# --------------------------------------------------------------------------- namespace entry
-
-
-def _nsexec(hostname: str, hosts: str, argv: list[str]) -> None:
-    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind-mount the
-    lab hosts file over /etc/hosts (this mount namespace only: pitfall 2), exec argv."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    name = hostname.encode()
-    if libc.sethostname(name, len(name)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sethostname({hostname}): {os.strerror(err)}")
-    ms_bind = 4096
-    if libc.mount(hosts.encode(), b"/etc/hosts", None, ms_bind, None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"bind-mount {hosts} over /etc/hosts: {os.strerror(err)}")
-    os.execvp(argv[0], argv)
+                           "present": link_exists(BRIDGE)}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1059,16 +753,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="also run slurmdbd + MariaDB (plain sacct, sacct --json)")
             p.add_argument("--cpus-per-node", type=int, default=1)
             p.add_argument("--real-memory-mb", type=int, default=4000)
-    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
-    ns.add_argument("--hostname", required=True)
-    ns.add_argument("--hosts", required=True)
-    ns.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
 
-    if args.command == "_nsexec":
-        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        _nsexec(args.hostname, args.hosts, rest)
-        return 1  # not reached: exec
     if args.command == "up":
         lab = SlurmLab(args.root, accounting=args.accounting, cpus_per_node=args.cpus_per_node,
                        real_memory_mb=args.real_memory_mb)

@@ -32,7 +32,6 @@ Imports nothing from jobgen; the generic helpers come from the SLURM lab's modul
 from __future__ import annotations
 
 import argparse
-import ctypes
 import ipaddress
 import json
 import os
@@ -56,6 +55,8 @@ from lab import (  # noqa: E402
     stop_pid,
     wait_for,
 )
+
+from tests.netns import LabNetwork, host_argv, namespace_pids, netns_inode  # noqa: E402  (the repository on sys.path: lab.py)
 
 SUBNET = ipaddress.ip_network("10.213.9.0/24")
 BRIDGE = "jsbr0"
@@ -85,28 +86,8 @@ HOSTS = (
     SshHost("host1", "jshost1", "10.213.9.11", "jsvhost1", "jsehost1"),
     SshHost("host2", "jshost2", "10.213.9.12", "jsvhost2", "jsehost2"),
 )
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _link_alias(name: str) -> str:
-    try:
-        return Path("/sys/class/net", name, "ifalias").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
-def _netns_inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
+#: The lab's bridge, namespaces and veths (every link name starts with ``js``).
+NETWORK = LabNetwork(BRIDGE, HOST_IP, SUBNET, OWNER_TAG, "js", HOSTS)
 
 
 class SshLab:
@@ -177,7 +158,7 @@ class SshLab:
         out = {}
         for host in HOSTS:
             pid = self._read_state().get("sshd", {}).get(host.name)
-            if pid and pid_alive(pid) and _netns_inode(f"/proc/{pid}/ns/net") == _netns_inode(f"/run/netns/{host.netns}"):
+            if pid and pid_alive(pid) and netns_inode(f"/proc/{pid}/ns/net") == netns_inode(f"/run/netns/{host.netns}"):
                 try:
                     comm = Path(f"/proc/{pid}/comm").read_text().strip()
                 except OSError:
@@ -188,14 +169,7 @@ class SshLab:
 
     def namespace_pids(self) -> dict[str, list[int]]:
         """Every live PID in each host's network namespace (``ip netns pids``), by host name."""
-        out: dict[str, list[int]] = {}
-        for host in HOSTS:
-            if not _netns_exists(host.netns):
-                out[host.name] = []
-                continue
-            proc = run(["ip", "netns", "pids", host.netns], check=False, timeout=30)
-            out[host.name] = sorted(p for p in (int(x) for x in proc.stdout.split() if x.isdigit()) if pid_alive(p))
-        return out
+        return {host.name: namespace_pids(host.netns) for host in HOSTS}
 
     def job_pids(self) -> dict[str, list[int]]:
         """PIDs in each host's namespace other than its sshd listener: sessions and what jobs
@@ -268,11 +242,9 @@ class SshLab:
         """Refuse to touch js* names or the lab subnet when they belong to something else; a
         lab left under this root, or under another that :meth:`abandoned` says nobody holds, is
         torn down first."""
-        names = [BRIDGE, *(h.veth for h in HOSTS)]
-        taken = [n for n in names if _link_exists(n)] + [f"netns {h.netns}" for h in HOSTS if _netns_exists(h.netns)]
+        taken = NETWORK.taken()
         if taken:
-            alias = _link_alias(BRIDGE)
-            other = alias[len(OWNER_TAG):] if alias.startswith(OWNER_TAG) else None
+            other = NETWORK.owner()
             why = "it has this root" if other == str(self.root) else other and SshLab(Path(other)).abandoned()
             if other is not None and why:
                 print(f"ssh lab: tearing down the lab left under {other}: {why}", file=sys.stderr)
@@ -282,10 +254,9 @@ class SshLab:
                                        f"{sys.executable} {Path(__file__).resolve()} down --root {other}")
             else:
                 raise LabConflictError(f"{', '.join(taken)} exist and are not a jobgen ssh lab's; refusing to touch them")
-        for line in run(["ip", "-o", "-4", "addr", "show"]).stdout.splitlines():
-            dev, cidr = line.split()[1], line.split()[3]
-            if not dev.startswith("js") and ipaddress.ip_interface(cidr).network.overlaps(SUBNET):
-                raise LabConflictError(f"{dev} has {cidr}, which overlaps the ssh lab subnet {SUBNET}")
+        why = NETWORK.overlap(lambda argv: run(argv).stdout)
+        if why:
+            raise LabConflictError(why)
 
     def _keygen(self, path: Path, comment: str) -> str:
         if not path.exists():
@@ -329,19 +300,7 @@ class SshLab:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
 
     def _network_up(self) -> None:
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "alias", OWNER_TAG + str(self.root)])
-        run(["ip", "addr", "add", f"{HOST_IP}/{SUBNET.prefixlen}", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for h in HOSTS:
-            run(["ip", "netns", "add", h.netns])
-            run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer])
-            run(["ip", "link", "set", h.peer, "netns", h.netns])
-            run(["ip", "link", "set", h.veth, "master", BRIDGE])
-            run(["ip", "link", "set", h.veth, "up"])
-            run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{SUBNET.prefixlen}", "dev", h.peer])
-            run(["ip", "-n", h.netns, "link", "set", h.peer, "up"])
-            run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        NETWORK.up(self.root, run)
 
     def _start_sshd(self) -> None:
         sshd = find_binary("sshd")
@@ -349,15 +308,12 @@ class SshLab:
             raise LabError("sshd not found after installing openssh-server")
         pids = {}
         for host in HOSTS:
-            argv = ["nsenter", f"--net=/run/netns/{host.netns}", "--",
-                    "unshare", "--uts", "--mount", "--propagation", "private", "--",
-                    sys.executable, "-I", "-S", str(Path(__file__).resolve()), "_nsexec", "--hostname", host.name,
-                    "--hosts", str(self.root / "hosts"), "--disk", str(self.disk(host)), "--workdir", str(self.workdir), "--",
+            argv = [*host_argv(host.netns, host.name, [(str(self.root / "hosts"), "/etc/hosts"), (str(self.disk(host)), str(self.workdir))]),
                     sshd, "-D", "-e", "-f", str(self.root / host.name / "sshd_config")]
             log = (self.log_dir / f"sshd.{host.name}.log").open("ab")
             log.write(f"$ {shlex.join(argv)}\n".encode())
             log.flush()
-            # nsenter, unshare and _nsexec exec each other: the PID is sshd's
+            # nsenter, unshare and tests/netns.py exec each other: the PID is sshd's
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
             pids[host.name] = proc.pid
@@ -368,63 +324,29 @@ class SshLab:
     def down(self) -> None:
         """Stop sshd and everything else in the lab namespaces, delete namespaces, veths and
         the bridge. Idempotent. Raises LabError naming what could not be removed."""
-        ours = (_link_exists(BRIDGE) and _link_alias(BRIDGE) == OWNER_TAG + str(self.root)) or (
-            not _link_exists(BRIDGE) and self._read_state().get("network"))
-        if not ours:
+        if not NETWORK.is_ours(self.root, built=bool(self._read_state().get("network"))):
             return
         for pids in self.namespace_pids().values():
             for pid in pids:
                 self._stop(pid)
-        problems = []
-        for h in HOSTS:
-            if _netns_exists(h.netns) and run(["ip", "netns", "del", h.netns], check=False).returncode:
-                problems.append(f"netns {h.netns}")
-            if _link_exists(h.veth):
-                run(["ip", "link", "del", h.veth], check=False)
-        if _link_exists(BRIDGE):
-            run(["ip", "link", "del", BRIDGE], check=False)
-        problems += [n for n in (BRIDGE, *(h.veth for h in HOSTS)) if _link_exists(n)]
+        problems = NETWORK.down()
         if self.state_file.exists():
             self._write_state(network=False, sshd={})
         if problems:
-            raise LabError("ssh lab teardown incomplete: still present: " + ", ".join(problems))
+            raise LabError("ssh lab teardown incomplete: " + "; ".join(problems))
 
     @staticmethod
     def _stop(pid: int, grace: float = 3.0) -> None:
         stop_pid(pid, "sshd", grace, label="ssh lab")
 
 
-def _nsexec(hostname: str, hosts: str, disk: str, workdir: str, argv: list[str]) -> None:
-    """Inside `unshare --uts --mount --propagation private`: set the hostname, bind the lab hosts
-    file over /etc/hosts and the host's disk over the work directory (this mount namespace
-    only), exec argv."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.sethostname(hostname.encode(), len(hostname.encode())) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sethostname({hostname}): {os.strerror(err)}")
-    ms_bind = 4096
-    for source, target in ((hosts, "/etc/hosts"), (disk, workdir)):
-        if libc.mount(source.encode(), target.encode(), None, ms_bind, None) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"bind-mount {source} over {target}: {os.strerror(err)}")
-    os.execv(argv[0], argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """up | down | _nsexec (with --root); returns the exit code."""
+    """up | down (with --root); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "down"):
         sub.add_parser(name).add_argument("--root", type=Path, default=Path("/tmp/jobgen-ssh-lab"))
-    ns = sub.add_parser("_nsexec", help=argparse.SUPPRESS)
-    for option in ("--hostname", "--hosts", "--disk", "--workdir"):
-        ns.add_argument(option, required=True)
-    ns.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "_nsexec":
-        rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        _nsexec(args.hostname, args.hosts, args.disk, args.workdir, rest)
-        return 1  # not reached
     lab = SshLab(args.root)
     try:
         if args.command == "up":
