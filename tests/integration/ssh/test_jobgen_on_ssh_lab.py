@@ -243,11 +243,17 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
     """restart.max_restarts 1: rank 1's worker on host2 is SIGKILLed after step 25; the watcher
     classes the failure infrastructure, copies node 0's checkpoints to host2 (the hosts' disks
     are not shared), starts both hosts again, they resume from the newest checkpoint and
-    complete; status and node 0's summary.json record the restart."""
+    complete; status and node 0's summary.json record the restart, and the watcher sends the
+    ``restart`` notification from this machine (notify.events: [restart], so the hosts send none)."""
     started = time.monotonic()
     name = "ssh-restart"
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(RESTART_SPEC.format(name=name, budget=1))
+    received = tmp_path / "notified.jsonl"
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
+    notify = (f"notify: {{command: [{json.dumps(sys.executable)}, {json.dumps(str(recorder))}, {json.dumps(str(received))}], "
+              "events: [restart]}\n")
+    spec.write_text(RESTART_SPEC.format(name=name, budget=1) + notify)
     handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
     node0, node1 = (ssh_lab.disk(h) / name for h in ssh_lab.hosts)
     try:
@@ -271,6 +277,10 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
         assert summary["global_step"] == 150 and summary["resumed_from_step"] >= 20, summary
         assert (summary["restarts"]["used"], summary["restarts"]["history"][0]["class"]) == (1, "infrastructure"), summary
         assert (node1 / "checkpoints" / f"step-{summary['resumed_from_step']:08d}.ckpt").is_file()  # copied from host1
+        (body,) = [json.loads(line) for line in received.read_text().splitlines()]
+        assert (body["event"], body["handle"], body["class"], body["restarts_used"], body["max_restarts"]) == \
+               ("restart", str(handle), "infrastructure", 1, 1), body
+        assert body["reason"] == summary["restarts"]["history"][0]["reason"], body
         for node, log in ((node0, "node-0.log"), (node1, "node-1.log")):  # two starts on each host
             assert (node / log).read_text().count("jobgen: node ") == 2
         assert nothing_left(ssh_lab) == {"host1": [], "host2": []}
