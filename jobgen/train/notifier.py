@@ -71,8 +71,9 @@ def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str]
     return None
 
 
-#: The restarts jobgen made before this start of a local run (:mod:`jobgen.backends.local` sets it for
-#: every start), read ahead of the scheduler's count for the body's ``restart``.
+#: The restarts before this start, where jobgen counts them: a local run's (:mod:`jobgen.backends.local`
+#: sets it for every start) and a Kubernetes pod's (:mod:`jobgen.train.launch`, from its ledger); read
+#: ahead of the scheduler's count for the body's ``restart``.
 RESTART_COUNT_ENV = "JOBGEN_RESTART_COUNT"
 #: The most characters of a restart's reason a ``restart`` body carries (the rest is cut, ``...`` added).
 REASON_CHARS = 1000
@@ -89,9 +90,10 @@ def restart_count(environ: Mapping[str, str]) -> int:
     return 0
 
 
-#: A run's restart records where jobgen does not decide its restarts itself: the path of a JSON-lines
-#: file, one :func:`restart_record` per restart, oldest first, that the decider appends to before the
-#: job starts again (the SLURM batch script; on Kubernetes, the launch wrapper). Set for every start.
+#: A run's restart records where jobgen's own process does not decide its restarts: the path of a
+#: JSON-lines file, one object per restart (``restart``, ``class``, ``reason``, ``exit_code``, ``at``),
+#: oldest first, that the decider appends to before the job starts again (the SLURM batch script,
+#: templates/slurm/job.sbatch.j2; on Kubernetes, :func:`jobgen.train.launch.record_restart`). Set for every start.
 RESTART_RECORD_ENV = "JOBGEN_RESTART_RECORD"
 #: The most bytes of a restart record file read (the records of 100 restarts take a few KiB).
 RECORD_BYTES = 1 << 20
