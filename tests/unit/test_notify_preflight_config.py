@@ -32,7 +32,7 @@ def test_a_credential_in_the_url_is_refused(tmp_path: Path, url: str) -> None:
 
 def test_plain_urls_and_harmless_parameters_load(tmp_path: Path) -> None:
     spec, _ = api.load(_spec(tmp_path, {"webhook": {"url": "https://h.example/hook?channel=ml&monkey=1"}}), "local")
-    assert spec.notify is not None and spec.notify.events == ("started", "requeued", "finished", "failed")
+    assert spec.notify is not None and spec.notify.events == ("started", "restart", "requeued", "finished", "failed")
 
 
 @pytest.mark.parametrize("field", ["token_env", "url_env"])
