@@ -73,6 +73,9 @@ LOCAL_RUN_FILE = ".jobgen-local-run.json"
 #: Python stacks (``stacks-rank<N>.txt``), in :data:`HANG_DIR` (jobgen.train.watchdog).
 HANG_DIR = "hang"
 HANG_VERDICT_FILE = f"{HANG_DIR}/verdict.json"
+#: Written with the verdict: the node names of the ranks whose heartbeat stopped first, one per
+#: line (plain text, for the SLURM batch script, which excludes the first on a restart).
+HANG_NODES_FILE = f"{HANG_DIR}/stopped-nodes"
 
 #: A job array's index of points (:class:`ArrayIndex`), beside its ``job.sbatch``.
 ARRAY_INDEX_FILE = "array.json"
