@@ -167,13 +167,31 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
             ignore_run_dir(job_dir.parent)
         try:
+            _write_predictions(job_dir, target.cluster_profile, target.spec_file, echo)
             return backend.submit(job_dir, options, echo, plan=target)
         except BaseException:
             before.undo_unless_submitted()  # refused before queueing: leave no job directory behind
             raise
     job_dir = Path(target)
     backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
-    return backend.submit(job_dir, options, echo)
+    before = DirUndo.capture(job_dir)
+    try:
+        _write_predictions(job_dir, None, None, echo)
+        return backend.submit(job_dir, options, echo)
+    except BaseException:
+        if not before.submitted():  # the prediction as it was: nothing else of a rendered directory is written here
+            before.restore_prediction()
+        raise
+
+
+def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file: str | None, echo: Echo) -> None:
+    """The time model's prediction beside each spec.json of ``job_dir``
+    (:func:`jobgen.planning.prediction.write_predictions`), said through ``echo``: the step time,
+    the wall time to max_steps and the cost, or why there is none."""
+    from jobgen.planning.prediction import describe, write_predictions
+
+    for path in write_predictions(job_dir, profile, spec_source=spec_file or "spec"):
+        echo(f"prediction: {describe(path)}")
 
 
 def status(job: str) -> JobStatus:
