@@ -203,13 +203,22 @@ def status(job: str) -> JobStatus:
 def progress(job: str) -> Progress | None:
     """Where ``job``'s run is (:func:`jobgen.reports.progress.read_progress`): its run directory from
     the handle (local) or the submission record, its ``max_steps`` and tokens per step from
-    spec.json; ``None`` when this machine cannot read the run directory (a Kubernetes run's is in
-    its pods) or no step is logged yet."""
+    spec.json; a Kubernetes run's (its directory is in its pods) from the last progress line of its
+    rank-zero pod's log (:func:`jobgen.backends.k8s_progress.pod_progress`). ``None`` when this
+    machine cannot read the run directory, no step is logged yet, or the pod's log cannot be read.
+
+    Raises:
+        SubmitError: the Kubernetes API server cannot be reached.
+    """
     from jobgen.jobdir.files import SPEC_FILE
     from jobgen.jobdir.submission import find_submission
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
+    if handle.scheduler == "kubernetes":
+        from jobgen.backends.k8s_progress import pod_progress
+
+        return pod_progress(handle)
     try:
         record = find_submission(handle)
     except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
@@ -262,6 +271,10 @@ class ListedJob:
         num_nodes, devices_per_node, accelerator: the world the job directory asked for, if readable.
         stale: why the state shown is only the record's (the cluster could not be reached, or
             the job directory is gone), else ``None``.
+        progress: a running job's progress (:func:`progress`: step, ETA), else ``None``.
+        prediction: a finished run's ``summary.json`` prediction (``measured_over_predicted``
+            per figure, ``available``: :func:`jobgen.planning.prediction.ratio_of_summary`), else ``None``.
+        prediction_note: why a summary's prediction cannot be shown (names the file), else ``None``.
     """
 
     record: Submission
@@ -271,6 +284,9 @@ class ListedJob:
     devices_per_node: int | None
     accelerator: str | None
     stale: str | None
+    progress: Progress | None = None
+    prediction: dict[str, Any] | None = None
+    prediction_note: str | None = None
 
     @property
     def state(self) -> str:
@@ -287,6 +303,9 @@ class ListedJob:
             "submitted_at": self.record.submitted_at, "job_dir": self.record.job_dir, "run_dir": self.record.run_dir,
             "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
             "stale": self.stale, "sweep": None if self.record.sweep is None else self.record.sweep.model_dump(mode="json"),
+            "progress": None if self.progress is None else self.progress.to_json(),
+            "measured_over_predicted": None if self.prediction is None else self.prediction["measured_over_predicted"],
+            "prediction_note": self.prediction_note,
             **({"tasks": self.tasks()} if self.record.array else {}),
         }
 
@@ -337,10 +356,30 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
             status, stale = get_backend(handle.scheduler).status(handle), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
-        row = ListedJob(record, status, name, *world, stale)
+        row = ListedJob(record, status, name, *world, stale, *_timing(record, status))
         if not wanted or row.state.upper() in wanted:
             rows.append(row)
     return rows
+
+
+def _timing(record: Submission, status: JobStatus | None) -> tuple[Progress | None, dict[str, Any] | None, str | None]:
+    """``jobgen ls``'s timing of one job: a running job's progress (its ETA), or a finished run's
+    measured / predicted from its ``summary.json`` (where this machine can read it) and why it
+    cannot be shown; nothing for a job array (its tasks have run directories of their own)."""
+    from jobgen.jobdir.files import SUMMARY_FILE
+    from jobgen.planning.prediction import ratio_of_summary
+
+    if status is None or record.array or record.callable is not None:
+        return None, None, None
+    if status.state == "RUNNING":
+        try:
+            return progress(record.handle), None, None
+        except JobgenError:  # the progress is extra: a source that cannot be read leaves the row as it is
+            return None, None, None
+    if status.state != "COMPLETED" or JobHandle.parse(record.handle).scheduler == "kubernetes":
+        return None, None, None
+    block, note = ratio_of_summary(Path(record.run_dir) / SUMMARY_FILE)
+    return None, block, note
 
 
 def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: PathLike | None = None, **overrides: Any) -> Any:

@@ -44,8 +44,8 @@ VERSION = 1
 FIGURES = ("step_s", "tokens_per_s", "wall_s", "device_hours", "cost")
 #: Bytes of a prediction file read at most (a real one is under 2 KiB).
 MAX_FILE_BYTES = 64 * 1024
-#: Longest text field kept from a prediction file (message, layout, profile, calibration note).
-MAX_TEXT_CHARS = 200
+#: Longest text field a prediction file may hold (message, layout, profile, paths, calibration note).
+MAX_TEXT_CHARS = 1000
 
 
 def predict_spec(resolved: Any, profile: Any, *, spec_source: str = "spec") -> dict[str, Any]:
@@ -256,9 +256,9 @@ def describe(path: Path) -> str:
     except ConfigError as exc:
         return f"n/a ({exc.location}: {exc.message})"
     if not pred["available"]:
-        return f"{pred['message'] or 'no prediction'} ({printable(str(path))})"
+        return f"{printable(pred['message'] or 'no prediction')} ({printable(str(path))})"
     unit = pred["device_kind"].upper()
-    parts = [f"{pred['layout']}: step {fmt_duration(pred['step_s']['value'])}", f"{fmt_count(pred['tokens_per_s']['value'])} tokens/s"]
+    parts = [f"{printable(str(pred['layout']))}: step {fmt_duration(pred['step_s']['value'])}", f"{fmt_count(pred['tokens_per_s']['value'])} tokens/s"]
     if pred["wall_s"] is not None:
         parts.append(f"wall {fmt_duration(pred['wall_s']['value'])} to step {pred['max_steps']:,}")
     if pred["device_hours"] is not None:
@@ -348,7 +348,7 @@ def ratio_of_summary(summary_path: Path) -> tuple[dict[str, Any] | None, str | N
     if not isinstance(block, dict):
         return None, f"{where}: prediction is not an object"
     if "error" in block:
-        return None, f"{where}: prediction: {printable(str(block['error']))[:MAX_TEXT_CHARS]}"
+        return None, f"{where}: prediction: {printable(str(block['error']))[:200]}"
     ratios = block.get("measured_over_predicted")
     if not isinstance(ratios, dict):
         return None, f"{where}: prediction.measured_over_predicted is not an object"
