@@ -167,7 +167,7 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
             ignore_run_dir(job_dir.parent)
         try:
-            _write_predictions(job_dir, target.cluster_profile, target.spec_file, echo)
+            _write_predictions(job_dir, target.cluster_profile, target.spec_file, echo, _planned_specs(target))
             return backend.submit(job_dir, options, echo, plan=target)
         except BaseException:
             before.undo_unless_submitted()  # refused before queueing: leave no job directory behind
@@ -176,7 +176,7 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
     backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
     before = DirUndo.capture(job_dir)
     try:
-        _write_predictions(job_dir, None, None, echo)
+        _write_predictions(job_dir, None, None, echo, None)
         return backend.submit(job_dir, options, echo)
     except BaseException:
         if not before.submitted():  # the prediction as it was: nothing else of a rendered directory is written here
@@ -184,13 +184,25 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         raise
 
 
-def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file: str | None, echo: Echo) -> None:
+def _planned_specs(job_plan: JobPlan) -> dict[str, Any]:
+    """The resolved specs a plan writes, by file (``spec.json``; a job array's ``points/<i>/spec.json``
+    parsed from the plan's own text), so that the prediction does not read back what submit wrote."""
+    from jobgen.jobdir.files import SPEC_FILE
+    from jobgen.jobdir.spec import ResolvedSpec
+
+    if job_plan.resolved is not None:
+        return {SPEC_FILE: job_plan.resolved}
+    return {name: ResolvedSpec.model_validate_json(text) for name, text in job_plan.files if name.endswith(f"/{SPEC_FILE}")}
+
+
+def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file: str | None, echo: Echo,
+                       resolved: dict[str, Any] | None) -> None:
     """The time model's prediction beside each spec.json of ``job_dir``
     (:func:`jobgen.planning.prediction.write_predictions`), said through ``echo``: the step time,
     the wall time to max_steps and the cost, or why there is none."""
     from jobgen.planning.prediction import describe, write_predictions
 
-    for path in write_predictions(job_dir, profile, spec_source=spec_file or "spec"):
+    for path in write_predictions(job_dir, profile, spec_source=spec_file or "spec", resolved_specs=resolved):
         echo(f"prediction: {describe(path)}")
 
 

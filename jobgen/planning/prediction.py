@@ -99,10 +99,14 @@ def prediction_files(job_dir: Path) -> list[Path]:
     return []
 
 
-def write_predictions(job_dir: Path, profile: Any | None, *, spec_source: str = "spec") -> list[Path]:
+def write_predictions(job_dir: Path, profile: Any | None, *, spec_source: str = "spec",
+                      resolved_specs: dict[str, Any] | None = None) -> list[Path]:
     """Write :data:`PREDICTION_FILE` beside every spec.json of ``job_dir`` (:func:`prediction_files`),
     from ``profile``, or, when None, the profile spec.json names loaded by name (a profile that
-    cannot be loaded gives a file that says so). Returns the paths written.
+    cannot be loaded gives a file that says so). ``resolved_specs``: the
+    :class:`~jobgen.jobdir.spec.ResolvedSpec` of each spec.json by its path relative to ``job_dir``
+    (``spec.json``, ``points/<i>/spec.json``), when the caller holds them (a plan just written):
+    those files are not read back. Returns the paths written.
 
     Raises:
         ConfigError: a spec.json that does not validate (:func:`jobgen.jobdir.spec.load_resolved_spec`).
@@ -111,7 +115,8 @@ def write_predictions(job_dir: Path, profile: Any | None, *, spec_source: str = 
 
     written = []
     for spec_file in prediction_files(job_dir):
-        resolved = load_resolved_spec(spec_file)
+        known = (resolved_specs or {}).get(spec_file.relative_to(job_dir).as_posix())
+        resolved = known if known is not None else load_resolved_spec(spec_file)
         prof, why = profile, ""
         if prof is None:
             from jobgen.specs.load import load_profile
@@ -337,7 +342,7 @@ def ratio_of_summary(summary_path: Path) -> tuple[dict[str, Any] | None, str | N
         return None, None
     where = printable(str(summary_path))
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant) if len(raw) <= 4 * 2**20 else None
+        doc = json.loads(raw.decode("utf-8")) if len(raw) <= 4 * 2**20 else None  # NaN allowed: a diverged run's val_loss
     except (UnicodeDecodeError, ValueError):
         doc = None
     if not isinstance(doc, dict):
