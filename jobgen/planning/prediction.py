@@ -71,12 +71,12 @@ def predict_spec(resolved: Any, profile: Any, *, spec_source: str = "spec") -> d
     try:
         mp = plan_memory(spec, profile, launch.num_nodes, launch.devices_per_node, spec_source=spec_source)
         tp = plan_time(spec, profile, mp, spec_source=spec_source)
-    except JobgenError as exc:
-        doc["message"] = f"no prediction: {exc.message}"
+    except JobgenError as exc:  # kept short: read_prediction refuses a message over MAX_TEXT_CHARS
+        doc["message"] = f"no prediction: {exc.message}"[:MAX_TEXT_CHARS]
         return doc
     label = mp.spec_row.estimate.layout.label
     row = tp.rows.get(label)
-    doc |= {"message": tp.message, "tokens_per_step": tp.tokens_per_step, "flops_per_token": tp.flops_per_token,
+    doc |= {"message": tp.message[:MAX_TEXT_CHARS], "tokens_per_step": tp.tokens_per_step, "flops_per_token": tp.flops_per_token,
             "calibration_file": tp.calibration_path, "layout": label}
     if row is None:
         if tp.rows:
@@ -125,7 +125,7 @@ def write_predictions(job_dir: Path, profile: Any | None, *, spec_source: str = 
                 prof = load_profile(resolved.profile)
             except JobgenError as exc:
                 why = f"no prediction: profile {resolved.profile!r} cannot be loaded here ({exc.message})"
-        doc = predict_spec(resolved, prof, spec_source=spec_source) if prof is not None else _base(resolved) | {"message": why}
+        doc = predict_spec(resolved, prof, spec_source=spec_source) if prof is not None else _base(resolved) | {"message": why[:MAX_TEXT_CHARS]}
         target = spec_file.with_name(PREDICTION_FILE)
         write_atomic(target, pretty_json(doc))
         written.append(target)
@@ -199,7 +199,7 @@ def read_prediction(path: Path) -> dict[str, Any]:
         raise ConfigError(f"larger than {MAX_FILE_BYTES} bytes: not a prediction file", location=printable(str(path)), hint=hint)
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
         raise ConfigError(f"not a prediction file: {printable(str(exc))[:MAX_TEXT_CHARS]}", location=printable(str(path)),
                           hint=hint) from None
     try:
@@ -343,7 +343,7 @@ def ratio_of_summary(summary_path: Path) -> tuple[dict[str, Any] | None, str | N
     where = printable(str(summary_path))
     try:
         doc = json.loads(raw.decode("utf-8")) if len(raw) <= 4 * 2**20 else None  # NaN allowed: a diverged run's val_loss
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict):
         return None, f"{where}: not a summary (JSON object)"

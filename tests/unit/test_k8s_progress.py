@@ -11,6 +11,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobgen.backends import kubernetes as k8s
 from jobgen.backends.k8s_progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
@@ -52,6 +54,16 @@ def test_a_progress_line_gives_step_rate_and_eta():
 ])
 def test_lines_that_are_not_progress_lines_are_skipped(text):
     assert parse_line(text) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=120) | st.builds(lambda a, b: f"step {a}/{b} | {b}k tok/s | eta {a}", st.text(max_size=8),
+                                               st.text(max_size=8)))
+def test_any_log_text_parses_to_a_bounded_progress_or_nothing(text):
+    parsed = parse_line(text)
+    assert parsed is None or (0 < parsed[0] <= parsed[1] and (parsed[2] is None or 0 <= parsed[2] <= 10**12))
+    p = last_progress([f"2026-11-29T11:59:00Z {text}", text], "pod p log", now=NOW)
+    assert p is None or (p.eta_s is None or p.eta_s >= 0)
 
 
 def test_the_last_progress_line_wins_and_the_eta_counts_from_when_it_was_written():

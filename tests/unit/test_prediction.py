@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jobgen import api
 from jobgen.errors import ConfigError
@@ -253,3 +255,42 @@ def test_specs_whose_flops_the_model_does_not_know_have_no_figures(tmp_path, cal
     api.plan_job(EXAMPLES / example, "local").write(job_dir)
     doc = predict_spec(read_resolved_spec(job_dir), load_profile("local", PROFILES))
     assert not doc["available"] and doc["step_s"] is None and "built-in and Hugging Face models only" in doc["message"]
+
+
+def test_deeply_nested_json_is_refused_not_a_recursion_error(tmp_path):
+    path = tmp_path / PREDICTION_FILE
+    path.write_text("[" * 30000 + "]" * 30000)
+    with pytest.raises(ConfigError, match="not a prediction file"):
+        read_prediction(path)
+    summary_path = tmp_path / "summary.json"
+    summary_path.write_text("[" * 100000 + "]" * 100000)
+    assert ratio_of_summary(summary_path)[0] is None
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=True, allow_infinity=True),
+              st.text(max_size=40)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=5)), max_leaves=20)
+prediction_docs = st.fixed_dictionaries({}, optional={key: json_values for key in good_doc()}) | st.builds(
+    lambda changes: good_doc(**changes), st.dictionaries(st.sampled_from(sorted(good_doc())), json_values, max_size=3))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=prediction_docs)
+def test_any_prediction_file_reads_clean_or_is_refused_and_the_summary_block_never_raises(tmp_path, doc):
+    path = tmp_path / PREDICTION_FILE
+    path.write_text(json.dumps(doc))
+    try:
+        checked = read_prediction(path)
+    except ConfigError as exc:
+        assert exc.location == str(path)
+    else:
+        for name in ("step_s", "tokens_per_s", "wall_s", "device_hours", "cost"):
+            band = checked[name]
+            assert band is None or 0 < band["low"] <= band["value"] <= band["high"] < float("inf")
+    block = summary_block(tmp_path / SPEC_FILE, summary(), str(doc.get("inputs_sha256")))
+    json.dumps(block, allow_nan=False)
+    summary_path = tmp_path / "summary.json"
+    summary_path.write_text(json.dumps({"prediction": doc}))
+    shown, note = ratio_of_summary(summary_path)
+    assert shown is None or all(v is None or 0 < v < float("inf") for v in shown["measured_over_predicted"].values())
