@@ -56,109 +56,13 @@ ADVERSARIAL = [
 LAB_MARKERS = ("slurm_lab", "k8s_lab", "ssh_lab")
 
 
-#: Every test of the module (in :data:`SLOW_TESTS`).
-ALL = "*"
-#: The tests marked ``slow`` (left out of the quick tier, README "Test tiers"): module -> test
-#: function names, or :data:`ALL`. Each starts training processes; chosen with ``--durations``
-#: on a loaded 2-core machine, where each took 18-165 s and every other test of tests/entrypoint
-#: under 6 s (of tests/unit under 10 s). tests/test_markers.py checks that every name here is a
-#: test of its module.
-SLOW_TESTS: dict[str, str | frozenset[str]] = {
-    "tests/entrypoint/test_command_run.py": ALL,
-    "tests/entrypoint/test_elastic_resume.py": ALL,  # added later, not in the measurement: torchrun agents, 3 trainings
-    "tests/entrypoint/test_entrypoint_requeue.py": ALL,
-    "tests/entrypoint/test_entrypoint_train.py": ALL,
-    "tests/entrypoint/test_estimate_memory.py": ALL,
-    "tests/entrypoint/test_gpu_suite_smoke.py": ALL,
-    "tests/entrypoint/test_strategy_matrix.py": ALL,
-    "tests/entrypoint/test_user_code_train.py": ALL,
-    "tests/integration/k8s/test_rank_semantics.py": ALL,
-    "tests/unit/test_cli.py": frozenset({"test_local_submit_trains_and_resumes"}),
-    "tests/unit/test_launch.py": frozenset({"test_a_real_torchrun_run_exits_with_its_workers_class", "test_a_failed_rendezvous_exits_200",
-                                            "test_sigterm_to_the_launcher_reaches_the_worker_and_exits_143",
-                                            "test_a_retryable_failure_with_the_budget_spent_exits_1"}),  # torchrun runs, 9-18 s
-    "tests/unit/test_submit_sweep.py": frozenset({"test_a_two_point_local_sweep_trains_both_points_and_prints_two_handles"}),
-    "tests/entrypoint/test_entrypoint_cli.py": frozenset({"test_hand_edited_deepspeed_config_is_checked"}),
-    "tests/entrypoint/test_hf_lora.py": frozenset({
-        "test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes",
-        "test_lora_target_module_missing_from_model_is_a_config_error",
-    }),
-    "tests/entrypoint/test_hf_sharded.py": frozenset({  # the tests of its module-scoped training runs
-        "test_lora_trains_to_the_same_loss_under_every_strategy",
-        "test_resume_from_its_own_checkpoint_format_continues_at_the_saved_step",
-        "test_ddp_checkpoint_file_holds_the_adapters_only",
-        "test_fsdp_sharded_checkpoint_keeps_the_frozen_base",
-        "test_deepspeed_checkpoint_is_the_engines_directory",
-    }),
-    # Not measured (merged in after the measurement): each starts training ranks.
-    "tests/entrypoint/test_hf_qlora.py": frozenset({  # the tests of its module-scoped training runs
-        "test_qlora_trains_under_every_strategy",
-        "test_qlora_losses_agree_across_strategies",
-    }),
-    "tests/entrypoint/test_local_failure_output.py": ALL,
-    "tests/entrypoint/test_straggler.py": ALL,  # two 2-rank trainings, 13 s each
-    # 12 entrypoint runs (3 strategies x world size 1 and 2, jobgen's data and a user's) and 2 resumes.
-    "tests/entrypoint/test_sample_order.py": frozenset({
-        "test_every_strategy_and_world_size_reads_the_same_samples",
-        "test_a_resume_reads_exactly_the_samples_of_the_uninterrupted_run",
-        "test_a_users_data_module_reads_the_same_samples_under_every_strategy",
-    }),
-    # Six in-process trainings (ddp, fsdp and ZeRO-2 with and without the single-device path), one traced.
-    "tests/entrypoint/test_speed_levers.py": frozenset({
-        "test_no_host_device_traffic_per_step_in_either_direction",
-        "test_jobgen_trace_steps_writes_a_chrome_trace_of_those_steps_only",
-    }),
-    # Two job pieces, each a process with a real offline W&B run and a real MLflow run.
-    "tests/entrypoint/test_tracking_wandb_core_killed.py": frozenset({
-        "test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once",
-    }),
-    "tests/unit/test_docs_site.py": frozenset({"test_mkdocs_build_strict"}),  # 5-16 s: mkdocs builds the whole site
-    "tests/unit/test_readme_commands.py": frozenset({"test_the_readme_commands_run"}),
-    "tests/entrypoint/test_measurement.py": frozenset({"test_tiny_run_reports_measurements_curves_and_tensorboard"}),
-    "tests/entrypoint/test_notify.py": frozenset({
-        "test_bad_input_before_training_sends_failed_without_a_step",  # 32 s in the 2026-11-27 measurement below
-        "test_local_run_sends_started_and_finished_with_a_bearer_token_no_file_holds",
-        "test_a_run_that_raises_after_start_sends_failed_through_the_command",
-        "test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed",
-    }),
-    # Real wandb (offline) and MLflow (SQLite) runs: a 2-rank local job stopped and resubmitted, a requeue, a failure.
-    "tests/entrypoint/test_tracking.py": ALL,
-    # Each imports Lightning in a `jobgen validate --import` process (~6 s of CPU on a 2-core
-    # Xeon, load 2): 13 such tests were 79 s of the quick tier's 270 s of CPU. The quick tier
-    # keeps a passing import (the example package) and a failing one through submit.
-    "tests/unit/test_validate_import.py": frozenset({
-        "test_validate_import_failures_exit_2_with_path_and_hint",
-        "test_data_module_of_the_wrong_base_is_refused",
-        "test_validate_import_passes_for_another_librarys_module_with_a_note",
-        "test_validate_import_finds_a_module_at_the_repository_root",
-    }),
-    # The pod lab's image builds (kubeimage.py's small variant three times, ~15 s each on
-    # 2 loaded cores; the full image, opt-in, minutes cold) and the runc run of the full one.
-    "tests/integration/k8s/test_kubeimage.py": frozenset({
-        "test_small_image_builds_are_identical",
-        "test_small_image_layout_is_valid_oci",
-        "test_small_image_holds_a_runnable_tree_and_no_staging_names",
-        "test_full_image_imports_and_trains_under_runc",
-    }),
-    "tests/entrypoint/test_preflight.py": frozenset({
-        "test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_process_group",
-        "test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node",
-        "test_a_complete_run_skips_the_preflight_and_says_so",
-    }),
-    # Measured 2026-11-27 with --durations on a loaded 2-core AMD EPYC (the quick tier took 713 s):
-    # test_resume_layout's module-scoped trainings 309 s of setup and 168 s of calls, on one worker
-    # (a module stays on one: tests/conftest.py xdist_unit), were most of the quick tier's tail.
-    "tests/entrypoint/test_resume_layout.py": ALL,
-    "tests/entrypoint/test_run_dir_identity.py": frozenset({"test_the_entrypoint_refuses_another_profiles_run_directory"}),  # 63 s
-    # 2-rank trainings with a rank stopped (torchrun's 30 s grace before its SIGKILL of it), restarted, or slow: 36-70 s each.
-    "tests/entrypoint/test_watchdog.py": ALL,
-}
-
-
-def is_slow(module: str, function: str) -> bool:
-    """Whether test ``function`` of ``module`` (a path relative to the repository) is in :data:`SLOW_TESTS`."""
-    names = SLOW_TESTS.get(module)
-    return names is not None and (names == ALL or function in names)
+#: The marker of the tests left out of the quick tier (README "Test tiers"), set on the tests
+#: themselves (``@pytest.mark.slow``, or ``pytestmark`` for a whole module): those that start
+#: training processes, torchrun agents, image builds or a whole-site mkdocs build, each tens of
+#: seconds on a loaded 2-core machine (``--durations``), where every other test takes under 10 s.
+#: Registered in setup.cfg; ``--strict-markers`` refuses a misspelt one, and tests/test_markers.py
+#: refuses one placed where pytest ignores it.
+SLOW = "slow"
 
 
 #: Where the lab tests live (``tests/integration/<lab>/``): the xdist scheduler below keeps
@@ -232,14 +136,11 @@ def xdist_unit(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`, and ``slow`` to
-    those of :data:`SLOW_TESTS`; note each test's tier (:func:`tier_of`) in its user properties."""
+    """Add the ``lab`` marker to every test carrying one of :data:`LAB_MARKERS`; note each test's
+    tier (:func:`tier_of`) in its user properties."""
     for item in items:
         if any(item.get_closest_marker(name) for name in LAB_MARKERS):
             item.add_marker(pytest.mark.lab)
-        function = getattr(item, "originalname", None) or item.name
-        if item.path.is_relative_to(REPO) and is_slow(item.path.relative_to(REPO).as_posix(), function):
-            item.add_marker(pytest.mark.slow)
         item.user_properties.append((TIER_PROPERTY, tier_of(item)))
 
 
@@ -260,7 +161,7 @@ def tier_of(item: pytest.Item) -> str:
     if item.get_closest_marker("k8s_lab"):
         nodes = K8S_NODE_FIXTURES & set(getattr(item, "fixturenames", ()))
         return "lab: Kubernetes nodes" if nodes else "lab: Kubernetes API server"
-    return "slow" if item.get_closest_marker("slow") else "quick"
+    return "slow" if item.get_closest_marker(SLOW) else "quick"
 
 
 #: Per tier: [tests, first start, last stop, summed seconds] of the reports the session has seen.

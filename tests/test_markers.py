@@ -1,6 +1,6 @@
-"""The test tiers (README "Test tiers"): every name in tests/conftest.py's SLOW_TESTS is a test
-function of its module (a renamed or deleted test must leave the list), and the markers reach
-the tests pytest collects."""
+"""The test tiers (README "Test tiers"): the ``slow`` marker sits on the tests themselves
+(``@pytest.mark.slow`` or a module's ``pytestmark``) and only where pytest reads it, a misspelt
+marker is refused (``--strict-markers``), and ``-m`` selects the tiers from those markers."""
 
 from __future__ import annotations
 
@@ -9,33 +9,88 @@ import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.conftest import ALL, REPO, SLOW_TESTS, is_slow
+import pytest
 
-
-def _test_functions(module: str) -> set[str]:
-    tree = ast.parse((REPO / module).read_text())
-    return {node.name for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")}
+from tests.conftest import REPO, SLOW
 
 
-def test_every_slow_test_named_exists():
-    for module, names in SLOW_TESTS.items():
-        assert (REPO / module).is_file(), f"SLOW_TESTS names {module}, which does not exist"
-        functions = _test_functions(module)
-        if names == ALL:
-            assert functions, f"{module} has no tests"
-        else:
-            assert names <= functions, f"SLOW_TESTS names {sorted(names - functions)}, not tests of {module}"
+def _is_slow_mark(node: ast.AST) -> bool:
+    """``<anything>.mark.slow`` (``pytest.mark.slow``), called or not."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return isinstance(node, ast.Attribute) and node.attr == SLOW and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
 
 
-def test_is_slow():
-    module, names = next((m, n) for m, n in SLOW_TESTS.items() if n != ALL)
-    assert is_slow(module, next(iter(names)))
-    assert not is_slow(module, "test_not_listed")
-    assert not is_slow("tests/unit/test_render.py", "test_anything")
-    whole = next(m for m, n in SLOW_TESTS.items() if n == ALL)
-    assert is_slow(whole, "test_anything")
+def _marks_in(node: ast.AST) -> list[ast.AST]:
+    return [sub for sub in ast.walk(node) if _is_slow_mark(sub)]
+
+
+def _is_pytestmark(node: ast.AST) -> bool:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets)
+
+
+def slow_marks(tree: ast.Module) -> tuple[bool, set[str], list[int]]:
+    """Where a module's source puts the ``slow`` marker: (the module's ``pytestmark`` holds it,
+    the test functions and ``Test*`` classes decorated with it, the lines of any other
+    ``pytest.mark.slow``: on a fixture or helper, a class's or a misspelt module variable,
+    where pytest never reads it)."""
+    read: set[int] = set()
+    whole = False
+    for node in tree.body:
+        if _is_pytestmark(node) and _marks_in(node.value):
+            whole = True
+            read |= {id(mark) for mark in _marks_in(node.value)}
+    decorated: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            named = node.name.startswith("test_") if not isinstance(node, ast.ClassDef) else node.name.startswith("Test")
+            for decorator in node.decorator_list:
+                if _is_slow_mark(decorator) and named:
+                    decorated.add(node.name)
+                    read.add(id(decorator if not isinstance(decorator, ast.Call) else decorator.func))
+                    read.add(id(decorator))
+    stray = [mark.lineno for mark in _marks_in(tree) if id(mark) not in read]
+    return whole, decorated, sorted(set(stray))
+
+
+def _test_modules() -> list[Path]:
+    return sorted(path for path in (REPO / "tests").rglob("*.py") if path.name.startswith("test_"))
+
+
+def test_every_slow_mark_sits_where_pytest_reads_it():
+    """A ``pytest.mark.slow`` on a fixture, a helper or a misspelt ``pytestmark`` would silently
+    leave a slow test in the quick tier: each must decorate a test function or ``Test*`` class,
+    or be the module's ``pytestmark`` (or in its list)."""
+    stray = {}
+    whole_modules = 0
+    for path in _test_modules():
+        whole, decorated, lines = slow_marks(ast.parse(path.read_text()))
+        whole_modules += whole
+        if lines:
+            stray[path.relative_to(REPO).as_posix()] = lines
+    assert not stray, f"pytest.mark.slow where pytest does not read it (file: lines): {stray}"
+    assert whole_modules, "no module marks all its tests slow: the search above found nothing"
+
+
+def test_the_checks_above_catch_a_stray_or_misplaced_mark():
+    """:func:`slow_marks` on sources that place the marker right and wrong."""
+    right = ast.parse("import pytest\npytestmark = [pytest.mark.usefixtures('x'), pytest.mark.slow]\n"
+                      "@pytest.mark.slow\n@pytest.mark.parametrize('a', [1])\ndef test_a(a): pass\n"
+                      "@pytest.mark.slow\nclass TestB:\n    def test_c(self): pass\n")
+    assert slow_marks(right) == (True, {"test_a", "TestB"}, [])
+    wrong = ast.parse("import pytest\npytest_mark = pytest.mark.slow\n"
+                      "@pytest.fixture\n@pytest.mark.slow\ndef trained(): pass\n"
+                      "def test_d():\n    pytest.mark.slow\n")
+    assert slow_marks(wrong) == (False, set(), [2, 4, 7])
+
+
+def test_an_unknown_marker_is_refused(pytestconfig: pytest.Config):
+    """``--strict-markers`` (setup.cfg's addopts): a misspelt marker (``@pytest.mark.slwo``) is a
+    collection error, not a marker that selects nothing."""
+    assert "--strict-markers" in pytestconfig.getini("addopts"), pytestconfig.getini("addopts")
+    assert any(line.startswith(f"{SLOW}:") for line in pytestconfig.getini("markers"))
 
 
 #: A pytest plugin for the collection below: it prints each test that ``-m`` leaves out.
@@ -47,7 +102,7 @@ def pytest_deselected(items):
 
 
 def test_quick_tier_leaves_out_the_labs_and_the_slow_tests(tmp_path):
-    """Collected with -m "not lab and not slow": no lab test and no listed slow test is left. One
+    """Collected with -m "not lab and not slow": no lab test and no test marked slow is left. One
     collection (a pytest run imports torch and more: seconds) gives both sets: the tests it keeps
     and, through the plugin above, those ``-m`` deselected."""
     (tmp_path / "jobgen_deselected.py").write_text(DESELECTED_PLUGIN)
@@ -70,7 +125,8 @@ def test_quick_tier_leaves_out_the_labs_and_the_slow_tests(tmp_path):
     assert any("test_kubelab_ports.py" in t for t in quick), quick
     names = {t.split("::")[1].split("[")[0] for t in everything if partly in t}
     kept = {t.split("::")[1].split("[")[0] for t in quick if partly in t}
-    assert kept == {n for n in names if not is_slow(partly, n)} and kept and kept != names
+    _, slow, _ = slow_marks(ast.parse((REPO / partly).read_text()))
+    assert kept == names - slow and kept and kept != names
 
 
 def test_the_xdist_units_keep_each_lab_on_one_worker_and_a_training_module_together():

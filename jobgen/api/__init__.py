@@ -167,13 +167,43 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
             ignore_run_dir(job_dir.parent)
         try:
+            _write_predictions(job_dir, target.cluster_profile, target.spec_file, echo, _planned_specs(target))
             return backend.submit(job_dir, options, echo, plan=target)
         except BaseException:
             before.undo_unless_submitted()  # refused before queueing: leave no job directory behind
             raise
     job_dir = Path(target)
     backend = get_backend(read_resolved_spec(job_dir).launch.scheduler)
-    return backend.submit(job_dir, options, echo)
+    before = DirUndo.capture(job_dir)
+    try:
+        _write_predictions(job_dir, None, None, echo, None)
+        return backend.submit(job_dir, options, echo)
+    except BaseException:
+        if not before.submitted():  # the prediction as it was: nothing else of a rendered directory is written here
+            before.restore_prediction()
+        raise
+
+
+def _planned_specs(job_plan: JobPlan) -> dict[str, Any]:
+    """The resolved specs a plan writes, by file (``spec.json``; a job array's ``points/<i>/spec.json``
+    parsed from the plan's own text), so that the prediction does not read back what submit wrote."""
+    from jobgen.jobdir.files import SPEC_FILE
+    from jobgen.jobdir.spec import ResolvedSpec
+
+    if job_plan.resolved is not None:
+        return {SPEC_FILE: job_plan.resolved}
+    return {name: ResolvedSpec.model_validate_json(text) for name, text in job_plan.files if name.endswith(f"/{SPEC_FILE}")}
+
+
+def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file: str | None, echo: Echo,
+                       resolved: dict[str, Any] | None) -> None:
+    """The time model's prediction beside each spec.json of ``job_dir``
+    (:func:`jobgen.planning.prediction.write_predictions`), said through ``echo``: the step time,
+    the wall time to max_steps and the cost, or why there is none."""
+    from jobgen.planning.prediction import describe, write_predictions
+
+    for path in write_predictions(job_dir, profile, spec_source=spec_file or "spec", resolved_specs=resolved):
+        echo(f"prediction: {describe(path)}")
 
 
 def status(job: str) -> JobStatus:
@@ -185,13 +215,22 @@ def status(job: str) -> JobStatus:
 def progress(job: str) -> Progress | None:
     """Where ``job``'s run is (:func:`jobgen.reports.progress.read_progress`): its run directory from
     the handle (local) or the submission record, its ``max_steps`` and tokens per step from
-    spec.json; ``None`` when this machine cannot read the run directory (a Kubernetes run's is in
-    its pods) or no step is logged yet."""
+    spec.json; a Kubernetes run's (its directory is in its pods) from the last progress line of its
+    rank-zero pod's log (:func:`jobgen.backends.k8s_progress.pod_progress`). ``None`` when this
+    machine cannot read the run directory, no step is logged yet, or the pod's log cannot be read.
+
+    Raises:
+        SubmitError: the Kubernetes API server cannot be reached.
+    """
     from jobgen.jobdir.files import SPEC_FILE
     from jobgen.jobdir.submission import find_submission
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
+    if handle.scheduler == "kubernetes":
+        from jobgen.backends.k8s_progress import pod_progress
+
+        return pod_progress(handle)
     try:
         record = find_submission(handle)
     except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
@@ -242,10 +281,14 @@ class ListedJob:
         status: the backend's answer; ``None`` when it could not be asked (``stale`` says why).
         name: the job name (from the job directory's spec.json), if it is still readable.
         num_nodes, devices_per_node, accelerator: the world the job directory asked for, if readable.
-        max_restarts: the spec's restart budget (``restart.max_restarts`` in the job directory's
-            spec.json), if readable.
         stale: why the state shown is only the record's (the cluster could not be reached, or
             the job directory is gone), else ``None``.
+        progress: a running job's progress (:func:`progress`: step, ETA), else ``None``.
+        prediction: a finished run's ``summary.json`` prediction (``measured_over_predicted``
+            per figure, ``available``: :func:`jobgen.planning.prediction.ratio_of_summary`), else ``None``.
+        prediction_note: why a summary's prediction cannot be shown (names the file), else ``None``.
+        max_restarts: the spec's restart budget (``restart.max_restarts`` in the job directory's
+            spec.json), if readable.
     """
 
     record: Submission
@@ -255,6 +298,9 @@ class ListedJob:
     devices_per_node: int | None
     accelerator: str | None
     stale: str | None
+    progress: Progress | None = None
+    prediction: dict[str, Any] | None = None
+    prediction_note: str | None = None
     max_restarts: int | None = None
 
     @property
@@ -288,6 +334,9 @@ class ListedJob:
             "usage": None if self.status is None or self.status.usage is None else self.status.usage.to_json(),
             "stale": self.stale, "restarts": {"used": self.restarts_used, "max_restarts": self.restart_budget},
             "sweep": None if self.record.sweep is None else self.record.sweep.model_dump(mode="json"),
+            "progress": None if self.progress is None else self.progress.to_json(),
+            "measured_over_predicted": None if self.prediction is None else self.prediction["measured_over_predicted"],
+            "prediction_note": self.prediction_note,
             **({"tasks": self.tasks()} if self.record.array else {}),
         }
 
@@ -357,10 +406,30 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
             status, stale = get_backend(handle.scheduler).status(handle), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
-        row = ListedJob(record, status, name, *world, stale, budget)
+        row = ListedJob(record, status, name, *world, stale, *_timing(record, status), max_restarts=budget)
         if not wanted or row.state.upper() in wanted:
             rows.append(row)
     return rows
+
+
+def _timing(record: Submission, status: JobStatus | None) -> tuple[Progress | None, dict[str, Any] | None, str | None]:
+    """``jobgen ls``'s timing of one job: a running job's progress (its ETA), or a finished run's
+    measured / predicted from its ``summary.json`` (where this machine can read it) and why it
+    cannot be shown; nothing for a job array (its tasks have run directories of their own)."""
+    from jobgen.jobdir.files import SUMMARY_FILE
+    from jobgen.planning.prediction import ratio_of_summary
+
+    if status is None or record.array or record.callable is not None:
+        return None, None, None
+    if status.state == "RUNNING":
+        try:
+            return progress(record.handle), None, None
+        except JobgenError:  # the progress is extra: a source that cannot be read leaves the row as it is
+            return None, None, None
+    if status.state != "COMPLETED" or JobHandle.parse(record.handle).scheduler == "kubernetes":
+        return None, None, None
+    block, note = ratio_of_summary(Path(record.run_dir) / SUMMARY_FILE)
+    return None, block, note
 
 
 def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: PathLike | None = None, **overrides: Any) -> Any:

@@ -14,13 +14,13 @@ from typing import Any
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError
-from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, SBATCH_FILE, SPEC_FILE
+from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, HANG_NODES_FILE, SBATCH_FILE, SPEC_FILE
 from jobgen.jobdir.world import World
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, WORKDIR_ENV, target_argv
 from jobgen.planning.environment import export_problem
 from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.planning.render import ShellText, sh_quote
-from jobgen.reports.failure_class import CLASSES, SRUN_WORD_CODES, task_exit_classes
+from jobgen.reports.failure_class import CLASSES, EXIT_HUNG, SRUN_WORD_CODES, task_exit_classes
 from jobgen.specs.profile import SlurmSettings
 from jobgen.specs.training import TrainingSpec
 
@@ -259,13 +259,16 @@ def restart_values(spec: TrainingSpec) -> dict[str, Any] | None:
     ``restart``), or None when ``restart.max_restarts`` is 0 (the script then ends with srun's
     status, as without a budget): the budget, ``exclude_failed_nodes``, the class of each task
     exit code (:func:`~jobgen.reports.failure_class.task_exit_classes`), srun's words for a
-    task's end with their codes (:data:`~jobgen.reports.failure_class.SRUN_WORD_CODES`) and the
-    classes in precedence order."""
+    task's end with their codes (:data:`~jobgen.reports.failure_class.SRUN_WORD_CODES`), the
+    classes in precedence order, and the hang's exit code with the file where the watchdog names
+    the nodes whose heartbeat stopped first (:data:`~jobgen.jobdir.files.HANG_NODES_FILE`, relative
+    to the run directory)."""
     r = spec.restart
     if r.max_restarts == 0:
         return None
     return {"max_restarts": r.max_restarts, "exclude_failed_nodes": r.exclude_failed_nodes,
-            "code_classes": task_exit_classes(), "word_codes": SRUN_WORD_CODES, "classes": CLASSES}
+            "code_classes": task_exit_classes(), "word_codes": SRUN_WORD_CODES, "classes": CLASSES,
+            "exit_hung": EXIT_HUNG, "hang_nodes_file": HANG_NODES_FILE}
 
 
 def sbatch_directives(ctx: PlanContext) -> list[tuple[str, str | None]]:

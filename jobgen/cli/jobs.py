@@ -28,9 +28,12 @@ from jobgen.reports.triage import format_triage
 def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     """List every job submitted from this machine (newest first), each refreshed from its
     scheduler: state, nodes x devices, start, elapsed and GPU-hours (CPU-hours on CPU
-    clusters; cost when the profile has gpu_hour_price), and RESTARTS (used/budget) once a
-    job has a restart budget: jobgen's own restarts of a local or ssh run, the launch wrapper's
-    or the pods' count on Kubernetes, SLURM's requeue count (every requeue, whatever its cause).
+    clusters; cost when the profile has gpu_hour_price). ETA / VS PREDICTED: a running job's
+    ETA (as `jobgen status` shows it), a finished run's measured step time over the one
+    predicted at submit (its summary.json, where this machine can read it; docs/predict.md).
+    RESTARTS (used/budget) once a job has a restart budget: jobgen's own restarts of a local or
+    ssh run, the launch wrapper's or the pods' count on Kubernetes, SLURM's requeue count (every
+    requeue, whatever its cause).
 
     \b
     The list comes from jobgen's state index (~/.local/state/jobgen, $JOBGEN_STATE_DIR).
@@ -58,25 +61,46 @@ def ls(cluster: str | None, states: tuple[str, ...], output: str) -> None:
     sweeps = any(row.record.sweep is not None for row in rows)  # a SWEEP column only when some job has one
     # a RESTARTS column ("<used>/<budget>") only when some job has a budget or was restarted
     restarts = any(row.restart_budget or row.restarts_used for row in rows)
-    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST")
+    table = [("HANDLE", "NAME", "STATE", "NODES x DEV", "STARTED (UTC)", "ELAPSED", "DEVICE TIME", "COST", "ETA / VS PREDICTED")
              + (("RESTARTS",) if restarts else ()) + (("SWEEP",) if sweeps else ())]
     for row in rows:
         world = f"{row.num_nodes} x {row.devices_per_node} {row.accelerator}" if row.num_nodes else "-"
         name = (row.name or "-") + (f" (array of {len(row.record.array)})" if row.record.array else "")
         sweep = ((row.record.sweep.id if row.record.sweep is not None else "-"),) if sweeps else ()
         used = ((f"{_or_dash(row.restarts_used)}/{_or_dash(row.restart_budget)}",) if restarts else ())
-        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None), *used,
-                      *sweep))
+        table.append((row.record.handle, name, row.state, world, *_usage_cells(row.status.usage if row.status else None),
+                      _timing_cell(row), *used, *sweep))
         task_usage = {t.handle.array_task: t.usage for t in row.status.tasks} if row.status is not None else {}
         for task in row.tasks() if row.record.array else ():  # a job array's tasks, under it
             table.append((f"  {task['handle']}", f"  {task['name']}", task["state"], world, *_usage_cells(task_usage.get(task["index"])),
-                          *(("",) if restarts else ()), *sweep))
+                          "-", *(("",) if restarts else ()), *sweep))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     for row in rows:
         if row.stale:
             click.echo(f"note: {row.record.handle}: {row.stale}")
+        if row.prediction_note:
+            click.echo(f"note: {row.record.handle}: prediction n/a: {row.prediction_note}")
+
+
+def _timing_cell(row: api.ListedJob) -> str:
+    """``jobgen ls``'s ETA / VS PREDICTED cell: a running job's ETA (or its step), a finished run's
+    measured / predicted step time (``1.18x step time``: 18% slower than predicted), ``no prediction``, ``n/a``
+    (a summary whose prediction cannot be shown: a note says why) or ``-``."""
+    prog = row.progress
+    if prog is not None:
+        if prog.eta_s is not None:
+            return f"ETA {_duration(prog.eta_s)}"
+        return f"step {prog.step}/{prog.max_steps if prog.max_steps is not None else '?'}"
+    if row.prediction_note:
+        return "n/a"
+    if row.prediction is not None:
+        ratio = row.prediction["measured_over_predicted"].get("step_s")
+        if ratio is not None:
+            return f"{ratio:.2f}x step time"
+        return "no prediction" if not row.prediction["available"] else "-"
+    return "-"
 
 
 def _or_dash(value: int | None) -> str:
@@ -126,9 +150,10 @@ def status(job: str, output: str, as_json: bool) -> None:
     restart_<n>: class, reason), on Kubernetes the launch wrapper's count from the head of each
     pod's log, else the pods' restartCount (restarts_source says which), or SLURM's count of
     its requeues (docs/failures.md).
-    Progress, where this machine can read the run directory (local; SLURM and ssh on a shared
-    filesystem; not Kubernetes): the step of max_steps, tokens/s of the last log interval and the
-    ETA at that rate, from the run's metrics.csv (docs/predict.md).
+    Progress: the step of max_steps, tokens/s of the last log interval and the ETA at that rate,
+    from the run's metrics.csv where this machine can read the run directory (local; SLURM and
+    ssh on a shared filesystem), or on Kubernetes from the last progress line of the rank-zero
+    pod's log (docs/predict.md).
     -o json: {"handle", "state", "source", "details", "usage", "failure", "progress"} (failure adds
     "max_restarts"; a job array adds "tasks"; progress null where not readable); a scheduler that
     cannot be asked is an error (exit 1), as JSON too.
@@ -163,8 +188,9 @@ def status(job: str, output: str, as_json: bool) -> None:
     if prog is not None:
         rate = f", {prog.tokens_per_s:,.0f} tokens/s (last log interval)" if prog.tokens_per_s is not None else ""
         eta = ("" if prog.eta_s is None else ", max_steps reached" if prog.eta_s == 0 else f", ETA {_duration(prog.eta_s)}")
+        where = f"{printable(prog.source)} line" if prog.source.startswith("pod ") else "metrics.csv"  # Kubernetes: rank zero's log
         click.echo(f"  progress: step {prog.step}/{prog.max_steps if prog.max_steps is not None else '?'}{rate}{eta} "
-                   f"(metrics.csv written {_duration(prog.updated_s_ago)} ago)")
+                   f"({where} written {_duration(prog.updated_s_ago)} ago)")
     for task in st.tasks:  # a SLURM job array: one line per task
         shown = ", ".join(f"{printable(k)} {printable(v)}" for k, v in sorted(task.details.items()) if v not in ("", "None") and k != "name")
         click.echo(f"  {task.handle}  {task.state}  {printable(task.details.get('name', ''))}  ({task.source}{'; ' + shown if shown else ''})")

@@ -19,6 +19,9 @@ Files (``OWNED_FILES``: jobgen removes a stale one when a re-render no longer pl
   state, not a rendered file: GitOps repos ignore it). A Python callable submitted through
   submitit (``jobgen.api.executor``) has no job directory: its record, marked by
   :class:`CallableJob`, lives in submitit's folder for the job.
+- ``.jobgen-prediction.json`` — the time model's prediction, written by ``jobgen submit`` beside
+  each ``spec.json`` (:data:`PREDICTION_FILE`, :mod:`jobgen.planning.prediction`; runtime state
+  like the record); the entrypoint copies it into ``summary.json``.
 
 A SLURM job array (a sweep on a profile with ``slurm.sweep_as_array``) is one job directory named
 after the sweep's base name: ``job.sbatch`` (``#SBATCH --array``), ``array.json``
@@ -65,6 +68,7 @@ from jobgen.jobdir.files import (
     OWNED_FILES,
     POINT_FILES,
     POINTS_DIR,
+    PREDICTION_FILE,
     PYTORCHJOB_FILE,
     RUN_DIR_GITIGNORE,
     RUN_IDENTITY_FILE,
@@ -164,6 +168,7 @@ __all__ = [
     "OWNED_FILES",
     "POINTS_DIR",
     "POINT_FILES",
+    "PREDICTION_FILE",
     "PYTORCHJOB_FILE",
     "RUN_DIR_GITIGNORE",
     "RUN_IDENTITY_FILE",

@@ -30,6 +30,10 @@ LAUNCH_FILE = "launch.sh"
 SUBMISSION_FILE = ".jobgen-submission.json"
 #: Written by the entrypoint into the run directory when training ends.
 SUMMARY_FILE = "summary.json"
+#: Beside each spec.json of a submitted job directory: the time model's prediction made at submit
+#: (:mod:`jobgen.planning.prediction`; submit-time state like the record: GitOps repos ignore
+#: ``**/.jobgen-prediction.json``); the entrypoint copies it into summary.json.
+PREDICTION_FILE = ".jobgen-prediction.json"
 #: The code snapshots of a run: ``<run dir>/code/<commit>[-dirty-<diff sha256, 12 hex>]/``.
 CODE_SUBDIR = "code"
 #: In a code snapshot's root: :class:`CodeSnapshot` (what the snapshot is; read by the entrypoint).
@@ -73,6 +77,9 @@ LOCAL_RUN_FILE = ".jobgen-local-run.json"
 #: Python stacks (``stacks-rank<N>.txt``), in :data:`HANG_DIR` (jobgen.train.watchdog).
 HANG_DIR = "hang"
 HANG_VERDICT_FILE = f"{HANG_DIR}/verdict.json"
+#: Written with the verdict: the node names of the ranks whose heartbeat stopped first, one per
+#: line (plain text, for the SLURM batch script, which excludes the first on a restart).
+HANG_NODES_FILE = f"{HANG_DIR}/stopped-nodes"
 
 #: A job array's index of points (:class:`ArrayIndex`), beside its ``job.sbatch``.
 ARRAY_INDEX_FILE = "array.json"
@@ -192,9 +199,10 @@ def _names_ds_config(spec_file: Path) -> bool:
 
 def is_jobgen_output(path: Path) -> bool:
     """True when ``path`` is a file jobgen wrote that is not the user's code: a rendered file
-    (:func:`is_generated`) or a submission record (:data:`SUBMISSION_FILE`). The code snapshot's
-    dirty-tree check skips them (:func:`jobgen.usercode.snapshot.changes`): jobgen's outputs never block jobgen."""
-    return path.name == SUBMISSION_FILE or is_generated(path)
+    (:func:`is_generated`), a submission record (:data:`SUBMISSION_FILE`) or a prediction
+    (:data:`PREDICTION_FILE`). The code snapshot's dirty-tree check skips them
+    (:func:`jobgen.usercode.snapshot.changes`): jobgen's outputs never block jobgen."""
+    return path.name in (SUBMISSION_FILE, PREDICTION_FILE) or is_generated(path)
 
 
 def ignore_run_dir(run_dir: Path) -> None:
@@ -267,7 +275,7 @@ class DirUndo:
     Only what jobgen writes is touched: a directory that did not exist is removed with what is
     in it (and its parents that were created with it, while empty or holding only the run
     directory's :data:`RUN_DIR_GITIGNORE`); in one that existed, the
-    rendered files (:func:`owned_files`) are put back as they were and new ones removed (a new
+    rendered files (:func:`owned_files`) and the :data:`PREDICTION_FILE` are put back as they were and new ones removed (a new
     :data:`TRACKING_FILE` and a new :data:`RUN_IDENTITY_FILE` too). A
     submission record (:data:`SUBMISSION_FILE`) that appeared or changed means the job was
     queued or started: then nothing is undone (:meth:`undo_unless_submitted`).
@@ -281,14 +289,18 @@ class DirUndo:
     """Whether the directory held a :data:`TRACKING_FILE` (one made by a submit that did not go ahead is removed)."""
     had_identity: bool = True
     """Whether the directory held a :data:`RUN_IDENTITY_FILE` (one claimed by a submit that did not go ahead is removed)."""
+    prediction: bytes | None = None
+    """The directory's :data:`PREDICTION_FILE` before (put back; a new one is removed)."""
 
     @classmethod
     def capture(cls, path: Path) -> DirUndo:
         """The state of ``path`` now (call it before writing)."""
         files = tuple((name, (path / name).read_bytes(), (path / name).stat().st_mode & 0o777) for name in owned_files(path))
         record = path / SUBMISSION_FILE
+        prediction = path / PREDICTION_FILE
         return cls(path, tuple(new_dirs(path)), files, record.read_bytes() if record.is_file() else None,
-                   (path / TRACKING_FILE).exists(), (path / RUN_IDENTITY_FILE).exists())
+                   (path / TRACKING_FILE).exists(), (path / RUN_IDENTITY_FILE).exists(),
+                   prediction.read_bytes() if prediction.is_file() else None)
 
     def submitted(self) -> bool:
         """Whether a submission record was written since :meth:`capture`."""
@@ -312,6 +324,7 @@ class DirUndo:
             (self.path / TRACKING_FILE).unlink(missing_ok=True)
         if not self.had_identity:
             (self.path / RUN_IDENTITY_FILE).unlink(missing_ok=True)
+        self.restore_prediction()
         before = {name: (data, mode) for name, data, mode in self.files}
         for name in owned_files(self.path):
             if name not in before:
@@ -322,6 +335,13 @@ class DirUndo:
             target.write_bytes(data)
             target.chmod(mode)
         remove_empty_point_dirs(self.path)
+
+    def restore_prediction(self) -> None:
+        """Put the :data:`PREDICTION_FILE` back as :meth:`capture` found it (removed when there was none)."""
+        if self.prediction is None:
+            (self.path / PREDICTION_FILE).unlink(missing_ok=True)
+        else:
+            (self.path / PREDICTION_FILE).write_bytes(self.prediction)
 
     def undo_unless_submitted(self) -> None:
         """:meth:`undo`, unless the job was queued or started (a submission record was written)."""

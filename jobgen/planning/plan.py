@@ -153,6 +153,8 @@ class JobPlan:
         placeholders: the profile's example values still in force
             (:func:`jobgen.specs.profile.example_values`): a real submit refuses the plan
             (:func:`jobgen.api.submit`); dry runs and renders take it. Not compared, not rendered.
+        cluster_profile: the profile the plan was made on, for what submit computes from it
+            (the prediction, :mod:`jobgen.planning.prediction`); None where unknown. Not compared, not rendered.
     """
 
     scheduler: str
@@ -168,6 +170,7 @@ class JobPlan:
     spec_file: str | None = None
     resolved: ResolvedSpec | None = dataclasses.field(default=None, compare=False, repr=False)
     placeholders: tuple[tuple[str, str, Placeholder], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    cluster_profile: ClusterProfile | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def job_subdir(self) -> Path:
@@ -344,6 +347,7 @@ def plan(
         job_plan = dataclasses.replace(job_plan, warnings=(*job_plan.warnings, *warnings))
     if profile.placeholders:
         job_plan = dataclasses.replace(job_plan, placeholders=example_values(profile))
+    job_plan = dataclasses.replace(job_plan, cluster_profile=profile)
     return dataclasses.replace(job_plan, spec_file=spec_file) if spec_file is not None else job_plan
 
 

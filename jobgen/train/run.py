@@ -14,7 +14,8 @@ Run directory layout (``<run_dir>``)::
                                                default database (``wandb`` / ``mlflow`` in ``trainer.loggers``)
     hang/verdict.json, hang/stacks-rank<N>.txt the watchdog's verdict and every live rank's Python stacks (a hung job)
     summary.json                               final step, val_loss, throughput, MFU, peak memory, checkpoints, code,
-                                               the trackers' runs (``tracking``)
+                                               the trackers' runs (``tracking``), the prediction beside what was
+                                               measured (``prediction``)
     code/<commit>[-dirty-<sha>]/               the code snapshot jobgen submit took (SLURM, local; $JOBGEN_CODE_DIR)
     curves.png                                 loss and tokens/s over steps, all versions (rank zero, at the end)
 """
@@ -40,6 +41,7 @@ from lightning.pytorch.loggers import CSVLogger
 from jobgen.errors import ConfigError
 from jobgen.jobdir.files import write_atomic
 from jobgen.jobdir.runs import check_run_dir
+from jobgen.planning.prediction import summary_block
 from jobgen.reports.usage import run_usage
 from jobgen.train.build import DataSources, build_datamodule, build_module
 from jobgen.train.callbacks import TRACE_STEPS_ENV, RequeueOnSignal, StepTrace, Throughput, trace_steps
@@ -297,6 +299,9 @@ def train(
                 # W&B / MLflow runs (jobgen.train.tracking.TrackerLogger.describe): ids, URLs or paths.
                 **({"tracking": tracker.describe()} if tracker is not None else {}),
             }
+            # The time model's prediction made at submit, what this run measured and measured / predicted
+            # (jobgen.planning.prediction); null without a prediction file beside spec.json.
+            summary["prediction"] = summary_block(spec_path, summary, resolved.inputs_sha256)
             summary = recorded_restarts(summary, resolved.spec.restart.max_restarts)
             write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
             _print_summary(summary, paths)

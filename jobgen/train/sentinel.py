@@ -124,14 +124,26 @@ class Watch:
                 "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+@dataclass(frozen=True)
+class System:
+    """What the sentinel asks of the system: a monotonic clock (seconds), its parent's pid, a
+    signal sender and the stream for the verdict line. Tests pass their own."""
+
+    clock: Callable[[], float] = time.monotonic
+    parent: Callable[[], int] = os.getppid
+    kill: Callable[[int, int], None] = os.kill
+    err: IO[str] | None = None  # None: sys.stderr at the time of the write
+
+
 def watch(pipe: IO[bytes], pid: int, host: str, run_dir: Path, limit_s: float, interval_s: float,
-          clock: Callable[[], float] = time.monotonic, parent: Callable[[], int] = os.getppid,
-          kill: Callable[[int, int], None] = os.kill, err: IO[str] = sys.stderr) -> int:
+          system: System = System()) -> int:
     """Watch the rank ``pid`` on ``host`` through ``pipe`` (its heartbeat lines); returns this
     process's exit code: 0 when the pipe closed, the rank said done or the parent is gone, :data:`EXIT_KILLED` after
     ending a hung rank (see the module docstring). ``interval_s``: how long one wait lasts."""
     from jobgen.jobdir.files import HANG_VERDICT_FILE, write_atomic
 
+    clock, parent, kill = system.clock, system.parent, system.kill
+    err = system.err if system.err is not None else sys.stderr
     state = Watch(limit_s, clock())
     buffered = b""
     fd = pipe.fileno()

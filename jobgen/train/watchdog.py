@@ -77,7 +77,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from jobgen.jobdir.files import HANG_DIR, HANG_VERDICT_FILE
+from jobgen.jobdir.files import HANG_DIR, HANG_NODES_FILE, HANG_VERDICT_FILE
 from jobgen.reports.failure_class import EXIT_HUNG, HANG_VERDICT
 
 TRAIN, VALIDATE, CHECKPOINT, DONE = "train", "validate", "checkpoint", "done"
@@ -411,7 +411,8 @@ class WatchThread:
         self.hang_timeout_s, self.factor = float(hang_timeout_s), float(factor)
         self.interval_s = tick_seconds(self.hang_timeout_s)
         self.run_dir, self.address, self._exit = run_dir, address, exit
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid = node_name(), os.getpid()
+        self.started_at = time.time()  # a verdict written since then is this start's (write_verdict)
         self.step, self.phase = 0, TRAIN
         self.straggler_factor = float(straggler_factor)
         self.compute: deque[float] = deque(maxlen=COMPUTE_SAMPLES)
@@ -523,7 +524,6 @@ class WatchThread:
     def _end(self, text: str, decided: bool, doc: dict[str, Any] | None = None, store_ok: bool = True) -> None:
         """Dump this rank's stacks, say so, and exit :data:`EXIT_HUNG` (the decider first writes
         the verdict and waits a few ticks for the other ranks' dumps)."""
-        from jobgen.jobdir.files import write_atomic
 
         hang = self.run_dir / HANG_DIR
         stacks = hang / f"stacks-rank{self.rank}.txt"
@@ -531,10 +531,7 @@ class WatchThread:
                             f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n{text}")
         if decided:
             if doc is not None:
-                try:
-                    write_atomic(self.run_dir / HANG_VERDICT_FILE, json.dumps({**doc, "text": text, "decided_by_rank": self.rank}, indent=2) + "\n")
-                except OSError:
-                    pass
+                write_verdict(self.run_dir, {**doc, "text": text, "decided_by_rank": self.rank}, since=self.started_at)
             print(f"python -m jobgen.train: error: {text}; the stacks of every live rank are in {hang} "
                   f"(exit {EXIT_HUNG})", file=sys.stderr, flush=True)
         else:
@@ -552,11 +549,43 @@ class WatchThread:
         self._exit(EXIT_HUNG)
 
 
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """This node's name as the scheduler knows it: ``SLURMD_NODENAME`` under srun (SLURM's
+    NodeName, which ExcNodeList takes; the host name may be a longer FQDN), else the host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def write_verdict(run_dir: Path, doc: dict[str, Any], since: float) -> bool:
+    """Write ``doc`` to ``<run dir>/hang/verdict.json`` and the stopped ranks' nodes to
+    ``hang/stopped-nodes`` (:data:`~jobgen.jobdir.files.HANG_NODES_FILE`), unless a verdict written
+    at or after ``since`` (this start's watch began; seconds since the epoch) is there: the first
+    verdict of a start stands. A rank that was stopped and then resumed (srun sends SIGCONT before
+    it ends a step) finds the others gone and would otherwise replace the verdict that named it.
+    Best effort: False when it kept the existing verdict or could not write."""
+    from jobgen.jobdir.files import write_atomic
+
+    path = run_dir / HANG_VERDICT_FILE
+    try:
+        existing = json.loads(path.read_text())
+    except (OSError, ValueError):
+        existing = None
+    written_at = existing.get("written_at") if isinstance(existing, dict) else None
+    if isinstance(written_at, (int, float)) and not isinstance(written_at, bool) and written_at >= since:
+        return False
+    nodes = list(dict.fromkeys(str(s["host"]) for s in doc.get("heartbeat_stopped_first", ())))
+    try:
+        write_atomic(path, json.dumps({**doc, "written_at": time.time()}, indent=2) + "\n")
+        write_atomic(run_dir / HANG_NODES_FILE, "".join(f"{n}\n" for n in nodes))
+    except OSError:
+        return False
+    return True
+
+
 def start_sentinel(run_dir: Path, hang_timeout_s: float) -> subprocess.Popen[bytes] | None:
     """Start this rank's sentinel (``python -m jobgen.train.sentinel``, :mod:`jobgen.train.sentinel`)
     with a pipe on its stdin, set not to block; its stderr is this process's. None (and a warning
     line) when it cannot start."""
-    argv = [sys.executable, "-m", "jobgen.train.sentinel", "--pid", str(os.getpid()), "--host", socket.gethostname(),
+    argv = [sys.executable, "-m", "jobgen.train.sentinel", "--pid", str(os.getpid()), "--host", node_name(),
             "--run-dir", str(run_dir), "--limit-s", f"{hang_timeout_s:g}", "--interval-s", f"{tick_seconds(hang_timeout_s):g}"]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import require
 from tests.entrypoint.conftest import REPO, run_process
 
-pytestmark = pytest.mark.usefixtures("_needs_lightning")
+pytestmark = [pytest.mark.usefixtures("_needs_lightning"), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -39,6 +39,8 @@ import torch
 from tests.entrypoint.conftest import TINY_SPEC, _merge, child_env, resolved_doc
 from tests.ports import ATTEMPTS, address_in_use, next_port
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 240
 MAX_STEPS = 12
 #: 1..2 nodes x 1 process, micro batch 4, global batch 8: the spec.json the planner writes for such

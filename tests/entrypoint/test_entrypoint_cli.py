@@ -61,6 +61,7 @@ def test_deepspeed_on_cpu_without_its_config_is_refused(run_entrypoint, write_sp
     )
 
 
+@pytest.mark.slow
 def test_hand_edited_deepspeed_config_is_checked(run_entrypoint, write_spec, tmp_path: Path) -> None:
     """What DeepSpeed's validator accepts but ignores is refused before training."""
     (tmp_path / "ds_config.json").write_text(

@@ -24,6 +24,8 @@ import pytest
 from tests.entrypoint.conftest import REPO, child_env
 from tests.ports import ATTEMPTS, address_in_use, next_port
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 240
 
 SCONTROL = """#!/bin/sh

@@ -18,6 +18,8 @@ import pytest
 
 from tests.entrypoint.conftest import _merge
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 300
 LN_256 = math.log(256)
 

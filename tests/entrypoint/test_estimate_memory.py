@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import REPO, require
 
+pytestmark = pytest.mark.slow
+
 require("torch", "torch not installed (pip install torch==2.13.0, README)")
 
 TOLERANCE = 0.25

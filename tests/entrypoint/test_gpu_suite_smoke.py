@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require
+
+pytestmark = pytest.mark.slow
 
 require("lightning", "lightning not installed (pip install -e .[train])")
 

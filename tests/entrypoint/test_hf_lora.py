@@ -40,6 +40,7 @@ def _lrs(metrics_csv: Path) -> dict[int, float]:
         return {int(row["step"]): float(row["lr"]) for row in csv.DictReader(f) if row.get("lr")}
 
 
+@pytest.mark.slow
 def test_lora_on_jsonl_trains_only_adapters_checkpoints_and_resumes(
     tiny_llama, write_spec, run_entrypoint, tmp_path: Path
 ) -> None:
@@ -99,6 +100,7 @@ def test_malformed_jsonl_line_is_named_with_file_line_and_field(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_lora_target_module_missing_from_model_is_a_config_error(
     tiny_llama, write_spec, run_entrypoint, tmp_path: Path
 ) -> None:

@@ -86,6 +86,7 @@ def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_o
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_qlora_trains_under_every_strategy(runs, case: str) -> None:
     summary = runs[case]
@@ -99,6 +100,7 @@ def test_qlora_trains_under_every_strategy(runs, case: str) -> None:
     assert end < middle < 4.5, val
 
 
+@pytest.mark.slow
 def test_qlora_losses_agree_across_strategies(runs) -> None:
     """Same data, seed and adapter initialisation; the numerics differ by recipe: ddp and ZeRO-2
     hold the unquantised weights in fp32 (``prepare_model_for_kbit_training``), fsdp and ZeRO-3

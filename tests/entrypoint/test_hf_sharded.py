@@ -89,6 +89,7 @@ def runs(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory, deepspeed_cpu_o
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_lora_trains_to_the_same_loss_under_every_strategy(runs, case: str) -> None:
     full = runs[case]["full"]
@@ -100,6 +101,7 @@ def test_lora_trains_to_the_same_loss_under_every_strategy(runs, case: str) -> N
     assert full["val_loss"] == pytest.approx(runs["ddp"]["full"]["val_loss"], abs=LOSS_ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_resume_from_its_own_checkpoint_format_continues_at_the_saved_step(runs, case: str) -> None:
     run = runs[case]
@@ -113,6 +115,7 @@ def test_resume_from_its_own_checkpoint_format_continues_at_the_saved_step(runs,
     assert resumed["val_loss"] == pytest.approx(run["full"]["val_loss"], abs=LOSS_ATOL)
 
 
+@pytest.mark.slow
 def test_ddp_checkpoint_file_holds_the_adapters_only(runs) -> None:
     import torch
 
@@ -123,6 +126,7 @@ def test_ddp_checkpoint_file_holds_the_adapters_only(runs) -> None:
     assert sum(v.numel() for v in state.values()) == expected_lora_params()
 
 
+@pytest.mark.slow
 def test_fsdp_sharded_checkpoint_keeps_the_frozen_base(runs) -> None:
     """Lightning's sharded load asks torch.distributed.checkpoint for every key of the model, so
     the adapters-only filter must not apply here: the directory holds base and adapters."""
@@ -138,6 +142,7 @@ def test_fsdp_sharded_checkpoint_keeps_the_frozen_base(runs) -> None:
     assert any(k.endswith("q_proj.base_layer.weight") for k in keys), sorted(keys)[:10]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["zero2", "zero3"])
 def test_deepspeed_checkpoint_is_the_engines_directory(runs, case: str) -> None:
     """DeepSpeed checkpoints are written by the engine (Lightning passes no ``state_dict``), so

@@ -12,8 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jobgen import api
 from tests.entrypoint.conftest import Result, child_env
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 300
 MODULE = '''\

@@ -119,6 +119,7 @@ def test_curves_read_every_version_later_one_wins(tmp_path: Path) -> None:
     assert measure.plot_curves(tmp_path).read_bytes() == first  # same metrics, same bytes
 
 
+@pytest.mark.slow
 def test_tiny_run_reports_measurements_curves_and_tensorboard(run_entrypoint, write_spec, tmp_path: Path) -> None:
     write_spec({"trainer": {"tensorboard": True}})
     run_dir = tmp_path / "run"

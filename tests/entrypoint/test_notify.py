@@ -89,6 +89,7 @@ def _check_common(body: dict[str, Any], event: str, job: str) -> None:
                          "run_dir", "profile", "restart", "error"}
 
 
+@pytest.mark.slow
 def test_local_run_sends_started_and_finished_with_a_bearer_token_no_file_holds(hook: Hook, tmp_path: Path) -> None:
     spec = {**TINY_YAML, "secrets": [TOKEN_ENV], "notify": {"webhook": {"url": hook.url, "token_env": TOKEN_ENV}}}
     spec_file = tmp_path / "notify.yaml"
@@ -141,6 +142,7 @@ with open(sys.argv[1], "a") as fh:
 """
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_after_start_sends_failed_through_the_command(tmp_path: Path) -> None:
     recorder = tmp_path / "record.py"
     recorder.write_text(RECORDER)
@@ -161,6 +163,7 @@ def test_a_run_that_raises_after_start_sends_failed_through_the_command(tmp_path
     assert failed["handle"] == f"local://{run_dir}"
 
 
+@pytest.mark.slow
 def test_bad_input_before_training_sends_failed_without_a_step(hook: Hook, tmp_path: Path) -> None:
     spec = _write_resolved(tmp_path, {"webhook": {"url": hook.url}, "events": ["failed"]})
     doc = json.loads(spec.read_text())
@@ -183,6 +186,7 @@ exit 0
 """
 
 
+@pytest.mark.slow
 def test_requeue_sends_requeued_before_slurms_sigterm_and_no_failed(hook: Hook, tmp_path: Path) -> None:
     from tests.ports import next_port
 

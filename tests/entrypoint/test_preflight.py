@@ -21,6 +21,7 @@ from tests.entrypoint.test_entrypoint_requeue import _kill, _srun_env
 from tests.ports import next_port
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_process_group(
         write_spec, run_entrypoint, tmp_path: Path) -> None:
     spec = write_spec(preflight=True, preflight_timeout_s=60)
@@ -42,6 +43,7 @@ def test_two_rank_gloo_preflight_reports_bandwidth_then_training_uses_its_proces
     assert markers == [f"0-{host}", f"1-{host}"], markers
 
 
+@pytest.mark.slow
 def test_a_complete_run_skips_the_preflight_and_says_so(write_spec, run_entrypoint, tmp_path: Path) -> None:
     """A run whose newest checkpoint reached max_steps (the entrypoint's "run already complete",
     e.g. a requeue after the last step) does not measure the network it will not use."""
@@ -58,6 +60,7 @@ def test_a_complete_run_skips_the_preflight_and_says_so(write_spec, run_entrypoi
     assert not (tmp_path / "run" / "preflight").exists()
 
 
+@pytest.mark.slow
 def test_ranks_that_cannot_meet_fail_within_the_timeout_naming_the_node(tmp_path: Path) -> None:
     """Rank 1 is pointed at a port nobody listens on (its network to rank 0 is "cut"): rank 1
     names itself, rank 0 names rank 1's node (from its marker) - both exit 1 with one line."""

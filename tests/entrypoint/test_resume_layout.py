@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+
+pytestmark = pytest.mark.slow
 
 STEPS, MORE = 4, 6
 MICRO, GLOBAL_BATCH = 2, 4

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from jobgen.jobdir import RUN_IDENTITY_FILE
 
 
+@pytest.mark.slow
 def test_the_entrypoint_refuses_another_profiles_run_directory(tmp_path: Path, write_spec, run_entrypoint) -> None:
     run_dir = tmp_path / "runs" / "tiny"
     local = write_spec({"trainer": {"max_steps": 4, "val_check_interval": 4}, "checkpoint": {"every_n_steps": 4}},

@@ -174,6 +174,7 @@ def _reference(job_dir: Path) -> torch.Tensor:
     return torch.stack([windows[g][0] for g in range(STEPS * GLOBAL_BATCH)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "world"), CASES, ids=[f"{s}-ws{w}" for s, w in CASES])
 def test_every_strategy_and_world_size_reads_the_same_samples(runs, strategy: str, world: int) -> None:
     job_dir = runs[(strategy, world)]
@@ -193,6 +194,7 @@ def _drop_checkpoints_after(checkpoints: Path, step: int) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_a_resume_reads_exactly_the_samples_of_the_uninterrupted_run(runs, strategy: str, tmp_path: Path) -> None:
     """World size 1 (where Lightning would otherwise shuffle): resume from the step-2 checkpoint."""
@@ -210,6 +212,7 @@ def test_a_resume_reads_exactly_the_samples_of_the_uninterrupted_run(runs, strat
     torch.testing.assert_close(inputs, full_inputs[full_steps >= 2], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "world"), [c for c in CASES if c[0] != "ddp"],
                          ids=[f"{s}-ws{w}" for s, w in CASES if s != "ddp"])
 def test_a_users_data_module_reads_the_same_samples_under_every_strategy(user_runs, strategy: str, world: int) -> None:

@@ -329,6 +329,7 @@ def _caller_files(limit: int = 12) -> list[str]:
     return [frame.filename for frame in traceback.extract_stack(limit=limit)[:-2]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "levers_off"), [
     ("ddp", ""),
     ("fsdp", ""),                                  # world size 1: the single-device path
@@ -572,6 +573,7 @@ def test_the_rendered_deepspeed_config_turns_the_synchronising_throughput_timer_
 
 # --- a trace of a few steps -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_jobgen_trace_steps_writes_a_chrome_trace_of_those_steps_only(tmp_path: Path, monkeypatch) -> None:
     """``JOBGEN_TRACE_STEPS=3-4`` traces optimizer steps 3 and 4 of a real run into
     ``<run>/traces/steps-3-4-rank0.json.gz``: a gzip Chrome trace whose optimizer steps are the

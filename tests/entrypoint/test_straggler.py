@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.entrypoint.test_watchdog import TIMEOUT_S, torchrun
+
+pytestmark = pytest.mark.slow
 
 PIECES = "tests.entrypoint.watchdog_pieces"
 

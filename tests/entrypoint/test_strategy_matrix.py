@@ -35,6 +35,8 @@ import pytest
 from tests.conftest import PROFILES, TEMPLATES, require
 from tests.entrypoint.conftest import TINY_SPEC, Result, _merge, run_process
 
+pytestmark = pytest.mark.slow
+
 require("deepspeed", "deepspeed not installed (pip install -e .[train])")
 
 LOSS_ATOL = 1e-3

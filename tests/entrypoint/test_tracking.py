@@ -37,6 +37,8 @@ pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tra
 # came after the run had completed).
 from jobgen.train.checkpoints import newest_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 300
 KEY = "wk-5f1c0a9e7d3b2468ace0fdb97531eca86420fdb9"  # fake; only ever in the test's environment
 

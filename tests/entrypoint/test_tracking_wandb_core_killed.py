@@ -37,6 +37,7 @@ def _piece(tmp_path: Path, run_dir: Path, uri: str, first: int, last: int, end: 
     return json.loads(line.removeprefix("RECORD "))
 
 
+@pytest.mark.slow
 def test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once(tmp_path: Path) -> None:
     run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir.mkdir()

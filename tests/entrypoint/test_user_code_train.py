@@ -20,7 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.entrypoint.conftest import REPO, Result, child_env
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "usercode.yaml"
 EXAMPLE_PACKAGE = REPO / "examples" / "usercode"

@@ -33,7 +33,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.entrypoint.conftest import TINY_SPEC, _merge, child_env, descendants, run_process
+
+pytestmark = pytest.mark.slow
 
 #: hang_timeout_s of these tests: a few seconds.
 HANG_TIMEOUT_S = 3

@@ -121,6 +121,7 @@ def test_status_of_a_job_it_cannot_name_or_reach_is_a_clear_error(run_cli, job):
     assert result.code == 2 and "hint:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_local_submit_trains_and_resumes(run_cli, tmp_path):
     """The local backend end to end: torchrun with 2 CPU ranks, then a rerun that finds the run complete."""
     spec = write(tmp_path / "tiny.yaml", (

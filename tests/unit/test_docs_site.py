@@ -208,6 +208,7 @@ def test_the_reference_is_deterministic():
     assert out.stdout == here
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     """`mkdocs build --strict` (what CI runs, through this test): exit 0, no warning, every page
     built, the reference tables generated and the Python API rendered from its docstrings."""

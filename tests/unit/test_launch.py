@@ -117,6 +117,7 @@ def test_the_table_has_a_row_per_case():
     assert table.count("\n") == 7 and "| 128 + N (137 for SIGKILL) |" in table and f"| {EXIT_INFRASTRUCTURE} | infrastructure |" in table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "code"), [("input-error", 2), ("raise", 1), ("sigkill", 137), ("class-code", 200)])
 def test_a_real_torchrun_run_exits_with_its_workers_class(tmp_path, mode, code):
     started = time.monotonic()
@@ -126,6 +127,7 @@ def test_a_real_torchrun_run_exits_with_its_workers_class(tmp_path, mode, code):
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow
 def test_a_failed_rendezvous_exits_200(tmp_path):
     """No peer ever joins a 2-node rendezvous: torchrun's own RendezvousTimeoutError."""
     returncode, output = finished(launch(tmp_path, "raise", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
@@ -134,6 +136,7 @@ def test_a_failed_rendezvous_exits_200(tmp_path):
     assert "jobgen.train.launch: rendezvous failed: " in output
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_reaches_the_worker_and_exits_143(tmp_path):
     """The kubelet's SIGTERM: torchrun's agent handlers run in the launcher's process and pass it on."""
     process = launch(tmp_path, "term")
@@ -207,6 +210,7 @@ def test_an_unwritable_ledger_fails_the_pod_permanently(tmp_path, monkeypatch, c
     assert "cannot count this pod's starts in " in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_retryable_failure_with_the_budget_spent_exits_1(tmp_path):
     """A real torchrun run: the worker is SIGKILLed (137, retryable) on the pod's last allowed start."""
     ledger = tmp_path / "ledger"

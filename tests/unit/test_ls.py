@@ -65,7 +65,8 @@ def test_the_table_shows_world_usage_and_notes(state, run_cli):
     result = run_cli("ls")
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["HANDLE", "NAME", "STATE", "NODES", "x", "DEV", "STARTED", "(UTC)", "ELAPSED", "DEVICE", "TIME", "COST"]
+    assert lines[0].split() == ["HANDLE", "NAME", "STATE", "NODES", "x", "DEV", "STARTED", "(UTC)", "ELAPSED", "DEVICE", "TIME", "COST",
+                                "ETA", "/", "VS", "PREDICTED"]
     slurm = next(line for line in lines if line.startswith("slurm://cpu/42"))
     assert "RUNNING" in slurm and "2 x 1 cpu" in slurm and "2023-11-14 22:13" in slurm
     local = next(line for line in lines if line.startswith("local://"))
@@ -76,3 +77,27 @@ def test_the_table_shows_world_usage_and_notes(state, run_cli):
 def test_an_unreadable_record_does_not_hide_the_others(state):
     (state / "state" / "slurm" / "broken.json").write_text("{not json")
     assert len(recorded_submissions()) == 3
+
+
+def test_a_finished_runs_measured_over_predicted_step_time_and_a_hostile_summary(state, run_cli):
+    local_dir = state / "runs" / "local-run"
+    (local_dir / SUMMARY_FILE).write_text(json.dumps({"wall_time_s": 1800.0, "prediction": {
+        "available": True, "measured_over_predicted": {"step_s": 1.18, "tokens_per_s": 0.847, "wall_s": 1.3, "device_hours": 1.3,
+                                                       "cost": None}}}))
+    hostile_dir = state / "runs" / "hostile-run"
+    api.plan_job(EXAMPLES / "quickstart.yaml", "local", overrides=["name=hostile-run"]).write(hostile_dir)
+    (hostile_dir / SUMMARY_FILE).write_text('{"wall_time_s": 60, "prediction": {"measured_over_predicted": {"step_s": NaN}}}')
+    Submission(handle=f"local://{hostile_dir}", job_dir=str(hostile_dir), run_dir=str(hostile_dir),
+               submitted_at="2026-11-23T08:00:00+00:00").save()
+    rows = {r["name"]: r for r in json.loads(run_cli("ls", "-o", "json").stdout)}
+    assert rows["local-run"]["measured_over_predicted"]["step_s"] == 1.18 and rows["local-run"]["prediction_note"] is None
+    assert rows["hostile-run"]["measured_over_predicted"] is None
+    assert rows["hostile-run"]["prediction_note"] == f"{hostile_dir / SUMMARY_FILE}: prediction.measured_over_predicted.step_s " \
+                                                    "is not a finite number above 0"
+    assert rows["quickstart"]["measured_over_predicted"] is None and rows["quickstart"]["progress"] is None  # no run dir here
+    result = run_cli("ls")
+    assert result.code == 0 and "Traceback" not in result.stderr
+    lines = result.stdout.splitlines()
+    assert next(line for line in lines if line.startswith(f"local://{local_dir} ")).endswith("1.18x step time")
+    assert next(line for line in lines if line.startswith(f"local://{hostile_dir} ")).endswith("n/a")
+    assert f"note: local://{hostile_dir}: prediction n/a: {hostile_dir / SUMMARY_FILE}: prediction.measured_over_predicted" in result.stdout

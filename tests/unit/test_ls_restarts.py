@@ -19,7 +19,7 @@ from jobgen.jobdir.submission import JobHandle, Submission
 def _row(handle: str, details: dict[str, str], budget: int | None) -> api.ListedJob:
     record = Submission.now(handle=handle, job_dir="/jobs/x", run_dir="/runs/x")
     status = JobStatus(JobHandle.parse(handle), "RUNNING", "test", details)
-    return api.ListedJob(record, status, "x", 1, 2, "cpu", None, budget)
+    return api.ListedJob(record, status, "x", 1, 2, "cpu", None, max_restarts=budget)
 
 
 HOSTILE = ["1 of 2\nFAKE 9 of 9", "\u0663 of 2", "-1 of 2", "1 of \udcff", "\x1b[2J of 3", "9" * 300 + " of 2", "1 of"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from jobgen.planning.calibration import CalibrationFile, CalibrationRow, dumps
 from jobgen.reports.progress import read_progress
 from tests.conftest import REPO, write
 
@@ -58,7 +59,9 @@ def test_status_of_a_running_local_job_shows_step_rate_and_eta(tmp_path):
                     "description: local with a stand-in torchrun\nscheduler: local\nmax_nodes: 1\ndefault_nodes: 1\n"
                     "gpus_per_node: 0\ncpu_processes_per_node: 2\ncpus_per_node: 2\nmem_gib_per_node: 8\n"
                     f"local: {{python: {fake}}}\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JOBGEN_STATE_DIR": str(tmp_path / "state")}
+    calibration = write(tmp_path / "cal.yaml", dumps(CalibrationFile(rows=(CalibrationRow(
+        accelerator="cpu", dtype="fp32", layout="ddp", size="<10M", flops_per_s_per_core=5e10, runs=1),))))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JOBGEN_STATE_DIR": str(tmp_path / "state"), "JOBGEN_CALIBRATION": str(calibration)}
     env.pop("JOBGEN_DEBUG", None)
     run_dir = (tmp_path / "runs" / "gpt").resolve()
     job = subprocess.Popen([sys.executable, "-m", "jobgen.cli", "submit", str(spec), "--profile", str(profile),
@@ -80,6 +83,18 @@ def test_status_of_a_running_local_job_shows_step_rate_and_eta(tmp_path):
         text = subprocess.run([sys.executable, "-m", "jobgen.cli", "status", f"local://{run_dir}"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=60).stdout
         assert "progress: step 200/600, 8,192 tokens/s (last log interval), ETA 0:06:40" in text, text
+        # jobgen ls: the running job's ETA, the same as status gives
+        listed = subprocess.run([sys.executable, "-m", "jobgen.cli", "ls", "-o", "json"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=60)
+        [row] = json.loads(listed.stdout)
+        assert row["state"] == "RUNNING" and row["progress"]["eta_s"] == 400.0 and row["measured_over_predicted"] is None
+        table = subprocess.run([sys.executable, "-m", "jobgen.cli", "ls"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=60).stdout
+        assert "ETA / VS PREDICTED" in table.splitlines()[0] and "ETA 0:06:40" in table.splitlines()[1], table
+        # submit wrote the time model's prediction beside spec.json: 2 ranks x 1 core x 50 GFLOP/s
+        prediction = json.loads((run_dir / ".jobgen-prediction.json").read_text())
+        assert prediction["available"] and prediction["layout"] == "ddp" and prediction["max_steps"] == 600
+        assert abs(prediction["tokens_per_s"]["value"] - 2 * 5e10 / 6_529_536) < 1
     finally:
         os.killpg(job.pid, signal.SIGINT)
         job.wait(timeout=30)

@@ -306,6 +306,7 @@ def run_real(scratch: Scratch, words: list[str], shown: Shown) -> None:
     assert status.code == 0 and "COMPLETED" in status.out, status.out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=page_name)
 def test_the_readme_commands_run(page, tmp_path, monkeypatch):
     commands = page_commands(page)

@@ -195,6 +195,12 @@ def test_submit_is_one_sbatch_call_and_one_record_naming_every_task(slurm, run_c
     assert record.array[1].overrides == {"trainer.learning_rate": "1e-4", "trainer.micro_batch_size": "8"}
     assert all((runs / name).is_dir() for name in NAMES)
     assert json.loads((tmp_path / "state" / "slurm" / f"{CLUSTER}__123.json").read_text())["array"][0]["name"] == NAMES[0]
+    for i in range(len(NAMES)):  # each task's prediction beside its spec.json, made from that point's spec
+        point = json.loads((job_dir / "points" / str(i) / "spec.json").read_text())
+        prediction = json.loads((job_dir / "points" / str(i) / ".jobgen-prediction.json").read_text())
+        t = point["spec"]["trainer"]
+        assert prediction["inputs_sha256"] == point["inputs_sha256"] and prediction["tokens_per_step"] == \
+            t["micro_batch_size"] * point["spec"]["model"]["block_size"] * t["gradient_accumulation_steps"] * point["launch"]["world_size"]
 
 
 def array_doc(shape: str) -> dict:

@@ -322,6 +322,34 @@ def test_status_of_a_finished_job_still_in_squeue_24_05(slurm, run_cli):
     assert (got["state"], got["source"], got["details"]["reason"]) == ("FAILED", "squeue", "NonZeroExitCode")
 
 
+#: SLURM 22.05's ``sacct --json`` record (with slurmdbd) of job 123, which ran ``exit 3``: state
+#: FAILED, yet exit code SUCCESS / 0 (the record's other fields left out).
+SACCT_JSON_22_05_EXIT_3 = {
+    "meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}},
+    "errors": [],
+    "jobs": [{"job_id": 123, "name": JOB_NAME, "nodes": "node1", "state": {"current": "FAILED", "reason": "None"},
+              "exit_code": {"status": "SUCCESS", "return_code": 0}}],
+}
+
+
+def test_status_from_accounting_reads_the_exit_code_from_parsable_sacct_not_sacct_json(slurm, run_cli):
+    """A job that exited 3, forgotten by squeue, on a cluster with accounting (slurmdbd): ``jobgen
+    status`` takes state and exit code from ``sacct --parsable2`` (FAILED, ExitCode ``3:0``) and
+    never asks ``sacct --json``, whose 22.05 record says exit code SUCCESS / 0 for that job (what
+    the SLURM lab with slurmdbd printed; jobgen.backends.slurm ``_sacct_rows`` states the rule).
+
+    Emulated: the fake's ``sacct`` answers as 22.05 with slurmdbd does, in both forms. The SLURM
+    lab of a test session runs without slurmdbd (its tests cover the job-completion-log route,
+    tests/integration/slurm/test_array_without_accounting_on_lab.py), and one session has one lab."""
+    slurm.respond("squeue", SQUEUE_INVALID_JOB)
+    slurm.respond("sacct", sacct_rows(row("123", "FAILED", "3:0", "node1", "00:00:01", JOB_NAME)))
+    slurm.respond("sacct --json", json_reply(SACCT_JSON_22_05_EXIT_3))
+    got = status_json(run_cli)
+    assert (got["state"], got["source"], got["details"]["exit_code"], got["details"]["nodes"]) == ("FAILED", "sacct", "3:0", "node1"), got
+    assert (got["failure"]["class"], got["failure"]["rule"]) == ("unknown", "exit-code"), got["failure"]
+    assert slurm.argvs() == [SQUEUE_123, SACCT_123]  # no `sacct --json`, no job-completion log
+
+
 @pytest.mark.parametrize(("state", "exit_code", "cls", "rule"), [
     ("NODE_FAIL", "0:0", "infrastructure", "node-fail"), ("OUT_OF_MEMORY", "0:125", "infrastructure", "host-oom"),
     ("PREEMPTED", "0:15", "infrastructure", "preempted"), ("TIMEOUT", "0:15", "user", "time-limit"),

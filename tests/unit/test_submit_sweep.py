@@ -246,6 +246,7 @@ def test_ls_keeps_a_sweep_together_in_point_order_with_its_id(slurm, run_cli, tm
     assert [line.split()[-1] for line in table[1:5]] == ["-", "s-1", "s-1", "-"]
 
 
+@pytest.mark.slow
 def test_a_two_point_local_sweep_trains_both_points_and_prints_two_handles(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     spec = write(tmp_path / "tiny.yaml", (

@@ -30,6 +30,9 @@ def _spec(tmp_path, model: dict, data: dict | None = None) -> str:
     return str(write(tmp_path / "spec.yaml", json.dumps(doc)))
 
 
+# slow: each case imports Lightning in a `jobgen validate --import` process (seconds of CPU each);
+# the quick tier keeps one passing import (the example package) and one failing one through submit.
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "field", "message", "hint"), [
     ({"class_path": "nosuch_pkg.models.Net"}, "model.class_path",
      "cannot import 'nosuch_pkg.models.Net': no module named 'nosuch_pkg'", "put its parent directory on PYTHONPATH"),
@@ -58,6 +61,7 @@ def test_validate_import_failures_exit_2_with_path_and_hint(run_cli, tmp_path, m
     assert rest.startswith("  hint: ") and hint in rest, result.stderr
 
 
+@pytest.mark.slow
 def test_data_module_of_the_wrong_base_is_refused(run_cli, tmp_path):
     spec = _spec(tmp_path, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
     result = run_cli("validate", spec, "--import", cwd=tmp_path, timeout=TIMEOUT_S)
@@ -65,6 +69,7 @@ def test_data_module_of_the_wrong_base_is_refused(run_cli, tmp_path):
     assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result.stderr
 
 
+@pytest.mark.slow
 def test_validate_import_passes_for_another_librarys_module_with_a_note(run_cli, tmp_path):
     spec = _spec(tmp_path, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
     result = run_cli("validate", spec, "--profile", "local", "--import", "-o", "json", cwd=tmp_path, timeout=TIMEOUT_S)
@@ -107,6 +112,7 @@ def test_submit_no_import_check_skips_it(run_cli, tmp_path):
     assert "nosuch_pkg" not in result.stderr, result.stderr  # got past the check (to sbatch, absent or not)
 
 
+@pytest.mark.slow
 def test_validate_import_finds_a_module_at_the_repository_root(run_cli, tmp_path):
     """``mymodels.py`` at the root of the user's git repository and ``model.class_path:
     mymodels.Regressor``: the snapshot's python_path defaults to the repository root, so the

@@ -305,3 +305,50 @@ def test_status_shows_the_straggler_printable_and_cut():
     shown = straggler_details({"straggler": record})["straggler"]
     assert shown.startswith("rank 3 on node2\\n\\x1b[2J") and shown.endswith(": 2.1x the median step time (0.42 s vs 0.20 s)")
     assert "\n" not in shown and "\x1b" not in shown and len(shown) < 200, shown
+
+
+def _verdict_doc(*hosts: str) -> dict:
+    return {"verdict": "hang", "exit_code": EXIT_HUNG,
+            "heartbeat_stopped_first": [{"rank": r, "host": h, "pid": 1, "step": 3, "silent_s": 9.0} for r, h in enumerate(hosts)]}
+
+
+def test_the_first_verdict_of_a_start_stands_and_names_the_stopped_nodes(tmp_path):
+    """A rank stopped and resumed later (srun sends SIGCONT before it ends a step) finds the others
+    gone and decides too: its verdict must not replace the one that named it. A verdict from an
+    earlier start (written before this start's watch began) is replaced."""
+    import time
+
+    from jobgen.train.watchdog import write_verdict
+
+    since = time.time()
+    assert write_verdict(tmp_path, _verdict_doc("node2", "node2", "node 3"), since=since)
+    assert (tmp_path / "hang" / "stopped-nodes").read_text() == "node2\nnode 3\n"
+    assert not write_verdict(tmp_path, {**_verdict_doc(), "store": "node1:29501"}, since=since)
+    kept = json.loads((tmp_path / "hang" / "verdict.json").read_text())
+    assert [r["host"] for r in kept["heartbeat_stopped_first"]] == ["node2", "node2", "node 3"]
+    assert (tmp_path / "hang" / "stopped-nodes").read_text() == "node2\nnode 3\n"
+    # the next start: the earlier verdict is replaced, and a verdict naming no rank leaves no node
+    assert write_verdict(tmp_path, {**_verdict_doc(), "store": "node1:29501"}, since=time.time() + 1)
+    assert json.loads((tmp_path / "hang" / "verdict.json").read_text())["store"] == "node1:29501"
+    assert (tmp_path / "hang" / "stopped-nodes").read_text() == ""
+
+
+@pytest.mark.parametrize("existing", ["", "{", "[]", '{"written_at": "soon"}', '{"written_at": true}', '{"written_at": NaN}'])
+def test_a_verdict_file_that_is_not_one_of_this_start_is_replaced(tmp_path, existing):
+    import time
+
+    from jobgen.train.watchdog import write_verdict
+
+    (tmp_path / "hang").mkdir()
+    (tmp_path / "hang" / "verdict.json").write_text(existing)
+    assert write_verdict(tmp_path, _verdict_doc("node2"), since=time.time())
+    assert json.loads((tmp_path / "hang" / "verdict.json").read_text())["heartbeat_stopped_first"][0]["host"] == "node2"
+
+
+def test_the_node_name_is_slurms_under_srun_else_the_host_name():
+    import socket
+
+    from jobgen.train.watchdog import node_name
+
+    assert node_name({"SLURMD_NODENAME": "gpu-a17"}) == "gpu-a17"
+    assert node_name({}) == socket.gethostname()

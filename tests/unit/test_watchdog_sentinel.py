@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from jobgen.reports.failure_class import Evidence, classify
-from jobgen.train.sentinel import EXIT_KILLED, Watch, watch
+from jobgen.train.sentinel import EXIT_KILLED, System, Watch, watch
 from jobgen.train.watchdog import WatchThread, start_sentinel
 
 
@@ -73,8 +73,8 @@ def run_watch(tmp_path: Path, writes: list[bytes], clock, *, close: bool = False
     err = io.StringIO()
     try:
         with os.fdopen(read, "rb", buffering=0) as pipe:
-            code = watch(pipe, 42, "node1", tmp_path, limit_s, 0.01, clock=clock, parent=lambda: parent,
-                         kill=lambda pid, sig: killed.append((pid, sig)), err=err)
+            code = watch(pipe, 42, "node1", tmp_path, limit_s, 0.01,
+                         System(clock=clock, parent=lambda: parent, kill=lambda pid, sig: killed.append((pid, sig)), err=err))
     finally:
         if not close:
             os.close(write)

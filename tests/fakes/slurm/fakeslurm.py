@@ -4,7 +4,7 @@ Run as a program (``fakeslurm.py PROG ARGS...``, through the wrappers :class:`Fa
 on PATH) it plays one client command: it appends ``{"prog", "argv", "cwd", ...}`` to the
 ``calls`` of the JSON state file named by ``$FAKE_SLURM_STATE`` and answers with the next
 response queued for that command (``responses[<command>]``, a list; the last one repeats).
-``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``; so have ``"sinfo --json"``,
+``sacct -c`` (the job-completion log) has its own queue, ``"sacct -c"``; so have ``"sacct --json"``, ``"sinfo --json"``,
 ``"sinfo --version"``, ``"scontrol --version"`` and ``"sinfo --format=%R|%a"`` (each partition's
 availability, what ``jobgen doctor`` asks). A response's ``stdout_file`` is copied to
 stdout byte for byte (output that is not UTF-8). A command with no response queued exits 97
@@ -44,6 +44,8 @@ PARTITION_STATES_FORMAT = "--format=%R|%a"
 def _command_key(prog: str, args: list[str]) -> str:
     if prog == "sacct" and "-c" in args:
         return "sacct -c"
+    if prog == "sacct" and "--json" in args:
+        return "sacct --json"
     for flag in ("--version", "--json"):
         if prog in ("sinfo", "scontrol") and flag in args:
             return f"{prog} {flag}"

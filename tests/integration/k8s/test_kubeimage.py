@@ -119,6 +119,7 @@ def small_builds(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     return builds
 
 
+@pytest.mark.slow
 @linux_only
 def test_small_image_builds_are_identical(small_builds):
     """Two builds from scratch, in different directories: the same archive, byte for byte."""
@@ -128,6 +129,7 @@ def test_small_image_builds_are_identical(small_builds):
     assert first["ref"] == second["ref"] and first["ref"].startswith("jobgen.local/train:") and first["ref"].endswith("-small")
 
 
+@pytest.mark.slow
 @linux_only
 def test_small_image_layout_is_valid_oci(small_builds):
     """index.json -> manifest -> config and layer, every digest and size checked
@@ -152,6 +154,7 @@ def test_small_image_layout_is_valid_oci(small_builds):
     assert packed["layer_size"] < plain["layer_size"]
 
 
+@pytest.mark.slow
 @linux_only
 def test_small_image_holds_a_runnable_tree_and_no_staging_names(small_builds):
     """The tree: python on PATH (a link to the copied interpreter), its stdlib without the test

@@ -36,6 +36,8 @@ from tests.conftest import REPO, TEMPLATES, require
 from tests.integration.k8s.training_operator import operator_env, replica_name
 from tests.ports import ATTEMPTS, address_in_use, next_port
 
+pytestmark = pytest.mark.slow
+
 torch_run = require("torch.distributed.run", "torch not installed (pip install -e .[train])")
 require("lightning", "lightning not installed (pip install -e .[train])")
 

@@ -22,6 +22,9 @@ What the module's tests prove, each through the CLI only (submit, status, logs, 
    within the Job's backoffLimit (6), and the job resumes from the last checkpoint in the shared
    run directory and ends with the losses of the uninterrupted run at every step after it.
 
+The uninterrupted run of 1. is the module's ``quickstart`` fixture, made by whichever of 1. and 3.
+runs first (3. compares its losses with it), so each test also runs alone.
+
 The pod lab (image, controllers, namespace, Secret, shared run directory, profiles) and the CLI
 helpers: podlab.py, the ``pods`` fixture.
 """
@@ -35,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +78,24 @@ def node_status(pod: dict[str, Any]) -> dict[str, Any]:
     return container_status(pod, tc.NODE)
 
 
-def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodLab) -> None:
+@dataclass
+class Quickstart:
+    """What :func:`quickstart` saw of the uninterrupted ``tj-quickstart`` run."""
+
+    handle: str
+    final: dict[str, Any]  # `jobgen status -o json` once COMPLETED or FAILED
+    seen_running: bool  # `jobgen status` said RUNNING at least once before the end
+    followed: str  # `jobgen logs -f --replica node-0`, read while the pods ran
+    elapsed_s: float  # from submit to the end state
+
+
+@pytest.fixture(scope="module")
+def quickstart(pods: PodLab) -> Quickstart:
+    """The uninterrupted TrainJob run both the quickstart test (its checks) and the kill test
+    (its reference losses) need, submitted once per module by whichever of them runs first, so
+    either runs alone; it asserts nothing itself (the tests do, with the run's output)."""
     started = time.monotonic()
     handle = submit(pods, "tj-quickstart", profile=pods.trainjob_profile)
-    rendered = (pods.work / "runs" / "tj-quickstart" / "job" / "trainjob.yaml").read_text()
-    assert "PET_" not in rendered and "MASTER_ADDR" not in rendered  # all of that is the Trainer's, injected in the pods
     seen_running = False
 
     def running_or_done() -> bool:
@@ -96,7 +113,14 @@ def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodL
         except subprocess.TimeoutExpired:
             follower.kill()
             followed = follower.communicate()[0]
-    elapsed = time.monotonic() - started
+    return Quickstart(handle, final, seen_running, followed, time.monotonic() - started)
+
+
+def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodLab, quickstart: Quickstart) -> None:
+    handle, final, seen_running, followed, elapsed = (quickstart.handle, quickstart.final, quickstart.seen_running,
+                                                      quickstart.followed, quickstart.elapsed_s)
+    rendered = (pods.work / "runs" / "tj-quickstart" / "job" / "trainjob.yaml").read_text()
+    assert "PET_" not in rendered and "MASTER_ADDR" not in rendered  # all of that is the Trainer's, injected in the pods
     pod_list = trainjob_pods(pods, "tj-quickstart")
     print(f"\ntj-quickstart: {final['state']} {elapsed:.0f} s after submit; {final['details']}")
     out0, out1 = cli(pods, "logs", handle), cli(pods, "logs", "--replica", "node-1", handle)
@@ -141,10 +165,10 @@ def test_cancel_of_a_trainjob_leaves_no_pod_service_or_container(pods: PodLab) -
     assert state(pods, handle)["state"] == "CANCELLED"
 
 
-def test_killed_node_restarts_in_place_and_resumes_with_the_uninterrupted_losses(pods: PodLab) -> None:
+def test_killed_node_restarts_in_place_and_resumes_with_the_uninterrupted_losses(pods: PodLab, quickstart: Quickstart) -> None:
     reference = train_losses(pods.runs / "tj-quickstart")
-    if sorted(reference) != list(range(1, STEPS + 1)):
-        pytest.skip("needs the uninterrupted run of test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs")
+    assert sorted(reference) == list(range(1, STEPS + 1)), (
+        f"the uninterrupted run (the quickstart fixture) logged steps {sorted(reference)}, not 1-{STEPS}: {quickstart.final}")
     run_dir = pods.runs / "tj-kill"
     handle = submit(pods, "tj-kill", profile=pods.trainjob_profile)
     wait_for((run_dir / "checkpoints" / f"step-{EVERY:08d}.ckpt").is_file, 600, 0.2, what=f"the step {EVERY} checkpoint")

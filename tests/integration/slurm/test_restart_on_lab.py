@@ -194,6 +194,40 @@ def test_a_stopped_rank_is_found_hung_and_the_job_requeues_onto_the_other_node_w
           f"{time.monotonic() - started:.0f} s after submit (resumed from step {summary['resumed_from_step']}); states {seen}")
 
 
+def test_a_hang_of_a_two_node_job_excludes_the_node_whose_heartbeat_stopped(jobgen, slurm_lab):  # noqa: F811 - the fixture
+    """Rank 1 on the second node stopped: rank 0's watchdog decides (exit 201 on the first node) and
+    srun then kills the stopped rank. The node to exclude is the one the verdict names, not the
+    first task srun reports. The requeued job cannot run on one node: it stays PENDING and is
+    cancelled."""
+    jobgen.profile()
+    spec = jobgen.root / "lab-hang2.yaml"
+    spec.write_text(SPEC.format(name="lab-hang2", max_steps=3000, every=25).replace("nodes: 1", "nodes: 2")
+                    + "watchdog: {hang_timeout_s: 6}\n")
+    handle = jobgen.submit(str(spec))
+    jid = job_id(handle)
+    run = run_dir(jobgen, "lab-hang2")
+    try:
+        wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), 300, 0.5, what=f"a step checkpoint in {run}")
+        first, second = NODE_NAMES
+        pid = wait_for(lambda: _rank_pid(slurm_lab, second), 30, 0.2, what=f"rank 1's process on {second}")
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: "Restarts=1" in _show_job(slurm_lab, jid), 90, 0.5,
+                 what=f"job {jid} requeued ({_show_job(slurm_lab, jid)[-400:]})")
+        log = (run / f"slurm-{jid}.out").read_text(errors="replace")
+        verdict = json.loads((run / "hang" / "verdict.json").read_text())
+        assert [(r["rank"], r["host"]) for r in verdict["heartbeat_stopped_first"]] == [(1, second)], verdict
+        def excluded() -> str | None:
+            shown = _show_job(slurm_lab, jid)
+            return shown if "ExcNodeList=(null)" not in shown else None
+
+        shown = wait_for(excluded, 30, 0.5, what=f"job {jid}'s ExcNodeList set ({log[-3000:]})")
+        assert f"ExcNodeList={second}" in shown, (shown, log[-3000:])
+        assert (f"jobgen: restart 1/1 after infrastructure failure (exit 201 on {first}); excluding {second}, "
+                f"whose heartbeat stopped first (hang/verdict.json)") in log, log[-4000:]
+    finally:
+        run_slurm(slurm_lab, "scancel", jid, check=False)
+
+
 #: What the fake nvidia-smi prints for the preflight's query (nvidia-smi --query-gpu ... --format=csv,noheader,nounits):
 #: GPU 0 with 2 uncorrectable ECC errors since the driver loaded.
 FAKE_NVIDIA_SMI = """#!/bin/sh
