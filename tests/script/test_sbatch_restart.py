@@ -22,9 +22,11 @@ from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, REPO, TEMPLATES, lint_bash
 
-#: srun stand-in: writes $SRUN_STDERR (a file of srun's lines) to stderr and exits $SRUN_EXIT.
+#: srun stand-in: writes $SRUN_STDERR (a file of srun's lines) to stderr and exits $SRUN_EXIT;
+#: with $HANG_NODE, first writes it where the watchdog names the node whose heartbeat stopped first.
 FAILING_SRUN = """#!/bin/bash
 echo "rank output on stdout"
+[ -z "${HANG_NODE:-}" ] || { mkdir -p "$RUN_DIR/hang"; printf '%s\\n' "$HANG_NODE" > "$RUN_DIR/hang/stopped-nodes"; }
 cat "$SRUN_STDERR" >&2
 exit "${SRUN_EXIT:-0}"
 """
@@ -306,3 +308,16 @@ def test_the_decision_lines_docs_failures_md_shows_are_the_scripts(tmp_path):
         proc, _ = run_failing_job(tmp_path / str(i), restart_script(3), lines, code, {"SLURM_RESTART_COUNT": used})
         printed += decisions(proc)
     assert printed == shown
+
+
+@pytest.mark.parametrize(("stopped", "reason"), [
+    ("node2", "exit 201 on node1; the heartbeat stopped first on node2"),
+    ('no"de$(touch PWNED)', "exit 201 on node1"),  # not a SLURM node name: left out of the record
+])
+def test_after_a_hang_the_restart_record_names_the_node_whose_heartbeat_stopped_first(tmp_path, stopped, reason):
+    proc, _ = run_failing_job(tmp_path, restart_script(1), [b"srun: error: node1: tasks 0-1: Exited with exit code 201"], 201,
+                              {"HANG_NODE": stopped})
+    assert proc.returncode == 0, proc.stderr
+    (record,) = restart_records(tmp_path / "submit dir" / "runs" / "r")
+    assert (record["class"], record["reason"], record["exit_code"]) == ("infrastructure", reason, 201), record
+    assert not list(tmp_path.rglob("PWNED"))
