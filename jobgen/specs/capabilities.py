@@ -17,10 +17,19 @@ from dataclasses import dataclass, field
 
 from jobgen.errors import ConfigError
 
-#: The capabilities a user can ask for and a backend can lack; each one a backend lacks has a
-#: :class:`Refusal` in its :attr:`Capabilities.refusals`.
-REFUSABLE = ("multi_node", "elastic", "code_from_git", "secrets_from_shell", "key_files", "entrypoint_on_submit_host",
-             "requeue", "job_arrays")
+#: The capabilities a user can ask for and a backend can lack -> what users read for each (the
+#: rows of :func:`capabilities_table`); each one a backend lacks has a :class:`Refusal` in its
+#: :attr:`Capabilities.refusals`.
+REFUSABLE = {
+    "multi_node": "more than one node (`max_nodes` above 1)",
+    "elastic": 'an elastic node count (`resources.nodes: "2:4"`)',
+    "code_from_git": "`code.git`: a checkout of the commit in each pod",
+    "secrets_from_shell": "`secrets:` take their values from the shell that runs `jobgen submit`",
+    "key_files": "a tracker's key file on the nodes (`wandb.api_key_file`, `mlflow.token_file`)",
+    "entrypoint_on_submit_host": "`jobgen validate` looks at a command-mode entrypoint in the working directory",
+    "requeue": "a requeue on the time-limit signal",
+    "job_arrays": "a sweep as one job array",
+}
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class Capabilities:
 
 _ELASTIC_FIX = ("Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic ranges run as Kubernetes "
                 "PyTorchJobs.")
-_CODE_GIT = (": an init container's checkout is a Kubernetes option; SLURM and local jobs run a snapshot of the local "
+_CODE_GIT = (": an init container's checkout is a Kubernetes option; SLURM, ssh and local jobs run a snapshot of the local "
              "repository that `jobgen submit` takes")
 _CODE_GIT_FIX = "Remove code.git (set code.repo to the repository, relative to the spec file), or use a Kubernetes profile."
 _ARRAYS_FIX = "Submit the sweep as one job per point (the default), or use a SLURM profile with `slurm.sweep_as_array: true`."
@@ -198,3 +207,17 @@ def capabilities(scheduler: str) -> Capabilities:
     except KeyError:
         raise ConfigError(f"no backend for scheduler {scheduler!r}", hint=f"one of: {', '.join(CAPABILITIES)}") from None
 
+
+
+def capabilities_table() -> str:
+    """:data:`CAPABILITIES` as a Markdown table, one row per capability of :data:`REFUSABLE` and one
+    column per backend: ``yes``, or ``no:`` and the refusal's reason (docs/support.md)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| capability | " + " | ".join(c.label for c in CAPABILITIES.values()) + " |",
+            "|---" * (len(CAPABILITIES) + 1) + "|"]
+    for name, what in REFUSABLE.items():
+        cells = ("yes" if getattr(c, name) else f"no: {cell(c.refusal(name).reason)}" for c in CAPABILITIES.values())
+        rows.append(f"| {cell(what)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"

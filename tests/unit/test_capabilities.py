@@ -25,7 +25,7 @@ import jobgen
 from jobgen.backends import BACKENDS, plan
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir.submission import HANDLE_SCHEMES, JobHandle
-from jobgen.specs.capabilities import CAPABILITIES, REFUSABLE, Capabilities, Refusal, capabilities
+from jobgen.specs.capabilities import CAPABILITIES, REFUSABLE, Capabilities, Refusal, capabilities, capabilities_table
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import PROFILES, REPO, TEMPLATES
@@ -210,3 +210,14 @@ def test_a_local_profile_of_two_nodes_is_refused_with_the_tables_reason():
     with pytest.raises(ConfigError) as info:
         load_profile("local", PROFILES, overrides=["max_nodes=2"])
     assert f"scheduler 'local' {capabilities('local').refusal('multi_node').reason}: max_nodes must be 1" in info.value.message
+
+
+def test_the_support_table_has_a_row_per_capability_and_the_reasons_in_its_no_cells():
+    """docs/support.md's table (docs/hooks.py expands it): ``yes``, or ``no:`` and the refusal's reason."""
+    lines = capabilities_table().splitlines()
+    assert lines[0] == "| capability | local | SLURM | Kubernetes | ssh |" and len(lines) == 2 + len(REFUSABLE)
+    for line, (capability, what) in zip(lines[2:], REFUSABLE.items(), strict=True):
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        assert cells[0] == what
+        for cell, caps in zip(cells[1:], CAPABILITIES.values(), strict=True):
+            assert cell == ("yes" if getattr(caps, capability) else f"no: {caps.refusal(capability).reason}"), (capability, caps.name)
