@@ -138,6 +138,7 @@ def test_every_missing_capability_has_a_reason_and_only_those():
         for capability, refusal in caps.refusals.items():
             assert refusal.reason and not refusal.reason.endswith("."), (caps.name, capability)  # callers end the sentence
             assert "\n" not in refusal.reason + refusal.fix
+            assert "{" not in refusal.hint(min_nodes=1, max_nodes=2)  # every field of a fix is one the callers fill
 
 
 def test_an_entry_without_a_reason_for_what_it_lacks_is_refused_at_import():
