@@ -17,6 +17,7 @@ from jobgen.errors import ConfigError, printable
 from jobgen.jobdir.submission import resolve_job
 from jobgen.reports.failure_class import classify, triage_evidence
 from jobgen.reports.triage import format_triage
+from jobgen.specs.capabilities import capabilities
 
 
 @click.command(name="ls")
@@ -163,8 +164,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-    if budget is not None and "restarts_used" in st.details:  # a local run or hosts over ssh: jobgen restarts it
-        itself = "hosts over ssh: jobgen's watcher restarts them" if st.handle.scheme == "ssh" else "jobgen restarts a local run itself"
+    itself = capabilities(st.handle.scheduler).restarts_by_jobgen
+    if budget is not None and "restarts_used" in st.details and itself:  # a local run or hosts over ssh: jobgen restarts it
         click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used ({itself})")
     elif budget is not None:
         shown_used = f", {printable(used)} used" if used else ""
