@@ -228,7 +228,7 @@ def progress(job: str) -> Progress | None:
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
-    if handle.scheduler == "kubernetes":
+    if not capabilities(handle.scheduler).run_dir_on_filesystem:  # Kubernetes: the run directory is in its pods
         from jobgen.backends.k8s_progress import pod_progress
 
         return pod_progress(handle)
@@ -390,7 +390,7 @@ def _timing(record: Submission, status: JobStatus | None) -> tuple[Progress | No
             return progress(record.handle), None, None
         except JobgenError:  # the progress is extra: a source that cannot be read leaves the row as it is
             return None, None, None
-    if status.state != "COMPLETED" or JobHandle.parse(record.handle).scheduler == "kubernetes":
+    if status.state != "COMPLETED" or not capabilities(JobHandle.parse(record.handle).scheduler).run_dir_on_filesystem:
         return None, None, None
     block, note = ratio_of_summary(Path(record.run_dir) / SUMMARY_FILE)
     return None, block, note
