@@ -34,6 +34,7 @@ from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.load import load_profile, load_spec, search_dirs
 from jobgen.specs.profile import placeholder_error
 
@@ -164,7 +165,7 @@ def submit(target: PathLike | JobPlan, options: SubmitOptions | None = None, *, 
         job_dir = backend.job_dir(target, Path(out) if out is not None else None, options)
         before = DirUndo.capture(job_dir)
         target.write(job_dir)
-        if out is None and target.scheduler != "local":  # <runs dir>/<job>/job: the run directory ignores itself in git
+        if out is None and not capabilities(target.scheduler).job_dir_is_run_dir:  # <runs dir>/<job>/job: the run directory ignores itself in git
             ignore_run_dir(job_dir.parent)
         try:
             _write_predictions(job_dir, target.cluster_profile, target.spec_file, echo, _planned_specs(target))
@@ -227,7 +228,7 @@ def progress(job: str) -> Progress | None:
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
-    if handle.scheduler == "kubernetes":
+    if not capabilities(handle.scheduler).run_dir_on_filesystem:  # Kubernetes: the run directory is in its pods
         from jobgen.backends.k8s_progress import pod_progress
 
         return pod_progress(handle)
@@ -235,8 +236,9 @@ def progress(job: str) -> Progress | None:
         record = find_submission(handle)
     except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
         record = None
-    run_dir = Path(record.run_dir) if record is not None else Path(handle.path) if handle.scheduler == "local" else None
-    if run_dir is None or handle.scheduler == "kubernetes" or not run_dir.is_dir():
+    caps = capabilities(handle.scheduler)
+    run_dir = Path(record.run_dir) if record is not None else Path(handle.path) if caps.job_dir_is_run_dir else None
+    if run_dir is None or not caps.run_dir_on_filesystem or not run_dir.is_dir():
         return None
     resolved = recorded_spec(handle)
     if resolved is None and (run_dir / SPEC_FILE).is_file():
@@ -426,7 +428,7 @@ def _timing(record: Submission, status: JobStatus | None) -> tuple[Progress | No
             return progress(record.handle), None, None
         except JobgenError:  # the progress is extra: a source that cannot be read leaves the row as it is
             return None, None, None
-    if status.state != "COMPLETED" or JobHandle.parse(record.handle).scheduler == "kubernetes":
+    if status.state != "COMPLETED" or not capabilities(JobHandle.parse(record.handle).scheduler).run_dir_on_filesystem:
         return None, None, None
     block, note = ratio_of_summary(Path(record.run_dir) / SUMMARY_FILE)
     return None, block, note

@@ -54,6 +54,7 @@ from jobgen.jobdir.files import (
 from jobgen.jobdir.runs import LocalRun, check_run_dir, ensure_tracking_record, read_local_run, write_local_run
 from jobgen.jobdir.spec import ResolvedSpec, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission
+from jobgen.jobdir.summary import read_summary
 from jobgen.planning.command import DEEPSPEED_CONFIG_ENV, RUN_DIR_ENV, target_argv
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
@@ -475,21 +476,20 @@ def _usage(run: LocalRun, run_dir: Path) -> Usage | None:
 def _summary_straggler(run_dir: Path) -> dict[str, str]:
     """``jobgen status``'s ``straggler`` detail from the run's summary.json
     (:func:`~jobgen.reports.straggler.straggler_details`); ``{}`` when it cannot be read."""
-    try:
-        return straggler_details(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
+    return straggler_details(read_summary(run_dir / SUMMARY_FILE))
 
 
 def _summary_usage(run_dir: Path) -> Usage | None:
     """A finished local run's device time: its ranks (spec.json) x the wall time summary.json
     records (of the last start; ``None`` when either file is unreadable)."""
-    try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
-        launch = read_resolved_spec(run_dir).launch
-        wall = float(summary["wall_time_s"])
-    except (OSError, ValueError, KeyError, TypeError, JobgenError):
+    summary = read_summary(run_dir / SUMMARY_FILE)
+    if summary is None or summary.wall_time_s is None:
         return None
+    try:
+        launch = read_resolved_spec(run_dir).launch
+    except JobgenError:
+        return None
+    wall = summary.wall_time_s
     return Usage(launch.accelerator, launch.world_size, wall, f"{SUMMARY_FILE} wall_time_s x ranks", gpu_hour_price=launch.gpu_hour_price)
 
 

@@ -68,6 +68,7 @@ from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
+from jobgen.jobdir.summary import parse_summary
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import Command, JobPlan, PlanContext
 from jobgen.reports.attempts import restart_details
@@ -231,10 +232,7 @@ def status(handle: JobHandle) -> JobStatus:
     details["run_dir"] = run
     if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
         proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
-        try:
-            details |= straggler_details(json.loads(proc.stdout)) if proc.returncode == 0 else {}
-        except ValueError:
-            pass
+        details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
     submission = find_submission(handle)
     watched = read_record(Path(submission.job_dir)) if submission is not None else None
     if watched is None:

@@ -17,6 +17,7 @@ from jobgen.errors import ConfigError, printable
 from jobgen.jobdir.submission import resolve_job
 from jobgen.reports.failure_class import classify, triage_evidence
 from jobgen.reports.triage import format_triage
+from jobgen.specs.capabilities import capabilities
 
 
 @click.command(name="ls")
@@ -175,10 +176,10 @@ def status(job: str, output: str, as_json: bool) -> None:
     click.echo(f"{st.handle}  {st.state}  ({st.source}{'; ' + details if details else ''})")
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
-    if budget is not None and "restarts_used" in st.details:  # jobgen's own count: local, ssh, Kubernetes' launch wrapper
-        itself = ("hosts over ssh: jobgen's watcher restarts them" if st.handle.scheme == "ssh" else
-                  f"Kubernetes: {st.details.get('restarts_source', 'the pods')}" if st.handle.scheme == "k8s" else
-                  "jobgen restarts a local run itself")
+    # who counted the restarts used: jobgen (local, ssh), or on Kubernetes its launch wrapper or the pods
+    itself = capabilities(st.handle.scheduler).restarts_by_jobgen or (
+        f"Kubernetes: {st.details.get('restarts_source', 'the pods')}" if st.handle.scheme == "k8s" else None)
+    if budget is not None and "restarts_used" in st.details and itself:
         click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used ({itself})")
     elif budget is not None:
         shown_used = f", {printable(used)} used" if used else ""

@@ -81,8 +81,31 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
         click.echo(f"{key:{width}}  {value}")
 
 
+def _detect_slurm(*, partition: str | None, gpu_type: str | None, name: str | None, **_: Any) -> Any:
+    from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
+
+    return detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
+
+
+def _detect_kubernetes(*, context: str | None, namespace: str | None, gpu_type: str | None, name: str | None, **_: Any) -> Any:
+    from jobgen.backends.k8s_detect import connect_and_detect  # the kubernetes client: off every other command's path
+
+    return connect_and_detect(context=context, namespace=namespace, gpu_type=gpu_type, name=name)
+
+
+def _detect_ssh(*, hosts: tuple[str, ...], python: str | None, overrides: tuple[str, ...], gpu_type: str | None, name: str | None,
+                **_: Any) -> Any:
+    from jobgen.backends.ssh_detect import detect_ssh  # runs ssh: off every other command's path
+
+    return detect_ssh(hosts=hosts, python=python, overrides=overrides, gpu_type=gpu_type, name=name)
+
+
+#: ``profiles detect --scheduler`` -> the detection of that backend (each imports its backend module only when called).
+_DETECT = {"slurm": _detect_slurm, "kubernetes": _detect_kubernetes, "ssh": _detect_ssh}
+
+
 @profiles.command("detect")
-@click.option("--scheduler", type=click.Choice(["slurm", "kubernetes", "ssh"]), required=True,
+@click.option("--scheduler", type=click.Choice(list(_DETECT)), required=True,
               help="The scheduler to ask (slurm: run on a login node, where sinfo, scontrol and sacctmgr work; "
                    "kubernetes: the API server of a kubeconfig context; ssh: the --host machines, over ssh).")
 @click.option("--partition", default=None, metavar="NAME",
@@ -153,19 +176,8 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     if wrong:
         raise click.UsageError(f"{', '.join(wrong)} does not apply to --scheduler {scheduler}")
     name = Path(out_file).stem if out_file else None
-    found: Any
-    if scheduler == "kubernetes":
-        from jobgen.backends.k8s_detect import connect_and_detect  # the kubernetes client: off every other command's path
-
-        found = connect_and_detect(context=context, namespace=namespace, gpu_type=gpu_type, name=name)
-    elif scheduler == "ssh":
-        from jobgen.backends.ssh_detect import detect_ssh  # runs ssh: off every other command's path
-
-        found = detect_ssh(hosts=hosts, python=python, overrides=profile_overrides, gpu_type=gpu_type, name=name)
-    else:
-        from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
-
-        found = detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
+    found = _DETECT[scheduler](partition=partition, context=context, namespace=namespace, hosts=hosts, python=python,
+                               overrides=profile_overrides, gpu_type=gpu_type, name=name)
     for note in found.notes:
         echo_progress(f"note: {printable(note)}", err=True)
     if output == "json":
@@ -185,8 +197,8 @@ def profiles_detect(scheduler: str, partition: str | None, gpu_type: str | None,
     os.replace(tmp, path)
     shape = f"{found.doc['gpus_per_node']}x {found.doc['gpu_type']}" if found.doc["gpus_per_node"] else "CPU-only"
     click.echo(f"wrote {path}: profile {found.name} ({found.scope}, {found.doc['max_nodes']} node(s), {shape})")
-    if scheduler == "kubernetes":
-        click.echo(f"next: set kubernetes.image (placeholders:), then jobgen doctor --profile {path}")
+    if found.doc.get("placeholders"):  # example values (kubernetes.image) that jobgen submit refuses
+        click.echo(f"next: set {', '.join(found.doc['placeholders'])} (placeholders:), then jobgen doctor --profile {path}")
     else:
         click.echo(f"next: jobgen validate examples/quickstart.yaml --profile {path}")
 

@@ -14,6 +14,7 @@ from jobgen import api
 from jobgen.cli.options import crds_dir_option, profiles_dir_option, set_option, templates_dir_option
 from jobgen.cli.output import output_option, warn_plan
 from jobgen.planning.plan import JobPlan
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.training import TrainingSpec
 
@@ -154,8 +155,9 @@ def _check_command(spec: Any, job_plan: JobPlan | None, spec_source: str) -> lis
     from the image, which cannot be looked into here: only said so. Returns what was checked."""
     from jobgen.planning.command import check_config_files, check_entrypoint_exists
 
-    if job_plan is not None and job_plan.scheduler == "kubernetes":
-        return ["entrypoint not checked: on Kubernetes it runs from the image's working directory"]
+    caps = capabilities(job_plan.scheduler) if job_plan is not None else None
+    if caps is not None and not caps.entrypoint_on_submit_host:
+        return [f"entrypoint not checked: {caps.refusal('entrypoint_on_submit_host').reason}"]
     work_dir = Path.cwd()
     checked = [check_entrypoint_exists(spec, work_dir, spec_source)]
     if job_plan is not None:

@@ -29,7 +29,7 @@ after the sweep's base name: ``job.sbatch`` (``#SBATCH --array``), ``array.json`
 ``points/<i>/spec.json`` (+ ``points/<i>/ds_config.json``) (:func:`point_file`); there is no
 top-level ``spec.json``. Task ``i`` reads ``points/<i>/spec.json`` (``$SLURM_ARRAY_TASK_ID``).
 
-A run directory holds ``summary.json`` (:data:`SUMMARY_FILE`) at the end of training and, for
+A run directory holds ``summary.json`` (:data:`SUMMARY_FILE`, :class:`RunSummary`) at the end of training and, for
 SLURM and local runs whose code was snapshotted at submit, ``code/<snapshot id>/`` (see
 :data:`CODE_SUBDIR`): the committed tree of the user's repository plus :data:`CODE_INFO_FILE`
 (:class:`CodeSnapshot`), whose path reaches the ranks as ``$JOBGEN_CODE_DIR``
@@ -42,6 +42,7 @@ The contract is one package, one module per concept; every name is importable fr
 - :mod:`jobgen.jobdir.spec`: ``spec.json`` (:class:`ResolvedSpec`, :class:`LaunchSpec`) and ``array.json`` (:class:`ArrayIndex`);
 - :mod:`jobgen.jobdir.runs`: a run directory's records (:class:`CodeSnapshot`, :class:`RunIdentity`,
   :class:`LocalRun`, :class:`TrackingRecord`);
+- :mod:`jobgen.jobdir.summary`: ``summary.json`` (:class:`RunSummary`, :func:`read_summary`);
 - :mod:`jobgen.jobdir.world`: the job's world (:class:`~jobgen.jobdir.world.World`: nodes x ranks per
   node and the numbers derived from it);
 - :mod:`jobgen.jobdir.submission`: the handle (:class:`JobHandle`), the submission record
@@ -134,6 +135,7 @@ from jobgen.jobdir.submission import (
     state_dir,
     state_record_path,
 )
+from jobgen.jobdir.summary import RunSummary, SpeedLevers, StragglerRecord, parse_summary, read_summary, write_summary
 from jobgen.specs.training import MAX_NAME  # a job's name rule: a spec's, named here with the contract
 
 __all__ = [
@@ -174,6 +176,7 @@ __all__ = [
     "RUN_IDENTITY_FILE",
     "ResolvedSpec",
     "RunIdentity",
+    "RunSummary",
     "SBATCH_FILE",
     "SPEC_FILE",
     "SSH_JOB_ENV",
@@ -181,6 +184,8 @@ __all__ = [
     "SUBMIT_JOB_SUBDIR",
     "SUMMARY_FILE",
     "Submission",
+    "SpeedLevers",
+    "StragglerRecord",
     "SweepTag",
     "TRACKING_FILE",
     "TRAINJOB_FILE",
@@ -199,11 +204,13 @@ __all__ = [
     "load_resolved_spec",
     "new_sweep_id",
     "owned_files",
+    "parse_summary",
     "point_file",
     "read_array_index",
     "read_code_snapshot",
     "read_local_run",
     "read_resolved_spec",
+    "read_summary",
     "read_tracking_record",
     "recorded_submissions",
     "remove_empty_point_dirs",
@@ -213,5 +220,6 @@ __all__ = [
     "write_atomic",
     "write_job_files",
     "write_local_run",
+    "write_summary",
     "write_tracking_record",
 ]

@@ -24,6 +24,7 @@ from jobgen.jobdir.files import (
     write_atomic,
 )
 from jobgen.jobdir.spec import ResolvedSpec
+from jobgen.jobdir.summary import read_summary
 
 # --------------------------------------------------------------------------- code snapshots
 
@@ -127,12 +128,9 @@ def check_run_dir(run_dir: Path, resolved: ResolvedSpec, *, claim: bool = False)
             _refuse_run_dir(run_dir, theirs.describe(), mine, path, path)
         return
     summary_path = run_dir / SUMMARY_FILE
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        summary = None
-    if isinstance(summary, dict) and summary.get("profile") is not None:
-        recorded = (summary.get("profile"), summary.get("world_size"), summary.get("strategy"))
+    summary = read_summary(summary_path)
+    if summary is not None and summary.profile is not None:
+        recorded = (summary.profile, summary.world_size, summary.strategy)
         world = recorded[1] if mine.num_nodes is None else resolved.launch.world_size  # elastic: any world of its range
         if recorded != (mine.profile, world, mine.strategy):
             _refuse_run_dir(run_dir, f"profile {recorded[0]!r} (world size {recorded[1]}, {recorded[2]})", mine, summary_path, None)

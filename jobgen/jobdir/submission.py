@@ -19,12 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobgen.errors import ConfigError
 from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, SUBMISSION_FILE, write_atomic
 from jobgen.jobdir.runs import CodeSnapshot
+from jobgen.specs.capabilities import CAPABILITIES
 from jobgen.specs.profile import SshSettings
 
 # --------------------------------------------------------------------------- handles
 
 #: Handle scheme -> the scheduler (backend table key) it belongs to.
-HANDLE_SCHEMES = {"slurm": "slurm", "k8s": "kubernetes", "local": "local", "ssh": "ssh"}
+HANDLE_SCHEMES = {caps.handle_scheme: name for name, caps in CAPABILITIES.items()}
 _HANDLE_RE = re.compile(r"^(slurm|k8s|local|ssh)://(.+)$")
 
 
@@ -59,7 +60,7 @@ class JobHandle:
     def array_parent(self) -> JobHandle | None:
         """For one task of a SLURM job array (``slurm://<cluster>/<jobid>_<task>``): the whole
         array's handle (``slurm://<cluster>/<jobid>``); None for any other handle."""
-        if self.scheme != "slurm":
+        if not CAPABILITIES[self.scheduler].job_arrays:
             return None
         cluster, _, jid = self.path.rpartition("/")
         match = re.fullmatch(r"([0-9]+)_([0-9]+)", jid)

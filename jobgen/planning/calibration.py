@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobgen.errors import ConfigError, printable
+from jobgen.specs.capabilities import CAPABILITIES
 
 Accelerator = Literal["cpu", "V100", "T4", "A10G", "A100", "L4", "L40S", "H100", "H200", "B200"]
 """A GPU type (:data:`jobgen.specs.profile.GpuType`) or ``cpu``."""
@@ -398,6 +399,7 @@ def cores_per_rank(profile: Any, ranks_per_node: int) -> int:
     default, jobgen.planning.rules)."""
     if profile is None:
         return 1
-    local = getattr(profile, "local", None)
-    threads = getattr(local, "omp_threads_per_process", None) if getattr(profile, "scheduler", "") == "local" else None
+    caps = CAPABILITIES.get(getattr(profile, "scheduler", ""))
+    own = getattr(profile, caps.settings_attr, None) if caps is not None else None  # only the scheduler's own section applies
+    threads = getattr(own, "omp_threads_per_process", None)
     return int(threads or max(1, profile.cpus_per_node // max(1, ranks_per_node)))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from jobgen.errors import ConfigError, PlanError
 from jobgen.planning.nccl import nccl_env
+from jobgen.specs.capabilities import capabilities
 
 if TYPE_CHECKING:
     from jobgen.jobdir.world import World
@@ -96,12 +97,12 @@ def launcher_owned(name: str) -> bool:
 
 def _env_hint(scheduler: str | None, name: str, field: str) -> str:
     k8s = f"kubernetes.secret_env: {{{name}: {{secret: <Secret name>, key: <key>}}}}"
-    if scheduler == "kubernetes":
-        return f"Create a Secret in the cluster and reference it from the profile: {k8s}; remove {name} from {field}."
     if scheduler is None:  # no profile: both ways
         return (f"Remove {name} from {field} and name it in the spec instead: `secrets: [{name}]`; jobgen submit takes its "
                 f"value from the environment it runs in (SLURM, ssh, local: export {name} there first; Kubernetes: map it "
                 f"to a Secret in the profile, {k8s}) and no file holds it.")
+    if not capabilities(scheduler).secrets_from_shell:
+        return f"Create a Secret in the cluster and reference it from the profile: {k8s}; remove {name} from {field}."
     return (f"Remove {name} from {field} and name it in the spec instead: `secrets: [{name}]`; jobgen submit then takes "
             f"its value from the environment it runs in (export {name} there first) and no file holds it.")
 
@@ -142,6 +143,7 @@ def check_job_env(spec: TrainingSpec, profile: ClusterProfile, world: World, *, 
         PlanError: with the file + field path and a hint.
     """
     scheduler = profile.scheduler
+    caps = capabilities(scheduler)
     for source, env, origin in ((profile_source, profile.env, "profile"), (spec_source, spec.env, "spec")):
         check_env_credentials(env, source=source, origin=origin, scheduler=scheduler)
     preset = nccl_env(profile.network_fabric, uses_nccl=world.accelerator == "gpu")
@@ -166,10 +168,10 @@ def check_job_env(spec: TrainingSpec, profile: ClusterProfile, world: World, *, 
                 hint=f"Pick another variable name than {name} for the secret.",
             )
         k8s = profile.kubernetes
-        if scheduler == "kubernetes" and k8s is not None and name not in k8s.secret_env:
+        if not caps.secrets_from_shell and k8s is not None and name not in k8s.secret_env:
             raise PlanError(
-                f"`secrets` names {name}, but profile {profile.name!r} maps no Secret to it; on Kubernetes a secret comes "
-                "from the cluster (kubernetes.secret_env), not from the shell that submits.",
+                f"`secrets` names {name}, but profile {profile.name!r} maps no Secret to it; "
+                f"{caps.refusal('secrets_from_shell').reason}.",
                 location=where,
                 hint=f"Map it in the profile ({profile_source}): kubernetes.secret_env: {{{name}: {{secret: <Secret name>, key: <key>}}}} "
                 "(kubectl create secret generic <Secret name> --from-literal=<key>=...).",

@@ -29,6 +29,7 @@ from jobgen.planning.environment import check_job_env
 from jobgen.planning.render import template_sha256
 from jobgen.planning.rules import check_fit, layout_warnings, resolve_elastic_batch, resolve_precision, resolve_world
 from jobgen.planning.tracking import check_tracking, resolve_tracking
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.profile import ClusterProfile, Placeholder, SshSettings, example_values
 from jobgen.specs.training import TrainingSpec
 
@@ -356,14 +357,13 @@ def check_code(spec: TrainingSpec, profile: ClusterProfile, spec_source: str) ->
     option; SLURM and local runs snapshot the local repository at submit.
 
     Raises:
-        PlanError: ``code.git`` on a SLURM or local profile.
+        PlanError: ``code.git`` on a profile whose backend lacks ``code_from_git`` (SLURM, local, ssh:
+            :data:`jobgen.specs.capabilities.CAPABILITIES`), with the table's reason.
     """
     code = spec.code
-    if code is not None and code.git is not None and profile.scheduler != "kubernetes":
-        raise PlanError(
-            f"You set `code.git`, but profile {profile.name!r} runs on {profile.scheduler}: an init container's checkout "
-            "is a Kubernetes option; SLURM and local jobs run a snapshot of the local repository that `jobgen submit` takes.",
-            location=f"{spec_source}: code.git",
-            hint="Remove code.git (set code.repo to the repository, relative to the spec file), or use a Kubernetes profile.",
-        )
+    caps = capabilities(profile.scheduler)
+    if code is not None and code.git is not None and not caps.code_from_git:
+        refusal = caps.refusal("code_from_git")
+        raise PlanError(f"You set `code.git`, but profile {profile.name!r} {refusal.reason}.", location=f"{spec_source}: code.git",
+                        hint=refusal.hint())
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from jobgen.errors import PlanError
 from jobgen.jobdir.world import Accelerator, World
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY
 
 if TYPE_CHECKING:
@@ -39,11 +40,9 @@ if TYPE_CHECKING:
 def scheduler_time_limit_min(profile: ClusterProfile) -> int | None:
     """The profile's default time limit in minutes for its scheduler (``slurm.time_limit_min``,
     ``kubernetes.time_limit_min``); ``None`` for local runs or when the profile sets none."""
-    if profile.scheduler == "slurm":
-        return profile.slurm_settings.time_limit_min
-    if profile.scheduler == "kubernetes" and profile.kubernetes is not None:
-        return profile.kubernetes.time_limit_min
-    return None
+    caps = capabilities(profile.scheduler)
+    settings = getattr(profile, caps.settings_attr)
+    return settings.time_limit_min if caps.time_limit and settings is not None else None
 
 
 def resolve_precision(spec: TrainingSpec, profile: ClusterProfile) -> TrainingSpec:
@@ -318,7 +317,8 @@ def elastic_world(world: World, nodes: int) -> World:
 
 def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: int, spec_source: str = "<spec>") -> None:
     """An elastic range needs a launcher that admits nodes while the job runs: the
-    training-operator's PyTorchJob ``elasticPolicy`` (kubeflow.org/v1). Refused, at plan time:
+    training-operator's PyTorchJob ``elasticPolicy`` (kubeflow.org/v1). Refused, at plan time (the
+    ``elastic`` refusals of :data:`jobgen.specs.capabilities.CAPABILITIES` and Trainer v2):
     - SLURM: an allocation has a fixed node count (``--nodes``; Lightning's SLURMEnvironment
       checks ``SLURM_NNODES == num_nodes`` on every rank).
     - local: one machine.
@@ -334,28 +334,13 @@ def check_elastic_scheduler(profile: ClusterProfile, min_nodes: int, max_nodes: 
     """
     given = f"`resources.nodes: \"{min_nodes}:{max_nodes}\"`"
     where = f"{spec_source}: resources.nodes"
-    if profile.scheduler == "slurm":
+    caps = capabilities(profile.scheduler)
+    if not caps.elastic:
+        refusal = caps.refusal("elastic")
         raise PlanError(
-            f"You set the elastic range {given}, but profile {profile.name!r} is a SLURM cluster: an allocation has a "
-            "fixed node count (sbatch --nodes), and Lightning's SLURMEnvironment stops every rank unless SLURM_NNODES "
-            "equals num_nodes.",
+            f"You set the elastic range {given}, but profile {profile.name!r} {refusal.reason}.",
             location=where,
-            hint=f"Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic "
-                 "ranges run as Kubernetes PyTorchJobs.",
-        )
-    if profile.scheduler == "ssh":
-        raise PlanError(
-            f"You set the elastic range {given}, but profile {profile.name!r} starts a fixed list of hosts over ssh "
-            "(torchrun --nnodes N --node-rank i, a static rendezvous).",
-            location=where,
-            hint=f"Give a fixed count, e.g. --set resources.nodes={max_nodes} (or {min_nodes}); elastic "
-                 "ranges run as Kubernetes PyTorchJobs.",
-        )
-    if profile.scheduler == "local":
-        raise PlanError(
-            f"You set the elastic range {given}, but profile {profile.name!r} runs on this one machine.",
-            location=where,
-            hint="Remove resources.nodes for a local run (or --set resources.nodes=1).",
+            hint=refusal.hint(min_nodes=min_nodes, max_nodes=max_nodes),
         )
     k = profile.kubernetes
     if k is not None and k.job_api == "trainjob":

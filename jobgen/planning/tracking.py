@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from jobgen.errors import PlanError
 from jobgen.planning.environment import TRACKER_CREDENTIALS
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.tracking import MlflowSpec, WandbSpec, check_tracking_uri
 from jobgen.specs.training import TrainingSpec
@@ -84,7 +85,9 @@ def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: 
     """
     resolved = resolve_tracking(spec, profile)
     t = resolved.trainer
-    k8s = profile.kubernetes if profile.scheduler == "kubernetes" else None
+    caps = capabilities(profile.scheduler)
+    # where secrets come from the cluster, the pods' W&B key is one of kubernetes.secret_env
+    k8s = profile.kubernetes if not caps.secrets_from_shell else None
     for tracker in t.trackers:
         options = getattr(t, tracker)
         field, variable = KEY_FILES[tracker]
@@ -97,9 +100,9 @@ def check_tracking(spec: TrainingSpec, profile: ClusterProfile, *, spec_source: 
                 location=where,
                 hint=f"Keep one: remove {variable} from secrets, or remove {field}.",
             )
-        if k8s is not None and key_file is not None:
+        if not caps.key_files and key_file is not None:
             raise PlanError(
-                f"{tracker}.{field} names a file on the nodes, but on Kubernetes jobgen mounts no such file into the pods.",
+                f"{tracker}.{field} names a file on the nodes, but {caps.refusal('key_files').reason}.",
                 location=where,
                 hint=f"Map {variable} to a Secret in the profile ({profile_source}): kubernetes.secret_env: "
                 f"{{{variable}: {{secret: <Secret name>, key: <key>}}}}, and remove {field}.",

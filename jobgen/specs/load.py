@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from jobgen.errors import ConfigError, did_you_mean, json_path
-from jobgen.specs.profile import ClusterProfile
+from jobgen.specs.capabilities import capabilities
+from jobgen.specs.profile import ClusterProfile, LocalSettings
 from jobgen.specs.training import BUILTIN_TAG, USER_CLASS_TAG, ClassSpec, TrainingSpec
 
 M = TypeVar("M", bound=BaseModel)
@@ -435,7 +436,8 @@ def load_profile(
     doc, path = load_profile_doc(name, profiles_dir)
     doc = _placeholders_without(apply_overrides(doc, list(overrides), source="--profile-set"), list(overrides))
     profile = validate(ClusterProfile, doc, str(path))
-    if profile.scheduler == "local" and profile.local.detect_gpus:
+    own = getattr(profile, capabilities(profile.scheduler).settings_attr)  # the scheduler's own section
+    if isinstance(own, LocalSettings) and own.detect_gpus:
         from jobgen.specs import local_gpus  # only now: the device query's cost is documented there
 
         gpus = local_gpus.detect_gpus()

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from jobgen.errors import ConfigError
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.specs.tracking import TrackingDefaults
 from jobgen.specs.training import ENV_KEY_RE, _omit_defaults, check_env, check_shell_safe
@@ -772,15 +773,15 @@ class ClusterProfile(_Model):
             raise ValueError(f"default_nodes={self.default_nodes} exceeds max_nodes={self.max_nodes}")
         if self.gpus_per_node > 0 and self.gpu_type is None:
             raise ValueError("gpus_per_node > 0 needs gpu_type (one of: " + ", ".join(GPU_COMPUTE_CAPABILITY) + ")")
-        if self.scheduler == "kubernetes" and self.kubernetes is None:
-            raise ValueError("scheduler 'kubernetes' needs a 'kubernetes:' section with at least 'image'")
-        if self.scheduler == "ssh" and self.ssh is None:
-            raise ValueError("scheduler 'ssh' needs an 'ssh:' section with at least 'hosts'")
-        if self.scheduler == "ssh" and self.ssh is not None and self.max_nodes > len(self.ssh.hosts):
-            raise ValueError(f"max_nodes={self.max_nodes} but ssh.hosts lists {len(self.ssh.hosts)} host(s): each node is one host; "
-                             f"set max_nodes to at most {len(self.ssh.hosts)} or add hosts")
-        if self.scheduler == "local" and self.max_nodes != 1:
-            raise ValueError("scheduler 'local' runs on this machine: max_nodes must be 1")
+        caps = capabilities(self.scheduler)
+        own = getattr(self, caps.settings_attr)
+        if caps.section_required is not None and own is None:
+            raise ValueError(f"scheduler {self.scheduler!r} {caps.section_required}")
+        if caps.fixed_hosts and isinstance(own, SshSettings) and self.max_nodes > len(own.hosts):
+            raise ValueError(f"max_nodes={self.max_nodes} but ssh.hosts lists {len(own.hosts)} host(s): each node is one host; "
+                             f"set max_nodes to at most {len(own.hosts)} or add hosts")
+        if not caps.multi_node and self.max_nodes != 1:
+            raise ValueError(f"scheduler {self.scheduler!r} {caps.refusal('multi_node').reason}: max_nodes must be 1")
         if self.gpu_hour_price is not None and self.gpus_per_node == 0:
             raise ValueError("gpu_hour_price prices GPU-hours, and this profile has no GPUs (gpus_per_node: 0); remove it")
         for path in self.placeholders:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.reports.usage import run_usage
+from jobgen.specs.capabilities import capabilities
 from jobgen.specs.notify import NotifySpec
 
 if TYPE_CHECKING:
@@ -61,13 +62,14 @@ def global_rank(environ: Mapping[str, str] = os.environ) -> int:
 def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
     """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module doc)."""
     launch = resolved.launch
-    if launch.scheduler == "slurm" and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+    caps = capabilities(launch.scheduler)
+    if caps.slurm_allocation and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
         # one task of a job array: the task's own handle (its SLURM_JOB_ID is not what submit printed)
-        return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    if launch.scheduler == "slurm" and environ.get("SLURM_JOB_ID"):
-        return f"slurm://{launch.cluster or 'default'}/{environ['SLURM_JOB_ID']}"
-    if launch.scheduler == "local":
-        return f"local://{run_dir}"
+        return f"{caps.handle_scheme}://{launch.cluster or 'default'}/{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    if caps.slurm_allocation and environ.get("SLURM_JOB_ID"):
+        return f"{caps.handle_scheme}://{launch.cluster or 'default'}/{environ['SLURM_JOB_ID']}"
+    if caps.job_dir_is_run_dir:
+        return f"{caps.handle_scheme}://{run_dir}"
     return None
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.specs.capabilities import capabilities
 
 if TYPE_CHECKING:
     from jobgen.jobdir.spec import ResolvedSpec
@@ -216,7 +217,7 @@ def find_place(resolved: ResolvedSpec) -> Place:
 
     launch = resolved.launch
     env: Any
-    if launch.scheduler == "slurm" and SLURMEnvironment.detect():
+    if capabilities(launch.scheduler).slurm_allocation and SLURMEnvironment.detect():
         env = SLURMEnvironment()
     elif TorchElasticEnvironment.detect():
         env = TorchElasticEnvironment()

@@ -19,6 +19,7 @@ from torch import nn
 
 from jobgen.errors import ConfigError
 from jobgen.jobdir.files import SUMMARY_FILE
+from jobgen.specs.capabilities import capabilities
 from jobgen.train.callbacks import FSDPGradNormClipping, LineProgress, LogIntervalBar, RequeueOnSignal, Throughput
 from jobgen.train.checkpoints import StepCheckpoint
 from jobgen.train.model import Block
@@ -266,7 +267,7 @@ def build_trainer(
     if notify is not None:
         callbacks.append(notify)
     plugins = []
-    if launch.scheduler == "slurm" and launch.requeue_signal:
+    if capabilities(launch.scheduler).requeue and launch.requeue_signal:
         signum = getattr(signal, "SIG" + launch.requeue_signal)
         job_id = RequeueOnSignal.slurm_job_id()
         # Lightning's own auto-requeue saves inside the signal handler, which can deadlock the

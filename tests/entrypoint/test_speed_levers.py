@@ -46,14 +46,14 @@ def test_the_entrypoint_sets_tf32_from_the_faked_device_query(monkeypatch) -> No
                                launch=SimpleNamespace(accelerator="gpu", world_size=1))  # fmt: skip
     monkeypatch.delenv("JOBGEN_LEVERS_OFF", raising=False)
     monkeypatch.setattr(speed, "cuda_capability", lambda: (9, 0))
-    levers = run._speed_levers(resolved)
+    levers = run._speed_levers(resolved).to_json()
     on = {"single_device": False, "host_logging": True, "fused_clip": True, "off": []}
     assert levers == {"compile": True, "matmul_precision": "high", "pin_memory": True} | on
     monkeypatch.setattr(speed, "cuda_capability", lambda: (7, 0))
-    assert run._speed_levers(resolved)["matmul_precision"] is None
+    assert run._speed_levers(resolved).matmul_precision is None
     monkeypatch.setenv("JOBGEN_LEVERS_OFF", "tf32,pin_memory,compile_auto")  # the before/after switches
     monkeypatch.setattr(speed, "cuda_capability", lambda: pytest.fail("tf32 off queried the GPU"))
-    assert run._speed_levers(resolved) == {"compile": False, "matmul_precision": None, "pin_memory": False} | on | {
+    assert run._speed_levers(resolved).to_json() == {"compile": False, "matmul_precision": None, "pin_memory": False} | on | {
         "off": ["compile_auto", "pin_memory", "tf32"]}
     monkeypatch.setenv("JOBGEN_LEVERS_OFF", "tf23")
     with pytest.raises(ConfigError, match="unknown lever.*'tf23'"):
@@ -61,7 +61,7 @@ def test_the_entrypoint_sets_tf32_from_the_faked_device_query(monkeypatch) -> No
     monkeypatch.delenv("JOBGEN_LEVERS_OFF")
     resolved.launch.accelerator = "cpu"
     monkeypatch.setattr(speed, "cuda_capability", lambda: pytest.fail("a CPU launch queried the GPU"))
-    assert run._speed_levers(resolved) == {"compile": False, "matmul_precision": None, "pin_memory": False} | on
+    assert run._speed_levers(resolved).to_json() == {"compile": False, "matmul_precision": None, "pin_memory": False} | on
 
 
 # --- torch.compile ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jobgen.jobdir.summary import read_summary
+
 
 def test_the_summary_names_the_newest_step_checkpoint_not_a_best_one(tmp_path: Path, write_spec, run_entrypoint) -> None:
     run_dir = tmp_path / "runs" / "tiny"
@@ -21,7 +23,10 @@ def test_the_summary_names_the_newest_step_checkpoint_not_a_best_one(tmp_path: P
         "tokens_per_step": None, "flops_per_token": None, "calibration": None, "calibration_file": None}))
     result = run_entrypoint("--spec", str(spec), "--run-dir", str(run_dir), timeout=300)
     assert result.code == 0, result.output
-    summary = json.loads((run_dir / "summary.json").read_text())
+    text = (run_dir / "summary.json").read_text()
+    summary = json.loads(text)
+    assert read_summary(run_dir / "summary.json").dumps() == text  # every key a field of the contract, in its order
+    assert f"done: tiny at step 4/4 (fresh start) in {summary['wall_time_s']:.1f} s" in result.stdout, result.output
     assert "best_checkpoint" not in summary, summary  # it named the newest, whatever its val_loss
     assert Path(summary["newest_step_checkpoint"]) == (run_dir / "checkpoints" / "step-00000004.ckpt").resolve(), summary
     assert Path(summary["last_checkpoint"]).name == "last.ckpt"

@@ -180,11 +180,12 @@ def test_the_site_hook_expands_the_markers_of_the_reference_pages():
     alone."""
     hooks = load_hooks()
     markers = [m for page in PAGES for m in reference.MARKER.findall(page.read_text())]
-    assert sorted(markers) == sorted([*reference._models(), "cli", "failures", "exitcodes", "launcherexits"]) == sorted(hooks.REFERENCES)
+    assert sorted(markers) == sorted([*reference._models(), "cli", "failures", "exitcodes", "launcherexits", "capabilities"]) == sorted(hooks.REFERENCES)
     for table, build in hooks.REFERENCES.items():
         page = next(p for p in PAGES if table in reference.MARKER.findall(p.read_text()))
         assert page.parent == DOCS / "reference" or (page.name, table) in (("failures.md", "failures"), ("failures.md", "exitcodes"),
-                                                                                         ("failures.md", "launcherexits"))
+                                                                                         ("failures.md", "launcherexits"),
+                                                                                         ("support.md", "capabilities"))
         built = hooks.on_page_markdown(page.read_text(), page=None, config=None, files=None)
         assert build().rstrip("\n") in built and "jobgen-reference" not in built
     untouched = (DOCS / "quickstart.md").read_text()
@@ -194,7 +195,7 @@ def test_the_site_hook_expands_the_markers_of_the_reference_pages():
 def test_an_unknown_table_fails_the_build_naming_the_valid_ones():
     with pytest.raises(ValueError, match="no reference table 'specs'; valid: spec, profile, project$"):
         reference.expand(MARKER.format("specs"))
-    with pytest.raises(ValueError, match="no reference table 'clis'; valid: spec, profile, project, cli, failures, exitcodes, launcherexits$"):
+    with pytest.raises(ValueError, match="no reference table 'clis'; valid: spec, profile, project, cli, failures, exitcodes, launcherexits, capabilities$"):
         load_hooks().on_page_markdown(MARKER.format("clis"), page=None, config=None, files=None)
 
 

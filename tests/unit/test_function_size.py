@@ -58,7 +58,6 @@ ALLOWED: dict[str, str] = {
     "jobgen/train/hf.py:load_causal_lm": _NOT_SPLIT + "loading a Hugging Face model with its quantization and adapters",
     "jobgen/train/model.py:LitGPT.__init__": "a LightningModule: save_hyperparameters() records each __init__ argument",
     "jobgen/train/preflight.py:run_preflight": _NOT_SPLIT + "the preflight's process group, measurement and report",
-    "jobgen/train/run.py:train": _NOT_SPLIT + "the entrypoint's training run from spec to summary",
     "jobgen/train/trainer.py:build_trainer": _NOT_SPLIT + "the Lightning Trainer and its callbacks from the spec",
     "jobgen/train/watchdog.py:WatchThread.__init__": _NOT_SPLIT + "the watchdog's settings, each an argument",
 }

@@ -35,11 +35,18 @@ def _kubeimage() -> ModuleType:
     name = "kubeimage"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "integration" / "k8s" / "kubeimage.py")
+    lab = REPO / "tests" / "integration" / "k8s"
+    if str(lab) not in sys.path:  # its parts (imagebase, ociarchive, imagesmoke) are imported by name beside it
+        sys.path.insert(0, str(lab))
+    spec = importlib.util.spec_from_file_location(name, lab / "kubeimage.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a half-loaded module must not stand in for the next test's
+        raise
     return module
 
 

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from jobgen.errors import ConfigError
+from jobgen.jobdir.summary import parse_summary
 from jobgen.reports.failure_class import EXIT_HUNG, Evidence, classify
 from jobgen.reports.straggler import straggler_details
 from jobgen.specs.load import validate
@@ -297,12 +298,12 @@ def test_rank_zeros_thread_reports_a_straggler_once(tmp_path, capsys):
     {"straggler": {"rank": 1, "node": "n", "ratio": 2, "step_time_s": "1", "median_step_time_s": 0.5}},
 ])
 def test_status_shows_nothing_for_a_summary_without_a_well_formed_straggler(summary):
-    assert straggler_details(summary) == {}
+    assert straggler_details(parse_summary(json.dumps(summary))) == {}  # summary.json as status reads it
 
 
 def test_status_shows_the_straggler_printable_and_cut():
     record = Straggler(3, "node2\n\x1b[2J" + "x" * 300, 2.1, 0.42, 0.2).to_json()
-    shown = straggler_details({"straggler": record})["straggler"]
+    shown = straggler_details(parse_summary(json.dumps({"straggler": record})))["straggler"]
     assert shown.startswith("rank 3 on node2\\n\\x1b[2J") and shown.endswith(": 2.1x the median step time (0.42 s vs 0.20 s)")
     assert "\n" not in shown and "\x1b" not in shown and len(shown) < 200, shown
 
