@@ -170,3 +170,13 @@ def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle) -> 
     end = None if running else last
     return Usage(device_kind, devices, span_seconds(first, end, now), f"pods' container times x requested {device_kind.upper()}s",
                  first, end, launch.gpu_hour_price if launch is not None else None, device_seconds=device_seconds)
+
+
+def container_started(pod: dict[str, Any], container: str) -> bool:
+    """Whether the pod's ``container`` has started (running or terminated now, or restarted
+    before): only then does the pod have a log to read."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container:
+            state = cs.get("state") or {}
+            return "running" in state or "terminated" in state or bool(cs.get("restartCount"))
+    return False

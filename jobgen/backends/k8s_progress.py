@@ -118,7 +118,7 @@ def pod_progress(handle: Any, *, kubeconfig: str | None = None, now: float | Non
     from jobgen.backends import kubernetes as k8s
     from jobgen.backends.k8s_api import ApiError
     from jobgen.backends.k8s_manifest import core_path
-    from jobgen.backends.k8s_pods import job_pods
+    from jobgen.backends.k8s_pods import container_started, job_pods
 
     cluster, kind, namespace, name, job = k8s._find(handle, kubeconfig)
     if job is None:
@@ -127,7 +127,7 @@ def pod_progress(handle: Any, *, kubeconfig: str | None = None, now: float | Non
     best: Progress | None = None
     for pod in _rank_zero_candidates(pods, kind is k8s.TRAINJOB):
         pod_name = str((pod.get("metadata") or {}).get("name", ""))
-        if not pod_name or not k8s._container_started(pod, container):
+        if not pod_name or not container_started(pod, container):
             continue
         query = [("container", container), ("timestamps", "true"), ("tailLines", str(TAIL_LINES)), ("limitBytes", str(LIMIT_BYTES))]
         try:

@@ -37,7 +37,8 @@ from jobgen.backends.k8s_manifest import (
     parse_manifest,
 )
 from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import job_pods, pod_evidence, pod_summary, pod_usage
+from jobgen.backends.k8s_pods import container_started, job_pods, pod_evidence, pod_summary, pod_usage
+from jobgen.backends.k8s_restarts import restarts_used
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -486,74 +487,6 @@ def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
                      evidence=pod_evidence(pods, name, container))
 
 
-#: Bytes read from the head of each pod's log for the launcher's restart line.
-RESTART_LINE_BYTES = 65536
-
-
-def restarts_used(cluster: Cluster, namespace: str, job: dict[str, Any], pods: list[dict[str, Any]], container: str) -> dict[str, str]:
-    """``restarts_used`` (``"<n> of <budget>"``) and ``restarts_source`` of a job with a restart budget
-    (``runPolicy.backoffLimit`` > 0, the spec's ``restart.max_restarts``); nothing without one.
-
-    The count, best source first:
-
-    - the launch wrapper's ledger (:mod:`jobgen.train.launch` counts each pod's starts in the run
-      directory, on the pods' volume, which this machine cannot read): a restarted pod's log
-      starts with the wrapper's ``restart N of B`` line (:func:`jobgen.train.launch.logged_restarts`);
-      the first :data:`RESTART_LINE_BYTES` of each pod's current log are read, and the largest N
-      is shown (the wrapper spends the budget per pod);
-    - else the pods' ``restartCount`` (containers restarted in place), the largest over the pods.
-      A pod the operator deleted and created again under ``restartPolicy: ExitCode`` starts at 0,
-      so this count can be low: ``restarts_source`` says which source was used.
-
-    A log that cannot be read, or holds no such line, counts as no restart of that pod.
-    """
-    from jobgen.train.launch import logged_restarts
-
-    budget = ((job.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit")
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
-        return {}
-    logged: list[int] = []
-    counts: list[int] = []
-    for pod in pods:
-        pod_name = str((pod.get("metadata") or {}).get("name") or "")
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            count = cs.get("restartCount") if cs.get("name") == container else None
-            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-                counts.append(count)
-        if not pod_name or not _container_started(pod, container):
-            continue
-        query = [("container", container), ("limitBytes", str(RESTART_LINE_BYTES))]
-        try:
-            response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log", query=query, timeout=30.0,
-                                       stream=True)  # type: ignore[arg-type]
-        except (ApiError, SubmitError):
-            continue
-        try:
-            head = b"".join(_head(response.stream(16 * 1024), RESTART_LINE_BYTES))
-        except Exception:  # noqa: BLE001 - a log cut off mid-read counts as no line
-            head = b""
-        finally:
-            response.release_conn()
-        found = logged_restarts(head.decode("utf-8", errors="replace"))
-        if found is not None:
-            logged.append(found[0])
-    if logged:
-        return {"restarts_used": f"{max(logged)} of {budget}",
-                "restarts_source": "the launch wrapper's restart line at the head of each pod's log (its ledger's count)"}
-    return {"restarts_used": f"{max(counts, default=0)} of {budget}",
-            "restarts_source": "the pods' restartCount (a pod created again starts at 0)"}
-
-
-def _head(chunks: Iterator[bytes], limit: int) -> Iterator[bytes]:
-    """The chunks until ``limit`` bytes were given."""
-    given = 0
-    for chunk in chunks:
-        yield chunk[:limit - given]
-        given += len(chunk)
-        if given >= limit:
-            return
-
-
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")
 
 
@@ -589,14 +522,6 @@ def _pod(cluster: Cluster, namespace: str, pod_name: str | None, selector: str |
     items = cluster.request("GET", core_path(namespace, "pods"), query=[("labelSelector", selector or "")]).get("items") or []
     items.sort(key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
     return items[-1] if items else None
-
-
-def _container_started(pod: dict[str, Any], container: str) -> bool:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == container:
-            state = cs.get("state") or {}
-            return "running" in state or "terminated" in state or bool(cs.get("restartCount"))
-    return False
 
 
 def iter_lines(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -647,7 +572,7 @@ def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False,
     while True:
         pod = _pod(cluster, namespace, pod_name, selector)
         state = _current_state(cluster, kind, namespace, name)
-        if pod is None or not _container_started(pod, container):
+        if pod is None or not container_started(pod, container):
             what = f"no pod for {replica} yet" if pod is None else f"pod {pod['metadata']['name']} is {(pod.get('status') or {}).get('phase', 'Pending')}"
             if not follow or state in ("COMPLETED", "FAILED", "UNKNOWN", "CANCELLED"):
                 out(f"jobgen: {handle} is {state}; {what}" + (" (jobgen logs -f waits for it)" if not follow else ""))
@@ -697,7 +622,7 @@ def _wait_for_restart(cluster: Cluster, kind: K8sKind, namespace: str, name: str
         if _current_state(cluster, kind, namespace, name) in ("COMPLETED", "FAILED", "TERMINATING", "UNKNOWN", "CANCELLED"):
             return ""
         now = _pod(cluster, namespace, None if selector else pod_name, selector)
-        if now is not None and _restart_key(now, container) != seen and _container_started(now, container):
+        if now is not None and _restart_key(now, container) != seen and container_started(now, container):
             return None
         phase = ((now or {}).get("status") or {}).get("phase")
         if now is not None and _restart_key(now, container) == seen and phase in ("Succeeded", "Failed"):
@@ -732,7 +657,7 @@ def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
     for pod in pods:
         pod_name = pod["metadata"]["name"]
         node = (pod.get("spec") or {}).get("nodeName")
-        if not _container_started(pod, container):
+        if not container_started(pod, container):
             continue
         position = 0
         for previous in (True, False) if _previous_ended(pod, container) else (False,):

@@ -40,6 +40,7 @@ from jobgen.backends.base import (
     secrets_location,
 )
 from jobgen.errors import EXIT_BAD_INPUT, ConfigError, InterruptedRun, JobgenError, SubmitError
+from jobgen.events.notifier import RESTART_COUNT_ENV, Notifier
 from jobgen.jobdir.files import (
     CODE_DIR_ENV,
     DS_CONFIG_FILE,
@@ -64,7 +65,6 @@ from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, uncla
 from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
-from jobgen.train.notifier import RESTART_COUNT_ENV, Notifier
 from jobgen.usercode.snapshot import snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.

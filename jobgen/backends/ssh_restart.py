@@ -151,15 +151,24 @@ class Hosts:
         self._call(self.settings.hosts[0], self.launch.write_command(self.run, SUMMARY_FILE), data=text.encode())
 
 
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """How the watch waits: ``poll_s`` seconds between two looks at the hosts, with ``sleep``;
+    ``clock`` (monotonic seconds) times how long the hosts stay unreached. Tests pass their own."""
+
+    poll_s: float = POLL_S
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
 def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], str], *, out: Callable[[str], None] = print,
-          poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-          notify: Callable[[dict[str, Any], int], Any] | None = None) -> str:
+          pace: Pace = Pace(), notify: Callable[[dict[str, Any], int], Any] | None = None) -> str:
     """Watch the job until it ends for good; returns how: ``COMPLETED``, ``FAILED``, ``CANCELLED``
     or ``UNKNOWN`` (the hosts stayed unreached for :data:`UNREACHED_LIMIT_S`). Records each
     decision in ``job_dir`` (:data:`RESTARTS_FILE`) as it is made. ``launch_line(rank)``: the
     start of launch.sh's line on node ``rank`` (:data:`jobgen.backends.ssh_launch.LAUNCH_LINE`).
     ``notify(entry, budget)``: called with each restart's record once it is decided, before the
-    hosts are started again (:meth:`jobgen.train.notifier.Notifier.send_restart`: the ``restart`` event)."""
+    hosts are started again (:meth:`jobgen.events.notifier.Notifier.send_restart`: the ``restart`` event)."""
     record: dict[str, Any] = {"max_restarts": budget, "restarts": [], "state": WATCHING, "pid": os.getpid(), "evidence": [],
                               "started_at": _now()}
     _write(job_dir, record)
@@ -174,12 +183,12 @@ def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], s
         gone = state == "UNKNOWN" and reached and len(reached) == len(nodes) and all(n.run_dir for n in nodes)
         if state in ("RUNNING", "PENDING") or (state == "UNKNOWN" and not gone):
             if state == "UNKNOWN":
-                lost_since = lost_since if lost_since is not None else clock()
-                if clock() - lost_since >= UNREACHED_LIMIT_S:
+                lost_since = lost_since if lost_since is not None else pace.clock()
+                if pace.clock() - lost_since >= UNREACHED_LIMIT_S:
                     return _done(job_dir, record, "UNKNOWN", out, f"the hosts stayed unreached for {UNREACHED_LIMIT_S:.0f} s")
             else:
                 lost_since = None
-            sleep(poll_s)
+            pace.sleep(pace.poll_s)
             continue
         lost_since = None
         if state == "COMPLETED":
@@ -252,8 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jobgen.backends.ssh_restart --job-dir DIR --handle H [--spec-source FILE]``:
     watch the job (:func:`watch`) with the budget of the job directory's spec.json."""
     from jobgen.backends.ssh_launch import LAUNCH_LINE
+    from jobgen.events.notifier import Notifier
     from jobgen.jobdir.spec import read_resolved_spec
-    from jobgen.train.notifier import Notifier
 
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     parser.add_argument("--job-dir", required=True, type=Path)

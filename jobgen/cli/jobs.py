@@ -177,8 +177,8 @@ def status(job: str, output: str, as_json: bool) -> None:
     if st.failure is not None:
         click.echo(f"  failure: {st.failure.describe()}")
     # who counted the restarts used: jobgen (local, ssh), or on Kubernetes its launch wrapper or the pods
-    itself = capabilities(st.handle.scheduler).restarts_by_jobgen or (
-        f"Kubernetes: {st.details.get('restarts_source', 'the pods')}" if st.handle.scheme == "k8s" else None)
+    caps = capabilities(st.handle.scheduler)
+    itself = caps.restarts_by_jobgen or (f"{caps.label}: {printable(st.details['restarts_source'])}" if "restarts_source" in st.details else None)
     if budget is not None and "restarts_used" in st.details and itself:
         click.echo(f"  restart budget: max_restarts {budget}, {printable(st.details['restarts_used'])} used ({itself})")
     elif budget is not None:

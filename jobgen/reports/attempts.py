@@ -1,6 +1,8 @@
 """One attempt of a torchrun job (a start of its ranks) and the restarts made within its budget:
 the pieces the local and ssh backends share.
 
+- :func:`logged_restarts`: the restart count a pod's log states (the Kubernetes launch wrapper's
+  :data:`RESTART_LINE`);
 - :func:`torchrun_evidence`: how an attempt ended, from one torchrun's output (``--tee 3``: every
   rank's line labelled), for :func:`jobgen.reports.failure_class.classify`;
 - :func:`restart_entry`, :func:`restart_details` and :func:`with_restarts`: one restart's record
@@ -24,6 +26,25 @@ from jobgen.reports.triage import Triage, torchrun_lines, triage
 #: the first rank that failed, then its ``exitcode  : N (pid: P)``.
 ROOT_CAUSE_RE = re.compile(r"^Root Cause \(first observed failure\):\n(?:(?!\s*exitcode\s*:).*\n){0,8}?\s*exitcode\s*:\s*(-?\d+)",
                            re.M)
+
+
+#: The Kubernetes launch wrapper's name in its lines (``python -m jobgen.train.launch``).
+LAUNCH_PROG = "jobgen.train.launch"
+#: The line a restarted pod's log starts with, printed by the launch wrapper (``jobgen status``
+#: reads the count from it: :func:`logged_restarts`).
+RESTART_LINE = LAUNCH_PROG + ": restart {restarts} of {budget} (restart.max_restarts)"
+_RESTART_LINE_RE = re.compile(r"^(?:\S+ )?" + re.escape(LAUNCH_PROG) + r": restart (\d{1,6}) of (\d{1,6}) \(restart\.max_restarts\)$")
+
+
+def logged_restarts(text: str) -> tuple[int, int] | None:
+    """``(restarts, budget)`` from the first :data:`RESTART_LINE` in a pod's log ``text`` (a line
+    may start with the kubelet's timestamp); None when no line is one (a first start, or a log
+    that says something else)."""
+    for line in text.splitlines():
+        found = _RESTART_LINE_RE.match(line.strip())
+        if found:
+            return int(found.group(1)), int(found.group(2))
+    return None
 
 
 def root_cause_exit_code(text: str) -> int | None:

@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 
 from jobgen.errors import printable
+from jobgen.reports.attempts import LAUNCH_PROG as PROG
+from jobgen.reports.attempts import RESTART_LINE
 
 #: The prefix of the launcher's own lines on stderr.
-PROG = "jobgen.train.launch"
 
 
 def _is_rendezvous_error(exc: BaseException) -> bool:
@@ -90,20 +91,6 @@ def own_options(argv: list[str]) -> tuple[int | None, Path | None, list[str]]:
     return budget, ledger, rest
 
 
-#: The line a restarted pod's log starts with (``jobgen status`` reads the count from it: :func:`logged_restarts`).
-RESTART_LINE = PROG + ": restart {restarts} of {budget} (restart.max_restarts)"
-_RESTART_LINE_RE = re.compile(r"^(?:\S+ )?" + re.escape(PROG) + r": restart (\d{1,6}) of (\d{1,6}) \(restart\.max_restarts\)$")
-
-
-def logged_restarts(text: str) -> tuple[int, int] | None:
-    """``(restarts, budget)`` from the first :data:`RESTART_LINE` in a pod's log ``text`` (a line
-    may start with the kubelet's timestamp); None when no line is one (a first start, or a log
-    that says something else)."""
-    for line in text.splitlines():
-        found = _RESTART_LINE_RE.match(line.strip())
-        if found:
-            return int(found.group(1)), int(found.group(2))
-    return None
 
 
 def pod_name(environ: dict[str, str] | None = None) -> str:
@@ -142,7 +129,7 @@ def record_restart(ledger: Path, name: str, number: int, code: int) -> None:
     :data:`RECORDS_SUFFIX`): ``restart``, ``class`` (of exit ``code``, as the SLURM batch script
     classes a task's code: :func:`jobgen.reports.failure_class.task_exit_classes`), ``reason``,
     ``exit_code``, ``at`` (UTC). The restarted pod's rank zero reads it
-    (:func:`jobgen.train.notifier.restart_of_this_start`). A record that cannot be written is
+    (:func:`jobgen.events.notifier.restart_of_this_start`). A record that cannot be written is
     said on stderr and does not change the exit code."""
     import json
     from datetime import datetime, timezone
@@ -181,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_BUDGET_SPENT
         # the workers inherit it: the entrypoint's notifications say which restart of the pod this is
-        os.environ["JOBGEN_RESTART_COUNT"] = str(restarts)  # jobgen.train.notifier.RESTART_COUNT_ENV
+        os.environ["JOBGEN_RESTART_COUNT"] = str(restarts)  # jobgen.events.notifier.RESTART_COUNT_ENV
         if restarts:  # a first start prints nothing: the job's output begins with the entrypoint's
             print(RESTART_LINE.format(restarts=restarts, budget=budget), file=sys.stderr, flush=True)
         if restarts > budget:

@@ -1,7 +1,7 @@
 """Notifications from the entrypoint: ``started``, ``requeued``, ``finished``, ``failed``, and
 ``restart`` at the start of a restart that the SLURM batch script or the Kubernetes launch wrapper
-decided and recorded (:func:`jobgen.train.notifier.restart_of_this_start`). jobgen itself sends
-``restart`` where it decides one (a local run, the ssh watcher: :meth:`jobgen.train.notifier.Notifier.send_restart`).
+decided and recorded (:func:`jobgen.events.notifier.restart_of_this_start`). jobgen itself sends
+``restart`` where it decides one (a local run, the ssh watcher: :meth:`jobgen.events.notifier.Notifier.send_restart`).
 
 The spec's ``notify:`` (:class:`jobgen.specs.training.NotifySpec`) names a webhook (a JSON body POSTed
 with :mod:`urllib.request`, stdlib only) and/or a command (argv, the JSON body on stdin). Only
@@ -27,10 +27,10 @@ The body (:meth:`Notifier.body`), one JSON object::
      "time": "2025-01-31T12:00:00Z", "host": "gpu-017", "run_dir": "/shared/runs/quickstart",
      "profile": "slurm-a100", "restart": 0, "error": null}
 
-``restart``: :data:`jobgen.train.notifier.RESTART_COUNT_ENV` (a local run's restarts, or a
+``restart``: :data:`jobgen.events.notifier.RESTART_COUNT_ENV` (a local run's restarts, or a
 Kubernetes pod's from the launch wrapper's ledger), else ``SLURM_RESTART_COUNT``, else
 ``TORCHELASTIC_RESTART_COUNT``. A ``restart`` body adds ``class``, ``reason``,
-``restarts_used`` and ``max_restarts`` (:func:`jobgen.train.notifier.restart_fields`).
+``restarts_used`` and ``max_restarts`` (:func:`jobgen.events.notifier.restart_fields`).
 
 ``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task:
 ``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 
-from jobgen.train.notifier import (  # noqa: F401 - the sending half, re-exported for the entrypoint's callers
+from jobgen.events.notifier import (  # noqa: F401 - the sending half, re-exported for the entrypoint's callers
     RETRY_DELAY_S,
     Notifier,
     global_rank,
@@ -113,7 +113,7 @@ class NotifyCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """``started``, in the background (the first step does not wait for the webhook); first
         ``restart`` when this start is a restart recorded by the SLURM batch script or the
-        Kubernetes launch wrapper (:func:`jobgen.train.notifier.restart_of_this_start`)."""
+        Kubernetes launch wrapper (:func:`jobgen.events.notifier.restart_of_this_start`)."""
         record = restart_of_this_start(self.notifier.environ)
         budget = self.notifier.resolved.spec.restart.max_restarts
         first = [] if record is None else [("restart", {**self.state(), "restart": restart_fields(record, budget)})]

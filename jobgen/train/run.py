@@ -386,10 +386,10 @@ def recorded_restarts(summary: dict[str, Any], budget: int, environ: Any = os.en
     """``summary`` with ``restarts`` (``max_restarts``, ``used``, ``history``:
     :func:`jobgen.reports.attempts.with_restarts`) from the restart records of a run whose restarts
     the SLURM batch script or the Kubernetes launch wrapper decided
-    (:data:`jobgen.train.notifier.RESTART_RECORD_ENV`); unchanged without a budget or that variable
+    (:data:`jobgen.events.notifier.RESTART_RECORD_ENV`); unchanged without a budget or that variable
     (a local or ssh run: jobgen adds them after the run)."""
+    from jobgen.events.notifier import RESTART_RECORD_ENV, read_restart_records
     from jobgen.reports.attempts import with_restarts
-    from jobgen.train.notifier import RESTART_RECORD_ENV, read_restart_records
 
     path = environ.get(RESTART_RECORD_ENV, "")
     if not budget or not path:

@@ -268,7 +268,7 @@ def test_restart_carries_class_reason_restarts_used_and_budget_and_takes_a_hosti
     """``restart``: the other events' keys plus class, reason, restarts_used and max_restarts; the
     body's ``restart`` is the restart's number. A reason with quotes, newlines, control characters,
     a lone surrogate and 300+ bytes arrives as the same text; one over 1000 characters is cut."""
-    from jobgen.train.notifier import REASON_CHARS
+    from jobgen.events.notifier import REASON_CHARS
 
     notifier = _notifier({"webhook": {"url": hook.url}})
     entry = {"restart": 2, "class": "infrastructure", "reason": HOSTILE_REASON, "rule": "hang", "evidence": "x", "exit_code": 201}
@@ -295,7 +295,7 @@ def test_a_malformed_restart_record_is_sent_with_nulls_and_a_filtered_event_is_n
 
 def test_a_spec_lists_restart_among_its_events_and_a_local_restart_count_is_the_bodys_restart() -> None:
     from jobgen.specs.notify import NOTIFY_EVENTS
-    from jobgen.train.notifier import RESTART_COUNT_ENV
+    from jobgen.events.notifier import RESTART_COUNT_ENV
 
     assert "restart" in NOTIFY_EVENTS
     notifier = _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "2", "TORCHELASTIC_RESTART_COUNT": "0"})

@@ -81,7 +81,7 @@ def restart_records(run_dir: Path, job_id: str = "42") -> list[dict]:
     every line must be one (a line the reader leaves out fails here)."""
     import json
 
-    from jobgen.train.notifier import read_restart_records
+    from jobgen.events.notifier import read_restart_records
 
     path = run_dir / "restarts" / f"slurm-{job_id}.jsonl"
     if not path.exists():

@@ -163,6 +163,9 @@ FORBIDDEN = {
     "jobgen.api": ("jobgen.cli",),  # the Python API (a package: its sweep submit beside submit)
     # `jobgen doctor`'s checks: they read the cluster with the backends' clients, on top of the plan
     "jobgen.doctor": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
+    # a run's notifications: below the backends and the entrypoint, which both send through it
+    "jobgen.events": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.train",
+                      "jobgen.api", "jobgen.cli", "jobgen.doctor"),
     "jobgen.cli": (),  # the top floor (a package): every command may call anything below it
     # the job directory's contract (a package): below the planner, beside rules and specs
     "jobgen.jobdir": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",

@@ -13,6 +13,7 @@ import pytest
 
 from jobgen.backends import k8s_api, k8s_manifest, plan
 from jobgen.backends import kubernetes as k8s
+from jobgen.backends.k8s_restarts import RESTART_LINE_BYTES
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.specs.load import load_profile, load_spec
@@ -533,7 +534,7 @@ def _restart_pods(fake: FakeCluster, counts: dict[str, int]) -> str:
 def test_status_counts_restarts_from_the_launch_wrappers_line_at_the_head_of_each_pods_log(job_dir, fake):
     """The run directory (the wrapper's ledger) is on the pods' volume: the count comes from the
     line the wrapper prints at each restarted start; the largest over the pods (a per-pod budget)."""
-    from jobgen.train.launch import RESTART_LINE
+    from jobgen.reports.attempts import RESTART_LINE
 
     handle = k8s.submit_dir(job_dir("restart.max_restarts=3"), out=lambda _: None).handle
     pods = _restart_pods(fake, {"quickstart-master-0": 0, "quickstart-worker-0": 0})
@@ -541,7 +542,7 @@ def test_status_counts_restarts_from_the_launch_wrappers_line_at_the_head_of_eac
                  f"{pods}/quickstart-worker-0/log": [b"W1129 warning\n" + RESTART_LINE.format(restarts=1, budget=3).encode() + b"\n"]}
     st = k8s.status(handle)
     assert st.details["restarts_used"] == "2 of 3" and "launch wrapper" in st.details["restarts_source"], st.details
-    assert all(("limitBytes", str(k8s.RESTART_LINE_BYTES)) in c[2] for c in fake.calls if c[1].endswith("/log"))
+    assert all(("limitBytes", str(RESTART_LINE_BYTES)) in c[2] for c in fake.calls if c[1].endswith("/log"))
 
 
 def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_line(job_dir, fake):

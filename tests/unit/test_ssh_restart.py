@@ -20,7 +20,7 @@ from jobgen.backends.ssh_launch import (
     stored_evidence,
     unpack_command,
 )
-from jobgen.backends.ssh_restart import node_evidence, watch
+from jobgen.backends.ssh_restart import Pace, node_evidence, watch
 
 KILLED = """\
 jobgen: node 1 of 2 on host2, rendezvous 10.0.0.1:29500
@@ -99,7 +99,7 @@ class FakeHosts:
 
 def run(hosts: FakeHosts, job_dir: Path, budget: int) -> tuple[str, list[str]]:
     said: list[str] = []
-    outcome = watch(hosts, job_dir, budget, launch_line, out=said.append, poll_s=0, sleep=lambda s: None,
+    outcome = watch(hosts, job_dir, budget, launch_line, out=said.append, pace=Pace(poll_s=0, sleep=lambda s: None),
                     notify=lambda entry, budget: (hosts.calls.append("notify"), hosts.notified.append((dict(entry), budget))))
     return outcome, said
 
