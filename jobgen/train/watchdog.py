@@ -79,6 +79,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from jobgen.jobdir.files import HANG_DIR, HANG_NODES_FILE, HANG_VERDICT_FILE
 from jobgen.reports.failure_class import EXIT_HUNG, HANG_VERDICT
+from jobgen.train.sentinel import SLEPT_S
 
 TRAIN, VALIDATE, CHECKPOINT, DONE = "train", "validate", "checkpoint", "done"
 #: The phases that pause the clock while the rank reporting them has a live heartbeat.
@@ -269,6 +270,19 @@ class Observer:
     def __post_init__(self) -> None:
         self.progress_at = self.store_ok_at = self.start
 
+    def skip(self, lost_s: float) -> None:
+        """This process did not run for ``lost_s`` seconds (its thread's wait for the next tick
+        took that much longer than asked: SLURM suspends a job by stopping every process of it,
+        ``scontrol suspend``, gang scheduling, PreemptMode=SUSPEND, while the monotonic clock runs
+        on). Every time the rule measures from moves forward by it, so that time counts neither as
+        time without progress nor as a silent heartbeat."""
+        self.start += lost_s
+        self.progress_at += lost_s
+        self.store_ok_at += lost_s
+        for seen in self.seen.values():
+            seen.beat_at += lost_s
+            seen.step_at += lost_s
+
     def median_step_s(self) -> float | None:
         """The median of the step times seen (seconds), ``None`` before any."""
         return statistics.median(self.samples) if self.samples else None
@@ -442,6 +456,7 @@ class WatchThread:
         count = 0
         while not self._stop.is_set():
             count += 1
+            began = time.monotonic()
             try:
                 self.board.publish(self.rank, Beat(self.step, self.phase, count, self.host, self.pid, self._compute_s()))
                 held = self.board.verdict()
@@ -449,6 +464,9 @@ class WatchThread:
                     self._end(held, decided=False)
                     return
                 beats = self.board.read(watched)
+                spent = time.monotonic() - began
+                if spent > SLEPT_S:  # the store answered, seconds later: this process was stopped meanwhile
+                    observer.skip(spent)
                 verdict = observer.observe(time.monotonic(), beats)
                 if self.sentinel is not None and not self._tell_sentinel(observer.limit_s()):
                     self._end_sentinel()
@@ -468,7 +486,11 @@ class WatchThread:
                         held = text
                     self._end(held, decided=held == text, doc=verdict.to_json() if held == text else None)
                     return
+            waited = time.monotonic()
             self._stop.wait(self.interval_s)
+            overslept = time.monotonic() - waited - self.interval_s
+            if overslept > SLEPT_S:  # this process was stopped meanwhile (a suspended job): not time without progress
+                observer.skip(overslept)
         try:  # the others' clocks pause for a rank that is done
             self.board.publish(self.rank, Beat(self.step, DONE, count + 1, self.host, self.pid))
         except Exception:  # noqa: BLE001 - best effort: the job is ending

@@ -10,6 +10,7 @@ through torchrun directly.
   newest checkpoint and complete, with the losses of an uninterrupted run from that checkpoint;
 - a rank that is slow but advances, with validation and checkpoint saves longer than the hang
   timeout on one rank: the job completes;
+- a job whose every process is stopped and continued (a SLURM suspend and resume) completes;
 - a job of one rank stopped with SIGSTOP: no peer watches it, so its sentinel process
   (jobgen/train/sentinel.py) prints the verdict naming it, writes ``hang/verdict.json`` and ends
   it with SIGKILL.
@@ -302,6 +303,40 @@ def test_a_stopped_single_rank_is_ended_by_its_sentinel_naming_it(write_spec, tm
     while running(sentinels[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(sentinels[0]), sentinels  # it ended after ending the rank
+
+
+def test_a_job_suspended_and_resumed_is_not_hung(write_spec, tmp_path: Path) -> None:
+    """SLURM suspends a job (``scontrol suspend``, gang scheduling, PreemptMode=SUSPEND) by stopping
+    every process of it, and resumes it with SIGCONT: here torchrun and both ranks stop for three
+    hang timeouts, and rank 0 (with torchrun's agent, which holds the store) runs again a second
+    before rank 1 (nodes are continued one by one). The ranks' watchdogs skip the time their process did not run, and the job completes."""
+    spec = write_spec({"trainer": {"max_steps": 40, "val_check_interval": 5000, "log_every_n_steps": 1},
+                       "checkpoint": {"every_n_steps": 1000}, "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S}},
+                      devices_per_node=2, world_size=2)
+    run_dir = tmp_path / "run"
+    launched = torchrun(spec, run_dir, tmp_path)
+    try:
+        launched.wait_for_step(12, TIMEOUT_S)
+        first = launched.rank_pid(0)
+        group = [launched.proc.pid, *descendants(launched.proc.pid)]
+        for pid in group:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(3 * HANG_TIMEOUT_S)
+        # slurmd on each node continues its processes: one node's ranks may run again first and wait
+        # in a collective for the others (a third of the timeout here)
+        for pid in (launched.proc.pid, first):  # torchrun's agent holds the rendezvous store (rank 0's node)
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(HANG_TIMEOUT_S / 3)
+        for pid in group:
+            os.kill(pid, signal.SIGCONT)
+        code = launched.wait(TIMEOUT_S)
+    finally:
+        if launched.proc.poll() is None:
+            launched.kill()
+    output = launched.output
+    assert code == 0, output
+    assert not (run_dir / "hang").exists() and "error: hang" not in output, output
+    assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 40
 
 
 def running(pid: int) -> bool:

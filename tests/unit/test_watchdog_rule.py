@@ -353,3 +353,22 @@ def test_the_node_name_is_slurms_under_srun_else_the_host_name():
 
     assert node_name({"SLURMD_NODENAME": "gpu-a17"}) == "gpu-a17"
     assert node_name({}) == socket.gethostname()
+
+
+def test_time_a_suspended_process_did_not_run_is_skipped():
+    """SLURM suspends a job (``scontrol suspend``, gang scheduling, PreemptMode=SUSPEND) by stopping
+    every process of it; the monotonic clock runs on. The thread tells the observer how long its
+    wait overslept; that time is not time without progress, on this rank's clock nor on its view
+    of the others (they stood still with it)."""
+    observer = Observer((0, 1), hang_timeout_s=3, factor=10, interval_s=0.1, start=0.0)
+    ticks = [(t / 10, {0: beat(t, t), 1: beat(t, t)}) for t in range(1, 20)]
+    assert feed(observer, ticks) == (None, None)
+    observer.skip(600.0)  # stopped for 600 s after t=1.9; the first tick after it sees the beats of before
+    ticks = [(601.9 + t / 10, {0: beat(19, 19), 1: beat(19, 19)}) for t in range(1, 5)]
+    ticks += [(602.3 + t / 10, {0: beat(19 + t, 19 + t), 1: beat(19 + t, 19 + t)}) for t in range(1, 20)]
+    assert feed(observer, ticks) == (None, None)
+    # a rank that stops after the resume is still found, a timeout after the last step
+    when, verdict = feed(observer, [(604.2 + t / 10, {0: beat(38, 38 + t), 1: beat(38, 38)}) for t in range(1, 60)])
+    assert when == pytest.approx(604.2 + 3, abs=0.21) and [s.rank for s in verdict.first] == [1]
+    fresh = Observer((0, 1), hang_timeout_s=3, factor=10, interval_s=0.1, start=0.0)  # the same ticks without the skip
+    assert feed(fresh, [(t / 10, {0: beat(t, t), 1: beat(t, t)}) for t in range(1, 20)] + [(601.9, {0: beat(19, 19), 1: beat(19, 19)})])[0] == 601.9
