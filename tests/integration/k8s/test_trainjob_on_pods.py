@@ -63,6 +63,7 @@ from podlab import (  # noqa: E402
     task_pid,
     train_losses,
     wait_state,
+    without_exit_barrier_race,
 )
 
 pytestmark = pytest.mark.k8s_lab
@@ -140,7 +141,9 @@ def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodL
     assert f"done: tj-quickstart at step {STEPS}/{STEPS} (fresh start)" in out0.stdout, out0.stdout[-3000:]
     assert f"step {STEPS}/{STEPS} | train_loss" in out0.stdout and "over 2 rank(s)" in out0.stdout
     assert f"done: tj-quickstart at step {STEPS}/{STEPS}" in followed, followed[-3000:]  # read live, to the end
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out1.stdout and "Traceback" not in out1.stdout, out1.stdout[-3000:]
+    # torchrun's agents meet at an exit barrier held by node 0's agent, which may leave first (podlab.without_exit_barrier_race)
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out1.stdout and "Traceback" not in without_exit_barrier_race(out1.stdout), \
+        out1.stdout[-3000:]
     triage = cli(pods, "logs", "--first-error", handle)
     assert triage.returncode == 0 and "no rank's output shows a traceback" in triage.stdout, triage.stdout + triage.stderr
     run_dir = pods.runs / "tj-quickstart"  # /workspace/runs/tj-quickstart on the shared volume

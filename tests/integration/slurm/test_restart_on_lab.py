@@ -85,22 +85,32 @@ def _show_job(lab, jid: str) -> str:
     return run_slurm(lab, "scontrol", "show", "job", "-o", jid, check=False).stdout
 
 
+def _running(jobgen, lab, name: str, text: str, node: str | None = None) -> tuple[str, str, Path, str, int]:  # noqa: F811 - the fixture
+    """Submit the spec ``text`` as ``name`` and wait for its first step checkpoint; returns
+    ``(handle, job id, run dir, node, pid)``: the rank's process on ``node`` (default: the job's
+    one node, as squeue names it)."""
+    spec = jobgen.root / f"{name}.yaml"
+    spec.write_text(text)
+    handle = jobgen.submit(str(spec))
+    jid = job_id(handle)
+    run = run_dir(jobgen, name)
+    wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), 300, 0.5, what=f"a step checkpoint in {run}")
+    if node is None:
+        node = run_slurm(lab, "squeue", "-h", "-j", jid, "-o", "%N").stdout.strip()
+        assert node in NODE_NAMES, node
+    pid = wait_for(lambda: _rank_pid(lab, node), 30, 0.2, what=f"the rank's process on {node}")
+    return handle, jid, run, node, pid
+
+
 def test_a_killed_rank_requeues_the_job_onto_the_other_node_where_it_resumes(jobgen, slurm_lab):  # noqa: F811 - the fixture
     jobgen.profile()
-    spec = jobgen.root / "lab-restart.yaml"
     received = jobgen.root / "notified.jsonl"  # the notify command runs on the nodes, which share this filesystem
     recorder = jobgen.root / "recorder.py"
     recorder.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
     notify = f"notify: {{command: [{json.dumps(sys.executable)}, {json.dumps(str(recorder))}, {json.dumps(str(received))}]}}\n"
-    spec.write_text(SPEC.format(name="lab-restart", max_steps=600, every=25) + notify)
     started = time.monotonic()
-    handle = jobgen.submit(str(spec))
-    jid = job_id(handle)
-    run = run_dir(jobgen, "lab-restart")
-    wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), 300, 0.5, what=f"a step checkpoint in {run}")
-    first = run_slurm(slurm_lab, "squeue", "-h", "-j", jid, "-o", "%N").stdout.strip()
-    assert first in NODE_NAMES, first
-    pid = wait_for(lambda: _rank_pid(slurm_lab, first), 30, 0.2, what=f"the rank's process on {first}")
+    handle, jid, run, first, pid = _running(jobgen, slurm_lab, "lab-restart", SPEC.format(name="lab-restart", max_steps=600, every=25)
+                                            + notify)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
 
@@ -159,16 +169,9 @@ def _ran_on(lab, jid: str) -> str:
 
 def test_a_stopped_rank_is_found_hung_and_the_job_requeues_onto_the_other_node_where_it_resumes(jobgen, slurm_lab):  # noqa: F811 - the fixture
     jobgen.profile()
-    spec = jobgen.root / "lab-hang.yaml"
-    spec.write_text(SPEC.format(name="lab-hang", max_steps=300, every=25) + "watchdog: {hang_timeout_s: 6}\n")
     started = time.monotonic()
-    handle = jobgen.submit(str(spec))
-    jid = job_id(handle)
-    run = run_dir(jobgen, "lab-hang")
-    wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), 300, 0.5, what=f"a step checkpoint in {run}")
-    first = run_slurm(slurm_lab, "squeue", "-h", "-j", jid, "-o", "%N").stdout.strip()
-    assert first in NODE_NAMES, first
-    pid = wait_for(lambda: _rank_pid(slurm_lab, first), 30, 0.2, what=f"the rank's process on {first}")
+    handle, jid, run, first, pid = _running(jobgen, slurm_lab, "lab-hang", SPEC.format(name="lab-hang", max_steps=300, every=25)
+                                            + "watchdog: {hang_timeout_s: 6}\n")
     os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
 
@@ -200,16 +203,10 @@ def test_a_hang_of_a_two_node_job_excludes_the_node_whose_heartbeat_stopped(jobg
     first task srun reports. The requeued job cannot run on one node: it stays PENDING and is
     cancelled."""
     jobgen.profile()
-    spec = jobgen.root / "lab-hang2.yaml"
-    spec.write_text(SPEC.format(name="lab-hang2", max_steps=3000, every=25).replace("nodes: 1", "nodes: 2")
-                    + "watchdog: {hang_timeout_s: 6}\n")
-    handle = jobgen.submit(str(spec))
-    jid = job_id(handle)
-    run = run_dir(jobgen, "lab-hang2")
+    first, second = NODE_NAMES
+    text = SPEC.format(name="lab-hang2", max_steps=3000, every=25).replace("nodes: 1", "nodes: 2") + "watchdog: {hang_timeout_s: 6}\n"
+    handle, jid, run, _, pid = _running(jobgen, slurm_lab, "lab-hang2", text, node=second)  # rank 1
     try:
-        wait_for(lambda: sorted((run / "checkpoints").glob("step-*")), 300, 0.5, what=f"a step checkpoint in {run}")
-        first, second = NODE_NAMES
-        pid = wait_for(lambda: _rank_pid(slurm_lab, second), 30, 0.2, what=f"rank 1's process on {second}")
         os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: "Restarts=1" in _show_job(slurm_lab, jid), 90, 0.5,
                  what=f"job {jid} requeued ({_show_job(slurm_lab, jid)[-400:]})")
