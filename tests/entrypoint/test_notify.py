@@ -294,8 +294,8 @@ def test_a_malformed_restart_record_is_sent_with_nulls_and_a_filtered_event_is_n
 
 
 def test_a_spec_lists_restart_among_its_events_and_a_local_restart_count_is_the_bodys_restart() -> None:
-    from jobgen.specs.notify import NOTIFY_EVENTS
     from jobgen.events.notifier import RESTART_COUNT_ENV
+    from jobgen.specs.notify import NOTIFY_EVENTS
 
     assert "restart" in NOTIFY_EVENTS
     notifier = _notifier({"command": ["true"]}, {RESTART_COUNT_ENV: "2", "TORCHELASTIC_RESTART_COUNT": "0"})

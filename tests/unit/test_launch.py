@@ -236,8 +236,8 @@ def test_the_workers_are_told_which_restart_of_the_pod_this_is_and_what_it_resta
     a retryable exit within the budget is recorded (class, reason), and at the pod's next start
     rank zero finds that record as this start's restart (its ``restart`` notification); a first
     start, a user exit and a garbled line in the records find none."""
-    from jobgen.train import launch
     from jobgen.events.notifier import RESTART_COUNT_ENV, RESTART_RECORD_ENV, restart_of_this_start
+    from jobgen.train import launch
 
     seen: list[tuple[str | None, dict | None]] = []
     codes = iter([137, 0, 1])
