@@ -28,6 +28,10 @@ from tests.tracker_files import read_wandb_file
 pytest.importorskip("wandb", reason="wandb not installed (pip install -e .[tracking])")
 pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e .[tracking])")
 
+WANDB_HEADER_ONLY = b":W&B\xe1\xbe\x00"
+"""What ``wandb-core`` 0.31 leaves in a run file it was killed before writing to: the 7-byte
+format header (``:W&B``, a magic number, the format version) and no record."""
+
 
 def _piece(tmp_path: Path, run_dir: Path, uri: str, first: int, last: int, end: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "tests.entrypoint.tracking_piece", str(run_dir), uri, str(first), str(last), end],
@@ -35,6 +39,27 @@ def _piece(tmp_path: Path, run_dir: Path, uri: str, first: int, last: int, end: 
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith("RECORD "))
     return json.loads(line.removeprefix("RECORD "))
+
+
+def _readers_agree(path: Path, key: str, env: dict[str, str], killed: bool) -> None:
+    """jobgen reads W&B run files itself (``WandbFileSteps``: wandb 0.31 has no Python reader), as
+    does ``wandb_history`` here: both must agree with wandb's own reader, on a killed piece's file
+    too. The run record is in every file, except the file of a ``wandb-core`` killed before its
+    first write (the format header alone, no record at all)."""
+    from jobgen.train.tracking import WandbFileSteps
+
+    theirs = read_wandb_file(path, env)
+    empty = killed and path.read_bytes() == WANDB_HEADER_ONLY
+    assert theirs.run_ids == ([] if empty else [key]) and wandb_history(path) == theirs.history, (path, theirs)
+    assert WandbFileSteps(path).read() == max(theirs.steps, default=None), (path, theirs.steps)
+
+
+def test_readers_agree_on_the_file_of_a_wandb_core_killed_before_its_first_write(tmp_path: Path) -> None:
+    path = tmp_path / "run-k.wandb"
+    path.write_bytes(WANDB_HEADER_ONLY)
+    _readers_agree(path, "k", tracker_env(tmp_path), killed=True)
+    with pytest.raises(AssertionError):  # a piece that finished wrote its run record
+        _readers_agree(path, "k", tracker_env(tmp_path), killed=False)
 
 
 @pytest.mark.slow
@@ -58,15 +83,8 @@ def test_rows_sent_before_wandb_core_is_killed_are_kept_or_sent_again_once(tmp_p
     for step, metrics in rows:  # the step's rows merged: train and validation in one W&B row
         assert set(metrics) == ({"train_loss", "epoch", "val_loss"} if step % 10 == 0 else {"train_loss", "epoch"}), (step, metrics)
         assert metrics["train_loss"] == pytest.approx(10.0 - step / 100)
-    # jobgen reads these files itself (WandbFileSteps: wandb 0.31 has no Python reader), as does
-    # wandb_history here: both agree with wandb's own reader, on the killed piece's file too
-    from jobgen.train.tracking import WandbFileSteps
-
     for piece in pieces:
-        path = piece / f"run-{key}.wandb"
-        theirs = read_wandb_file(path, tracker_env(tmp_path))
-        assert theirs.run_ids == [key] and wandb_history(path) == theirs.history, (path, theirs)
-        assert WandbFileSteps(path).read() == max(theirs.steps, default=None), (path, theirs.steps)
+        _readers_agree(piece / f"run-{key}.wandb", key, tracker_env(tmp_path), killed=piece == killed)
     client = mlflow_client(uri)
     steps = metric_steps(client, record["mlflow_run_id"])
     assert steps["train_loss"] == list(range(1, 41)) and steps["val_loss"] == [10, 20, 30, 40], steps
