@@ -79,6 +79,32 @@ def _read_json(path: Path, missing: str) -> dict[str, Any]:
     return doc
 
 
+def _layout_of(spec: dict[str, Any], strategy: str) -> Any:
+    """The :class:`jobgen.planning.estimate.Layout` of a run whose ``spec.json`` is ``spec`` and
+    whose summary names ``strategy``: the sharding and offload fields of the spec's trainer where
+    the strategy has them (offload is told apart only when spec.json has those fields)."""
+    from jobgen.planning.estimate import Layout
+
+    t = spec.get("spec", {}).get("trainer") if isinstance(spec.get("spec"), dict) else None
+    t = t if isinstance(t, dict) else {}
+    return Layout(strategy if strategy != "single_device" else "ddp",
+                  t.get("fsdp_sharding_strategy", "FULL_SHARD") if strategy == "fsdp" else "FULL_SHARD",
+                  t.get("offload_optimizer", "none") if strategy.startswith("deepspeed") else "none",
+                  t.get("offload_params", "none") if strategy in ("fsdp", "deepspeed_stage_3") else "none")
+
+
+def _exposed_comm_of_step(colls: tuple[Any, ...], link: Any, step_s: float) -> float:
+    """Seconds of a measured step of ``step_s`` seconds that the collectives ``colls`` leave
+    exposed: step = compute + exposed(compute), solved by a few fixed-point rounds, and never more
+    than half of the step (the model is not trusted to explain more of a measured step)."""
+    from jobgen.planning.time_model import exposed_comm_s
+
+    comm = 0.0
+    for _ in range(4):
+        comm = min(exposed_comm_s(colls, link, step_s - comm), 0.5 * step_s)
+    return comm
+
+
 def measure_run(run_dir: Path, profile: Any | None) -> RunMeasurement:
     """Reduce a finished run directory (``summary.json``, ``spec.json``) to a calibration
     measurement: the key (accelerator from the launch, compute dtype of its precision, layout
@@ -95,9 +121,8 @@ def measure_run(run_dir: Path, profile: Any | None) -> RunMeasurement:
         ConfigError: no summary.json / spec.json, a field missing or not a positive finite
             number, an unknown GPU type, a profile that cannot be loaded.
     """
-    from jobgen.planning.estimate import Layout
     from jobgen.planning.flops import PEAK_FLOPS, planned_compute_dtype
-    from jobgen.planning.time_model import exposed_comm_s, link_for
+    from jobgen.planning.time_model import collectives, link_for
 
     summary_path, spec_path = run_dir / "summary.json", run_dir / "spec.json"
     summary = _read_json(summary_path, "the run has not finished (summary.json is written at the end of training)")
@@ -131,25 +156,15 @@ def measure_run(run_dir: Path, profile: Any | None) -> RunMeasurement:
     nodes = launch.get("num_nodes")
     num_nodes = nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and 1 <= nodes <= world else 1
     per_node = max(1, world // max(1, num_nodes))
-    # the collectives of this run's layout at this world (offload is not told apart here: the
-    # spec's offload fields are read when spec.json has them)
-    t = spec.get("spec", {}).get("trainer") if isinstance(spec.get("spec"), dict) else None
-    t = t if isinstance(t, dict) else {}
-    layout = Layout(strategy if strategy != "single_device" else "ddp",
-                    t.get("fsdp_sharding_strategy", "FULL_SHARD") if strategy == "fsdp" else "FULL_SHARD",
-                    t.get("offload_optimizer", "none") if strategy.startswith("deepspeed") else "none",
-                    t.get("offload_params", "none") if strategy in ("fsdp", "deepspeed_stage_3") else "none")
     if profile is None and (world > 1 or accel == "cpu"):
         profile = _profile_of(summary, where)
     step_tokens = tokens_per_step if isinstance(tokens_per_step, int) and tokens_per_step > 0 else None
     step_s = (step_tokens / tokens_per_s) if step_tokens else 0.0
     comm = 0.0
     if world > 1 and step_s > 0:
-        link = link_for(profile, accel, num_nodes)
-        for _ in range(4):  # step = compute + exposed(compute): a few fixed-point rounds settle it
-            comm = exposed_comm_s(layout, trainable, precision, num_nodes, per_node, link, step_s - comm, 1.0,
-                                  "cpu" if accel == "cpu" else "gpu")
-            comm = min(comm, 0.5 * step_s)  # the model is not trusted to explain more than half of a measured step
+        colls = collectives(_layout_of(spec, strategy), trainable, precision, num_nodes, per_node,
+                            "cpu" if accel == "cpu" else "gpu")
+        comm = _exposed_comm_of_step(colls, link_for(profile, accel, num_nodes), step_s)
     compute_s = step_s - comm if step_s > 0 else 0.0
     flops_per_s = tokens_per_s * fpt * (step_s / compute_s if compute_s > 0 else 1.0)
     cores = None

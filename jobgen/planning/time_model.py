@@ -225,12 +225,11 @@ def comm_seconds(coll: Collective, link: Link, slow: float = 1.0) -> float:
     return coll.bus_bytes() * slow / (gbps * GB)
 
 
-def exposed_comm_s(layout: Layout, trainable: int, precision: str, num_nodes: int, devices_per_node: int, link: Link,
-                   compute_s: float, slow: float = 1.0, accelerator: str = "gpu") -> float:
-    """Seconds of collectives a step waits for beyond the compute they overlap (module docstring,
-    "Overlap"): backward-overlapping ones beyond ``BACKWARD_SHARE x compute_s``, all of them
-    beyond ``compute_s``, the rest in full."""
-    colls = collectives(layout, trainable, precision, num_nodes, devices_per_node, accelerator)
+def exposed_comm_s(colls: tuple[Collective, ...], link: Link, compute_s: float, slow: float = 1.0) -> float:
+    """Seconds of the collectives ``colls`` (:func:`collectives`) a step waits for beyond the
+    compute they overlap (module docstring, "Overlap"): backward-overlapping ones beyond
+    ``BACKWARD_SHARE x compute_s``, all of them beyond ``compute_s``, the rest in full; each at the
+    link's bandwidth / ``slow``."""
     back = sum(comm_seconds(c, link, slow) for c in colls if c.overlap == "backward")
     comp = sum(comm_seconds(c, link, slow) for c in colls if c.overlap == "compute")
     serial = sum(comm_seconds(c, link, slow) for c in colls if c.overlap == "none")
@@ -323,15 +322,12 @@ class TimePlan:
         }
 
 
-def predict(layout: Layout, *, flops_per_token: int, tokens_per_step: int, trainable: int, n_params: int, precision: str,
-            accelerator: str, num_nodes: int, devices_per_node: int, link: Link, cal: Any,
-            max_steps: int | None = None, price: float | None = None, cores_per_rank: int = 1, cpus_per_node: int | None = None,
-            seeds: Any = None) -> RowPrediction | None:
-    """The prediction for one layout; ``None`` when no calibration row applies (a CPU without a
-    CPU row, a GPU dtype no row covers).
+@dataclass(frozen=True)
+class Workload:
+    """What the time model predicts every layout of a plan for: the model, the world, the
+    bandwidths and the calibration.
 
-    Args:
-        layout: the layout.
+    Fields:
         flops_per_token: model FLOPs per token (:func:`jobgen.planning.flops.shape_flops_per_token`).
         tokens_per_step: tokens of one optimizer step over the whole world.
         trainable, n_params: trainable and total parameters (collectives; size class).
@@ -345,37 +341,72 @@ def predict(layout: Layout, *, flops_per_token: int, tokens_per_step: int, train
         cores_per_rank, cpus_per_node: CPU ranks: cores each rank uses, cores of a node.
         seeds: seed rows (default :func:`jobgen.planning.calibration.seed_rows`).
     """
-    n = num_nodes * devices_per_node
-    gpu = accelerator != "cpu"
-    dtype = planned_compute_dtype(precision, accelerator if gpu else None)
+
+    flops_per_token: int
+    tokens_per_step: int
+    trainable: int
+    n_params: int
+    precision: str
+    accelerator: str
+    num_nodes: int
+    devices_per_node: int
+    link: Link
+    cal: Any
+    max_steps: int | None = None
+    price: float | None = None
+    cores_per_rank: int = 1
+    cpus_per_node: int | None = None
+    seeds: Any = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks over all nodes."""
+        return self.num_nodes * self.devices_per_node
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the ranks are GPUs."""
+        return self.accelerator != "cpu"
+
+    def rate(self, dtype: str) -> float | None:
+        """FLOP/s the MFU scales: the world's datasheet peak in ``dtype`` (``None``: the GPU type
+        has none), or, on CPU ranks, the cores used (the calibration row is FLOP/s per core)."""
+        if self.gpu:
+            peak = PEAK_FLOPS[self.accelerator].get(dtype)
+            return None if peak is None else self.world_size * peak
+        if self.cpus_per_node is None:
+            return float(self.world_size * self.cores_per_rank)
+        return float(self.num_nodes * min(self.cpus_per_node, self.devices_per_node * self.cores_per_rank))
+
+
+def predict(layout: Layout, work: Workload) -> RowPrediction | None:
+    """The prediction for one layout of ``work``; ``None`` when no calibration row applies (a CPU
+    without a CPU row, a GPU dtype no row covers)."""
+    n = work.world_size
+    dtype = planned_compute_dtype(work.precision, work.accelerator if work.gpu else None)
     single = n == 1 and layout.offload_optimizer == "none" and layout.offload_params == "none" and layout.strategy != "deepspeed_stage_3"
     family = family_of(layout.strategy, single_device=single)
-    found = lookup(cal, accelerator, dtype, family, size_class(n_params), seeds=seeds)
+    found = lookup(work.cal, work.accelerator, dtype, family, size_class(work.n_params), seeds=work.seeds)
     if found is None:
         return None
     lo_v, hi_v = found.row.band
-    flops_step = float(flops_per_token) * tokens_per_step
-    if gpu:
-        peak = PEAK_FLOPS[accelerator].get(dtype)
-        if peak is None:
-            return None
-        rate = n * peak
-    else:
-        cores = n * cores_per_rank if cpus_per_node is None else num_nodes * min(cpus_per_node, devices_per_node * cores_per_rank)
-        rate = float(cores)
+    flops_step = float(work.flops_per_token) * work.tokens_per_step
+    rate = work.rate(dtype)
+    if rate is None:
+        return None
     compute = Band(flops_step / (rate * found.row.value), flops_step / (rate * hi_v), flops_step / (rate * lo_v))
-    colls = collectives(layout, trainable, precision, num_nodes, devices_per_node, "gpu" if gpu else "cpu")
-    comm = Band(exposed_comm_s(layout, trainable, precision, num_nodes, devices_per_node, link, compute.value, 1.0, "gpu" if gpu else "cpu"),
-                exposed_comm_s(layout, trainable, precision, num_nodes, devices_per_node, link, compute.low, 1.0, "gpu" if gpu else "cpu"),
-                exposed_comm_s(layout, trainable, precision, num_nodes, devices_per_node, link, compute.high, 2.0, "gpu" if gpu else "cpu"))
+    colls = collectives(layout, work.trainable, work.precision, work.num_nodes, work.devices_per_node,
+                        "gpu" if work.gpu else "cpu")
+    comm = Band(exposed_comm_s(colls, work.link, compute.value), exposed_comm_s(colls, work.link, compute.low),
+                exposed_comm_s(colls, work.link, compute.high, 2.0))
     step = Band(compute.value + comm.value, compute.low + comm.low, compute.high + comm.high)
-    tps = Band(tokens_per_step / step.value, tokens_per_step / step.high, tokens_per_step / step.low)
+    tps = Band(work.tokens_per_step / step.value, work.tokens_per_step / step.high, work.tokens_per_step / step.low)
     wall = hours = cost = None
-    if max_steps:
-        wall = Band(step.value * max_steps, step.low * max_steps, step.high * max_steps)
+    if work.max_steps:
+        wall = Band(step.value * work.max_steps, step.low * work.max_steps, step.high * work.max_steps)
         hours = Band(*(v * n / 3600 for v in (wall.value, wall.low, wall.high)))
-        if price is not None and gpu:
-            cost = Band(*(v * price for v in (hours.value, hours.low, hours.high)))
+        if work.price is not None and work.gpu:
+            cost = Band(*(v * work.price for v in (hours.value, hours.low, hours.high)))
     return RowPrediction(layout, compute, comm, step, tps, wall, hours, cost, found, colls)
 
 
@@ -493,11 +524,12 @@ def plan_time(spec: Any, profile: Any, mp: Any, *, hf_config: str | None = None,
     link = link_for(profile, accel, n_nodes)
     base |= {"flops_per_token": fpt, "tokens_per_step": tokens, "link": link}
     rows: dict[str, RowPrediction] = {}
-    cores = cores_per_rank(profile, per_node)
-    for r in mp.rows:
-        p = predict(r.estimate.layout, flops_per_token=fpt, tokens_per_step=tokens, trainable=trainable, n_params=mp.n_params,
+    work = Workload(flops_per_token=fpt, tokens_per_step=tokens, trainable=trainable, n_params=mp.n_params,
                     precision=mp.precision, accelerator=accel, num_nodes=n_nodes, devices_per_node=per_node, link=link, cal=cal,
-                    max_steps=max_steps, price=price, cores_per_rank=cores, cpus_per_node=None if gpu else profile.cpus_per_node)
+                    max_steps=max_steps, price=price, cores_per_rank=cores_per_rank(profile, per_node),
+                    cpus_per_node=None if gpu else profile.cpus_per_node)
+    for r in mp.rows:
+        p = predict(r.estimate.layout, work)
         if p is not None:
             rows[r.estimate.layout.label] = p
     from jobgen.errors import printable

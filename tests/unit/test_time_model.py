@@ -19,6 +19,7 @@ from jobgen.planning.time_model import (
     Link,
     RowPrediction,
     TimePlan,
+    Workload,
     collectives,
     exposed_comm_s,
     predict,
@@ -62,16 +63,16 @@ def test_each_layouts_collective_bytes_match_hand_computed_volumes():
 def test_collectives_beyond_the_compute_they_overlap_are_exposed():
     link = Link(1.0, None, 1.0, 1, ())  # 1 GB/s: bus bytes / 1e9 seconds
     ddp = 6000 / 1e9
-    assert exposed_comm_s(Layout("ddp"), PSI, "bf16-mixed", 1, 4, link, 0.0) == pytest.approx(ddp)
+    assert exposed_comm_s(collectives(Layout("ddp"), PSI, "bf16-mixed", 1, 4), link, 0.0) == pytest.approx(ddp)
     # the gradient all-reduce overlaps backward, 2/3 of the compute
-    assert exposed_comm_s(Layout("ddp"), PSI, "bf16-mixed", 1, 4, link, 1.5 * ddp) == pytest.approx(0.0)
-    assert exposed_comm_s(Layout("ddp"), PSI, "bf16-mixed", 1, 4, link, 0.75 * ddp) == pytest.approx(ddp / 2)
+    assert exposed_comm_s(collectives(Layout("ddp"), PSI, "bf16-mixed", 1, 4), link, 1.5 * ddp) == pytest.approx(0.0)
+    assert exposed_comm_s(collectives(Layout("ddp"), PSI, "bf16-mixed", 1, 4), link, 0.75 * ddp) == pytest.approx(ddp / 2)
     # ZeRO-2's parameter all-gather after the step overlaps nothing
-    assert exposed_comm_s(Layout("deepspeed_stage_2"), PSI, "bf16-mixed", 1, 4, link, 1.0) == pytest.approx(1500 / 1e9)
+    assert exposed_comm_s(collectives(Layout("deepspeed_stage_2"), PSI, "bf16-mixed", 1, 4), link, 1.0) == pytest.approx(1500 / 1e9)
     # FSDP: gathers and the reduce-scatter together overlap the whole compute
-    assert exposed_comm_s(Layout("fsdp"), PSI, "bf16-mixed", 1, 4, link, 3000 / 1e9) == pytest.approx(1500 / 1e9)
+    assert exposed_comm_s(collectives(Layout("fsdp"), PSI, "bf16-mixed", 1, 4), link, 3000 / 1e9) == pytest.approx(1500 / 1e9)
     # the band's high end: half the bandwidth
-    assert exposed_comm_s(Layout("deepspeed_stage_2"), PSI, "bf16-mixed", 1, 4, link, 1.0, 2.0) == pytest.approx(3000 / 1e9)
+    assert exposed_comm_s(collectives(Layout("deepspeed_stage_2"), PSI, "bf16-mixed", 1, 4), link, 1.0, 2.0) == pytest.approx(3000 / 1e9)
 
 
 def cpu_file(value: float, runs: int = 1, low: float | None = None, high: float | None = None) -> CalibrationFile:
@@ -81,9 +82,9 @@ def cpu_file(value: float, runs: int = 1, low: float | None = None, high: float 
 
 def test_a_cpu_prediction_is_the_calibrated_flops_per_core_times_the_cores():
     link = Link(1.0, None, None, 1, ())
-    p = predict(Layout("ddp"), flops_per_token=6_529_536, tokens_per_step=8192, trainable=858_880, n_params=858_880,
+    p = predict(Layout("ddp"), Workload(flops_per_token=6_529_536, tokens_per_step=8192, trainable=858_880, n_params=858_880,
                 precision="32-true", accelerator="cpu", num_nodes=1, devices_per_node=2, link=link, cal=cpu_file(1e10),
-                max_steps=600, cores_per_rank=1, cpus_per_node=2)
+                max_steps=600, cores_per_rank=1, cpus_per_node=2))
     compute = 8192 * 6_529_536 / 2e10
     assert p.compute_s.value == pytest.approx(compute) and p.comm_s.value == 0.0  # 3.4 MB at 1 GB/s hides in backward
     assert p.tokens_per_s.value == pytest.approx(2e10 / 6_529_536)
@@ -95,18 +96,18 @@ def test_a_cpu_prediction_is_the_calibrated_flops_per_core_times_the_cores():
     assert p.wall_s.value == pytest.approx(600 * p.step_s.value) and p.device_hours.value == pytest.approx(2 * 600 * p.step_s.value / 3600)
     assert p.cost is None  # CPU: no GPU-hour price
     # a row of several runs: its smallest and largest are the band
-    spread = predict(Layout("ddp"), flops_per_token=6_529_536, tokens_per_step=8192, trainable=858_880, n_params=858_880,
+    spread = predict(Layout("ddp"), Workload(flops_per_token=6_529_536, tokens_per_step=8192, trainable=858_880, n_params=858_880,
                      precision="32-true", accelerator="cpu", num_nodes=1, devices_per_node=2, link=link,
-                     cal=cpu_file(1e10, 3, 0.9e10, 1.3e10), cores_per_rank=1, cpus_per_node=2)
+                     cal=cpu_file(1e10, 3, 0.9e10, 1.3e10), cores_per_rank=1, cpus_per_node=2))
     assert spread.tokens_per_s.low == pytest.approx(1.8e10 / 6_529_536) and spread.tokens_per_s.high == pytest.approx(2.6e10 / 6_529_536)
     assert spread.wall_s is None  # no max_steps
 
 
 def test_a_gpu_prediction_uses_the_datasheet_peak_the_seeded_mfu_and_the_price():
     link = Link(450.0, None, 64.0, 1, ())
-    p = predict(Layout("ddp"), flops_per_token=2_117_431_296, tokens_per_step=8192, trainable=303_622_144,
+    p = predict(Layout("ddp"), Workload(flops_per_token=2_117_431_296, tokens_per_step=8192, trainable=303_622_144,
                 n_params=303_622_144, precision="bf16-mixed", accelerator="H200", num_nodes=1, devices_per_node=1, link=link,
-                cal=None, max_steps=1000, price=3.0)
+                cal=None, max_steps=1000, price=3.0))
     row = p.lookup.row
     assert p.lookup.origin == "seed" and p.lookup.exact and row.key == ("H200", "bf16", "ddp", "100M-1B") and row.runs == 4
     assert p.tokens_per_s.value == pytest.approx(989.4e12 * row.mfu / 2_117_431_296)
