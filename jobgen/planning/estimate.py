@@ -44,7 +44,7 @@ would make a job fit, the warning ``jobgen render`` prints) is :mod:`jobgen.plan
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobgen.specs.training import TrainingSpec
 
@@ -372,87 +372,19 @@ def model_states(
     Args: as :func:`estimate` (``shape``: also :class:`jobgen.planning.estimate_hf.HFShape` or
     ``AdapterShape``).
     """
-    n = num_nodes * devices_per_node
-    psi = shape.n_params
-    sixteen = precision in _16BIT
-    mixed = precision in ("bf16-mixed", "16-mixed")
     gpu = accelerator == "gpu"
-    notes: list[str] = []
-    host = 0
-    late = 0  # bytes of the three model-state columns allocated only after the activation peak
-    accumulating = getattr(shape, "accumulation", 1) > 1
     if overhead_bytes is None:
         overhead_bytes = GPU_OVERHEAD_BYTES if gpu else CPU_OVERHEAD_BYTES
     s = layout.strategy
     if s == "ddp":
-        w = 2 if precision == "bf16-true" else 4  # bytes of a weight / gradient element
-        params = w * psi + (2 * psi if mixed else 0)
-        grads = w * psi * (2 if n > 1 else 1)
-        optim = (2 * w) * psi + _adam_temp(psi, shape, w, gpu)
-        late = _adam_temp(psi, shape, w, gpu) + (0 if accumulating else w * psi)
-        if n > 1:
-            notes.append("gradients include DDP's bucket copy (gradient_as_bucket_view=False)")
+        cols = _ddp_states(shape, precision, num_nodes * devices_per_node, gpu)
     elif s == "fsdp":
-        shard = {"FULL_SHARD": n, "SHARD_GRAD_OP": n, "HYBRID_SHARD": devices_per_node, "NO_SHARD": 1}[layout.fsdp_sharding_strategy]
-        w = 2 if precision == "bf16-true" else 4
-        c = 2 if sixteen else 4  # compute (gathered) dtype
-        sharded_p, sharded_g, sharded_o = w * psi // shard, w * psi // shard, 2 * w * psi // shard
-        if layout.fsdp_sharding_strategy == "NO_SHARD":
-            gathered = c * psi if mixed else 0
-            unit_grad = 0
-        elif layout.fsdp_sharding_strategy == "SHARD_GRAD_OP":
-            gathered = c * psi
-            unit_grad = c * shape.block_params
-        else:
-            gathered = c * (min(2, shape.n_layer) * shape.block_params + shape.root_params)
-            unit_grad = c * shape.block_params
-        if layout.offload_params == "cpu":
-            host = (sharded_p + sharded_g + sharded_o) * devices_per_node
-            params, grads, optim = gathered, unit_grad, 0
-            notes.append("FSDP CPU offload: parameter, gradient and optimizer shards in host memory; optimizer steps on CPU")
-        else:
-            params = sharded_p + gathered
-            grads = sharded_g + unit_grad
-            optim = sharded_o + _adam_temp(psi // shard, shape, w, gpu)
-            late = _adam_temp(psi // shard, shape, w, gpu) + (0 if accumulating else sharded_g)
+        cols = _fsdp_states(shape, precision, layout, num_nodes * devices_per_node, devices_per_node, gpu)
     elif s.startswith("deepspeed_stage_"):
-        stage = int(s[-1])
-        p = 2 if sixteen else 4
-        p16, g16, fp32_grad, opt = p * psi, p * psi, 4 * psi // n, 12 * psi // n
-        if stage >= 2:
-            g16 //= n
-        if stage >= 3:
-            p16 //= n
-        buckets = deepspeed_bucket_bytes(stage, p, psi)
-        if stage in (1, 2):
-            working = 0
-        else:
-            persistent = getattr(shape, "persistent_params", None)  # a model built to be sized counts them
-            if persistent is None:  # the GPT's biases + LayerNorms: below the persistence threshold
-                persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model
-            working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
-        if layout.offload_optimizer != "none":
-            host += (opt + fp32_grad) * devices_per_node
-            opt, fp32_grad = 0, 0
-            if stage >= 2:
-                host += g16 * devices_per_node
-                g16 = 0  # the reduced gradient partitions live in the offload device's buffer (stage3.py: device=self.device)
-            notes.append(f"optimizer states and fp32 gradient partition on {layout.offload_optimizer}")
-        if layout.offload_params != "none":
-            host += p16 * devices_per_node
-            p16 = 0
-            notes.append(f"16-bit parameter partition on {layout.offload_params}")
-        if layout.offload_optimizer == "nvme" or layout.offload_params == "nvme":
-            host = host // 4  # NVMe holds the states; the host keeps pinned staging buffers only (assumption)
-        params = p16 + working
-        grads = g16 + fp32_grad + buckets
-        optim = opt
-        # the fp32 gradient partition exists for the step only; ZeRO-1/2's 16-bit gradients are
-        # allocated at the first reduce in backward and freed after the step (stage 3 keeps its
-        # gradient partition buffer from initialisation)
-        late = fp32_grad + (g16 if stage <= 2 and not accumulating else 0)
+        cols = _deepspeed_states(shape, precision, layout, num_nodes * devices_per_node, devices_per_node)
     else:  # pragma: no cover - the spec's Literal rules this out
         raise ValueError(f"unknown strategy {s!r}")
+    late = cols.late
     if not gpu:
         # A CPU rank's budget is its RSS, and glibc's malloc keeps most of the freed activation
         # memory mapped (its mmap threshold rises to the freed tensors' size), so the gradients and
@@ -460,8 +392,100 @@ def model_states(
         # -1% / -10% to -22% / -19% of the RSS peaks of tests/entrypoint/test_estimate_memory.py
         # (activation_bytes(reuse=False) likewise sums the head and the transient on CPU).
         late = 0
-    return Estimate(layout, int(params), int(grads), int(optim), 0, int(overhead_bytes), int(host), tuple(notes),
-                    late_bytes=int(late))
+    return Estimate(layout, int(cols.params), int(cols.grads), int(cols.optim), 0, int(overhead_bytes), int(cols.host),
+                    tuple(cols.notes), late_bytes=int(late))
+
+
+class _States(NamedTuple):
+    """One rank's model-state columns under one strategy (bytes), before the CPU rule of
+    :func:`model_states`: ``late`` is what they allocate only after the activation peak."""
+
+    params: int
+    grads: int
+    optim: int
+    host: int
+    late: int
+    notes: list[str]
+
+
+def _accumulating(shape: Any) -> bool:
+    return getattr(shape, "accumulation", 1) > 1
+
+
+def _ddp_states(shape: Any, precision: str, n: int, gpu: bool) -> _States:
+    """DDP's columns on a world of ``n`` ranks (:func:`model_states`, ``ddp``)."""
+    psi = shape.n_params
+    w = 2 if precision == "bf16-true" else 4  # bytes of a weight / gradient element
+    params = w * psi + (2 * psi if precision in ("bf16-mixed", "16-mixed") else 0)
+    grads = w * psi * (2 if n > 1 else 1)
+    optim = (2 * w) * psi + _adam_temp(psi, shape, w, gpu)
+    late = _adam_temp(psi, shape, w, gpu) + (0 if _accumulating(shape) else w * psi)
+    notes = ["gradients include DDP's bucket copy (gradient_as_bucket_view=False)"] if n > 1 else []
+    return _States(params, grads, optim, 0, late, notes)
+
+
+def _fsdp_states(shape: Any, precision: str, layout: Layout, n: int, devices_per_node: int, gpu: bool) -> _States:
+    """FSDP's columns on a world of ``n`` ranks (:func:`model_states`, ``fsdp``)."""
+    psi = shape.n_params
+    shard = {"FULL_SHARD": n, "SHARD_GRAD_OP": n, "HYBRID_SHARD": devices_per_node, "NO_SHARD": 1}[layout.fsdp_sharding_strategy]
+    w = 2 if precision == "bf16-true" else 4
+    c = 2 if precision in _16BIT else 4  # compute (gathered) dtype
+    sharded_p, sharded_g, sharded_o = w * psi // shard, w * psi // shard, 2 * w * psi // shard
+    if layout.fsdp_sharding_strategy == "NO_SHARD":
+        gathered = c * psi if precision in ("bf16-mixed", "16-mixed") else 0
+        unit_grad = 0
+    elif layout.fsdp_sharding_strategy == "SHARD_GRAD_OP":
+        gathered = c * psi
+        unit_grad = c * shape.block_params
+    else:
+        gathered = c * (min(2, shape.n_layer) * shape.block_params + shape.root_params)
+        unit_grad = c * shape.block_params
+    if layout.offload_params == "cpu":
+        host = (sharded_p + sharded_g + sharded_o) * devices_per_node
+        return _States(gathered, unit_grad, 0, host, 0,
+                       ["FSDP CPU offload: parameter, gradient and optimizer shards in host memory; optimizer steps on CPU"])
+    late = _adam_temp(psi // shard, shape, w, gpu) + (0 if _accumulating(shape) else sharded_g)
+    return _States(sharded_p + gathered, sharded_g + unit_grad, sharded_o + _adam_temp(psi // shard, shape, w, gpu), 0, late, [])
+
+
+def _deepspeed_states(shape: Any, precision: str, layout: Layout, n: int, devices_per_node: int) -> _States:
+    """ZeRO's columns on a world of ``n`` ranks (:func:`model_states`, ``deepspeed_stage_N``)."""
+    psi = shape.n_params
+    stage = int(layout.strategy[-1])
+    p = 2 if precision in _16BIT else 4
+    notes: list[str] = []
+    host = 0
+    p16, g16, fp32_grad, opt = p * psi, p * psi, 4 * psi // n, 12 * psi // n
+    if stage >= 2:
+        g16 //= n
+    if stage >= 3:
+        p16 //= n
+    buckets = deepspeed_bucket_bytes(stage, p, psi)
+    if stage in (1, 2):
+        working = 0
+    else:
+        persistent = getattr(shape, "persistent_params", None)  # a model built to be sized counts them
+        if persistent is None:  # the GPT's biases + LayerNorms: below the persistence threshold
+            persistent = shape.n_layer * 13 * shape.d_model + 2 * shape.d_model
+        working = p * min(psi, shape.largest_module_params + DEEPSPEED_STAGE3_PREFETCH_ELEMENTS + persistent)
+    if layout.offload_optimizer != "none":
+        host += (opt + fp32_grad) * devices_per_node
+        opt, fp32_grad = 0, 0
+        if stage >= 2:
+            host += g16 * devices_per_node
+            g16 = 0  # the reduced gradient partitions live in the offload device's buffer (stage3.py: device=self.device)
+        notes.append(f"optimizer states and fp32 gradient partition on {layout.offload_optimizer}")
+    if layout.offload_params != "none":
+        host += p16 * devices_per_node
+        p16 = 0
+        notes.append(f"16-bit parameter partition on {layout.offload_params}")
+    if layout.offload_optimizer == "nvme" or layout.offload_params == "nvme":
+        host = host // 4  # NVMe holds the states; the host keeps pinned staging buffers only (assumption)
+    # the fp32 gradient partition exists for the step only; ZeRO-1/2's 16-bit gradients are
+    # allocated at the first reduce in backward and freed after the step (stage 3 keeps its
+    # gradient partition buffer from initialisation)
+    late = fp32_grad + (g16 if stage <= 2 and not _accumulating(shape) else 0)
+    return _States(p16 + working, g16 + fp32_grad + buckets, opt, host, late, notes)
 
 
 def with_activations(est: Estimate, acts: int) -> Estimate:
