@@ -299,9 +299,8 @@ _LORA_INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": 
                 "up_proj": "mlp", "down_proj": "down", "c_attn": "attn", "c_fc": "mlp"}
 
 
-def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool = False, lora_r: int = 0,
-                        lora_targets: tuple[str, ...] = (), lora_dropout: float = 0.0, residual: int | None = None,
-                        frozen_base: bool = False, reuse: bool = True) -> int:
+def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool = False, lora: Any = None,
+                        residual: int | None = None, frozen_base: bool = False, reuse: bool = True) -> int:
     """Peak bytes of activations on one rank for one micro batch of a Hugging Face decoder
     (Korthikanti et al. 2022 eq. (1), re-derived for the Llama block; the peak structure
     ``saved + max(head, transient)`` of :func:`jobgen.planning.estimate.activation_bytes`).
@@ -332,11 +331,14 @@ def hf_activation_bytes(shape: HFShape, precision: str, *, checkpointing: bool =
     layer's MLP gradients ``(2·i/h + 2)·t`` at ``e`` (estimate.py's ``10t`` for ``i = 4h``).
     Activation checkpointing keeps ``t`` per layer at ``r`` and one layer's activations during
     recomputation. ``reuse=False`` (CPU ranks) sums the head and the transient instead of taking
-    the larger, as :func:`jobgen.planning.estimate.activation_bytes` does.
+    the larger, as :func:`jobgen.planning.estimate.activation_bytes` does. ``lora``: the spec's
+    :class:`jobgen.specs.model.LoraSpec` (its ``r``, ``target_modules``, ``dropout``), or ``None``
+    (no adapters).
 
     Returns:
         bytes.
     """
+    lora_r, lora_targets, lora_dropout = (0, (), 0.0) if lora is None else (lora.r, lora.target_modules, lora.dropout)
     e = 2 if precision in _16BIT else 4
     r = e if residual is None else residual
     s, b, h, a = shape.block_size, shape.micro_batch_size, shape.d_model, shape.n_head
@@ -433,12 +435,21 @@ def base_bytes(shape: HFShape, precision: str, quantized: bool, strategy: str = 
     return shape.n_layer * layer + root, layer, root
 
 
+@dataclass(frozen=True)
+class Adapters:
+    """What fine-tunes a frozen Hugging Face base: the spec's LoRA adapters
+    (:class:`jobgen.specs.model.LoraSpec`), on a 4-bit base for QLoRA (``quantized``, the spec's
+    ``model.load_in_4bit``)."""
+
+    lora: Any
+    quantized: bool = False
+
+
 def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: int, devices_per_node: int,
-                lora: Any = None, quantized: bool = False, accelerator: str = "gpu",
-                checkpointing: bool = False) -> Estimate:
+                adapters: Adapters | None = None, accelerator: str = "gpu", checkpointing: bool = False) -> Estimate:
     """Peak memory of one rank fine-tuning ``shape`` with ``layout``.
 
-    Full fine-tuning (``lora`` None): :func:`jobgen.planning.estimate.estimate` on the whole model (its
+    Full fine-tuning (``adapters`` None): :func:`jobgen.planning.estimate.estimate` on the whole model (its
     DDP/FSDP/ZeRO formulas, fp32 weights under mixed precision as jobgen's loader has them) with
     the activations of :func:`hf_activation_bytes`.
 
@@ -456,8 +467,7 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
         precision: the spec's (resolved) precision.
         layout: strategy and sharding.
         num_nodes, devices_per_node: the world.
-        lora: the spec's :class:`jobgen.specs.model.LoraSpec`, or ``None``.
-        quantized: 4-bit base (QLoRA; needs ``lora``).
+        adapters: the LoRA adapters and whether the base is 4-bit, or ``None`` (full fine-tuning).
         accelerator: ``gpu`` or ``cpu``.
         checkpointing: activation checkpointing.
 
@@ -467,19 +477,32 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
     world = dict(num_nodes=num_nodes, devices_per_node=devices_per_node, accelerator=accelerator)
     residual = residual_bytes(precision, layout.strategy)
     reuse = accelerator == "gpu"
-    if lora is None:
+    if adapters is None:
         est = model_states(shape, precision, layout, **world)
         return with_activations(est, hf_activation_bytes(shape, precision, checkpointing=checkpointing,
                                                          residual=residual, reuse=reuse))
+    lora, quantized = adapters.lora, adapters.quantized
     checkpointing = checkpointing or quantized
-    adapters = adapter_shape(shape, lora.r, lora.target_modules)
-    est = model_states(adapters, precision, layout, **world)
-    whole, layer, root = base_bytes(shape, precision, quantized, layout.strategy)
-    n = num_nodes * devices_per_node
-    s = layout.strategy
-    host = 0
+    est = model_states(adapter_shape(shape, lora.r, lora.target_modules), precision, layout, **world)
+    base, host = _placed_base(shape, precision, quantized, layout, num_nodes * devices_per_node, devices_per_node)
     notes = list(est.notes)
-    if s == "fsdp":
+    if quantized:
+        base += 2 * max(din * dout for mods in shape.linears.values() for din, dout, _ in mods)
+        notes.append(f"base: decoder Linear weights 4-bit NF4 + double quantisation ({NF4_DQ_BITS:.3f} bits), "
+                     "the rest fp32 (peft prepare_model_for_kbit_training)")
+    acts = hf_activation_bytes(shape, precision, checkpointing=checkpointing, lora=lora, residual=residual,
+                               frozen_base=True, reuse=reuse)
+    est = replace(est, params_bytes=est.params_bytes + base, host_bytes_per_node=est.host_bytes_per_node + host,
+                  notes=tuple(notes))
+    return with_activations(est, acts)
+
+
+def _placed_base(shape: HFShape, precision: str, quantized: bool, layout: Layout, n: int, devices_per_node: int) -> tuple[int, int]:
+    """(bytes of the frozen base on one rank, bytes it puts in a node's host memory) under
+    ``layout`` on ``n`` ranks: FSDP shards it over its group and holds the gathered units, ZeRO-3
+    partitions it and holds a working set, the others keep it whole (module docstring)."""
+    whole, layer, root = base_bytes(shape, precision, quantized, layout.strategy)
+    if layout.strategy == "fsdp":
         group = {"FULL_SHARD": n, "SHARD_GRAD_OP": n, "HYBRID_SHARD": devices_per_node, "NO_SHARD": 1}[layout.fsdp_sharding_strategy]
         if layout.fsdp_sharding_strategy == "NO_SHARD":
             gathered = 0
@@ -489,28 +512,15 @@ def estimate_hf(shape: HFShape, precision: str, layout: Layout, *, num_nodes: in
             gathered = min(2, shape.n_layer) * layer + root
         shard = whole // group
         if layout.offload_params == "cpu":
-            host += shard * devices_per_node
-            shard = 0
-        base = shard + gathered if group > 1 else whole
-    elif s == "deepspeed_stage_3":
+            return (gathered if group > 1 else whole), shard * devices_per_node
+        return (shard + gathered if group > 1 else whole), 0
+    if layout.strategy == "deepspeed_stage_3":
         part = whole // n
         working = min(whole, max(layer, root) + 2 * DEEPSPEED_STAGE3_PREFETCH_ELEMENTS)
         if layout.offload_params != "none":
-            host += part * devices_per_node
-            part = 0
-        base = part + working
-    else:
-        base = whole
-    if quantized:
-        base += 2 * max(din * dout for mods in shape.linears.values() for din, dout, _ in mods)
-        notes.append(f"base: decoder Linear weights 4-bit NF4 + double quantisation ({NF4_DQ_BITS:.3f} bits), "
-                     "the rest fp32 (peft prepare_model_for_kbit_training)")
-    acts = hf_activation_bytes(shape, precision, checkpointing=checkpointing, lora_r=lora.r,
-                               lora_targets=lora.target_modules, lora_dropout=lora.dropout, residual=residual,
-                               frozen_base=True, reuse=reuse)
-    est = replace(est, params_bytes=est.params_bytes + base, host_bytes_per_node=est.host_bytes_per_node + host,
-                  notes=tuple(notes))
-    return with_activations(est, acts)
+            return working, part * devices_per_node
+        return part + working, 0
+    return whole, 0
 
 
 def hf_shape_of(spec: Any, hf_config: str | None, spec_source: str = "spec") -> HFShape:
@@ -589,7 +599,7 @@ def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, 
     if spec.user_code or m.hf_path is None:  # a class_path model has no hf_path: the generic plan refuses it
         return generic_plan_memory(spec, profile, num_nodes, devices_per_node, spec_source=spec_source)
     shape = hf_shape_of(spec, hf_config, spec_source)
-    size = functools.partial(estimate_hf, lora=m.lora, quantized=m.load_in_4bit)
+    size = functools.partial(estimate_hf, adapters=None if m.lora is None else Adapters(m.lora, m.load_in_4bit))
     mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=size,
                              checkpointing=m.load_in_4bit, spec_source=spec_source)
     info, more = describe(spec, shape)

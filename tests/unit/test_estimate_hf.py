@@ -19,11 +19,13 @@ from jobgen.planning import seeds
 from jobgen.planning.estimate import Layout, estimate
 from jobgen.planning.estimate_hf import plan_memory
 from jobgen.specs.load import load_profile
+from jobgen.specs.model import LoraSpec
 from jobgen.specs.training import TrainingSpec
 from tests.conftest import EXAMPLES, REPO
 
 LLAMA_DIR = EXAMPLES / "hf-configs" / "llama-2-7b"
 SEVEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_64_SEVEN = LoraSpec(r=64, target_modules=SEVEN, dropout=0.05)
 GIB = 2**30
 
 
@@ -107,8 +109,8 @@ def test_base_is_sharded_by_fsdp_and_zero3_not_by_ddp_or_zero2():
     shape = llama_7b()
 
     def params(layout: Layout, n: int) -> int:
-        return H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=n, lora=spec.model.lora,
-                             quantized=True).params_bytes
+        return H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=n,
+                             adapters=H.Adapters(spec.model.lora, quantized=True)).params_bytes
 
     for lay in (Layout("ddp"), Layout("deepspeed_stage_2")):
         whole = H.base_bytes(shape, "bf16-mixed", True, lay.strategy)[0]
@@ -148,13 +150,12 @@ def test_qlora_counts_checkpointed_activations_and_lora_dropout():
     shape = llama_7b()
     lora = qlora_spec().model.lora
     for layout in (Layout("ddp"), Layout("deepspeed_stage_2")):
-        est = H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=1, lora=lora, quantized=True)
-        ckpt = H.hf_activation_bytes(shape, "bf16-mixed", checkpointing=True, lora_r=64, lora_targets=SEVEN,
-                                     lora_dropout=0.05, residual=E.residual_bytes("bf16-mixed", layout.strategy),
-                                     frozen_base=True)
+        est = H.estimate_hf(shape, "bf16-mixed", layout, num_nodes=1, devices_per_node=1,
+                            adapters=H.Adapters(lora, quantized=True))
+        ckpt = H.hf_activation_bytes(shape, "bf16-mixed", checkpointing=True, lora=LORA_64_SEVEN,
+                                     residual=E.residual_bytes("bf16-mixed", layout.strategy), frozen_base=True)
         assert est.activations_bytes == max(0, ckpt - est.late_bytes)
-        assert ckpt < H.hf_activation_bytes(shape, "bf16-mixed", lora_r=64, lora_targets=SEVEN, lora_dropout=0.05,
-                                            frozen_base=True) / 4
+        assert ckpt < H.hf_activation_bytes(shape, "bf16-mixed", lora=LORA_64_SEVEN, frozen_base=True) / 4
 
 
 def test_frozen_layer_terms():
@@ -174,8 +175,8 @@ def test_frozen_layer_terms():
     plain = (4 * t + 3 * i * s * b) * 2 + 4 * a * s * b + 2 * 4 * t
     assert layer() == plain
     a_out = 7 * 64 * s * b * 2
-    assert layer(lora_r=64, lora_targets=SEVEN, lora_dropout=0.05) == plain + a_out + s * b * 3 * (6 * h + i)
-    assert layer(lora_r=64, lora_targets=SEVEN) == plain + a_out + (3 * t + i * s * b) * 2
+    assert layer(lora=LORA_64_SEVEN) == plain + a_out + s * b * 3 * (6 * h + i)
+    assert layer(lora=LoraSpec(r=64, target_modules=SEVEN)) == plain + a_out + (3 * t + i * s * b) * 2
     trainable = H.hf_activation_bytes(two, "bf16-mixed") - H.hf_activation_bytes(one, "bf16-mixed")
     assert trainable - plain == (3 * t + i * s * b) * 2 + 2 * t * 2  # q/k/v, o, MLP, down inputs + the norms' 16-bit side
 

@@ -85,9 +85,7 @@ def planned(row: Measured) -> E.Estimate:
     est = mp.spec_row.estimate
     if row.checkpointing is False:  # the run had no checkpointing: swap in the full activations
         shape = H.hf_shape_of(spec, LLAMA_CONFIG)
-        lora = spec.model.lora
-        full = H.hf_activation_bytes(shape, spec.trainer.precision, lora_r=lora.r, lora_targets=lora.target_modules,
-                                     lora_dropout=lora.dropout, frozen_base=True,
+        full = H.hf_activation_bytes(shape, spec.trainer.precision, lora=spec.model.lora, frozen_base=True,
                                      residual=E.residual_bytes(spec.trainer.precision, spec.trainer.strategy))
         est = E.with_activations(replace(est, activations_bytes=0, notes=()), full)
     return est

@@ -47,8 +47,6 @@ ALLOWED: dict[str, str] = {
     "jobgen/gitops/manifests.py:_plan_spec": _NOT_SPLIT + "the render options of one spec, each a keyword",
     "jobgen/gitops/manifests.py:plan_single": _NOT_SPLIT + "the render options of one spec, each a keyword",
     "jobgen/gitops/manifests.py:build_render": _NOT_SPLIT + "the render options, each a keyword",
-    "jobgen/planning/estimate_hf.py:hf_activation_bytes": _NOT_SPLIT + "the activation model's inputs, each a keyword",
-    "jobgen/planning/estimate_hf.py:estimate_hf": _NOT_SPLIT + "the memory estimate's inputs, each a keyword",
     "jobgen/planning/memory_plan.py:plan_memory": _NOT_SPLIT + "the memory plan of a spec on a profile",
     "jobgen/train/data.py:ByteTextDataModule.__init__": "a LightningDataModule: save_hyperparameters() records each __init__ argument",
     "jobgen/train/hf.py:load_causal_lm": _NOT_SPLIT + "loading a Hugging Face model with its quantization and adapters",
