@@ -70,7 +70,7 @@ from typing import Any
 from jobgen.errors import ConfigError, NotSupportedError
 from jobgen.planning import seeds
 from jobgen.planning.estimate import _16BIT, DEEPSPEED_STAGE3_PREFETCH_ELEMENTS, Estimate, Layout, model_states, residual_bytes, with_activations
-from jobgen.planning.memory_plan import MemoryPlan
+from jobgen.planning.memory_plan import MemoryPlan, SizedModel
 from jobgen.planning.memory_plan import plan_memory as generic_plan_memory
 
 NF4_DQ_BITS = 4 + 8 / 64 + 32 / (64 * 256)
@@ -600,8 +600,8 @@ def plan_memory(spec: Any, profile: Any, num_nodes: int, devices_per_node: int, 
         return generic_plan_memory(spec, profile, num_nodes, devices_per_node, spec_source=spec_source)
     shape = hf_shape_of(spec, hf_config, spec_source)
     size = functools.partial(estimate_hf, adapters=None if m.lora is None else Adapters(m.lora, m.load_in_4bit))
-    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=size,
-                             checkpointing=m.load_in_4bit, spec_source=spec_source)
+    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, model=SizedModel(shape, size, m.load_in_4bit),
+                             spec_source=spec_source)
     info, more = describe(spec, shape)
     seed = seed_comparison(spec, shape.n_params, num_nodes * devices_per_node, mp.spec_row)
     return replace(mp, assumptions=(*mp.assumptions, *more), hf=info, seed=seed)

@@ -179,9 +179,27 @@ def budget_bytes(spec: TrainingSpec, profile: Any, devices_per_node: int) -> tup
     return host // devices_per_node, host, None
 
 
+@dataclass(frozen=True)
+class SizedModel:
+    """A model sized outside this module, for :func:`plan_memory`.
+
+    Fields:
+        shape: ``n_params``, ``micro_batch_size``, ``block_size`` (and what ``size`` reads).
+        size: ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator,
+            checkpointing) -> Estimate``.
+        checkpointing: the model always checkpoints activations (QLoRA: peft turns it on).
+        assumptions: the assumption lines that replace those about the GPT's optimizer and
+            activations (``None``: keep them).
+    """
+
+    shape: Any
+    size: Any
+    checkpointing: bool = False
+    assumptions: tuple[str, ...] | None = None
+
+
 def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_node: int, *,
-                shape: Any = None, size: Any = None, checkpointing: bool | None = None,
-                spec_source: str = "spec", model_assumptions: tuple[str, ...] | None = None) -> MemoryPlan:
+                model: SizedModel | None = None, spec_source: str = "spec") -> MemoryPlan:
     """Estimate every candidate layout for ``spec`` on ``profile``, pick one and say why.
 
     The pick is the first layout of the strategy guide's ladder (:func:`_ladder`) whose estimate
@@ -191,24 +209,21 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     (:func:`jobgen.planning.rules.resolve_precision`).
 
     The built-in GPT is sized here (:meth:`Shape.of`, :func:`~jobgen.planning.estimate.estimate`). A model sized
-    elsewhere passes its ``shape`` (``n_params``, ``micro_batch_size``, ``block_size``), its
-    ``size(shape, precision, layout, *, num_nodes, devices_per_node, accelerator, checkpointing)
-    -> Estimate`` and whether it always checkpoints activations (``checkpointing``): a Hugging
-    Face model is planned by :func:`jobgen.planning.estimate_hf.plan_memory`, a ``model.class_path``
-    model (built to be counted) by :func:`jobgen.usercode.memory.plan_memory`: both sit on top of
-    this function (this module does not know them). ``model_assumptions`` replaces the
-    assumption lines about the GPT's optimizer and activations for such a model.
-    ``spec_source`` (the user's spec file) is named in errors.
+    elsewhere passes ``model`` (:class:`SizedModel`: its shape, size function, checkpointing and
+    assumption lines): a Hugging Face model is planned by
+    :func:`jobgen.planning.estimate_hf.plan_memory`, a ``model.class_path`` model (built to be
+    counted) by :func:`jobgen.usercode.memory.plan_memory`: both sit on top of this function (this
+    module does not know them). ``spec_source`` (the user's spec file) is named in errors.
 
     Raises:
-        NotSupportedError: ``model.class_path`` without its ``shape`` (a user module's size is
-            unknown before it is built); a Hugging Face model without its ``shape`` (use
+        NotSupportedError: ``model.class_path`` without ``model`` (a user module's size is
+            unknown before it is built); a Hugging Face model without ``model`` (use
             :func:`jobgen.planning.estimate_hf.plan_memory`).
     """
     from jobgen.planning.rules import resolve_precision
 
     spec = resolve_precision(spec, profile)
-    if spec.user_code and (shape is None or size is None):
+    if spec.user_code and model is None:
         raise NotSupportedError(
             "a model.class_path module's size is known only once it is built, and planning imports no user code "
             "unless asked",
@@ -221,15 +236,12 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     accel = "gpu" if profile.gpus_per_node else "cpu"
     precision = spec.trainer.precision
     budget, host_mem, note = budget_bytes(spec, profile, devices_per_node)
-    spec_ckpt = spec.trainer.activation_checkpointing or bool(checkpointing)
-    hf = not spec.user_code and spec.model.hf_path is not None
-    if hf and (shape is None or size is None):
+    spec_ckpt = spec.trainer.activation_checkpointing or (model is not None and model.checkpointing)
+    if model is None and not spec.user_code and spec.model.hf_path is not None:
         raise NotSupportedError("internal: a Hugging Face model is planned by jobgen.planning.estimate_hf.plan_memory",
                                 location="spec: model.hf_path")
-    if shape is None:
-        shape = Shape.of(spec)
-    if size is None:
-        size = estimate
+    shape = Shape.of(spec) if model is None else model.shape
+    size = estimate if model is None else model.size
 
     def run(layout: Layout, sh: Any = shape, nodes: int = num_nodes, ckpt: bool = spec_ckpt) -> Row:
         est = size(sh, precision, layout, num_nodes=nodes, devices_per_node=devices_per_node,
@@ -245,12 +257,28 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
     psi = shape.n_params
     ladder = _ladder(psi, accel)
     chosen = next((lay for lay in ladder if by_layout[lay].fits), None)
-    reasons: list[str] = []
     band = ("below 500M parameters: DDP when it fits" if psi < SMALL_MODEL_PARAMS
             else "500M-10B parameters: FSDP" if psi <= LARGE_MODEL_PARAMS else "above 10B parameters: DeepSpeed ZeRO-3")
     per_rank = "per GPU" if accel == "gpu" else "per CPU rank"
-    reasons.append(f"model {psi / 1e6:,.1f}M parameters ({band}); budget {_gib(budget)} {per_rank}, "
-                   f"world {num_nodes} node(s) x {devices_per_node}")
+    reasons = [f"model {psi / 1e6:,.1f}M parameters ({band}); budget {_gib(budget)} {per_rank}, "
+               f"world {num_nodes} node(s) x {devices_per_node}",
+               *_ladder_reasons(ladder, chosen, by_layout, own, budget, host_mem)]
+    suggestions: list[str] = []
+    if chosen is None or not by_layout[own].fits:
+        suggestions = _suggestions(spec, profile, shape, chosen, ladder, run, num_nodes, budget)
+    assumptions = _assumptions(spec, shape, accel, spec_ckpt, None if model is None else model.assumptions)
+    if note:
+        assumptions.append(note)
+    return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
+                      tuple(reasons), tuple(suggestions), tuple(assumptions))
+
+
+def _ladder_reasons(ladder: tuple[Layout, ...], chosen: Layout | None, by_layout: dict[Layout, Row], own: Layout,
+                    budget: int, host_mem: int) -> list[str]:
+    """The reason lines of :func:`plan_memory` after the model line: each rung of ``ladder`` up
+    to the ``chosen`` one (fits or why not), then DDP and the spec's layout ``own`` when the
+    ladder did not explain them."""
+    reasons: list[str] = []
     for lay in ladder:
         r = by_layout[lay]
         if lay == chosen:
@@ -259,7 +287,6 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         why = (f"{_gib(r.estimate.total_bytes)} > {_gib(budget)}" if r.estimate.total_bytes > budget
                else f"host memory {_gib(r.estimate.host_bytes_per_node)} > {_gib(host_mem)} per node")
         reasons.append(f"{lay.label}: {why}: does not fit")
-    spec_row = by_layout[own]
     explained = set(ladder[: ladder.index(chosen) + 1] if chosen in ladder else ladder)
     for lay, what in ((Layout("ddp"), "ddp"), (own, "the spec's layout")):
         if lay in explained:
@@ -267,26 +294,28 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         explained.add(lay)
         r = by_layout[lay]
         reasons.append(f"{what} ({lay.label}): {_gib(r.estimate.total_bytes)} per rank: {'fits' if r.fits else 'does not fit'}")
-    suggestions: list[str] = []
-    if chosen is None or not spec_row.fits:
-        suggestions = _suggestions(spec, profile, shape, chosen, ladder, run, num_nodes, budget)
+    return reasons
+
+
+def _assumptions(spec: TrainingSpec, shape: Any, accel: str, checkpointing: bool,
+                 model_assumptions: tuple[str, ...] | None) -> list[str]:
+    """The assumption lines of :func:`plan_memory`: the overhead, then ``model_assumptions`` or
+    the GPT's optimizer and activation lines."""
     overhead = (f"overhead {_gib(GPU_OVERHEAD_BYTES if accel == 'gpu' else CPU_OVERHEAD_BYTES)} per rank "
                 + ("(CUDA context, cuBLAS/NCCL buffers, allocator fragmentation)" if accel == "gpu" else "(Python/torch runtime)"))
-    assumptions = [overhead, *model_assumptions] if model_assumptions is not None else [
+    if model_assumptions is not None:
+        return [overhead, *model_assumptions]
+    return [
         overhead,
         "AdamW; parameters + gradients + optimizer states + activations at their peak (the optimizer step's "
         "temporaries, and gradients without accumulation, reuse the activations' memory): an estimate of the "
         "peak, not a bound (within 15% of the one-GPU peaks measured in docs/large-models.md, \"Memory plan\")",
         f"activations: micro batch {shape.micro_batch_size} x {shape.block_size} tokens, fused SDPA attention, "
         + ("activation checkpointing (peft's prepare_model_for_kbit_training turns it on for QLoRA)"
-           if spec_ckpt and not spec.trainer.activation_checkpointing else
-           "activation checkpointing on transformer blocks (trainer.activation_checkpointing)" if spec_ckpt
+           if checkpointing and not spec.trainer.activation_checkpointing else
+           "activation checkpointing on transformer blocks (trainer.activation_checkpointing)" if checkpointing
          else "no activation checkpointing") + " (Korthikanti et al. 2022)",
     ]
-    if note:
-        assumptions.append(note)
-    return MemoryPlan(psi, precision, (num_nodes, devices_per_node), accel, budget, host_mem, rows, chosen,
-                      tuple(reasons), tuple(suggestions), tuple(assumptions))
 
 
 def _suggestions(spec: TrainingSpec, profile: Any, shape: Shape, chosen: Layout | None, ladder: tuple[Layout, ...],

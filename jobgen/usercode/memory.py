@@ -20,7 +20,7 @@ from typing import Any
 
 from jobgen.errors import ConfigError
 from jobgen.planning.estimate import DEEPSPEED_STAGE3_PERSISTENCE_THRESHOLD, Estimate, model_states, with_activations
-from jobgen.planning.memory_plan import MemoryPlan
+from jobgen.planning.memory_plan import MemoryPlan, SizedModel
 from jobgen.planning.memory_plan import plan_memory as generic_plan_memory
 from jobgen.specs.training import TrainingSpec
 
@@ -156,8 +156,8 @@ def plan_memory(spec: TrainingSpec, profile: Any, num_nodes: int, devices_per_no
         "activations: not estimated (0 in every row): they depend on the model's forward pass, so each total is a "
         "floor of the peak; measure the peak with a --smoke run (its summary.json has peak_memory_bytes)",
     )
-    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, shape=shape, size=states_only,
-                             spec_source=spec_source, model_assumptions=lines)
+    mp = generic_plan_memory(spec, profile, num_nodes, devices_per_node, model=SizedModel(shape, states_only, assumptions=lines),
+                             spec_source=spec_source)
     info = {"class_path": shape.class_path, "n_params": shape.n_params, "trainable_params": shape.trainable_params,
             "fsdp_units": shape.n_layer, "largest_unit_params": shape.block_params}
     return replace(mp, user=info)
