@@ -171,6 +171,38 @@ def load_causal_lm(
 
     assert model.hf_path is not None
     directory = _check_dir(model.hf_path, "spec.model.hf_path", "model")
+    kwargs = _load_kwargs(model, precision, accelerator, strategy)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(str(directory), **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"cannot load a causal LM from {str(directory)!r}: {' '.join(str(exc).split())[:300]}",
+            location="spec.model.hf_path",
+            hint="the directory needs config.json and model weights as written by model.save_pretrained()",
+        ) from None
+    if model.load_in_4bit:
+        keep_4bit_layers_in_autograd(hf_model)
+    max_positions = getattr(hf_model.config, "max_position_embeddings", None)
+    if isinstance(max_positions, int) and model.block_size > max_positions:
+        raise ConfigError(
+            f"block_size {model.block_size} exceeds the model's max_position_embeddings {max_positions}",
+            location="spec.model.block_size",
+            hint=f"set model.block_size to at most {max_positions}",
+        )
+    if model.lora is None:
+        return hf_model
+    return _with_lora(hf_model, model, strategy)
+
+
+def _load_kwargs(model: ModelSpec, precision: str, accelerator: str, strategy: str) -> dict[str, Any]:
+    """The keyword arguments of ``AutoModelForCausalLM.from_pretrained`` for ``model``: local files
+    only, and either the dtype of ``precision`` or, with ``load_in_4bit``, the quantization config,
+    dtype and device placement :func:`qlora_load` gives for ``strategy``.
+
+    Raises:
+        NotSupportedError: ``load_in_4bit`` on a rank without a CUDA GPU and without bitsandbytes'
+            CPU backend.
+    """
     kwargs: dict[str, Any] = {"local_files_only": True}
     if model.load_in_4bit:
         on_gpu = accelerator == "gpu" and torch.cuda.is_available()
@@ -195,25 +227,16 @@ def load_causal_lm(
             kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
     else:
         kwargs["dtype"] = _LOAD_DTYPE.get(precision, torch.float32)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(str(directory), **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(
-            f"cannot load a causal LM from {str(directory)!r}: {' '.join(str(exc).split())[:300]}",
-            location="spec.model.hf_path",
-            hint="the directory needs config.json and model weights as written by model.save_pretrained()",
-        ) from None
-    if model.load_in_4bit:
-        keep_4bit_layers_in_autograd(hf_model)
-    max_positions = getattr(hf_model.config, "max_position_embeddings", None)
-    if isinstance(max_positions, int) and model.block_size > max_positions:
-        raise ConfigError(
-            f"block_size {model.block_size} exceeds the model's max_position_embeddings {max_positions}",
-            location="spec.model.block_size",
-            hint=f"set model.block_size to at most {max_positions}",
-        )
-    if model.lora is None:
-        return hf_model
+    return kwargs
+
+
+def _with_lora(hf_model: torch.nn.Module, model: ModelSpec, strategy: str) -> torch.nn.Module:
+    """``hf_model`` with ``model.lora``'s adapters (peft's ``get_peft_model``), a 4-bit base first
+    prepared as :func:`qlora_load` says for ``strategy``.
+
+    Raises:
+        ConfigError: LoRA target modules not in the model.
+    """
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if model.load_in_4bit:
