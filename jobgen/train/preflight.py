@@ -339,59 +339,18 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
     address = f"{place.address}:{place.port}"
     if place.rank == 0:
         out(f"preflight: {launch.world_size} ranks joining at {address} (timeout {timeout_s:g} s)")
-    try:
-        store = _connect(place, host, timeout if place.rank == 0 else timeout * CONNECT_FRACTION)
-    except PreflightError as exc:
-        if place.rank == 0:
-            raise
-        # Say it now, then stay until rank zero has named this node too (it waits the whole
-        # timeout): on SLURM the first rank to exit ends the step (srun --kill-on-bad-exit=1), so
-        # exiting now would cut rank zero's verdict off. Rank zero's exit ends this one.
-        print(f"python -m jobgen.train: error: {exc.message}; hint: {exc.hint}", file=sys.stderr, flush=True)
-        exc.reported = True
-        time.sleep((1 - CONNECT_FRACTION) * timeout_s + LINGER_S)
-        raise
+    store = _connect_or_linger(place, host, timeout_s)
     store.set_timeout(timeout)  # waiting for rank zero's verdict: the whole timeout
     keys = dist.PrefixStore(f"jobgen-preflight/{attempt}", store)
     keys.set(f"joined/{place.rank}", host)
-    if place.rank == 0:
-        deadline = begun + timeout_s
-        wanted = [f"joined/{r}" for r in range(place.world_size)]
-        while not keys.check(wanted) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        missing = [r for r in range(place.world_size) if not keys.check([f"joined/{r}"])]
-        verdict = ""
-        if missing:
-            verdict = missing_message(missing_hosts(missing, marker_dir, launch.devices_per_node, environ), address,
-                                      timeout_s, marker_dir)
-        keys.set("verdict/join", verdict)
-        if verdict:
-            _wait_for_acks(keys, "join", [r for r in range(1, place.world_size) if r not in missing])
-    else:
-        try:
-            verdict = keys.get("verdict/join").decode()
-            keys.set(f"ack/join/{place.rank}", "")
-        except Exception:  # noqa: BLE001 - rank zero went away or stayed silent
-            verdict = f"preflight: rank 0 at {address} gave no verdict within {timeout_s:g} s (seen from {host}, rank {place.rank})"
+    verdict = _join_verdict(keys, place, host, begun + timeout_s, timeout_s, marker_dir, launch.devices_per_node, environ)
     if verdict:
         raise PreflightError(verdict)
     hosts = {r: keys.get(f"joined/{r}").decode() for r in range(place.world_size)}
     store.set_timeout(datetime.timedelta(minutes=30))  # later groups (Lightning's) get the usual patience
 
     def describe() -> str:
-        # a client of its own: the main thread may be blocked inside the store's client
-        from torch.distributed import TCPStore
-
-        probe = dist.PrefixStore(f"jobgen-preflight/{attempt}", TCPStore(place.address, place.port, place.world_size, False,
-                                                                         datetime.timedelta(seconds=5), wait_for_workers=False))
-        stages = {r: (probe.get(f"stage/{r}").decode() if probe.check([f"stage/{r}"]) else "joined") for r in hosts}
-        order = ["joined", "init", "warmup", "timed", "done"]
-        behind = min(order.index(s) for s in stages.values())
-        late = sorted({hosts[r] for r, s in stages.items() if order.index(s) == behind})
-        everyone = len(late) == len(set(hosts.values()))
-        where = "every node" if everyone else "node(s) " + ", ".join(late)
-        return (f"preflight: the all-reduce across {place.world_size} ranks did not finish within {timeout_s:g} s; "
-                f"{where} stuck at '{order[behind]}'" + (" (the network between the nodes?)" if everyone else ""))
+        return _stall_message(place, attempt, hosts, timeout_s)
 
     def on_fire(text: str) -> None:
         if resolved.spec.notify is not None:
@@ -410,22 +369,7 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
         dist.init_process_group(backend, store=dist.PrefixStore(f"jobgen-preflight/{attempt}/default_pg", store),
                                 rank=place.rank, world_size=place.world_size, timeout=datetime.timedelta(minutes=30))
         try:
-            buffer = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-            keys.set(f"stage/{place.rank}", "warmup")
-            for _ in range(WARMUP):
-                dist.all_reduce(buffer)
-            dist.barrier()
-            if gpu:
-                torch.cuda.synchronize(device)
-            keys.set(f"stage/{place.rank}", "timed")
-            t0 = time.perf_counter()
-            for _ in range(ITERS):
-                dist.all_reduce(buffer)
-            if gpu:
-                torch.cuda.synchronize(device)
-            seconds = (time.perf_counter() - t0) / ITERS
-            keys.set(f"result/{place.rank}", json.dumps({"host": host, "seconds": seconds}))
-            keys.set(f"stage/{place.rank}", "done")
+            _time_all_reduce(keys, place.rank, host, device, nbytes)
             if place.rank == 0:
                 verdict = _judge(keys, place, nbytes, backend, out)
                 if verdict:
@@ -441,6 +385,101 @@ def run_preflight(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, s
         raise PreflightError(verdict)
     if place.rank == 0:
         out(f"preflight: ok in {time.monotonic() - begun:.1f} s")
+
+
+def _connect_or_linger(place: Place, host: str, timeout_s: float) -> Any:
+    """The preflight's store client (:func:`_connect`): rank zero waits ``timeout_s``, the others
+    :data:`CONNECT_FRACTION` of it. A rank other than zero that cannot connect says so on stderr
+    at once, then stays until rank zero has named its node too (rank zero waits the whole
+    timeout): on SLURM the first rank to exit ends the step (srun ``--kill-on-bad-exit=1``), so
+    exiting at once would cut rank zero's verdict off. Rank zero's exit ends this one.
+
+    Raises:
+        PreflightError: the store could not be reached in time (``reported`` set on ranks other
+            than zero).
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        return _connect(place, host, timeout if place.rank == 0 else timeout * CONNECT_FRACTION)
+    except PreflightError as exc:
+        if place.rank == 0:
+            raise
+        print(f"python -m jobgen.train: error: {exc.message}; hint: {exc.hint}", file=sys.stderr, flush=True)
+        exc.reported = True
+        time.sleep((1 - CONNECT_FRACTION) * timeout_s + LINGER_S)
+        raise
+
+
+def _join_verdict(keys: Any, place: Place, host: str, deadline: float, timeout_s: float, marker_dir: Path,
+                  devices_per_node: int, environ: Mapping[str, str]) -> str:
+    """Whether every rank joined (``joined/<rank>`` keys): rank zero waits until ``deadline``
+    (``time.monotonic()``) and writes the verdict, naming the missing ranks' hosts
+    (:func:`missing_hosts`, :func:`missing_message`); the others read it and acknowledge. Returns
+    ``""`` when all joined, else the message."""
+    address = f"{place.address}:{place.port}"
+    if place.rank != 0:
+        try:
+            verdict = keys.get("verdict/join").decode()
+            keys.set(f"ack/join/{place.rank}", "")
+            return verdict
+        except Exception:  # noqa: BLE001 - rank zero went away or stayed silent
+            return f"preflight: rank 0 at {address} gave no verdict within {timeout_s:g} s (seen from {host}, rank {place.rank})"
+    wanted = [f"joined/{r}" for r in range(place.world_size)]
+    while not keys.check(wanted) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    missing = [r for r in range(place.world_size) if not keys.check([f"joined/{r}"])]
+    verdict = ""
+    if missing:
+        verdict = missing_message(missing_hosts(missing, marker_dir, devices_per_node, environ), address, timeout_s, marker_dir)
+    keys.set("verdict/join", verdict)
+    if verdict:
+        _wait_for_acks(keys, "join", [r for r in range(1, place.world_size) if r not in missing])
+    return verdict
+
+
+def _stall_message(place: Place, attempt: str, hosts: dict[int, str], timeout_s: float) -> str:
+    """What the watchdog says when the all-reduce did not finish in time: the stage each rank
+    reached (``stage/<rank>`` keys), and the node(s) furthest behind, read through a store client
+    of its own (the main thread may be blocked inside the store's client)."""
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    probe = dist.PrefixStore(f"jobgen-preflight/{attempt}", TCPStore(place.address, place.port, place.world_size, False,
+                                                                     datetime.timedelta(seconds=5), wait_for_workers=False))
+    stages = {r: (probe.get(f"stage/{r}").decode() if probe.check([f"stage/{r}"]) else "joined") for r in hosts}
+    order = ["joined", "init", "warmup", "timed", "done"]
+    behind = min(order.index(s) for s in stages.values())
+    late = sorted({hosts[r] for r, s in stages.items() if order.index(s) == behind})
+    everyone = len(late) == len(set(hosts.values()))
+    where = "every node" if everyone else "node(s) " + ", ".join(late)
+    return (f"preflight: the all-reduce across {place.world_size} ranks did not finish within {timeout_s:g} s; "
+            f"{where} stuck at '{order[behind]}'" + (" (the network between the nodes?)" if everyone else ""))
+
+
+def _time_all_reduce(keys: Any, rank: int, host: str, device: Any, nbytes: int) -> None:
+    """Time :data:`ITERS` all-reduces of ``nbytes`` on ``device`` after :data:`WARMUP` ones and a
+    barrier; record the stage reached (``stage/<rank>``) and the mean seconds
+    (``result/<rank>``) in ``keys``."""
+    import torch
+    import torch.distributed as dist
+
+    gpu = device.type == "cuda"
+    buffer = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    keys.set(f"stage/{rank}", "warmup")
+    for _ in range(WARMUP):
+        dist.all_reduce(buffer)
+    dist.barrier()
+    if gpu:
+        torch.cuda.synchronize(device)
+    keys.set(f"stage/{rank}", "timed")
+    t0 = time.perf_counter()
+    for _ in range(ITERS):
+        dist.all_reduce(buffer)
+    if gpu:
+        torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - t0) / ITERS
+    keys.set(f"result/{rank}", json.dumps({"host": host, "seconds": seconds}))
+    keys.set(f"stage/{rank}", "done")
 
 
 def _wait_for_acks(keys: Any, what: str, ranks: list[int], timeout_s: float = 5.0) -> None:
