@@ -239,51 +239,25 @@ def build_trainer(
     """
     spec, launch = resolved.spec, resolved.launch
     t = spec.trainer
-    checkpoint = StepCheckpoint(
-        paths.checkpoints, every_n_steps=spec.checkpoint.every_n_steps, keep_last_k=spec.checkpoint.keep_last_k
-    )
+    checkpoint = StepCheckpoint(paths.checkpoints, every_n_steps=spec.checkpoint.every_n_steps, keep_last_k=spec.checkpoint.keep_last_k)
     # A smoke run (--smoke N) writes no checkpoints: the StepCheckpoint stays out of the Trainer.
     callbacks: list[Callback] = [throughput] if spec.smoke else [checkpoint, throughput]
     # the samples consumed and the batch layout, in every checkpoint; checked and applied on resume
     callbacks.append(TrainingPosition(
         BatchLayout(t.micro_batch_size, t.gradient_accumulation_steps, launch.world_size),
         elastic=launch.min_nodes is not None, scheduled=t.gradient_accumulation_schedule is not None))
-    accumulation: int | None = t.gradient_accumulation_steps
-    if t.gradient_accumulation_schedule is not None:
-        from lightning.pytorch.callbacks import GradientAccumulationScheduler
-
-        callbacks.append(GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)))
-        callbacks.append(ValidateEveryNSteps(t.val_check_interval))  # the interval in optimizer steps in every epoch
-        accumulation = None  # Lightning refuses accumulate_grad_batches != 1 beside the scheduler
-    gradient_clip_val = t.gradient_clip_val
-    fsdp = t.strategy == "fsdp" and not single_device
-    if fsdp and gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
-        callbacks.append(FSDPGradNormClipping(gradient_clip_val))
-        gradient_clip_val = None  # Lightning's FSDP plugin cannot clip by norm itself
+    accumulation, scheduled = _accumulation(t)
+    gradient_clip_val, clipping = _clipping(t, fsdp=t.strategy == "fsdp" and not single_device)
     show_bar = sys.stdout.isatty()
     # Either progress display reads the loss at log intervals only (no per-step host-device sync)
-    callbacks.append(LogIntervalBar(t.log_every_n_steps) if show_bar else LineProgress(throughput, t.log_every_n_steps))
+    callbacks += [*scheduled, *clipping, LogIntervalBar(t.log_every_n_steps) if show_bar else LineProgress(throughput, t.log_every_n_steps)]
     notify = notify_callback(resolved, paths.run_dir)  # rank zero of a spec with `notify:`
     if notify is not None:
         callbacks.append(notify)
-    plugins = []
-    if capabilities(launch.scheduler).requeue and launch.requeue_signal:
-        signum = getattr(signal, "SIG" + launch.requeue_signal)
-        job_id = RequeueOnSignal.slurm_job_id()
-        # Lightning's own auto-requeue saves inside the signal handler, which can deadlock the
-        # ranks (RequeueOnSignal explains); it stays off and RequeueOnSignal does the requeue.
-        plugins.append(SLURMEnvironment(auto_requeue=False, requeue_signal=signum))
-        if job_id is not None:
-            requeue = RequeueOnSignal(signum, paths.checkpoints, job_id)
-            requeue.install()
-            requeue.on_requeued = None if notify is None else notify.requeued
-            callbacks.append(requeue)
-    logger = CSVLogger(save_dir=paths.run_dir, name="logs")
-    loggers: list[Logger] = [logger]  # the CSV logger first: trainer.logger, the summary's metrics
-    if "tensorboard" in t.loggers:
-        loggers.append(_tensorboard_logger(paths, logger.version))
+    plugins, requeue = _requeue(launch, paths, notify)
+    callbacks += requeue
+    logger, loggers = _loggers(t, paths, tracker)
     if tracker is not None:
-        loggers.append(tracker)
         callbacks.insert(0, TrackingCallback(tracker))  # started before the other callbacks' on_train_start
     trainer = Trainer(
         accelerator=launch.accelerator,
@@ -320,6 +294,58 @@ def build_trainer(
         default_root_dir=paths.run_dir,
     )
     return trainer, checkpoint, logger
+
+
+def _accumulation(t: Any) -> tuple[int | None, list[Callback]]:
+    """(Lightning's ``accumulate_grad_batches``, the callbacks a ``gradient_accumulation_schedule``
+    needs): under a schedule ``None`` (Lightning refuses ``accumulate_grad_batches != 1`` beside
+    its ``GradientAccumulationScheduler``) and the scheduler plus :class:`ValidateEveryNSteps` (the
+    validation interval in optimizer steps in every epoch); else the fixed steps and none."""
+    if t.gradient_accumulation_schedule is None:
+        return t.gradient_accumulation_steps, []
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    return None, [GradientAccumulationScheduler(dict(t.gradient_accumulation_schedule)), ValidateEveryNSteps(t.val_check_interval)]
+
+
+def _clipping(t: Any, fsdp: bool) -> tuple[float | None, list[Callback]]:
+    """(Lightning's ``gradient_clip_val``, the callbacks that clip instead): under FSDP, clipping
+    by norm is :class:`FSDPGradNormClipping`'s (Lightning's FSDP plugin cannot clip by norm
+    itself), so the Trainer gets ``None``."""
+    if fsdp and t.gradient_clip_val is not None and t.gradient_clip_algorithm == "norm":
+        return None, [FSDPGradNormClipping(t.gradient_clip_val)]
+    return t.gradient_clip_val, []
+
+
+def _requeue(launch: Any, paths: RunPaths, notify: Any) -> tuple[list[Any], list[Callback]]:
+    """(the Trainer's plugins, the requeue callbacks) for a scheduler that requeues on
+    ``launch.requeue_signal``: SLURM's environment with Lightning's own auto-requeue off (it saves
+    inside the signal handler, which can deadlock the ranks; :class:`RequeueOnSignal` explains),
+    and, inside a SLURM job, the :class:`RequeueOnSignal` that requeues instead (installed; it
+    tells ``notify`` when it requeued). Elsewhere no plugin and no callback."""
+    if not (capabilities(launch.scheduler).requeue and launch.requeue_signal):
+        return [], []
+    signum = getattr(signal, "SIG" + launch.requeue_signal)
+    job_id = RequeueOnSignal.slurm_job_id()
+    plugins = [SLURMEnvironment(auto_requeue=False, requeue_signal=signum)]
+    if job_id is None:
+        return plugins, []
+    requeue = RequeueOnSignal(signum, paths.checkpoints, job_id)
+    requeue.install()
+    requeue.on_requeued = None if notify is None else notify.requeued
+    return plugins, [requeue]
+
+
+def _loggers(t: Any, paths: RunPaths, tracker: TrackerLogger | None) -> tuple[CSVLogger, list[Logger]]:
+    """(the CSV logger, every logger): the CSV logger first (``trainer.logger``, the summary's
+    metrics), then TensorBoard when ``trainer.loggers`` names it, then ``tracker``."""
+    logger = CSVLogger(save_dir=paths.run_dir, name="logs")
+    loggers: list[Logger] = [logger]
+    if "tensorboard" in t.loggers:
+        loggers.append(_tensorboard_logger(paths, logger.version))
+    if tracker is not None:
+        loggers.append(tracker)
+    return logger, loggers
 
 
 def _tensorboard_logger(paths: RunPaths, version: int | str) -> Logger:
