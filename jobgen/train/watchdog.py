@@ -398,6 +398,23 @@ class _Board:
             time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class WatchLimits:
+    """The spec's ``watchdog`` settings (:class:`jobgen.specs.training.WatchdogSpec`) a
+    :class:`WatchThread` applies.
+
+    Fields:
+        hang_timeout_s: the floor of the hang limit (seconds).
+        step_time_factor: the limit is at least this many median step times.
+        straggler_factor: a rank whose compute time per batch is more than this many times the
+            others' median is a straggler (:func:`find_straggler`, rank zero).
+    """
+
+    hang_timeout_s: float
+    step_time_factor: float
+    straggler_factor: float = 1.5
+
+
 class WatchThread:
     """The per-rank thread: publishes this rank's heartbeat, watches everyone's, ends the process
     as hung (see the module docstring). ``step`` and ``phase`` are set by the training loop.
@@ -405,11 +422,10 @@ class WatchThread:
     Args:
         store: a ``torch.distributed.Store`` every rank reaches (keys under a prefix of its own).
         rank, world_size: this rank and the number of ranks.
-        hang_timeout_s, factor: the spec's ``watchdog`` (seconds; a multiple of the median step).
+        limits: the spec's ``watchdog`` settings.
         run_dir: where ``hang/`` goes.
         address: the store's address, for the verdict when it stops answering.
         exit: how the process ends (``os._exit``; a test passes its own).
-        straggler_factor: the spec's ``watchdog.straggler_factor`` (:func:`find_straggler`, rank zero).
 
     ``compute``: this rank's compute times per batch (seconds, the newest :data:`COMPUTE_SAMPLES`),
     appended by the training loop; ``straggler``: on rank zero, the straggler it reported.
@@ -417,18 +433,17 @@ class WatchThread:
     one rank, :func:`start_sentinel`), or None; the thread closes its pipe and reaps it when it ends.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, hang_timeout_s: float, factor: float, run_dir: Path,
-                 address: str, exit: Callable[[int], None] = os._exit, straggler_factor: float = 1.5,
-                 sentinel: subprocess.Popen[bytes] | None = None):
+    def __init__(self, store: Any, rank: int, world_size: int, limits: WatchLimits, run_dir: Path, address: str,
+                 exit: Callable[[int], None] = os._exit, sentinel: subprocess.Popen[bytes] | None = None):
         self.board = _Board(store)
         self.rank, self.world_size = rank, world_size
-        self.hang_timeout_s, self.factor = float(hang_timeout_s), float(factor)
+        self.hang_timeout_s, self.factor = float(limits.hang_timeout_s), float(limits.step_time_factor)
         self.interval_s = tick_seconds(self.hang_timeout_s)
         self.run_dir, self.address, self._exit = run_dir, address, exit
         self.host, self.pid = node_name(), os.getpid()
         self.started_at = time.time()  # a verdict written since then is this start's (write_verdict)
         self.step, self.phase = 0, TRAIN
-        self.straggler_factor = float(straggler_factor)
+        self.straggler_factor = float(limits.straggler_factor)
         self.compute: deque[float] = deque(maxlen=COMPUTE_SAMPLES)
         self.straggler: Straggler | None = None
         self.sentinel = sentinel
@@ -683,9 +698,8 @@ class ProgressWatchdog(Callback):
             return
         # one rank: nobody else sees its heartbeat stop
         sentinel = start_sentinel(self.run_dir, self.hang_timeout_s) if trainer.world_size == 1 else None
-        self.thread = WatchThread(store, trainer.global_rank, trainer.world_size, self.hang_timeout_s,
-                                  self.step_time_factor, self.run_dir, address, straggler_factor=self.straggler_factor,
-                                  sentinel=sentinel)
+        limits = WatchLimits(self.hang_timeout_s, self.step_time_factor, self.straggler_factor)
+        self.thread = WatchThread(store, trainer.global_rank, trainer.world_size, limits, self.run_dir, address, sentinel=sentinel)
         self.thread.step = trainer.global_step
         self.thread.start()
         if trainer.is_global_zero:

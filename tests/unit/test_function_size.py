@@ -49,7 +49,6 @@ ALLOWED: dict[str, str] = {
     "jobgen/gitops/manifests.py:build_render": _NOT_SPLIT + "the render options, each a keyword",
     "jobgen/train/data.py:ByteTextDataModule.__init__": "a LightningDataModule: save_hyperparameters() records each __init__ argument",
     "jobgen/train/model.py:LitGPT.__init__": "a LightningModule: save_hyperparameters() records each __init__ argument",
-    "jobgen/train/watchdog.py:WatchThread.__init__": _NOT_SPLIT + "the watchdog's settings, each an argument",
 }
 
 

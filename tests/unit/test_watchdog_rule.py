@@ -24,6 +24,7 @@ from jobgen.train.watchdog import (
     Beat,
     Observer,
     Straggler,
+    WatchLimits,
     WatchThread,
     find_straggler,
     tick_seconds,
@@ -175,7 +176,7 @@ def test_the_thread_on_a_real_store_dumps_its_stacks_writes_the_verdict_and_exit
     store = dist.HashStore()
     exited = threading.Event()
     codes: list[int] = []
-    thread = WatchThread(store, 0, 2, hang_timeout_s=1, factor=10, run_dir=tmp_path / "run dir 'x'", address="here",
+    thread = WatchThread(store, 0, 2, limits=WatchLimits(1, 10), run_dir=tmp_path / "run dir 'x'", address="here",
                          exit=lambda code: (codes.append(code), exited.set()))
     thread.start()
     assert exited.wait(30)
@@ -208,7 +209,7 @@ def test_a_stopped_rank_zero_is_found_by_the_others(tmp_path):
     store = dist.HashStore()
     store.set("beat/0", beat(7, 1, host="node-0", pid=11).dumps())
     exited = threading.Event()
-    thread = WatchThread(store, 1, 4, hang_timeout_s=1, factor=10, run_dir=tmp_path, address="here",
+    thread = WatchThread(store, 1, 4, limits=WatchLimits(1, 10), run_dir=tmp_path, address="here",
                          exit=lambda code: exited.set())
     thread.step = 7
     thread.start()
@@ -272,8 +273,7 @@ def test_rank_zeros_thread_reports_a_straggler_once(tmp_path, capsys):
     import torch.distributed as dist
 
     store = dist.HashStore()
-    thread = WatchThread(store, 0, 2, hang_timeout_s=10, factor=10, run_dir=tmp_path, address="here", exit=lambda code: None,
-                         straggler_factor=1.5)
+    thread = WatchThread(store, 0, 2, limits=WatchLimits(10, 10, straggler_factor=1.5), run_dir=tmp_path, address="here", exit=lambda code: None)
     thread.compute.extend([0.1] * MIN_COMPUTE_SAMPLES)
     store.set("beat/1", Beat(0, TRAIN, 1, "node b\n\x1b", 7, 0.3).dumps())
     thread.start()

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from jobgen.reports.failure_class import Evidence, classify
 from jobgen.train.sentinel import EXIT_KILLED, System, Watch, watch
-from jobgen.train.watchdog import WatchThread, start_sentinel
+from jobgen.train.watchdog import WatchLimits, WatchThread, start_sentinel
 
 
 def line(step: int, limit_s: float = 2.0) -> bytes:
@@ -113,7 +113,7 @@ def test_a_one_rank_thread_feeds_its_sentinel_process_and_ends_it_when_it_stops(
     proc = start_sentinel(tmp_path, hang_timeout_s=2)
     assert proc is not None
     try:  # a sentinel left running would end this process (its parent) once the lines stop
-        thread = WatchThread(store, 0, 1, hang_timeout_s=2, factor=10, run_dir=tmp_path, address="in-process",
+        thread = WatchThread(store, 0, 1, limits=WatchLimits(2, 10), run_dir=tmp_path, address="in-process",
                              exit=lambda code: None, sentinel=proc)
         thread.start()
         for _ in range(15):  # longer than the limit: the thread's lines keep the sentinel from acting
@@ -136,7 +136,7 @@ def test_the_sentinel_ends_with_a_thread_that_ends_without_exiting_the_process(t
     proc = start_sentinel(tmp_path, hang_timeout_s=1)
     assert proc is not None
     try:
-        thread = WatchThread(dist.PrefixStore("w", dist.HashStore()), 0, 1, hang_timeout_s=1, factor=10, run_dir=tmp_path,
+        thread = WatchThread(dist.PrefixStore("w", dist.HashStore()), 0, 1, limits=WatchLimits(1, 10), run_dir=tmp_path,
                              address="in-process", exit=lambda code: None, sentinel=proc)
         thread.start()
         thread._thread.join(30)  # no step: the thread's own verdict after 1 s, then its end
