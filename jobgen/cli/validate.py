@@ -123,21 +123,27 @@ def validate(spec: str, profile: str | None, import_check: bool, output: str, ov
     if import_check and loaded.user_code:
         click.echo(f"imported {loaded.model.class_path} and {loaded.data.class_path} here; their init_args fit their signatures")
     if job_plan is not None:
-        w = job_plan.world
-        if doc["global_batch_size"] is None:
-            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, precision {doc['precision']}; "
-                       "batch size: your script's own (command mode passes jobgen's batch settings only to DeepSpeed)")
-            return
-        if w.elastic:  # the global batch is kept at every node count; the accumulation follows the world
-            most = w.global_batch_size // (w.micro_batch_size * w.fewest_nodes * w.devices_per_node)
-            click.echo(f"fits profile {job_plan.profile!r}: {w.describe()}, global batch {w.global_batch_size} sequences "
-                       f"at every world size (micro {w.micro_batch_size} x world size x accumulation {most} at {w.fewest_nodes} "
-                       f"node(s) .. {w.gradient_accumulation_steps} at {w.num_nodes}), precision {doc['precision']}")
-            return
-        click.echo(f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
-                   f"global batch {w.global_batch_size} sequences "
-                   f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size}), "
-                   f"precision {doc['precision']}")
+        click.echo(_fit_line(job_plan, doc["precision"], batch_used=doc["global_batch_size"] is not None))
+
+
+def _fit_line(job_plan: JobPlan, precision: str, batch_used: bool) -> str:
+    """The text line saying the spec fits the plan's profile: the world, the global batch (kept at
+    every node count of an elastic range, the accumulation following the world) and
+    ``precision``; without ``batch_used`` (command mode without DeepSpeed) the batch is the
+    script's own."""
+    w = job_plan.world
+    if not batch_used:
+        return (f"fits profile {job_plan.profile!r}: {w.describe()}, precision {precision}; "
+                "batch size: your script's own (command mode passes jobgen's batch settings only to DeepSpeed)")
+    if w.elastic:
+        most = w.global_batch_size // (w.micro_batch_size * w.fewest_nodes * w.devices_per_node)
+        return (f"fits profile {job_plan.profile!r}: {w.describe()}, global batch {w.global_batch_size} sequences "
+                f"at every world size (micro {w.micro_batch_size} x world size x accumulation {most} at {w.fewest_nodes} "
+                f"node(s) .. {w.gradient_accumulation_steps} at {w.num_nodes}), precision {precision}")
+    return (f"fits profile {job_plan.profile!r}: {w.num_nodes} node(s) x {w.devices_per_node} = world size {w.world_size}, "
+            f"global batch {w.global_batch_size} sequences "
+            f"(micro {w.micro_batch_size} x accumulation {w.gradient_accumulation_steps} x world size {w.world_size}), "
+            f"precision {precision}")
 
 
 def read_plan_spec(job_plan: JobPlan) -> Any:

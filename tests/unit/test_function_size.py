@@ -43,7 +43,6 @@ ALLOWED: dict[str, str] = {
     "jobgen/cli/render.py:diff": _CLICK,
     "jobgen/cli/submit.py:submit": _CLICK,
     "jobgen/cli/submit.py:_submit_sweep": _NOT_SPLIT + "submit's options passed on to each point of a sweep",
-    "jobgen/cli/validate.py:validate": _CLICK,
     "jobgen/gitops/manifests.py:_plan_spec": _NOT_SPLIT + "the render options of one spec, each a keyword",
     "jobgen/gitops/manifests.py:plan_single": _NOT_SPLIT + "the render options of one spec, each a keyword",
     "jobgen/gitops/manifests.py:build_render": _NOT_SPLIT + "the render options, each a keyword",
