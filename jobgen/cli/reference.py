@@ -117,11 +117,9 @@ def cli_reference() -> str:
 
 def main(argv: list[str]) -> int:
     """``python -m jobgen.cli.reference``."""
-    if argv:
-        sys.stderr.write("usage: python -m jobgen.cli.reference\n")
-        return 2
-    sys.stdout.write(cli_reference())
-    return 0
+    from jobgen.specs.reference import page_main
+
+    return page_main(argv, "jobgen.cli.reference", cli_reference)
 
 
 if __name__ == "__main__":

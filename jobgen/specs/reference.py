@@ -270,13 +270,19 @@ def reference() -> str:
     return "\n".join(f"# {title}\n\n{table(name)}" for name, (title, _) in _models().items())
 
 
+def page_main(argv: list[str], module: str, page: Callable[[], str]) -> int:
+    """The ``main`` of a reference page's module, ``python -m <module>``: writes ``page()`` to
+    stdout and returns 0; any argument is a usage error (usage on stderr, 2)."""
+    if argv:
+        sys.stderr.write(f"usage: python -m {module}\n")
+        return 2
+    sys.stdout.write(page())
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """``python -m jobgen.specs.reference``."""
-    if argv:
-        sys.stderr.write("usage: python -m jobgen.specs.reference\n")
-        return 2
-    sys.stdout.write(reference())
-    return 0
+    return page_main(argv, "jobgen.specs.reference", reference)
 
 
 if __name__ == "__main__":
