@@ -13,10 +13,12 @@ starts on a node; it is deleted afterwards). Only GETs, except the probe's pod.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobgen.backends import k8s_api
@@ -99,6 +101,40 @@ def _forbidden(name: str, exc: ApiError, what: str) -> Check:
     return Check(name, "skip", f"not checked: your credentials may not read {what} ({exc.status} {exc.reason or 'Forbidden'})")
 
 
+class _Forbidden(Exception):
+    """The API server answered 403 while a check read: ``check`` is that check's result."""
+
+    def __init__(self, check: Check):
+        super().__init__(check.name)
+        self.check = check
+
+
+@contextlib.contextmanager
+def _forbidden_skips(name: str, what: str) -> Iterator[None]:
+    """The reads inside: a 403 ends the check ``name`` as skipped (:func:`_forbidden`: the
+    credentials may not read ``what``), inside a check decorated with
+    :func:`_skip_when_forbidden`; any other :class:`ApiError` propagates."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.status == 403:
+            raise _Forbidden(_forbidden(name, exc, what)) from None
+        raise
+
+
+def _skip_when_forbidden(check: Callable[..., Check]) -> Callable[..., Check]:
+    """``check`` returning the skip of a 403 met inside :func:`_forbidden_skips`."""
+
+    @functools.wraps(check)
+    def run(*args: Any, **kwargs: Any) -> Check:
+        try:
+            return check(*args, **kwargs)
+        except _Forbidden as forbidden:
+            return forbidden.check
+
+    return run
+
+
 def _names(doc: Any) -> list[str]:
     items = doc.get("items") if isinstance(doc, dict) else None
     return sorted(str((item.get("metadata") or {}).get("name")) for item in items or [] if isinstance(item, dict))
@@ -108,14 +144,11 @@ def _listing(names: list[str]) -> str:
     return ", ".join(shown(n) for n in names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "") or "(none)"
 
 
+@_skip_when_forbidden
 def _crd_check(cluster: Cluster, kind: K8sKind, job_api: str) -> Check:
     name = f"{kind.plural}.{kind.group}"
-    try:
+    with _forbidden_skips("kubernetes.crd", "CustomResourceDefinitions"):
         crd = _get(cluster, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.crd", exc, "CustomResourceDefinitions")
-        raise
     operator = "the Kubeflow training operator" if job_api == "pytorchjob" else "Kubeflow Trainer v2"
     if crd is None:
         return Check("kubernetes.crd", "fail", f"CRD {name} is not installed: the cluster cannot run a {kind.kind} "
@@ -129,18 +162,15 @@ def _crd_check(cluster: Cluster, kind: K8sKind, job_api: str) -> Check:
     return Check("kubernetes.crd", "pass", f"CRD {name} serves {kind.api_version}")
 
 
+@_skip_when_forbidden
 def _operator_check(cluster: Cluster, job_api: str) -> Check:
     pods: list[dict[str, Any]] = []
-    try:
+    with _forbidden_skips("kubernetes.operator", "pods in all namespaces"):
         for selector in CONTROLLER_SELECTORS[job_api]:
             doc = cluster.request("GET", "/api/v1/pods", query=[("labelSelector", selector)])
             pods += [p for p in (doc.get("items") or []) if isinstance(p, dict)]
             if pods:
                 break
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.operator", exc, "pods in all namespaces")
-        raise
     selectors = " or ".join(CONTROLLER_SELECTORS[job_api])
     if not pods:
         return Check("kubernetes.operator", "skip", f"no controller pod labelled {selectors} in any namespace: it may run "
@@ -157,13 +187,10 @@ def _operator_check(cluster: Cluster, job_api: str) -> Check:
                  f"{shlex.quote(str(first.get('name')))}; jobs are accepted but nothing starts their pods until it runs")
 
 
+@_skip_when_forbidden
 def _namespace_check(cluster: Cluster, namespace: str, source: str) -> Check:
-    try:
+    with _forbidden_skips("kubernetes.namespace", f"namespace {namespace}"):
         doc = _get(cluster, f"/api/v1/namespaces/{namespace}")
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.namespace", exc, f"namespace {namespace}")
-        raise
     if doc is None:
         return Check("kubernetes.namespace", "fail", f"namespace {namespace} does not exist",
                      f"kubectl create namespace {namespace}, or set kubernetes.namespace in {source}")
@@ -174,6 +201,7 @@ def _namespace_check(cluster: Cluster, namespace: str, source: str) -> Check:
     return Check("kubernetes.namespace", "pass", f"namespace {namespace} ({shown(phase or 'Active')})")
 
 
+@_skip_when_forbidden
 def _claim_check(cluster: Cluster, namespace: str, ctx: DoctorContext) -> Check:
     k = ctx.profile.kubernetes
     assert k is not None
@@ -181,14 +209,10 @@ def _claim_check(cluster: Cluster, namespace: str, ctx: DoctorContext) -> Check:
     if claim is None:
         return Check("kubernetes.claim", "skip", "kubernetes.runs_volume_claim is null: runs go to an emptyDir, lost with the pod")
     collection = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
-    try:
+    with _forbidden_skips("kubernetes.claim", f"PersistentVolumeClaims in namespace {namespace}"):
         doc = _get(cluster, f"{collection}/{claim}")
         if doc is None or "ReadWriteMany" not in ((doc.get("spec") or {}).get("accessModes") or []):
             rwx = _rwx_claims(cluster.request("GET", collection))
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.claim", exc, f"PersistentVolumeClaims in namespace {namespace}")
-        raise
     if doc is None:
         return Check("kubernetes.claim", "fail", f"PersistentVolumeClaim {claim} does not exist in namespace {namespace}",
                      f"create it (ReadWriteMany), or set kubernetes.runs_volume_claim in {ctx.profile_source} to one of the "
@@ -217,27 +241,25 @@ def _rwx_claims(doc: Any) -> list[str]:
                   if "ReadWriteMany" in ((i.get("spec") or {}).get("accessModes") or []))
 
 
+@_skip_when_forbidden
 def _priority_class_check(cluster: Cluster, name: str | None, source: str) -> Check:
     if name is None:
         return Check("kubernetes.priority_class", "skip", "kubernetes.priority_class is null: the cluster's default priority")
     collection = "/apis/scheduling.k8s.io/v1/priorityclasses"
-    try:
+    with _forbidden_skips("kubernetes.priority_class", "PriorityClasses"):
         if _get(cluster, f"{collection}/{name}") is not None:
             return Check("kubernetes.priority_class", "pass", f"PriorityClass {name} exists")
         known = [n for n in _names(cluster.request("GET", collection)) if not n.startswith("system-")]
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.priority_class", exc, "PriorityClasses")
-        raise
     return Check("kubernetes.priority_class", "fail", f"PriorityClass {name} does not exist: the API server refuses the pods",
                  f"set kubernetes.priority_class in {source} to one of: {_listing(known)} (or null); or ask the admins to "
                  f"create {name}")
 
 
+@_skip_when_forbidden
 def _local_queue_check(cluster: Cluster, namespace: str, queue: str | None, source: str) -> Check:
     if queue is None:
         return Check("kubernetes.local_queue", "skip", "kubernetes.queue_label is null: no Kueue queue")
-    try:
+    with _forbidden_skips("kubernetes.local_queue", f"Kueue LocalQueues in namespace {namespace}"):
         crd = _get(cluster, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{LOCALQUEUE_CRD}")
         if crd is None:
             return Check("kubernetes.local_queue", "fail", f"kubernetes.queue_label is {queue}, and Kueue is not installed "
@@ -248,14 +270,11 @@ def _local_queue_check(cluster: Cluster, namespace: str, queue: str | None, sour
         if _get(cluster, f"{collection}/{queue}") is not None:
             return Check("kubernetes.local_queue", "pass", f"LocalQueue {queue} exists in namespace {namespace}")
         known = _names(cluster.request("GET", collection))
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.local_queue", exc, f"Kueue LocalQueues in namespace {namespace}")
-        raise
     return Check("kubernetes.local_queue", "fail", f"LocalQueue {queue} does not exist in namespace {namespace}: Kueue never "
                  "admits the job", f"set kubernetes.queue_label in {source} to one of: {_listing(known)}")
 
 
+@_skip_when_forbidden
 def _secrets_check(cluster: Cluster, namespace: str, ctx: DoctorContext) -> Check:
     """Each (Secret, key) of ``secret_env`` (optional ones may be missing) and each pull secret
     exists; only key names are read into the report, never a value."""
@@ -267,12 +286,8 @@ def _secrets_check(cluster: Cluster, namespace: str, ctx: DoctorContext) -> Chec
         return Check("kubernetes.secrets", "skip", "the profile names no Secret (kubernetes.secret_env, image_pull_secrets)")
     problems, found = [], []
     for secret, key, env, optional in wanted:
-        try:
+        with _forbidden_skips("kubernetes.secrets", f"Secrets in namespace {namespace} (the pods' service account may)"):
             doc = _get(cluster, f"/api/v1/namespaces/{namespace}/secrets/{secret}")
-        except ApiError as exc:
-            if exc.status == 403:
-                return _forbidden("kubernetes.secrets", exc, f"Secrets in namespace {namespace} (the pods' service account may)")
-            raise
         keys = sorted(str(name) for name in (doc.get("data") or {})) if isinstance(doc, dict) else []
         where = f"{env}: Secret {secret}" + (f" key {key}" if key else "")
         if doc is None and not optional:
@@ -290,17 +305,14 @@ def _secrets_check(cluster: Cluster, namespace: str, ctx: DoctorContext) -> Chec
     return Check("kubernetes.secrets", "pass", f"{len(found)} found: {', '.join(found)}")
 
 
+@_skip_when_forbidden
 def _nodes_check(cluster: Cluster, ctx: DoctorContext) -> Check:
     """Enough schedulable nodes with the profile's ``node_selector`` labels and, on a GPU profile,
     ``gpus_per_node`` allocatable GPUs of ``gpu_type`` (by the GPU product label, where a node has it)."""
     p, k = ctx.profile, ctx.profile.kubernetes
     assert k is not None
-    try:
+    with _forbidden_skips("kubernetes.nodes", "the nodes"):
         nodes, _ = read_nodes(cluster.request("GET", "/api/v1/nodes"))
-    except ApiError as exc:
-        if exc.status == 403:
-            return _forbidden("kubernetes.nodes", exc, "the nodes")
-        raise
     needed = ctx.plan.world.num_nodes if ctx.plan is not None else 1
     asked = f"the spec needs {needed}" if ctx.plan is not None else "a job needs 1 (pass a spec to check its node count)"
     selected = [n for n in nodes if n.schedulable and all(n.labels.get(key) == value for key, value in k.node_selector.items())]

@@ -141,3 +141,29 @@ def test_a_spec_asking_for_more_nodes_than_match_fails_nodes(fake, tmp_path):
     assert result.exit_code == 1 and [n for n, c in checks.items() if c["status"] == "fail"] == ["kubernetes.nodes"], checks
     assert "3 schedulable node(s)" in checks["kubernetes.nodes"]["detail"] and "GPU nodes have: 4x A100, 8x H100" in \
         checks["kubernetes.nodes"]["detail"]
+
+
+class ForbiddingCluster(FakeCluster):
+    """The fake cluster whose credentials may read ``/version`` only: every other GET is a 403."""
+
+    def request(self, method: str, path: str, *, query=None, body=None, timeout=30.0, stream=False):
+        if path != "/version":
+            raise k8s_api.ApiError(f"GET {path}: 403 Forbidden", status=403, reason="Forbidden")
+        return super().request(method, path, query=query, body=body, timeout=timeout, stream=stream)
+
+
+def test_reads_the_credentials_may_not_make_are_skipped_naming_what_was_not_read(fake, monkeypatch, tmp_path):
+    cluster = ForbiddingCluster(fake.answers)
+    monkeypatch.setattr(k8s_api, "connect", lambda context=None, kubeconfig=None: cluster)
+    result, checks = doctor(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert list(checks) == ORDER and checks["api"]["status"] == "pass"
+    forbidden = {"crd": "CustomResourceDefinitions", "namespace": "namespace training",
+                 "claim": "PersistentVolumeClaims in namespace training", "priority_class": "PriorityClasses",
+                 "local_queue": "Kueue LocalQueues in namespace training", "secrets": "Secrets in namespace training",
+                 "nodes": "the nodes"}
+    for name, what in forbidden.items():
+        assert checks[name]["status"] == "skip", checks[name]
+        assert checks[name]["detail"].startswith(f"not checked: your credentials may not read {what}")
+        assert checks[name]["detail"].endswith("(403 Forbidden)")
+    assert checks["operator"]["status"] == "skip" and "kubernetes.crd" in checks["operator"]["detail"]
