@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_spec
+from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
+from jobgen.planning.sweep import Planners
 from jobgen.specs.capabilities import capabilities
 from jobgen.specs.load import load_profile, load_spec, search_dirs
 from jobgen.specs.profile import placeholder_error
@@ -48,6 +50,12 @@ __all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "
            "logs", "plan_job", "render", "status", "submit", "submit_profile", "templates_dir"]
 
 PathLike = str | os.PathLike[str]
+
+#: The backends' planners that planning a spec's sweep or the project file takes
+#: (:func:`jobgen.planning.sweep.plan_single`, :func:`jobgen.planning.project.plan_project`): one
+#: job through the backend of its profile's scheduler, a sweep as one SLURM job array where the
+#: profile asks for one.
+PLANNERS = Planners(job=plan, wants_array=wants_array, array=plan_array, array_member=ArrayMember)
 
 
 def templates_dir(override: PathLike | None = None) -> Path:

@@ -1,6 +1,6 @@
 """``jobgen submit SPEC --sweep key.path=v1,v2 ...``: render a sweep and submit it in one command.
 
-The sweep is planned exactly as ``jobgen render --sweep`` plans it (:func:`jobgen.gitops.manifests.plan_single`:
+The sweep is planned exactly as ``jobgen render --sweep`` plans it (:func:`jobgen.planning.sweep.plan_single`:
 the same parser, grid, job names and array rule), every point before anything is written, so bad
 input (a malformed axis, a point that does not validate or fit) stops it with nothing written or
 submitted. Then, in grid order (first axis slowest):
@@ -29,11 +29,11 @@ from jobgen import api
 from jobgen.backends import get_backend
 from jobgen.backends.base import Echo, SubmitOptions, SubmitResult
 from jobgen.errors import ConfigError, JobgenError, SubmitError
-from jobgen.gitops.manifests import plan_single
 from jobgen.jobdir.files import SPEC_FILE, SUBMISSION_FILE, point_file
 from jobgen.jobdir.spec import ResolvedSpec
 from jobgen.jobdir.submission import Submission, SweepTag, new_sweep_id
 from jobgen.planning.plan import JobPlan
+from jobgen.planning.sweep import SpecOptions, plan_single
 from jobgen.specs.sweeps import SweepAxis, parse_sweep, sweep_points
 from jobgen.specs.training import TrainingSpec
 
@@ -110,8 +110,9 @@ def plan_sweep(spec: str, profile: str, sweeps: Sequence[str], *, overrides: Seq
     axes = tuple(parse_sweep(s) for s in sweeps)
     loaded = api.submit_profile(profile, profiles_dir, preflight=preflight)
     transform = (lambda s, source: api.as_smoke(s, smoke, source)) if smoke is not None else None
-    render = plan_single(spec, profile, overrides=overrides, sweeps=sweeps, profiles_dir=profiles_dir, templates_dir=templates_dir,
-                         loaded_profile=loaded, transform=transform, spec_file=spec)
+    render = plan_single(spec, profile, api.PLANNERS, SpecOptions(overrides=overrides, sweeps=sweeps, profiles_dir=profiles_dir,
+                                                                  templates_dir=templates_dir, loaded_profile=loaded,
+                                                                  transform=transform, spec_file=spec))
     grid = [tuple(job.sweep) for job in render.jobs]
     order = {tuple(point): i for i, point in enumerate(sweep_points(axes))}
     jobs = sorted((SweepJob(order[p] if p else None, p, job.plan) for p, job in zip(grid, render.jobs, strict=True)),

@@ -1,5 +1,6 @@
 """The ``jobgen`` command line: parse -> load -> plan -> print/write/submit. Thin by design:
-every operation is a call into :mod:`jobgen.api` / :mod:`jobgen.gitops.manifests`; no scheduler branching.
+every operation is a call into :mod:`jobgen.api`, :mod:`jobgen.planning.project` or
+:mod:`jobgen.gitops.manifests`; no scheduler branching.
 
 One module per command group, each command's ``--help`` text (examples included) beside its
 options, where users read it:

@@ -1,5 +1,5 @@
 """``jobgen render`` and ``jobgen diff``: the GitOps commands (manifests written, checked,
-previewed; :mod:`jobgen.gitops.manifests` does the work)."""
+previewed; :mod:`jobgen.planning.project` plans them, :mod:`jobgen.gitops.manifests` does the rest)."""
 
 from __future__ import annotations
 
@@ -63,16 +63,18 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
       jobgen render --all --prune --commit
       jobgen render examples/quickstart.yaml -p k8s-h100 --sweep trainer.learning_rate=1e-4,3e-4
     """
+    from jobgen import api
     from jobgen.gitops import manifests as gitops
+    from jobgen.planning.project import build_render
+    from jobgen.planning.sweep import SpecOptions
     if to_stdout and (all_jobs or check or prune or commit_flag):
         raise ConfigError("--stdout cannot be combined with --all, --check, --prune or --commit", hint="drop --stdout")
     if prune and not all_jobs:
         raise ConfigError("--prune needs --all (stale jobs are those jobgen.yaml no longer lists)", hint="jobgen render --all --prune")
     if check and commit_flag:
         raise ConfigError("--check and --commit exclude each other", hint="--check only compares; --commit writes and commits")
-    out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
-    rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs, project=project, overrides=overrides,
-                                   sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
+    options = SpecOptions(overrides=overrides, sweeps=sweeps, out=out, profiles_dir=profiles_dir, templates_dir=templates_dir)
+    rendered = build_render(spec, profile, api.PLANNERS, options, all_jobs=all_jobs, project=project, out_given=_out_given(ctx))
     if to_stdout:
         for job in rendered.jobs:
             warn_plan(job.plan)
@@ -93,6 +95,11 @@ def render(ctx: click.Context, spec: str | None, profile: str | None, out: str, 
         job_dir = Path(out) / job_plan.job_subdir
         click.echo(f"{job_plan.scheduler}: {job_plan.world.describe()}; submit with: jobgen submit {job_dir}")
     return code
+
+
+def _out_given(ctx: click.Context) -> bool:
+    """Whether ``--out`` was given on the command line rather than defaulted."""
+    return ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
 
 
 def _job_json(job_plan: JobPlan, job_dir: Path | None, *, with_text: bool = False) -> dict[str, Any]:
@@ -133,10 +140,13 @@ def diff(ctx: click.Context, spec: str | None, profile: str | None, out: str, ou
       jobgen diff
       jobgen diff examples/quickstart.yaml --profile k8s-h100 --set trainer.max_steps=900
     """
+    from jobgen import api
     from jobgen.gitops import manifests as gitops
-    out_given = ctx.get_parameter_source("out") is not click.core.ParameterSource.DEFAULT
-    rendered = gitops.build_render(spec=spec, profile=profile, all_jobs=all_jobs or spec is None, project=project, overrides=overrides,
-                                   sweeps=sweeps, out=out, out_given=out_given, profiles_dir=profiles_dir, templates_dir=templates_dir)
+    from jobgen.planning.project import build_render
+    from jobgen.planning.sweep import SpecOptions
+    options = SpecOptions(overrides=overrides, sweeps=sweeps, out=out, profiles_dir=profiles_dir, templates_dir=templates_dir)
+    rendered = build_render(spec, profile, api.PLANNERS, options, all_jobs=all_jobs or spec is None, project=project,
+                            out_given=_out_given(ctx))
     if output == "text":
         return gitops.diff_command(rendered, echo=click.echo)
     printed: list[str] = []  # the unified diff (stdout); the rest goes to stderr

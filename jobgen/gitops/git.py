@@ -13,7 +13,8 @@ from pathlib import Path
 
 from jobgen import __version__
 from jobgen.errors import EXIT_RUNTIME, ConfigError, JobgenError
-from jobgen.gitops.sync import Comparison, RenderedJob, apply, pending
+from jobgen.gitops.sync import Comparison, apply, pending
+from jobgen.planning.sweep import RenderedJob
 
 
 class GitError(JobgenError):

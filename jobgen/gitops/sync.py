@@ -1,10 +1,11 @@
-"""Desired state vs disk: what an output tree should hold (:class:`Render`), how it differs
-from what is there (:func:`compare`), the unified diff of that (:func:`unified_diff`) and the
-writes that settle it (:func:`apply`).
+"""Desired state vs disk: how what an output tree should hold (a
+:class:`~jobgen.planning.sweep.Render`, planned by :mod:`jobgen.planning.sweep` and
+:mod:`jobgen.planning.project`) differs from what is there (:func:`compare`), the unified diff
+of that (:func:`unified_diff`) and the writes that settle it (:func:`apply`).
 
 Everything before :func:`apply` only reads. Files jobgen did not write are never modified or
 deleted: in a job directory jobgen owns only the files of the job-directory contract
-(:mod:`jobgen.jobdir`) that carry its mark. Planning a Render is :mod:`jobgen.gitops.manifests`.
+(:mod:`jobgen.jobdir`) that carry its mark.
 """
 
 from __future__ import annotations
@@ -26,61 +27,7 @@ from jobgen.jobdir.files import (
     remove_empty_point_dirs,
     write_atomic,
 )
-from jobgen.planning.plan import JobPlan
-
-# --------------------------------------------------------------------------- desired state
-
-
-@dataclass(frozen=True)
-class RenderedJob:
-    """One planned job: its plan plus where it came from (for the index, messages and commits).
-
-    ``entry``: what listed it (``jobs[i]`` of the project file, or ``command line``); ``spec``:
-    the spec path as given; ``overrides``: its ``set``/``--set`` overrides; ``sweep``: its grid
-    point ``((key, value), ...)`` (empty without a sweep, and for a job array); ``array``: a SLURM
-    job array's grid ``((key, (value, ...)), ...)`` (one task per point; empty otherwise);
-    ``sweep_name``: the sweep's base name (the spec's name after its overrides: a job array's
-    name), None without a sweep.
-    """
-
-    entry: str
-    spec: str
-    overrides: tuple[str, ...]
-    sweep: tuple[tuple[str, str], ...]
-    plan: JobPlan
-    array: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    sweep_name: str | None = None
-
-    @property
-    def subdir(self) -> str:
-        """``<profile>/<job name>`` (POSIX): the job's directory under the output root."""
-        return f"{self.plan.profile}/{self.plan.job_name}"
-
-
-@dataclass(frozen=True)
-class Render:
-    """The desired state of an output tree, computed without writing anything.
-
-    Attributes:
-        out: the output root (absolute).
-        files: POSIX path relative to ``out`` -> file text (LF line endings).
-        jobs: every planned job, sorted by directory.
-        whole_tree: True for a project render (``--all``): job directories under ``out`` that
-            the project no longer lists, and stale index/kustomization files, are in scope.
-        source: what was rendered, for messages (``jobgen.yaml`` or the spec path).
-    """
-
-    out: Path
-    files: dict[str, str]
-    jobs: tuple[RenderedJob, ...]
-    whole_tree: bool
-    source: str
-
-    @property
-    def job_dirs(self) -> set[str]:
-        """Directories (relative to ``out``) of the planned jobs."""
-        return {job.subdir for job in self.jobs}
-
+from jobgen.planning.sweep import Render
 
 # --------------------------------------------------------------------------- compare
 

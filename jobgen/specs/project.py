@@ -2,7 +2,7 @@
 
 :class:`Project` is the file's model (``jobgen schema project``, docs/reference/project.md);
 :func:`load_project` finds, reads and validates it. Planning a project into files is
-:func:`jobgen.gitops.manifests.plan_project`.
+:func:`jobgen.planning.project.plan_project`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PROJECT_FILE = "jobgen.yaml"
 
 class _ProjectModel(BaseModel):
     # Descriptions as Field(description=...): use_attribute_docstrings would parse this file's
-    # source at import, and every render imports this module (through jobgen.gitops.manifests).
+    # source at import, and every `render --all` imports this module (through jobgen.planning.project).
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

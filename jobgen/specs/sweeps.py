@@ -226,7 +226,7 @@ def sweep_job_names(base: str, points: Sequence[Sequence[tuple[str, str]]]) -> l
     spell its value faithfully (``FULL_SHARD`` -> ``full-shard``, ``-1`` -> ``1``: never a
     silently mangled name), when another value of the same key gives the same token (``0.5``
     and ``0p5``), when two points would otherwise get the same name, or when the name is longer
-    than :data:`~jobgen.jobdir.MAX_NAME` (48) characters (the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names.
+    than :data:`~jobgen.specs.training.MAX_NAME` (48) characters (the readable part is truncated). A base that is a DNS-1035 label thus gives DNS-1035 names.
     A name depends on its point, and on the other values of the grid only when two values of
     one key share a token.
 

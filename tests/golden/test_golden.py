@@ -79,10 +79,11 @@ ARRAY_CASES = [("slurm-cpu-array", "quickstart", ("trainer.learning_rate=1e-4,3e
 
 def render_array_case(profile: str, example: str, sweeps: tuple[str, ...]) -> dict[str, str]:
     """Files of the array job directory (relative paths, points/<i>/ included), through GitOps' planner."""
-    from jobgen.gitops.manifests import plan_single
+    from jobgen.api import PLANNERS
+    from jobgen.planning.sweep import SpecOptions, plan_single
 
-    render = plan_single(str(EXAMPLES / f"{example}.yaml"), profile, sweeps=sweeps, out="/nonexistent-out",
-                         profiles_dir=str(ARRAY_PROFILES), templates_dir=str(TEMPLATES))
+    render = plan_single(str(EXAMPLES / f"{example}.yaml"), profile, PLANNERS,
+                         SpecOptions(sweeps=sweeps, out="/nonexistent-out", profiles_dir=str(ARRAY_PROFILES), templates_dir=str(TEMPLATES)))
     assert len(render.jobs) == 1, "a sweep on an array profile is one job"
     return dict(render.jobs[0].plan.files)
 

@@ -274,15 +274,17 @@ def test_the_batch_signal_form_decides_after_srun_too(tmp_path):
 
 
 def test_an_array_task_requeues_itself_not_the_array(tmp_path):
-    from jobgen.gitops.manifests import plan_single
+    from jobgen.api import PLANNERS
+    from jobgen.planning.sweep import SpecOptions, plan_single
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "slurm-cpu-array.yaml").write_text("extends: slurm-cpu\nslurm: {sweep_as_array: true}\n")
     spec = tmp_path / "spec.yaml"
     spec.write_text((PROFILES.parent / "examples" / "quickstart.yaml").read_text() + "\nrestart:\n  max_restarts: 2\n")
-    render = plan_single(str(spec), "slurm-cpu-array", sweeps=["trainer.learning_rate=1e-4,3e-4"], out=str(tmp_path / "m"),
-                         profiles_dir=str(profiles), templates_dir=str(TEMPLATES))
+    render = plan_single(str(spec), "slurm-cpu-array", PLANNERS,
+                         SpecOptions(sweeps=["trainer.learning_rate=1e-4,3e-4"], out=str(tmp_path / "m"),
+                                     profiles_dir=str(profiles), templates_dir=str(TEMPLATES)))
     script = render.jobs[0].plan.file("job.sbatch")
     env = {"SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "72", "JOBGEN_RUN_DIR": str(tmp_path / "runs")}
     proc, calls = run_failing_job(tmp_path, script, KILLED, 137, env)

@@ -473,15 +473,16 @@ def test_command_mode_script_passes_bash_n_and_shellcheck(tmp_path):
 
 
 def _array_plan(tmp_path: Path, exclusive: bool = False):
-    from jobgen.gitops.manifests import plan_single
+    from jobgen.api import PLANNERS
+    from jobgen.planning.sweep import SpecOptions, plan_single
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "slurm-cpu-array.yaml").write_text(
         f"extends: slurm-cpu\nslurm: {{sweep_as_array: true, exclusive: {str(exclusive).lower()}}}\n")
-    render = plan_single(str(PROFILES.parent / "examples" / "quickstart.yaml"), "slurm-cpu-array",
-                         sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"),
-                         profiles_dir=str(profiles), templates_dir=str(TEMPLATES))
+    render = plan_single(str(PROFILES.parent / "examples" / "quickstart.yaml"), "slurm-cpu-array", PLANNERS,
+                         SpecOptions(sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"),
+                                     profiles_dir=str(profiles), templates_dir=str(TEMPLATES)))
     return render.jobs[0].plan
 
 

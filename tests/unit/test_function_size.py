@@ -43,9 +43,6 @@ ALLOWED: dict[str, str] = {
     "jobgen/cli/render.py:diff": _CLICK,
     "jobgen/cli/submit.py:submit": _CLICK,
     "jobgen/cli/submit.py:_submit_sweep": _NOT_SPLIT + "submit's options passed on to each point of a sweep",
-    "jobgen/gitops/manifests.py:_plan_spec": _NOT_SPLIT + "the render options of one spec, each a keyword",
-    "jobgen/gitops/manifests.py:plan_single": _NOT_SPLIT + "the render options of one spec, each a keyword",
-    "jobgen/gitops/manifests.py:build_render": _NOT_SPLIT + "the render options, each a keyword",
     "jobgen/train/data.py:ByteTextDataModule.__init__": "a LightningDataModule: save_hyperparameters() records each __init__ argument",
     "jobgen/train/model.py:LitGPT.__init__": "a LightningModule: save_hyperparameters() records each __init__ argument",
 }

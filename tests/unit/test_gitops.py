@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jobgen.api import PLANNERS
 from jobgen.errors import ConfigError
-from jobgen.gitops.manifests import plan_project, plan_single
 from jobgen.gitops.sync import apply, compare, unified_diff
-from jobgen.jobdir import MAX_NAME
+from jobgen.planning.project import plan_project
 from jobgen.planning.render import environment, template_sha256
+from jobgen.planning.sweep import SpecOptions, plan_single
 from jobgen.specs.project import Project, ProjectJob, load_project
 from jobgen.specs.sweeps import parse_sweep, sweep_job_names, sweep_points
+from jobgen.specs.training import MAX_NAME
 from tests.conftest import EXAMPLES, PROFILES, TEMPLATES, write
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -34,7 +36,7 @@ def make_project(root: Path, body: str) -> Path:
 
 
 def render_all(project: Path, prune: bool = False):
-    comparison = compare(plan_project(load_project(project)))
+    comparison = compare(plan_project(load_project(project), PLANNERS))
     apply(comparison, prune=prune)
     return comparison
 
@@ -192,7 +194,7 @@ def test_entry_errors_are_all_reported_and_nothing_is_written(tmp_path):
     project = make_project(tmp_path, BASIC + "  - spec: examples/missing.yaml\n    profiles: [slurm-a100]\n"
                                                "  - spec: examples/quickstart.yaml\n    profiles: [slurm-a10]\n")
     with pytest.raises(ConfigError) as info:
-        plan_project(load_project(project))
+        plan_project(load_project(project), PLANNERS)
     text = str(info.value)
     assert "2 of 4 job entries cannot be rendered; nothing was written" in text
     assert "jobs[2]" in text and "file not found" in text
@@ -203,17 +205,17 @@ def test_entry_errors_are_all_reported_and_nothing_is_written(tmp_path):
 def test_two_entries_rendering_one_directory_are_refused(tmp_path):
     project = make_project(tmp_path, BASIC + "  - spec: examples/quickstart.yaml\n    profiles: [slurm-a100]\n    set: [trainer.max_steps=500]\n")
     with pytest.raises(ConfigError, match=r"jobs\[0\] \(examples/quickstart.yaml\) and jobs\[2\] .* both render slurm-a100/quickstart/") as info:
-        plan_project(load_project(project))
+        plan_project(load_project(project), PLANNERS)
     assert "name=" in (info.value.hint or "")
 
 
 def test_kubernetes_object_clash_across_profiles_is_caught_before_writing(tmp_path):
     project = make_project(tmp_path, "jobs:\n  - spec: examples/quickstart.yaml\n    profiles: [k8s-a100, k8s-h100]\n")
     with pytest.raises(ConfigError, match="both define PyTorchJob 'quickstart' in namespace 'training'") as info:
-        plan_project(load_project(project))
+        plan_project(load_project(project), PLANNERS)
     assert "top_level_kustomization: false" in (info.value.hint or "")
     write(project, "top_level_kustomization: false\n" + project.read_text())
-    render = plan_project(load_project(project))
+    render = plan_project(load_project(project), PLANNERS)
     assert "kustomization.yaml" not in render.files and "k8s-a100/kustomization.yaml" in render.files
 
 
@@ -222,14 +224,14 @@ def test_a_pytorchjob_and_a_trainjob_of_one_name_and_namespace_clash_too(tmp_pat
     write(tmp_path / "cluster_profiles" / "k8s-v2.yaml", "extends: k8s-h100\nkubernetes:\n  job_api: trainjob\n  priority_class: null\n")
     with pytest.raises(ConfigError, match=r"k8s-h100/quickstart and k8s-v2/quickstart both define objects named 'quickstart' "
                                           r"\(PyTorchJob, TrainJob\) in namespace 'training'"):
-        plan_project(load_project(project))
+        plan_project(load_project(project), PLANNERS)
 
 
 def test_only_jobs_applied_to_a_cluster_are_aggregated(tmp_path):
     dirs = {"profiles_dir": str(PROFILES), "templates_dir": str(TEMPLATES)}
-    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", out=tmp_path, **dirs).jobs
+    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", PLANNERS, SpecOptions(out=tmp_path, **dirs)).jobs
     assert job.plan.apply_files == () and job.plan.cluster_object is None
-    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", out=tmp_path, **dirs).jobs
+    (job,) = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", PLANNERS, SpecOptions(out=tmp_path, **dirs)).jobs
     assert job.plan.apply_files == ("pytorchjob.yaml",) and set(job.plan.apply_files) <= dict(job.plan.files).keys()
     assert (job.plan.cluster_object.kind, job.plan.cluster_object.key) == ("PyTorchJob", ("training", "quickstart"))
 
@@ -264,7 +266,7 @@ def test_render_all_writes_jobs_index_and_kustomizations(tmp_path):
     assert yaml.safe_load((out / "k8s-h100" / "kustomization.yaml").read_text())["resources"] == ["quickstart/pytorchjob.yaml"]
     assert (out / "slurm-a100/quickstart/job.sbatch").stat().st_mode & 0o777 == 0o755
     assert (out / "slurm-a100/quickstart/spec.json").stat().st_mode & 0o777 == 0o644
-    assert compare(plan_project(load_project(project))).in_sync
+    assert compare(plan_project(load_project(project), PLANNERS)).in_sync
 
 
 def test_kustomizations_list_the_trainjob_manifest_of_trainjob_profiles(tmp_path):
@@ -282,7 +284,7 @@ def test_spec_edit_changes_only_that_jobs_files(tmp_path):
     render_all(project)
     spec = tmp_path / "examples" / "gpt2-350m-zero3.yaml"
     spec.write_text(spec.read_text().replace("max_steps: ", "max_steps: 1"))
-    comparison = compare(plan_project(load_project(project)))
+    comparison = compare(plan_project(load_project(project), PLANNERS))
     assert {c.path.rsplit("/", 1)[0] for c in comparison.changes} == {"slurm-h100/gpt2-350m-zero3"}
     assert {c.kind for c in comparison.changes} == {"modify"}
     diff = unified_diff(comparison, "manifests")
@@ -296,7 +298,7 @@ def test_template_edit_is_drift(tmp_path):
     template.write_text(template.read_text().replace("set -euo pipefail", "set -euo pipefail\numask 077"))
     environment.cache_clear()  # one process keeps its templates (auto_reload=False); a new CLI run reads them again
     template_sha256.cache_clear()
-    changed = {c.path for c in compare(plan_project(load_project(project))).changes}
+    changed = {c.path for c in compare(plan_project(load_project(project), PLANNERS)).changes}
     assert changed == {"slurm-a100/quickstart/job.sbatch", "slurm-a100/quickstart/spec.json",
                        "slurm-h100/gpt2-350m-zero3/job.sbatch", "slurm-h100/gpt2-350m-zero3/spec.json"}
 
@@ -312,11 +314,11 @@ def test_stale_job_dirs_are_reported_and_pruned_but_foreign_files_survive(tmp_pa
     assert comparison.stale_dirs == ["slurm-h100/gpt2-350m-zero3"]
     assert comparison.foreign == {"slurm-h100/gpt2-350m-zero3": ["NOTES.md"]}
     assert (out / "slurm-h100" / "gpt2-350m-zero3" / "job.sbatch").exists(), "stale dirs stay without --prune"
-    assert not compare(plan_project(load_project(project))).in_sync, "a stale dir is drift for --check"
+    assert not compare(plan_project(load_project(project), PLANNERS)).in_sync, "a stale dir is drift for --check"
     render_all(project, prune=True)
     assert sorted(p.name for p in (out / "slurm-h100" / "gpt2-350m-zero3").iterdir()) == ["NOTES.md"]
     assert handmade.read_text() == "#!/bin/bash\necho mine\n", "a directory jobgen did not write is never touched"
-    assert compare(plan_project(load_project(project))).in_sync
+    assert compare(plan_project(load_project(project), PLANNERS)).in_sync
 
 
 def test_pruning_an_only_job_removes_its_profile_dir(tmp_path):
@@ -344,12 +346,12 @@ def test_hand_edit_and_lost_exec_bit_are_drift_and_get_repaired(tmp_path):
     script.chmod(0o644)
     spec = script.with_name("spec.json")
     spec.write_text(spec.read_text().replace('"max_steps": 600', '"max_steps": 601'))
-    comparison = compare(plan_project(load_project(project)))
+    comparison = compare(plan_project(load_project(project), PLANNERS))
     assert {(c.path, c.kind) for c in comparison.changes} == {("slurm-a100/quickstart/job.sbatch", "mode"), ("slurm-a100/quickstart/spec.json", "modify")}
     diff = unified_diff(comparison, "manifests")
     assert "old mode 100644\nnew mode 100755" in diff and '-      "max_steps": 601,' in diff
     apply(comparison, prune=False)
-    assert script.stat().st_mode & 0o777 == 0o755 and compare(plan_project(load_project(project))).in_sync
+    assert script.stat().st_mode & 0o777 == 0o755 and compare(plan_project(load_project(project), PLANNERS)).in_sync
 
 
 def test_owned_stale_file_in_a_live_job_dir_is_removed(tmp_path):
@@ -358,27 +360,30 @@ def test_owned_stale_file_in_a_live_job_dir_is_removed(tmp_path):
     job = tmp_path / "manifests" / "slurm-a100" / "quickstart"
     write(job / "ds_config.json", "{}\n")
     write(job / "kustomization.yaml", "resources: []\n")  # not jobgen's (no header): left alone
-    comparison = compare(plan_project(load_project(project)))
+    comparison = compare(plan_project(load_project(project), PLANNERS))
     assert [(c.path, c.kind) for c in comparison.changes] == [("slurm-a100/quickstart/ds_config.json", "delete")]
     assert "+++ /dev/null" in unified_diff(comparison, "manifests")
 
 
 def test_single_spec_sweep_renders_the_grid(tmp_path):
-    render = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", out=tmp_path / "m",
-                         sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+    render = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", PLANNERS,
+                         SpecOptions(out=tmp_path / "m", sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"],
+                                     profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES)))
     assert sorted(render.job_dirs) == [f"k8s-h100/quickstart-lr{lr}-mbs{m}" for lr in ("1e-4", "3e-4") for m in ("4", "8")]
     apply(compare(render), prune=False)
     spec = json.loads((tmp_path / "m" / "k8s-h100" / "quickstart-lr3e-4-mbs8" / "spec.json").read_text())["spec"]
     assert (spec["name"], spec["trainer"]["learning_rate"], spec["trainer"]["micro_batch_size"]) == ("quickstart-lr3e-4-mbs8", 3e-4, 8)
-    again = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", out=tmp_path / "m",
-                        sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"], profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+    again = plan_single(str(EXAMPLES / "quickstart.yaml"), "k8s-h100", PLANNERS,
+                        SpecOptions(out=tmp_path / "m", sweeps=["trainer.learning_rate=1e-4,3e-4", "trainer.micro_batch_size=4,8"],
+                                    profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES)))
     assert compare(again).in_sync
 
 
 def test_sweep_point_goes_through_set_override_parsing(tmp_path):
     """Values are YAML-parsed exactly like --set: '[a, b]' is a list, '08' stays what --set makes of it."""
-    render = plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", out=tmp_path,
-                         sweeps=["data.paths=[a.txt, b.txt],[c.txt]"], profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+    render = plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", PLANNERS,
+                         SpecOptions(out=tmp_path, sweeps=["data.paths=[a.txt, b.txt],[c.txt]"],
+                                     profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES)))
     paths = sorted(json.loads(dict(j.plan.files)["spec.json"])["spec"]["data"]["paths"] for j in render.jobs)
     assert paths == [["a.txt", "b.txt"], ["c.txt"]]
     assert all(DNS1035.match(j.plan.job_name) for j in render.jobs)
@@ -386,15 +391,15 @@ def test_sweep_point_goes_through_set_override_parsing(tmp_path):
 
 def test_invalid_sweep_value_is_reported_with_its_point():
     with pytest.raises(ConfigError, match=r"(?s)sweep point trainer.micro_batch_size=many.*trainer.micro_batch_size: expected a positive integer or 'auto'"):
-        plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", sweeps=["trainer.micro_batch_size=4,many"],
-                    profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+        plan_single(str(EXAMPLES / "quickstart.yaml"), "slurm-a100", PLANNERS,
+                    SpecOptions(sweeps=["trainer.micro_batch_size=4,many"], profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES)))
 
 
 def test_a_file_in_the_way_is_a_clear_error_before_writing(tmp_path):
     project = make_project(tmp_path, BASIC)
     write(tmp_path / "manifests" / "slurm-a100", "a file where a profile directory goes\n")
     with pytest.raises(ConfigError, match="a file where it needs a directory"):
-        compare(plan_project(load_project(project)))
+        compare(plan_project(load_project(project), PLANNERS))
     assert not (tmp_path / "manifests" / "k8s-h100").exists()
 
 
@@ -406,6 +411,6 @@ def test_diff_marks_a_missing_final_newline_and_crlf(tmp_path):
     spec.write_bytes(spec.read_bytes().rstrip(b"\n"))
     script = job / "job.sbatch"
     script.write_bytes(script.read_bytes().replace(b"\n", b"\r\n"))
-    diff = unified_diff(compare(plan_project(load_project(project))), "manifests")
+    diff = unified_diff(compare(plan_project(load_project(project), PLANNERS)), "manifests")
     assert "\\ No newline at end of file" in diff
     assert "line endings: the file on disk has CRLF" in diff

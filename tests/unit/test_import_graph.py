@@ -1,7 +1,8 @@
-"""Imports flow one way (the project's architecture rule):
-``cli.py, api.py -> backends/ -> plan.py -> rules, estimate, render -> spec, profiles, jobdir, errors``.
-(The CLI, the API and the job directory's contract are packages: ``jobgen/cli/``,
-``jobgen/api/``, ``jobgen/jobdir/``, each with its entry in :data:`FORBIDDEN`.)
+"""Imports flow one way (the project's architecture rule): the layers of :data:`LAYERS`, from
+``jobgen.cli`` on top through the API, GitOps and ``jobgen doctor``, the backends and the
+entrypoint, the planner, the job directory's contract and the specs down to ``jobgen.errors``.
+No module imports from a package of its own layer or a higher one, and neither the modules nor
+the packages import each other in a cycle.
 
 A lower module never imports a higher one, "not even lazily inside a function": the graph below
 takes every ``import`` statement of every module under jobgen/, wherever it stands (module
@@ -145,31 +146,31 @@ def test_the_generic_estimate_does_not_know_the_hf_one():
     assert "jobgen.planning.estimate_hf" not in graph["jobgen.planning.estimate"]
 
 
-#: What each package of jobgen/ may not import: the pipeline's direction at package level
-#: (docs/development.md "Layout": imports flow one way). The job directory's contract
-#: (``jobdir``: file names, spec.json, the world) sits below the planner, which writes it, and
-#: above the specs, whose models it records.
-FORBIDDEN = {
-    "jobgen.specs": ("jobgen.jobdir", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
-                     "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.planning": ("jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports", "jobgen.train",
-                        "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.backends": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.gitops": ("jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.usercode": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.reports": ("jobgen.specs", "jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode",
-                       "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.train": ("jobgen.planning.plan", "jobgen.backends", "jobgen.gitops", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.api": ("jobgen.cli",),  # the Python API (a package: its sweep submit beside submit)
-    # `jobgen doctor`'s checks: they read the cluster with the backends' clients, on top of the plan
-    "jobgen.doctor": ("jobgen.gitops", "jobgen.train", "jobgen.api", "jobgen.cli"),
-    # a run's notifications: below the backends and the entrypoint, which both send through it
-    "jobgen.events": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.train",
-                      "jobgen.api", "jobgen.cli", "jobgen.doctor"),
-    "jobgen.cli": (),  # the top floor (a package): every command may call anything below it
-    # the job directory's contract (a package): below the planner, beside rules and specs
-    "jobgen.jobdir": ("jobgen.planning", "jobgen.backends", "jobgen.gitops", "jobgen.usercode", "jobgen.reports",
-                      "jobgen.train", "jobgen.api", "jobgen.cli", "jobgen.doctor"),
+#: The layers of jobgen/, lowest first (docs/development.md "Layout": imports flow one way). A
+#: module imports only from a lower layer or from its own package: two packages of one layer never
+#: import each other. The job directory's contract (``jobdir``: file names, spec.json, the world)
+#: sits below the planner, which writes it, and above the specs, whose models it records.
+#: Planning a spec's sweep and the project file is the planner's (the backends' planners handed
+#: in); GitOps writes and compares what it planned, beside the API and ``jobgen doctor``.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("jobgen", "jobgen.errors"),  # the version and the errors every layer raises
+    ("jobgen.specs",),  # what a user writes: specs, profiles, the project file, sweeps
+    ("jobgen.jobdir",),  # the job directory's contract
+    ("jobgen.planning", "jobgen.reports"),  # spec + profile -> JobPlan; what a run left
+    ("jobgen.events", "jobgen.usercode"),  # a run's notifications; the user's code and its memory plan
+    ("jobgen.backends", "jobgen.train"),  # the schedulers; the entrypoint on every node
+    ("jobgen.api", "jobgen.doctor", "jobgen.gitops"),  # the Python API; `jobgen doctor`'s checks; manifests/
+    ("jobgen.cli",),  # the top floor: every command may call anything below it
+)
+
+#: Below a package but still off its path (no use for it; a heavy or unrelated import kept away).
+ALSO_FORBIDDEN = {
+    "jobgen.reports": ("jobgen.specs",),  # what a run left, read from its files alone
+    "jobgen.events": ("jobgen.planning",),  # sent by the entrypoint and the launchers, which plan nothing
+    "jobgen.usercode": ("jobgen.planning.plan",),
+    "jobgen.train": ("jobgen.planning.plan",),
+    "jobgen.gitops": ("jobgen.train",),
+    "jobgen.doctor": ("jobgen.train",),
 }
 
 
@@ -177,18 +178,70 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_packages_import_only_downstream(package):
+def package_of(module: str) -> str:
+    """``jobgen.backends`` for ``jobgen.backends.base``; ``jobgen`` and ``jobgen.errors`` are their own."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_of(package: str) -> int:
+    """The index of ``package``'s layer in :data:`LAYERS`.
+
+    Raises:
+        KeyError: no layer holds it.
+    """
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise KeyError(f"{package} is in no layer of LAYERS")
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages: ``{package: {other packages it imports}}``."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(package_of(module), set()).update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return out
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"module -> target"`` for every import of a package in the same layer or a higher one."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if package_of(t) != package_of(m) and layer_of(package_of(t)) >= layer_of(package_of(m)))
+
+
+def test_no_package_imports_from_its_own_layer_or_above():
+    wrong = upward_imports(import_graph())
+    assert not wrong, "imports from a layer that is not below (tests/unit/test_import_graph.py LAYERS):\n  " + "\n  ".join(wrong)
+
+
+def test_jobgen_has_no_package_cycle():
+    graph = package_graph(import_graph())
+    assert all_cycles(graph) == [], f"packages that import each other: {all_cycles(graph)}: {find_cycle(graph)}"
+
+
+@pytest.mark.parametrize("package", sorted(ALSO_FORBIDDEN))
+def test_packages_keep_off_what_they_do_not_use(package):
     graph = import_graph()
     wrong = sorted(f"{m} -> {t}" for m, targets in graph.items() if _inside(m, package)
-                   for t in targets if any(_inside(t, f) for f in FORBIDDEN[package]))
-    assert not wrong, f"{package} imports what sits above it in the pipeline:\n  " + "\n  ".join(wrong)
+                   for t in targets if any(_inside(t, f) for f in ALSO_FORBIDDEN[package]))
+    assert not wrong, f"{package} imports what it has no use for:\n  " + "\n  ".join(wrong)
 
 
-def test_every_package_has_a_rule():
-    """A new package of jobgen/ states where it sits in the pipeline (an entry in FORBIDDEN)."""
-    packages = {m for m in import_graph() if m.count(".") == 1 and (PACKAGE / m.split(".")[1] / "__init__.py").is_file()}
-    assert packages == set(FORBIDDEN), packages ^ set(FORBIDDEN)
+def test_sweeps_and_the_project_are_planned_below_the_backends():
+    """Submitting a sweep plans it through the planner, not through GitOps: the API imports no GitOps module, and
+    GitOps none of the backends (the caller hands the backends' planners in)."""
+    graph = import_graph()
+    assert {"jobgen.planning.sweep", "jobgen.planning.project"} <= set(graph)
+    assert not [t for m, ts in graph.items() if _inside(m, "jobgen.api") for t in ts if _inside(t, "jobgen.gitops")]
+    assert not [t for m, ts in graph.items() if _inside(m, "jobgen.gitops") for t in ts if _inside(t, "jobgen.backends")]
+
+
+def test_every_package_has_a_layer():
+    """A new package (or top-level module) of jobgen/ states where it sits: one layer of :data:`LAYERS`."""
+    graph = import_graph()
+    placed = [p for layer in LAYERS for p in layer]
+    assert len(placed) == len(set(placed)), "a package in two layers"
+    assert {package_of(m) for m in graph} == set(placed), {package_of(m) for m in graph} ^ set(placed)
 
 
 # --- the graph walker itself, on a made-up package (so a walker that sees nothing cannot pass) ---
@@ -214,6 +267,15 @@ def test_the_walker_sees_a_cycle_however_it_is_imported(tmp_path, b_source):
     assert graph["pkg.b"] == {"pkg.a"}
     assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
     assert all_cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_layer_rule_sees_imports_up_and_across():
+    graph = {"jobgen.specs.a": {"jobgen.planning.plan"}, "jobgen.reports.b": {"jobgen.planning.rules"},
+             "jobgen.cli.c": {"jobgen.api", "jobgen.errors"}, "jobgen.planning.d": {"jobgen.planning.plan", "jobgen.jobdir.files"}}
+    assert upward_imports(graph) == ["jobgen.reports.b -> jobgen.planning.rules", "jobgen.specs.a -> jobgen.planning.plan"]
+    assert package_graph(graph) == {"jobgen.specs": {"jobgen.planning"}, "jobgen.reports": {"jobgen.planning"},
+                                    "jobgen.cli": {"jobgen.api", "jobgen.errors"}, "jobgen.planning": {"jobgen.jobdir"}}
+    assert all_cycles(package_graph({**graph, "jobgen.planning.e": {"jobgen.specs.a"}})) == [["jobgen.planning", "jobgen.specs"]]
 
 
 def test_the_walker_accepts_a_one_way_graph(tmp_path):

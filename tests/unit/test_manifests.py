@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobgen.gitops.manifests import plan_project
+from jobgen.api import PLANNERS
 from jobgen.gitops.sync import compare, unified_diff
+from jobgen.planning.project import plan_project
 from jobgen.specs.project import load_project
 from tests.conftest import PROFILES, REPO, TEMPLATES
 
@@ -15,7 +16,7 @@ MANIFESTS = REPO / "manifests"
 
 @pytest.fixture(scope="module")
 def render():
-    return plan_project(load_project(REPO / "jobgen.yaml"), profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
+    return plan_project(load_project(REPO / "jobgen.yaml"), PLANNERS, profiles_dir=str(PROFILES), templates_dir=str(TEMPLATES))
 
 
 def test_project_renders_the_readme_examples(render):

@@ -19,8 +19,8 @@ from tests.conftest import EXAMPLES, REPO
 TRAINING_STACK = ("torch", "lightning", "deepspeed", "numpy", "transformers", "peft")
 VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: jobgen modules a SLURM render has no use for: every Kubernetes module and the entrypoint.
-#: (jobgen.gitops.manifests is not one: every `jobgen render` plans through it, and it takes what it needs
-#: for kustomizations from the plan, so it imports no Kubernetes module.)
+#: (jobgen.planning.sweep and jobgen.planning.project are not: every `jobgen render` plans through them, and
+#: they take what they need for kustomizations from the plan, so they import no Kubernetes module.)
 OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
                       "jobgen.backends.k8s_pods",
                       "jobgen.train", "jobgen.backends.slurm_submitit")

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from jobgen.api import PLANNERS
 from jobgen.backends import slurm as slurm_backend
 from jobgen.backends.slurm import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
-from jobgen.gitops.manifests import plan_single
 from jobgen.jobdir import ArrayTask, JobHandle, Submission
+from jobgen.planning.sweep import SpecOptions, plan_single
 from jobgen.specs.load import load_profile
 from tests.conftest import EXAMPLES, PROFILES
 from tests.fakes.slurm.fakeslurm import (
@@ -47,8 +48,9 @@ def profile_dir(tmp_path: Path, parallelism: int | None = 2, **slurm: object) ->
 
 
 def render_files(tmp_path: Path, *sweeps: str, parallelism: int | None = 2, **slurm: object) -> dict[str, str]:
-    render = plan_single(str(SPEC), "slurm-cpu-array", sweeps=sweeps or SWEEPS[1::2], out=str(tmp_path / "m"),
-                         profiles_dir=str(profile_dir(tmp_path, parallelism, **slurm)))
+    render = plan_single(str(SPEC), "slurm-cpu-array", PLANNERS,
+                         SpecOptions(sweeps=sweeps or SWEEPS[1::2], out=str(tmp_path / "m"),
+                                     profiles_dir=str(profile_dir(tmp_path, parallelism, **slurm))))
     assert len(render.jobs) == 1
     return dict(render.jobs[0].plan.files)
 
@@ -104,7 +106,8 @@ def test_a_smaller_grid_removes_the_stale_points(tmp_path, run_cli):
 
 
 def test_without_sweep_as_array_a_sweep_is_one_job_per_point_as_before(tmp_path):
-    render = plan_single(str(SPEC), "slurm-cpu", sweeps=SWEEPS[1::2], out=str(tmp_path / "m"), profiles_dir=str(PROFILES))
+    render = plan_single(str(SPEC), "slurm-cpu", PLANNERS,
+                         SpecOptions(sweeps=SWEEPS[1::2], out=str(tmp_path / "m"), profiles_dir=str(PROFILES)))
     assert sorted(j.plan.job_name for j in render.jobs) == NAMES
     assert all("--array" not in j.plan.file("job.sbatch") for j in render.jobs)
 
@@ -129,8 +132,8 @@ def test_a_command_mode_spec_cannot_be_an_array(tmp_path):
     spec = tmp_path / "cmd.yaml"
     spec.write_text("name: cmd\nentrypoint: {script: train.py}\n")
     with pytest.raises(PlanError, match="runs a command"):
-        plan_single(str(spec), "slurm-cpu-array", sweeps=["trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"),
-                    profiles_dir=str(profile_dir(tmp_path)))
+        plan_single(str(spec), "slurm-cpu-array", PLANNERS,
+                    SpecOptions(sweeps=["trainer.micro_batch_size=4,8"], out=str(tmp_path / "m"), profiles_dir=str(profile_dir(tmp_path))))
 
 
 @pytest.mark.parametrize(("text", "ids"), [("0-3", [0, 1, 2, 3]), ("2-3%2", [2, 3]), ("[1,4-5]", [1, 4, 5]), ("0-6:3", [0, 3, 6]),

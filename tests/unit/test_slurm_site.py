@@ -9,7 +9,7 @@ from jobgen.backends.slurm import filter_rank, job_id
 from jobgen.backends.slurm_script import check_directives, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import JobHandle
-from jobgen.planning.plan import World
+from jobgen.jobdir.world import World
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.profile import ClusterProfile
 from jobgen.specs.training import TrainingSpec

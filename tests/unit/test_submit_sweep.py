@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from jobgen.gitops.manifests import plan_single
+from jobgen.api import PLANNERS
 from jobgen.jobdir import SUBMISSION_FILE, Submission, SweepTag, recorded_submissions
+from jobgen.planning.sweep import SpecOptions, plan_single
 from tests.conftest import EXAMPLES, site_profile, write
 from tests.fakes.slurm.fakeslurm import reply
 
@@ -26,7 +27,7 @@ SWEEPS = ("--sweep", "trainer.learning_rate=1e-4,3e-4", "--sweep", "trainer.micr
 
 def point_names(profile: str = "slurm-cpu", sweeps: tuple[str, ...] = SWEEPS) -> list[str]:
     """The job names `jobgen render --sweep` gives the points, in grid order."""
-    render = plan_single(SPEC, profile, sweeps=sweeps[1::2])
+    render = plan_single(SPEC, profile, PLANNERS, SpecOptions(sweeps=sweeps[1::2]))
     order = {tuple(job.sweep): job.plan.job_name for job in render.jobs}
     from jobgen.specs.sweeps import parse_sweep, sweep_points
 
@@ -58,7 +59,7 @@ def test_one_job_per_point_each_handle_printed_and_recorded_as_one_sweep(slurm, 
     assert all(t.name == "quickstart" and t.points == 4 for t in tags.values())
     # each point's job directory is the one `render --sweep` writes
     for name in names:
-        rendered = plan_single(SPEC, "slurm-cpu", sweeps=SWEEPS[1::2]).files
+        rendered = plan_single(SPEC, "slurm-cpu", PLANNERS, SpecOptions(sweeps=SWEEPS[1::2])).files
         for file in ("job.sbatch", "spec.json"):
             assert (runs / name / "job" / file).read_text() == rendered[f"slurm-cpu/{name}/{file}"]
 
