@@ -195,10 +195,10 @@ def test_a_killed_worker_recreates_the_pods_within_the_budget_and_the_job_resume
 
 
 #: ``jobgen status``'s progress line of a Kubernetes job (jobgen/cli/jobs.py) with the ETA.
-PROGRESS_TEXT = re.compile(r"  progress: step ([0-9]+)/([0-9]+), ([0-9,]+) tokens/s \(last log interval\), ETA ([0-9]+:[0-9]{2}:[0-9]{2}) "
+PROGRESS_TEXT = re.compile(r"  progress: step ([0-9]+)/([0-9]+), ([0-9,]+) tokens/s \(last log interval\), ETA ((?:[0-9]+d )?[0-9]+:[0-9]{2}:[0-9]{2}) "
                            r"\(pod ([a-z0-9-]+) log line written ([0-9:]+) ago\)")
-#: The line's ETA field as LineProgress prints it (str() of a timedelta, under a day here).
-LINE_ETA = re.compile(r"\| eta ([0-9]+):([0-9]{2}):([0-9]{2})$")
+#: The line's ETA field as LineProgress prints it (str() of a timedelta: "1:32:19", "2 days, 0:00:09").
+LINE_ETA = re.compile(r"\| eta (?:([0-9]+) days?, )?([0-9]+):([0-9]{2}):([0-9]{2})$")
 
 
 def check_running_progress(p: PodLab, handle: str, name: str, max_steps: int) -> None:
@@ -227,7 +227,7 @@ def check_running_progress(p: PodLab, handle: str, name: str, max_steps: int) ->
     assert line is not None, logged.stdout[-3000:]
     eta = LINE_ETA.search(line)
     assert eta is not None, line
-    line_eta = int(eta.group(1)) * 3600 + int(eta.group(2)) * 60 + int(eta.group(3))
+    line_eta = int(eta.group(1) or 0) * 86400 + int(eta.group(2)) * 3600 + int(eta.group(3)) * 60 + int(eta.group(4))
     assert line_eta - progress["updated_s_ago"] - 1 <= progress["eta_s"] <= line_eta, (line, progress)
     assert f"| {progress['tokens_per_s'] / 1000:.1f}k tok/s |" in line, (line, progress)
     assert (usage["device_kind"], usage["devices"], usage["end"]) == ("cpu", 2, None), usage  # 2 pods x 1 CPU, still running
