@@ -181,8 +181,13 @@ def _no_val(value: Any, path: str) -> int | None:
     return value["number"] if value["set"] and not value.get("infinite") else None
 
 
-def _epoch(number: int | None) -> datetime | None:
-    return datetime.fromtimestamp(number, tz=timezone.utc) if number else None
+def _epoch(number: int | None, path: str) -> datetime | None:
+    """Seconds since the epoch as a UTC time (0 or unset: ``None``); a number no calendar date has
+    (Python's datetime spans years 1 to 9999) is a :class:`ShapeError` at ``path``."""
+    try:
+        return datetime.fromtimestamp(number, tz=timezone.utc) if number else None
+    except (OverflowError, ValueError, OSError):
+        raise ShapeError(path, "seconds since the epoch (a date in years 1 to 9999)", number) from None
 
 
 def _state_word(value: Any, path: str) -> tuple[str, tuple[str, ...]]:
@@ -358,8 +363,8 @@ def decode_job(shape: Shape, job: Any, path: str) -> SqueueJob:
         node_count=shape.count(job.get("node_count"), f"{path}.node_count"),
         restarts=_plain(job.get("restart_cnt"), f"{path}.restart_cnt"),
         exit_code=shape.exit_code(job.get("exit_code"), f"{path}.exit_code"),
-        start=_epoch(shape.time(job.get("start_time"), f"{path}.start_time")),
-        end=_epoch(shape.time(job.get("end_time"), f"{path}.end_time")),
+        start=_epoch(shape.time(job.get("start_time"), f"{path}.start_time"), f"{path}.start_time"),
+        end=_epoch(shape.time(job.get("end_time"), f"{path}.end_time"), f"{path}.end_time"),
         tres_alloc=_text(job.get("tres_alloc_str"), f"{path}.tres_alloc_str"),
         allocated_cpus=cpus,
         allocated_nodes=allocated,

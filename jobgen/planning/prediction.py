@@ -72,7 +72,7 @@ def predict_spec(resolved: Any, profile: Any, *, spec_source: str = "spec") -> d
         mp = plan_memory(spec, profile, launch.num_nodes, launch.devices_per_node, spec_source=spec_source)
         tp = plan_time(spec, profile, mp, spec_source=spec_source)
     except JobgenError as exc:  # kept short: read_prediction refuses a message over MAX_TEXT_CHARS
-        doc["message"] = f"no prediction: {exc.message}"[:MAX_TEXT_CHARS]
+        doc["message"] = f"no prediction: {exc}"[:MAX_TEXT_CHARS]  # the location (file: field) first, as the CLI prints it
         return doc
     label = mp.spec_row.estimate.layout.label
     row = tp.rows.get(label)

@@ -477,6 +477,28 @@ def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
     assert usage.to_json()["gpu_hours"] == 20.0
 
 
+def test_status_of_running_pods_of_a_priced_profile_shows_the_cost_so_far(tmp_path, fake, monkeypatch):
+    """Two running pods of 8 GPUs each, started 30 minutes ago, of a profile priced at 3.0 per
+    GPU-hour: the usage counts to now (no end) and the cost so far is GPU-hours x the price."""
+    from datetime import datetime, timedelta, timezone
+
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    profile = load_profile("k8s-h100", PROFILES).model_copy(update={"gpu_hour_price": 3.0})
+    directory = tmp_path / "manifests" / "quickstart"
+    plan(load_spec(EXAMPLES / "quickstart.yaml"), profile, TEMPLATES).write(directory)
+    handle = k8s.submit_dir(directory, out=lambda _: None).handle
+    started = (datetime.now(timezone.utc) - timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name in ("quickstart-master-0", "quickstart-worker-0"):
+        fake.objects[f"/api/v1/namespaces/training/pods/{name}"] = {
+            "metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "quickstart"}},
+            "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+            "status": {"containerStatuses": [{"name": "pytorch", "state": {"running": {"startedAt": started}}}]},
+        }
+    usage = k8s.status(handle).usage.to_json()
+    assert (usage["device_kind"], usage["devices"], usage["end"]) == ("gpu", 16, None), usage
+    assert 8.0 <= usage["gpu_hours"] < 8.5 and usage["cost"] == pytest.approx(3.0 * usage["gpu_hours"], abs=1e-5), usage
+
+
 def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake):
     handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
     assert k8s.status(handle).usage is None

@@ -92,6 +92,19 @@ def test_no_prediction_says_why_and_a_profile_that_cannot_be_loaded_is_named(tmp
     assert "profile 'no-such-profile' cannot be loaded here" in read_prediction(path)["message"]
 
 
+def test_a_hostile_calibration_file_at_submit_is_named_with_its_field(tmp_path, monkeypatch):
+    """The prediction submit writes says why there is none: a calibration file that does not
+    validate is named with the field, as `jobgen plan` names them."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"version": 1, "rows": [{"accelerator": "cpu", "dtype": "fp32", "layout": "ddp", "size": "<10M",
+                                                        "flops_per_s_per_core": float("nan"), "runs": 1}]}))
+    monkeypatch.setenv("JOBGEN_CALIBRATION", str(path))
+    [written] = write_predictions(local_job(tmp_path), load_profile("local", PROFILES))
+    doc = read_prediction(written)
+    assert not doc["available"] and str(path) in doc["message"] and "rows[0].flops_per_s_per_core" in doc["message"], doc["message"]
+    assert str(path) in describe(written)
+
+
 def test_a_gpu_profile_predicts_cost_from_its_price(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBGEN_CALIBRATION", str(tmp_path / "none.yaml"))
     profile = tmp_path / "priced.yaml"

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from jobgen.planning.calibration import CalibrationFile, CalibrationRow, dumps
 from jobgen.reports.progress import read_progress
@@ -80,9 +83,14 @@ def test_status_of_a_running_local_job_shows_step_rate_and_eta(tmp_path):
         # tokens per step: micro batch 16 x block 256 (the tiny preset) x 2 ranks; 400 steps left at 8,192 tokens/s
         assert (prog["step"], prog["max_steps"], prog["tokens_per_s"], prog["tokens_per_step"]) == (200, 600, 8192.0, 8192)
         assert prog["eta_s"] == 400.0
+        # the device time so far: 2 ranks from the start submit recorded to now; CPU-hours carry no price
+        usage = doc["usage"]
+        assert (usage["device_kind"], usage["devices"], usage["end"], usage["cost"]) == ("cpu", 2, None, None), usage
+        assert usage["cpu_hours"] == pytest.approx(2 * usage["elapsed_s"] / 3600, abs=1e-6) and usage["elapsed_s"] > 0, usage
         text = subprocess.run([sys.executable, "-m", "jobgen.cli", "status", f"local://{run_dir}"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=60).stdout
         assert "progress: step 200/600, 8,192 tokens/s (last log interval), ETA 0:06:40" in text, text
+        assert re.search(r"\n  usage: 2 CPUs x [0-9.]+ h = [0-9]+\.[0-9]{3} CPU-hours \(\.jobgen-local-run\.json start to end x ranks\)\n", text), text
         # jobgen ls: the running job's ETA, the same as status gives
         listed = subprocess.run([sys.executable, "-m", "jobgen.cli", "ls", "-o", "json"], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=60)

@@ -146,3 +146,31 @@ def test_a_field_in_another_releases_shape_is_unknown_naming_the_field(slurm, re
     got = status_of(slurm, doc, "1004")
     assert (got["state"], got["source"]) == ("UNKNOWN", "squeue"), got
     assert words in got["details"]["reason"], got
+
+
+#: How each release spells "no estimate" in a pending job's ``start_time``: 22.05 and 23.02 a bare
+#: number (0, or NO_VAL), 23.11+ ``{set, infinite, number}`` unset, infinite or 0.
+NO_ESTIMATE = [("22.05", 0), ("22.05", 0xFFFFFFFE), ("23.02", 0xFFFFFFFF),
+               ("23.11", {"set": False, "infinite": False, "number": 1764007200}),
+               ("24.05", {"set": True, "infinite": False, "number": 0}), ("25.05", {"set": True, "infinite": True, "number": 0})]
+
+
+@pytest.mark.parametrize(("release", "start_time"), NO_ESTIMATE)
+def test_a_pending_job_without_an_estimate_has_no_expected_start(slurm, release, start_time):
+    doc = fixture(release, "pending")
+    doc["jobs"][0]["start_time"] = start_time
+    got = status_of(slurm, doc, "1002")
+    assert (got["state"], got["usage"]) == ("PENDING", None) and "expected_start" not in got["details"], got
+
+
+@pytest.mark.parametrize(("release", "case", "number"), [
+    ("23.11", "pending", 10**15), ("24.05", "pending", -(2**62)), ("25.05", "running", 2**62)])
+def test_a_time_beyond_the_calendar_is_unknown_naming_the_field(slurm, release, case, number):
+    """A 64-bit ``start_time`` no calendar date has (after year 9999, or before year 1) makes the
+    job UNKNOWN naming the field, as any field that does not decode does: never a traceback."""
+    job, _, _, _ = EXPECTED[case]
+    doc = fixture(release, case)
+    doc["jobs"][0]["start_time"] = {"set": True, "infinite": False, "number": number}
+    got = status_of(slurm, doc, str(job))
+    assert (got["state"], got["source"]) == ("UNKNOWN", "squeue"), got
+    assert "jobs[0].start_time" in got["details"]["reason"] and str(number) in got["details"]["reason"], got

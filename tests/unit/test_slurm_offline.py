@@ -12,6 +12,7 @@ counterpart is tests/integration/slurm/test_jobgen_on_lab.py.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -442,6 +443,30 @@ def test_a_running_job_counts_to_now_not_to_its_time_limit(slurm, run_cli):
     usage = status_json(run_cli)["usage"]
     assert usage["end"] is None and 600 <= usage["elapsed_s"] < 900, usage
     assert usage["cost"] is None  # CPU-hours carry no price
+
+
+def test_a_running_gpu_job_shows_its_progress_and_its_cost_so_far(slurm, run_cli, tmp_path):
+    """A RUNNING 8-GPU job of a priced profile, 30 minutes in: the progress from its run
+    directory's metrics.csv (the login node shares it) and the cost so far, GPU-hours to now x
+    the price."""
+    import time
+
+    _gpu_job_dir(tmp_path, price=2.5)
+    metrics = tmp_path / "runs" / JOB_NAME / "logs" / "version_0" / "metrics.csv"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text("epoch,lr,step,tokens_per_s,train_loss\n0,0.003,100,40960.0,3.1\n0,0.003,120,32768.0,2.9\n")
+    started = int(time.time()) - 1800
+    slurm.respond("squeue", json_reply(squeue_24_05(123, ["RUNNING"], tres_alloc="cpu=64,node=2,gres/gpu=8", start=started,
+                                                    end=started + 7200)))
+    got = status_json(run_cli)
+    progress, usage = got["progress"], got["usage"]
+    # quickstart: micro batch 16 x block 256 x 8 ranks a step; 480 steps left at 32,768 tokens/s
+    assert (progress["step"], progress["max_steps"], progress["tokens_per_step"], progress["eta_s"]) == (120, 600, 32768, 480.0), progress
+    assert (usage["device_kind"], usage["devices"], usage["end"]) == ("gpu", 8, None) and 1800 <= usage["elapsed_s"] < 1900, usage
+    assert usage["cost"] == pytest.approx(8 * usage["elapsed_s"] / 3600 * 2.5, abs=1e-5) and usage["cost"] >= 10.0, usage
+    plain = run_cli("status", HANDLE).stdout.splitlines()
+    assert re.fullmatch(r"  usage: 8 GPUs x 0\.5[0-9]* h = 4\.[0-9]{3} GPU-hours, cost 1[01]\.[0-9]{2} \(squeue tres_alloc_str\)", plain[1]), plain
+    assert plain[2].startswith("  progress: step 120/600, 32,768 tokens/s (last log interval), ETA 0:08:00 (metrics.csv written "), plain
 
 
 def test_gpu_jobs_in_the_job_completion_log_count_the_gpus_their_job_directory_asked_for(slurm, run_cli, tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,11 +194,65 @@ def test_a_killed_worker_recreates_the_pods_within_the_budget_and_the_job_resume
     print(f"test duration {time.monotonic() - started:.0f} s")
 
 
+#: ``jobgen status``'s progress line of a Kubernetes job (jobgen/cli/jobs.py) with the ETA.
+PROGRESS_TEXT = re.compile(r"  progress: step ([0-9]+)/([0-9]+), ([0-9,]+) tokens/s \(last log interval\), ETA ((?:[0-9]+d )?[0-9]+:[0-9]{2}:[0-9]{2}) "
+                           r"\(pod ([a-z0-9-]+) log line written ([0-9:]+) ago\)")
+#: The line's ETA field as LineProgress prints it (str() of a timedelta: "1:32:19", "2 days, 0:00:09").
+LINE_ETA = re.compile(r"\| eta (?:([0-9]+) days?, )?([0-9]+):([0-9]{2}):([0-9]{2})$")
+
+
+def check_running_progress(p: PodLab, handle: str, name: str, max_steps: int) -> None:
+    """``jobgen status`` of the RUNNING job ``handle``: polled until its progress has a rate and an
+    ETA (the first lines come before the throughput window is full), then checked against the
+    Master's own progress line of that step (``jobgen logs``): the ETA is the line's less the time
+    since it was written. The usage is the pods' CPU-hours so far, with no cost."""
+    started = time.monotonic()
+    seen: dict = {}
+
+    def shown() -> bool:
+        seen.update(state(p, handle))
+        progress = seen.get("progress") or {}
+        return progress.get("eta_s") is not None and progress.get("tokens_per_s") is not None
+    wait_for(shown, 180, 1.0, what=f"{handle}'s progress with a rate and an ETA in jobgen status -o json")
+    waited = time.monotonic() - started
+    progress, usage = seen["progress"], seen["usage"]
+    assert seen["state"] == "RUNNING", seen
+    assert 0 < progress["step"] < max_steps and progress["max_steps"] == max_steps, progress
+    assert progress["tokens_per_step"] is None and progress["tokens_per_s"] > 0 and progress["eta_s"] > 0, progress
+    assert progress["source"] == f"pod {name}-master-0 log" and 0 <= progress["updated_s_ago"] < 60, progress
+    # the figures are the Master's line of that step, its ETA less the seconds since the kubelet stamped it
+    logged = cli(p, "logs", handle)
+    assert logged.returncode == 0, logged.stdout + logged.stderr
+    line = next((x for x in logged.stdout.splitlines() if x.startswith(f"step {progress['step']}/{max_steps} | ")), None)
+    assert line is not None, logged.stdout[-3000:]
+    eta = LINE_ETA.search(line)
+    assert eta is not None, line
+    line_eta = int(eta.group(1) or 0) * 86400 + int(eta.group(2)) * 3600 + int(eta.group(3)) * 60 + int(eta.group(4))
+    assert line_eta - progress["updated_s_ago"] - 1 <= progress["eta_s"] <= line_eta, (line, progress)
+    assert f"| {progress['tokens_per_s'] / 1000:.1f}k tok/s |" in line, (line, progress)
+    assert (usage["device_kind"], usage["devices"], usage["end"]) == ("cpu", 2, None), usage  # 2 pods x 1 CPU, still running
+    assert usage["cpu_hours"] > 0 and usage["cost"] is None, usage
+    text = cli(p, "status", handle)
+    assert text.returncode == 0, text.stdout + text.stderr
+    match = PROGRESS_TEXT.search(text.stdout)
+    assert match is not None, text.stdout
+    assert int(match.group(1)) >= progress["step"] and int(match.group(2)) == max_steps and match.group(5) == f"{name}-master-0", text.stdout
+    assert re.search(r"  usage: 2 CPUs = [0-9]+\.[0-9]{3} CPU-hours \(pods' container times x requested CPUs\)", text.stdout), text.stdout
+    print(f"\n{name}: progress with a rate and an ETA {waited:.1f} s after both containers ran; checks {time.monotonic() - started:.1f} s\n"
+          f"{text.stdout}")
+
+
 def test_secret_env_reaches_the_container_and_no_rendered_file(pods: PodLab) -> None:
+    """A Secret of the profile's ``kubernetes.secret_env`` reaches the container's environment by
+    reference only; and, on the same running job (5000 steps: it runs until cancelled),
+    ``jobgen status`` (text and ``-o json``) shows its progress from the last progress line of the
+    Master's log (the step of max_steps, tokens/s, the ETA) and its CPU-hours so far (a CPU job
+    has no price: ``gpu_hour_price`` prices GPU-hours only) (:func:`check_running_progress`)."""
     handle = submit(pods, "qs-secret", "trainer.max_steps=5000")
     try:
         wait_for(lambda: [container_status(pod).get("state", {}).get("running") is not None
                           for pod in job_pods(pods, "qs-secret")] == [True, True], 300, 2.0, what="both training containers running")
+        check_running_progress(pods, handle, "qs-secret", 5000)
         for pod in job_pods(pods, "qs-secret"):
             environ = Path(f"/proc/{task_pid(pods, pod)}/environ").read_bytes().split(b"\0")
             assert f"{SECRET_ENV}={pods.secret_value}".encode() in environ, pod["metadata"]["name"]

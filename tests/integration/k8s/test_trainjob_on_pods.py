@@ -12,7 +12,8 @@ What the module's tests prove, each through the CLI only (submit, status, logs, 
    overrides of test_jobgen_on_pods.py) trains to completion with one pod on each node: plain
    ``torchrun`` configured only by the PET_* variables the Trainer's torch plugin injects, the
    rendezvous at ``<job>-node-0-0.<job>:29500`` (the index-0 pod's hostname under the JobSet's
-   headless Service, resolved by cluster DNS); ``jobgen status`` says RUNNING while it runs and
+   headless Service, resolved by cluster DNS); ``jobgen status`` says RUNNING while it runs, with
+   the progress read from the log of the pod of completion index 0 (global rank zero), and
    COMPLETED after; ``jobgen logs`` (``-f`` while it runs, default node-0, ``--replica node-1``,
    ``--first-error``) reads both pods' output through the API server;
 2. ``jobgen cancel`` deletes the TrainJob, its pods and Service go with it, and no container,
@@ -87,6 +88,7 @@ class Quickstart:
     final: dict[str, Any]  # `jobgen status -o json` once COMPLETED or FAILED
     seen_running: bool  # `jobgen status` said RUNNING at least once before the end
     followed: str  # `jobgen logs -f --replica node-0`, read while the pods ran
+    stepping: dict[str, Any]  # `jobgen status -o json` once node-0's output showed a training step
     elapsed_s: float  # from submit to the end state
 
 
@@ -107,6 +109,7 @@ def quickstart(pods: PodLab) -> Quickstart:
     wait_for(running_or_done, 300, 2.0, what="jobgen status RUNNING")
     follower = read_logs_while_running(pods, handle, "node-0")  # then `jobgen logs -f --replica node-0`
     try:
+        stepping = state(pods, handle)
         final = wait_state(pods, handle, {"COMPLETED", "FAILED"}, 900)
     finally:
         try:
@@ -114,7 +117,7 @@ def quickstart(pods: PodLab) -> Quickstart:
         except subprocess.TimeoutExpired:
             follower.kill()
             followed = follower.communicate()[0]
-    return Quickstart(handle, final, seen_running, followed, time.monotonic() - started)
+    return Quickstart(handle, final, seen_running, followed, stepping, time.monotonic() - started)
 
 
 def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodLab, quickstart: Quickstart) -> None:
@@ -149,6 +152,11 @@ def test_quickstart_trainjob_trains_on_two_nodes_with_status_and_logs(pods: PodL
     run_dir = pods.runs / "tj-quickstart"  # /workspace/runs/tj-quickstart on the shared volume
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and json.loads((run_dir / "summary.json").read_text())
     assert sorted(train_losses(run_dir)) == list(range(1, STEPS + 1))
+    # `jobgen status` once a step showed: the progress line of global rank zero's pod, the one of completion index 0
+    progress = quickstart.stepping["progress"]
+    assert progress is not None, quickstart.stepping
+    assert 1 <= progress["step"] <= STEPS and progress["max_steps"] == STEPS, progress
+    assert progress["source"] == f"pod {pod_list[0]['metadata']['name']} log", (progress, [pod["metadata"]["name"] for pod in pod_list])
 
 
 def test_cancel_of_a_trainjob_leaves_no_pod_service_or_container(pods: PodLab) -> None:

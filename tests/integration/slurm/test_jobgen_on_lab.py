@@ -321,9 +321,10 @@ def check_trackers(jg: Jobgen, run: Path, experiment: str, resumed: int, log: st
 def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jobgen, slurm_lab):
     """Acceptance: 2 nodes x 1 rank (gloo), real text; `scontrol requeue` past the first
     checkpoint -> the job runs again, continues its global step and ends COMPLETED, val loss
-    falls, checkpoints left, status and logs right. (One job for what two tests checked with a job
-    each: the plain run to COMPLETED and the requeue; un-requeued 2-node jobs run to COMPLETED in
-    the gitops, preflight, ls and command-mode tests.)
+    falls, checkpoints left, status and logs right (while it runs: its progress, ETA and CPU-hours
+    so far). (One job for what two tests checked with a job each: the plain run to COMPLETED and
+    the requeue; un-requeued 2-node jobs run to COMPLETED in the gitops, preflight, ls and
+    command-mode tests.)
 
     The requeue comes within a second of the step-25 checkpoint, and the first run would need
     another 275 steps (~9 s at ~30 steps/s, the fastest seen here) to finish on its own, so it is
@@ -341,7 +342,16 @@ def test_two_node_job_trains_requeued_past_a_checkpoint_resumes_and_completes(jo
     run = run_dir(jobgen, "lab-requeue")
     _wait_for_checkpoint(run, 600)
     checkpointed = time.monotonic() - started
-    assert jobgen.status(handle)["state"] == "RUNNING"
+    running = jobgen.status(handle)
+    assert running["state"] == "RUNNING"
+    # a running job's progress from metrics.csv (a row every 5 steps): the step of max_steps, tokens/s and the ETA at
+    # that rate for 8 x 64 tokens x 2 ranks a step; its CPU-hours so far from squeue (to now; a CPU job has no price)
+    progress, usage = running["progress"], running["usage"]
+    assert 20 <= progress["step"] < 300 and progress["max_steps"] == 300 and progress["tokens_per_step"] == 8 * 64 * 2, progress
+    assert progress["tokens_per_s"] > 0 and progress["source"] == str(run / "logs" / "version_0" / "metrics.csv"), progress
+    assert progress["eta_s"] == pytest.approx((300 - progress["step"]) * 8 * 64 * 2 / progress["tokens_per_s"], abs=0.1), progress
+    assert (usage["device_kind"], usage["devices"], usage["end"]) == ("cpu", 2, None) and usage["cpu_hours"] > 0, usage
+    assert usage["cost"] is None and usage["source"] == "squeue tres_alloc_str", usage
     run_slurm(slurm_lab, "scontrol", "requeue", job_id(handle))
     _requeue_now(slurm_lab, job_id(handle))
     released = time.monotonic() - started
