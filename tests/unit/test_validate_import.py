@@ -2,8 +2,8 @@
 classes are imported in this environment and their init_args bound (jsonargparse); every failure
 exits 2 with the file, the field path and a hint, and no traceback. Each case runs the real CLI
 in a subprocess (``python -m jobgen.cli``, whose working directory is on sys.path: the user
-modules written here are importable from it); the failure cases share one subprocess
-(:func:`failures`), which runs the CLI's entry point once per case."""
+modules written here are importable from it); the ``validate --import`` cases of this module
+share one subprocess (:func:`import_checks`), which runs the CLI's entry point once per case."""
 
 from __future__ import annotations
 
@@ -89,10 +89,12 @@ FAILURE_IDS = ["missing-module", "missing-class", "wrong-base", "misspelt-arg", 
 
 
 @pytest.fixture(scope="module")
-def failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict]]:
-    """Case id of :data:`FAILURES` -> (its spec file, the result of ``jobgen validate SPEC --profile
-    local --import`` in its own directory, beside ``usermod.py`` and ``brokenmod.py``), all cases in
-    one subprocess (:func:`run_cases`)."""
+def import_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict]]:
+    """Case id -> (its spec file, the result of ``jobgen validate SPEC ... --import`` in its own
+    directory), all cases in one subprocess (:func:`run_cases`): each case of :data:`FAILURES`
+    (``--profile local``, beside ``usermod.py`` and ``brokenmod.py``), ``data-wrong-base`` (a
+    LightningModule as the data module, no profile) and ``another-library`` (Lightning's DemoModel
+    on BoringDataModule, ``--profile local -o json``)."""
     specs, cases = {}, []
     for case, (model, *_) in zip(FAILURE_IDS, FAILURES, strict=True):
         directory = tmp_path_factory.mktemp(case)
@@ -100,7 +102,13 @@ def failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, d
         write(directory / "brokenmod.py", "raise RuntimeError('no GPU here')\n")
         specs[case] = _spec(directory, model)
         cases.append((directory, ["validate", specs[case], "--profile", "local", "--import"]))
-    return {case: (specs[case], result) for case, result in zip(FAILURE_IDS, run_cases(cases, TIMEOUT_S), strict=True)}
+    directory = tmp_path_factory.mktemp("data-wrong-base")
+    specs["data-wrong-base"] = _spec(directory, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
+    cases.append((directory, ["validate", specs["data-wrong-base"], "--import"]))
+    directory = tmp_path_factory.mktemp("another-library")
+    specs["another-library"] = _spec(directory, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
+    cases.append((directory, ["validate", specs["another-library"], "--profile", "local", "--import", "-o", "json"]))
+    return {case: (specs[case], result) for case, result in zip(specs, run_cases(cases, TIMEOUT_S), strict=True)}
 
 
 # slow: the cases import Lightning in a `jobgen validate --import` process (seconds of CPU);
@@ -108,8 +116,8 @@ def failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, d
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "field", "message", "hint"), [(case, *rest) for case, (_, *rest) in zip(FAILURE_IDS, FAILURES, strict=True)],
                          ids=FAILURE_IDS)
-def test_validate_import_failures_exit_2_with_path_and_hint(failures, case, field, message, hint):
-    spec, result = failures[case]
+def test_validate_import_failures_exit_2_with_path_and_hint(import_checks, case, field, message, hint):
+    spec, result = import_checks[case]
     assert result["code"] == 2, result["stdout"] + result["stderr"]
     assert "Traceback" not in result["stderr"]
     first, _, rest = result["stderr"].partition("\n")
@@ -118,23 +126,21 @@ def test_validate_import_failures_exit_2_with_path_and_hint(failures, case, fiel
 
 
 @pytest.mark.slow
-def test_data_module_of_the_wrong_base_is_refused(run_cli, tmp_path):
-    spec = _spec(tmp_path, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
-    result = run_cli("validate", spec, "--import", cwd=tmp_path, timeout=TIMEOUT_S)
-    assert result.code == 2 and "Traceback" not in result.stderr
-    assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result.stderr
+def test_data_module_of_the_wrong_base_is_refused(import_checks):
+    spec, result = import_checks["data-wrong-base"]
+    assert result["code"] == 2 and "Traceback" not in result["stderr"]
+    assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result["stderr"]
 
 
 @pytest.mark.slow
-def test_validate_import_passes_for_another_librarys_module_with_a_note(run_cli, tmp_path):
-    spec = _spec(tmp_path, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
-    result = run_cli("validate", spec, "--profile", "local", "--import", "-o", "json", cwd=tmp_path, timeout=TIMEOUT_S)
-    assert result.code == 0, result.stderr
-    doc = json.loads(result.stdout)
+def test_validate_import_passes_for_another_librarys_module_with_a_note(import_checks):
+    _, result = import_checks["another-library"]
+    assert result["code"] == 0, result["stderr"]
+    doc = json.loads(result["stdout"])
     assert doc["model"] == f"{BORING}.DemoModel" and doc["data"] == f"{BORING}.BoringDataModule"
     # BoringDataModule takes no batch_size: trainer.micro_batch_size cannot reach it, and the user is told
     assert doc["import_notes"] and "takes no batch_size" in doc["import_notes"][0]
-    assert "note: " in result.stderr
+    assert "note: " in result["stderr"]
 
 
 def test_validate_import_of_the_example_package(run_cli):
