@@ -166,11 +166,14 @@ def tier_of(item: pytest.Item) -> str:
 
 #: Per tier: [tests, first start, last stop, summed seconds] of the reports the session has seen.
 _TIERS: dict[str, list[float]] = {}
+#: Per test node ID: its tier, its summed seconds (setup + call + teardown) and the worker that ran it.
+_TESTS: dict[str, dict[str, Any]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add each test phase's report to its tier's span (:data:`_TIERS`); in the controlling
-    process under xdist, where every worker's reports arrive."""
+    """Add each test phase's report to its tier's span (:data:`_TIERS`) and to its test's
+    seconds (:data:`_TESTS`); in the controlling process under xdist, where every worker's
+    reports arrive (xdist sends each with its worker's ID, ``worker_id``)."""
     tier = dict(report.user_properties).get(TIER_PROPERTY)
     start, stop = getattr(report, "start", 0.0), getattr(report, "stop", 0.0)
     if not tier or not start:
@@ -178,6 +181,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     span = _TIERS.setdefault(tier, [0, start, stop, 0.0])
     span[0] += report.when == "call"
     span[1], span[2], span[3] = min(span[1], start), max(span[2], stop), span[3] + report.duration
+    worker = getattr(report, "worker_id", None) or os.environ.get("PYTEST_XDIST_WORKER") or "main"
+    test = _TESTS.setdefault(report.nodeid, {"test": report.nodeid, "tier": tier, "seconds": 0.0, "worker": str(worker)})
+    test["seconds"] += report.duration
 
 
 #: When this session started (Unix seconds; :func:`pytest_sessionstart`).
@@ -191,8 +197,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Record the session and each tier's span as phases (tests/phases.py), from the controlling
-    process only."""
+    """Record the session and each tier's span as phases, and each test's seconds
+    (tests/phases.py), from the controlling process only."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     import time
@@ -203,6 +209,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         phases.record("tests: pytest session", _SESSION_START[0], time.time(), f"exit {exitstatus}")
     for tier, (count, start, stop, summed) in sorted(_TIERS.items(), key=lambda kv: kv[1][1]):
         phases.record(f"tests: {tier}", start, stop, f"{int(count)} tests, {summed:.0f} s of test time")
+    phases.record_tests(_TESTS[nodeid] for nodeid in sorted(_TESTS))
 
 
 #: Values of ``$CI`` that do not mean "running under CI".

@@ -28,7 +28,9 @@ TOLERANCE = 0.25
 ], ids=["model-states", "activations"])
 def test_estimate_within_25_percent_of_measured_cpu_peak(args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory.py"), *args, "--steps", "3"],
+    # Two steps reach the steady peak: the second backward runs with AdamW's state allocated (the
+    # first runs before the optimizer has any); a third step repeats the second's peak.
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory.py"), *args, "--steps", "2"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)

@@ -9,18 +9,23 @@ parameter groups, and jobgen's AdamW has two groups (decayed matrices, then the 
 ids named the wrong tensors: before the fix the resume died with "The size of tensor a
 (49152) must match the size of tensor b (65536)". DeepSpeed's engine cannot load such a file at
 all: that continuation is refused up front. The tests run the real entrypoint under
-``torch.distributed.run`` with CPU ranks (gloo); ~3 min in all on 2 cores.
+``torch.distributed.run`` with CPU ranks (gloo). The single-device run to step 4 and its
+continuation at world size 1 are trained once for the module (:func:`single_device`); each
+continuation starts from a copy of that run directory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.entrypoint.conftest import TINY_SPEC, _merge, resolved_doc
+from tests.entrypoint.conftest import TINY_SPEC, Result, _merge, resolved_doc, run_process
 
 pytestmark = pytest.mark.slow
 
@@ -53,16 +58,44 @@ def _train(run_entrypoint, tmp_path: Path, world_size: int, max_steps: int, run:
     return run_entrypoint("--spec", str(spec), "--run-dir", str(run), nproc=world_size, timeout=300)
 
 
-def test_a_single_device_checkpoint_numbers_optimizer_state_by_parameter_position(run_entrypoint, tmp_path: Path) -> None:
+def _entrypoint(cwd: Path) -> Callable[..., Result]:
+    """The ``run_entrypoint`` fixture's runner (tests/entrypoint/conftest.py) for a module-scoped
+    fixture: ``torch.distributed.run --standalone --nproc-per-node N -m jobgen.train ARGS`` in ``cwd``."""
+
+    def _run(*args: str, nproc: int, timeout: float = 300) -> Result:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                "-m", "jobgen.train", *args]  # fmt: skip
+        return run_process(argv, cwd=cwd, timeout=timeout)
+
+    return _run
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The fsdp run on the single-device path (world size 1) to step ``STEPS``, once for the
+    module: ``"first"`` its result, ``"run"`` its run directory (left as the run left it: copy it
+    before continuing), ``"ws1"`` a copy of it continued at world size 1 to ``MORE``, ``"more"``
+    that continuation's result."""
+    root = tmp_path_factory.mktemp("resume_layout")
+    run_entrypoint = _entrypoint(root)
+    run = root / "run"
+    first = _train(run_entrypoint, root, 1, STEPS, run)
+    assert first.code == 0, first.output
+    ws1 = root / "run-1"
+    shutil.copytree(run, ws1)
+    more = _train(run_entrypoint, root, 1, MORE, ws1)
+    assert more.code == 0, more.output
+    return {"first": first, "run": run, "ws1": ws1, "more": more}
+
+
+def test_a_single_device_checkpoint_numbers_optimizer_state_by_parameter_position(single_device: dict) -> None:
     """The optimizer state of a single-device checkpoint is keyed by each parameter's position in
     ``module.parameters()`` (what FSDP's rekeying assumes); the single-device resume, which maps by
     position in the groups, continues as before."""
     from jobgen.specs.training import TrainingSpec
     from jobgen.train.model import LitGPT
 
-    run = tmp_path / "run"
-    first = _train(run_entrypoint, tmp_path, 1, STEPS, run)
-    assert first.code == 0, first.output
+    first, run = single_device["first"], single_device["run"]
     assert "single-device path" in first.stdout, first.output
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     params = list(LitGPT.from_spec(TrainingSpec.model_validate(_spec(1, STEPS)["spec"])).parameters())
@@ -70,31 +103,29 @@ def test_a_single_device_checkpoint_numbers_optimizer_state_by_parameter_positio
     assert sorted(state) == list(range(len(params)))
     for index, entry in state.items():
         assert entry["exp_avg"].shape == params[index].shape, (index, entry["exp_avg"].shape, params[index].shape)
-    again = _train(run_entrypoint, tmp_path, 1, MORE, run)
-    assert again.code == 0, again.output
-    assert json.loads((run / "summary.json").read_text())["global_step"] == MORE
+    summary = json.loads((single_device["ws1"] / "summary.json").read_text())
+    assert (summary["global_step"], summary["resumed_from_step"]) == (MORE, STEPS), single_device["more"].output
 
 
-def test_a_single_device_run_continues_at_world_size_2_under_fsdp(run_entrypoint, tmp_path: Path) -> None:
+def test_a_single_device_run_continues_at_world_size_2_under_fsdp(single_device: dict, run_entrypoint, tmp_path: Path) -> None:
     """ws 1 (single-device path) to step 4, then ws 2 under FSDP (same global batch) from that
     checkpoint to step 6: it resumes, and its weights at
     step 6 are those of the same continuation at world size 1 (the same samples; only the
     reduction order differs), which a lost or misplaced optimizer state would not give (a fresh
     AdamW's first steps move every weight by about the learning rate)."""
+    run = tmp_path / "run-2"
+    shutil.copytree(single_device["run"], run)
+    # on purpose: the run directory is this continuation's now
+    (run / ".jobgen-run.json").unlink()
+    (run / "summary.json").rename(run / "summary.ws1.json")
+    more = _train(run_entrypoint, tmp_path, 2, MORE, run)
+    assert more.code == 0, more.output
     runs = {}
-    for world_size in (1, 2):
-        run = tmp_path / f"run-{world_size}"
-        first = _train(run_entrypoint, tmp_path, 1, STEPS, run)
-        assert first.code == 0, first.output
-        if world_size == 2:  # on purpose: the run directory is this continuation's now
-            (run / ".jobgen-run.json").unlink()
-            (run / "summary.json").rename(run / "summary.ws1.json")
-        more = _train(run_entrypoint, tmp_path, world_size, MORE, run)
-        assert more.code == 0, more.output
-        summary = json.loads((run / "summary.json").read_text())
+    for world_size, directory in ((1, single_device["ws1"]), (2, run)):
+        summary = json.loads((directory / "summary.json").read_text())
         assert summary["global_step"] == MORE and summary["resumed_from_step"] == STEPS, summary
         assert summary["world_size"] == world_size
-        runs[world_size] = _weights(run / "checkpoints" / "last.ckpt", tmp_path / f"weights-{world_size}.pt")
+        runs[world_size] = _weights(directory / "checkpoints" / "last.ckpt", tmp_path / f"weights-{world_size}.pt")
     assert runs[1].keys() == runs[2].keys()
     worst = max((runs[2][k] - runs[1][k]).abs().max().item() for k in runs[1])
     assert worst < 1e-5, worst

@@ -2,11 +2,16 @@
 classes are imported in this environment and their init_args bound (jsonargparse); every failure
 exits 2 with the file, the field path and a hint, and no traceback. Each case runs the real CLI
 in a subprocess (``python -m jobgen.cli``, whose working directory is on sys.path: the user
-modules written here are importable from it)."""
+modules written here are importable from it); the ``validate --import`` cases of this module
+share one subprocess (:func:`import_checks`), which runs the CLI's entry point once per case."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,10 +35,41 @@ def _spec(tmp_path, model: dict, data: dict | None = None) -> str:
     return str(write(tmp_path / "spec.yaml", json.dumps(doc)))
 
 
-# slow: each case imports Lightning in a `jobgen validate --import` process (seconds of CPU each);
-# the quick tier keeps one passing import (the example package) and one failing one through submit.
-@pytest.mark.slow
-@pytest.mark.parametrize(("model", "field", "message", "hint"), [
+#: ``jobgen.cli.main`` once per case in one interpreter, as ``python -m jobgen.cli`` runs it: in the
+#: case's directory, that directory first on sys.path; each case's exit code (click's SystemExit),
+#: stdout and stderr, as a JSON list on stdout. Lightning is imported once, not once per case.
+CASES_DRIVER = """\
+import contextlib, io, json, os, sys
+from jobgen.cli.app import main
+results = []
+for cwd, argv in json.loads(sys.argv[1]):
+    os.chdir(cwd)
+    sys.path[0] = cwd
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def run_cases(cases: list[tuple[Path, list[str]]], timeout: float) -> list[dict]:
+    """Run :data:`CASES_DRIVER` on ``cases`` ((working directory, CLI arguments) each) in one
+    subprocess; one ``{"code", "stdout", "stderr"}`` per case, in order."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("JOBGEN_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-c", CASES_DRIVER, json.dumps([[str(cwd), argv] for cwd, argv in cases])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULTS "))
+    return json.loads(line.removeprefix("RESULTS "))
+
+
+FAILURES = [
     ({"class_path": "nosuch_pkg.models.Net"}, "model.class_path",
      "cannot import 'nosuch_pkg.models.Net': no module named 'nosuch_pkg'", "put its parent directory on PYTHONPATH"),
     ({"class_path": f"{BORING}.DemoModl"}, "model.class_path",
@@ -48,37 +84,63 @@ def _spec(tmp_path, model: dict, data: dict | None = None) -> str:
      "usermod.Needs needs the argument 'width' (it has no default)", "add width: <value> under model.init_args"),
     ({"class_path": "brokenmod.Net"}, "model.class_path",
      "importing 'brokenmod' for 'brokenmod.Net' raised RuntimeError: no GPU here", "python -c 'import brokenmod'"),
-], ids=["missing-module", "missing-class", "wrong-base", "misspelt-arg", "wrong-type", "missing-required", "import-raises"])
-def test_validate_import_failures_exit_2_with_path_and_hint(run_cli, tmp_path, model, field, message, hint):
-    write(tmp_path / "usermod.py", USER_MODULE)
-    write(tmp_path / "brokenmod.py", "raise RuntimeError('no GPU here')\n")
-    spec = _spec(tmp_path, model)
-    result = run_cli("validate", spec, "--profile", "local", "--import", cwd=tmp_path, timeout=TIMEOUT_S)
-    assert result.code == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    first, _, rest = result.stderr.partition("\n")
-    assert first.startswith(f"error: {spec}: {field}: ") and message in first, result.stderr
-    assert rest.startswith("  hint: ") and hint in rest, result.stderr
+]
+FAILURE_IDS = ["missing-module", "missing-class", "wrong-base", "misspelt-arg", "wrong-type", "missing-required", "import-raises"]
+
+
+@pytest.fixture(scope="module")
+def import_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict]]:
+    """Case id -> (its spec file, the result of ``jobgen validate SPEC ... --import`` in its own
+    directory), all cases in one subprocess (:func:`run_cases`): each case of :data:`FAILURES`
+    (``--profile local``, beside ``usermod.py`` and ``brokenmod.py``), ``data-wrong-base`` (a
+    LightningModule as the data module, no profile) and ``another-library`` (Lightning's DemoModel
+    on BoringDataModule, ``--profile local -o json``)."""
+    specs, cases = {}, []
+    for case, (model, *_) in zip(FAILURE_IDS, FAILURES, strict=True):
+        directory = tmp_path_factory.mktemp(case)
+        write(directory / "usermod.py", USER_MODULE)
+        write(directory / "brokenmod.py", "raise RuntimeError('no GPU here')\n")
+        specs[case] = _spec(directory, model)
+        cases.append((directory, ["validate", specs[case], "--profile", "local", "--import"]))
+    directory = tmp_path_factory.mktemp("data-wrong-base")
+    specs["data-wrong-base"] = _spec(directory, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
+    cases.append((directory, ["validate", specs["data-wrong-base"], "--import"]))
+    directory = tmp_path_factory.mktemp("another-library")
+    specs["another-library"] = _spec(directory, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
+    cases.append((directory, ["validate", specs["another-library"], "--profile", "local", "--import", "-o", "json"]))
+    return {case: (specs[case], result) for case, result in zip(specs, run_cases(cases, TIMEOUT_S), strict=True)}
+
+
+# slow: the cases import Lightning in a `jobgen validate --import` process (seconds of CPU);
+# the quick tier keeps one passing import (the example package) and one failing one through submit.
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "field", "message", "hint"), [(case, *rest) for case, (_, *rest) in zip(FAILURE_IDS, FAILURES, strict=True)],
+                         ids=FAILURE_IDS)
+def test_validate_import_failures_exit_2_with_path_and_hint(import_checks, case, field, message, hint):
+    spec, result = import_checks[case]
+    assert result["code"] == 2, result["stdout"] + result["stderr"]
+    assert "Traceback" not in result["stderr"]
+    first, _, rest = result["stderr"].partition("\n")
+    assert first.startswith(f"error: {spec}: {field}: ") and message in first, result["stderr"]
+    assert rest.startswith("  hint: ") and hint in rest, result["stderr"]
 
 
 @pytest.mark.slow
-def test_data_module_of_the_wrong_base_is_refused(run_cli, tmp_path):
-    spec = _spec(tmp_path, {"class_path": f"{BORING}.BoringModel"}, {"class_path": f"{BORING}.BoringModel"})
-    result = run_cli("validate", spec, "--import", cwd=tmp_path, timeout=TIMEOUT_S)
-    assert result.code == 2 and "Traceback" not in result.stderr
-    assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result.stderr
+def test_data_module_of_the_wrong_base_is_refused(import_checks):
+    spec, result = import_checks["data-wrong-base"]
+    assert result["code"] == 2 and "Traceback" not in result["stderr"]
+    assert f"{spec}: data.class_path: {BORING}.BoringModel is not a lightning.pytorch.LightningDataModule subclass" in result["stderr"]
 
 
 @pytest.mark.slow
-def test_validate_import_passes_for_another_librarys_module_with_a_note(run_cli, tmp_path):
-    spec = _spec(tmp_path, {"class_path": f"{BORING}.DemoModel", "init_args": {"out_dim": 4}})
-    result = run_cli("validate", spec, "--profile", "local", "--import", "-o", "json", cwd=tmp_path, timeout=TIMEOUT_S)
-    assert result.code == 0, result.stderr
-    doc = json.loads(result.stdout)
+def test_validate_import_passes_for_another_librarys_module_with_a_note(import_checks):
+    _, result = import_checks["another-library"]
+    assert result["code"] == 0, result["stderr"]
+    doc = json.loads(result["stdout"])
     assert doc["model"] == f"{BORING}.DemoModel" and doc["data"] == f"{BORING}.BoringDataModule"
     # BoringDataModule takes no batch_size: trainer.micro_batch_size cannot reach it, and the user is told
     assert doc["import_notes"] and "takes no batch_size" in doc["import_notes"][0]
-    assert "note: " in result.stderr
+    assert "note: " in result["stderr"]
 
 
 def test_validate_import_of_the_example_package(run_cli):
