@@ -1,6 +1,7 @@
 """Scheduler backends behind one interface (:class:`jobgen.backends.base.Backend`).
 
-A new backend is one module with a ``Backend`` subclass plus one entry in :data:`BACKENDS`.
+A new backend is a module (or a package with its class in ``backend``) holding a ``Backend``
+subclass, plus one entry in :data:`BACKENDS`.
 Modules are imported only when used (TorchX-style lazy table), so rendering a SLURM script
 never imports the Kubernetes client, and nothing here imports torch.
 """
@@ -24,9 +25,9 @@ if TYPE_CHECKING:
 #: scheduler name -> ``module:class`` of its backend.
 BACKENDS: dict[str, str] = {
     "local": "jobgen.backends.local:LocalBackend",
-    "slurm": "jobgen.backends.slurm:SlurmBackend",
-    "kubernetes": "jobgen.backends.kubernetes:KubernetesBackend",
-    "ssh": "jobgen.backends.ssh:SshBackend",
+    "slurm": "jobgen.backends.slurm.backend:SlurmBackend",
+    "kubernetes": "jobgen.backends.kubernetes.backend:KubernetesBackend",
+    "ssh": "jobgen.backends.ssh.backend:SshBackend",
 }
 
 _INSTANCES: dict[str, Backend] = {}

@@ -221,11 +221,11 @@ class JobStatus:
         usage: the GPU-hours (CPU-hours on CPU clusters) the job used so far, from the same
             source as the state (:mod:`jobgen.reports.usage`); ``None`` when that source does not say.
         tasks: a SLURM job array: each task's status (handle ``slurm://<cluster>/<jobid>_<task>``),
-            by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.array_state`).
+            by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.backend.array_state`).
             Empty for any other job.
         evidence: what the scheduler reported about how the job's processes ended, for
             :attr:`failure`, beyond the state and ``details`` (Kubernetes: each pod's reasons and
-            exit codes, :func:`jobgen.backends.k8s_pods.pod_evidence`).
+            exit codes, :func:`jobgen.backends.kubernetes.pods.pod_evidence`).
     """
 
     handle: JobHandle
@@ -302,7 +302,7 @@ def status_evidence(status: JobStatus) -> Evidence:
 
 #: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's
 #: job state codes (squeue(1) "JOB STATE CODES"), the Kubernetes backend's (its job conditions,
-#: :func:`jobgen.backends.kubernetes.job_state`, and DELETED after cancel), ``UNKNOWN`` (no source
+#: :func:`jobgen.backends.kubernetes.backend.job_state`, and DELETED after cancel), ``UNKNOWN`` (no source
 #: knows the job) and ``UNREACHABLE`` (``ls``: the scheduler could not be asked).
 JOB_STATES = tuple(sorted(
     FINISHED_STATES

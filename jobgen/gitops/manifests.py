@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.backends import plan
-from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
+from jobgen.backends.slurm.array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.gitops.sync import Render, RenderedJob, apply, compare, unified_diff
 from jobgen.jobdir.files import GENERATED_MARK, INDEX_FILE, KUSTOMIZATION_FILE, kustomization_yaml

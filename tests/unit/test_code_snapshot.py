@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from jobgen import api, jobdir
-from jobgen.backends import get_backend, k8s_manifest, plan
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
 from jobgen.specs.load import load_profile, load_spec, validate

@@ -195,7 +195,7 @@ def test_a_missing_kubeconfig_is_reported_as_missing(run_cli, tmp_path, monkeypa
 
 @pytest.mark.parametrize("text", ["just a string\n", "clusters: [\n", "apiVersion: v1\nkind: Config\ncontexts: 3\n"])
 def test_an_invalid_kubeconfig_is_reported_as_invalid(tmp_path, text):
-    from jobgen.backends.k8s_api import connect
+    from jobgen.backends.kubernetes.api import connect
 
     path = write(tmp_path / "kubeconfig", text)
     with pytest.raises(ConfigError) as info:
@@ -205,7 +205,7 @@ def test_an_invalid_kubeconfig_is_reported_as_invalid(tmp_path, text):
 
 
 def test_a_missing_kubeconfig_given_to_submit_names_the_file(tmp_path):
-    from jobgen.backends.k8s_api import connect
+    from jobgen.backends.kubernetes.api import connect
 
     with pytest.raises(ConfigError) as info:
         connect(None, str(tmp_path / "absent"))

@@ -1,4 +1,4 @@
-"""A Kubernetes run's progress from its rank-zero pod's log (jobgen/backends/k8s_progress.py):
+"""A Kubernetes run's progress from its rank-zero pod's log (jobgen/backends/kubernetes/progress.py):
 the line format the entrypoint prints (jobgen.train.callbacks.LineProgress), hostile log text,
 and `jobgen status` of a running PyTorchJob through the in-memory fake API server of
 tests/unit/test_k8s_submit.py (emulation: the real API server runs in tests/integration/k8s;
@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes.progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
 from jobgen.cli import cli
 from tests.unit.test_k8s_submit import FakeCluster, job_dir  # noqa: F401 - the fixture is used by name
 

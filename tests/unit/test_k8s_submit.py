@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest, plan
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_restarts import RESTART_LINE_BYTES
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes.restarts import RESTART_LINE_BYTES
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.specs.load import load_profile, load_spec

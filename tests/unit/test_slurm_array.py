@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.backends import slurm as slurm_backend
-from jobgen.backends.slurm import array_state, expand_task_ids
+from jobgen.backends.slurm import backend as slurm_backend
+from jobgen.backends.slurm.backend import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
 from jobgen.gitops.manifests import plan_single
 from jobgen.jobdir import ArrayTask, JobHandle, Submission

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import slurm as slurm_backend
-from jobgen.backends.slurm_json import decode_squeue
+from jobgen.backends.slurm import backend as slurm_backend
+from jobgen.backends.slurm.squeue_json import decode_squeue
 from jobgen.jobdir import JobHandle
 from tests.fakes.slurm.fakeslurm import json_reply, reply
 

@@ -12,8 +12,8 @@ import pytest
 
 from jobgen import api
 from jobgen.backends import get_backend
-from jobgen.backends import kubernetes as k8s
 from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import backend as k8s
 from jobgen.planning.plan import ApiRequest, Command
 from tests.conftest import EXAMPLES
 from tests.unit.test_k8s_submit import FakeCluster
@@ -25,8 +25,8 @@ def _state(tmp_path, monkeypatch):
 
 
 def test_slurm_submit_runs_the_planned_sbatch_command(tmp_path, monkeypatch):
-    from jobgen.backends import slurm
-    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
+    from jobgen.backends.slurm import backend as slurm
+    from jobgen.backends.slurm.script import RUNS_DIR_PLACEHOLDER
 
     job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu")
     job_dir = tmp_path / "manifests" / "slurm-cpu" / "quickstart"
@@ -105,7 +105,7 @@ def test_an_option_of_another_scheduler_is_refused_with_its_counterpart():
 def test_the_plan_names_the_secrets_submit_takes_from_the_environment(tmp_path, monkeypatch):
     """Secrets are passed by name: the plan shows which variables submit reads from the
     submitting environment, and their values appear in no planned file or step."""
-    from jobgen.backends import slurm
+    from jobgen.backends.slurm import backend as slurm
 
     monkeypatch.setenv("WANDB_API_KEY", "marker-value-123")
     for profile in ("slurm-cpu", "local"):
@@ -156,8 +156,8 @@ def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tm
 
 
 def test_command_mode_slurm_submit_passes_the_submit_dir(tmp_path, monkeypatch):
-    from jobgen.backends import slurm
-    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
+    from jobgen.backends.slurm import backend as slurm
+    from jobgen.backends.slurm.script import RUNS_DIR_PLACEHOLDER
     from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER
 
     project = tmp_path / "project"

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest, plan
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_validate import validate_manifest
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes.validate import validate_manifest
 from jobgen.errors import PlanError, SubmitError
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import PROFILES, REPO, TEMPLATES, site_profile

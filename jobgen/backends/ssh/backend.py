@@ -1,7 +1,7 @@
 """ssh backend: a job on machines without a scheduler, started, watched and stopped over OpenSSH.
 
 ``submit`` first asks every host (in parallel) whether it can be reached and has what the launch
-needs (:func:`~jobgen.backends.ssh_launch.probe_command`): one that cannot is named in the error
+needs (:func:`~jobgen.backends.ssh.launch.probe_command`): one that cannot is named in the error
 and nothing is copied or started. Then it snapshots the code (:mod:`jobgen.usercode.snapshot`, as SLURM
 and local submits do), packs the job directory and the snapshot into one tar archive, extracts it
 into ``<workdir>/<job name>/`` on every host (``ssh host 'cd <run dir> && tar -x ...'`` with the archive on stdin:
@@ -10,14 +10,14 @@ only tar is needed there, and the bytes arrive as they are here), starts ``bash 
 PID. The submission (:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``)
 is recorded before anything starts; a start that fails, or a launch that ends without writing its
 PID, stops the job on every host, takes the record back and fails the submit. ``status`` asks each host for the launch's PID, its exit code
-and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`;
+and how many of the job's processes are alive (:func:`~jobgen.backends.ssh.launch.job_state`;
 a completed job's straggler from node 0's summary.json);
 ``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
 each launch script (which passes it to torchrun, which stops its workers) and, after a grace
 period, SIGKILL to whatever of the job is left, then checks that nothing is.
 
-Every ssh call is an argv list (:func:`~jobgen.backends.ssh_launch.ssh_argv`, BatchMode); the
-command lines are planned in :mod:`jobgen.backends.ssh_launch`.
+Every ssh call is an argv list (:func:`~jobgen.backends.ssh.launch.ssh_argv`, BatchMode); the
+command lines are planned in :mod:`jobgen.backends.ssh.launch`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeVar
 
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
-from jobgen.backends.ssh_launch import (
+from jobgen.backends.ssh.launch import (
     DONE,
     MISSING,
     MODULE,
@@ -129,7 +129,7 @@ def _timeout(settings: SshSettings, extra: float) -> float:
 
 
 def probe(settings: SshSettings) -> None:
-    """Every host answers over ssh and has :data:`~jobgen.backends.ssh_launch.HOST_TOOLS` and
+    """Every host answers over ssh and has :data:`~jobgen.backends.ssh.launch.HOST_TOOLS` and
     the profile's python (asked in parallel).
 
     Raises:
@@ -205,7 +205,7 @@ def _settings(handle: JobHandle) -> tuple[SshSettings, str]:
 
 
 def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeReport]:
-    """Every host's :class:`~jobgen.backends.ssh_launch.NodeReport` (asked in parallel)."""
+    """Every host's :class:`~jobgen.backends.ssh.launch.NodeReport` (asked in parallel)."""
     def ask(rank: int, host: str) -> NodeReport:
         proc = run_ssh(ssh_argv(settings, host, status_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
         if proc.returncode != 0:
@@ -216,7 +216,7 @@ def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeRepo
 
 
 def status(handle: JobHandle) -> JobStatus:
-    """The job's state from its hosts (:func:`~jobgen.backends.ssh_launch.job_state`); details:
+    """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
     each node's host, live processes and exit code, and the run directory.
 
     Raises:
@@ -340,7 +340,7 @@ def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec
 
 
 def start_watcher(job_dir: Path, handle: str, spec_source: str | None) -> int:
-    """Start the restart watcher (:mod:`jobgen.backends.ssh_restart`) of ``handle`` in a session of
+    """Start the restart watcher (:mod:`jobgen.backends.ssh.restart`) of ``handle`` in a session of
     its own (it outlives ``jobgen submit``), its output appended to ``<job dir>/``:data:`WATCH_LOG`;
     it inherits this environment (the spec's secrets, which a restart hands to the hosts again).
     Returns its PID.
@@ -504,7 +504,7 @@ def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> Jo
 
 
 def _stop_watcher(handle: JobHandle) -> None:
-    """End the job's restart watcher (:mod:`jobgen.backends.ssh_restart`) when it runs here, and
+    """End the job's restart watcher (:mod:`jobgen.backends.ssh.restart`) when it runs here, and
     mark its record done (``CANCELLED``)."""
     import signal
 
@@ -534,7 +534,7 @@ class SshBackend(Backend):
     log_options = frozenset({"replica"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.ssh_launch.plan`."""
+        """See :func:`jobgen.backends.ssh.launch.plan`."""
         return plan(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:

@@ -1,13 +1,13 @@
 """SLURM backend: submit a rendered job directory with ``sbatch --parsable``, then status
 (squeue, accounting, the job-completion log), logs (``srun --label`` prefixes) and cancel by
 handle (``slurm://<cluster>/<jobid>``), first-failure triage and GPU-hours from the same
-sources. The batch script is planned in :mod:`jobgen.backends.slurm_script`.
+sources. The batch script is planned in :mod:`jobgen.backends.slurm.script`.
 
 Size: above ~500 lines on purpose: every operation here — for a job, a job array and one of its
 tasks — reads the same scheduler sources (squeue, accounting, the job-completion log, the output
 files) through the same helpers, which stay together. squeue's JSON of each SLURM release is
-decoded in :mod:`jobgen.backends.slurm_json`; array tasks in the job-completion log are found
-by :mod:`jobgen.backends.slurm_jobcomp`.
+decoded in :mod:`jobgen.backends.slurm.squeue_json`; array tasks in the job-completion log are found
+by :mod:`jobgen.backends.slurm.jobcomp`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from jobgen.backends.base import (
     run_command,
     secrets_location,
 )
-from jobgen.backends.slurm_array import task_log_name
-from jobgen.backends.slurm_jobcomp import FILETXT, completion_log, read_array
-from jobgen.backends.slurm_json import SqueueJob, SqueueReply, decode_squeue
-from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
+from jobgen.backends.slurm.array import task_log_name
+from jobgen.backends.slurm.jobcomp import FILETXT, completion_log, read_array
+from jobgen.backends.slurm.script import TEMPLATE, plan, run_dir_name, sbatch_command
+from jobgen.backends.slurm.squeue_json import SqueueJob, SqueueReply, decode_squeue
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUBMISSION_FILE, DirUndo, ignore_run_dir, point_file
 from jobgen.jobdir.runs import check_run_dir, ensure_tracking_record
@@ -273,7 +273,7 @@ def cluster_options(handle: JobHandle) -> list[str]:
 
 def _squeue_jobs(jid: str, handle: JobHandle) -> SqueueReply | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
-    tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm_json`),
+    tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm.squeue_json`),
     or None when the controller has forgotten it (after MinJobAge)."""
     try:
         proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
@@ -510,7 +510,7 @@ def _accounting_tasks(jid: str, array_id: str, handle: JobHandle) -> dict[int, J
 
 def _jobcomp_tasks(array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
     """Tasks ``wanted`` of array ``array_id`` from the job-completion log: each task's job id
-    from the log file (:mod:`jobgen.backends.slurm_jobcomp`; ``scontrol show config`` names
+    from the log file (:mod:`jobgen.backends.slurm.jobcomp`; ``scontrol show config`` names
     it), then their rows from ``sacct -c``, as for a single job. Tasks that never started take
     the array's own record. Returns the tasks found and why the others are unknown."""
     try:
@@ -558,13 +558,13 @@ def status(handle: JobHandle) -> JobStatus:
     """The job's state: ``squeue`` while the controller knows it (queued, running, and for
     MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
     (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
-    (:mod:`jobgen.backends.slurm_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
+    (:mod:`jobgen.backends.slurm.squeue_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
 
     A job array (``slurm://<cluster>/<jobid>`` of an array): every task's status in ``tasks``
     and the array's state by :func:`array_state`; one task (``<jobid>_<task>``): that task's.
     A task squeue no longer lists (slurmctld purges each ended task MinJobAge after it ended)
     takes the same route as a single job: accounting, then the job-completion log, whose
-    ``ArrayJobId``/``ArrayTaskId`` keys give each task's job id (:mod:`jobgen.backends.slurm_jobcomp`).
+    ``ArrayJobId``/``ArrayTaskId`` keys give each task's job id (:mod:`jobgen.backends.slurm.jobcomp`).
 
     Raises:
         ConfigError: not a SLURM handle.
@@ -754,7 +754,7 @@ class SlurmBackend(Backend):
     log_options = frozenset({"rank"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.slurm_script.plan`."""
+        """See :func:`jobgen.backends.slurm.script.plan`."""
         return plan(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:

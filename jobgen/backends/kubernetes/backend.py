@@ -1,7 +1,7 @@
 """Kubernetes backend: submit a rendered job directory (PyTorchJob or TrainJob + ConfigMap)
 with the official ``kubernetes`` client, then status, logs and cancel by handle
-(``k8s://<context>/<namespace>/<name>``). Planning lives in :mod:`jobgen.backends.k8s_manifest`,
-the API client in :mod:`jobgen.backends.k8s_api`.
+(``k8s://<context>/<namespace>/<name>``). Planning lives in :mod:`jobgen.backends.kubernetes.manifest`,
+the API client in :mod:`jobgen.backends.kubernetes.api`.
 
 Size: above ~500 lines on purpose: submit, status, logs and cancel share the lookups of one job
 (:func:`_find`, :func:`_get_job`, the foreground delete and its wait); split apart, each half
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
-from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
-from jobgen.backends.k8s_manifest import (
+from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
+from jobgen.backends.kubernetes.manifest import (
     ELASTIC_TEMPLATE,
     INPUTS_ANNOTATION,
     PYTORCHJOB,
@@ -36,9 +36,9 @@ from jobgen.backends.k8s_manifest import (
     job_collection,
     parse_manifest,
 )
-from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import container_started, job_pods, pod_evidence, pod_summary, pod_usage
-from jobgen.backends.k8s_restarts import restarts_used
+from jobgen.backends.kubernetes.manifest import plan as plan_manifest
+from jobgen.backends.kubernetes.pods import container_started, job_pods, pod_evidence, pod_summary, pod_usage
+from jobgen.backends.kubernetes.restarts import restarts_used
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -160,7 +160,7 @@ def replica_pods(job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """``(pod name, Pod object)`` for the first pod of each replica type, as the operator would
     create it from the template (name ``<job>-<type>-0``; the TrainJob's node pod gets
     ``<job>-node-0-0``), for a Pod server-side dry run."""
-    from jobgen.backends.k8s_validate import pod_templates
+    from jobgen.backends.kubernetes.validate import pod_templates
 
     meta = job["metadata"]
     pods = []
@@ -461,7 +461,7 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
 
 def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
     """The job's state from the API server (see :func:`job_state`), with what each of its pods
-    is doing (``details["pods"]``, :func:`~jobgen.backends.k8s_pods.pod_summary`; absent before
+    is doing (``details["pods"]``, :func:`~jobgen.backends.kubernetes.pods.pod_summary`; absent before
     the controller made any) and their device-hours. When the object does not exist:
     ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
     record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
@@ -724,7 +724,7 @@ class KubernetesBackend(Backend):
     log_options = frozenset({"replica"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.k8s_manifest.plan`."""
+        """See :func:`jobgen.backends.kubernetes.manifest.plan`."""
         return plan_manifest(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
