@@ -137,8 +137,14 @@ class Backend(ABC):
         return options.runs_dir / plan.job_name / SUBMIT_JOB_SUBDIR
 
     @abstractmethod
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print) -> SubmitResult:
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
         """Submit the rendered job directory ``job_dir`` with the steps its plan lists.
+
+        ``options``: how (:class:`SubmitOptions`; one this backend does not take is refused,
+        :meth:`check_options`). ``plan``: the plan just written into ``job_dir`` (``jobgen submit
+        SPEC``): its resolved spec and spec file are used as they are, nothing is read back from
+        the directory; None for a rendered directory submitted as is (its spec.json is read).
+        ``out`` gets the progress lines.
 
         Raises:
             ConfigError: ``job_dir`` is not a job directory for this backend.

@@ -310,7 +310,7 @@ def recorded(slurm, tmp_path) -> None:
 
 def status_json(job: str = HANDLE) -> dict:
     """`jobgen status -o json JOB`, in this process (the CLI's own path is tested above)."""
-    return slurm_backend.status(JobHandle.parse(job)).to_json()
+    return slurm_backend.SlurmBackend().status(JobHandle.parse(job)).to_json()
 
 
 def jobcomp_argv(ids: str) -> list[str]:

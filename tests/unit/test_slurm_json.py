@@ -52,7 +52,7 @@ def fixture(release: str, case: str) -> dict[str, Any]:
 
 def status_of(fake, doc: dict[str, Any] | None, job: str, *, raw: str | None = None) -> dict[str, Any]:
     fake.respond("squeue", json_reply(doc) if raw is None else reply(raw))
-    return slurm_backend.status(JobHandle.parse(f"slurm://gpucluster/{job}")).to_json()
+    return slurm_backend.SlurmBackend().status(JobHandle.parse(f"slurm://gpucluster/{job}")).to_json()
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -624,7 +624,7 @@ def _check_parsed(docs: list[dict[str, Any]], kind: K8sKind, name: str, nodes: i
 
 def submit_requests(kind: K8sKind, namespace: str, name: str, pod_roles: list[str]) -> tuple[ApiRequest, ...]:
     """The API requests ``jobgen submit`` makes for a new job, in order (what ``str(plan)``
-    shows; :func:`jobgen.backends.kubernetes.backend.submit_dir` makes them, and a test compares):
+    shows; :meth:`jobgen.backends.kubernetes.backend.KubernetesBackend.submit` makes them, and a test compares):
     read the existing job, a server-side dry run (``dryRun=All``) of the ConfigMap, the job and
     a Pod from each replica's template, then create the ConfigMap and the job and make the job
     own the ConfigMap. Creates carry ``fieldValidation=Strict`` where the server supports it

@@ -31,7 +31,7 @@ because submitit's script runs ``srun`` in the foreground and cannot pass it on.
 
 **Status.** submitit's own watcher asks only ``sacct``, which says nothing on clusters without
 slurmdbd; the jobs this executor returns are watched through
-:func:`jobgen.backends.slurm.backend.status` instead (squeue, accounting, the job-completion log), so
+:meth:`jobgen.backends.slurm.backend.SlurmBackend.status` instead (squeue, accounting, the job-completion log), so
 ``job.done()`` / ``job.state`` see a job that ended without a result. Every submission is
 recorded like a rendered job's (:class:`jobgen.jobdir.Submission`, marked by
 :class:`~jobgen.jobdir.CallableJob`), so ``jobgen ls``, ``status``, ``logs`` and ``cancel``
@@ -59,7 +59,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from jobgen.backends.base import profile_env
-from jobgen.backends.slurm.backend import status as slurm_status
+from jobgen.backends.slurm.backend import SlurmBackend
 from jobgen.backends.slurm.script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError, did_you_mean, json_path
 from jobgen.jobdir.files import new_dirs
@@ -374,7 +374,7 @@ def _executor_class() -> type:
             for jid in pending:
                 handle = self.handles.get(jid) or JobHandle("slurm", f"default/{jid}")
                 try:
-                    state = slurm_status(handle).state
+                    state = SlurmBackend().status(handle).state
                 except JobgenError as exc:  # as submitit does with a failed sacct: the state stays what it was
                     submitit_logger.get_logger().warning(f"jobgen status {handle}: {exc.message}")
                     continue

@@ -215,38 +215,6 @@ def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeRepo
     return _each(settings.hosts, ask)
 
 
-def status(handle: JobHandle) -> JobStatus:
-    """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
-    each node's host, live processes and exit code, and the run directory.
-
-    Raises:
-        ConfigError: not an ssh handle, or no record of it here.
-        SubmitError: no host could be reached (the message names each and why).
-    """
-    settings, run = _settings(handle)
-    nodes = reports(settings, run, handle)
-    if not any(n.reached for n in nodes):
-        raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
-                          hint="check the network and that ssh reaches them without a prompt")
-    state, details = job_state(nodes)
-    details["run_dir"] = run
-    if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
-        proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
-        details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
-    submission = find_submission(handle)
-    watched = read_record(Path(submission.job_dir)) if submission is not None else None
-    if watched is None:
-        return JobStatus(handle, state, "ssh", details)
-    details |= restart_details(watched["max_restarts"], watched["restarts"])
-    ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
-    if ended and watched["state"] != DONE and watcher_alive(watched):
-        state = "RESTARTING"
-        details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
-                             + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
-    # the watcher's evidence is of the attempt it decided last: this one's only once it is done
-    return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
-
-
 def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
     """Ask the hosts every :data:`POLL_S` until ``until(reports)`` or ``seconds`` have passed; the last reports."""
     settings, run = _settings(handle)
@@ -256,87 +224,6 @@ def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds:
         if until(nodes) or time.monotonic() >= deadline:
             return nodes
         time.sleep(POLL_S)
-
-
-def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec_file: Path | None = None) -> JobHandle:
-    """Copy the job directory ``job_dir`` (and the code snapshot) to every host and start it
-    there (see the module docstring for the order of things).
-
-    Raises:
-        ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set; the
-            code's work tree has uncommitted changes (without ``options.allow_dirty``).
-        SubmitError: a host cannot be reached or lacks a tool (before anything is copied); the job
-            of this run directory is still running; a copy or a start failed (whatever started is
-            stopped again).
-    """
-    job_dir = job_dir.resolve()
-    resolved = read_resolved_spec(job_dir)
-    settings = resolved.launch.ssh
-    if resolved.launch.scheduler != "ssh" or settings is None:
-        raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
-                          hint="submit it with its own profile, or render the spec with an ssh profile")
-    name, secrets = resolved.spec.name, resolved.spec.secrets
-    location = secrets_location(job_dir, spec_file)
-    check_present(secrets, dict(os.environ), location=location)
-    secret_data = _secret_lines(secrets, location)
-    handle, run = handle_for(settings, name), run_dir(settings, name)
-    probe(settings)  # every host, before anything is copied or started
-    if find_submission(handle) is not None:
-        before = status(handle)
-        if before.state in ("RUNNING", "PENDING"):
-            raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
-                              hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
-    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
-
-    local_run = options.runs_dir.resolve() / name
-    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
-    # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
-    spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
-    commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
-    with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
-        archive = Path(tmp) / "job.tar"
-        with archive.open("wb") as sink:
-            pack(job_dir, code, sink)
-        size = archive.stat().st_size
-
-        def copy(rank: int, host: str) -> str | None:
-            with archive.open("rb") as stream:  # each host reads the archive from its start
-                proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
-            return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
-
-        out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code.id}" if code else "")
-            + f") to {run} on {len(settings.hosts)} host(s)")
-        failed = [f for f in _each(settings.hosts, copy) if f is not None]
-    if failed:
-        raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
-                          hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
-
-    # Recorded before anything starts: a job running on the hosts always has its record here
-    # (status, logs and cancel find its hosts); an undone start takes the record back.
-    record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
-                            code_dir=snapshot_dir(run, code.id) if code else None, code=code.record if code else None,
-                            ssh=settings)
-    record.save()
-    (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
-
-    started, problems = _start_hosts(settings, handle, run, commands.start, secret_data)
-    if problems:
-        _undo(settings, handle, record)
-        if not started:
-            raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
-                              + "\n  ".join(problems), hint="the hosts' messages are above")
-        raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
-                          + "\n  ".join(problems),
-                          hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
-    master = settings.rendezvous_host
-    out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
-        + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
-    budget = resolved.spec.restart.max_restarts
-    if budget:
-        pid = start_watcher(job_dir, str(handle), spec_source)
-        out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
-            f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
-    return handle
 
 
 def start_watcher(job_dir: Path, handle: str, spec_source: str | None) -> int:
@@ -429,80 +316,6 @@ def _undo(settings: SshSettings, handle: JobHandle, record: Submission) -> None:
 _REPLICA_RE = re.compile(r"^node-(\d+)$")
 
 
-def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, out: Echo = print) -> None:
-    """Print node ``replica``'s output (``node-<rank>``, default ``node-0``: global rank zero runs
-    there) from its host; with ``follow``, keep printing until the job has ended (Ctrl-C stops).
-
-    Raises:
-        ConfigError: ``replica`` is not ``node-<rank>`` of this job; no record of the job here.
-        SubmitError: the host cannot be reached.
-    """
-    settings, run = _settings(handle)
-    match = _REPLICA_RE.match(replica or "node-0")
-    if match is None or int(match.group(1)) >= len(settings.hosts):
-        raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
-                          hint="one of: " + ", ".join(f"node-{i} ({h})" for i, h in enumerate(settings.hosts)))
-    rank = int(match.group(1))
-    host = settings.hosts[rank]
-    offset, pending, finished, checks = 0, b"", not follow, 0
-    while True:
-        proc = run_ssh(ssh_argv(settings, host, log_command(run, rank, offset)), timeout_s=_timeout(settings, 120))
-        if proc.returncode not in (0, NO_LOG_EXIT):
-            raise SubmitError(f"cannot read node {rank}'s output on {host}: {_why(proc)}", hint="check that ssh reaches the host")
-        if proc.returncode == 0:
-            offset += len(proc.stdout)
-            *lines, pending = (pending + proc.stdout).split(b"\n")
-            for line in lines:
-                out(line.decode(errors="replace"))
-        elif not follow:
-            out(f"jobgen: node {rank} ({host}) has written no output yet to {run}")
-            return
-        if finished:
-            if pending:
-                out(pending.decode(errors="replace"))
-            return
-        checks += 1
-        if checks % 5 == 0:
-            state = status(handle)
-            finished = state.finished or state.state == "UNKNOWN"
-            if finished:
-                continue  # one more read drains what the node wrote last
-        time.sleep(POLL_S)
-
-
-def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-    """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
-    its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
-    processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
-
-    Raises:
-        ConfigError: not an ssh handle, or no record of it here.
-        SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
-    """
-    settings, run = _settings(handle)
-    _stop_watcher(handle)  # first: it would start the job again
-
-    def stop(rank: int, host: str) -> str | None:
-        proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
-        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
-
-    unreached = [f for f in _each(settings.hosts, stop) if f]
-    nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
-    if any(n.procs for n in nodes):
-        left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
-        out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
-        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
-                                                         timeout_s=_timeout(settings, 60)))
-        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
-    unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
-    left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
-    if unreached or left:
-        raise SubmitError(f"{handle} may not have stopped everywhere: " + "; ".join([*unreached, *left]),
-                          hint=f"run `jobgen cancel {handle}` again once the hosts answer")
-    state, details = job_state(nodes)
-    return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
-
-
 def _stop_watcher(handle: JobHandle) -> None:
     """End the job's restart watcher (:mod:`jobgen.backends.ssh.restart`) when it runs here, and
     mark its record done (``CANCELLED``)."""
@@ -538,24 +351,194 @@ class SshBackend(Backend):
         return plan(ctx)
 
     def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """See :func:`submit_dir`."""
+        """Copy the job directory ``job_dir`` (and the code snapshot) to every host and start it
+        there (see the module docstring for the order of things); action ``submitted``. ``plan``:
+        the plan just written there, whose spec file is the one the snapshot and the entrypoint's
+        errors name.
+
+        Raises:
+            ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set; the
+                code's work tree has uncommitted changes (without ``options.allow_dirty``).
+            SubmitError: a host cannot be reached or lacks a tool (before anything is copied); the job
+                of this run directory is still running; a copy or a start failed (whatever started is
+                stopped again).
+        """
         self.check_options(options)
-        handle = submit_dir(job_dir, options, out, spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None)
-        return SubmitResult("submitted", handle, Submission.load(job_dir.resolve() / SUBMISSION_FILE))
+        job_dir = job_dir.resolve()
+        spec_file = Path(plan.spec_file) if plan is not None and plan.spec_file else None
+        resolved = read_resolved_spec(job_dir)
+        settings = resolved.launch.ssh
+        if resolved.launch.scheduler != "ssh" or settings is None:
+            raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
+                              hint="submit it with its own profile, or render the spec with an ssh profile")
+        name, secrets = resolved.spec.name, resolved.spec.secrets
+        location = secrets_location(job_dir, spec_file)
+        check_present(secrets, dict(os.environ), location=location)
+        secret_data = _secret_lines(secrets, location)
+        handle, run = handle_for(settings, name), run_dir(settings, name)
+        probe(settings)  # every host, before anything is copied or started
+        if find_submission(handle) is not None:
+            before = self.status(handle)
+            if before.state in ("RUNNING", "PENDING"):
+                raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
+                                  hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
+        from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
+
+        local_run = options.runs_dir.resolve() / name
+        code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
+        # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
+        spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
+        commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
+        with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
+            archive = Path(tmp) / "job.tar"
+            with archive.open("wb") as sink:
+                pack(job_dir, code, sink)
+            size = archive.stat().st_size
+
+            def copy(rank: int, host: str) -> str | None:
+                with archive.open("rb") as stream:  # each host reads the archive from its start
+                    proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
+                return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+            out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code.id}" if code else "")
+                + f") to {run} on {len(settings.hosts)} host(s)")
+            failed = [f for f in _each(settings.hosts, copy) if f is not None]
+        if failed:
+            raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
+                              hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
+
+        # Recorded before anything starts: a job running on the hosts always has its record here
+        # (status, logs and cancel find its hosts); an undone start takes the record back.
+        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
+                                code_dir=snapshot_dir(run, code.id) if code else None, code=code.record if code else None,
+                                ssh=settings)
+        record.save()
+        (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
+
+        started, problems = _start_hosts(settings, handle, run, commands.start, secret_data)
+        if problems:
+            _undo(settings, handle, record)
+            if not started:
+                raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
+                                  + "\n  ".join(problems), hint="the hosts' messages are above")
+            raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
+                              + "\n  ".join(problems),
+                              hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
+        master = settings.rendezvous_host
+        out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
+            + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
+        budget = resolved.spec.restart.max_restarts
+        if budget:
+            pid = start_watcher(job_dir, str(handle), spec_source)
+            out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
+                f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
+        return SubmitResult("submitted", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
-        """See :func:`status`."""
-        return status(handle)
+        """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
+        each node's host, live processes and exit code, and the run directory.
+
+        Raises:
+            ConfigError: not an ssh handle, or no record of it here.
+            SubmitError: no host could be reached (the message names each and why).
+        """
+        settings, run = _settings(handle)
+        nodes = reports(settings, run, handle)
+        if not any(n.reached for n in nodes):
+            raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
+                              hint="check the network and that ssh reaches them without a prompt")
+        state, details = job_state(nodes)
+        details["run_dir"] = run
+        if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
+            proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
+            details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
+        submission = find_submission(handle)
+        watched = read_record(Path(submission.job_dir)) if submission is not None else None
+        if watched is None:
+            return JobStatus(handle, state, "ssh", details)
+        details |= restart_details(watched["max_restarts"], watched["restarts"])
+        ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
+        if ended and watched["state"] != DONE and watcher_alive(watched):
+            state = "RESTARTING"
+            details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
+                                 + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
+        # the watcher's evidence is of the attempt it decided last: this one's only once it is done
+        return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Node ``options.replica``'s output (``node-<rank>``, default ``node-0``); see :func:`logs`."""
+        """Print node ``options.replica``'s output (``node-<rank>``, default ``node-0``: global rank zero
+        runs there) from its host; with ``options.follow``, keep printing until the job has ended (Ctrl-C stops).
+
+        Raises:
+            ConfigError: ``replica`` is not ``node-<rank>`` of this job; no record of the job here.
+            SubmitError: the host cannot be reached.
+        """
         self.check_options(options)
-        logs(handle, replica=options.replica, follow=options.follow, out=out)
+        replica, follow = options.replica, options.follow
+        settings, run = _settings(handle)
+        match = _REPLICA_RE.match(replica or "node-0")
+        if match is None or int(match.group(1)) >= len(settings.hosts):
+            raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
+                              hint="one of: " + ", ".join(f"node-{i} ({h})" for i, h in enumerate(settings.hosts)))
+        rank = int(match.group(1))
+        host = settings.hosts[rank]
+        offset, pending, finished, checks = 0, b"", not follow, 0
+        while True:
+            proc = run_ssh(ssh_argv(settings, host, log_command(run, rank, offset)), timeout_s=_timeout(settings, 120))
+            if proc.returncode not in (0, NO_LOG_EXIT):
+                raise SubmitError(f"cannot read node {rank}'s output on {host}: {_why(proc)}", hint="check that ssh reaches the host")
+            if proc.returncode == 0:
+                offset += len(proc.stdout)
+                *lines, pending = (pending + proc.stdout).split(b"\n")
+                for line in lines:
+                    out(line.decode(errors="replace"))
+            elif not follow:
+                out(f"jobgen: node {rank} ({host}) has written no output yet to {run}")
+                return
+            if finished:
+                if pending:
+                    out(pending.decode(errors="replace"))
+                return
+            checks += 1
+            if checks % 5 == 0:
+                state = self.status(handle)
+                finished = state.finished or state.state == "UNKNOWN"
+                if finished:
+                    continue  # one more read drains what the node wrote last
+            time.sleep(POLL_S)
 
     def first_error(self, handle: JobHandle) -> Triage:
         """Not offered yet: each node's output is on its host."""
         raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {handle}")
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-        """See :func:`cancel`."""
-        return cancel(handle, wait_s=wait_s, out=out)
+        """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
+        its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
+        processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
+
+        Raises:
+            ConfigError: not an ssh handle, or no record of it here.
+            SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
+        """
+        settings, run = _settings(handle)
+        _stop_watcher(handle)  # first: it would start the job again
+
+        def stop(rank: int, host: str) -> str | None:
+            proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
+            return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+        unreached = [f for f in _each(settings.hosts, stop) if f]
+        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
+        if any(n.procs for n in nodes):
+            left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
+            out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
+            _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                             timeout_s=_timeout(settings, 60)))
+            nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
+        unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
+        left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
+        if unreached or left:
+            raise SubmitError(f"{handle} may not have stopped everywhere: " + "; ".join([*unreached, *left]),
+                              hint=f"run `jobgen cancel {handle}` again once the hosts answer")
+        state, details = job_state(nodes)
+        return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
