@@ -1,7 +1,10 @@
 """Scheduler backends behind one interface (:class:`jobgen.backends.base.Backend`).
 
 A new backend is a module (or a package with its class in ``backend``) holding a ``Backend``
-subclass, plus one entry in :data:`BACKENDS`.
+subclass, plus one entry in :data:`BACKENDS`. Every backend submits through the same steps
+(:meth:`jobgen.backends.base.Backend.submit`): a backend writes its ``launch`` and, where its
+checks differ, its ``begin_submit``.
+
 Modules are imported only when used (TorchX-style lazy table), so rendering a SLURM script
 never imports the Kubernetes client, and nothing here imports torch.
 """

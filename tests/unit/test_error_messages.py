@@ -122,6 +122,7 @@ def _local_run(tmp_path, monkeypatch, leaves: list[str]) -> list[str]:
     from jobgen import api
     from jobgen.backends import get_backend
     from jobgen.backends.base import SubmitOptions
+    from jobgen.backends.local import LocalBackend
 
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     spec = write(tmp_path / "spec.yaml", "name: smoky\n")
@@ -137,7 +138,7 @@ def _local_run(tmp_path, monkeypatch, leaves: list[str]) -> list[str]:
         return 0
 
     said: list[str] = []
-    backend.submit(job_dir, options, said.append, plan=job_plan, runner=runner)
+    LocalBackend(runner=runner).submit(job_dir, options, said.append, plan=job_plan)
     return said
 
 

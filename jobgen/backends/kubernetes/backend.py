@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, PendingSubmit, SubmitOptions, SubmitResult, plan_spec_file
 from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
 from jobgen.backends.kubernetes.manifest import (
     ELASTIC_TEMPLATE,
@@ -477,6 +477,18 @@ def _previous_ended(pod: dict[str, Any], container: str) -> bool:
                for cs in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
+@dataclass
+class KubernetesSubmit(PendingSubmit):
+    """A Kubernetes submission on its way: where to (the context and namespace, None: the
+    kubeconfig's current context and the manifest's namespace), the kubeconfig file, and the
+    plan's objects (None: read back from the manifest)."""
+
+    context: str | None = None
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    planned: JobDir | None = None
+
+
 class KubernetesBackend(Backend):
     """Kubeflow PyTorchJob / Trainer v2 TrainJob through the Kubernetes API."""
 
@@ -495,21 +507,28 @@ class KubernetesBackend(Backend):
         """See :func:`jobgen.backends.kubernetes.manifest.plan`."""
         return plan_manifest(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """Submit the rendered directory (see :meth:`_apply`). Context, namespace and kubeconfig: the
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> KubernetesSubmit:
+        """Where to submit the rendered directory (:meth:`~jobgen.backends.base.Backend.submit` runs
+        the steps; :meth:`launch` creates the objects). Context, namespace and kubeconfig: the
         options, then ``$JOBGEN_K8S_CONTEXT`` / ``$JOBGEN_K8S_NAMESPACE``, then the profile the
         directory's spec.json names (when it can be found), then the kubeconfig's current context.
         With ``plan`` the profile is the one it was planned with (its ``cluster_object``), not
-        loaded again, and the objects sent are the plan's (not read back from the manifest)."""
-        self.check_options(options)
+        loaded again, and the objects sent are the plan's (not read back from the manifest).
+        Nothing is snapshotted or written on this machine before the launch: the image holds the
+        code, and the cluster's Secrets the secrets.
+
+        Raises:
+            ConfigError: ``job_dir`` holds no valid spec.json.
+        """
+        from jobgen.jobdir.spec import read_resolved_spec
+
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
         target = plan.cluster_object if plan is not None else None
         if target is not None:
             profile_context, profile_kubeconfig = target.context, target.kubeconfig
         else:
-            from jobgen.jobdir.spec import read_resolved_spec
             from jobgen.specs.load import load_profile
 
-            resolved = read_resolved_spec(job_dir)
             try:
                 settings = load_profile(resolved.profile).kubernetes
             except (OSError, ValueError, ConfigError):
@@ -518,20 +537,19 @@ class KubernetesBackend(Backend):
             profile_context = settings.context if settings else None
             profile_kubeconfig = settings.kubeconfig if settings else None
         context, namespace = resolve_target(context=options.context, namespace=options.namespace, profile_context=profile_context)
-        return self._apply(job_dir, context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
-                           dry_run=options.dry_run, replace=options.replace, out=out,
-                           planned=planned_job_dir(job_dir, plan) if plan is not None else None)
+        return KubernetesSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan),
+                                context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
+                                planned=planned_job_dir(job_dir, plan) if plan is not None else None)
 
-    def _apply(self, job_dir: Path, *, context: str | None, namespace: str | None, kubeconfig: str | None,
-               dry_run: bool, replace: bool, out: Echo, planned: JobDir | None) -> SubmitResult:
-        """:meth:`submit` once the target is known: submit the rendered manifest in ``job_dir`` (what is committed is what runs); ``planned``:
-        the manifest's objects as the plan just written there holds them (:func:`planned_job_dir`),
-        used instead of reading the manifest back.
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """Submit the rendered manifest in ``job.job_dir`` (what is committed is what runs): the
+        manifest's objects as the plan just written there holds them (:func:`planned_job_dir`), else
+        read back from the manifest.
 
         An existing job of the same name is compared by its ``jobgen.dev/inputs-sha256``
         annotation: identical inputs -> nothing is changed (``unchanged``, no request beyond the
-        read); other inputs -> refused unless ``replace``. Before anything is deleted or created,
-        :func:`server_dry_run` validates every object (``dry_run`` stops there); ``replace`` then
+        read); other inputs -> refused unless ``options.replace``. Before anything is deleted or created,
+        :func:`server_dry_run` validates every object (``options.dry_run`` stops there); ``replace`` then
         deletes the old job (foreground: its pods first), waits up to :data:`REPLACE_WAIT_S` for it to go, and
         creates the new one. The ConfigMap is
         created (or updated) first and then owned by the job, so deleting the job removes it.
@@ -542,17 +560,19 @@ class KubernetesBackend(Backend):
             SubmitError: the server rejected an object, the job exists with other inputs (without
                 ``replace``), or the cluster cannot be reached.
         """
-        jd = planned if planned is not None else read_job_dir(job_dir)
+        assert isinstance(job, KubernetesSubmit)
+        job_dir, namespace, kubeconfig, replace, out = job.job_dir, job.namespace, job.kubeconfig, job.options.replace, job.out
+        jd = job.planned if job.planned is not None else read_job_dir(job_dir)
         objects = [json.loads(json.dumps(o)) for o in jd.objects]  # deep copy; namespace may change
         ns = namespace or jd.namespace
         for obj in objects:
             obj.setdefault("metadata", {})["namespace"] = ns
         if namespace and namespace != jd.namespace:
             out(f"jobgen: submitting into namespace {ns} (the manifest says {jd.namespace})")
-        cluster = connect(context, kubeconfig)
+        cluster = connect(job.context, kubeconfig)
         kind = jd.kind
         existing = _get_job(cluster, kind, ns, jd.name)
-        if dry_run:
+        if job.options.dry_run:
             if existing is not None:
                 same = (existing.get("metadata", {}).get("annotations") or {}).get(INPUTS_ANNOTATION) == jd.inputs_sha256
                 out(f"jobgen: {kind.kind} {ns}/{jd.name} exists with {'identical' if same else 'other'} inputs")

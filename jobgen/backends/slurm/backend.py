@@ -8,10 +8,10 @@ tasks in the job-completion log are found by :mod:`jobgen.backends.slurm.jobcomp
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,10 @@ from jobgen.backends.base import (
     Echo,
     JobStatus,
     LogOptions,
+    PendingSubmit,
     SubmitOptions,
     SubmitResult,
+    plan_spec_file,
     recorded_launch,
     run_command,
     secrets_location,
@@ -33,9 +35,9 @@ from jobgen.backends.slurm.jobcomp import FILETXT, completion_log, read_array
 from jobgen.backends.slurm.script import TEMPLATE, plan, run_dir_name, sbatch_command
 from jobgen.backends.slurm.squeue_json import SqueueJob, SqueueReply, decode_squeue
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUBMISSION_FILE, DirUndo, ignore_run_dir, point_file
-from jobgen.jobdir.runs import check_run_dir, ensure_tracking_record
-from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
+from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, point_file
+from jobgen.jobdir.runs import check_run_dir
+from jobgen.jobdir.spec import ArrayIndex, ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import ArrayTask, JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present, unexported
 from jobgen.planning.plan import JobPlan, PlanContext
@@ -89,61 +91,6 @@ def _trained_runs(job_dir: Path, resolved: ResolvedSpec, array: Any, run_dir: Pa
     if array is None:
         return [(resolved, run_dir)]
     return [(load_resolved_spec(job_dir / point_file(p.index, SPEC_FILE)), d) for p, d in zip(array.points, task_dirs, strict=True)]
-
-
-def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
-            runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
-            allow_dirty: bool, queued: list[str]) -> tuple[JobHandle, Submission] | None:
-    """:meth:`SlurmBackend.submit` from the run directories on: snapshot, sbatch (its job id appended to
-    ``queued`` as soon as SLURM has queued it), the submission record (returned with the handle)."""
-    for directory in (run_dir, *task_dirs):
-        directory.mkdir(parents=True, exist_ok=True)
-        ignore_run_dir(directory)
-    if not test_only:  # one tracker run per job (per array task): its key, made at the first submit
-        for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
-            check_run_dir(directory, spec_of, claim=True)  # the directory is this run's from now on
-            if spec_of.spec.trainer.trackers:
-                ensure_tracking_record(directory)
-    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
-
-    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
-                        out=out, check_only=test_only)
-    environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
-    environ.pop(SPEC_SOURCE_ENV, None)  # nor name another spec file
-    if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
-        environ[SPEC_SOURCE_ENV] = str(spec_file.resolve())
-    if code is not None:
-        check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
-        environ.update(code.environment(environ.get("PYTHONPATH")))
-    workdir = None
-    if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
-        workdir = str(code.workdir(Path.cwd()) if code is not None else Path.cwd())
-    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
-                             workdir=workdir)
-    argv = list(command.argv)
-    proc = run_command(argv, cwd=job_dir, env={**environ, **dict(command.env)}, what="sbatch")
-    if test_only:
-        out((proc.stderr or proc.stdout).strip())
-        return None
-    # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
-    jid, _, slurm_cluster = proc.stdout.strip().partition(";")
-    queued.append(jid)
-    if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
-        raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
-    tasks = None
-    if array is not None:
-        tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
-                                overrides=p.overrides) for p, task_dir in zip(array.points, task_dirs, strict=True))
-    record = Submission.now(
-        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
-        log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
-        argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
-        slurm_cluster=slurm_cluster or None,
-        code_dir=str(code.dir) if code else None, code=code.record if code else None, array=tasks,
-    )
-    record.save()
-    return handle, record
 
 
 def check_code_export(environ: dict[str, str], names: tuple[str, ...]) -> None:
@@ -525,6 +472,15 @@ def log_file(handle: JobHandle) -> Path:
     return Path(match.group(1))
 
 
+@dataclass
+class SlurmSubmit(PendingSubmit):
+    """A SLURM submission on its way: a job array's index (None for a single job) and its
+    tasks' run directories, in the order of its points."""
+
+    array: ArrayIndex | None = None
+    task_dirs: tuple[Path, ...] = ()
+
+
 class SlurmBackend(Backend):
     """SLURM through its client commands (sbatch, squeue, sacct, scancel, scontrol)."""
 
@@ -537,88 +493,125 @@ class SlurmBackend(Backend):
         """See :func:`jobgen.backends.slurm.script.plan`."""
         return plan(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission
-        (action ``submitted``); ``options.test_only``: ``validated``, nothing is queued.
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> SlurmSubmit:
+        """What ``sbatch --parsable`` of the rendered ``job.sbatch`` in ``job_dir`` needs, checked before
+        anything is written (:meth:`~jobgen.backends.base.Backend.submit` runs the steps; :meth:`launch`
+        is sbatch's). ``options.test_only``: ``sbatch --test-only``, nothing is queued (action
+        ``validated``; the code's work tree is only checked).
 
-        ``plan``: the plan of a single job just written into ``job_dir`` (``jobgen submit SPEC``); its
-        spec file and resolved spec are handed on, nothing is read back from the directory. Without
-        it (a rendered directory submitted as is, a job array) spec.json is read.
+        ``plan``: the plan of a single job just written into ``job_dir`` (``jobgen submit SPEC``);
+        without it (a rendered directory submitted as is, a job array) spec.json is read.
 
-        The run directory is ``<options.runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
+        The run directory is ``<options.runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs dir>``,
         created first) and the job's working directory (``--chdir``), so SLURM's output goes to
-        ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. sbatch exports
-        the submitting environment to the job, the spec's ``secrets`` included (checked first,
-        :func:`check_secrets`). ``test_only``
-        runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
-        queued) and passes SLURM's answer to ``out``.
-
-        Before sbatch the code is snapshotted (:mod:`jobgen.usercode.snapshot`: the git repository holding
-        the plan's spec file, or without one the repository holding ``job_dir``) into
-        ``<run dir>/code/<id>/``; sbatch gets ``JOBGEN_CODE_DIR=<snapshot>`` and PYTHONPATH with the
-        snapshot first, and exports both to the job. A requeued job keeps the environment it was
-        submitted with, so it runs the same snapshot; job.sbatch (for a spec with ``code``) and the
-        entrypoint put it first on PYTHONPATH again. ``test_only`` only checks the work tree.
+        ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean; a job array's is its
+        working directory (the tasks' logs, the code snapshot), and each task trains in
+        ``<runs dir>/<its point's name>``. sbatch exports the submitting environment to the job, the
+        spec's ``secrets`` included (checked here, :func:`check_secrets`).
 
         Raises:
-            ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set
-                (nothing is submitted); the run directory (an array task's) holds a run of another
-                profile or shape (:func:`~jobgen.jobdir.check_run_dir`, exit 2; nothing is submitted);
-                the run dir path contains ``%`` or a backslash (SLURM's output filename patterns
-                cannot carry them); the code's work tree has uncommitted changes
-                (without ``options.allow_dirty``) or ``$SBATCH_EXPORT`` would drop the snapshot's variables.
+            ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set;
+                the run directory (an array task's) holds a run of another profile or shape
+                (:func:`~jobgen.jobdir.check_run_dir`, exit 2); the run dir path contains ``%`` or a
+                backslash (SLURM's output filename patterns cannot carry them).
             SubmitError: the same job directory has a job still pending or running (without
-                ``options.force``), or sbatch failed (argv, exit code and SLURM's message are shown).
+                ``options.force``).
         """
-        self.check_options(options)
-        job_dir = job_dir.resolve()
-        spec_file = Path(plan.spec_file) if plan is not None and plan.spec_file else None
         resolved = plan.resolved if plan is not None else None
-        runs_dir, test_only = options.runs_dir, options.test_only
         array = None
         if resolved is None:
             resolved = read_job_dir(job_dir)
             array = read_array_index(job_dir)
-        environ = dict(os.environ)
-        check_secrets(job_dir, resolved.spec.secrets, environ, spec_file)
-        # a job array: the array's directory under the runs dir is its working directory (the tasks'
-        # logs, the code snapshot); each task trains in <runs dir>/<its point's name>
-        run_dir = runs_dir.resolve() / run_dir_name(array.name if array is not None else resolved.spec.name)
-        task_dirs = [runs_dir.resolve() / run_dir_name(p.name) for p in array.points] if array is not None else []
+        job = SlurmSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan), array=array)
+        check_secrets(job_dir, resolved.spec.secrets, job.environ, job.spec_file)
+        runs_dir = options.runs_dir.resolve()
+        job.run_dir = runs_dir / run_dir_name(array.name if array is not None else resolved.spec.name)
+        job.task_dirs = tuple(runs_dir / run_dir_name(p.name) for p in array.points) if array is not None else ()
         for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
-            if char in str(run_dir):
+            if char in str(job.run_dir):
                 raise ConfigError(
-                    f"run directory {run_dir} contains {char!r}: SLURM {why} in output file paths "
+                    f"run directory {job.run_dir} contains {char!r}: SLURM {why} in output file paths "
                     "(sbatch(1), filename pattern), so the job could not open its log there",
                     hint="pick another --runs-dir (the job directory and the job name may contain it)",
                 )
+        job.run_dirs = (job.run_dir, *job.task_dirs)
+        job.runs = tuple(_trained_runs(job_dir, resolved, array, job.run_dir, list(job.task_dirs)))
         # a run directory holds one run: another profile's or shape's is refused here, before anything
-        # is queued, not on a node once the job starts (jobgen.jobdir.check_run_dir; _sbatch claims it)
-        for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
+        # is queued, not on a node once the job starts (jobgen.jobdir.check_run_dir; prepare_run_dirs claims it)
+        for spec_of, directory in job.runs:
             check_run_dir(directory, spec_of)
+        if not options.force and not options.test_only:
+            self._check_not_running(job_dir)
+        return job
+
+    def _check_not_running(self, job_dir: Path) -> None:
+        """Refuse a second submit of ``job_dir`` while the job it recorded is pending or running.
+
+        Raises:
+            SubmitError: naming the job and its state.
+        """
         previous = job_dir / SUBMISSION_FILE
-        if previous.is_file() and not options.force and not test_only:
-            record = Submission.load(previous)
-            old = self.status(JobHandle.parse(record.handle))
-            if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
-                raise SubmitError(
-                    f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
-                    hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
-                    "or submit a second copy with --force",
-                )
-        undo = [DirUndo.capture(d) for d in (run_dir, *task_dirs)]
-        queued: list[str] = []
-        try:
-            submitted = _sbatch(job_dir, resolved, array, environ, run_dir, task_dirs, runs_dir=runs_dir, test_only=test_only,
-                                out=out, spec_file=spec_file, allow_dirty=options.allow_dirty, queued=queued)
-        except BaseException:
-            if not queued:  # nothing was queued: the run directories go back to what they were
-                for state in undo:
-                    state.undo()
-            raise
-        if submitted is None:
+        if not previous.is_file():
+            return
+        record = Submission.load(previous)
+        old = self.status(JobHandle.parse(record.handle))
+        if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
+            raise SubmitError(
+                f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
+                hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
+                "or submit a second copy with --force",
+            )
+
+    def environment(self, job: PendingSubmit) -> dict[str, str]:
+        """sbatch's environment, which it exports to the job: the snapshot's variables too
+        (``JOBGEN_CODE_DIR`` and PYTHONPATH with the snapshot first). A requeued job keeps the
+        environment it was submitted with, so it runs the same snapshot; job.sbatch (for a spec
+        with ``code``) and the entrypoint put it first on PYTHONPATH again.
+
+        Raises:
+            ConfigError: ``$SBATCH_EXPORT`` would drop the snapshot's variables (:func:`check_code_export`).
+        """
+        if job.code is not None:
+            check_code_export(job.environ, (CODE_DIR_ENV, "PYTHONPATH"))
+        return super().environment(job)
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """``sbatch --parsable`` (``--test-only``: SLURM checks the request and estimates a start;
+        its answer goes to ``out``), then the submission record (action ``submitted``).
+
+        Raises:
+            SubmitError: sbatch failed (argv, exit code and SLURM's message are shown) or printed no job id.
+        """
+        assert isinstance(job, SlurmSubmit) and job.run_dir is not None
+        resolved, code, array, run_dir = job.resolved, job.code, job.array, job.run_dir
+        workdir = None
+        if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
+            workdir = str(code.workdir(Path.cwd()) if code is not None else Path.cwd())
+        command = sbatch_command(str(job.options.runs_dir.resolve()), run_dir.name, test_only=job.options.test_only,
+                                 secrets=resolved.spec.secrets, workdir=workdir)
+        argv = list(command.argv)
+        proc = run_command(argv, cwd=job.job_dir, env={**job.environ, **dict(command.env)}, what="sbatch")
+        if job.options.test_only:
+            job.out((proc.stderr or proc.stdout).strip())
             return SubmitResult("validated", None)
-        handle, record = submitted
+        # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
+        jid, _, slurm_cluster = proc.stdout.strip().partition(";")
+        job.launched = True  # SLURM has queued it: nothing is undone from here on
+        if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
+            raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
+        handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
+        tasks = None
+        if array is not None:
+            tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
+                                    overrides=p.overrides) for p, task_dir in zip(array.points, job.task_dirs, strict=True))
+        record = Submission.now(
+            handle=str(handle), job_dir=str(job.job_dir), run_dir=str(run_dir),
+            log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
+            argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
+            slurm_cluster=slurm_cluster or None,
+            code_dir=str(code.dir) if code else None, code=code.record if code else None, array=tasks,
+        )
+        record.save()
         return SubmitResult("submitted", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:

@@ -32,10 +32,22 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
+from jobgen.backends.base import (
+    Backend,
+    Echo,
+    JobStatus,
+    LogOptions,
+    PendingSubmit,
+    SubmitOptions,
+    SubmitResult,
+    not_supported,
+    plan_spec_file,
+    secrets_location,
+)
 from jobgen.backends.ssh.launch import (
     DONE,
     MISSING,
@@ -65,7 +77,7 @@ from jobgen.backends.ssh.launch import (
     watcher_alive,
 )
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
+from jobgen.jobdir.files import CODE_SUBDIR, SPEC_SOURCE_ENV, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.jobdir.summary import parse_summary
@@ -338,6 +350,14 @@ def _stop_watcher(handle: JobHandle) -> None:
                                                      "reason": "jobgen cancel stopped it"}, indent=2) + "\n")
 
 
+@dataclass
+class SshSubmit(PendingSubmit):
+    """An ssh submission on its way: the profile's hosts and the secrets' lines each host's start reads."""
+
+    settings: SshSettings | None = None
+    secret_data: bytes | None = None
+
+
 class SshBackend(Backend):
     """Hosts without a scheduler, over OpenSSH (``scheduler: ssh``)."""
 
@@ -350,44 +370,56 @@ class SshBackend(Backend):
         """See :func:`jobgen.backends.ssh.launch.plan`."""
         return plan(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """Copy the job directory ``job_dir`` (and the code snapshot) to every host and start it
-        there (see the module docstring for the order of things); action ``submitted``. ``plan``:
-        the plan just written there, whose spec file is the one the snapshot and the entrypoint's
-        errors name.
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> SshSubmit:
+        """What copying the job directory ``job_dir`` (and the code snapshot) to every host and
+        starting it there needs, checked before anything is copied or started (see the module
+        docstring for the order of things; :meth:`~jobgen.backends.base.Backend.submit` runs the
+        steps). The code snapshot is taken into ``<options.runs_dir>/<job name>`` on this machine,
+        then copied with the job directory.
 
         Raises:
-            ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set; the
-                code's work tree has uncommitted changes (without ``options.allow_dirty``).
-            SubmitError: a host cannot be reached or lacks a tool (before anything is copied); the job
-                of this run directory is still running; a copy or a start failed (whatever started is
-                stopped again).
+            ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set.
+            SubmitError: a host cannot be reached or lacks a tool; the job of this run directory is
+                still running.
         """
-        self.check_options(options)
-        job_dir = job_dir.resolve()
-        spec_file = Path(plan.spec_file) if plan is not None and plan.spec_file else None
-        resolved = read_resolved_spec(job_dir)
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
         settings = resolved.launch.ssh
         if resolved.launch.scheduler != "ssh" or settings is None:
             raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
                               hint="submit it with its own profile, or render the spec with an ssh profile")
-        name, secrets = resolved.spec.name, resolved.spec.secrets
-        location = secrets_location(job_dir, spec_file)
-        check_present(secrets, dict(os.environ), location=location)
-        secret_data = _secret_lines(secrets, location)
-        handle, run = handle_for(settings, name), run_dir(settings, name)
+        local_run = options.runs_dir.resolve() / resolved.spec.name
+        job = SshSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan), run_dir=local_run,
+                        run_dirs=(local_run,), settings=settings)
+        location = secrets_location(job_dir, job.spec_file)
+        check_present(resolved.spec.secrets, job.environ, location=location)
+        job.secret_data = _secret_lines(resolved.spec.secrets, location)
+        handle = handle_for(settings, resolved.spec.name)
         probe(settings)  # every host, before anything is copied or started
         if find_submission(handle) is not None:
             before = self.status(handle)
             if before.state in ("RUNNING", "PENDING"):
                 raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
                                   hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
-        from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
+        return job
 
-        local_run = options.runs_dir.resolve() / name
-        code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
+    def prepare_run_dirs(self, job: PendingSubmit) -> None:
+        """Nothing: the run directory is on the hosts; the snapshot makes the local one it needs."""
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """Copy the job directory and the snapshot to every host, record the submission, start
+        the launch on every host and wait until each has written its PID (action ``submitted``);
+        with a restart budget, start the restart watcher on this machine.
+
+        Raises:
+            SubmitError: a copy or a start failed (whatever started is stopped again, the record
+                taken back).
+        """
+        assert isinstance(job, SshSubmit) and job.settings is not None
+        job_dir, resolved, code, settings, out = job.job_dir, job.resolved, job.code, job.settings, job.out
+        name, secrets = resolved.spec.name, resolved.spec.secrets
+        handle, run = handle_for(settings, name), run_dir(settings, name)
         # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
-        spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
+        spec_source = job.environ.get(SPEC_SOURCE_ENV)
         commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
         with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
             archive = Path(tmp) / "job.tar"
@@ -415,7 +447,7 @@ class SshBackend(Backend):
         record.save()
         (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
 
-        started, problems = _start_hosts(settings, handle, run, commands.start, secret_data)
+        started, problems = _start_hosts(settings, handle, run, commands.start, job.secret_data)
         if problems:
             _undo(settings, handle, record)
             if not started:
@@ -424,6 +456,7 @@ class SshBackend(Backend):
             raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
                               + "\n  ".join(problems),
                               hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
+        job.launched = True  # running on every host: nothing is undone from here on
         master = settings.rendezvous_host
         out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
             + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
@@ -433,6 +466,7 @@ class SshBackend(Backend):
             out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
                 f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
         return SubmitResult("submitted", handle, record)
+
 
     def status(self, handle: JobHandle) -> JobStatus:
         """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
