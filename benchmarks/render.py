@@ -362,7 +362,7 @@ def main() -> None:
         print(f"  validate + plan + render  {full:7.1f} us per variant")
         print(f"  plan + render only        {render_only:7.1f} us per variant")
         print(f"  target: <= 50 us per variant -> {'met' if full <= 50 else 'NOT met'}")
-        # Kubernetes renders run the offline validators (jobgen.backends.k8s_validate): jsonschema, the CRD and
+        # Kubernetes renders run the offline validators (jobgen.backends.kubernetes.validate): jsonschema, the CRD and
         # kubernetes-validate's core/v1 schemas are loaded once per process, then each plan validates.
         k8s_full, _ = per_variant_us(repo, max(1, args.variants // 10), "k8s-h100")
         print(f"  Kubernetes: validate + plan + render + offline validation  {k8s_full:7.1f} us per variant "

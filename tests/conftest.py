@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from jobgen.backends.k8s_validate import PACKAGED_CRDS_DIR
+from jobgen.backends.kubernetes.validate import PACKAGED_CRDS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 # jobgen's cache of derived data (jobgen/planning/cache.py) goes to a directory of this test session, not

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_spec
-from jobgen.backends.slurm_array import ArrayMember, plan_array, wants_array
+from jobgen.backends.slurm.array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
@@ -225,7 +225,7 @@ def progress(job: str) -> Progress | None:
     """Where ``job``'s run is (:func:`jobgen.reports.progress.read_progress`): its run directory from
     the handle (local) or the submission record, its ``max_steps`` and tokens per step from
     spec.json; a Kubernetes run's (its directory is in its pods) from the last progress line of its
-    rank-zero pod's log (:func:`jobgen.backends.k8s_progress.pod_progress`). ``None`` when this
+    rank-zero pod's log (:func:`jobgen.backends.kubernetes.progress.pod_progress`). ``None`` when this
     machine cannot read the run directory, no step is logged yet, or the pod's log cannot be read.
 
     Raises:
@@ -237,7 +237,7 @@ def progress(job: str) -> Progress | None:
 
     handle = resolve_job(job)
     if not capabilities(handle.scheduler).run_dir_on_filesystem:  # Kubernetes: the run directory is in its pods
-        from jobgen.backends.k8s_progress import pod_progress
+        from jobgen.backends.kubernetes.progress import pod_progress
 
         return pod_progress(handle)
     try:
@@ -267,7 +267,7 @@ def restart_budget(job: str) -> int | None:
     """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
     says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`), its watcher on
-    hosts over ssh (:mod:`jobgen.backends.ssh_restart`) and the SLURM batch script on a SLURM job
+    hosts over ssh (:mod:`jobgen.backends.ssh.restart`) and the SLURM batch script on a SLURM job
     (docs/failures.md); on Kubernetes training-operator's ExitCode policy and ``jobgen.train.launch``
     do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``, which this does not read)."""
     resolved = recorded_spec(resolve_job(job))
@@ -283,7 +283,7 @@ def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> Non
 @dataclass(frozen=True)
 class ListedJob:
     """One row of ``jobgen ls``: a recorded submission and its state refreshed from its backend.
-    A SLURM job array is one row (its state by :func:`jobgen.backends.slurm.array_state`, its
+    A SLURM job array is one row (its state by :func:`jobgen.backends.slurm.backend.array_state`, its
     tasks in :meth:`tasks`).
 
     Attributes:
@@ -447,9 +447,9 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
     account, QoS, GPU request in the profile's style, time limit, requeue signal and grace,
     NCCL/fabric environment, modules, container): a ``submitit.SlurmExecutor`` whose jobs are
     recorded for ``jobgen ls`` / ``status`` / ``logs`` / ``cancel`` and watched through jobgen's
-    SLURM status. See :mod:`jobgen.backends.slurm_submitit`. On shared nodes (``exclusive=False``)
+    SLURM status. See :mod:`jobgen.backends.slurm.submitit_executor`. On shared nodes (``exclusive=False``)
     a job asks for the CPUs and memory of the GPUs it asks for, not the whole node's
-    (:func:`jobgen.backends.slurm_submitit.node_share`).
+    (:func:`jobgen.backends.slurm.submitit_executor.node_share`).
 
         ex = api.executor("mycluster-gpu", gpus_per_node=1, time_limit_min=30)
         job = ex.submit(evaluate, "ckpt-1000")      # a submitit Job
@@ -460,7 +460,7 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
         folder: where submitit keeps each job's pickles and logs (``%j``: the job id); default
             ``runs/submitit/%j`` under the working directory; the nodes must see it.
         profiles_dir: as ``--profiles-dir``.
-        overrides: :class:`jobgen.backends.slurm_submitit.ExecutorOptions` (``nodes``,
+        overrides: :class:`jobgen.backends.slurm.submitit_executor.ExecutorOptions` (``nodes``,
             ``tasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gib``,
             ``time_limit_min``, ``partition``, ``account``, ``qos``, ``constraint``,
             ``exclusive``, ``signal_target``, ``name``, ``max_num_timeout``, ``python``).
@@ -473,7 +473,7 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
     Later, ``submit`` raises ConfigError, before sbatch, while the profile holds example
     values (``placeholders:``) that no override replaced, as ``jobgen submit`` does.
     """
-    from jobgen.backends.slurm_submitit import make_executor  # submitit is an optional extra: only here
+    from jobgen.backends.slurm.submitit_executor import make_executor  # submitit is an optional extra: only here
 
     return make_executor(load_profile(profile, profiles_dir), overrides, profile_source=profile,
                          folder=Path(folder) if folder is not None else None)

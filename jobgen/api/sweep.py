@@ -6,7 +6,7 @@ input (a malformed axis, a point that does not validate or fit) stops it with no
 submitted. Then, in grid order (first axis slowest):
 
 - a SLURM profile with ``slurm.sweep_as_array: true``: ONE job array (one job directory, one
-  ``sbatch``; :mod:`jobgen.backends.slurm_array`);
+  ``sbatch``; :mod:`jobgen.backends.slurm.array`);
 - any other profile (local, Kubernetes, SLURM without arrays): one job per point, each through
   :func:`jobgen.api.submit` (which writes the job directory and puts it back when its backend
   refuses before queueing). A local point runs in the foreground, one after the other.

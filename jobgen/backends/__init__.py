@@ -1,6 +1,10 @@
 """Scheduler backends behind one interface (:class:`jobgen.backends.base.Backend`).
 
-A new backend is one module with a ``Backend`` subclass plus one entry in :data:`BACKENDS`.
+A new backend is a module (or a package with its class in ``backend``) holding a ``Backend``
+subclass, plus one entry in :data:`BACKENDS`. Every backend submits through the same steps
+(:meth:`jobgen.backends.base.Backend.submit`): a backend writes its ``launch`` and, where its
+checks differ, its ``begin_submit``.
+
 Modules are imported only when used (TorchX-style lazy table), so rendering a SLURM script
 never imports the Kubernetes client, and nothing here imports torch.
 """
@@ -24,9 +28,9 @@ if TYPE_CHECKING:
 #: scheduler name -> ``module:class`` of its backend.
 BACKENDS: dict[str, str] = {
     "local": "jobgen.backends.local:LocalBackend",
-    "slurm": "jobgen.backends.slurm:SlurmBackend",
-    "kubernetes": "jobgen.backends.kubernetes:KubernetesBackend",
-    "ssh": "jobgen.backends.ssh:SshBackend",
+    "slurm": "jobgen.backends.slurm.backend:SlurmBackend",
+    "kubernetes": "jobgen.backends.kubernetes.backend:KubernetesBackend",
+    "ssh": "jobgen.backends.ssh.backend:SshBackend",
 }
 
 _INSTANCES: dict[str, Backend] = {}

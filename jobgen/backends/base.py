@@ -3,6 +3,7 @@ status, the scheduler-command runner, and the files every job directory gets."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from abc import ABC, abstractmethod
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError
-from jobgen.jobdir.files import DS_CONFIG_FILE, SPEC_FILE, SUBMIT_JOB_SUBDIR
+from jobgen.jobdir.files import CODE_DIR_ENV, DS_CONFIG_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUBMIT_JOB_SUBDIR, DirUndo, ignore_run_dir
+from jobgen.jobdir.runs import check_run_dir, ensure_tracking_record
 from jobgen.jobdir.spec import LaunchSpec, ResolvedSpec, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
+from jobgen.planning.environment import check_present
 from jobgen.planning.nccl import nccl_env
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.planning.render import render_template
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from jobgen.jobdir.world import World
     from jobgen.reports.triage import Triage
     from jobgen.specs.profile import ClusterProfile, SshSettings
+    from jobgen.usercode.snapshot import TakenSnapshot
 
 Echo = Callable[[str], None]
 
@@ -101,6 +105,51 @@ class SubmitResult:
     lines: tuple[str, ...] = ()
 
 
+@dataclass
+class PendingSubmit:
+    """One submission on its way through :meth:`Backend.submit`: what its steps hand each other.
+    A backend that needs more for its launch subclasses it.
+
+    Attributes:
+        job_dir: the rendered job directory (absolute).
+        options: how to submit.
+        out: where progress lines go.
+        plan: the plan just written into ``job_dir`` (``jobgen submit SPEC``), or None (a rendered
+            directory submitted as is).
+        resolved: the job's resolved spec (the plan's, else the directory's spec.json).
+        spec_file: the user's spec file the job was planned from (named in errors; the code
+            snapshot's repository holds it), or None.
+        environ: the environment the launch runs in: this process's, plus what the backend adds;
+            :meth:`Backend.environment` then adds the snapshot's.
+        run_dir: where the code snapshot is taken (``<run dir>/code/<id>/``); None: no snapshot.
+        runs: each run the job trains on this machine's filesystem and its run directory, claimed
+            before the launch (:func:`~jobgen.jobdir.check_run_dir`); a SLURM job array has one per task.
+        run_dirs: every local directory the submit writes into: each is put back as it was when the
+            submit fails before the launch queued or started the job (:class:`~jobgen.jobdir.files.DirUndo`).
+        code: the snapshot, once taken.
+        launched: set by :meth:`Backend.launch` once the job is queued or started; from then on a
+            failure undoes nothing.
+    """
+
+    job_dir: Path
+    options: SubmitOptions
+    out: Echo
+    plan: JobPlan | None
+    resolved: ResolvedSpec
+    spec_file: Path | None = None
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    run_dir: Path | None = None
+    runs: tuple[tuple[ResolvedSpec, Path], ...] = ()
+    run_dirs: tuple[Path, ...] = ()
+    code: TakenSnapshot | None = None
+    launched: bool = False
+
+
+def plan_spec_file(plan: JobPlan | None) -> Path | None:
+    """The spec file ``plan`` was planned from, or None (no plan, or a spec not read from a file)."""
+    return Path(plan.spec_file) if plan is not None and plan.spec_file else None
+
+
 class Backend(ABC):
     """A scheduler backend: the same five operations for local, SLURM, Kubernetes and ssh.
 
@@ -136,12 +185,102 @@ class Backend(ABC):
             return out / plan.job_subdir
         return options.runs_dir / plan.job_name / SUBMIT_JOB_SUBDIR
 
-    @abstractmethod
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print) -> SubmitResult:
+    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
         """Submit the rendered job directory ``job_dir`` with the steps its plan lists.
 
+        ``options``: how (:class:`SubmitOptions`; one this backend does not take is refused,
+        :meth:`check_options`). ``plan``: the plan just written into ``job_dir`` (``jobgen submit
+        SPEC``): its resolved spec and spec file are used as they are, nothing is read back from
+        the directory; None for a rendered directory submitted as is (its spec.json is read).
+        ``out`` gets the progress lines.
+
+        Every backend submits through the same steps, in this order: :meth:`begin_submit` reads
+        the job and checks what can be checked before anything is written (the spec's secrets,
+        the run directories, a job of the same directory still running); :meth:`prepare_run_dirs`
+        creates and claims the run directories; the code is snapshotted into the run directory
+        (:func:`jobgen.usercode.snapshot.snapshot_for`; ``options.test_only``: its work tree is only
+        checked); :meth:`environment` is what the launch runs in; :meth:`launch` queues or
+        starts the job and records the submission. A failure before the launch queued or started
+        the job puts each of the run directories back as it was (:class:`~jobgen.jobdir.files.DirUndo`):
+        nothing was submitted, and nothing was written.
+
         Raises:
-            ConfigError: ``job_dir`` is not a job directory for this backend.
+            ConfigError: ``job_dir`` is not a job directory for this backend; a check refused it
+                (nothing is submitted).
+            SubmitError: the scheduler refused or failed (its message is shown).
+        """
+        self.check_options(options)
+        job = self.begin_submit(job_dir.resolve(), options, out, plan)
+        undo = [DirUndo.capture(directory) for directory in job.run_dirs]
+        try:
+            self.prepare_run_dirs(job)
+            if job.run_dir is not None:
+                from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
+
+                job.code = snapshot_for(job.resolved.spec, spec_file=job.spec_file, job_dir=job.job_dir, run_dir=job.run_dir,
+                                        allow_dirty=options.allow_dirty, out=out, check_only=options.test_only)
+            job.environ = self.environment(job)
+            return self.launch(job)
+        except BaseException:
+            if not job.launched:  # nothing was queued or started: the run directories go back to what they were
+                for state in undo:
+                    state.undo()
+            raise
+
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> PendingSubmit:
+        """:meth:`submit`'s first step: read the job in ``job_dir`` and check what can be checked
+        before anything is written. Here: the plan's resolved spec (else spec.json), and each of
+        the spec's ``secrets`` set in this environment; a backend adds its own checks and sets
+        the run directories.
+
+        Raises:
+            ConfigError: ``job_dir`` holds no valid spec.json; a secret is not set.
+        """
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
+        job = PendingSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan))
+        check_present(resolved.spec.secrets, job.environ, location=secrets_location(job_dir, job.spec_file))
+        return job
+
+    def prepare_run_dirs(self, job: PendingSubmit) -> None:
+        """:meth:`submit`'s second step: create each of ``job.run_dirs`` (git ignores what a run
+        writes there, :func:`~jobgen.jobdir.files.ignore_run_dir`) and, unless ``test_only``, claim
+        each run's directory for it (:func:`~jobgen.jobdir.check_run_dir`) and make its tracker
+        run's key (:func:`~jobgen.jobdir.ensure_tracking_record`: one tracker run per run directory,
+        made at the first submit).
+
+        Raises:
+            ConfigError: a run directory holds another profile's or shape's run.
+        """
+        for directory in job.run_dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+            ignore_run_dir(directory)
+        if job.options.test_only:
+            return
+        for resolved, directory in job.runs:
+            check_run_dir(directory, resolved, claim=True)  # the directory is this run's from now on
+            if resolved.spec.trainer.trackers:
+                ensure_tracking_record(directory)
+
+    def environment(self, job: PendingSubmit) -> dict[str, str]:
+        """:meth:`submit`'s fourth step: the environment the launch runs in, ``job.environ``
+        without a ``JOBGEN_CODE_DIR`` or spec source left in the shell; with the user's spec file
+        as the spec source for the bundled entrypoint (its input errors name that file); and with
+        the snapshot first on PYTHONPATH (:meth:`~jobgen.usercode.snapshot.TakenSnapshot.environment`)."""
+        environ = dict(job.environ)
+        environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
+        environ.pop(SPEC_SOURCE_ENV, None)  # nor name another spec file
+        if job.spec_file is not None and job.resolved.spec.entrypoint is None:
+            environ[SPEC_SOURCE_ENV] = str(job.spec_file.resolve())
+        if job.code is not None:
+            environ.update(job.code.environment(environ.get("PYTHONPATH")))
+        return environ
+
+    @abstractmethod
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """:meth:`submit`'s last step: queue or start the job, set ``job.launched`` as soon as it
+        is (a failure after that undoes nothing), and record the submission.
+
+        Raises:
             SubmitError: the scheduler refused or failed (its message is shown).
         """
 
@@ -221,11 +360,11 @@ class JobStatus:
         usage: the GPU-hours (CPU-hours on CPU clusters) the job used so far, from the same
             source as the state (:mod:`jobgen.reports.usage`); ``None`` when that source does not say.
         tasks: a SLURM job array: each task's status (handle ``slurm://<cluster>/<jobid>_<task>``),
-            by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.array_state`).
+            by task id; ``state`` is then the array's (:func:`jobgen.backends.slurm.backend.array_state`).
             Empty for any other job.
         evidence: what the scheduler reported about how the job's processes ended, for
             :attr:`failure`, beyond the state and ``details`` (Kubernetes: each pod's reasons and
-            exit codes, :func:`jobgen.backends.k8s_pods.pod_evidence`).
+            exit codes, :func:`jobgen.backends.kubernetes.pods.pod_evidence`).
     """
 
     handle: JobHandle
@@ -302,7 +441,7 @@ def status_evidence(status: JobStatus) -> Evidence:
 
 #: Every state a :class:`JobStatus` (or a ``jobgen ls`` row) can say, for ``ls --state``: SLURM's
 #: job state codes (squeue(1) "JOB STATE CODES"), the Kubernetes backend's (its job conditions,
-#: :func:`jobgen.backends.kubernetes.job_state`, and DELETED after cancel), ``UNKNOWN`` (no source
+#: :func:`jobgen.backends.kubernetes.backend.job_state`, and DELETED after cancel), ``UNKNOWN`` (no source
 #: knows the job) and ``UNREACHABLE`` (``ls``: the scheduler could not be asked).
 JOB_STATES = tuple(sorted(
     FINISHED_STATES

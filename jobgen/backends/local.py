@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -32,27 +33,26 @@ from jobgen.backends.base import (
     Echo,
     JobStatus,
     LogOptions,
+    PendingSubmit,
     SubmitOptions,
     SubmitResult,
     common_files,
     job_env,
     not_supported,
+    plan_spec_file,
     secrets_location,
 )
 from jobgen.errors import EXIT_BAD_INPUT, ConfigError, InterruptedRun, JobgenError, SubmitError
 from jobgen.events.notifier import RESTART_COUNT_ENV, Notifier
 from jobgen.jobdir.files import (
-    CODE_DIR_ENV,
     DS_CONFIG_FILE,
     HANG_VERDICT_FILE,
     LOCAL_RUN_FILE,
     SPEC_FILE,
-    SPEC_SOURCE_ENV,
     SUMMARY_FILE,
-    ignore_run_dir,
     write_atomic,
 )
-from jobgen.jobdir.runs import LocalRun, check_run_dir, ensure_tracking_record, read_local_run, write_local_run
+from jobgen.jobdir.runs import LocalRun, check_run_dir, read_local_run, write_local_run
 from jobgen.jobdir.spec import ResolvedSpec, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.jobdir.summary import read_summary
@@ -61,11 +61,10 @@ from jobgen.planning.environment import check_present
 from jobgen.planning.plan import JOB_DIR_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER, Command, JobPlan, PlanContext
 from jobgen.reports.attempts import attempt_triage, restart_entry, root_cause_exit_code, torchrun_evidence, with_restarts
 from jobgen.reports.attempts import restart_details as budget_details
-from jobgen.reports.failure_class import HANG_VERDICT, Evidence, classify, unclassified
+from jobgen.reports.failure_class import HANG_VERDICT, Classification, Evidence, classify, unclassified
 from jobgen.reports.straggler import straggler_details
 from jobgen.reports.triage import LiveFilter, Triage, format_triage, torchrun_line
 from jobgen.reports.usage import Usage, run_usage
-from jobgen.usercode.snapshot import snapshot_for
 
 #: Seconds torchrun gets to stop its ranks after Ctrl-C before the process group is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -156,33 +155,27 @@ class LocalBackend(Backend):
         """A local job is written into its run directory, ``<runs dir>/<job name>``."""
         return options.runs_dir / plan.job_name
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None,
-               runner: Runner | None = None) -> SubmitResult:
-        """Run the job in ``job_dir`` in the foreground with the command its plan lists, and wait.
+    def __init__(self, runner: Runner | None = None):
+        """``runner`` (tests) replaces starting the process: it gets ``(argv, cwd, env)`` and
+        returns the exit code; None: torchrun runs in the foreground (:func:`_run_foreground`)."""
+        self.runner = runner
+
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> LocalSubmit:
+        """What running the job in ``job_dir`` in the foreground needs (:meth:`~jobgen.backends.base.Backend.submit`
+        runs the steps; :meth:`launch` starts it and waits), checked before anything is written.
 
         ``plan``: the plan just written there (``jobgen submit SPEC``); without it (a job
         directory) the command is planned again from the directory's spec.json and the profile
-        it names, and refused when the inputs differ. ``runner`` (tests) replaces starting the
-        process: it gets ``(argv, cwd, env)`` and returns the exit code. torchrun inherits this
-        process's environment, which carries the spec's ``secrets`` (checked before the start).
-
-        The code is snapshotted first (:mod:`jobgen.usercode.snapshot`: the git repository holding the
-        plan's spec file, else the one holding ``job_dir``) into ``<run dir>/code/<id>/``, which
-        goes first on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
+        it names, and refused when the inputs differ. torchrun inherits this process's
+        environment, which carries the spec's ``secrets`` (checked here). The job directory is
+        the run directory: the code is snapshotted into ``<run dir>/code/<id>/``, which goes first
+        on PYTHONPATH (``$JOBGEN_CODE_DIR`` names it) and into the submission record.
 
         Raises:
             ConfigError: ``job_dir`` is not a local job directory, holds a run of another profile
-                or shape (:func:`~jobgen.jobdir.check_run_dir`), a secret of the spec is not
-                set in this environment, or the code's git work tree has uncommitted changes
-                (without ``options.allow_dirty``); nothing is started.
-            SubmitError: torchrun or a rank exited non-zero.
-            InterruptedRun: the run was interrupted (Ctrl-C; exit 130).
-
-        How this start goes is recorded in the run directory (:class:`~jobgen.jobdir.LocalRun`,
-        read by :meth:`status`): RUNNING, then COMPLETED, FAILED or CANCELLED.
+                or shape (:func:`~jobgen.jobdir.check_run_dir`), or a secret of the spec is not
+                set in this environment; nothing is started.
         """
-        self.check_options(options)
-        job_dir = job_dir.resolve()
         # the plan just written there hands its resolved spec down; a job directory is read
         resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
         if resolved.launch.scheduler != "local":
@@ -196,71 +189,101 @@ class LocalBackend(Backend):
         command = job_plan.submit_steps[0]
         assert isinstance(command, Command)
         command = command.filled({JOB_DIR_PLACEHOLDER: str(job_dir), SUBMIT_DIR_PLACEHOLDER: str(Path.cwd())})
+        job = LocalSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(job_plan), run_dir=job_dir,
+                          runs=((resolved, job_dir),), run_dirs=(job_dir,), command=command)
+        # the spec's secrets reach torchrun (and every rank) through this inherited environment only
+        check_present(resolved.spec.secrets, job.environ, location=secrets_location(job_dir, job.spec_file))
+        job.environ.update(command.env)
+        package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
+        # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
+        # so `PYTHONPATH=examples/usercode jobgen submit ...` imports the same code the import check did.
+        user_path = [str(Path(p).resolve()) for p in job.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        job.environ["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
+        return job
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """Record the submission, start torchrun in the foreground and wait; a failure classed as
+        retried starts it again within ``restart.max_restarts`` (action ``completed``).
+
+        How this start goes is recorded in the run directory (:class:`~jobgen.jobdir.LocalRun`,
+        read by :meth:`status`): RUNNING, then COMPLETED, FAILED or CANCELLED.
+
+        Raises:
+            ConfigError: the entrypoint refused its input (its ranks exited 2).
+            SubmitError: torchrun or a rank exited non-zero.
+            InterruptedRun: the run was interrupted (Ctrl-C; exit 130).
+        """
+        assert isinstance(job, LocalSubmit) and job.command is not None
+        job_dir, resolved, code, out = job.job_dir, job.resolved, job.code, job.out
+        command, env = job.command, job.environ
         cwd = Path(command.cwd) if command.cwd is not None else job_dir
+        if code is not None and command.cwd is not None:  # command mode: run the committed script, not the working tree's
+            cwd = code.workdir(cwd)
         handle = JobHandle("local", str(job_dir))
         argv = list(command.argv)
         if argv[0] == "python":
             argv[0] = sys.executable
-        env = os.environ.copy()
-        # the spec's secrets reach torchrun (and every rank) through this inherited environment only
-        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
-        check_present(resolved.spec.secrets, env, location=secrets_location(job_dir, spec_file))
-        env.update(command.env)
-        package_parent = str(Path(jobgen.__file__).resolve().parent.parent)
-        # The ranks run in the run directory: entries relative to where jobgen runs are made absolute,
-        # so `PYTHONPATH=examples/usercode jobgen submit ...` imports the same code the import check did.
-        user_path = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([package_parent, *user_path])
-        env.pop(CODE_DIR_ENV, None)
-        env.pop(SPEC_SOURCE_ENV, None)  # one left in the shell must not name another spec
-        if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
-            env[SPEC_SOURCE_ENV] = str(spec_file.resolve())
-        ignore_run_dir(job_dir)  # git ignores the run's outputs: a run dir in the work tree never blocks a submit
-        if resolved.spec.trainer.trackers:  # one tracker run per job: its key, made at the first submit
-            ensure_tracking_record(job_dir)
-        spec_file = Path(job_plan.spec_file) if job_plan.spec_file else None
-        code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=job_dir,
-                            allow_dirty=options.allow_dirty, out=out)
-        if code is not None:  # the snapshot first, ahead of jobgen itself
-            env.update(code.environment(env["PYTHONPATH"]))
-            if command.cwd is not None:  # command mode: run the committed script, not the working tree's
-                cwd = code.workdir(cwd)
         env.setdefault("PYTHONUNBUFFERED", "1")
         log = job_dir / OUTPUT_LOG
         record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=str(job_dir), argv=tuple(argv), log_file=str(log),
-                            inputs_sha256=resolved.inputs_sha256, code_dir=str(code.dir) if code else None,
-                            code=code.record if code else None)
+                                inputs_sha256=resolved.inputs_sha256, code_dir=str(code.dir) if code else None,
+                                code=code.record if code else None)
         record.save()
+        job.launched = True  # recorded: status and ls read how this start goes from the run directory
         out(f"jobgen: {resolved.launch.world_size} rank(s) on this machine, run directory {job_dir}")
         out("jobgen: $ " + (f"cd {cwd} && " if cwd != job_dir else "") + " ".join(argv))
         started = time.time()
-        check_run_dir(job_dir, resolved, claim=True)  # the directory is this run's from now on
-        # status/ls read how this start goes from here (a local run has no scheduler to ask)
-        budget = resolved.spec.restart.max_restarts
         run = LocalRun(state="RUNNING", pid=os.getpid(), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       max_restarts=budget)
+                       max_restarts=resolved.spec.restart.max_restarts)
         write_local_run(job_dir, run)
-        resume_hint = ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
-                       "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
+        exit_code, evidence, decided, run = self._attempts(job, argv, cwd, handle, run)
+        budget = resolved.spec.restart.max_restarts
+        if exit_code != 0:
+            raise _failed(job, argv, cwd, handle, run, exit_code, evidence, decided)
+        if resolved.spec.entrypoint is not None:
+            _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
+        if budget:
+            _record_restarts(job_dir, budget, list(run.restarts))
+        write_local_run(job_dir, run.ended("COMPLETED", 0))
+        if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
+            left = [f"summary: {SUMMARY_FILE}", *(f"{d}/" for d in ("checkpoints", "logs") if any((job_dir / d).glob("*")))]
+            out(f"jobgen: run directory {job_dir} ({', '.join(left)})")
+        return SubmitResult("completed", handle, record)
+
+    def _attempts(self, job: LocalSubmit, argv: list[str], cwd: Path, handle: JobHandle,
+                  run: LocalRun) -> tuple[int, list[Evidence], Classification, LocalRun]:
+        """Start the job, then again after each failure classed as retried while the restart
+        budget lasts. Returns the last attempt's exit code, its evidence and class (meaningful
+        when it failed), and the run record with its restarts.
+
+        Raises:
+            InterruptedRun: Ctrl-C (the run is recorded CANCELLED).
+            JobgenError: torchrun could not be started (the run is recorded FAILED).
+        """
+        job_dir, resolved, env, out = job.job_dir, job.resolved, job.environ, job.out
+        budget = resolved.spec.restart.max_restarts
         restarts: list[dict[str, Any]] = []
         notifier = _restart_notifier(resolved, job_dir, str(handle), env)
+        runner = self.runner or partial(_run_foreground, log=job_dir / OUTPUT_LOG, echo=out)
+        evidence: list[Evidence] = []
+        decided = unclassified("not run")
         while True:  # one attempt per pass: the first start, then a restart per retried failure within the budget
             attempt_started = time.time()
             env[RESTART_COUNT_ENV] = str(len(restarts))  # the entrypoint's notifications say which start this is
             try:
-                code = (runner or partial(_run_foreground, log=log, echo=out))(argv, cwd, env)
+                code = runner(argv, cwd, env)
             except KeyboardInterrupt as exc:
                 write_local_run(job_dir, run.ended("CANCELLED", getattr(exc, "exit_code", None)))
-                raise InterruptedRun("run interrupted (Ctrl-C); every rank was stopped", hint=resume_hint) from None
+                raise InterruptedRun("run interrupted (Ctrl-C); every rank was stopped", hint=_resume_hint(resolved)) from None
             except JobgenError as exc:  # torchrun could not be started
                 write_local_run(job_dir, run.ended("FAILED", None, exc.message))
                 raise
             if code == 0:
-                break
-            evidence = attempt_evidence(log, job_dir, code, since=attempt_started)
+                return code, evidence, decided, run
+            evidence = attempt_evidence(job_dir / OUTPUT_LOG, job_dir, code, since=attempt_started)
             decided = classify(evidence) or unclassified(f"torchrun: exit code {code}")
             if not decided.retried or len(restarts) >= budget:
-                break
+                return code, evidence, decided, run
             restarts.append(restart_entry(len(restarts) + 1, decided, code))
             run = run.model_copy(update={"restarts": tuple(restarts)})
             write_local_run(job_dir, run)
@@ -268,41 +291,6 @@ class LocalBackend(Backend):
                 f"{decided.describe()}" + ("; resuming from the newest checkpoint" if resolved.spec.entrypoint is None else ""))
             if notifier is not None:
                 notifier.send_restart(restarts[-1], budget)
-        if code == 0 and resolved.spec.entrypoint is not None:
-            _write_command_summary(job_dir, resolved, cwd, time.time() - started, record)
-        if code == 0 and budget:
-            _record_restarts(job_dir, budget, restarts)
-        if code != 0:
-            hint = resume_hint
-            # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT): torchrun exits 1 whatever its
-            # ranks exited, and names their exit code in its report only
-            ranks_code = code if code == EXIT_BAD_INPUT else ranks_exit_code(log)
-            input_error = ranks_code == EXIT_BAD_INPUT and resolved.spec.entrypoint is None
-            if input_error:
-                hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
-            found = _log_triage(log) if log.is_file() else None
-            first = found.first if found is not None else None
-            write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}",
-                                               tuple(dataclasses.asdict(e) for e in evidence)))
-            if found is not None:
-                out("")
-                for line in format_triage(found, str(handle)):
-                    out(line)
-                out(f"jobgen: every rank's output and torchrun's report: {log}")
-                hint = f"the first failing rank's error is above (all of it: {log}); " + hint
-            out(f"jobgen: failure: {decided.cls} ({'retried' if decided.retried else 'not retried'}): {decided.reason}")
-            if budget:
-                out(f"jobgen: restarts used: {len(restarts)} of {budget} (restart.max_restarts)"
-                    + ("" if decided.retried else "; a user failure is not restarted"))
-            if input_error:  # bad input: exit 2, as the entrypoint did
-                raise ConfigError(f"the entrypoint refused its input: its ranks exited {EXIT_BAD_INPUT}, training exited with "
-                                  f"code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
-            raise SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
-        write_local_run(job_dir, run.ended("COMPLETED", 0))
-        if (job_dir / SUMMARY_FILE).is_file():  # name what the run left (a --smoke run writes no checkpoints)
-            left = [f"summary: {SUMMARY_FILE}", *(f"{d}/" for d in ("checkpoints", "logs") if any((job_dir / d).glob("*")))]
-            out(f"jobgen: run directory {job_dir} ({', '.join(left)})")
-        return SubmitResult("completed", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
         """How the run's last start went, as ``jobgen submit`` recorded it (:class:`~jobgen.jobdir.LocalRun`):
@@ -382,6 +370,54 @@ class LocalBackend(Backend):
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
         raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
+
+
+@dataclass
+class LocalSubmit(PendingSubmit):
+    """A local run on its way: the torchrun command its plan lists, placeholders filled."""
+
+    command: Command | None = None
+
+
+def _resume_hint(resolved: ResolvedSpec) -> str:
+    """What to do after a failed or interrupted local run."""
+    return ("run the same command again to resume from the last checkpoint" if resolved.spec.entrypoint is None else
+            "fix what the error says and run the same command again (what a new start resumes is your script's choice)")
+
+
+def _failed(job: LocalSubmit, argv: list[str], cwd: Path, handle: JobHandle, run: LocalRun, code: int,
+            evidence: list[Evidence], decided: Classification) -> JobgenError:
+    """Record a failed run (FAILED, with its first error and evidence), print the first failing
+    rank's error, its class and the restarts used, and return the error submit raises: a
+    ConfigError when the bundled entrypoint refused its input (exit 2, as it did), else a SubmitError."""
+    job_dir, resolved, out = job.job_dir, job.resolved, job.out
+    log = job_dir / OUTPUT_LOG
+    budget = resolved.spec.restart.max_restarts
+    hint = _resume_hint(resolved)
+    # the entrypoint's input error (jobgen.errors.EXIT_BAD_INPUT): torchrun exits 1 whatever its
+    # ranks exited, and names their exit code in its report only
+    ranks_code = code if code == EXIT_BAD_INPUT else ranks_exit_code(log)
+    input_error = ranks_code == EXIT_BAD_INPUT and resolved.spec.entrypoint is None
+    if input_error:
+        hint = "the entrypoint refused its input: fix what its error names (the same command unchanged fails the same way)"
+    found = _log_triage(log) if log.is_file() else None
+    first = found.first if found is not None else None
+    write_local_run(job_dir, run.ended("FAILED", code, None if first is None else f"{first.source}: {first.headline}",
+                                       tuple(dataclasses.asdict(e) for e in evidence)))
+    if found is not None:
+        out("")
+        for line in format_triage(found, str(handle)):
+            out(line)
+        out(f"jobgen: every rank's output and torchrun's report: {log}")
+        hint = f"the first failing rank's error is above (all of it: {log}); " + hint
+    out(f"jobgen: failure: {decided.cls} ({'retried' if decided.retried else 'not retried'}): {decided.reason}")
+    if budget:
+        out(f"jobgen: restarts used: {len(run.restarts)} of {budget} (restart.max_restarts)"
+            + ("" if decided.retried else "; a user failure is not restarted"))
+    if input_error:  # bad input: exit 2, as the entrypoint did
+        return ConfigError(f"the entrypoint refused its input: its ranks exited {EXIT_BAD_INPUT}, training exited with "
+                           f"code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
+    return SubmitError(f"training exited with code {code} (argv: {' '.join(argv)}, cwd: {cwd})", hint=hint)
 
 
 def attempt_evidence(log: Path, run_dir: Path, code: int, since: float) -> list[Evidence]:

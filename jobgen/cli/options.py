@@ -19,7 +19,7 @@ profiles_dir_option = click.option(
 
 def _set_crds_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
-        os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.backends.k8s_validate.crds_dir()
+        os.environ["JOBGEN_CRDS_DIR"] = value  # read by jobgen.backends.kubernetes.validate.crds_dir()
     return value
 
 

@@ -82,20 +82,20 @@ def profiles_show(name: str, output: str, profiles_dir: str | None) -> None:
 
 
 def _detect_slurm(*, partition: str | None, gpu_type: str | None, name: str | None, **_: Any) -> Any:
-    from jobgen.backends.slurm_detect import detect_slurm  # runs SLURM commands: off every other command's path
+    from jobgen.backends.slurm.detect import detect_slurm  # runs SLURM commands: off every other command's path
 
     return detect_slurm(partition=partition, gpu_type=gpu_type, name=name)
 
 
 def _detect_kubernetes(*, context: str | None, namespace: str | None, gpu_type: str | None, name: str | None, **_: Any) -> Any:
-    from jobgen.backends.k8s_detect import connect_and_detect  # the kubernetes client: off every other command's path
+    from jobgen.backends.kubernetes.detect import connect_and_detect  # the kubernetes client: off every other command's path
 
     return connect_and_detect(context=context, namespace=namespace, gpu_type=gpu_type, name=name)
 
 
 def _detect_ssh(*, hosts: tuple[str, ...], python: str | None, overrides: tuple[str, ...], gpu_type: str | None, name: str | None,
                 **_: Any) -> Any:
-    from jobgen.backends.ssh_detect import detect_ssh  # runs ssh: off every other command's path
+    from jobgen.backends.ssh.detect import detect_ssh  # runs ssh: off every other command's path
 
     return detect_ssh(hosts=hosts, python=python, overrides=overrides, gpu_type=gpu_type, name=name)
 

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jobgen.backends import k8s_api
-from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster
-from jobgen.backends.k8s_detect import LOCALQUEUE_CRD, PRODUCT_LABEL, read_nodes, shown, storage_version
-from jobgen.backends.k8s_manifest import KINDS, K8sKind
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster
+from jobgen.backends.kubernetes.detect import LOCALQUEUE_CRD, PRODUCT_LABEL, read_nodes, shown, storage_version
+from jobgen.backends.kubernetes.manifest import KINDS, K8sKind
 from jobgen.doctor import Check, DoctorContext, needs_probe, skipped_after
 from jobgen.errors import JobgenError
 

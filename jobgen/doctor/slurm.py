@@ -1,6 +1,6 @@
 """``jobgen doctor`` on a SLURM profile: the profile (and a spec's request) against what the
 cluster's client commands say, read by the same readers as ``jobgen profiles detect``
-(:mod:`jobgen.backends.slurm_detect`, :mod:`jobgen.backends.slurm_inventory`).
+(:mod:`jobgen.backends.slurm.detect`, :mod:`jobgen.backends.slurm.inventory`).
 
 The checks, in order (each one line; ``fix`` names the profile or spec field to change):
 
@@ -19,7 +19,7 @@ The checks, in order (each one line; ``fix`` names the profile or spec field to 
 6. ``slurm.time``: the job's time limit (the spec's, else ``slurm.time_limit_min``) and the
    profile's ``slurm.max_time_limit_min`` are within the partition's MaxTime.
 7. ``slurm.test_only``: with a spec, ``sbatch --test-only`` of the rendered job, through
-   ``jobgen submit --test-only``'s own path (:func:`jobgen.backends.slurm.submit_dir`), in a
+   ``jobgen submit --test-only``'s own path (:meth:`jobgen.backends.slurm.backend.SlurmBackend.submit`), in a
    temporary directory.
 8. ``slurm.probe`` (``--probe``): a one-node job that imports the entrypoint (``jobgen.train``
    with torch and Lightning) with ``slurm.python`` and writes into the runs directory; cancelled
@@ -44,8 +44,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobgen.backends.slurm_detect import login_name, read_inventory, read_version, request_style, run_client
-from jobgen.backends.slurm_inventory import (
+from jobgen.backends.slurm.detect import login_name, read_inventory, read_version, request_style, run_client
+from jobgen.backends.slurm.inventory import (
     SINFO_AVAIL_ARGV,
     Inventory,
     Node,
@@ -422,11 +422,12 @@ def time_check(ctx: DoctorContext, partition: Partition) -> Check:
 
 def test_only_check(ctx: DoctorContext) -> Check:
     """``slurm.test_only``: the plan written to a temporary directory and submitted with
-    ``jobgen submit --test-only``'s code (:func:`jobgen.backends.slurm.submit_dir`: secrets
+    ``jobgen submit --test-only``'s code (:meth:`jobgen.backends.slurm.backend.SlurmBackend.submit`: secrets
     checked, the code's work tree looked at, ``sbatch --test-only``; SLURM checks the request and
     estimates a start, queueing nothing). Uncommitted changes are allowed here: submit refuses
     them on its own."""
-    from jobgen.backends.slurm import submit_dir
+    from jobgen.backends import get_backend
+    from jobgen.backends.base import SubmitOptions
 
     assert ctx.plan is not None
     said: list[str] = []
@@ -434,9 +435,8 @@ def test_only_check(ctx: DoctorContext) -> Check:
         job_dir = Path(tmp) / "job"
         ctx.plan.write(job_dir)
         try:
-            submit_dir(job_dir, runs_dir=Path(tmp) / "runs", test_only=True, out=said.append,
-                       spec_file=Path(ctx.plan.spec_file) if ctx.plan.spec_file else None, allow_dirty=True,
-                       resolved=ctx.plan.resolved)
+            get_backend("slurm").submit(job_dir, SubmitOptions(runs_dir=Path(tmp) / "runs", test_only=True, allow_dirty=True),
+                                        said.append, plan=ctx.plan)
         except JobgenError as exc:
             return Check("slurm.test_only", "fail", f"sbatch --test-only refused the job: {last_line(exc)}",
                          exc.hint if exc.hint and "message is above" not in exc.hint
@@ -479,7 +479,7 @@ def probe_argv(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
     """``sbatch --parsable`` of the probe: one node, one task, the profile's partition, account,
     QOS, constraint and ``extra_sbatch_args``, one GPU of its GRES on a GPU profile (so it lands on
     a node of the kind the jobs use), a short time limit, output into ``probe_dir``."""
-    from jobgen.backends.slurm_script import format_time_limit, gpu_directives
+    from jobgen.backends.slurm.script import format_time_limit, gpu_directives
 
     s = ctx.profile.slurm_settings
     minutes = min(PROBE_TIME_MIN, partition.max_time_min or PROBE_TIME_MIN)
@@ -532,8 +532,8 @@ def probe_check(ctx: DoctorContext, partition: Partition) -> Check:
 
 
 def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script: Path) -> Check:
+    from jobgen.backends import get_backend
     from jobgen.backends.base import run_command
-    from jobgen.backends.slurm import status
     from jobgen.jobdir.submission import JobHandle
 
     try:
@@ -547,7 +547,7 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
         return Check("slurm.probe", "fail", f"sbatch printed {shown(answer)}, not a job id", "check the site's sbatch wrapper")
     handle = JobHandle("slurm", f"{ctx.profile.slurm_settings.cluster}/{jid}")
     deadline = time.monotonic() + ctx.timeout_s
-    state = status(handle)
+    state = get_backend("slurm").status(handle)
     while not (state.finished or state.state == "UNKNOWN"):
         if time.monotonic() > deadline:
             try:
@@ -560,7 +560,7 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
                          + (f" (reason {shown(reason)})" if reason else "") + f"; {cancelled}",
                          f"run it again with a longer --timeout, or see why it waits: squeue -j {jid} -o %R")
         time.sleep(PROBE_POLL_S)
-        state = status(handle)
+        state = get_backend("slurm").status(handle)
     output = probe_dir / f"probe-{jid}.out"
     # a shared filesystem may show the node's last writes a moment after the job ended
     settle = time.monotonic() + min(PROBE_SETTLE_S, max(deadline - time.monotonic(), 1.0))

@@ -5,7 +5,7 @@ The checks, one line per host each, named ``ssh.<check>[<host>]`` with the host 
 writes it (``ssh.reachable[node1]``), in this order:
 
 - ``ssh.reachable[<host>]``: the host answers ssh in BatchMode within ``ssh.connect_timeout_s``
-  and runs the probe (:mod:`jobgen.backends.ssh_detect`: one round trip per host, in parallel);
+  and runs the probe (:mod:`jobgen.backends.ssh.detect`: one round trip per host, in parallel);
 - ``ssh.python[<host>]``: ``ssh.python`` exists there and imports jobgen.train, torch and
   lightning (what ``python -m jobgen.train`` needs);
 - ``ssh.gpus[<host>]``: nvidia-smi's GPUs against ``gpus_per_node`` and ``gpu_type`` (a CPU
@@ -31,9 +31,9 @@ import secrets
 import shlex
 from collections.abc import Iterator
 
-from jobgen.backends.slurm_detect import gpu_model
-from jobgen.backends.ssh_detect import HostFacts, HostProbe, probe_hosts, shown
-from jobgen.backends.ssh_launch import remote_path, ssh_argv
+from jobgen.backends.slurm.detect import gpu_model
+from jobgen.backends.ssh.detect import HostFacts, HostProbe, probe_hosts, shown
+from jobgen.backends.ssh.launch import remote_path, ssh_argv
 from jobgen.doctor import Check, DoctorContext, skipped_after
 from jobgen.specs.profile import SshSettings
 
@@ -160,7 +160,7 @@ def _shared_workdir(ctx: DoctorContext, settings: SshSettings, answers: list[Hos
     if broken:
         yield skipped_after(name, ", ".join(_name("workdir", a.host) for a in broken))
         return
-    from jobgen.backends.ssh import _each, _timeout, _why, run_ssh
+    from jobgen.backends.ssh.backend import _each, _timeout, _why, run_ssh
 
     token = f"jobgen-doctor-{secrets.token_hex(8)}"
     path = remote_path(f"{settings.workdir}/.{token}")

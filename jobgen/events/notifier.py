@@ -1,7 +1,7 @@
 """Sending one notification (the spec's ``notify:``): the JSON body and its delivery to the
 webhook and/or the command. Standard library only (no torch, no Lightning), so that jobgen itself
 sends the events it decides on the machine that runs it: ``restart`` from a local run
-(:mod:`jobgen.backends.local`) and from the ssh restart watcher (:mod:`jobgen.backends.ssh_restart`).
+(:mod:`jobgen.backends.local`) and from the ssh restart watcher (:mod:`jobgen.backends.ssh.restart`).
 Where the restart is decided with no notifier at hand (the SLURM batch script, training-operator
 on Kubernetes), the decider leaves a record (:data:`RESTART_RECORD_ENV`) and the restarted run's
 rank zero sends ``restart`` at its start (:func:`restart_of_this_start`).

@@ -81,7 +81,7 @@ MAX_NAME_BYTES = 200
 #: Longest job name (= job directory name) that every backend uses unchanged: Kubernetes names
 #: its objects after the job, and the operator's pod and Service names (``<name>-worker-<index>``)
 #: must fit a 63-character DNS label. A longer name (or one that is not a DNS-1035 label) gets a
-#: derived, hashed object name there (:func:`jobgen.backends.k8s_manifest.k8s_name`, with a
+#: derived, hashed object name there (:func:`jobgen.backends.kubernetes.manifest.k8s_name`, with a
 #: warning); generated names stay within it (:func:`jobgen.specs.sweeps.sweep_job_names`).
 MAX_NAME = 48
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jobgen.backends import plan
-from jobgen.backends.slurm_script import run_dir_name
+from jobgen.backends.slurm.script import run_dir_name
 from jobgen.errors import ConfigError
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.profile import ClusterProfile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.backends import k8s_validate as kv
+from jobgen.backends.kubernetes import validate as kv
 from jobgen.planning import cache
 from jobgen.planning.render import _referenced_templates, environment, render_template, template_sha256
 

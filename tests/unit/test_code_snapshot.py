@@ -1,7 +1,7 @@
 """Code shipped as an immutable snapshot (jobgen/usercode/snapshot.py).
 
 A temporary git repository holds a package and the spec. Submitting (local through
-LocalBackend's ``runner=``, SLURM through the fake client commands of tests/fakes/slurm) must
+LocalBackend's ``runner``, SLURM through the fake client commands of tests/fakes/slurm) must
 leave ``<run dir>/code/<commit>/`` holding the committed content — not an edit made after
 submit — first on every rank's PYTHONPATH, recorded in the submission record; a dirty work
 tree is refused (exit 2, hint) unless ``--allow-dirty``, which records the diff's sha256.
@@ -22,8 +22,10 @@ import pytest
 import yaml
 
 from jobgen import api, jobdir
-from jobgen.backends import get_backend, k8s_manifest, plan
+from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.local import LocalBackend
 from jobgen.errors import ConfigError, PlanError, SubmitError
 from jobgen.jobdir import CODE_DIFF_FILE, CODE_INFO_FILE, SUBMISSION_FILE, CodeSnapshot, Submission, read_code_snapshot
 from jobgen.specs.load import load_profile, load_spec, validate
@@ -77,7 +79,7 @@ def local_submit(spec: Path, tmp_path: Path, *, allow_dirty: bool = False, runne
     backend = get_backend("local")
     job_dir = backend.job_dir(job_plan, tmp_path, options)
     job_plan.write(job_dir)
-    result = backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=record)
+    result = LocalBackend(runner=record).submit(job_dir, options, lambda _: None, plan=job_plan)
     return result, job_dir.resolve(), calls
 
 
@@ -164,7 +166,7 @@ def test_a_spec_of_user_code_outside_git_takes_no_snapshot_and_says_so_once(tmp_
     job_dir = backend.job_dir(job_plan, tmp_path, options)
     job_plan.write(job_dir)
     calls = []
-    result = backend.submit(job_dir, options, said.append, plan=job_plan, runner=lambda a, c, e: calls.append(e) or 0)
+    result = LocalBackend(runner=lambda a, c, e: calls.append(e) or 0).submit(job_dir, options, said.append, plan=job_plan)
     assert result.record.code is None and "JOBGEN_CODE_DIR" not in calls[0]
     assert len([line for line in said if "no code snapshot" in line]) == 1
 

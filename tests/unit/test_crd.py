@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from jobgen.backends import plan
-from jobgen.backends.k8s_validate import strict
+from jobgen.backends.kubernetes.validate import strict
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import CRDS, EXAMPLES, PROFILES, TEMPLATES, require
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from jobgen.backends import k8s_api
+from jobgen.backends.kubernetes import api as k8s_api
 from jobgen.cli import cli
 from tests.conftest import EXAMPLES, write
 from tests.unit.test_k8s_detect import FakeCluster, cluster_answers

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest, plan
-from jobgen.backends.k8s_validate import validate_manifest
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes.validate import validate_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ResolvedSpec
 from jobgen.jobdir.world import World
@@ -135,7 +136,7 @@ def test_torchruns_group_restarts_are_apart_from_the_restart_budget_and_volcano_
 
 
 def test_elastic_inputs_hash_includes_the_elastic_template_only_for_elastic_jobs(tmp_path):
-    from jobgen.backends.kubernetes import KubernetesBackend
+    from jobgen.backends.kubernetes.backend import KubernetesBackend
 
     backend = KubernetesBackend()
     fixed = World(num_nodes=2, devices_per_node=8, accelerator="gpu")

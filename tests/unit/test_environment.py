@@ -24,6 +24,7 @@ import yaml
 from jobgen import api
 from jobgen.backends import get_backend, plan
 from jobgen.backends.base import SubmitOptions
+from jobgen.backends.local import LocalBackend
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import SUBMISSION_FILE
 from jobgen.planning.environment import SECRET_SUFFIXES, SECRET_WORDS, looks_secret
@@ -257,7 +258,7 @@ def test_local_run_gets_the_secrets_through_its_environment(tmp_path, monkeypatc
     monkeypatch.setenv("HF_TOKEN", MARKER + "-hf")
     backend, job_plan, job_dir, options = _local_job(tmp_path)
     ran: list[dict[str, str]] = []
-    result = backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(env) or 0)
+    result = LocalBackend(runner=lambda argv, cwd, env: ran.append(env) or 0).submit(job_dir, options, lambda _: None, plan=job_plan)
     assert result.action == "completed"
     assert ran[0]["WANDB_API_KEY"] == MARKER and ran[0]["HF_TOKEN"] == MARKER + "-hf"
     for path in (p for p in tmp_path.rglob("*") if p.is_file()):
@@ -275,10 +276,10 @@ def test_local_run_refuses_to_start_without_a_secret(tmp_path, monkeypatch, valu
     backend, job_plan, job_dir, options = _local_job(tmp_path)
     ran: list[list[str]] = []
     with pytest.raises(ConfigError, match=r"secret WANDB_API_KEY of the spec \(`secrets`\) is not set") as info:
-        backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(argv) or 0)
+        LocalBackend(runner=lambda argv, cwd, env: ran.append(argv) or 0).submit(job_dir, options, lambda _: None, plan=job_plan)
     assert info.value.exit_code == 2 and "export WANDB_API_KEY=..." in info.value.hint and "HF_TOKEN" not in info.value.message
     assert info.value.location == f"{job_plan.spec_file}: secrets"  # the user's file, not the rendered spec.json
     assert ran == [] and not (job_dir / SUBMISSION_FILE).exists()
     with pytest.raises(ConfigError) as info:  # a job directory submitted as is: its spec.json is the input
-        backend.submit(job_dir, options, lambda _: None, runner=lambda argv, cwd, env: ran.append(argv) or 0)
+        LocalBackend(runner=lambda argv, cwd, env: ran.append(argv) or 0).submit(job_dir, options, lambda _: None)
     assert info.value.location == f"{job_dir.resolve() / 'spec.json'}: spec.secrets"

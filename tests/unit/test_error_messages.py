@@ -122,6 +122,7 @@ def _local_run(tmp_path, monkeypatch, leaves: list[str]) -> list[str]:
     from jobgen import api
     from jobgen.backends import get_backend
     from jobgen.backends.base import SubmitOptions
+    from jobgen.backends.local import LocalBackend
 
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     spec = write(tmp_path / "spec.yaml", "name: smoky\n")
@@ -137,7 +138,7 @@ def _local_run(tmp_path, monkeypatch, leaves: list[str]) -> list[str]:
         return 0
 
     said: list[str] = []
-    backend.submit(job_dir, options, said.append, plan=job_plan, runner=runner)
+    LocalBackend(runner=runner).submit(job_dir, options, said.append, plan=job_plan)
     return said
 
 
@@ -195,7 +196,7 @@ def test_a_missing_kubeconfig_is_reported_as_missing(run_cli, tmp_path, monkeypa
 
 @pytest.mark.parametrize("text", ["just a string\n", "clusters: [\n", "apiVersion: v1\nkind: Config\ncontexts: 3\n"])
 def test_an_invalid_kubeconfig_is_reported_as_invalid(tmp_path, text):
-    from jobgen.backends.k8s_api import connect
+    from jobgen.backends.kubernetes.api import connect
 
     path = write(tmp_path / "kubeconfig", text)
     with pytest.raises(ConfigError) as info:
@@ -205,7 +206,7 @@ def test_an_invalid_kubeconfig_is_reported_as_invalid(tmp_path, text):
 
 
 def test_a_missing_kubeconfig_given_to_submit_names_the_file(tmp_path):
-    from jobgen.backends.k8s_api import connect
+    from jobgen.backends.kubernetes.api import connect
 
     with pytest.raises(ConfigError) as info:
         connect(None, str(tmp_path / "absent"))

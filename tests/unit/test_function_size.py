@@ -25,18 +25,14 @@ _CLICK = "a click command: one parameter per CLI option, which click passes by n
 _NOT_SPLIT = "not split yet: "
 #: ``<path under the repository>:<qualified name>`` -> why it may exceed a limit today.
 ALLOWED: dict[str, str] = {
-    "jobgen/backends/k8s_detect.py:_kubernetes_fields": _NOT_SPLIT + "the profile fields detect derives from the cluster's answers",
-    "jobgen/backends/k8s_manifest.py:pod_values": _NOT_SPLIT + "the values of one replica's pod template",
-    "jobgen/backends/k8s_manifest.py:plan": _NOT_SPLIT + "the Kubernetes plan of one job",
-    "jobgen/backends/kubernetes.py:submit_dir": _NOT_SPLIT + "submit's options, each a keyword of the API",
-    "jobgen/backends/local.py:LocalBackend.submit": _NOT_SPLIT + "a local run from the job directory to the started ranks",
-    "jobgen/backends/slurm.py:submit_dir": _NOT_SPLIT + "submit's options, each a keyword of the API",
-    "jobgen/backends/slurm.py:_sbatch": _NOT_SPLIT + "the sbatch call with the submission record's fields",
-    "jobgen/backends/slurm_array.py:plan_array": _NOT_SPLIT + "the plan of a sweep as one job array",
-    "jobgen/backends/slurm_detect.py:detect_slurm": _NOT_SPLIT + "a SLURM profile from sinfo and scontrol",
-    "jobgen/backends/slurm_submitit.py:_executor_class": _NOT_SPLIT + "submitit's executor subclass, defined on first use "
+    "jobgen/backends/kubernetes/detect.py:_kubernetes_fields": _NOT_SPLIT + "the profile fields detect derives from the cluster's answers",
+    "jobgen/backends/kubernetes/manifest.py:pod_values": _NOT_SPLIT + "the values of one replica's pod template",
+    "jobgen/backends/kubernetes/manifest.py:plan": _NOT_SPLIT + "the Kubernetes plan of one job",
+    "jobgen/backends/slurm/array.py:plan_array": _NOT_SPLIT + "the plan of a sweep as one job array",
+    "jobgen/backends/slurm/detect.py:detect_slurm": _NOT_SPLIT + "a SLURM profile from sinfo and scontrol",
+    "jobgen/backends/slurm/submitit_executor.py:_executor_class": _NOT_SPLIT + "submitit's executor subclass, defined on first use "
                                                                       "(submitit imported only then)",
-    "jobgen/backends/ssh_detect.py:detect_ssh": _NOT_SPLIT + "an ssh profile from the hosts' answers",
+    "jobgen/backends/ssh/detect.py:detect_ssh": _NOT_SPLIT + "an ssh profile from the hosts' answers",
     "jobgen/cli/doctor.py:doctor": _CLICK,
     "jobgen/cli/profiles.py:profiles_detect": _CLICK,
     "jobgen/cli/render.py:render": _CLICK,

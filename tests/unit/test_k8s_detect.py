@@ -1,6 +1,6 @@
 """``jobgen profiles detect --scheduler kubernetes`` and ``jobgen doctor``'s Kubernetes checks
 against an emulated API server: a dict of GET paths -> JSON answers behind the client's
-:class:`~jobgen.backends.k8s_api.Cluster` interface (the real API server runs in the k8s lab,
+:class:`~jobgen.backends.kubernetes.api.Cluster` interface (the real API server runs in the k8s lab,
 tests/integration/k8s/test_k8s_detect_doctor.py; here the answers are hostile in ways a real
 server's validation would not let through: names and labels with spaces, quotes, line breaks,
 300-byte values, lone surrogates and bytes that are not UTF-8).
@@ -21,9 +21,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from jobgen.backends import k8s_api
-from jobgen.backends.k8s_api import ApiError, Cluster
-from jobgen.backends.k8s_detect import read_nodes
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes.api import ApiError, Cluster
+from jobgen.backends.kubernetes.detect import read_nodes
 from jobgen.cli import cli
 from jobgen.errors import JobgenError, SubmitError
 from jobgen.specs.load import load_profile
@@ -82,7 +82,7 @@ class FakeCluster(Cluster):
 
 @pytest.fixture
 def fake(monkeypatch):
-    """Install a FakeCluster as what :func:`jobgen.backends.k8s_api.connect` returns; the test edits its answers."""
+    """Install a FakeCluster as what :func:`jobgen.backends.kubernetes.api.connect` returns; the test edits its answers."""
     cluster = FakeCluster(cluster_answers())
     monkeypatch.setattr(k8s_api, "connect", lambda context=None, kubeconfig=None: cluster)
     for key in ("JOBGEN_K8S_CONTEXT", "JOBGEN_K8S_NAMESPACE"):

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest, plan
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.errors import JobgenError
 from jobgen.specs.load import load_profile, validate
 from jobgen.specs.training import TrainingSpec

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobgen.backends.k8s_pods import pod_evidence, pod_summary
+from jobgen.backends.kubernetes.pods import pod_evidence, pod_summary
 
 
 def pod(name: str, phase: str | None = None, *, node: str | None = None, container: dict[str, Any] | None = None,

@@ -1,4 +1,4 @@
-"""A Kubernetes run's progress from its rank-zero pod's log (jobgen/backends/k8s_progress.py):
+"""A Kubernetes run's progress from its rank-zero pod's log (jobgen/backends/kubernetes/progress.py):
 the line format the entrypoint prints (jobgen.train.callbacks.LineProgress), hostile log text,
 and `jobgen status` of a running PyTorchJob through the in-memory fake API server of
 tests/unit/test_k8s_submit.py (emulation: the real API server runs in tests/integration/k8s;
@@ -15,8 +15,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
+from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes.progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
 from jobgen.cli import cli
 from tests.unit.test_k8s_submit import FakeCluster, job_dir  # noqa: F401 - the fixture is used by name
 
@@ -98,7 +99,7 @@ PODS = "/api/v1/namespaces/training/pods"
 
 
 def test_status_of_a_running_pytorchjob_shows_the_rank_zero_pods_progress(job_dir, fake, monkeypatch):  # noqa: F811
-    handle = k8s.submit_dir(job_dir("resources.nodes=2"), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir("resources.nodes=2"), SubmitOptions(), lambda _: None).handle
     fake.objects[f"{PODS}/quickstart-master-0"] = running_pod("quickstart-master-0")
     fake.objects[f"{PODS}/quickstart-worker-0"] = running_pod("quickstart-worker-0")
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -121,7 +122,7 @@ def test_status_of_a_running_pytorchjob_shows_the_rank_zero_pods_progress(job_di
 
 
 def test_an_elastic_job_reads_every_pod_and_takes_the_one_rank_zero_prints_on(job_dir, fake):  # noqa: F811
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     for name in ("quickstart-worker-0", "quickstart-worker-1"):
         fake.objects[f"{PODS}/{name}"] = running_pod(name)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -132,7 +133,7 @@ def test_an_elastic_job_reads_every_pod_and_takes_the_one_rank_zero_prints_on(jo
 
 
 def test_no_progress_before_the_pods_start_or_when_a_log_is_gone_or_hostile(job_dir, fake):  # noqa: F811
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     assert pod_progress(handle) is None  # no pods yet
     pending = running_pod("quickstart-master-0")
     pending["status"] = {"phase": "Pending"}

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from jobgen import jobdir
-from jobgen.backends import k8s_manifest, plan
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.errors import ConfigError, PlanError
 from jobgen.specs.load import load_profile, load_spec, validate
 from jobgen.specs.training import TrainingSpec

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest, plan
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_restarts import RESTART_LINE_BYTES
+from jobgen.backends import plan
+from jobgen.backends.base import LogOptions, SubmitOptions
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes.restarts import RESTART_LINE_BYTES
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir import JobHandle
 from jobgen.specs.load import load_profile, load_spec
@@ -162,34 +165,34 @@ def test_handles():
 
 def test_create_then_identical_resubmit_is_a_no_op(job_dir, fake):
     directory = job_dir()
-    first = k8s.submit_dir(directory, out=lambda _: None)
+    first = k8s.KubernetesBackend().submit(directory, SubmitOptions(), lambda _: None)
     assert first.action == "created" and str(first.handle) == "k8s://fake/training/quickstart"
     assert fake.objects[CM]["metadata"]["ownerReferences"][0]["uid"] == fake.objects[JOB]["metadata"]["uid"]
     writes = [c for c in fake.calls if c[0] in ("POST", "PUT", "DELETE") and ("dryRun", "All") not in c[2]]
     assert [c[0] for c in writes] == ["POST", "POST", "PUT"]  # ConfigMap, job, ownerReference
     assert all(("fieldValidation", "Strict") in c[2] for c in fake.calls if c[0] == "POST")  # server 1.30
     fake.calls.clear()
-    again = k8s.submit_dir(directory, out=lambda _: None)
+    again = k8s.KubernetesBackend().submit(directory, SubmitOptions(), lambda _: None)
     assert again.action == "unchanged" and [c[0] for c in fake.calls] == ["GET"]
     record = json.loads((directory / ".jobgen-submission.json").read_text())
     assert record["handle"] == str(first.handle) and record["kind"] == "pytorchjobs.kubeflow.org/v1" and "argv" not in record
 
 
 def test_changed_inputs_are_refused_unless_replace(job_dir, fake):
-    k8s.submit_dir(job_dir(), out=lambda _: None)
+    k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None)
     old_uid = fake.objects[JOB]["metadata"]["uid"]
     changed = job_dir("trainer.max_steps=700")
     with pytest.raises(SubmitError, match="already exists with other inputs") as info:
-        k8s.submit_dir(changed, out=lambda _: None)
+        k8s.KubernetesBackend().submit(changed, SubmitOptions(), lambda _: None)
     assert "--replace" in info.value.hint and fake.objects[JOB]["metadata"]["uid"] == old_uid
-    result = k8s.submit_dir(changed, replace=True, out=lambda _: None)
+    result = k8s.KubernetesBackend().submit(changed, SubmitOptions(replace=True), lambda _: None)
     assert result.action == "replaced" and fake.objects[JOB]["metadata"]["uid"] != old_uid
     deletes = [c for c in fake.calls if c[0] == "DELETE"]
     assert deletes and deletes[0][1] == JOB
 
 
 def test_dry_run_persists_nothing_and_checks_a_pod_per_replica(job_dir, fake):
-    result = k8s.submit_dir(job_dir("resources.nodes=3"), dry_run=True, out=lambda _: None)
+    result = k8s.KubernetesBackend().submit(job_dir("resources.nodes=3"), SubmitOptions(dry_run=True), lambda _: None)
     assert result.action == "validated" and not fake.objects
     posted = [c[1] for c in fake.calls if c[0] == "POST"]
     assert posted == ["/api/v1/namespaces/training/configmaps", "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs",
@@ -200,7 +203,7 @@ def test_old_servers_get_a_client_side_pruning_check(job_dir, monkeypatch):
     cluster = FakeCluster(prune="nprocPerNode", version=(1, 20))
     monkeypatch.setattr(k8s, "connect", lambda context=None, kubeconfig=None: cluster)
     with pytest.raises(SubmitError, match=r"dropped field\(s\) it does not know: spec.nprocPerNode"):
-        k8s.submit_dir(job_dir(), out=lambda _: None)
+        k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None)
     assert not cluster.objects  # the preflight stopped before anything was created
     assert not any(("fieldValidation", "Strict") in c[2] for c in cluster.calls)
 
@@ -250,25 +253,25 @@ def test_trainjob_state_while_it_runs(conditions, jobs, state):
 
 
 def test_status_and_cancel(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
-    assert k8s.status(handle).state == "SUBMITTED"
-    done = k8s.cancel(handle, out=lambda _: None)
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
+    assert k8s.KubernetesBackend().status(handle).state == "SUBMITTED"
+    done = k8s.KubernetesBackend().cancel(handle, out=lambda _: None)
     assert done.state == "DELETED" and done.finished and JOB not in fake.objects and CM not in fake.objects
     delete = next(c for c in fake.calls if c[0] == "DELETE" and c[1] == JOB)
     assert delete
-    after = k8s.status(handle)  # what jobgen cancelled is CANCELLED, not UNKNOWN
+    after = k8s.KubernetesBackend().status(handle)  # what jobgen cancelled is CANCELLED, not UNKNOWN
     assert (after.state, after.source) == ("CANCELLED", "jobgen cancel") and after.finished, after
-    assert k8s.cancel(handle, out=lambda _: None).state == "UNKNOWN"
+    assert k8s.KubernetesBackend().cancel(handle, out=lambda _: None).state == "UNKNOWN"
 
 
 def test_a_job_deleted_by_someone_else_stays_unknown(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     del fake.objects[JOB]
-    assert k8s.status(handle).state == "UNKNOWN"
+    assert k8s.KubernetesBackend().status(handle).state == "UNKNOWN"
 
 
 def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_dir, fake, monkeypatch):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     pod = {"metadata": {"name": "quickstart-master-0", "uid": "u1"},
            "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}, "restartCount": 0}]}}
     fake.objects["/api/v1/namespaces/training/pods/quickstart-master-0"] = pod
@@ -288,7 +291,7 @@ def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_
     monkeypatch.setattr(k8s, "_get_job", get_job)
     monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
     lines: list[str] = []
-    k8s.logs(handle, follow=True, out=lines.append)
+    k8s.KubernetesBackend().logs(handle, LogOptions(follow=True), lines.append)
     assert lines == ["step 1", "step 2", "jobgen: quickstart-master-0 restarted; attaching again", "resumed\ufffd", "done"]
     log_calls = [c for c in fake.calls if c[1].endswith("/log")]
     assert ("container", "pytorch") in log_calls[0][2] and ("follow", "true") in log_calls[0][2]
@@ -300,7 +303,7 @@ def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_
     the job ran): an ended stream of a running job was taken for a restart. A restart is a new
     container (restartCount up) or a new pod (another uid); a pod that is Succeeded or Failed is
     over, and says so."""
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     pod = {"metadata": {"name": "quickstart-worker-0", "uid": "u1"},
            "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}, "restartCount": 0}]}}
     fake.objects["/api/v1/namespaces/training/pods/quickstart-worker-0"] = pod
@@ -322,15 +325,15 @@ def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_
     monkeypatch.setattr(k8s, "_get_job", get_job)
     monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
     lines: list[str] = []
-    k8s.logs(handle, replica="worker-0", follow=True, out=lines.append)
+    k8s.KubernetesBackend().logs(handle, LogOptions(replica="worker-0", follow=True), lines.append)
     assert lines == ["step 24", "done", f"jobgen: quickstart-worker-0 ended (exit code 0, pod Succeeded); {handle} is RUNNING"]
     assert len([c for c in fake.calls if c[1].endswith("/log")]) == 1
 
 
 def test_logs_before_the_pod_exists(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     lines: list[str] = []
-    k8s.logs(handle, replica="worker-0", out=lines.append)
+    k8s.KubernetesBackend().logs(handle, LogOptions(replica="worker-0"), lines.append)
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for worker-0 yet (jobgen logs -f waits for it)"]
 
 
@@ -342,7 +345,7 @@ def test_logs_of_a_trainjob_default_to_node_0(fake):
         "spec": {"trainer": {"numNodes": 2}}}
     handle = k8s.make_handle("ctx", "training", "tj")
     lines: list[str] = []
-    k8s.logs(handle, out=lines.append)
+    k8s.KubernetesBackend().logs(handle, LogOptions(), lines.append)
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for node-0 yet (jobgen logs -f waits for it)"]
 
 
@@ -397,10 +400,10 @@ def test_the_fake_refuses_what_the_api_server_refuses():
 def test_replace_deletes_in_the_foreground_and_owner_update_is_not_stale(job_dir, fake):
     """--replace deletes the old job with propagationPolicy Foreground (its pods go first), and
     the ConfigMap owner update sends the resourceVersion it just read (a stale one is 409)."""
-    k8s.submit_dir(job_dir(), out=lambda _: None)
+    k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None)
     fake.objects[JOB]["spec"]["runPolicy"] = {"changed": True}
     fake.objects[JOB]["metadata"]["annotations"][k8s_manifest.INPUTS_ANNOTATION] = "0" * 64
-    result = k8s.submit_dir(job_dir(), replace=True, out=lambda _: None)
+    result = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(replace=True), lambda _: None)
     assert result.action == "replaced" and fake.deletes == ["Foreground"]
     assert fake.objects[CM]["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
 
@@ -412,7 +415,7 @@ def _failed_pod(name: str, node: str) -> dict:
 
 
 def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     pods = "/api/v1/namespaces/training/pods"
     fake.objects[f"{pods}/quickstart-master-0"] = _failed_pod("quickstart-master-0", "gpu-a")
     fake.objects[f"{pods}/quickstart-worker-0"] = _failed_pod("quickstart-worker-0", "gpu-b")
@@ -426,7 +429,7 @@ def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir,
                                              b"2026-11-23T07:00:08.5Z   File \"model.py\", line 3\n"
                                              b"2026-11-23T07:00:08.6Z ZeroDivisionError: division by zero\n"],
     }
-    result = k8s.first_error(handle)
+    result = k8s.KubernetesBackend().first_error(handle)
     assert result.ordered_by == "timestamp"
     assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-worker-0", "gpu-b"), ("pod quickstart-master-0", "gpu-a")]
     assert result.first.headline == "ZeroDivisionError: division by zero"
@@ -439,7 +442,7 @@ def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(jo
     (OnFailure) runs again and has not printed its error yet; the failure is in its previous run's
     log, which the kubelet keeps (``previous=true``). Both runs are read, the previous first; a
     previous log the kubelet no longer has is skipped (the current run still counts)."""
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     pods = "/api/v1/namespaces/training/pods"
     for name, node in (("quickstart-master-0", "n1"), ("quickstart-worker-0", "n2")):
         fake.objects[f"{pods}/{name}"] = {
@@ -452,7 +455,7 @@ def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(jo
         f"{pods}/quickstart-master-0/log": [b"2026-11-27T11:00:20Z resume: auto - no checkpoint\n"],
         f"{pods}/quickstart-worker-0/log": [b"2026-11-27T11:00:21Z starting\n"],  # its previous log is gone: 400
     }
-    result = k8s.first_error(handle)
+    result = k8s.KubernetesBackend().first_error(handle)
     assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-master-0", "n1")], result
     assert "spec.data.paths[0]: 'x/*.txt' matches no files" in result.first.headline
     log_calls = [(c[1].rsplit("/", 2)[1], ("previous", "true") in c[2]) for c in fake.calls if c[1].endswith("/log")]
@@ -461,7 +464,7 @@ def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(jo
 
 
 def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     pods = "/api/v1/namespaces/training/pods"
     for name, started, finished in (("quickstart-master-0", "2026-11-23T06:00:00Z", "2026-11-23T07:30:00Z"),
                                     ("quickstart-worker-0", "2026-11-23T06:00:30Z", "2026-11-23T07:00:30Z")):
@@ -470,7 +473,7 @@ def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
             "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "90"}}}]},
             "status": {"containerStatuses": [{"name": "pytorch", "state": {"terminated": {"startedAt": started, "finishedAt": finished}}}]},
         }
-    usage = k8s.status(handle).usage
+    usage = k8s.KubernetesBackend().status(handle).usage
     assert (usage.device_kind, usage.devices) == ("gpu", 16)
     assert usage.device_hours == 8 * 1.5 + 8 * 1.0  # each pod's own run time x its GPUs
     assert usage.elapsed_s == 90 * 60 and usage.end is not None
@@ -500,8 +503,8 @@ def test_status_of_running_pods_of_a_priced_profile_shows_the_cost_so_far(tmp_pa
 
 
 def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
-    assert k8s.status(handle).usage is None
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
+    assert k8s.KubernetesBackend().status(handle).usage is None
 
 
 def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_planned_with(tmp_path, monkeypatch):
@@ -558,22 +561,22 @@ def test_status_counts_restarts_from_the_launch_wrappers_line_at_the_head_of_eac
     line the wrapper prints at each restarted start; the largest over the pods (a per-pod budget)."""
     from jobgen.reports.attempts import RESTART_LINE
 
-    handle = k8s.submit_dir(job_dir("restart.max_restarts=3"), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir("restart.max_restarts=3"), SubmitOptions(), lambda _: None).handle
     pods = _restart_pods(fake, {"quickstart-master-0": 0, "quickstart-worker-0": 0})
     fake.logs = {f"{pods}/quickstart-master-0/log": [RESTART_LINE.format(restarts=2, budget=3).encode() + b"\n", b"step 10\n"],
                  f"{pods}/quickstart-worker-0/log": [b"W1129 warning\n" + RESTART_LINE.format(restarts=1, budget=3).encode() + b"\n"]}
-    st = k8s.status(handle)
+    st = k8s.KubernetesBackend().status(handle)
     assert st.details["restarts_used"] == "2 of 3" and "launch wrapper" in st.details["restarts_source"], st.details
     assert all(("limitBytes", str(RESTART_LINE_BYTES)) in c[2] for c in fake.calls if c[1].endswith("/log"))
 
 
 def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_line(job_dir, fake):
-    handle = k8s.submit_dir(job_dir("restart.max_restarts=2"), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir("restart.max_restarts=2"), SubmitOptions(), lambda _: None).handle
     pods = _restart_pods(fake, {"quickstart-master-0": 1, "quickstart-worker-0": 0})
     hostile = (b"\xff\xfe jobgen.train.launch: restart x of 3 (restart.max_restarts)\n"
                b"jobgen.train.launch: restart 9999999 of 2 (restart.max_restarts)\n" + b"\"'\x1b[2J" * 100 + b"\n")
     fake.logs = {f"{pods}/quickstart-master-0/log": [hostile]}  # the worker's log cannot be read (400)
-    st = k8s.status(handle)
+    st = k8s.KubernetesBackend().status(handle)
     assert st.details["restarts_used"] == "1 of 2" and "restartCount" in st.details["restarts_source"], st.details
     from jobgen import api
     assert api.restarts_used(st.details) == 1 and api.restarts_used({"restarts_used": "x of 2", "restarts": "3"}) == 3
@@ -581,7 +584,7 @@ def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_lin
 
 
 def test_status_without_a_budget_reads_no_log(job_dir, fake):
-    handle = k8s.submit_dir(job_dir(), out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     _restart_pods(fake, {"quickstart-master-0": 4})
-    st = k8s.status(handle)
+    st = k8s.KubernetesBackend().status(handle)
     assert "restarts_used" not in st.details and not [c for c in fake.calls if c[1].endswith("/log")]

@@ -1,4 +1,4 @@
-"""Offline validation of rendered manifests (jobgen.backends.k8s_validate): each check catches its class of
+"""Offline validation of rendered manifests (jobgen.backends.kubernetes.validate): each check catches its class of
 mistake, names the path and the rule's source, and a missing input skips with a clear reason."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from decimal import Decimal
 
 import pytest
 
-from jobgen.backends import k8s_manifest, plan
-from jobgen.backends import k8s_validate as kv
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes import validate as kv
 from jobgen.errors import ConfigError, PlanError
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import CRDS, EXAMPLES, PROFILES, REPO, TEMPLATES, require

@@ -65,7 +65,7 @@ def test_installed_wheel_validates_against_its_packaged_crds(wheel, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("JOBGEN_CRDS_DIR", "JOBGEN_HOME", "JOBGEN_DEBUG")}
     env["PYTHONPATH"] = str(site)
     code = (
-        "import jobgen, jobgen.backends.k8s_validate as kv\n"
+        "import jobgen, jobgen.backends.kubernetes.validate as kv\n"
         "print(jobgen.__file__)\n"
         "print(kv.crds_dir())\n"
         "from jobgen.cli import main\n"

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from jobgen import api
-from jobgen.backends import kubernetes as k8s
+from jobgen.backends.kubernetes import backend as k8s
 from jobgen.errors import ConfigError
 from jobgen.specs.load import load_profile
 from jobgen.specs.profile import example_values, field_value

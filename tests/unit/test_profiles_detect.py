@@ -409,7 +409,7 @@ def _bytes_file(where: Path, data: bytes) -> Path:
     ("2-00:00:00", 2880), ("1-12", 2160), ("1-00:30", 1470), ("0:59", 1),
 ])
 def test_slurm_times(text, minutes_):
-    from jobgen.backends.slurm_inventory import parse_minutes
+    from jobgen.backends.slurm.inventory import parse_minutes
 
     assert parse_minutes(text) == minutes_
 
@@ -420,7 +420,7 @@ def test_slurm_times(text, minutes_):
     ("gpu:a100:x", None), ("mps:100", None),
 ])
 def test_gres_strings(gres, gpus):
-    from jobgen.backends.slurm_inventory import parse_gpus
+    from jobgen.backends.slurm.inventory import parse_gpus
 
     found = parse_gpus(gres)
     assert (None if found is None else (found.gpu_type, found.count)) == gpus
@@ -431,13 +431,13 @@ def test_gres_strings(gres, gpus):
     ("gh200", None), ("a10g", "A10G"), ("rtx_a6000", None),
 ])
 def test_gpu_models(text, model):
-    from jobgen.backends.slurm_detect import gpu_model
+    from jobgen.backends.slurm.detect import gpu_model
 
     assert gpu_model(text) == model
 
 
 def test_version_lines():
-    from jobgen.backends.slurm_inventory import parse_version
+    from jobgen.backends.slurm.inventory import parse_version
 
     assert parse_version("slurm 23.11.4\n") == (23, 11, "23.11.4")
     assert parse_version("slurm-wlm 22.05.8\n") == (22, 5, "22.05.8")

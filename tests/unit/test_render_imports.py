@@ -21,9 +21,9 @@ VALIDATORS = ("jsonschema", "kubernetes_validate", "referencing")
 #: jobgen modules a SLURM render has no use for: every Kubernetes module and the entrypoint.
 #: (jobgen.planning.sweep and jobgen.planning.project are not: every `jobgen render` plans through them, and
 #: they take what they need for kustomizations from the plan, so they import no Kubernetes module.)
-OFF_THE_SLURM_PATH = ("jobgen.backends.k8s_validate", "jobgen.backends.k8s_manifest", "jobgen.backends.k8s_api", "jobgen.backends.kubernetes",
-                      "jobgen.backends.k8s_pods",
-                      "jobgen.train", "jobgen.backends.slurm_submitit")
+OFF_THE_SLURM_PATH = ("jobgen.backends.kubernetes.validate", "jobgen.backends.kubernetes.manifest", "jobgen.backends.kubernetes.api",
+                      "jobgen.backends.kubernetes.backend", "jobgen.backends.kubernetes.pods",
+                      "jobgen.train", "jobgen.backends.slurm.submitit_executor")
 #: jobgen modules a single render of a non-DeepSpeed spec has no use for (as profiled):
 #: DeepSpeed's config (DeepSpeed specs only), the code snapshot and its tarfile (submit only),
 #: the project file's model (--all only) and git (--commit only).
@@ -63,7 +63,7 @@ def test_kubernetes_render_loads_the_validators_but_not_the_client_or_training_s
     pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e .[k8s])")
     modules = modules_after_render("k8s-h100")
     assert loaded(modules, (*TRAINING_STACK, "kubernetes")) == []
-    assert "jsonschema" in modules and "jobgen.backends.k8s_validate" in modules
+    assert "jsonschema" in modules and "jobgen.backends.kubernetes.validate" in modules
 
 
 def test_rendering_a_class_path_spec_imports_neither_user_code_nor_the_training_stack():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from jobgen.api import PLANNERS
-from jobgen.backends import slurm as slurm_backend
-from jobgen.backends.slurm import array_state, expand_task_ids
+from jobgen.backends.slurm import backend as slurm_backend
+from jobgen.backends.slurm.backend import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import ArrayTask, JobHandle, Submission
 from jobgen.planning.sweep import SpecOptions, plan_single
@@ -313,7 +313,7 @@ def recorded(slurm, tmp_path) -> None:
 
 def status_json(job: str = HANDLE) -> dict:
     """`jobgen status -o json JOB`, in this process (the CLI's own path is tested above)."""
-    return slurm_backend.status(JobHandle.parse(job)).to_json()
+    return slurm_backend.SlurmBackend().status(JobHandle.parse(job)).to_json()
 
 
 def jobcomp_argv(ids: str) -> list[str]:

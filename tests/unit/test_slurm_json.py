@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import slurm as slurm_backend
-from jobgen.backends.slurm_json import decode_squeue
+from jobgen.backends.slurm import backend as slurm_backend
+from jobgen.backends.slurm.squeue_json import decode_squeue
 from jobgen.jobdir import JobHandle
 from tests.fakes.slurm.fakeslurm import json_reply, reply
 
@@ -52,7 +52,7 @@ def fixture(release: str, case: str) -> dict[str, Any]:
 
 def status_of(fake, doc: dict[str, Any] | None, job: str, *, raw: str | None = None) -> dict[str, Any]:
     fake.respond("squeue", json_reply(doc) if raw is None else reply(raw))
-    return slurm_backend.status(JobHandle.parse(f"slurm://gpucluster/{job}")).to_json()
+    return slurm_backend.SlurmBackend().status(JobHandle.parse(f"slurm://gpucluster/{job}")).to_json()
 
 
 @pytest.mark.parametrize("release", RELEASES)

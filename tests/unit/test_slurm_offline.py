@@ -337,7 +337,7 @@ def test_status_from_accounting_reads_the_exit_code_from_parsable_sacct_not_sacc
     """A job that exited 3, forgotten by squeue, on a cluster with accounting (slurmdbd): ``jobgen
     status`` takes state and exit code from ``sacct --parsable2`` (FAILED, ExitCode ``3:0``) and
     never asks ``sacct --json``, whose 22.05 record says exit code SUCCESS / 0 for that job (what
-    the SLURM lab with slurmdbd printed; jobgen.backends.slurm ``_sacct_rows`` states the rule).
+    the SLURM lab with slurmdbd printed; jobgen.backends.slurm.backend ``_sacct_rows`` states the rule).
 
     Emulated: the fake's ``sacct`` answers as 22.05 with slurmdbd does, in both forms. The SLURM
     lab of a test session runs without slurmdbd (its tests cover the job-completion-log route,

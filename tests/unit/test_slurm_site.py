@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jobgen.backends import plan
-from jobgen.backends.slurm import filter_rank, job_id
-from jobgen.backends.slurm_script import check_directives, run_dir_name
+from jobgen.backends.slurm.backend import filter_rank, job_id
+from jobgen.backends.slurm.script import check_directives, run_dir_name
 from jobgen.errors import ConfigError, PlanError
 from jobgen.jobdir import JobHandle
 from jobgen.jobdir.world import World

@@ -19,9 +19,9 @@ import pytest
 
 from jobgen import api
 from jobgen.backends import plan as plan_job
-from jobgen.backends import ssh
 from jobgen.backends.base import LogOptions, SubmitOptions
-from jobgen.backends.ssh_launch import (
+from jobgen.backends.ssh import backend as ssh
+from jobgen.backends.ssh.launch import (
     NodeReport,
     copy_command,
     handle_for,
@@ -287,7 +287,7 @@ def test_reports_are_read_from_the_status_commands_lines():
 
 
 class FakeHosts:
-    """Stands in for :func:`jobgen.backends.ssh.run_ssh`: records (argv, stdin bytes); hosts in
+    """Stands in for :func:`jobgen.backends.ssh.backend.run_ssh`: records (argv, stdin bytes); hosts in
     ``down`` do not answer (exit 255), ``missing`` tools are reported by the probe, and each
     status says the launch runs."""
 
@@ -560,10 +560,10 @@ class EndedHosts(FakeHosts):
 
 
 def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_path, monkeypatch):
-    """Submit with restart.max_restarts starts the watcher (jobgen.backends.ssh_restart; its
+    """Submit with restart.max_restarts starts the watcher (jobgen.backends.ssh.restart; its
     start replaced here); status then shows its restarts, RESTARTING while it decides, and the
     class of the failure it recorded once it is done."""
-    from jobgen.backends.ssh_launch import RESTARTS_FILE
+    from jobgen.backends.ssh.launch import RESTARTS_FILE
 
     spec = tmp_path / "quickstart.yaml"
     spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "restart: {max_restarts: 2}\n")
@@ -596,7 +596,7 @@ def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_pat
 
 
 def test_without_a_budget_no_watcher_starts(tmp_path, monkeypatch, quickstart):
-    from jobgen.backends.ssh_launch import RESTARTS_FILE
+    from jobgen.backends.ssh.launch import RESTARTS_FILE
 
     monkeypatch.setattr(ssh, "start_watcher", lambda *args: pytest.fail("a watcher without a budget"))
     monkeypatch.setattr(ssh, "run_ssh", FakeHosts())

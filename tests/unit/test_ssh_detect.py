@@ -10,7 +10,7 @@ against real sshd hosts):
   login shell would run it (``$PATH`` may hold a fake ``nvidia-smi``); host ``down`` answers as
   ssh does for a host it cannot reach (exit 255, its message on stderr).
 
-Both replace :func:`jobgen.backends.ssh.run_ssh`, the one place jobgen runs ssh.
+Both replace :func:`jobgen.backends.ssh.backend.run_ssh`, the one place jobgen runs ssh.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import jobgen.backends.ssh as ssh_backend
-from jobgen.backends.ssh_detect import parse_host_option, parse_probe, probe_argv
+import jobgen.backends.ssh.backend as ssh_backend
+from jobgen.backends.ssh.detect import parse_host_option, parse_probe, probe_argv
 from jobgen.cli import cli
 from jobgen.errors import ConfigError
 from jobgen.specs.load import load_profile
@@ -52,7 +52,7 @@ def invoke(*args: str, cwd: Path | None = None):
 def probe_output(marker: str, *, hostname: bytes = b"node", cpus: bytes = b"16", mem: bytes = b"MemTotal:       65536000 kB",
                  gpus: bytes | None = None, gpu_exit: int = 0, python: bytes | None = None, workdir: bytes = b"writable",
                  cut: str | None = None) -> bytes:
-    """What the probe script prints on a host (module docstring of jobgen.backends.ssh_detect);
+    """What the probe script prints on a host (module docstring of jobgen.backends.ssh.detect);
     ``cut``: the output ends before that section (a script that did not run to its end)."""
     m = marker.encode()
     if python is None:

@@ -1,4 +1,4 @@
-"""The ssh backend's restart watcher (jobgen.backends.ssh_restart) against fake hosts: the ssh
+"""The ssh backend's restart watcher (jobgen.backends.ssh.restart) against fake hosts: the ssh
 calls are replaced by :class:`FakeHosts` (scripted states and node outputs), emulating what the
 lab's hosts do; the real hosts are tests/integration/ssh/test_ssh_restarts.py."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobgen.backends.ssh_launch import (
+from jobgen.backends.ssh.launch import (
     DONE,
     LAUNCH_LINE,
     RESTARTS_FILE,
@@ -20,7 +20,7 @@ from jobgen.backends.ssh_launch import (
     stored_evidence,
     unpack_command,
 )
-from jobgen.backends.ssh_restart import Pace, node_evidence, watch
+from jobgen.backends.ssh.restart import Pace, node_evidence, watch
 
 KILLED = """\
 jobgen: node 1 of 2 on host2, rendezvous 10.0.0.1:29500

@@ -70,7 +70,7 @@ def test_submit_hands_the_plan_down_instead_of_reading_back_what_it_wrote(profil
     """From cli.submit through api.submit to the backend: the spec and each profile file are
     read once, the spec planned once, and nothing the submit wrote (spec.json, the manifest,
     the submission record) is read back: the backend takes the plan's objects."""
-    import jobgen.backends.kubernetes as k8s
+    import jobgen.backends.kubernetes.backend as k8s
     import jobgen.backends.local as local
     import jobgen.planning.plan
     from tests.fakes.slurm.fakeslurm import reply

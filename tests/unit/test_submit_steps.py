@@ -12,8 +12,9 @@ import pytest
 
 from jobgen import api
 from jobgen.backends import get_backend
-from jobgen.backends import kubernetes as k8s
 from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.local import LocalBackend
 from jobgen.planning.plan import ApiRequest, Command
 from tests.conftest import EXAMPLES
 from tests.unit.test_k8s_submit import FakeCluster
@@ -25,8 +26,8 @@ def _state(tmp_path, monkeypatch):
 
 
 def test_slurm_submit_runs_the_planned_sbatch_command(tmp_path, monkeypatch):
-    from jobgen.backends import slurm
-    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
+    from jobgen.backends.slurm import backend as slurm
+    from jobgen.backends.slurm.script import RUNS_DIR_PLACEHOLDER
 
     job_plan = api.plan_job(EXAMPLES / "quickstart.yaml", "slurm-cpu")
     job_dir = tmp_path / "manifests" / "slurm-cpu" / "quickstart"
@@ -80,7 +81,7 @@ def test_local_submit_runs_the_planned_command(tmp_path):
     backend = get_backend("local")
     job_dir = backend.job_dir(job_plan, tmp_path, options)
     job_plan.write(job_dir)
-    result = backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=runner)
+    result = LocalBackend(runner=runner).submit(job_dir, options, lambda _: None, plan=job_plan)
     (step,) = job_plan.submit_steps
     argv, cwd, env = ran[0]
     assert argv == [sys.executable if a == "python" else a for a in step.argv] and cwd == job_dir.resolve()
@@ -88,7 +89,7 @@ def test_local_submit_runs_the_planned_command(tmp_path):
     assert result.action == "completed" and str(result.handle) == f"local://{job_dir.resolve()}"
     # A written local job directory re-plans the same command (refused when its inputs differ).
     ran.clear()
-    backend.submit(job_dir, options, lambda _: None, runner=runner)
+    LocalBackend(runner=runner).submit(job_dir, options, lambda _: None)
     assert ran[0][0] == argv
 
 
@@ -105,7 +106,7 @@ def test_an_option_of_another_scheduler_is_refused_with_its_counterpart():
 def test_the_plan_names_the_secrets_submit_takes_from_the_environment(tmp_path, monkeypatch):
     """Secrets are passed by name: the plan shows which variables submit reads from the
     submitting environment, and their values appear in no planned file or step."""
-    from jobgen.backends import slurm
+    from jobgen.backends.slurm import backend as slurm
 
     monkeypatch.setenv("WANDB_API_KEY", "marker-value-123")
     for profile in ("slurm-cpu", "local"):
@@ -140,7 +141,7 @@ def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tm
     backend = get_backend("local")
     job_dir = backend.job_dir(job_plan, tmp_path, options)
     job_plan.write(job_dir)
-    backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda a, c, e: ran.append((a, c, e)) or 0)
+    LocalBackend(runner=lambda a, c, e: ran.append((a, c, e)) or 0).submit(job_dir, options, lambda _: None, plan=job_plan)
     (step,) = job_plan.submit_steps
     assert isinstance(step, Command) and step.cwd == SUBMIT_DIR_PLACEHOLDER
     argv, cwd, env = ran[0]
@@ -151,13 +152,13 @@ def test_command_mode_local_submit_runs_the_planned_command_in_the_submit_dir(tm
     assert (job_dir / "ds_config.json").is_file() and env["RUN_DIR"] == str(job_dir.resolve())
     assert str(step) in str(job_plan)
     ran.clear()  # a written command-mode job directory re-plans the same command
-    backend.submit(job_dir, options, lambda _: None, runner=lambda a, c, e: ran.append((a, c, e)) or 0)
+    LocalBackend(runner=lambda a, c, e: ran.append((a, c, e)) or 0).submit(job_dir, options, lambda _: None)
     assert ran[0][0] == argv and ran[0][1] == project
 
 
 def test_command_mode_slurm_submit_passes_the_submit_dir(tmp_path, monkeypatch):
-    from jobgen.backends import slurm
-    from jobgen.backends.slurm_script import RUNS_DIR_PLACEHOLDER
+    from jobgen.backends.slurm import backend as slurm
+    from jobgen.backends.slurm.script import RUNS_DIR_PLACEHOLDER
     from jobgen.planning.plan import SUBMIT_DIR_PLACEHOLDER
 
     project = tmp_path / "project"

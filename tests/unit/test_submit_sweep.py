@@ -177,7 +177,7 @@ def test_every_point_is_import_checked_before_anything_is_submitted(monkeypatch,
 
 def test_kubernetes_gets_one_job_per_point(monkeypatch, tmp_path):
     """Through the in-memory API server of test_k8s_submit: one PyTorchJob per point, each handle printed."""
-    from jobgen.backends import kubernetes as k8s
+    from jobgen.backends.kubernetes import backend as k8s
     from jobgen.cli import cli
     from tests.unit.test_k8s_submit import FakeCluster
 

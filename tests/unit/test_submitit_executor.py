@@ -1,4 +1,4 @@
-"""`jobgen.api.executor`: submitit's SlurmExecutor configured from a profile (jobgen/backends/slurm_submitit.py).
+"""`jobgen.api.executor`: submitit's SlurmExecutor configured from a profile (jobgen/backends/slurm/submitit_executor.py).
 
 The script submitit would submit is compared with the ``job.sbatch`` jobgen renders from the same
 profile: partition, account, QoS, constraint, the GPU request in the profile's style, memory,
@@ -23,8 +23,8 @@ import pytest
 submitit = pytest.importorskip("submitit", reason="submitit not installed (pip install -e .[submitit])")
 
 from jobgen import api  # noqa: E402
-from jobgen.backends import slurm_submitit  # noqa: E402
-from jobgen.backends.slurm_script import container_srun_options, format_time_limit  # noqa: E402
+from jobgen.backends.slurm import submitit_executor as slurm_submitit  # noqa: E402
+from jobgen.backends.slurm.script import container_srun_options, format_time_limit  # noqa: E402
 from jobgen.errors import ConfigError, NotSupportedError, SubmitError  # noqa: E402
 from jobgen.jobdir import SBATCH_FILE, SUBMISSION_FILE, Submission  # noqa: E402
 from jobgen.specs.load import load_profile  # noqa: E402

@@ -207,6 +207,7 @@ def test_a_submit_that_does_not_go_ahead_takes_back_a_new_record(tmp_path: Path)
 def test_local_submit_makes_the_record_and_a_resubmit_keeps_it(tmp_path: Path, monkeypatch) -> None:
     from jobgen.backends import get_backend, plan
     from jobgen.backends.base import SubmitOptions
+    from jobgen.backends.local import LocalBackend
     from jobgen.specs.load import load_profile, load_spec, search_dirs
 
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
@@ -219,7 +220,7 @@ def test_local_submit_makes_the_record_and_a_resubmit_keeps_it(tmp_path: Path, m
     job_plan.write(job_dir)
     keys = []
     for _ in range(2):
-        backend.submit(job_dir, options, out=lambda line: None, plan=job_plan, runner=lambda argv, cwd, env: 0)
+        LocalBackend(runner=lambda argv, cwd, env: 0).submit(job_dir, options, out=lambda line: None, plan=job_plan)
         keys.append(read_tracking_record(job_dir).run_key)
     assert keys[0] == keys[1]
 

@@ -192,6 +192,7 @@ def test_smoke_on_a_rendered_directory_is_refused(run_cli, tmp_path):
 def test_local_ranks_get_relative_pythonpath_entries_made_absolute(tmp_path, monkeypatch):
     from jobgen.backends import get_backend
     from jobgen.backends.base import SubmitOptions
+    from jobgen.backends.local import LocalBackend
 
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.chdir(tmp_path)
@@ -202,7 +203,7 @@ def test_local_ranks_get_relative_pythonpath_entries_made_absolute(tmp_path, mon
     job_dir = backend.job_dir(job_plan, tmp_path, options)
     job_plan.write(job_dir)
     ran: list[dict[str, str]] = []
-    backend.submit(job_dir, options, lambda _: None, plan=job_plan, runner=lambda argv, cwd, env: ran.append(env) or 0)
+    LocalBackend(runner=lambda argv, cwd, env: ran.append(env) or 0).submit(job_dir, options, lambda _: None, plan=job_plan)
     entries = ran[0]["PYTHONPATH"].split(os.pathsep)
     # the ranks run in the run directory: the user's relative entry must still name tmp_path/pkgs/mine
     assert entries[1:] == [str(tmp_path / "pkgs" / "mine"), str(tmp_path / "abs")]

@@ -34,7 +34,7 @@ PROGRAMS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctm
 #: ``jobgen profiles detect``'s view of one cluster per release: see :func:`detect_replies`.
 DETECT_FIXTURES = Path(__file__).parent / "detect"
 NOT_CONFIGURED_RC = 97
-#: sinfo's format for each partition's availability (jobgen.backends.slurm_inventory.SINFO_AVAIL_ARGV).
+#: sinfo's format for each partition's availability (jobgen.backends.slurm.inventory.SINFO_AVAIL_ARGV).
 PARTITION_STATES_FORMAT = "--format=%R|%a"
 
 
@@ -168,7 +168,7 @@ def detect_replies(fake: FakeSlurm, release: str | Path, *, with_json: bool = Tr
     ``sacctmgr.txt`` (associations; without it sacctmgr fails as without slurmdbd).
 
     The files are written to the formats the man pages and SchedMD's data_parser plugins
-    document for that release (see jobgen/backends/slurm_inventory.py), not captured from a
+    document for that release (see jobgen/backends/slurm/inventory.py), not captured from a
     cluster. Returns the directory."""
     where = release if isinstance(release, Path) else DETECT_FIXTURES / release
     fake.respond("sinfo --version", file_reply(where / "version.txt"))

@@ -187,6 +187,6 @@ def cache_dir() -> Path:
 
 def default_crds_dir() -> Path:
     """``$JOBGEN_CRDS_DIR``, else the CRDs packaged in the repository's ``jobgen/_crds/`` (the
-    path of ``jobgen.backends.k8s_validate.PACKAGED_CRDS_DIR``, spelt out: this module imports no jobgen)."""
+    path of ``jobgen.backends.kubernetes.validate.PACKAGED_CRDS_DIR``, spelt out: this module imports no jobgen)."""
     configured = os.environ.get("JOBGEN_CRDS_DIR")
     return Path(configured) if configured else Path(__file__).resolve().parents[3] / "jobgen" / "_crds"

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
-from jobgen.backends import k8s_api, k8s_manifest, plan
-from jobgen.backends import kubernetes as k8s
-from jobgen.backends.k8s_validate import validate_manifest
+from jobgen.backends import plan
+from jobgen.backends.base import SubmitOptions
+from jobgen.backends.kubernetes import api as k8s_api
+from jobgen.backends.kubernetes import backend as k8s
+from jobgen.backends.kubernetes import manifest as k8s_manifest
+from jobgen.backends.kubernetes.validate import validate_manifest
 from jobgen.errors import PlanError, SubmitError
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES, PROFILES, REPO, TEMPLATES, site_profile
@@ -64,7 +67,8 @@ def test_shipped_profile_x_example_passes_offline_and_server_dry_run(k8s_lab, pr
     assert not [w for w in job_plan.warnings if "offline validation skipped" in w], job_plan.warnings
     job_plan.write(tmp_path / "job")
     lines: list[str] = []
-    result = k8s.submit_dir(tmp_path / "job", context="jobgen-lab", kubeconfig=str(k8s_lab.kubeconfig), dry_run=True, out=lines.append)
+    options = SubmitOptions(context="jobgen-lab", kubeconfig=str(k8s_lab.kubeconfig), dry_run=True)
+    result = k8s.KubernetesBackend().submit(tmp_path / "job", options, lines.append)
     assert result.action == "validated" and result.handle is None
     checked = [line for line in result.lines if line.endswith("valid (no pruned fields)")]
     roles = ["master"] + (["worker"] if job_plan.world.num_nodes > 1 else [])

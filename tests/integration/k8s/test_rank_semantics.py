@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen.backends import k8s_manifest, plan
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import REPO, TEMPLATES, require
 from tests.integration.k8s.training_operator import operator_env, replica_name

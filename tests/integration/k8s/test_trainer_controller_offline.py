@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from jobgen.backends import k8s_manifest, plan
+from jobgen.backends import plan
+from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.specs.load import load_profile, load_spec
 from tests.conftest import EXAMPLES, REPO, TEMPLATES
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from lab import release_requeued, run_slurm, wait_for
 
-from jobgen.backends.slurm_script import run_dir_name
+from jobgen.backends.slurm.script import run_dir_name
 from tests.conftest import ADVERSARIAL, REPO, skip_or_fail
 from tests.tracker_files import csv_rows, read_wandb_file
 

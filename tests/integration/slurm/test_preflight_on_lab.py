@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slurm_lab
 
 NODE1, NODE2 = NODES
 MASTER_PORT = 29500  # slurm-cpu's slurm.master_port (SlurmSettings default); the lab profile keeps it
-#: The ports a job on shared nodes takes its rendezvous port from (jobgen.backends.slurm_script.MASTER_PORT_WINDOW).
+#: The ports a job on shared nodes takes its rendezvous port from (jobgen.backends.slurm.script.MASTER_PORT_WINDOW).
 LAST_PORT = MASTER_PORT + 999
 
 

@@ -231,7 +231,7 @@ def _rank_pid(lab: SshLab, host: str, rank: int) -> int | None:
 
 def _stop_watcher(jobgen: Jobgen, name: str) -> None:
     """SIGKILL the job's restart watcher if a failed test left it running."""
-    from jobgen.backends.ssh_launch import RESTARTS_FILE, watcher_alive
+    from jobgen.backends.ssh.launch import RESTARTS_FILE, watcher_alive
 
     for path in jobgen.root.rglob(RESTARTS_FILE):
         record = json.loads(path.read_text())

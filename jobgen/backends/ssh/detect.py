@@ -2,7 +2,7 @@
 and the per-host facts ``jobgen doctor`` checks an ssh profile against (:mod:`jobgen.doctor.ssh`).
 
 One ssh round trip per host (in parallel, with the ssh options of the profile:
-:func:`~jobgen.backends.ssh_launch.ssh_argv`): ``sh -s`` runs :data:`PROBE_SCRIPT`, sent on stdin,
+:func:`~jobgen.backends.ssh.launch.ssh_argv`): ``sh -s`` runs :data:`PROBE_SCRIPT`, sent on stdin,
 which needs only a POSIX shell there (jobgen need not be installed). It prints sections, each
 opened by a line ``<marker> section <name>``, where ``<marker>`` is a random word chosen for each
 probe (so no value a host prints can open a section):
@@ -24,7 +24,7 @@ probe (so no value a host prints can open a section):
 The profile takes, across the hosts, the fewest CPUs, the least memory and the fewest GPUs, so a
 job fits on every host; the comment of each value names the host it came from and a note says
 when the hosts differ. GPU models come from nvidia-smi's name by the table of
-:func:`jobgen.backends.slurm_detect.gpu_model`. Hosts without GPUs give a CPU profile (one gloo
+:func:`jobgen.backends.slurm.detect.gpu_model`. Hosts without GPUs give a CPU profile (one gloo
 rank per host, as ``ssh-2node``).
 """
 
@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobgen.backends.slurm_detect import DetectedProfile, check_detected, gpu_model
-from jobgen.backends.slurm_inventory import InventoryError, clean, not_plain
-from jobgen.backends.ssh_launch import remote_path, ssh_argv
+from jobgen.backends.slurm.detect import DetectedProfile, check_detected, gpu_model
+from jobgen.backends.slurm.inventory import InventoryError, clean, not_plain
+from jobgen.backends.ssh.launch import remote_path, ssh_argv
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.specs.load import apply_overrides, validate
 from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY, SshSettings
@@ -96,7 +96,7 @@ ENTRYPOINT_MODULES = ("jobgen.train", "torch", "lightning")
 
 def shown(text: str) -> str:
     """``text`` from a host, fit for one line of a message or comment: non-printable characters
-    escaped (:func:`~jobgen.backends.slurm_inventory.clean`), cut to :data:`SHOWN_MAX` characters."""
+    escaped (:func:`~jobgen.backends.slurm.inventory.clean`), cut to :data:`SHOWN_MAX` characters."""
     text = clean(text)
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX] + "..."
 
@@ -268,14 +268,14 @@ Runner = Callable[[Sequence[str], bytes], "subprocess.CompletedProcess[bytes]"]
 
 
 def _run_probe(argv: Sequence[str], script: bytes) -> subprocess.CompletedProcess[bytes]:
-    from jobgen.backends.ssh import run_ssh
+    from jobgen.backends.ssh.backend import run_ssh
 
     return run_ssh(argv, data=script, timeout_s=PROBE_TIMEOUT_S)
 
 
 def probe_argv(settings: SshSettings, host: str, marker: str) -> tuple[str, ...]:
     """The ssh argv of one host's probe: ``sh -s -- <marker> <python> <workdir>`` (quoted words;
-    the work directory as :func:`~jobgen.backends.ssh_launch.remote_path` writes it), the script on stdin."""
+    the work directory as :func:`~jobgen.backends.ssh.launch.remote_path` writes it), the script on stdin."""
     remote = f"sh -s -- {shlex.quote(marker)} {shlex.quote(settings.python)} {remote_path(settings.workdir)}"
     return ssh_argv(settings, host, remote)
 
@@ -287,7 +287,7 @@ def probe_hosts(settings: SshSettings, hosts: Sequence[str] | None = None, *, ru
     Raises:
         SubmitError: ssh is not installed here.
     """
-    from jobgen.backends.ssh import _each, _why
+    from jobgen.backends.ssh.backend import _each, _why
 
     marker = marker or f"jobgen-{secrets.token_hex(8)}"
     script = PROBE_SCRIPT.encode()
@@ -371,7 +371,7 @@ def _name(host: str) -> str:
 
 @dataclass
 class DetectedHosts(DetectedProfile):
-    """A detected ssh profile (:class:`~jobgen.backends.slurm_detect.DetectedProfile`; ``partition``
+    """A detected ssh profile (:class:`~jobgen.backends.slurm.detect.DetectedProfile`; ``partition``
     is empty) with the ``hosts`` probed."""
 
     hosts: tuple[str, ...] = ()

@@ -4,7 +4,7 @@ Launch contract: ``--ntasks-per-node`` = devices per node and ``srun python -m j
 so that Lightning's SLURMEnvironment sees ``SLURM_NTASKS_PER_NODE == devices`` and
 ``SLURM_NNODES == num_nodes`` (it raises otherwise); ``#SBATCH --signal=<SIG>@<grace_s>`` +
 ``--requeue`` for pre-emption; an explicit MASTER_PORT. Submitting, status, logs and cancel
-live in :mod:`jobgen.backends.slurm`.
+live in :mod:`jobgen.backends.slurm.backend`.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def format_mem(gib: float) -> str:
 def gpu_directives(s: SlurmSettings, *, gpus_per_node: int, tasks_per_node: int, nodes: int) -> list[tuple[str, str | None]]:
     """The GPU request of ``gpus_per_node`` GPUs on each of ``nodes`` nodes, ``tasks_per_node``
     tasks each, in the profile's ``gpu_request_style`` (the one place that decides it: the batch
-    script and the submitit executor, :mod:`jobgen.backends.slurm_submitit`, both ask here).
+    script and the submitit executor, :mod:`jobgen.backends.slurm.submitit_executor`, both ask here).
 
     - ``gres``: ``--gres=gpu[:<type>]:<gpus_per_node>`` (every SLURM version);
     - ``gpus-per-node``: ``--gpus-per-node=[<type>:]<gpus_per_node>`` (SLURM >= 19.05);
@@ -240,7 +240,7 @@ def site_directives(s: SlurmSettings) -> list[tuple[str, str | None]]:
     ``--account``, ``--qos``, ``--constraint`` (those set), ``--exclusive``, and with
     ``requeue``: ``--requeue`` plus ``--signal=[B:]<SIG>@<signal_grace_s>`` (``B:`` for
     ``signal_target: batch``; sbatch(1), "--signal"). Shared by the batch script and the submitit
-    executor (:mod:`jobgen.backends.slurm_submitit`)."""
+    executor (:mod:`jobgen.backends.slurm.submitit_executor`)."""
     out: list[tuple[str, str | None]] = []
     for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("constraint", s.constraint)):
         if value:
@@ -362,7 +362,7 @@ def code_env_prefix(ctx: PlanContext) -> list[str]:
 def launch_argv(ctx: PlanContext, spec_path: ShellText | None = None) -> list[str]:
     """The per-task command after ``srun``: container wrapper (if any) + the entrypoint, which
     reads ``spec_path`` (shell text; default ``"${JOB_DIR}"/spec.json``; a job array's task reads
-    its point's, :mod:`jobgen.backends.slurm_array`).
+    its point's, :mod:`jobgen.backends.slurm.array`).
 
     Command mode (``entrypoint``): ``bash -c <task_setup> jobgen-task`` first (see
     :func:`task_setup`), then the interpreter and :func:`jobgen.planning.command.target_argv`.

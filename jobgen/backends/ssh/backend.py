@@ -1,7 +1,7 @@
 """ssh backend: a job on machines without a scheduler, started, watched and stopped over OpenSSH.
 
 ``submit`` first asks every host (in parallel) whether it can be reached and has what the launch
-needs (:func:`~jobgen.backends.ssh_launch.probe_command`): one that cannot is named in the error
+needs (:func:`~jobgen.backends.ssh.launch.probe_command`): one that cannot is named in the error
 and nothing is copied or started. Then it snapshots the code (:mod:`jobgen.usercode.snapshot`, as SLURM
 and local submits do), packs the job directory and the snapshot into one tar archive, extracts it
 into ``<workdir>/<job name>/`` on every host (``ssh host 'cd <run dir> && tar -x ...'`` with the archive on stdin:
@@ -10,14 +10,14 @@ only tar is needed there, and the bytes arrive as they are here), starts ``bash 
 PID. The submission (:class:`~jobgen.jobdir.Submission`, handle ``ssh://<first host><run dir>``)
 is recorded before anything starts; a start that fails, or a launch that ends without writing its
 PID, stops the job on every host, takes the record back and fails the submit. ``status`` asks each host for the launch's PID, its exit code
-and how many of the job's processes are alive (:func:`~jobgen.backends.ssh_launch.job_state`;
+and how many of the job's processes are alive (:func:`~jobgen.backends.ssh.launch.job_state`;
 a completed job's straggler from node 0's summary.json);
 ``logs`` prints one node's ``node-<rank>.log``; ``cancel`` marks the run cancelled, sends TERM to
 each launch script (which passes it to torchrun, which stops its workers) and, after a grace
 period, SIGKILL to whatever of the job is left, then checks that nothing is.
 
-Every ssh call is an argv list (:func:`~jobgen.backends.ssh_launch.ssh_argv`, BatchMode); the
-command lines are planned in :mod:`jobgen.backends.ssh_launch`.
+Every ssh call is an argv list (:func:`~jobgen.backends.ssh.launch.ssh_argv`, BatchMode); the
+command lines are planned in :mod:`jobgen.backends.ssh.launch`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,23 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, not_supported, secrets_location
-from jobgen.backends.ssh_launch import (
+from jobgen.backends.base import (
+    Backend,
+    Echo,
+    JobStatus,
+    LogOptions,
+    PendingSubmit,
+    SubmitOptions,
+    SubmitResult,
+    not_supported,
+    plan_spec_file,
+    secrets_location,
+)
+from jobgen.backends.ssh.launch import (
     DONE,
     MISSING,
     MODULE,
@@ -65,7 +77,7 @@ from jobgen.backends.ssh_launch import (
     watcher_alive,
 )
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_SUBDIR, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
+from jobgen.jobdir.files import CODE_SUBDIR, SPEC_SOURCE_ENV, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.spec import read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
 from jobgen.jobdir.summary import parse_summary
@@ -129,7 +141,7 @@ def _timeout(settings: SshSettings, extra: float) -> float:
 
 
 def probe(settings: SshSettings) -> None:
-    """Every host answers over ssh and has :data:`~jobgen.backends.ssh_launch.HOST_TOOLS` and
+    """Every host answers over ssh and has :data:`~jobgen.backends.ssh.launch.HOST_TOOLS` and
     the profile's python (asked in parallel).
 
     Raises:
@@ -205,7 +217,7 @@ def _settings(handle: JobHandle) -> tuple[SshSettings, str]:
 
 
 def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeReport]:
-    """Every host's :class:`~jobgen.backends.ssh_launch.NodeReport` (asked in parallel)."""
+    """Every host's :class:`~jobgen.backends.ssh.launch.NodeReport` (asked in parallel)."""
     def ask(rank: int, host: str) -> NodeReport:
         proc = run_ssh(ssh_argv(settings, host, status_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
         if proc.returncode != 0:
@@ -213,38 +225,6 @@ def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeRepo
         return parse_report(host, rank, proc.stdout.decode(errors="replace"))
 
     return _each(settings.hosts, ask)
-
-
-def status(handle: JobHandle) -> JobStatus:
-    """The job's state from its hosts (:func:`~jobgen.backends.ssh_launch.job_state`); details:
-    each node's host, live processes and exit code, and the run directory.
-
-    Raises:
-        ConfigError: not an ssh handle, or no record of it here.
-        SubmitError: no host could be reached (the message names each and why).
-    """
-    settings, run = _settings(handle)
-    nodes = reports(settings, run, handle)
-    if not any(n.reached for n in nodes):
-        raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
-                          hint="check the network and that ssh reaches them without a prompt")
-    state, details = job_state(nodes)
-    details["run_dir"] = run
-    if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
-        proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
-        details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
-    submission = find_submission(handle)
-    watched = read_record(Path(submission.job_dir)) if submission is not None else None
-    if watched is None:
-        return JobStatus(handle, state, "ssh", details)
-    details |= restart_details(watched["max_restarts"], watched["restarts"])
-    ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
-    if ended and watched["state"] != DONE and watcher_alive(watched):
-        state = "RESTARTING"
-        details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
-                             + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
-    # the watcher's evidence is of the attempt it decided last: this one's only once it is done
-    return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
 
 def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
@@ -258,89 +238,8 @@ def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds:
         time.sleep(POLL_S)
 
 
-def submit_dir(job_dir: Path, options: SubmitOptions, out: Echo = print, *, spec_file: Path | None = None) -> JobHandle:
-    """Copy the job directory ``job_dir`` (and the code snapshot) to every host and start it
-    there (see the module docstring for the order of things).
-
-    Raises:
-        ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set; the
-            code's work tree has uncommitted changes (without ``options.allow_dirty``).
-        SubmitError: a host cannot be reached or lacks a tool (before anything is copied); the job
-            of this run directory is still running; a copy or a start failed (whatever started is
-            stopped again).
-    """
-    job_dir = job_dir.resolve()
-    resolved = read_resolved_spec(job_dir)
-    settings = resolved.launch.ssh
-    if resolved.launch.scheduler != "ssh" or settings is None:
-        raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
-                          hint="submit it with its own profile, or render the spec with an ssh profile")
-    name, secrets = resolved.spec.name, resolved.spec.secrets
-    location = secrets_location(job_dir, spec_file)
-    check_present(secrets, dict(os.environ), location=location)
-    secret_data = _secret_lines(secrets, location)
-    handle, run = handle_for(settings, name), run_dir(settings, name)
-    probe(settings)  # every host, before anything is copied or started
-    if find_submission(handle) is not None:
-        before = status(handle)
-        if before.state in ("RUNNING", "PENDING"):
-            raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
-                              hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
-    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
-
-    local_run = options.runs_dir.resolve() / name
-    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=local_run, allow_dirty=options.allow_dirty, out=out)
-    # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
-    spec_source = str(spec_file.resolve()) if spec_file is not None and resolved.spec.entrypoint is None else None
-    commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
-    with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
-        archive = Path(tmp) / "job.tar"
-        with archive.open("wb") as sink:
-            pack(job_dir, code, sink)
-        size = archive.stat().st_size
-
-        def copy(rank: int, host: str) -> str | None:
-            with archive.open("rb") as stream:  # each host reads the archive from its start
-                proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
-            return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
-
-        out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code.id}" if code else "")
-            + f") to {run} on {len(settings.hosts)} host(s)")
-        failed = [f for f in _each(settings.hosts, copy) if f is not None]
-    if failed:
-        raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
-                          hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
-
-    # Recorded before anything starts: a job running on the hosts always has its record here
-    # (status, logs and cancel find its hosts); an undone start takes the record back.
-    record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
-                            code_dir=snapshot_dir(run, code.id) if code else None, code=code.record if code else None,
-                            ssh=settings)
-    record.save()
-    (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
-
-    started, problems = _start_hosts(settings, handle, run, commands.start, secret_data)
-    if problems:
-        _undo(settings, handle, record)
-        if not started:
-            raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
-                              + "\n  ".join(problems), hint="the hosts' messages are above")
-        raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
-                          + "\n  ".join(problems),
-                          hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
-    master = settings.rendezvous_host
-    out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
-        + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
-    budget = resolved.spec.restart.max_restarts
-    if budget:
-        pid = start_watcher(job_dir, str(handle), spec_source)
-        out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
-            f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
-    return handle
-
-
 def start_watcher(job_dir: Path, handle: str, spec_source: str | None) -> int:
-    """Start the restart watcher (:mod:`jobgen.backends.ssh_restart`) of ``handle`` in a session of
+    """Start the restart watcher (:mod:`jobgen.backends.ssh.restart`) of ``handle`` in a session of
     its own (it outlives ``jobgen submit``), its output appended to ``<job dir>/``:data:`WATCH_LOG`;
     it inherits this environment (the spec's secrets, which a restart hands to the hosts again).
     Returns its PID.
@@ -429,82 +328,8 @@ def _undo(settings: SshSettings, handle: JobHandle, record: Submission) -> None:
 _REPLICA_RE = re.compile(r"^node-(\d+)$")
 
 
-def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, out: Echo = print) -> None:
-    """Print node ``replica``'s output (``node-<rank>``, default ``node-0``: global rank zero runs
-    there) from its host; with ``follow``, keep printing until the job has ended (Ctrl-C stops).
-
-    Raises:
-        ConfigError: ``replica`` is not ``node-<rank>`` of this job; no record of the job here.
-        SubmitError: the host cannot be reached.
-    """
-    settings, run = _settings(handle)
-    match = _REPLICA_RE.match(replica or "node-0")
-    if match is None or int(match.group(1)) >= len(settings.hosts):
-        raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
-                          hint="one of: " + ", ".join(f"node-{i} ({h})" for i, h in enumerate(settings.hosts)))
-    rank = int(match.group(1))
-    host = settings.hosts[rank]
-    offset, pending, finished, checks = 0, b"", not follow, 0
-    while True:
-        proc = run_ssh(ssh_argv(settings, host, log_command(run, rank, offset)), timeout_s=_timeout(settings, 120))
-        if proc.returncode not in (0, NO_LOG_EXIT):
-            raise SubmitError(f"cannot read node {rank}'s output on {host}: {_why(proc)}", hint="check that ssh reaches the host")
-        if proc.returncode == 0:
-            offset += len(proc.stdout)
-            *lines, pending = (pending + proc.stdout).split(b"\n")
-            for line in lines:
-                out(line.decode(errors="replace"))
-        elif not follow:
-            out(f"jobgen: node {rank} ({host}) has written no output yet to {run}")
-            return
-        if finished:
-            if pending:
-                out(pending.decode(errors="replace"))
-            return
-        checks += 1
-        if checks % 5 == 0:
-            state = status(handle)
-            finished = state.finished or state.state == "UNKNOWN"
-            if finished:
-                continue  # one more read drains what the node wrote last
-        time.sleep(POLL_S)
-
-
-def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-    """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
-    its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
-    processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
-
-    Raises:
-        ConfigError: not an ssh handle, or no record of it here.
-        SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
-    """
-    settings, run = _settings(handle)
-    _stop_watcher(handle)  # first: it would start the job again
-
-    def stop(rank: int, host: str) -> str | None:
-        proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
-        return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
-
-    unreached = [f for f in _each(settings.hosts, stop) if f]
-    nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
-    if any(n.procs for n in nodes):
-        left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
-        out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
-        _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
-                                                         timeout_s=_timeout(settings, 60)))
-        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
-    unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
-    left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
-    if unreached or left:
-        raise SubmitError(f"{handle} may not have stopped everywhere: " + "; ".join([*unreached, *left]),
-                          hint=f"run `jobgen cancel {handle}` again once the hosts answer")
-    state, details = job_state(nodes)
-    return JobStatus(handle, state, "ssh", {**details, "run_dir": run})
-
-
 def _stop_watcher(handle: JobHandle) -> None:
-    """End the job's restart watcher (:mod:`jobgen.backends.ssh_restart`) when it runs here, and
+    """End the job's restart watcher (:mod:`jobgen.backends.ssh.restart`) when it runs here, and
     mark its record done (``CANCELLED``)."""
     import signal
 
@@ -525,6 +350,14 @@ def _stop_watcher(handle: JobHandle) -> None:
                                                      "reason": "jobgen cancel stopped it"}, indent=2) + "\n")
 
 
+@dataclass
+class SshSubmit(PendingSubmit):
+    """An ssh submission on its way: the profile's hosts and the secrets' lines each host's start reads."""
+
+    settings: SshSettings | None = None
+    secret_data: bytes | None = None
+
+
 class SshBackend(Backend):
     """Hosts without a scheduler, over OpenSSH (``scheduler: ssh``)."""
 
@@ -534,28 +367,212 @@ class SshBackend(Backend):
     log_options = frozenset({"replica"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.ssh_launch.plan`."""
+        """See :func:`jobgen.backends.ssh.launch.plan`."""
         return plan(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """See :func:`submit_dir`."""
-        self.check_options(options)
-        handle = submit_dir(job_dir, options, out, spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None)
-        return SubmitResult("submitted", handle, Submission.load(job_dir.resolve() / SUBMISSION_FILE))
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> SshSubmit:
+        """What copying the job directory ``job_dir`` (and the code snapshot) to every host and
+        starting it there needs, checked before anything is copied or started (see the module
+        docstring for the order of things; :meth:`~jobgen.backends.base.Backend.submit` runs the
+        steps). The code snapshot is taken into ``<options.runs_dir>/<job name>`` on this machine,
+        then copied with the job directory.
+
+        Raises:
+            ConfigError: ``job_dir`` is not an ssh job directory; a secret of the spec is not set.
+            SubmitError: a host cannot be reached or lacks a tool; the job of this run directory is
+                still running.
+        """
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
+        settings = resolved.launch.ssh
+        if resolved.launch.scheduler != "ssh" or settings is None:
+            raise ConfigError(f"{job_dir} was rendered for {resolved.launch.scheduler}, not for hosts over ssh",
+                              hint="submit it with its own profile, or render the spec with an ssh profile")
+        local_run = options.runs_dir.resolve() / resolved.spec.name
+        job = SshSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan), run_dir=local_run,
+                        run_dirs=(local_run,), settings=settings)
+        location = secrets_location(job_dir, job.spec_file)
+        check_present(resolved.spec.secrets, job.environ, location=location)
+        job.secret_data = _secret_lines(resolved.spec.secrets, location)
+        handle = handle_for(settings, resolved.spec.name)
+        probe(settings)  # every host, before anything is copied or started
+        if find_submission(handle) is not None:
+            before = self.status(handle)
+            if before.state in ("RUNNING", "PENDING"):
+                raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
+                                  hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
+        return job
+
+    def prepare_run_dirs(self, job: PendingSubmit) -> None:
+        """Nothing: the run directory is on the hosts; the snapshot makes the local one it needs."""
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """Copy the job directory and the snapshot to every host, record the submission, start
+        the launch on every host and wait until each has written its PID (action ``submitted``);
+        with a restart budget, start the restart watcher on this machine.
+
+        Raises:
+            SubmitError: a copy or a start failed (whatever started is stopped again, the record
+                taken back).
+        """
+        assert isinstance(job, SshSubmit) and job.settings is not None
+        job_dir, resolved, code, settings, out = job.job_dir, job.resolved, job.code, job.settings, job.out
+        name, secrets = resolved.spec.name, resolved.spec.secrets
+        handle, run = handle_for(settings, name), run_dir(settings, name)
+        # the bundled entrypoint's input errors name the user's spec file (as local and SLURM runs do)
+        spec_source = job.environ.get(SPEC_SOURCE_ENV)
+        commands = submit_commands(settings, name, snapshot_id=code.id if code else None, secrets=secrets, spec_source=spec_source)
+        with tempfile.TemporaryDirectory(prefix="jobgen-ssh-") as tmp:
+            archive = Path(tmp) / "job.tar"
+            with archive.open("wb") as sink:
+                pack(job_dir, code, sink)
+            size = archive.stat().st_size
+
+            def copy(rank: int, host: str) -> str | None:
+                with archive.open("rb") as stream:  # each host reads the archive from its start
+                    proc = run_ssh(commands.copy[rank].argv, stdin=stream, timeout_s=COPY_TIMEOUT_S)
+                return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+            out(f"jobgen: copying {size / 1e6:.1f} MB (the job directory" + (f" and code snapshot {code.id}" if code else "")
+                + f") to {run} on {len(settings.hosts)} host(s)")
+            failed = [f for f in _each(settings.hosts, copy) if f is not None]
+        if failed:
+            raise SubmitError("the copy to the hosts failed; nothing was started:\n  " + "\n  ".join(failed),
+                              hint=f"check that the user can write {settings.workdir} on every host (ssh.workdir) and that tar is GNU tar or bsdtar")
+
+        # Recorded before anything starts: a job running on the hosts always has its record here
+        # (status, logs and cancel find its hosts); an undone start takes the record back.
+        record = Submission.now(handle=str(handle), job_dir=str(job_dir), run_dir=run, inputs_sha256=resolved.inputs_sha256,
+                                code_dir=snapshot_dir(run, code.id) if code else None, code=code.record if code else None,
+                                ssh=settings)
+        record.save()
+        (job_dir / RESTARTS_FILE).unlink(missing_ok=True)  # an earlier submission's watcher record
+
+        started, problems = _start_hosts(settings, handle, run, commands.start, job.secret_data)
+        if problems:
+            _undo(settings, handle, record)
+            if not started:
+                raise SubmitError("the launch could not be started on every host; what started was stopped again:\n  "
+                                  + "\n  ".join(problems), hint="the hosts' messages are above")
+            raise SubmitError("the launch did not start on every host; what started was stopped again and nothing is recorded:\n  "
+                              + "\n  ".join(problems),
+                              hint=f"each node's output is in {run}/node-<rank>.log on its host; fix what it says and submit again")
+        job.launched = True  # running on every host: nothing is undone from here on
+        master = settings.rendezvous_host
+        out(f"jobgen: {resolved.launch.world_size} rank(s) on {len(settings.hosts)} host(s): "
+            + ", ".join(f"{h} (node {i})" for i, h in enumerate(settings.hosts)) + f"; rendezvous {master}:{settings.master_port}")
+        budget = resolved.spec.restart.max_restarts
+        if budget:
+            pid = start_watcher(job_dir, str(handle), spec_source)
+            out(f"jobgen: restart budget {budget} (restart.max_restarts): this machine watches the job (pid {pid}, log "
+                f"{job_dir / WATCH_LOG}) and starts it again after a retried failure; keep it running")
+        return SubmitResult("submitted", handle, record)
+
 
     def status(self, handle: JobHandle) -> JobStatus:
-        """See :func:`status`."""
-        return status(handle)
+        """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
+        each node's host, live processes and exit code, and the run directory.
+
+        Raises:
+            ConfigError: not an ssh handle, or no record of it here.
+            SubmitError: no host could be reached (the message names each and why).
+        """
+        settings, run = _settings(handle)
+        nodes = reports(settings, run, handle)
+        if not any(n.reached for n in nodes):
+            raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
+                              hint="check the network and that ssh reaches them without a prompt")
+        state, details = job_state(nodes)
+        details["run_dir"] = run
+        if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
+            proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
+            details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
+        submission = find_submission(handle)
+        watched = read_record(Path(submission.job_dir)) if submission is not None else None
+        if watched is None:
+            return JobStatus(handle, state, "ssh", details)
+        details |= restart_details(watched["max_restarts"], watched["restarts"])
+        ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
+        if ended and watched["state"] != DONE and watcher_alive(watched):
+            state = "RESTARTING"
+            details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
+                                 + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
+        # the watcher's evidence is of the attempt it decided last: this one's only once it is done
+        return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Node ``options.replica``'s output (``node-<rank>``, default ``node-0``); see :func:`logs`."""
+        """Print node ``options.replica``'s output (``node-<rank>``, default ``node-0``: global rank zero
+        runs there) from its host; with ``options.follow``, keep printing until the job has ended (Ctrl-C stops).
+
+        Raises:
+            ConfigError: ``replica`` is not ``node-<rank>`` of this job; no record of the job here.
+            SubmitError: the host cannot be reached.
+        """
         self.check_options(options)
-        logs(handle, replica=options.replica, follow=options.follow, out=out)
+        replica, follow = options.replica, options.follow
+        settings, run = _settings(handle)
+        match = _REPLICA_RE.match(replica or "node-0")
+        if match is None or int(match.group(1)) >= len(settings.hosts):
+            raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
+                              hint="one of: " + ", ".join(f"node-{i} ({h})" for i, h in enumerate(settings.hosts)))
+        rank = int(match.group(1))
+        host = settings.hosts[rank]
+        offset, pending, finished, checks = 0, b"", not follow, 0
+        while True:
+            proc = run_ssh(ssh_argv(settings, host, log_command(run, rank, offset)), timeout_s=_timeout(settings, 120))
+            if proc.returncode not in (0, NO_LOG_EXIT):
+                raise SubmitError(f"cannot read node {rank}'s output on {host}: {_why(proc)}", hint="check that ssh reaches the host")
+            if proc.returncode == 0:
+                offset += len(proc.stdout)
+                *lines, pending = (pending + proc.stdout).split(b"\n")
+                for line in lines:
+                    out(line.decode(errors="replace"))
+            elif not follow:
+                out(f"jobgen: node {rank} ({host}) has written no output yet to {run}")
+                return
+            if finished:
+                if pending:
+                    out(pending.decode(errors="replace"))
+                return
+            checks += 1
+            if checks % 5 == 0:
+                state = self.status(handle)
+                finished = state.finished or state.state == "UNKNOWN"
+                if finished:
+                    continue  # one more read drains what the node wrote last
+            time.sleep(POLL_S)
 
     def first_error(self, handle: JobHandle) -> Triage:
         """Not offered yet: each node's output is on its host."""
         raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {handle}")
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-        """See :func:`cancel`."""
-        return cancel(handle, wait_s=wait_s, out=out)
+        """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
+        its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
+        processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
+
+        Raises:
+            ConfigError: not an ssh handle, or no record of it here.
+            SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
+        """
+        settings, run = _settings(handle)
+        _stop_watcher(handle)  # first: it would start the job again
+
+        def stop(rank: int, host: str) -> str | None:
+            proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
+            return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
+
+        unreached = [f for f in _each(settings.hosts, stop) if f]
+        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
+        if any(n.procs for n in nodes):
+            left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
+            out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
+            _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
+                                                             timeout_s=_timeout(settings, 60)))
+            nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
+        unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
+        left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
+        if unreached or left:
+            raise SubmitError(f"{handle} may not have stopped everywhere: " + "; ".join([*unreached, *left]),
+                              hint=f"run `jobgen cancel {handle}` again once the hosts answer")
+        state, details = job_state(nodes)
+        return JobStatus(handle, state, "ssh", {**details, "run_dir": run})

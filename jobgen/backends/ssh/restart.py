@@ -3,8 +3,8 @@
 The hosts have no scheduler and need not reach each other over ssh, so the one place that sees
 every node and can start them again is the machine ``jobgen submit`` ran on. When the spec has
 a budget (``restart.max_restarts`` > 0), ``jobgen submit`` starts this watcher
-(``python -m jobgen.backends.ssh_restart``) in a session of its own after the launch; it asks the
-hosts every :data:`POLL_S` seconds how the job goes (:func:`jobgen.backends.ssh.reports`).
+(``python -m jobgen.backends.ssh.restart``) in a session of its own after the launch; it asks the
+hosts every :data:`POLL_S` seconds how the job goes (:func:`jobgen.backends.ssh.backend.reports`).
 
 When every node has ended and one failed (or a launch ended without an exit code), it reads the
 end of each node's output of that attempt (from launch.sh's start line on), classes the failure
@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobgen.backends.ssh_launch import DONE, MODULE, RESTARTING, RESTARTS_FILE, WATCHING
+from jobgen.backends.ssh.launch import DONE, MODULE, RESTARTING, RESTARTS_FILE, WATCHING
 from jobgen.errors import JobgenError, printable
 from jobgen.jobdir.files import SUMMARY_FILE, write_atomic
 from jobgen.reports.attempts import restart_entry, torchrun_evidence, with_restarts
@@ -81,9 +81,9 @@ def decide(evidence: Sequence[Evidence], used: int, budget: int, what: str) -> t
 
 
 class Hosts:
-    """What the watcher does on the hosts (ssh, :mod:`jobgen.backends.ssh`); a test passes a fake.
+    """What the watcher does on the hosts (ssh, :mod:`jobgen.backends.ssh.backend`); a test passes a fake.
 
-    Methods: ``state()`` -> (state, node reports) as :func:`jobgen.backends.ssh_launch.job_state`;
+    Methods: ``state()`` -> (state, node reports) as :func:`jobgen.backends.ssh.launch.job_state`;
     ``output(rank)`` -> the end of node ``rank``'s output (``""`` when unread); ``shared()`` ->
     whether the other hosts see node 0's files; ``copy_checkpoints()``; ``kill()``; ``start()``
     -> problems (empty: every launch confirmed); ``read_summary()`` -> node 0's summary.json text
@@ -91,8 +91,8 @@ class Hosts:
     """
 
     def __init__(self, handle: str, spec_source: str | None):
-        from jobgen.backends import ssh
-        from jobgen.backends import ssh_launch as launch
+        from jobgen.backends.ssh import backend as ssh
+        from jobgen.backends.ssh import launch
         from jobgen.jobdir.submission import JobHandle
 
         self.ssh, self.launch = ssh, launch
@@ -166,7 +166,7 @@ def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], s
     """Watch the job until it ends for good; returns how: ``COMPLETED``, ``FAILED``, ``CANCELLED``
     or ``UNKNOWN`` (the hosts stayed unreached for :data:`UNREACHED_LIMIT_S`). Records each
     decision in ``job_dir`` (:data:`RESTARTS_FILE`) as it is made. ``launch_line(rank)``: the
-    start of launch.sh's line on node ``rank`` (:data:`jobgen.backends.ssh_launch.LAUNCH_LINE`).
+    start of launch.sh's line on node ``rank`` (:data:`jobgen.backends.ssh.launch.LAUNCH_LINE`).
     ``notify(entry, budget)``: called with each restart's record once it is decided, before the
     hosts are started again (:meth:`jobgen.events.notifier.Notifier.send_restart`: the ``restart`` event)."""
     record: dict[str, Any] = {"max_restarts": budget, "restarts": [], "state": WATCHING, "pid": os.getpid(), "evidence": [],
@@ -258,9 +258,9 @@ def _add_to_summary(hosts: Any, record: dict[str, Any], out: Callable[[str], Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jobgen.backends.ssh_restart --job-dir DIR --handle H [--spec-source FILE]``:
+    """``python -m jobgen.backends.ssh.restart --job-dir DIR --handle H [--spec-source FILE]``:
     watch the job (:func:`watch`) with the budget of the job directory's spec.json."""
-    from jobgen.backends.ssh_launch import LAUNCH_LINE
+    from jobgen.backends.ssh.launch import LAUNCH_LINE
     from jobgen.events.notifier import Notifier
     from jobgen.jobdir.spec import read_resolved_spec
 

@@ -2,7 +2,7 @@
 (``sinfo --version``), the controller's settings (``scontrol show config``), partitions and
 their nodes (``sinfo --json``, or ``sinfo``'s text), the user's accounts and QOS (``sacctmgr``).
 
-Pure: no I/O; :mod:`jobgen.backends.slurm_detect` runs the commands and hands the text in.
+Pure: no I/O; :mod:`jobgen.backends.slurm.detect` runs the commands and hands the text in.
 Every value read here is input from the cluster: a value that cannot be read becomes a note
 naming the command and the line or JSON path (the record is left out), never an exception
 other than :class:`InventoryError`, which names the same.

@@ -115,10 +115,10 @@ def pod_progress(handle: Any, *, kubeconfig: str | None = None, now: float | Non
         SubmitError: the API server cannot be reached or refuses the request (a pod's log that is
             gone is not an error: that pod is skipped).
     """
-    from jobgen.backends import kubernetes as k8s
-    from jobgen.backends.k8s_api import ApiError
-    from jobgen.backends.k8s_manifest import core_path
-    from jobgen.backends.k8s_pods import container_started, job_pods
+    from jobgen.backends.kubernetes import backend as k8s
+    from jobgen.backends.kubernetes.api import ApiError
+    from jobgen.backends.kubernetes.manifest import core_path
+    from jobgen.backends.kubernetes.pods import container_started, job_pods
 
     cluster, kind, namespace, name, job = k8s._find(handle, kubeconfig)
     if job is None:

@@ -1,7 +1,7 @@
 """The pods of a Kubernetes job, as the operator (PyTorchJob) or JobSet (TrainJob) labels
 them: what each is doing (:func:`pod_summary`, ``details["pods"]`` of ``jobgen status``) and what
 they used (:func:`pod_usage`, the device-hours it reports for a ``k8s://`` handle). Submit,
-status, logs and cancel are in :mod:`jobgen.backends.kubernetes`.
+status, logs and cancel are in :mod:`jobgen.backends.kubernetes.backend`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from jobgen.backends.base import recorded_launch
-from jobgen.backends.k8s_api import Cluster
-from jobgen.backends.k8s_manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_path
-from jobgen.backends.k8s_validate import _kubernetes_parse_quantity
+from jobgen.backends.kubernetes.api import Cluster
+from jobgen.backends.kubernetes.manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_path
+from jobgen.backends.kubernetes.validate import _kubernetes_parse_quantity
 from jobgen.errors import printable
 from jobgen.jobdir.submission import JobHandle
 from jobgen.reports.failure_class import Evidence

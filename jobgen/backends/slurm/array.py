@@ -26,7 +26,7 @@ from typing import Any
 
 from jobgen import __version__
 from jobgen.backends.base import common_files, job_env, render_job_template
-from jobgen.backends.slurm_script import (
+from jobgen.backends.slurm.script import (
     RUNS_DIR_PLACEHOLDER,
     launch_argv,
     master_port_window,

@@ -1,6 +1,6 @@
 """The restarts a Kubernetes job with a restart budget has used, for ``jobgen status``: from the
 launch wrapper's line at the head of each pod's log, else the pods' ``restartCount``. Status,
-logs and cancel are in :mod:`jobgen.backends.kubernetes`.
+logs and cancel are in :mod:`jobgen.backends.kubernetes.backend`.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from jobgen.backends.k8s_api import ApiError, Cluster
-from jobgen.backends.k8s_manifest import core_path
-from jobgen.backends.k8s_pods import container_started
+from jobgen.backends.kubernetes.api import ApiError, Cluster
+from jobgen.backends.kubernetes.manifest import core_path
+from jobgen.backends.kubernetes.pods import container_started
 from jobgen.errors import SubmitError
 
 #: Bytes read from the head of each pod's log for the launcher's restart line.

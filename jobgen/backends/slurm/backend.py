@@ -1,21 +1,17 @@
 """SLURM backend: submit a rendered job directory with ``sbatch --parsable``, then status
 (squeue, accounting, the job-completion log), logs (``srun --label`` prefixes) and cancel by
 handle (``slurm://<cluster>/<jobid>``), first-failure triage and GPU-hours from the same
-sources. The batch script is planned in :mod:`jobgen.backends.slurm_script`.
-
-Size: above ~500 lines on purpose: every operation here — for a job, a job array and one of its
-tasks — reads the same scheduler sources (squeue, accounting, the job-completion log, the output
-files) through the same helpers, which stay together. squeue's JSON of each SLURM release is
-decoded in :mod:`jobgen.backends.slurm_json`; array tasks in the job-completion log are found
-by :mod:`jobgen.backends.slurm_jobcomp`.
+sources: :class:`SlurmBackend`. The batch script is planned in :mod:`jobgen.backends.slurm.script`;
+squeue's JSON of each SLURM release is decoded in :mod:`jobgen.backends.slurm.squeue_json`; array
+tasks in the job-completion log are found by :mod:`jobgen.backends.slurm.jobcomp`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,20 +22,22 @@ from jobgen.backends.base import (
     Echo,
     JobStatus,
     LogOptions,
+    PendingSubmit,
     SubmitOptions,
     SubmitResult,
+    plan_spec_file,
     recorded_launch,
     run_command,
     secrets_location,
 )
-from jobgen.backends.slurm_array import task_log_name
-from jobgen.backends.slurm_jobcomp import FILETXT, completion_log, read_array
-from jobgen.backends.slurm_json import SqueueJob, SqueueReply, decode_squeue
-from jobgen.backends.slurm_script import TEMPLATE, plan, run_dir_name, sbatch_command
+from jobgen.backends.slurm.array import task_log_name
+from jobgen.backends.slurm.jobcomp import FILETXT, completion_log, read_array
+from jobgen.backends.slurm.script import TEMPLATE, plan, run_dir_name, sbatch_command
+from jobgen.backends.slurm.squeue_json import SqueueJob, SqueueReply, decode_squeue
 from jobgen.errors import ConfigError, SubmitError
-from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SUBMISSION_FILE, DirUndo, ignore_run_dir, point_file
-from jobgen.jobdir.runs import check_run_dir, ensure_tracking_record
-from jobgen.jobdir.spec import ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
+from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, point_file
+from jobgen.jobdir.runs import check_run_dir
+from jobgen.jobdir.spec import ArrayIndex, ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import ArrayTask, JobHandle, Submission, find_submission
 from jobgen.planning.environment import check_present, unexported
 from jobgen.planning.plan import JobPlan, PlanContext
@@ -86,85 +84,6 @@ def check_secrets(job_dir: Path, secrets: tuple[str, ...], environ: dict[str, st
         )
 
 
-def submit_dir(job_dir: Path, *, runs_dir: Path, test_only: bool = False, force: bool = False,
-               env: dict[str, str] | None = None, out: Callable[[str], None] = print, spec_file: Path | None = None,
-               allow_dirty: bool = False, resolved: ResolvedSpec | None = None) -> tuple[JobHandle, Submission] | None:
-    """``sbatch --parsable`` the rendered ``job.sbatch`` in ``job_dir`` and record the submission;
-    returns the handle and the record written, or None for ``test_only``.
-
-    ``resolved``: the :class:`ResolvedSpec` of a single job just written into ``job_dir`` from
-    its plan (``jobgen submit SPEC``), used instead of reading spec.json back; None: read from
-    ``job_dir`` (a rendered directory submitted as is, a job array).
-
-    The run directory is ``<runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs_dir>``,
-    created first) and the job's working directory (``--chdir``), so SLURM's output goes to
-    ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean. ``env`` adds
-    variables for sbatch (which exports the submitting environment to the job, the spec's
-    ``secrets`` included: checked first, :func:`check_secrets`). ``test_only``
-    runs ``sbatch --test-only`` (SLURM checks the request and estimates a start; nothing is
-    queued), passes SLURM's answer to ``out`` and returns ``None``.
-
-    Before sbatch the code is snapshotted (:mod:`jobgen.usercode.snapshot`: the git repository holding
-    ``spec_file``, or without one the repository holding ``job_dir``) into
-    ``<run dir>/code/<id>/``; sbatch gets ``JOBGEN_CODE_DIR=<snapshot>`` and PYTHONPATH with the
-    snapshot first, and exports both to the job. A requeued job keeps the environment it was
-    submitted with, so it runs the same snapshot; job.sbatch (for a spec with ``code``) and the
-    entrypoint put it first on PYTHONPATH again. ``test_only`` only checks the work tree.
-
-    Raises:
-        ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set
-            (nothing is submitted); the run directory (an array task's) holds a run of another
-            profile or shape (:func:`~jobgen.jobdir.check_run_dir`, exit 2; nothing is submitted);
-            the run dir path contains ``%`` or a backslash (SLURM's output filename patterns
-            cannot carry them); the code's work tree has uncommitted changes
-            (without ``allow_dirty``) or ``$SBATCH_EXPORT`` would drop the snapshot's variables.
-        SubmitError: the same job directory has a job still pending or running (without
-            ``force``), or sbatch failed (argv, exit code and SLURM's message are shown).
-    """
-    job_dir = job_dir.resolve()
-    array = None
-    if resolved is None:
-        resolved = read_job_dir(job_dir)
-        array = read_array_index(job_dir)
-    environ = {**os.environ, **(env or {})}
-    check_secrets(job_dir, resolved.spec.secrets, environ, spec_file)
-    # a job array: the array's directory under the runs dir is its working directory (the tasks'
-    # logs, the code snapshot); each task trains in <runs dir>/<its point's name>
-    run_dir = runs_dir.resolve() / run_dir_name(array.name if array is not None else resolved.spec.name)
-    task_dirs = [runs_dir.resolve() / run_dir_name(p.name) for p in array.points] if array is not None else []
-    for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
-        if char in str(run_dir):
-            raise ConfigError(
-                f"run directory {run_dir} contains {char!r}: SLURM {why} in output file paths "
-                "(sbatch(1), filename pattern), so the job could not open its log there",
-                hint="pick another --runs-dir (the job directory and the job name may contain it)",
-            )
-    # a run directory holds one run: another profile's or shape's is refused here, before anything
-    # is queued, not on a node once the job starts (jobgen.jobdir.check_run_dir; _sbatch claims it)
-    for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
-        check_run_dir(directory, spec_of)
-    previous = job_dir / SUBMISSION_FILE
-    if previous.is_file() and not force and not test_only:
-        record = Submission.load(previous)
-        old = status(JobHandle.parse(record.handle))
-        if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
-            raise SubmitError(
-                f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
-                hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
-                "or submit a second copy with --force",
-            )
-    undo = [DirUndo.capture(d) for d in (run_dir, *task_dirs)]
-    queued: list[str] = []
-    try:
-        return _sbatch(job_dir, resolved, array, environ, run_dir, task_dirs, runs_dir=runs_dir, test_only=test_only,
-                       out=out, spec_file=spec_file, allow_dirty=allow_dirty, queued=queued)
-    except BaseException:
-        if not queued:  # nothing was queued: the run directories go back to what they were
-            for state in undo:
-                state.undo()
-        raise
-
-
 def _trained_runs(job_dir: Path, resolved: ResolvedSpec, array: Any, run_dir: Path,
                   task_dirs: list[Path]) -> list[tuple[ResolvedSpec, Path]]:
     """Each run the job trains and its run directory: the job's own, or every array task's (its
@@ -172,61 +91,6 @@ def _trained_runs(job_dir: Path, resolved: ResolvedSpec, array: Any, run_dir: Pa
     if array is None:
         return [(resolved, run_dir)]
     return [(load_resolved_spec(job_dir / point_file(p.index, SPEC_FILE)), d) for p, d in zip(array.points, task_dirs, strict=True)]
-
-
-def _sbatch(job_dir: Path, resolved: ResolvedSpec, array: Any, environ: dict[str, str], run_dir: Path, task_dirs: list[Path], *,
-            runs_dir: Path, test_only: bool, out: Callable[[str], None], spec_file: Path | None,
-            allow_dirty: bool, queued: list[str]) -> tuple[JobHandle, Submission] | None:
-    """:func:`submit_dir` from the run directories on: snapshot, sbatch (its job id appended to
-    ``queued`` as soon as SLURM has queued it), the submission record (returned with the handle)."""
-    for directory in (run_dir, *task_dirs):
-        directory.mkdir(parents=True, exist_ok=True)
-        ignore_run_dir(directory)
-    if not test_only:  # one tracker run per job (per array task): its key, made at the first submit
-        for spec_of, directory in _trained_runs(job_dir, resolved, array, run_dir, task_dirs):
-            check_run_dir(directory, spec_of, claim=True)  # the directory is this run's from now on
-            if spec_of.spec.trainer.trackers:
-                ensure_tracking_record(directory)
-    from jobgen.usercode.snapshot import snapshot_for  # submit only: off the render path
-
-    code = snapshot_for(resolved.spec, spec_file=spec_file, job_dir=job_dir, run_dir=run_dir, allow_dirty=allow_dirty,
-                        out=out, check_only=test_only)
-    environ.pop(CODE_DIR_ENV, None)  # a variable left in the shell must not pass for a snapshot
-    environ.pop(SPEC_SOURCE_ENV, None)  # nor name another spec file
-    if spec_file is not None and resolved.spec.entrypoint is None:  # the entrypoint's errors name the user's file
-        environ[SPEC_SOURCE_ENV] = str(spec_file.resolve())
-    if code is not None:
-        check_code_export(environ, (CODE_DIR_ENV, "PYTHONPATH"))
-        environ.update(code.environment(environ.get("PYTHONPATH")))
-    workdir = None
-    if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
-        workdir = str(code.workdir(Path.cwd()) if code is not None else Path.cwd())
-    command = sbatch_command(str(runs_dir.resolve()), run_dir.name, test_only=test_only, secrets=resolved.spec.secrets,
-                             workdir=workdir)
-    argv = list(command.argv)
-    proc = run_command(argv, cwd=job_dir, env={**environ, **dict(command.env)}, what="sbatch")
-    if test_only:
-        out((proc.stderr or proc.stdout).strip())
-        return None
-    # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
-    jid, _, slurm_cluster = proc.stdout.strip().partition(";")
-    queued.append(jid)
-    if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
-        raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
-    tasks = None
-    if array is not None:
-        tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
-                                overrides=p.overrides) for p, task_dir in zip(array.points, task_dirs, strict=True))
-    record = Submission.now(
-        handle=str(handle), job_dir=str(job_dir), run_dir=str(run_dir),
-        log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
-        argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
-        slurm_cluster=slurm_cluster or None,
-        code_dir=str(code.dir) if code else None, code=code.record if code else None, array=tasks,
-    )
-    record.save()
-    return handle, record
 
 
 def check_code_export(environ: dict[str, str], names: tuple[str, ...]) -> None:
@@ -273,7 +137,7 @@ def cluster_options(handle: JobHandle) -> list[str]:
 
 def _squeue_jobs(jid: str, handle: JobHandle) -> SqueueReply | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
-    tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm_json`),
+    tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm.squeue_json`),
     or None when the controller has forgotten it (after MinJobAge)."""
     try:
         proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
@@ -510,7 +374,7 @@ def _accounting_tasks(jid: str, array_id: str, handle: JobHandle) -> dict[int, J
 
 def _jobcomp_tasks(array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
     """Tasks ``wanted`` of array ``array_id`` from the job-completion log: each task's job id
-    from the log file (:mod:`jobgen.backends.slurm_jobcomp`; ``scontrol show config`` names
+    from the log file (:mod:`jobgen.backends.slurm.jobcomp`; ``scontrol show config`` names
     it), then their rows from ``sacct -c``, as for a single job. Tasks that never started take
     the array's own record. Returns the tasks found and why the others are unknown."""
     try:
@@ -554,51 +418,8 @@ def _ended_tasks(jid: str, array_id: str, handle: JobHandle, wanted: list[int]) 
     return _jobcomp_tasks(array_id, handle, wanted)
 
 
-def status(handle: JobHandle) -> JobStatus:
-    """The job's state: ``squeue`` while the controller knows it (queued, running, and for
-    MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
-    (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
-    (:mod:`jobgen.backends.slurm_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
-
-    A job array (``slurm://<cluster>/<jobid>`` of an array): every task's status in ``tasks``
-    and the array's state by :func:`array_state`; one task (``<jobid>_<task>``): that task's.
-    A task squeue no longer lists (slurmctld purges each ended task MinJobAge after it ended)
-    takes the same route as a single job: accounting, then the job-completion log, whose
-    ``ArrayJobId``/``ArrayTaskId`` keys give each task's job id (:mod:`jobgen.backends.slurm_jobcomp`).
-
-    Raises:
-        ConfigError: not a SLURM handle.
-        SubmitError: squeue is missing or the controller does not answer.
-    """
-    jid = job_id(handle)
-    array_id, _, task = jid.partition("_")
-    record = find_submission(handle)
-    reply = _squeue_jobs(jid, handle)
-    if reply is not None and reply.problem is not None:
-        return JobStatus(handle, "UNKNOWN", "squeue", {"reason": reply.problem})
-    jobs = reply.jobs if reply is not None else ()
-    members = _array_records(jobs, array_id)
-    if task:
-        if int(task) in members:
-            return _squeue_status(handle, members[int(task)])
-        ended, why = _ended_tasks(jid, array_id, handle, [int(task)])
-        if int(task) in ended:
-            return ended[int(task)]
-        return JobStatus(handle, "UNKNOWN", "none", {"reason": f"squeue no longer lists this task; {why}"})
-    recorded = [t.index for t in record.array] if record is not None and record.array else []
-    if members or recorded:
-        tasks = [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()]
-        missing = [i for i in recorded if i not in members]
-        ended, why = _ended_tasks(jid, array_id, handle, missing) if missing else ({}, "")
-        return _array_status(handle, array_id, [*tasks, *ended.values()], record, f"squeue no longer lists this task; {why}")
-    plain = [j for j in jobs if str(j.job_id) == jid]
-    if plain:
-        return _squeue_status(handle, plain[0])
-    found = _sacct(jid, handle)
-    if found is not None:
-        return JobStatus(handle, *found)
-    return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
-
+#: Seconds between two reads of a followed log (``jobgen logs -f``).
+LOG_POLL_S = 1.0
 
 _LABEL_RE = re.compile(r"^\s*(\d+): ?(.*)$", re.S)
 
@@ -651,98 +472,13 @@ def log_file(handle: JobHandle) -> Path:
     return Path(match.group(1))
 
 
-def first_error(handle: JobHandle) -> Triage:
-    """Each rank's first failure in the job's output file, earliest first.
+@dataclass
+class SlurmSubmit(PendingSubmit):
+    """A SLURM submission on its way: a job array's index (None for a single job) and its
+    tasks' run directories, in the order of its points."""
 
-    The file is one stream: srun writes the ranks' lines in the order they arrive, each with its
-    ``--label`` task number (= global rank), so the order in the file is the order of failure;
-    ``srun: error: <node>: task N: ...`` lines name each failed task's node.
-
-    Raises:
-        ConfigError: no log file is known for the job, or it does not exist (yet).
-    """
-    path = log_file(handle)
-    if not path.is_file():
-        raise ConfigError(f"{handle}: its output file {path} does not exist (yet)",
-                          hint="check `jobgen status`: a PENDING job has written nothing")
-    lines = []
-    with path.open("r", encoding="utf-8", errors="replace") as fh:
-        for position, raw in enumerate(fh):
-            text = raw.rstrip("\n")
-            match = _LABEL_RE.match(text)
-            if match is None:
-                lines.append(LogLine("batch script", None, None, position, None, text))
-            else:
-                rank = int(match.group(1))
-                lines.append(LogLine(f"rank {rank}", rank, None, position, None, match.group(2)))
-    return triage(lines)
-
-
-def logs(handle: JobHandle, *, rank: int | None = 0, follow: bool = False, poll_s: float = 1.0,
-         out: Callable[[str], None] = print) -> None:
-    """Print the job's output (rank ``rank``'s lines, or all with ``None``); with ``follow``,
-    keep printing until the job has finished and the file is drained (Ctrl-C stops).
-
-    Raises:
-        ConfigError: no log file is known for the job (see :func:`log_file`), or the job has
-            ended without one.
-        SubmitError: SLURM's commands failed (the controller does not answer).
-    """
-    path = log_file(handle)
-    offset, pending = 0, ""
-    last_check, finished, announced = 0.0, not follow, False
-    while True:
-        if path.is_file():
-            with path.open("r", encoding="utf-8", errors="replace") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-                offset = fh.tell()
-            *lines, pending = (pending + chunk).split("\n")
-            for line in filter_rank(lines, rank):
-                out(line)
-        elif not follow:
-            state = status(handle)
-            if state.finished or state.state == "UNKNOWN":
-                raise ConfigError(f"{handle} is {state.state} but its output file {path} does not exist",
-                                  hint="SLURM could not open it (is the run directory on a filesystem the nodes share?)")
-            out(f"jobgen: {handle} is {state.state}; no output yet in {path} (jobgen logs -f waits for it)")
-            return
-        if finished:
-            for line in filter_rank([pending] if pending else [], rank):
-                out(line)
-            return
-        now = time.monotonic()
-        if now - last_check >= 5 * poll_s:
-            last_check = now
-            state = status(handle)
-            if not path.is_file() and not announced:
-                out(f"jobgen: {handle} is {state.state}; waiting for output in {path} (Ctrl-C stops)")
-                announced = True
-            finished = state.finished or state.state == "UNKNOWN"
-            if finished:
-                continue  # one more read drains what the job wrote last
-        time.sleep(poll_s)
-
-
-def cancel(handle: JobHandle, *, wait_s: float = 120.0, out: Callable[[str], None] = print) -> JobStatus:
-    """``scancel`` the job and wait (up to ``wait_s``) until SLURM reports it ended.
-
-    Returns the last status seen.
-
-    Raises:
-        SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
-    """
-    jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
-    run_command(["scancel", *cluster_options(handle), jid], what="scancel", timeout_s=30)
-    deadline = time.monotonic() + wait_s
-    state = status(handle)
-    while not (state.finished or state.state == "UNKNOWN"):
-        if time.monotonic() > deadline:
-            raise SubmitError(f"{handle} is still {state.state} {wait_s:.0f} s after scancel", hint="SLURM's KillWait may be long; check `jobgen status`")
-        out(f"jobgen: {handle} is {state.state}; waiting for its processes to stop ...")
-        time.sleep(2.0)
-        state = status(handle)
-    return state
+    array: ArrayIndex | None = None
+    task_dirs: tuple[Path, ...] = ()
 
 
 class SlurmBackend(Backend):
@@ -754,42 +490,267 @@ class SlurmBackend(Backend):
     log_options = frozenset({"rank"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.slurm_script.plan`."""
+        """See :func:`jobgen.backends.slurm.script.plan`."""
         return plan(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """``sbatch`` the directory (see :func:`submit_dir`); ``test_only``: nothing is queued.
-        ``plan``: the plan just written into ``job_dir``; its spec file and resolved spec are
-        handed on (nothing is read back from the directory)."""
-        self.check_options(options)
-        submitted = submit_dir(job_dir, runs_dir=options.runs_dir, test_only=options.test_only, force=options.force, out=out,
-                               spec_file=Path(plan.spec_file) if plan is not None and plan.spec_file else None,
-                               allow_dirty=options.allow_dirty, resolved=plan.resolved if plan is not None else None)
-        if submitted is None:
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> SlurmSubmit:
+        """What ``sbatch --parsable`` of the rendered ``job.sbatch`` in ``job_dir`` needs, checked before
+        anything is written (:meth:`~jobgen.backends.base.Backend.submit` runs the steps; :meth:`launch`
+        is sbatch's). ``options.test_only``: ``sbatch --test-only``, nothing is queued (action
+        ``validated``; the code's work tree is only checked).
+
+        ``plan``: the plan of a single job just written into ``job_dir`` (``jobgen submit SPEC``);
+        without it (a rendered directory submitted as is, a job array) spec.json is read.
+
+        The run directory is ``<options.runs_dir>/<job name>`` (exported as ``JOBGEN_RUN_DIR=<runs dir>``,
+        created first) and the job's working directory (``--chdir``), so SLURM's output goes to
+        ``<run dir>/slurm-<jobid>.out`` and a committed job directory stays clean; a job array's is its
+        working directory (the tasks' logs, the code snapshot), and each task trains in
+        ``<runs dir>/<its point's name>``. sbatch exports the submitting environment to the job, the
+        spec's ``secrets`` included (checked here, :func:`check_secrets`).
+
+        Raises:
+            ConfigError: ``job_dir`` is not a rendered SLURM job; a secret of the spec is not set;
+                the run directory (an array task's) holds a run of another profile or shape
+                (:func:`~jobgen.jobdir.check_run_dir`, exit 2); the run dir path contains ``%`` or a
+                backslash (SLURM's output filename patterns cannot carry them).
+            SubmitError: the same job directory has a job still pending or running (without
+                ``options.force``).
+        """
+        resolved = plan.resolved if plan is not None else None
+        array = None
+        if resolved is None:
+            resolved = read_job_dir(job_dir)
+            array = read_array_index(job_dir)
+        job = SlurmSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan), array=array)
+        check_secrets(job_dir, resolved.spec.secrets, job.environ, job.spec_file)
+        runs_dir = options.runs_dir.resolve()
+        job.run_dir = runs_dir / run_dir_name(array.name if array is not None else resolved.spec.name)
+        job.task_dirs = tuple(runs_dir / run_dir_name(p.name) for p in array.points) if array is not None else ()
+        for char, why in (("%", "expands %-patterns"), ("\\", "drops backslashes and stops expanding %j")):
+            if char in str(job.run_dir):
+                raise ConfigError(
+                    f"run directory {job.run_dir} contains {char!r}: SLURM {why} in output file paths "
+                    "(sbatch(1), filename pattern), so the job could not open its log there",
+                    hint="pick another --runs-dir (the job directory and the job name may contain it)",
+                )
+        job.run_dirs = (job.run_dir, *job.task_dirs)
+        job.runs = tuple(_trained_runs(job_dir, resolved, array, job.run_dir, list(job.task_dirs)))
+        # a run directory holds one run: another profile's or shape's is refused here, before anything
+        # is queued, not on a node once the job starts (jobgen.jobdir.check_run_dir; prepare_run_dirs claims it)
+        for spec_of, directory in job.runs:
+            check_run_dir(directory, spec_of)
+        if not options.force and not options.test_only:
+            self._check_not_running(job_dir)
+        return job
+
+    def _check_not_running(self, job_dir: Path) -> None:
+        """Refuse a second submit of ``job_dir`` while the job it recorded is pending or running.
+
+        Raises:
+            SubmitError: naming the job and its state.
+        """
+        previous = job_dir / SUBMISSION_FILE
+        if not previous.is_file():
+            return
+        record = Submission.load(previous)
+        old = self.status(JobHandle.parse(record.handle))
+        if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
+            raise SubmitError(
+                f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
+                hint=f"follow it with `jobgen logs -f {record.handle}`, stop it with `jobgen cancel {record.handle}`, "
+                "or submit a second copy with --force",
+            )
+
+    def environment(self, job: PendingSubmit) -> dict[str, str]:
+        """sbatch's environment, which it exports to the job: the snapshot's variables too
+        (``JOBGEN_CODE_DIR`` and PYTHONPATH with the snapshot first). A requeued job keeps the
+        environment it was submitted with, so it runs the same snapshot; job.sbatch (for a spec
+        with ``code``) and the entrypoint put it first on PYTHONPATH again.
+
+        Raises:
+            ConfigError: ``$SBATCH_EXPORT`` would drop the snapshot's variables (:func:`check_code_export`).
+        """
+        if job.code is not None:
+            check_code_export(job.environ, (CODE_DIR_ENV, "PYTHONPATH"))
+        return super().environment(job)
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """``sbatch --parsable`` (``--test-only``: SLURM checks the request and estimates a start;
+        its answer goes to ``out``), then the submission record (action ``submitted``).
+
+        Raises:
+            SubmitError: sbatch failed (argv, exit code and SLURM's message are shown) or printed no job id.
+        """
+        assert isinstance(job, SlurmSubmit) and job.run_dir is not None
+        resolved, code, array, run_dir = job.resolved, job.code, job.array, job.run_dir
+        workdir = None
+        if resolved.spec.entrypoint is not None:  # command mode: the ranks run here (in the snapshot's copy of it)
+            workdir = str(code.workdir(Path.cwd()) if code is not None else Path.cwd())
+        command = sbatch_command(str(job.options.runs_dir.resolve()), run_dir.name, test_only=job.options.test_only,
+                                 secrets=resolved.spec.secrets, workdir=workdir)
+        argv = list(command.argv)
+        proc = run_command(argv, cwd=job.job_dir, env={**job.environ, **dict(command.env)}, what="sbatch")
+        if job.options.test_only:
+            job.out((proc.stderr or proc.stdout).strip())
             return SubmitResult("validated", None)
-        handle, record = submitted
+        # --parsable: "<jobid>[;<cluster>]", the cluster only when sbatch submitted with -M/--clusters
+        jid, _, slurm_cluster = proc.stdout.strip().partition(";")
+        job.launched = True  # SLURM has queued it: nothing is undone from here on
+        if not jid.isdigit() or (slurm_cluster and not re.fullmatch(r"[A-Za-z0-9_.-]+", slurm_cluster)):
+            raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id: {' '.join(argv)}", hint="check the site's sbatch wrapper")
+        handle = JobHandle("slurm", f"{slurm_cluster or resolved.launch.cluster or 'default'}/{jid}")
+        tasks = None
+        if array is not None:
+            tasks = tuple(ArrayTask(index=p.index, name=p.name, run_dir=str(task_dir), log_file=str(run_dir / task_log_name(jid, p.index)),
+                                    overrides=p.overrides) for p, task_dir in zip(array.points, job.task_dirs, strict=True))
+        record = Submission.now(
+            handle=str(handle), job_dir=str(job.job_dir), run_dir=str(run_dir),
+            log_file=None if array is not None else str(run_dir / f"slurm-{jid}.out"),
+            argv=tuple(argv), inputs_sha256=array.inputs_sha256 if array is not None else resolved.inputs_sha256,
+            slurm_cluster=slurm_cluster or None,
+            code_dir=str(code.dir) if code else None, code=code.record if code else None, array=tasks,
+        )
+        record.save()
         return SubmitResult("submitted", handle, record)
 
     def status(self, handle: JobHandle) -> JobStatus:
-        """See :func:`status`."""
-        return status(handle)
+        """The job's state: ``squeue`` while the controller knows it (queued, running, and for
+        MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
+        (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
+        (:mod:`jobgen.backends.slurm.squeue_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
 
-    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """Rank ``options.rank``'s lines (default 0; ``all``: the whole file); see :func:`logs`.
+        A job array (``slurm://<cluster>/<jobid>`` of an array): every task's status in ``tasks``
+        and the array's state by :func:`array_state`; one task (``<jobid>_<task>``): that task's.
+        A task squeue no longer lists (slurmctld purges each ended task MinJobAge after it ended)
+        takes the same route as a single job: accounting, then the job-completion log, whose
+        ``ArrayJobId``/``ArrayTaskId`` keys give each task's job id (:mod:`jobgen.backends.slurm.jobcomp`).
 
         Raises:
-            ConfigError: the rank is neither a number nor ``all``.
+            ConfigError: not a SLURM handle.
+            SubmitError: squeue is missing or the controller does not answer.
+        """
+        jid = job_id(handle)
+        array_id, _, task = jid.partition("_")
+        record = find_submission(handle)
+        reply = _squeue_jobs(jid, handle)
+        if reply is not None and reply.problem is not None:
+            return JobStatus(handle, "UNKNOWN", "squeue", {"reason": reply.problem})
+        jobs = reply.jobs if reply is not None else ()
+        members = _array_records(jobs, array_id)
+        if task:
+            if int(task) in members:
+                return _squeue_status(handle, members[int(task)])
+            ended, why = _ended_tasks(jid, array_id, handle, [int(task)])
+            if int(task) in ended:
+                return ended[int(task)]
+            return JobStatus(handle, "UNKNOWN", "none", {"reason": f"squeue no longer lists this task; {why}"})
+        recorded = [t.index for t in record.array] if record is not None and record.array else []
+        if members or recorded:
+            tasks = [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()]
+            missing = [i for i in recorded if i not in members]
+            ended, why = _ended_tasks(jid, array_id, handle, missing) if missing else ({}, "")
+            return _array_status(handle, array_id, [*tasks, *ended.values()], record, f"squeue no longer lists this task; {why}")
+        plain = [j for j in jobs if str(j.job_id) == jid]
+        if plain:
+            return _squeue_status(handle, plain[0])
+        found = _sacct(jid, handle)
+        if found is not None:
+            return JobStatus(handle, *found)
+        return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
+
+    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+        """Print the job's output: rank ``options.rank``'s lines (default 0; ``all``: the whole file);
+        with ``options.follow``, keep printing until the job has finished and the file is drained
+        (Ctrl-C stops).
+
+        Raises:
+            ConfigError: the rank is neither a number nor ``all``; no log file is known for the job
+                (see :func:`log_file`), or the job has ended without one.
+            SubmitError: SLURM's commands failed (the controller does not answer).
         """
         self.check_options(options)
-        rank = options.rank or "0"
-        if rank != "all" and not rank.isdigit():
-            raise ConfigError(f"--rank {rank!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
-        logs(handle, rank=None if rank == "all" else int(rank), follow=options.follow, out=out)
+        given = options.rank or "0"
+        if given != "all" and not given.isdigit():
+            raise ConfigError(f"--rank {given!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
+        rank, follow = None if given == "all" else int(given), options.follow
+        path = log_file(handle)
+        offset, pending = 0, ""
+        last_check, finished, announced = 0.0, not follow, False
+        while True:
+            if path.is_file():
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                    offset = fh.tell()
+                *lines, pending = (pending + chunk).split("\n")
+                for line in filter_rank(lines, rank):
+                    out(line)
+            elif not follow:
+                state = self.status(handle)
+                if state.finished or state.state == "UNKNOWN":
+                    raise ConfigError(f"{handle} is {state.state} but its output file {path} does not exist",
+                                      hint="SLURM could not open it (is the run directory on a filesystem the nodes share?)")
+                out(f"jobgen: {handle} is {state.state}; no output yet in {path} (jobgen logs -f waits for it)")
+                return
+            if finished:
+                for line in filter_rank([pending] if pending else [], rank):
+                    out(line)
+                return
+            now = time.monotonic()
+            if now - last_check >= 5 * LOG_POLL_S:
+                last_check = now
+                state = self.status(handle)
+                if not path.is_file() and not announced:
+                    out(f"jobgen: {handle} is {state.state}; waiting for output in {path} (Ctrl-C stops)")
+                    announced = True
+                finished = state.finished or state.state == "UNKNOWN"
+                if finished:
+                    continue  # one more read drains what the job wrote last
+            time.sleep(LOG_POLL_S)
 
     def first_error(self, handle: JobHandle) -> Triage:
-        """See :func:`first_error`."""
-        return first_error(handle)
+        """Each rank's first failure in the job's output file, earliest first.
+
+        The file is one stream: srun writes the ranks' lines in the order they arrive, each with its
+        ``--label`` task number (= global rank), so the order in the file is the order of failure;
+        ``srun: error: <node>: task N: ...`` lines name each failed task's node.
+
+        Raises:
+            ConfigError: no log file is known for the job, or it does not exist (yet).
+        """
+        path = log_file(handle)
+        if not path.is_file():
+            raise ConfigError(f"{handle}: its output file {path} does not exist (yet)",
+                              hint="check `jobgen status`: a PENDING job has written nothing")
+        lines = []
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            for position, raw in enumerate(fh):
+                text = raw.rstrip("\n")
+                match = _LABEL_RE.match(text)
+                if match is None:
+                    lines.append(LogLine("batch script", None, None, position, None, text))
+                else:
+                    rank = int(match.group(1))
+                    lines.append(LogLine(f"rank {rank}", rank, None, position, None, match.group(2)))
+        return triage(lines)
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-        """See :func:`cancel`."""
-        return cancel(handle, wait_s=wait_s, out=out)
+        """``scancel`` the job and wait (up to ``wait_s``) until SLURM reports it ended.
+
+        Returns the last status seen.
+
+        Raises:
+            SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
+        """
+        jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
+        run_command(["scancel", *cluster_options(handle), jid], what="scancel", timeout_s=30)
+        deadline = time.monotonic() + wait_s
+        state = self.status(handle)
+        while not (state.finished or state.state == "UNKNOWN"):
+            if time.monotonic() > deadline:
+                raise SubmitError(f"{handle} is still {state.state} {wait_s:.0f} s after scancel", hint="SLURM's KillWait may be long; check `jobgen status`")
+            out(f"jobgen: {handle} is {state.state}; waiting for its processes to stop ...")
+            time.sleep(2.0)
+            state = self.status(handle)
+        return state

@@ -7,17 +7,17 @@ with 1.5.4) pickles the call, writes its own sbatch script and brings the result
 :class:`~jobgen.specs.profile.ClusterProfile`, so the callable runs under the same site rules as a
 rendered job, each taken from where the batch script takes it:
 
-- GPU request in the profile's style: :func:`jobgen.backends.slurm_script.gpu_directives`;
+- GPU request in the profile's style: :func:`jobgen.backends.slurm.script.gpu_directives`;
   partition, account, QoS, constraint, ``--exclusive``, ``--requeue`` and the signal:
-  :func:`~jobgen.backends.slurm_script.site_directives`; ``--mem``:
-  :func:`~jobgen.backends.slurm_script.format_mem`; the profile's ``extra_sbatch_args`` (a
+  :func:`~jobgen.backends.slurm.script.site_directives`; ``--mem``:
+  :func:`~jobgen.backends.slurm.script.format_mem`; the profile's ``extra_sbatch_args`` (a
   ``--clusters`` among them too);
 - environment: the fabric's NCCL preset and the profile's ``env``
   (:func:`jobgen.backends.base.profile_env`), ``module load`` of the profile's modules,
   ``OMP_NUM_THREADS`` = CPUs per task;
 - container: pyxis flags on submitit's ``srun``
-  (:func:`~jobgen.backends.slurm_script.container_srun_options`), or the interpreter inside
-  ``apptainer exec`` (:func:`~jobgen.backends.slurm_script.container_wrap`).
+  (:func:`~jobgen.backends.slurm.script.container_srun_options`), or the interpreter inside
+  ``apptainer exec`` (:func:`~jobgen.backends.slurm.script.container_wrap`).
 
 **The requeue signal.** submitit catches ``SIG$SUBMITIT_PREEMPT_SIGNAL`` (default USR2) in the
 task that runs the callable: task 0 checkpoints a ``submitit.helpers.Checkpointable`` callable,
@@ -31,7 +31,7 @@ because submitit's script runs ``srun`` in the foreground and cannot pass it on.
 
 **Status.** submitit's own watcher asks only ``sacct``, which says nothing on clusters without
 slurmdbd; the jobs this executor returns are watched through
-:func:`jobgen.backends.slurm.status` instead (squeue, accounting, the job-completion log), so
+:meth:`jobgen.backends.slurm.backend.SlurmBackend.status` instead (squeue, accounting, the job-completion log), so
 ``job.done()`` / ``job.state`` see a job that ended without a result. Every submission is
 recorded like a rendered job's (:class:`jobgen.jobdir.Submission`, marked by
 :class:`~jobgen.jobdir.CallableJob`), so ``jobgen ls``, ``status``, ``logs`` and ``cancel``
@@ -59,8 +59,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from jobgen.backends.base import profile_env
-from jobgen.backends.slurm import status as slurm_status
-from jobgen.backends.slurm_script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
+from jobgen.backends.slurm.backend import SlurmBackend
+from jobgen.backends.slurm.script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError, did_you_mean, json_path
 from jobgen.jobdir.files import new_dirs
 from jobgen.jobdir.submission import ArrayTask, CallableJob, JobHandle, Submission
@@ -198,7 +198,7 @@ def plan_executor(profile: ClusterProfile, overrides: Mapping[str, Any], *, prof
     CPUs and memory per node, its time limit. On shared nodes (``slurm.exclusive: false``, or
     the ``exclusive=False`` override) a job of fewer GPUs than a node has asks for the CPUs and
     memory of those GPUs only (:func:`node_share`). Rules (those of a rendered job where they apply,
-    :func:`jobgen.backends.slurm_script.check_site`): nodes <= ``max_nodes``; GPUs per node <=
+    :func:`jobgen.backends.slurm.script.check_site`): nodes <= ``max_nodes``; GPUs per node <=
     the profile's; the time limit <= ``max_time_limit_min`` and longer than ``signal_grace_s``
     (SLURM would signal before the callable starts); the signal goes to the tasks (submitit's
     handler runs there).
@@ -273,7 +273,7 @@ def node_share(profile: ClusterProfile, gpus: int, *, exclusive: bool) -> tuple[
     node: the whole node (``cpus_per_node``, ``mem_gib_per_node``). On a shared GPU node, the
     share of the GPUs asked for: ``cpus_per_node x g / gpus_per_node`` CPUs (rounded down, at
     least 1) and ``mem_gib_per_node x g / gpus_per_node`` GiB (``--mem`` rounds it down to whole
-    MiB, :func:`~jobgen.backends.slurm_script.format_mem`), where ``g`` is ``gpus``, or 1 for a
+    MiB, :func:`~jobgen.backends.slurm.script.format_mem`), where ``g`` is ``gpus``, or 1 for a
     job of no GPU (one GPU's share). On ``slurm-a100`` (8 GPUs, 128 CPUs, 960 GiB) one GPU gets
     16 CPUs and 120 GiB. This is the rule SLURM's own per-GPU defaults express, ``DefCpuPerGPU``
     and ``DefMemPerGPU`` (slurm.conf(5)), which sites set to a node's CPUs and memory over its
@@ -374,7 +374,7 @@ def _executor_class() -> type:
             for jid in pending:
                 handle = self.handles.get(jid) or JobHandle("slurm", f"default/{jid}")
                 try:
-                    state = slurm_status(handle).state
+                    state = SlurmBackend().status(handle).state
                 except JobgenError as exc:  # as submitit does with a failed sacct: the state stays what it was
                     submitit_logger.get_logger().warning(f"jobgen status {handle}: {exc.message}")
                     continue

@@ -1,5 +1,5 @@
 """``jobgen profiles detect --scheduler slurm``: a cluster profile from what a SLURM login node's
-client commands say (the readers: :mod:`jobgen.backends.slurm_inventory`).
+client commands say (the readers: :mod:`jobgen.backends.slurm.inventory`).
 
 Commands, in order (argv lists, no shell, 30 s each): ``sinfo --version`` (else ``scontrol
 --version``), ``scontrol show config`` (ClusterName, SelectType), ``sinfo --json`` from SLURM
@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from jobgen.backends.base import run_command
-from jobgen.backends.slurm_inventory import (
+from jobgen.backends.slurm.inventory import (
     SINFO_JSON_ARGV,
     SINFO_JSON_SINCE,
     SINFO_TEXT_ARGV,
@@ -64,7 +64,7 @@ GPUS_PER_NODE_SINCE = (19, 5)
 
 def run_client(argv: list[str], what: str) -> str:
     """Run a SLURM client command and return its stdout, bytes that are not UTF-8 kept as lone
-    surrogates (refused where a value is used, :func:`jobgen.backends.slurm_inventory.not_plain`).
+    surrogates (refused where a value is used, :func:`jobgen.backends.slurm.inventory.not_plain`).
 
     Raises:
         SubmitError: the command is missing, timed out or failed.

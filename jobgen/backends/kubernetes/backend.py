@@ -1,11 +1,8 @@
 """Kubernetes backend: submit a rendered job directory (PyTorchJob or TrainJob + ConfigMap)
 with the official ``kubernetes`` client, then status, logs and cancel by handle
-(``k8s://<context>/<namespace>/<name>``). Planning lives in :mod:`jobgen.backends.k8s_manifest`,
-the API client in :mod:`jobgen.backends.k8s_api`.
-
-Size: above ~500 lines on purpose: submit, status, logs and cancel share the lookups of one job
-(:func:`_find`, :func:`_get_job`, the foreground delete and its wait); split apart, each half
-would import the other's internals.
+(``k8s://<context>/<namespace>/<name>``). Planning lives in :mod:`jobgen.backends.kubernetes.manifest`,
+the API client in :mod:`jobgen.backends.kubernetes.api`; the operations are the methods of
+:class:`KubernetesBackend`.
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult
-from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
-from jobgen.backends.k8s_manifest import (
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, PendingSubmit, SubmitOptions, SubmitResult, plan_spec_file
+from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
+from jobgen.backends.kubernetes.manifest import (
     ELASTIC_TEMPLATE,
     INPUTS_ANNOTATION,
     PYTORCHJOB,
@@ -36,9 +33,9 @@ from jobgen.backends.k8s_manifest import (
     job_collection,
     parse_manifest,
 )
-from jobgen.backends.k8s_manifest import plan as plan_manifest
-from jobgen.backends.k8s_pods import container_started, job_pods, pod_evidence, pod_summary, pod_usage
-from jobgen.backends.k8s_restarts import restarts_used
+from jobgen.backends.kubernetes.manifest import plan as plan_manifest
+from jobgen.backends.kubernetes.pods import container_started, job_pods, pod_evidence, pod_summary, pod_usage
+from jobgen.backends.kubernetes.restarts import restarts_used
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
 from jobgen.jobdir.submission import JobHandle, Submission, find_submission
@@ -160,7 +157,7 @@ def replica_pods(job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """``(pod name, Pod object)`` for the first pod of each replica type, as the operator would
     create it from the template (name ``<job>-<type>-0``; the TrainJob's node pod gets
     ``<job>-node-0-0``), for a Pod server-side dry run."""
-    from jobgen.backends.k8s_validate import pod_templates
+    from jobgen.backends.kubernetes.validate import pod_templates
 
     meta = job["metadata"]
     pods = []
@@ -299,83 +296,6 @@ def resolve_target(*, context: str | None, namespace: str | None, profile_contex
             namespace or os.environ.get(ENV_NAMESPACE) or None)
 
 
-def submit_dir(job_dir: Path, *, context: str | None = None, namespace: str | None = None, kubeconfig: str | None = None,
-               dry_run: bool = False, replace: bool = False, wait_s: float = 120.0,
-               out: Callable[[str], None] = print, planned: JobDir | None = None) -> SubmitResult:
-    """Submit the rendered manifest in ``job_dir`` (what is committed is what runs); ``planned``:
-    the manifest's objects as the plan just written there holds them (:func:`planned_job_dir`),
-    used instead of reading the manifest back.
-
-    An existing job of the same name is compared by its ``jobgen.dev/inputs-sha256``
-    annotation: identical inputs -> nothing is changed (``unchanged``, no request beyond the
-    read); other inputs -> refused unless ``replace``. Before anything is deleted or created,
-    :func:`server_dry_run` validates every object (``dry_run`` stops there); ``replace`` then
-    deletes the old job (foreground: its pods first), waits up to ``wait_s`` for it to go, and
-    creates the new one. The ConfigMap is
-    created (or updated) first and then owned by the job, so deleting the job removes it.
-    The submission is recorded in the job directory and the state index.
-
-    Raises:
-        ConfigError: not a Kubernetes job directory; kubeconfig/context problems.
-        SubmitError: the server rejected an object, the job exists with other inputs (without
-            ``replace``), or the cluster cannot be reached.
-    """
-    jd = planned if planned is not None else read_job_dir(job_dir)
-    objects = [json.loads(json.dumps(o)) for o in jd.objects]  # deep copy; namespace may change
-    ns = namespace or jd.namespace
-    for obj in objects:
-        obj.setdefault("metadata", {})["namespace"] = ns
-    if namespace and namespace != jd.namespace:
-        out(f"jobgen: submitting into namespace {ns} (the manifest says {jd.namespace})")
-    cluster = connect(context, kubeconfig)
-    kind = jd.kind
-    existing = _get_job(cluster, kind, ns, jd.name)
-    if dry_run:
-        if existing is not None:
-            same = (existing.get("metadata", {}).get("annotations") or {}).get(INPUTS_ANNOTATION) == jd.inputs_sha256
-            out(f"jobgen: {kind.kind} {ns}/{jd.name} exists with {'identical' if same else 'other'} inputs")
-        return SubmitResult("validated", None, None, tuple(server_dry_run(cluster, kind, tuple(objects), out=out)))
-    handle = make_handle(cluster.context, ns, jd.name)
-    action = "created"
-    if existing is not None:
-        old = (existing.get("metadata", {}).get("annotations") or {}).get(INPUTS_ANNOTATION)
-        if existing.get("metadata", {}).get("deletionTimestamp"):
-            raise SubmitError(f"{kind.kind} {ns}/{jd.name} is being deleted", hint="wait until `jobgen status` says UNKNOWN, then submit again")
-        if old == jd.inputs_sha256 and not replace:
-            return SubmitResult("unchanged", handle, _record(jd, handle, kind, kubeconfig))
-        if not replace:
-            raise SubmitError(
-                f"{kind.kind} {ns}/{jd.name} already exists with other inputs (inputs sha256 {str(old)[:12]}..., "
-                f"this directory {jd.inputs_sha256[:12]}...)",
-                hint=f"`jobgen submit {job_dir} --replace` deletes the running job and its pods and creates this one; "
-                "or give the job another name",
-            )
-    lines = tuple(server_dry_run(cluster, kind, tuple(objects), out=out))  # preflight: nothing is deleted or created if it fails
-    if existing is not None:
-        out(f"jobgen: replacing {kind.kind} {ns}/{jd.name} (inputs {str(old)[:12]}... -> {jd.inputs_sha256[:12]}...)")
-        _delete_job(cluster, kind, ns, jd.name)
-        _wait_gone(cluster, kind, ns, jd.name, wait_s, out)
-        action = "replaced"
-    strict_query = [("fieldValidation", "Strict")] if cluster.field_validation else []
-    config_map = next((o for o in objects if o.get("kind") == "ConfigMap"), None)
-    if config_map is not None:
-        _apply_config_map(cluster, config_map, strict_query)
-    job = next(o for o in objects if o.get("kind") == kind.kind)
-    try:
-        created = cluster.request("POST", job_collection(kind, ns), query=strict_query, body=job)
-    except ApiError as exc:
-        raise ApiError(f"the API server rejected {kind.kind} {ns}/{jd.name}: {exc.message}", status=exc.status, reason=exc.reason,
-                       hint=_hint_for(exc, kind, ns)) from None
-    if config_map is not None:  # the job owns its ConfigMap: deleting the job garbage-collects it
-        owner = {"apiVersion": kind.api_version, "kind": kind.kind, "name": jd.name, "uid": created["metadata"]["uid"],
-                 "blockOwnerDeletion": False}
-        cm_path = f"{core_path(ns, 'configmaps')}/{config_map['metadata']['name']}"
-        current = cluster.request("GET", cm_path)
-        current["metadata"]["ownerReferences"] = [owner]
-        cluster.request("PUT", cm_path, body=current)
-    return SubmitResult(action, handle, _record(jd, handle, kind, kubeconfig), lines)
-
-
 def _record(jd: JobDir, handle: JobHandle, kind: K8sKind, kubeconfig: str | None) -> Submission:
     _, _, name = parse_handle(handle)
     record = Submission.now(handle=str(handle), job_dir=str(jd.path), run_dir=f"{RUN_ROOT}/{name} (in the pods)",
@@ -459,33 +379,11 @@ def job_state(job: dict[str, Any]) -> tuple[str, dict[str, str]]:
     return state, details
 
 
-def status(handle: JobHandle, *, kubeconfig: str | None = None) -> JobStatus:
-    """The job's state from the API server (see :func:`job_state`), with what each of its pods
-    is doing (``details["pods"]``, :func:`~jobgen.backends.k8s_pods.pod_summary`; absent before
-    the controller made any) and their device-hours. When the object does not exist:
-    ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
-    record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
+#: Seconds ``submit --replace`` waits for the old job to be gone before creating the new one.
+REPLACE_WAIT_S = 120.0
 
-    Raises:
-        ConfigError: not a k8s handle, or no usable kubeconfig context.
-        SubmitError: the API server cannot be reached or refuses the request.
-    """
-    cluster, kind, namespace, name, job = _find(handle, kubeconfig)
-    if job is None:
-        record = find_submission(handle)
-        if record is not None and record.cancelled_at:
-            return JobStatus(handle, "CANCELLED", "jobgen cancel", {
-                "cancelled_at": record.cancelled_at, "reason": f"`jobgen cancel` deleted {kind.kind} {namespace}/{name}"})
-        return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
-    state, details = job_state(job)
-    details["kind"] = kind.kind
-    pods, container = job_pods(cluster, kind, namespace, name)
-    if pods:
-        details["pods"] = pod_summary(pods, name, container)
-    details |= restarts_used(cluster, namespace, job, pods, container)
-    return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle),
-                     evidence=pod_evidence(pods, name, container))
-
+#: Seconds between two looks at a followed job (``jobgen logs -f``).
+LOG_POLL_S = 2.0
 
 _REPLICA_RE = re.compile(r"^(master|worker|node)-(\d+)$")
 
@@ -543,66 +441,6 @@ def _current_state(cluster: Cluster, kind: K8sKind, namespace: str, name: str) -
     return "UNKNOWN" if job is None else job_state(job)[0]
 
 
-def logs(handle: JobHandle, *, replica: str | None = None, follow: bool = False, poll_s: float = 2.0,
-         kubeconfig: str | None = None, out: Callable[[str], None] = print) -> None:
-    """Print the output of one replica's pod (default ``master-0``: global rank zero lives
-    there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
-    there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
-    ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``follow``, wait for
-    the pod to start, stream until the job ends, and attach again after a container restart (a
-    new container or pod, :func:`_restart_key`); a pod that ended while the job runs on (a worker
-    done before the Master) ends the follow, saying so.
-
-    Raises:
-        ConfigError: bad ``replica``; no such job.
-        SubmitError: the API server cannot be reached or refuses the request.
-    """
-    cluster, kind, namespace, name, job = _find(handle, kubeconfig)
-    if job is None:
-        raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
-    if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
-        roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-        replica = f"{TRAINJOB_NODE}-0" if kind is TRAINJOB else "worker-0" if roles and "Master" not in roles else "master-0"
-        if replica == "worker-0":
-            out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
-                "(the 'elastic: global rank 0 runs on <host>' line names it; --replica worker-N)")
-    pod_name, selector, container = replica_selector(kind, name, replica)
-    announced = ""
-    attached = 0
-    while True:
-        pod = _pod(cluster, namespace, pod_name, selector)
-        state = _current_state(cluster, kind, namespace, name)
-        if pod is None or not container_started(pod, container):
-            what = f"no pod for {replica} yet" if pod is None else f"pod {pod['metadata']['name']} is {(pod.get('status') or {}).get('phase', 'Pending')}"
-            if not follow or state in ("COMPLETED", "FAILED", "UNKNOWN", "CANCELLED"):
-                out(f"jobgen: {handle} is {state}; {what}" + (" (jobgen logs -f waits for it)" if not follow else ""))
-                return
-            if announced != what:
-                out(f"jobgen: {handle} is {state}; {what}; waiting (Ctrl-C stops)")
-                announced = what
-            time.sleep(poll_s)
-            continue
-        query = [("container", container)] + ([("follow", "true")] if follow else [])
-        if attached:
-            out(f"jobgen: {pod['metadata']['name']} restarted; attaching again")
-            query.append(("sinceSeconds", str(max(1, int(poll_s * 2)))))
-        response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod['metadata']['name']}/log", query=query,
-                                   timeout=(30.0, None) if follow else 60.0, stream=True)  # type: ignore[arg-type]
-        try:
-            for line in iter_lines(response.stream(64 * 1024)):
-                out(line)
-        finally:
-            response.release_conn()
-        attached += 1
-        if not follow:
-            return
-        ended = _wait_for_restart(cluster, kind, namespace, name, pod, container, selector, poll_s)
-        if ended is not None:
-            if ended:
-                out(f"jobgen: {ended}; {handle} is {_current_state(cluster, kind, namespace, name)}")
-            return
-
-
 def _restart_key(pod: dict[str, Any], container: str) -> tuple[str, int]:
     """What changes when ``container`` starts again: the pod's uid (the operator recreated the
     pod) and the container's ``restartCount`` (the kubelet restarted it in place)."""
@@ -639,74 +477,16 @@ def _previous_ended(pod: dict[str, Any], container: str) -> bool:
                for cs in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-def first_error(handle: JobHandle, *, kubeconfig: str | None = None) -> Triage:
-    """Each pod's first failure, earliest first, from every pod of the job (current and
-    finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
-    container restarted in place is read twice: its previous run (``previous=true``, the one
-    the kubelet keeps), then its current one, which after a crash may not have failed again yet.
+@dataclass
+class KubernetesSubmit(PendingSubmit):
+    """A Kubernetes submission on its way: where to (the context and namespace, None: the
+    kubeconfig's current context and the manifest's namespace), the kubeconfig file, and the
+    plan's objects (None: read back from the manifest)."""
 
-    Raises:
-        ConfigError: no such job.
-        SubmitError: the API server cannot be reached or refuses the request.
-    """
-    cluster, kind, namespace, name, job = _find(handle, kubeconfig)
-    if job is None:
-        raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
-    pods, container = job_pods(cluster, kind, namespace, name)
-    lines: list[LogLine] = []
-    for pod in pods:
-        pod_name = pod["metadata"]["name"]
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not container_started(pod, container):
-            continue
-        position = 0
-        for previous in (True, False) if _previous_ended(pod, container) else (False,):
-            query = [("container", container), ("timestamps", "true"), *([("previous", "true")] if previous else [])]
-            try:
-                response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log", query=query, timeout=60.0,
-                                           stream=True)  # type: ignore[arg-type]
-            except ApiError:
-                if previous:  # gone since the pod was read (restarted again, garbage-collected): the current run still counts
-                    continue
-                raise
-            try:
-                for line in iter_lines(response.stream(64 * 1024)):
-                    stamp, _, text = line.partition(" ")
-                    when = parse_rfc3339(stamp)
-                    lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
-                    position += 1
-            finally:
-                response.release_conn()
-    return triage(lines)
-
-
-def cancel(handle: JobHandle, *, wait_s: float = 120.0, kubeconfig: str | None = None,
-           out: Callable[[str], None] = print) -> JobStatus:
-    """Delete the job with foreground propagation (its pods are deleted first, then the job) and
-    wait up to ``wait_s`` until it is gone; then remove its ConfigMap if the garbage collector
-    has not; the submission record (if any) notes ``cancelled_at``, so :func:`status` says
-    CANCELLED afterwards. Returns ``DELETED`` (or ``UNKNOWN`` when there was no such job).
-
-    Raises:
-        SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
-            or the API server refuses.
-    """
-    cluster, kind, namespace, name, job = _find(handle, kubeconfig)
-    if job is None or not _delete_job(cluster, kind, namespace, name):
-        return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} to delete"})
-    record = find_submission(handle)
-    if record is not None:
-        record.model_copy(update={"cancelled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).save()
-    _wait_gone(cluster, kind, namespace, name, wait_s, out)
-    cm_path = f"{core_path(namespace, 'configmaps')}/{config_map_name(name)}"
-    try:
-        current = cluster.request("GET", cm_path)
-        if (current.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "jobgen":
-            cluster.request("DELETE", cm_path)
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-    return JobStatus(handle, "DELETED", "kube-apiserver", {"kind": kind.kind, "propagation": "Foreground"})
+    context: str | None = None
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    planned: JobDir | None = None
 
 
 class KubernetesBackend(Backend):
@@ -724,24 +504,31 @@ class KubernetesBackend(Backend):
     log_options = frozenset({"replica"})
 
     def plan(self, ctx: PlanContext) -> JobPlan:
-        """See :func:`jobgen.backends.k8s_manifest.plan`."""
+        """See :func:`jobgen.backends.kubernetes.manifest.plan`."""
         return plan_manifest(ctx)
 
-    def submit(self, job_dir: Path, options: SubmitOptions, out: Echo = print, *, plan: JobPlan | None = None) -> SubmitResult:
-        """Submit the directory (see :func:`submit_dir`). Context, namespace and kubeconfig: the
+    def begin_submit(self, job_dir: Path, options: SubmitOptions, out: Echo, plan: JobPlan | None) -> KubernetesSubmit:
+        """Where to submit the rendered directory (:meth:`~jobgen.backends.base.Backend.submit` runs
+        the steps; :meth:`launch` creates the objects). Context, namespace and kubeconfig: the
         options, then ``$JOBGEN_K8S_CONTEXT`` / ``$JOBGEN_K8S_NAMESPACE``, then the profile the
         directory's spec.json names (when it can be found), then the kubeconfig's current context.
         With ``plan`` the profile is the one it was planned with (its ``cluster_object``), not
-        loaded again, and the objects sent are the plan's (not read back from the manifest)."""
-        self.check_options(options)
+        loaded again, and the objects sent are the plan's (not read back from the manifest).
+        Nothing is snapshotted or written on this machine before the launch: the image holds the
+        code, and the cluster's Secrets the secrets.
+
+        Raises:
+            ConfigError: ``job_dir`` holds no valid spec.json.
+        """
+        from jobgen.jobdir.spec import read_resolved_spec
+
+        resolved = plan.resolved if plan is not None and plan.resolved is not None else read_resolved_spec(job_dir)
         target = plan.cluster_object if plan is not None else None
         if target is not None:
             profile_context, profile_kubeconfig = target.context, target.kubeconfig
         else:
-            from jobgen.jobdir.spec import read_resolved_spec
             from jobgen.specs.load import load_profile
 
-            resolved = read_resolved_spec(job_dir)
             try:
                 settings = load_profile(resolved.profile).kubernetes
             except (OSError, ValueError, ConfigError):
@@ -750,24 +537,236 @@ class KubernetesBackend(Backend):
             profile_context = settings.context if settings else None
             profile_kubeconfig = settings.kubeconfig if settings else None
         context, namespace = resolve_target(context=options.context, namespace=options.namespace, profile_context=profile_context)
-        return submit_dir(job_dir, context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
-                          dry_run=options.dry_run, replace=options.replace, out=out,
-                          planned=planned_job_dir(job_dir, plan) if plan is not None else None)
+        return KubernetesSubmit(job_dir, options, out, plan, resolved, spec_file=plan_spec_file(plan),
+                                context=context, namespace=namespace, kubeconfig=options.kubeconfig or profile_kubeconfig,
+                                planned=planned_job_dir(job_dir, plan) if plan is not None else None)
+
+    def launch(self, job: PendingSubmit) -> SubmitResult:
+        """Submit the rendered manifest in ``job.job_dir`` (what is committed is what runs): the
+        manifest's objects as the plan just written there holds them (:func:`planned_job_dir`), else
+        read back from the manifest.
+
+        An existing job of the same name is compared by its ``jobgen.dev/inputs-sha256``
+        annotation: identical inputs -> nothing is changed (``unchanged``, no request beyond the
+        read); other inputs -> refused unless ``options.replace``. Before anything is deleted or created,
+        :func:`server_dry_run` validates every object (``options.dry_run`` stops there); ``replace`` then
+        deletes the old job (foreground: its pods first), waits up to :data:`REPLACE_WAIT_S` for it to go, and
+        creates the new one. The ConfigMap is
+        created (or updated) first and then owned by the job, so deleting the job removes it.
+        The submission is recorded in the job directory and the state index.
+
+        Raises:
+            ConfigError: not a Kubernetes job directory; kubeconfig/context problems.
+            SubmitError: the server rejected an object, the job exists with other inputs (without
+                ``replace``), or the cluster cannot be reached.
+        """
+        assert isinstance(job, KubernetesSubmit)
+        job_dir, namespace, kubeconfig, replace, out = job.job_dir, job.namespace, job.kubeconfig, job.options.replace, job.out
+        jd = job.planned if job.planned is not None else read_job_dir(job_dir)
+        objects = [json.loads(json.dumps(o)) for o in jd.objects]  # deep copy; namespace may change
+        ns = namespace or jd.namespace
+        for obj in objects:
+            obj.setdefault("metadata", {})["namespace"] = ns
+        if namespace and namespace != jd.namespace:
+            out(f"jobgen: submitting into namespace {ns} (the manifest says {jd.namespace})")
+        cluster = connect(job.context, kubeconfig)
+        kind = jd.kind
+        existing = _get_job(cluster, kind, ns, jd.name)
+        if job.options.dry_run:
+            if existing is not None:
+                same = (existing.get("metadata", {}).get("annotations") or {}).get(INPUTS_ANNOTATION) == jd.inputs_sha256
+                out(f"jobgen: {kind.kind} {ns}/{jd.name} exists with {'identical' if same else 'other'} inputs")
+            return SubmitResult("validated", None, None, tuple(server_dry_run(cluster, kind, tuple(objects), out=out)))
+        handle = make_handle(cluster.context, ns, jd.name)
+        action = "created"
+        if existing is not None:
+            old = (existing.get("metadata", {}).get("annotations") or {}).get(INPUTS_ANNOTATION)
+            if existing.get("metadata", {}).get("deletionTimestamp"):
+                raise SubmitError(f"{kind.kind} {ns}/{jd.name} is being deleted", hint="wait until `jobgen status` says UNKNOWN, then submit again")
+            if old == jd.inputs_sha256 and not replace:
+                return SubmitResult("unchanged", handle, _record(jd, handle, kind, kubeconfig))
+            if not replace:
+                raise SubmitError(
+                    f"{kind.kind} {ns}/{jd.name} already exists with other inputs (inputs sha256 {str(old)[:12]}..., "
+                    f"this directory {jd.inputs_sha256[:12]}...)",
+                    hint=f"`jobgen submit {job_dir} --replace` deletes the running job and its pods and creates this one; "
+                    "or give the job another name",
+                )
+        lines = tuple(server_dry_run(cluster, kind, tuple(objects), out=out))  # preflight: nothing is deleted or created if it fails
+        if existing is not None:
+            out(f"jobgen: replacing {kind.kind} {ns}/{jd.name} (inputs {str(old)[:12]}... -> {jd.inputs_sha256[:12]}...)")
+            _delete_job(cluster, kind, ns, jd.name)
+            _wait_gone(cluster, kind, ns, jd.name, REPLACE_WAIT_S, out)
+            action = "replaced"
+        strict_query = [("fieldValidation", "Strict")] if cluster.field_validation else []
+        config_map = next((o for o in objects if o.get("kind") == "ConfigMap"), None)
+        if config_map is not None:
+            _apply_config_map(cluster, config_map, strict_query)
+        job = next(o for o in objects if o.get("kind") == kind.kind)
+        try:
+            created = cluster.request("POST", job_collection(kind, ns), query=strict_query, body=job)
+        except ApiError as exc:
+            raise ApiError(f"the API server rejected {kind.kind} {ns}/{jd.name}: {exc.message}", status=exc.status, reason=exc.reason,
+                           hint=_hint_for(exc, kind, ns)) from None
+        if config_map is not None:  # the job owns its ConfigMap: deleting the job garbage-collects it
+            owner = {"apiVersion": kind.api_version, "kind": kind.kind, "name": jd.name, "uid": created["metadata"]["uid"],
+                     "blockOwnerDeletion": False}
+            cm_path = f"{core_path(ns, 'configmaps')}/{config_map['metadata']['name']}"
+            current = cluster.request("GET", cm_path)
+            current["metadata"]["ownerReferences"] = [owner]
+            cluster.request("PUT", cm_path, body=current)
+        return SubmitResult(action, handle, _record(jd, handle, kind, kubeconfig), lines)
 
     def status(self, handle: JobHandle) -> JobStatus:
-        """See :func:`status`."""
-        return status(handle)
+        """The job's state from the API server (see :func:`job_state`), with what each of its pods
+        is doing (``details["pods"]``, :func:`~jobgen.backends.kubernetes.pods.pod_summary`; absent before
+        the controller made any) and their device-hours. When the object does not exist:
+        ``CANCELLED`` (source ``jobgen cancel``) if `jobgen cancel` deleted it (the submission
+        record's ``cancelled_at``), else ``UNKNOWN`` (deleted by someone else, or never created).
+
+        Raises:
+            ConfigError: not a k8s handle, or no usable kubeconfig context.
+            SubmitError: the API server cannot be reached or refuses the request.
+        """
+        cluster, kind, namespace, name, job = _find(handle)
+        if job is None:
+            record = find_submission(handle)
+            if record is not None and record.cancelled_at:
+                return JobStatus(handle, "CANCELLED", "jobgen cancel", {
+                    "cancelled_at": record.cancelled_at, "reason": f"`jobgen cancel` deleted {kind.kind} {namespace}/{name}"})
+            return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
+        state, details = job_state(job)
+        details["kind"] = kind.kind
+        pods, container = job_pods(cluster, kind, namespace, name)
+        if pods:
+            details["pods"] = pod_summary(pods, name, container)
+        details |= restarts_used(cluster, namespace, job, pods, container)
+        return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle),
+                         evidence=pod_evidence(pods, name, container))
 
     def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
-        """The pod of ``options.replica`` (default ``master-0``, where rank zero runs; ``node-0`` for a TrainJob; ``worker-0``
-        for an elastic job, where rank zero may or may not run); see :func:`logs`."""
+        """Print the output of one replica's pod, ``options.replica`` (default ``master-0``: global rank zero lives
+        there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
+        there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
+        ``elastic: global rank 0 runs on <host>`` line in every pod's log); with ``options.follow``, wait for
+        the pod to start, stream until the job ends, and attach again after a container restart (a
+        new container or pod, :func:`_restart_key`); a pod that ended while the job runs on (a worker
+        done before the Master) ends the follow, saying so.
+
+        Raises:
+            ConfigError: bad ``replica``; no such job.
+            SubmitError: the API server cannot be reached or refuses the request.
+        """
         self.check_options(options)
-        logs(handle, replica=options.replica or None, follow=options.follow, out=out)
+        replica, follow, poll_s = options.replica or None, options.follow, LOG_POLL_S
+        cluster, kind, namespace, name, job = _find(handle)
+        if job is None:
+            raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
+        if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
+            roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+            replica = f"{TRAINJOB_NODE}-0" if kind is TRAINJOB else "worker-0" if roles and "Master" not in roles else "master-0"
+            if replica == "worker-0":
+                out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
+                    "(the 'elastic: global rank 0 runs on <host>' line names it; --replica worker-N)")
+        pod_name, selector, container = replica_selector(kind, name, replica)
+        announced = ""
+        attached = 0
+        while True:
+            pod = _pod(cluster, namespace, pod_name, selector)
+            state = _current_state(cluster, kind, namespace, name)
+            if pod is None or not container_started(pod, container):
+                what = f"no pod for {replica} yet" if pod is None else f"pod {pod['metadata']['name']} is {(pod.get('status') or {}).get('phase', 'Pending')}"
+                if not follow or state in ("COMPLETED", "FAILED", "UNKNOWN", "CANCELLED"):
+                    out(f"jobgen: {handle} is {state}; {what}" + (" (jobgen logs -f waits for it)" if not follow else ""))
+                    return
+                if announced != what:
+                    out(f"jobgen: {handle} is {state}; {what}; waiting (Ctrl-C stops)")
+                    announced = what
+                time.sleep(poll_s)
+                continue
+            query = [("container", container)] + ([("follow", "true")] if follow else [])
+            if attached:
+                out(f"jobgen: {pod['metadata']['name']} restarted; attaching again")
+                query.append(("sinceSeconds", str(max(1, int(poll_s * 2)))))
+            response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod['metadata']['name']}/log", query=query,
+                                       timeout=(30.0, None) if follow else 60.0, stream=True)  # type: ignore[arg-type]
+            try:
+                for line in iter_lines(response.stream(64 * 1024)):
+                    out(line)
+            finally:
+                response.release_conn()
+            attached += 1
+            if not follow:
+                return
+            ended = _wait_for_restart(cluster, kind, namespace, name, pod, container, selector, poll_s)
+            if ended is not None:
+                if ended:
+                    out(f"jobgen: {ended}; {handle} is {_current_state(cluster, kind, namespace, name)}")
+                return
 
     def first_error(self, handle: JobHandle) -> Triage:
-        """See :func:`first_error`."""
-        return first_error(handle)
+        """Each pod's first failure, earliest first, from every pod of the job (current and
+        finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
+        container restarted in place is read twice: its previous run (``previous=true``, the one
+        the kubelet keeps), then its current one, which after a crash may not have failed again yet.
+
+        Raises:
+            ConfigError: no such job.
+            SubmitError: the API server cannot be reached or refuses the request.
+        """
+        cluster, kind, namespace, name, job = _find(handle)
+        if job is None:
+            raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
+        pods, container = job_pods(cluster, kind, namespace, name)
+        lines: list[LogLine] = []
+        for pod in pods:
+            pod_name = pod["metadata"]["name"]
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not container_started(pod, container):
+                continue
+            position = 0
+            for previous in (True, False) if _previous_ended(pod, container) else (False,):
+                query = [("container", container), ("timestamps", "true"), *([("previous", "true")] if previous else [])]
+                try:
+                    response = cluster.request("GET", f"{core_path(namespace, 'pods')}/{pod_name}/log", query=query, timeout=60.0,
+                                               stream=True)  # type: ignore[arg-type]
+                except ApiError:
+                    if previous:  # gone since the pod was read (restarted again, garbage-collected): the current run still counts
+                        continue
+                    raise
+                try:
+                    for line in iter_lines(response.stream(64 * 1024)):
+                        stamp, _, text = line.partition(" ")
+                        when = parse_rfc3339(stamp)
+                        lines.append(LogLine(f"pod {pod_name}", None, node, position, when, text if when else line))
+                        position += 1
+                finally:
+                    response.release_conn()
+        return triage(lines)
 
     def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-        """See :func:`cancel`."""
-        return cancel(handle, wait_s=wait_s, out=out)
+        """Delete the job with foreground propagation (its pods are deleted first, then the job) and
+        wait up to ``wait_s`` until it is gone; then remove its ConfigMap if the garbage collector
+        has not; the submission record (if any) notes ``cancelled_at``, so :meth:`status` says
+        CANCELLED afterwards. Returns ``DELETED`` (or ``UNKNOWN`` when there was no such job).
+
+        Raises:
+            SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
+                or the API server refuses.
+        """
+        cluster, kind, namespace, name, job = _find(handle)
+        if job is None or not _delete_job(cluster, kind, namespace, name):
+            return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} to delete"})
+        record = find_submission(handle)
+        if record is not None:
+            record.model_copy(update={"cancelled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).save()
+        _wait_gone(cluster, kind, namespace, name, wait_s, out)
+        cm_path = f"{core_path(namespace, 'configmaps')}/{config_map_name(name)}"
+        try:
+            current = cluster.request("GET", cm_path)
+            if (current.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "jobgen":
+                cluster.request("DELETE", cm_path)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        return JobStatus(handle, "DELETED", "kube-apiserver", {"kind": kind.kind, "propagation": "Foreground"})

@@ -1,7 +1,7 @@
 """Kubernetes manifests: a Kubeflow PyTorchJob (kubeflow.org/v1) or a Trainer v2 TrainJob
 (trainer.kubeflow.org/v1alpha1) plus a ConfigMap, planned purely and checked offline
-(:mod:`jobgen.backends.k8s_validate`). Submitting, status, logs and cancel live in
-:mod:`jobgen.backends.kubernetes`; the API client in :mod:`jobgen.backends.k8s_api`.
+(:mod:`jobgen.backends.kubernetes.validate`). Submitting, status, logs and cancel live in
+:mod:`jobgen.backends.kubernetes.backend`; the API client in :mod:`jobgen.backends.kubernetes.api`.
 
 Launch contract (docs/own-code.md, "Launch contracts"): one pod per node, a container running ``torchrun``
 (``python -m torch.distributed.run``) with nproc-per-node = GPUs per pod, so Lightning sees
@@ -37,7 +37,7 @@ TorchElasticEnvironment (KubeflowEnvironment assumes one process per pod and is 
   is plain ``torchrun -m jobgen.train``; pod settings travel as a ``runtimePatches`` entry.
 
 The resolved spec (and DeepSpeed config) travel in a ConfigMap mounted at /etc/jobgen. Planning
-is pure and never imports ``kubernetes``; the offline validators (:mod:`jobgen.backends.k8s_validate`)
+is pure and never imports ``kubernetes``; the offline validators (:mod:`jobgen.backends.kubernetes.validate`)
 and the client are imported only when used.
 
 Size: above ~500 lines on purpose: the two job APIs (PyTorchJob, elastic PyTorchJob, TrainJob)
@@ -493,7 +493,7 @@ def elastic_policy(ctx: PlanContext) -> dict[str, Any]:
 def plan(ctx: PlanContext) -> JobPlan:
     """Plan ``pytorchjob.yaml`` (ConfigMap + PyTorchJob) or ``trainjob.yaml`` (ConfigMap +
     TrainJob), ``kustomization.yaml`` (for ``kubectl apply -k``) + ``spec.json``
-    (+ ``ds_config.json``), and check the objects offline (:mod:`jobgen.backends.k8s_validate`).
+    (+ ``ds_config.json``), and check the objects offline (:mod:`jobgen.backends.kubernetes.validate`).
 
     Raises:
         PlanError: the profile breaks a rule of :func:`check_settings`, the job name cannot be a
@@ -538,7 +538,7 @@ def plan(ctx: PlanContext) -> JobPlan:
                                    replicated_job=TRAINJOB_NODE, container=TRAINJOB_NODE, **common)
     docs = parse_manifest(text, kind.manifest)
     _check_parsed(docs, kind, name, w.num_nodes, dict(files), min_nodes=w.min_nodes)
-    from jobgen.backends import k8s_validate  # lazy: jsonschema and kubernetes-validate stay off other render paths
+    from jobgen.backends.kubernetes import validate as k8s_validate  # lazy: jsonschema and kubernetes-validate stay off other render paths
 
     report = k8s_validate.validate_manifest(docs, source=f"{ctx.profile.name}/{ctx.spec.name}/{kind.manifest}",
                                             k8s_version=k.version, profile_source=ctx.profile_source)
@@ -624,7 +624,7 @@ def _check_parsed(docs: list[dict[str, Any]], kind: K8sKind, name: str, nodes: i
 
 def submit_requests(kind: K8sKind, namespace: str, name: str, pod_roles: list[str]) -> tuple[ApiRequest, ...]:
     """The API requests ``jobgen submit`` makes for a new job, in order (what ``str(plan)``
-    shows; :func:`jobgen.backends.kubernetes.submit_dir` makes them, and a test compares):
+    shows; :meth:`jobgen.backends.kubernetes.backend.KubernetesBackend.submit` makes them, and a test compares):
     read the existing job, a server-side dry run (``dryRun=All``) of the ConfigMap, the job and
     a Pod from each replica's template, then create the ConfigMap and the job and make the job
     own the ConfigMap. Creates carry ``fieldValidation=Strict`` where the server supports it

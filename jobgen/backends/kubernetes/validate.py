@@ -69,7 +69,7 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _OVERCOMMIT = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 #: The Kubeflow CRDs shipped inside the package (package data, see setup.cfg).
-PACKAGED_CRDS_DIR = Path(__file__).resolve().parents[1] / "_crds"  # jobgen/_crds
+PACKAGED_CRDS_DIR = Path(__file__).resolve().parents[2] / "_crds"  # jobgen/_crds
 
 
 @dataclass(frozen=True)

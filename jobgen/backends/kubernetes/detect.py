@@ -1,5 +1,5 @@
 """``jobgen profiles detect --scheduler kubernetes``: a cluster profile from what the API server of
-one kubeconfig context says (the client: :mod:`jobgen.backends.k8s_api`).
+one kubeconfig context says (the client: :mod:`jobgen.backends.kubernetes.api`).
 
 Reads, in order (GET requests; a 403 or 404 leaves the value at its default with a comment
 saying so): ``/version`` (``kubernetes.version``), the nodes (``/api/v1/nodes``: allocatable
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobgen.backends.k8s_api import ApiError
-from jobgen.backends.slurm_detect import check_detected, emit_commented, gpu_memory_gib, gpu_model
-from jobgen.backends.slurm_inventory import InventoryError, clean, not_plain
+from jobgen.backends.kubernetes.api import ApiError
+from jobgen.backends.slurm.detect import check_detected, emit_commented, gpu_memory_gib, gpu_model
+from jobgen.backends.slurm.inventory import InventoryError, clean, not_plain
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
 from jobgen.specs.profile import GPU_COMPUTE_CAPABILITY
@@ -129,7 +129,7 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 def _quantity(value: Any) -> float | None:
     """A Kubernetes quantity (``"96"``, ``"95500m"``, ``"1056Gi"``) as a number, None when it is none."""
-    from jobgen.backends.k8s_validate import parse_quantity
+    from jobgen.backends.kubernetes.validate import parse_quantity
 
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         return None
@@ -225,7 +225,7 @@ def detect_kubernetes(get: Getter, *, context: str, namespace: str, namespace_so
     """Detect a profile of the cluster ``get`` talks to, for jobs in ``namespace``.
 
     Args:
-        get: GETs an API path (:meth:`jobgen.backends.k8s_api.Cluster.request`; tests pass fakes).
+        get: GETs an API path (:meth:`jobgen.backends.kubernetes.api.Cluster.request`; tests pass fakes).
         context: the kubeconfig context's name (``kubernetes.context``).
         namespace: the namespace jobs go to; ``namespace_source`` says where it came from.
         gpu_type: a jobgen GPU type for GPUs whose product label names none, or to take that
@@ -496,12 +496,12 @@ def connect_and_detect(*, context: str | None, namespace: str | None, gpu_type: 
     The namespace: ``namespace``, else ``$JOBGEN_K8S_NAMESPACE``, else the context's, else ``default``.
 
     Raises:
-        ConfigError: no kubeconfig or context (:func:`jobgen.backends.k8s_api.connect`), and as
+        ConfigError: no kubeconfig or context (:func:`jobgen.backends.kubernetes.api.connect`), and as
             :func:`detect_kubernetes`. SubmitError: the API server cannot be reached.
     """
     import os
 
-    from jobgen.backends.k8s_api import ENV_CONTEXT, ENV_NAMESPACE, connect, kubeconfig_path
+    from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, connect, kubeconfig_path
 
     cluster = connect(context or os.environ.get(ENV_CONTEXT), kubeconfig)
     if namespace:

@@ -23,7 +23,7 @@ by ``jobgen cancel``). Every process a job starts on a host carries ``JOBGEN_SSH
 in its environment (:func:`job_tag`; torchrun's workers run in sessions of their own, so the
 launch's process group does not hold them all); status counts those processes, cancel stops them.
 
-Submitting, status, logs and cancel live in :mod:`jobgen.backends.ssh`.
+Submitting, status, logs and cancel live in :mod:`jobgen.backends.ssh.backend`.
 """
 
 from __future__ import annotations
@@ -58,14 +58,14 @@ HOST_TOOLS = ("bash", "setsid", "tar")
 MISSING = "jobgen-missing:"
 
 
-#: The restart watcher's record (:mod:`jobgen.backends.ssh_restart`) in the job directory on the submitting machine.
+#: The restart watcher's record (:mod:`jobgen.backends.ssh.restart`) in the job directory on the submitting machine.
 RESTARTS_FILE = "ssh-restarts.json"
 #: The watcher's own output (what it decided, and why), in the job directory.
 WATCH_LOG = "ssh-restarts.log"
 #: The watcher's states in :data:`RESTARTS_FILE`: watching the job, starting it again, done.
 WATCHING, RESTARTING, DONE = "watching", "restarting", "done"
 #: The module the watcher runs as (``python -m``); ``jobgen cancel`` checks a PID's command line for it.
-MODULE = "jobgen.backends.ssh_restart"
+MODULE = "jobgen.backends.ssh.restart"
 
 
 def node_file(rank: int, kind: str) -> str:
@@ -205,7 +205,7 @@ def probe_command(settings: SshSettings) -> str:
 
 def copy_command(run: str) -> str:
     """Remote: replace ``<run>/job`` by the tar archive on stdin (the job directory and the code
-    snapshot, :func:`jobgen.backends.ssh.pack`), extracted into the run directory.
+    snapshot, :func:`jobgen.backends.ssh.backend.pack`), extracted into the run directory.
 
     The run directory reaches the shell only (``cd``), never tar: GNU tar un-escapes backslash
     sequences in a ``-C`` directory (``..\\057..`` is ``../..``), which took a name such as
