@@ -489,7 +489,7 @@ def test_status_of_running_pods_of_a_priced_profile_shows_the_cost_so_far(tmp_pa
     profile = load_profile("k8s-h100", PROFILES).model_copy(update={"gpu_hour_price": 3.0})
     directory = tmp_path / "manifests" / "quickstart"
     plan(load_spec(EXAMPLES / "quickstart.yaml"), profile, TEMPLATES).write(directory)
-    handle = k8s.submit_dir(directory, out=lambda _: None).handle
+    handle = k8s.KubernetesBackend().submit(directory, SubmitOptions(), lambda _: None).handle
     started = (datetime.now(timezone.utc) - timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     for name in ("quickstart-master-0", "quickstart-worker-0"):
         fake.objects[f"/api/v1/namespaces/training/pods/{name}"] = {
@@ -497,7 +497,7 @@ def test_status_of_running_pods_of_a_priced_profile_shows_the_cost_so_far(tmp_pa
             "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
             "status": {"containerStatuses": [{"name": "pytorch", "state": {"running": {"startedAt": started}}}]},
         }
-    usage = k8s.status(handle).usage.to_json()
+    usage = k8s.KubernetesBackend().status(handle).usage.to_json()
     assert (usage["device_kind"], usage["devices"], usage["end"]) == ("gpu", 16, None), usage
     assert 8.0 <= usage["gpu_hours"] < 8.5 and usage["cost"] == pytest.approx(3.0 * usage["gpu_hours"], abs=1e-5), usage
 
