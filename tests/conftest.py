@@ -8,6 +8,7 @@ import atexit
 import importlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -231,6 +232,15 @@ def skip_or_fail(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"{reason} [CI is set: a missing prerequisite fails instead of skipping]", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a process a test later interrupts with SIGINT: SIGINT back to its default
+    in the child before exec. A test session started in the background (``pytest &`` without job
+    control, nohup, some CI runners) ignores SIGINT; every process it starts inherits that, and
+    Python, like any Unix program, keeps an inherited SIG_IGN, so the test's Ctrl-C would reach
+    nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def lint_bash(script: Path) -> None:

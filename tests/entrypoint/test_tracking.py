@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ctrl_c_reaches_it
 from tests.entrypoint.conftest import REPO, TINY_SPEC, child_env, resolved_doc
 from tests.tracker_files import csv_steps
 
@@ -108,15 +109,6 @@ def _newest_step(run_dir: Path) -> int | None:
     return None if found is None else found.global_step
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the child before exec: SIGINT back to its default. A test session started in the
-    background (``pytest &``, nohup, some CI runners) ignores SIGINT, every process it starts
-    inherits that, and jobgen, like any Unix program, keeps an inherited SIG_IGN: the Ctrl-C below
-    then reached nothing and the run trained to its end (seen in three background full runs; the
-    same test passed in the foreground)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_local_job_stopped_and_resubmitted_keeps_one_run_per_tracker(tmp_path: Path) -> None:
     db = tmp_path / "mlflow" / "mlflow.db"
     db.parent.mkdir()
@@ -136,7 +128,7 @@ def test_local_job_stopped_and_resubmitted_keeps_one_run_per_tracker(tmp_path: P
     # First submit, stopped with Ctrl-C (SIGINT to jobgen, which stops torchrun's process group) after a checkpoint.
     with open(tmp_path / "first.txt", "w") as out:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_ctrl_c_reaches_it)
+                                preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while (_newest_step(run_dir) or 0) < 10:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, write
+from tests.conftest import REPO, ctrl_c_reaches_it, write
 
 #: What ``torchrun --tee 3`` printed for a command-mode script whose rank 0 ends with
 #: ``raise SystemExit("boom: ...")`` (the message on stderr, no traceback), torch 2.13.
@@ -231,7 +231,7 @@ def test_ctrl_c_exits_130_and_the_run_is_cancelled(setup):
     proc = subprocess.Popen([sys.executable, "-m", "jobgen.cli", "submit", str(setup["spec"]), "--profile", str(setup["profile"]),
                              "--runs-dir", str(setup["runs"])], cwd=setup["root"], env=_env(setup, "hang"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=ctrl_c_reaches_it)
     log = setup["runs"] / "cmd" / "output.log"
     deadline = time.monotonic() + 30
     while not (log.is_file() and "[default0]:started" in log.read_text()):

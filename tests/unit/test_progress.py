@@ -20,7 +20,7 @@ import pytest
 
 from jobgen.planning.calibration import CalibrationFile, CalibrationRow, dumps
 from jobgen.reports.progress import read_progress
-from tests.conftest import REPO, write
+from tests.conftest import REPO, ctrl_c_reaches_it, write
 
 HEADER = "epoch,lr,peak_memory_mb,samples_per_s,step,tokens_per_s,train_loss,val_loss\n"
 
@@ -69,7 +69,7 @@ def test_status_of_a_running_local_job_shows_step_rate_and_eta(tmp_path):
     run_dir = (tmp_path / "runs" / "gpt").resolve()
     job = subprocess.Popen([sys.executable, "-m", "jobgen.cli", "submit", str(spec), "--profile", str(profile),
                             "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.time() + 60
         while not (run_dir / "logs" / "version_0" / "metrics.csv").is_file():
@@ -105,4 +105,8 @@ def test_status_of_a_running_local_job_shows_step_rate_and_eta(tmp_path):
         assert abs(prediction["tokens_per_s"]["value"] - 2 * 5e10 / 6_529_536) < 1
     finally:
         os.killpg(job.pid, signal.SIGINT)
-        job.wait(timeout=120)  # two training ranks wind down after Ctrl-C; a loaded machine takes its time
+        try:
+            job.wait(timeout=120)  # two training ranks wind down after Ctrl-C; a loaded machine takes its time
+        finally:
+            if job.poll() is None:  # the test fails on the timeout; nothing of the job outlives it
+                os.killpg(job.pid, signal.SIGKILL)
