@@ -35,9 +35,9 @@ from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
-from jobgen.planning.sweep import Planners
+from jobgen.planning.sweep import Planners, find_templates
 from jobgen.specs.capabilities import capabilities
-from jobgen.specs.load import load_profile, load_spec, search_dirs
+from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import placeholder_error
 
 if TYPE_CHECKING:
@@ -59,15 +59,13 @@ PLANNERS = Planners(job=plan, wants_array=wants_array, array=plan_array, array_m
 
 
 def templates_dir(override: PathLike | None = None) -> Path:
-    """The templates directory through the lookup order (flag > $JOBGEN_HOME > ./templates > packaged).
+    """The templates directory through the lookup order (flag > $JOBGEN_HOME > ./templates > packaged;
+    :func:`jobgen.planning.sweep.find_templates`).
 
     Raises:
         ConfigError: none exists.
     """
-    dirs = search_dirs("templates", override)
-    if not dirs:
-        raise ConfigError("no templates directory found", hint="pass --templates-dir or set JOBGEN_HOME")
-    return dirs[0]
+    return find_templates(override)
 
 
 def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
