@@ -449,8 +449,9 @@ def log_file(job: JobHandle | SubmittedJob) -> Path:
         SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
     job = SubmittedJob.of(job)
-    handle, record = job.handle, job.record
+    handle = job.handle
     jid = job_id(handle)
+    record = job.record
     if record is not None and record.array:
         if handle.array_task is None:
             tasks = ", ".join(f"{handle}_{t.index} ({t.name})" for t in record.array[:4]) + (", ..." if len(record.array) > 4 else "")
@@ -633,9 +634,10 @@ class SlurmBackend(Backend):
             SubmitError: squeue is missing or the controller does not answer.
         """
         submitted = SubmittedJob.of(job)
-        handle, record = submitted.handle, submitted.record
+        handle = submitted.handle
         jid = job_id(handle)
         array_id, _, task = jid.partition("_")
+        record = submitted.record
         reply = _squeue_jobs(jid, submitted)
         if reply is not None and reply.problem is not None:
             return JobStatus(handle, "UNKNOWN", "squeue", {"reason": reply.problem})
