@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend, plan
-from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, recorded_spec
+from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, SubmittedJob, recorded_spec
 from jobgen.backends.slurm.array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir.files import DirUndo, ignore_run_dir
 from jobgen.jobdir.spec import read_array_index, read_resolved_spec
 from jobgen.jobdir.submission import JobHandle, Submission, recorded_submissions, resolve_job
 from jobgen.planning.plan import JobPlan
-from jobgen.planning.sweep import Planners
+from jobgen.planning.sweep import Planners, find_templates
 from jobgen.specs.capabilities import capabilities
-from jobgen.specs.load import load_profile, load_spec, search_dirs
+from jobgen.specs.load import load_profile, load_spec
 from jobgen.specs.profile import placeholder_error
 
 if TYPE_CHECKING:
@@ -59,15 +59,13 @@ PLANNERS = Planners(job=plan, wants_array=wants_array, array=plan_array, array_m
 
 
 def templates_dir(override: PathLike | None = None) -> Path:
-    """The templates directory through the lookup order (flag > $JOBGEN_HOME > ./templates > packaged).
+    """The templates directory through the lookup order (flag > $JOBGEN_HOME > ./templates > packaged;
+    :func:`jobgen.planning.sweep.find_templates`).
 
     Raises:
         ConfigError: none exists.
     """
-    dirs = search_dirs("templates", override)
-    if not dirs:
-        raise ConfigError("no templates directory found", hint="pass --templates-dir or set JOBGEN_HOME")
-    return dirs[0]
+    return find_templates(override)
 
 
 def load(spec_path: PathLike, profile: str, *, overrides: tuple[str, ...] | list[str] = (),
@@ -218,7 +216,7 @@ def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file:
 def status(job: str) -> JobStatus:
     """The state of ``job`` (a handle URI or a submitted job directory)."""
     handle = resolve_job(job)
-    return get_backend(handle.scheduler).status(handle)
+    return get_backend(handle.scheduler).status(SubmittedJob(handle))
 
 
 def progress(job: str) -> Progress | None:
@@ -277,7 +275,7 @@ def restart_budget(job: str) -> int | None:
 def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> None:
     """Print ``job``'s output through ``echo`` (rank zero's by default)."""
     handle = resolve_job(job)
-    get_backend(handle.scheduler).logs(handle, options or LogOptions(), echo)
+    get_backend(handle.scheduler).logs(SubmittedJob(handle), options or LogOptions(), echo)
 
 
 @dataclass(frozen=True)
@@ -413,7 +411,7 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
             except JobgenError as exc:
                 name, gone = None, f"job directory unreadable: {exc.message}"
         try:
-            status, stale = get_backend(handle.scheduler).status(handle), gone
+            status, stale = get_backend(handle.scheduler).status(SubmittedJob(handle, record)), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
         row = ListedJob(record, status, name, *world, stale, *_timing(record, status), max_restarts=budget)
@@ -483,10 +481,10 @@ def first_error(job: str) -> Triage:
     """Every rank's (or pod's) first failure in ``job``'s output, earliest first
     (:mod:`jobgen.reports.triage`); ``.first`` is the one that explains the failure."""
     handle = resolve_job(job)
-    return get_backend(handle.scheduler).first_error(handle)
+    return get_backend(handle.scheduler).first_error(SubmittedJob(handle))
 
 
 def cancel(job: str, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:
     """Cancel ``job`` and wait up to ``wait_s`` seconds until every rank has stopped."""
     handle = resolve_job(job)
-    return get_backend(handle.scheduler).cancel(handle, wait_s=wait_s, out=echo)
+    return get_backend(handle.scheduler).cancel(SubmittedJob(handle), wait_s=wait_s, out=echo)

@@ -285,18 +285,19 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def status(self, handle: JobHandle) -> JobStatus:
-        """The job's state as the scheduler reports it (``UNKNOWN`` when nobody knows it)."""
+    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
+        """The job's state as the scheduler reports it (``UNKNOWN`` when nobody knows it).
+        ``job``: the job resolved once (:class:`SubmittedJob`; a bare handle is wrapped in one)."""
 
     @abstractmethod
-    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the job's output (rank zero's by default)."""
 
     @abstractmethod
-    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Stop the job and wait up to ``wait_s`` until every rank has stopped."""
 
-    def first_error(self, handle: JobHandle) -> Triage:
+    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
         """Every rank's first failure in the job's output, earliest first (:mod:`jobgen.reports.triage`).
 
         Raises:
@@ -321,22 +322,73 @@ class Backend(ABC):
                 raise ConfigError(f"{flag} does not apply to {self.name} jobs", hint=f"{hint} ({self.name} takes: {takes})")
 
 
-def recorded_spec(handle: JobHandle) -> ResolvedSpec | None:
+class SubmittedJob:
+    """A submitted job, resolved once: its handle and, read on first use and kept, its
+    submission record, the job directory that record names, and that directory's resolved
+    spec. Built by the caller of :meth:`Backend.status`, :meth:`Backend.logs`,
+    :meth:`Backend.cancel` and :meth:`Backend.first_error` (:meth:`of`), and passed down to what
+    those call, so no step looks the handle up again.
+
+    Attributes:
+        handle: the job.
+    """
+
+    def __init__(self, handle: JobHandle, record: Submission | None = None) -> None:
+        """``record``: the submission record when the caller has read it already (else it is
+        read from the state index on first use, :func:`~jobgen.jobdir.submission.find_submission`)."""
+        self.handle = handle
+        self._record = record
+        self._record_read = record is not None
+        self._resolved: ResolvedSpec | None = None
+        self._resolved_read = False
+
+    @classmethod
+    def of(cls, job: JobHandle | SubmittedJob) -> SubmittedJob:
+        """``job`` itself, or a new one for a bare handle."""
+        return job if isinstance(job, SubmittedJob) else cls(job)
+
+    def __repr__(self) -> str:
+        return f"SubmittedJob({str(self.handle)!r})"
+
+    @property
+    def record(self) -> Submission | None:
+        """The recorded submission (a task of a job array: the array's), or ``None``."""
+        if not self._record_read:
+            self._record, self._record_read = find_submission(self.handle), True
+        return self._record
+
+    @property
+    def job_dir(self) -> Path | None:
+        """The job directory the job was submitted from, per :attr:`record`; ``None`` without one."""
+        return None if self.record is None else Path(self.record.job_dir)
+
+    @property
+    def resolved(self) -> ResolvedSpec | None:
+        """The spec.json of :attr:`job_dir`; ``None`` when there is no record or the directory
+        is gone or unreadable."""
+        if not self._resolved_read:
+            try:
+                self._resolved = None if self.job_dir is None else read_resolved_spec(self.job_dir)
+            except JobgenError:
+                self._resolved = None
+            self._resolved_read = True
+        return self._resolved
+
+    @property
+    def launch(self) -> LaunchSpec | None:
+        """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :attr:`resolved`."""
+        return None if self.resolved is None else self.resolved.launch
+
+
+def recorded_spec(handle: JobHandle | SubmittedJob) -> ResolvedSpec | None:
     """The spec.json of the job directory ``handle`` was submitted from, per its submission
     record; ``None`` when there is no record or the directory is gone or unreadable."""
-    record = find_submission(handle)
-    if record is None:
-        return None
-    try:
-        return read_resolved_spec(Path(record.job_dir))
-    except JobgenError:
-        return None
+    return SubmittedJob.of(handle).resolved
 
 
-def recorded_launch(handle: JobHandle) -> LaunchSpec | None:
+def recorded_launch(handle: JobHandle | SubmittedJob) -> LaunchSpec | None:
     """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :func:`recorded_spec`."""
-    resolved = recorded_spec(handle)
-    return None if resolved is None else resolved.launch
+    return SubmittedJob.of(handle).launch
 
 
 def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:

@@ -228,8 +228,9 @@ class SpecPlanner:
         return jobs
 
 
-def find_templates(override: str | None) -> Path:
-    """The templates directory through the lookup order (:func:`jobgen.specs.load.search_dirs`).
+def find_templates(override: str | os.PathLike[str] | None) -> Path:
+    """The templates directory through the lookup order (:func:`jobgen.specs.load.search_dirs`:
+    flag > $JOBGEN_HOME > ./templates > packaged).
 
     Raises:
         ConfigError: none exists.

@@ -626,3 +626,25 @@ def test_status_of_a_completed_job_shows_the_straggler_node_0s_summary_records(t
     for body in (b"\xff{", b'{"straggler": null}', b"[]"):
         monkeypatch.setattr(ssh, "run_ssh", Completed(body))
         assert "straggler" not in api.status(handle).details
+
+
+def test_status_and_cancel_read_the_submission_record_once(tmp_path, monkeypatch, quickstart):
+    """The API resolves a job once (jobgen.backends.base.SubmittedJob) and the backend reads its
+    record from that: status and cancel each load the record one time, however many steps (hosts,
+    run directory, restart watcher, the polls of cancel) use it."""
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    handle = str(api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None).handle)
+    loads: list[Path] = []
+    load = Submission.load.__func__
+
+    def counted(cls, path):
+        loads.append(Path(path))
+        return load(cls, path)
+
+    monkeypatch.setattr(Submission, "load", classmethod(counted))
+    assert api.status(handle).state == "RUNNING"
+    assert loads == [state_record_path(JobHandle.parse(handle))], loads
+    loads.clear()
+    monkeypatch.setattr(ssh, "run_ssh", EndedHosts(0))
+    assert api.cancel(handle, wait_s=1.0, echo=lambda _: None).state == "COMPLETED"
+    assert loads == [state_record_path(JobHandle.parse(handle))], loads

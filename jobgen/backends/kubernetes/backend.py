@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, PendingSubmit, SubmitOptions, SubmitResult, plan_spec_file
+from jobgen.backends.base import Backend, Echo, JobStatus, LogOptions, PendingSubmit, SubmitOptions, SubmitResult, SubmittedJob, plan_spec_file
 from jobgen.backends.kubernetes.api import ENV_CONTEXT, ENV_NAMESPACE, ApiError, Cluster, connect
 from jobgen.backends.kubernetes.manifest import (
     ELASTIC_TEMPLATE,
@@ -38,7 +38,7 @@ from jobgen.backends.kubernetes.pods import container_started, job_pods, pod_evi
 from jobgen.backends.kubernetes.restarts import restarts_used
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import PYTORCHJOB_FILE, TRAINJOB_FILE
-from jobgen.jobdir.submission import JobHandle, Submission, find_submission
+from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.jobdir.world import World
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.reports.triage import LogLine, Triage, parse_rfc3339, triage
@@ -305,9 +305,9 @@ def _record(jd: JobDir, handle: JobHandle, kind: K8sKind, kubeconfig: str | None
     return record
 
 
-def _recorded(handle: JobHandle) -> tuple[list[K8sKind], str | None]:
+def _recorded(job: SubmittedJob) -> tuple[list[K8sKind], str | None]:
     """The kinds to look for (the recorded one first) and the recorded kubeconfig."""
-    record = find_submission(handle)
+    record = job.record
     kinds = [PYTORCHJOB, TRAINJOB]
     if record is None:
         return kinds, None
@@ -315,9 +315,10 @@ def _recorded(handle: JobHandle) -> tuple[list[K8sKind], str | None]:
     return kinds, record.kubeconfig
 
 
-def _find(handle: JobHandle, kubeconfig: str | None = None) -> tuple[Cluster, K8sKind, str, str, dict[str, Any] | None]:
-    context, namespace, name = parse_handle(handle)
-    kinds, recorded = _recorded(handle)
+def _find(job: JobHandle | SubmittedJob, kubeconfig: str | None = None) -> tuple[Cluster, K8sKind, str, str, dict[str, Any] | None]:
+    job = SubmittedJob.of(job)
+    context, namespace, name = parse_handle(job.handle)
+    kinds, recorded = _recorded(job)
     cluster = connect(context, kubeconfig or recorded)
     for kind in kinds:
         try:
@@ -617,7 +618,7 @@ class KubernetesBackend(Backend):
             cluster.request("PUT", cm_path, body=current)
         return SubmitResult(action, handle, _record(jd, handle, kind, kubeconfig), lines)
 
-    def status(self, handle: JobHandle) -> JobStatus:
+    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
         """The job's state from the API server (see :func:`job_state`), with what each of its pods
         is doing (``details["pods"]``, :func:`~jobgen.backends.kubernetes.pods.pod_summary`; absent before
         the controller made any) and their device-hours. When the object does not exist:
@@ -628,9 +629,11 @@ class KubernetesBackend(Backend):
             ConfigError: not a k8s handle, or no usable kubeconfig context.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        cluster, kind, namespace, name, job = _find(handle)
+        submitted = SubmittedJob.of(job)
+        handle = submitted.handle
+        cluster, kind, namespace, name, job = _find(submitted)
         if job is None:
-            record = find_submission(handle)
+            record = submitted.record
             if record is not None and record.cancelled_at:
                 return JobStatus(handle, "CANCELLED", "jobgen cancel", {
                     "cancelled_at": record.cancelled_at, "reason": f"`jobgen cancel` deleted {kind.kind} {namespace}/{name}"})
@@ -641,10 +644,10 @@ class KubernetesBackend(Backend):
         if pods:
             details["pods"] = pod_summary(pods, name, container)
         details |= restarts_used(cluster, namespace, job, pods, container)
-        return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, handle),
+        return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, submitted),
                          evidence=pod_evidence(pods, name, container))
 
-    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the output of one replica's pod, ``options.replica`` (default ``master-0``: global rank zero lives
         there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
         there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
@@ -659,7 +662,9 @@ class KubernetesBackend(Backend):
         """
         self.check_options(options)
         replica, follow, poll_s = options.replica or None, options.follow, LOG_POLL_S
-        cluster, kind, namespace, name, job = _find(handle)
+        submitted = SubmittedJob.of(job)
+        handle = submitted.handle
+        cluster, kind, namespace, name, job = _find(submitted)
         if job is None:
             raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
         if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
@@ -704,7 +709,7 @@ class KubernetesBackend(Backend):
                     out(f"jobgen: {ended}; {handle} is {_current_state(cluster, kind, namespace, name)}")
                 return
 
-    def first_error(self, handle: JobHandle) -> Triage:
+    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
         """Each pod's first failure, earliest first, from every pod of the job (current and
         finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
         container restarted in place is read twice: its previous run (``previous=true``, the one
@@ -714,7 +719,7 @@ class KubernetesBackend(Backend):
             ConfigError: no such job.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        cluster, kind, namespace, name, job = _find(handle)
+        cluster, kind, namespace, name, job = _find(SubmittedJob.of(job))
         if job is None:
             raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
         pods, container = job_pods(cluster, kind, namespace, name)
@@ -744,7 +749,7 @@ class KubernetesBackend(Backend):
                     response.release_conn()
         return triage(lines)
 
-    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Delete the job with foreground propagation (its pods are deleted first, then the job) and
         wait up to ``wait_s`` until it is gone; then remove its ConfigMap if the garbage collector
         has not; the submission record (if any) notes ``cancelled_at``, so :meth:`status` says
@@ -754,10 +759,12 @@ class KubernetesBackend(Backend):
             SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
                 or the API server refuses.
         """
-        cluster, kind, namespace, name, job = _find(handle)
+        submitted = SubmittedJob.of(job)
+        handle = submitted.handle
+        cluster, kind, namespace, name, job = _find(submitted)
         if job is None or not _delete_job(cluster, kind, namespace, name):
             return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} to delete"})
-        record = find_submission(handle)
+        record = submitted.record
         if record is not None:
             record.model_copy(update={"cancelled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).save()
         _wait_gone(cluster, kind, namespace, name, wait_s, out)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jobgen.backends.kubernetes.api import ApiError
-from jobgen.backends.slurm.detect import check_detected, emit_commented, gpu_memory_gib, gpu_model
+from jobgen.backends.slurm.detect import DetectedProfile, check_detected, gpu_memory_gib, gpu_model
 from jobgen.backends.slurm.inventory import InventoryError, clean, not_plain
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.specs.k8s_names import is_dns1123_label, is_dns1123_subdomain
@@ -67,38 +67,25 @@ def shown(value: Any, limit: int = _SHOWN_MAX) -> str:
 
 
 @dataclass
-class KubernetesDetected:
-    """A detected Kubernetes profile: its ``name`` (the file name), the ``context`` and ``namespace``
-    read, the document (``doc``, without ``name``, in file order, ``placeholders`` last), the source
-    of each value (``sources``, by dotted path), the header comment lines and ``notes`` (what was
-    left out or could not be read)."""
+class KubernetesDetected(DetectedProfile):
+    """A detected Kubernetes profile (:class:`~jobgen.backends.slurm.detect.DetectedProfile`;
+    ``partition`` is empty; ``doc`` has ``placeholders`` last) with the ``context`` and
+    ``namespace`` read."""
 
-    name: str
-    context: str
-    namespace: str
-    doc: dict[str, Any]
-    sources: dict[str, str]
-    header: list[str]
-    notes: list[str] = field(default_factory=list)
+    context: str = ""
+    namespace: str = ""
 
     @property
     def scope(self) -> str:
         """What was profiled, for the CLI's one-line summary."""
         return f"context {shown(self.context)}, namespace {shown(self.namespace)}"
 
-    def yaml_text(self) -> str:
-        """The profile file: the header, then every value under a comment naming its source
-        (values by ``yaml.safe_dump``, quoted where YAML needs it; comments escaped)."""
-        out = [f"# {clean(line)}" for line in self.header]
-        out += [f"# note: {clean(note)}" for note in self.notes]
-        emit_commented(self.doc, self.sources, 0, "", out)
-        return "\n".join(out) + "\n"
-
     def as_json(self) -> dict[str, Any]:
         """``-o json``: ``name``, ``context``, ``namespace``, ``profile`` (the document), ``sources``
         and ``notes`` (non-printable characters escaped, as the file's comments show them)."""
-        return {"name": self.name, "context": self.context, "namespace": self.namespace, "profile": self.doc,
-                "sources": {path: clean(text) for path, text in self.sources.items()}, "notes": [clean(n) for n in self.notes]}
+        doc = super().as_json()
+        del doc["partition"]
+        return {"name": doc.pop("name"), "context": self.context, "namespace": self.namespace, **doc}
 
 
 @dataclass(frozen=True)
@@ -285,7 +272,7 @@ def detect_kubernetes(get: Getter, *, context: str, namespace: str, namespace_so
     header = [f"Kubernetes context {context}, namespace {namespace}, detected by `jobgen profiles detect --scheduler kubernetes`.",
               "The comment above each value names its source. kubernetes.image is an example (placeholders:);",
               "edit it as any profile (docs/profiles.md, \"Detecting a profile\"), then: jobgen doctor --profile <this file>"]
-    found = KubernetesDetected(name, context, namespace, doc, sources, header, notes)
+    found = KubernetesDetected(name, "", doc, sources, header, notes, context=context, namespace=namespace)
     check_detected(found, hint="pass --gpu-type or --namespace, or write the profile by hand (docs/profiles.md)")
     return found
 

@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from jobgen.backends.base import recorded_launch
+from jobgen.backends.base import SubmittedJob, recorded_launch
 from jobgen.backends.kubernetes.api import Cluster
 from jobgen.backends.kubernetes.manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_path
 from jobgen.backends.kubernetes.validate import _kubernetes_parse_quantity
@@ -134,7 +134,7 @@ def pod_evidence(pods: list[dict[str, Any]], name: str, container: str) -> tuple
     return tuple(found)
 
 
-def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle) -> Usage | None:
+def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle | SubmittedJob) -> Usage | None:
     """GPU-hours (CPU-hours) of the job's ``pods`` (:func:`job_pods`): for each, its training
     container's (``container``) run time (the
     current or last run: ``startedAt`` to ``finishedAt``, or to now while it runs) x the GPUs

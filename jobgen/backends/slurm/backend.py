@@ -25,6 +25,7 @@ from jobgen.backends.base import (
     PendingSubmit,
     SubmitOptions,
     SubmitResult,
+    SubmittedJob,
     plan_spec_file,
     recorded_launch,
     run_command,
@@ -38,7 +39,7 @@ from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_DIR_ENV, SBATCH_FILE, SPEC_FILE, SUBMISSION_FILE, point_file
 from jobgen.jobdir.runs import check_run_dir
 from jobgen.jobdir.spec import ArrayIndex, ResolvedSpec, load_resolved_spec, read_array_index, read_resolved_spec
-from jobgen.jobdir.submission import ArrayTask, JobHandle, Submission, find_submission
+from jobgen.jobdir.submission import ArrayTask, JobHandle, Submission
 from jobgen.planning.environment import check_present, unexported
 from jobgen.planning.plan import JobPlan, PlanContext
 from jobgen.reports.triage import LogLine, Triage, triage
@@ -126,16 +127,16 @@ def job_id(handle: JobHandle) -> str:
     return jid
 
 
-def cluster_options(handle: JobHandle) -> list[str]:
+def cluster_options(handle: JobHandle | SubmittedJob) -> list[str]:
     """``["--clusters=<cluster>"]`` for a job sbatch submitted to a named cluster (its answer
     ``<jobid>;<cluster>``, kept as the record's ``slurm_cluster``), else ``[]``: squeue, sacct,
     scontrol and scancel ask the default cluster, as on a single-cluster site. A handle without
     a record gets ``[]`` too: its cluster may be only the profile's ``slurm.cluster`` label."""
-    record = find_submission(handle)
+    record = SubmittedJob.of(handle).record
     return [f"--clusters={record.slurm_cluster}"] if record is not None and record.slurm_cluster else []
 
 
-def _squeue_jobs(jid: str, handle: JobHandle) -> SqueueReply | None:
+def _squeue_jobs(jid: str, handle: JobHandle | SubmittedJob) -> SqueueReply | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
     tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm.squeue_json`),
     or None when the controller has forgotten it (after MinJobAge)."""
@@ -438,7 +439,7 @@ def filter_rank(lines: Iterable[str], rank: int | None) -> Iterator[str]:
             yield match.group(2)
 
 
-def log_file(handle: JobHandle) -> Path:
+def log_file(job: JobHandle | SubmittedJob) -> Path:
     """The job's SLURM output file: from the submission record, else from ``scontrol show job``.
     A job array has one per task (``slurm-<jobid>_<task>.out``): name the task.
 
@@ -447,8 +448,10 @@ def log_file(handle: JobHandle) -> Path:
             a whole recorded job array (the hint names its tasks' handles).
         SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
+    job = SubmittedJob.of(job)
+    handle = job.handle
     jid = job_id(handle)
-    record = find_submission(handle)
+    record = job.record
     if record is not None and record.array:
         if handle.array_task is None:
             tasks = ", ".join(f"{handle}_{t.index} ({t.name})" for t in record.array[:4]) + (", ..." if len(record.array) > 4 else "")
@@ -458,7 +461,7 @@ def log_file(handle: JobHandle) -> Path:
     if record is not None and record.log_file and handle.array_task is None:
         return Path(record.log_file)
     try:
-        proc = run_command(["scontrol", *cluster_options(handle), "show", "job", jid], what="scontrol show job", timeout_s=30)
+        proc = run_command(["scontrol", *cluster_options(job), "show", "job", jid], what="scontrol show job", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" not in exc.message:
             raise  # the controller did not answer: SLURM's failure (exit 1), not an unknown job
@@ -614,7 +617,7 @@ class SlurmBackend(Backend):
         record.save()
         return SubmitResult("submitted", handle, record)
 
-    def status(self, handle: JobHandle) -> JobStatus:
+    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
         """The job's state: ``squeue`` while the controller knows it (queued, running, and for
         MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
         (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
@@ -630,10 +633,12 @@ class SlurmBackend(Backend):
             ConfigError: not a SLURM handle.
             SubmitError: squeue is missing or the controller does not answer.
         """
+        submitted = SubmittedJob.of(job)
+        handle = submitted.handle
         jid = job_id(handle)
         array_id, _, task = jid.partition("_")
-        record = find_submission(handle)
-        reply = _squeue_jobs(jid, handle)
+        record = submitted.record
+        reply = _squeue_jobs(jid, submitted)
         if reply is not None and reply.problem is not None:
             return JobStatus(handle, "UNKNOWN", "squeue", {"reason": reply.problem})
         jobs = reply.jobs if reply is not None else ()
@@ -659,7 +664,7 @@ class SlurmBackend(Backend):
             return JobStatus(handle, *found)
         return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
 
-    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the job's output: rank ``options.rank``'s lines (default 0; ``all``: the whole file);
         with ``options.follow``, keep printing until the job has finished and the file is drained
         (Ctrl-C stops).
@@ -674,7 +679,9 @@ class SlurmBackend(Backend):
         if given != "all" and not given.isdigit():
             raise ConfigError(f"--rank {given!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
         rank, follow = None if given == "all" else int(given), options.follow
-        path = log_file(handle)
+        job = SubmittedJob.of(job)
+        handle = job.handle
+        path = log_file(job)
         offset, pending = 0, ""
         last_check, finished, announced = 0.0, not follow, False
         while True:
@@ -687,7 +694,7 @@ class SlurmBackend(Backend):
                 for line in filter_rank(lines, rank):
                     out(line)
             elif not follow:
-                state = self.status(handle)
+                state = self.status(job)
                 if state.finished or state.state == "UNKNOWN":
                     raise ConfigError(f"{handle} is {state.state} but its output file {path} does not exist",
                                       hint="SLURM could not open it (is the run directory on a filesystem the nodes share?)")
@@ -700,7 +707,7 @@ class SlurmBackend(Backend):
             now = time.monotonic()
             if now - last_check >= 5 * LOG_POLL_S:
                 last_check = now
-                state = self.status(handle)
+                state = self.status(job)
                 if not path.is_file() and not announced:
                     out(f"jobgen: {handle} is {state.state}; waiting for output in {path} (Ctrl-C stops)")
                     announced = True
@@ -709,7 +716,7 @@ class SlurmBackend(Backend):
                     continue  # one more read drains what the job wrote last
             time.sleep(LOG_POLL_S)
 
-    def first_error(self, handle: JobHandle) -> Triage:
+    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
         """Each rank's first failure in the job's output file, earliest first.
 
         The file is one stream: srun writes the ranks' lines in the order they arrive, each with its
@@ -719,9 +726,10 @@ class SlurmBackend(Backend):
         Raises:
             ConfigError: no log file is known for the job, or it does not exist (yet).
         """
-        path = log_file(handle)
+        job = SubmittedJob.of(job)
+        path = log_file(job)
         if not path.is_file():
-            raise ConfigError(f"{handle}: its output file {path} does not exist (yet)",
+            raise ConfigError(f"{job.handle}: its output file {path} does not exist (yet)",
                               hint="check `jobgen status`: a PENDING job has written nothing")
         lines = []
         with path.open("r", encoding="utf-8", errors="replace") as fh:
@@ -735,7 +743,7 @@ class SlurmBackend(Backend):
                     lines.append(LogLine(f"rank {rank}", rank, None, position, None, match.group(2)))
         return triage(lines)
 
-    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """``scancel`` the job and wait (up to ``wait_s``) until SLURM reports it ended.
 
         Returns the last status seen.
@@ -743,14 +751,16 @@ class SlurmBackend(Backend):
         Raises:
             SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
         """
+        job = SubmittedJob.of(job)
+        handle = job.handle
         jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
-        run_command(["scancel", *cluster_options(handle), jid], what="scancel", timeout_s=30)
+        run_command(["scancel", *cluster_options(job), jid], what="scancel", timeout_s=30)
         deadline = time.monotonic() + wait_s
-        state = self.status(handle)
+        state = self.status(job)
         while not (state.finished or state.state == "UNKNOWN"):
             if time.monotonic() > deadline:
                 raise SubmitError(f"{handle} is still {state.state} {wait_s:.0f} s after scancel", hint="SLURM's KillWait may be long; check `jobgen status`")
             out(f"jobgen: {handle} is {state.state}; waiting for its processes to stop ...")
             time.sleep(2.0)
-            state = self.status(handle)
+            state = self.status(job)
         return state

@@ -44,6 +44,7 @@ from jobgen.backends.base import (
     PendingSubmit,
     SubmitOptions,
     SubmitResult,
+    SubmittedJob,
     not_supported,
     plan_spec_file,
     secrets_location,
@@ -79,7 +80,7 @@ from jobgen.backends.ssh.launch import (
 from jobgen.errors import ConfigError, SubmitError
 from jobgen.jobdir.files import CODE_SUBDIR, SPEC_SOURCE_ENV, SUBMISSION_FILE, SUMMARY_FILE, write_atomic
 from jobgen.jobdir.spec import read_resolved_spec
-from jobgen.jobdir.submission import JobHandle, Submission, find_submission
+from jobgen.jobdir.submission import JobHandle, Submission
 from jobgen.jobdir.summary import parse_summary
 from jobgen.planning.environment import check_present
 from jobgen.planning.plan import Command, JobPlan, PlanContext
@@ -200,15 +201,17 @@ def _secret_lines(names: tuple[str, ...], location: str) -> bytes | None:
     return "".join(f"{name}={os.environ[name]}\n" for name in names).encode()
 
 
-def _settings(handle: JobHandle) -> tuple[SshSettings, str]:
+def _settings(job: JobHandle | SubmittedJob) -> tuple[SshSettings, str]:
     """The hosts and the run directory of a recorded ssh job.
 
     Raises:
         ConfigError: not an ssh handle, or no submission record of it on this machine.
     """
+    job = SubmittedJob.of(job)
+    handle = job.handle
     if handle.scheme != "ssh":
         raise ConfigError(f"{handle} is not an ssh job handle", hint="ssh handles look like ssh://<first host>/<run dir>")
-    record = find_submission(handle)
+    record = job.record
     if record is None or record.ssh is None:
         raise ConfigError(f"no submission of {handle} is recorded on this machine, so jobgen does not know its hosts",
                           hint="run jobgen where the job was submitted: its state directory ($JOBGEN_STATE_DIR, else "
@@ -227,9 +230,10 @@ def reports(settings: SshSettings, run: str, handle: JobHandle) -> list[NodeRepo
     return _each(settings.hosts, ask)
 
 
-def _wait(handle: JobHandle, until: Callable[[list[NodeReport]], bool], seconds: float) -> list[NodeReport]:
-    """Ask the hosts every :data:`POLL_S` until ``until(reports)`` or ``seconds`` have passed; the last reports."""
-    settings, run = _settings(handle)
+def _wait(settings: SshSettings, run: str, handle: JobHandle, until: Callable[[list[NodeReport]], bool],
+          seconds: float) -> list[NodeReport]:
+    """Ask the hosts of ``handle`` (its run directory ``run``) every :data:`POLL_S` until
+    ``until(reports)`` or ``seconds`` have passed; the last reports."""
     deadline = time.monotonic() + seconds
     while True:
         nodes = reports(settings, run, handle)
@@ -268,7 +272,7 @@ def _start_hosts(settings: SshSettings, handle: JobHandle, run: str, starts: Seq
     failed = [f for f in _each(settings.hosts, start) if f]
     if failed:
         return False, failed
-    nodes = _wait(handle, lambda nodes: all(_launched(n) or _ended_unlaunched(n) for n in nodes), START_WAIT_S)
+    nodes = _wait(settings, run, handle, lambda nodes: all(_launched(n) or _ended_unlaunched(n) for n in nodes), START_WAIT_S)
     return True, [f"{n.host} (node {n.rank}): " + _not_launched(settings, run, n) for n in nodes if not _launched(n)]
 
 
@@ -280,8 +284,9 @@ def restart_hosts(handle: JobHandle, *, spec_source: str | None) -> list[str]:
     Raises:
         ConfigError: no record of the job here, its job directory is unreadable, or a secret is not set.
     """
-    settings, run = _settings(handle)
-    record = find_submission(handle)
+    job = SubmittedJob(handle)
+    settings, run = _settings(job)
+    record = job.record
     assert record is not None  # _settings found it
     resolved = read_resolved_spec(Path(record.job_dir))
     secrets = resolved.spec.secrets
@@ -328,12 +333,12 @@ def _undo(settings: SshSettings, handle: JobHandle, record: Submission) -> None:
 _REPLICA_RE = re.compile(r"^node-(\d+)$")
 
 
-def _stop_watcher(handle: JobHandle) -> None:
+def _stop_watcher(job: SubmittedJob) -> None:
     """End the job's restart watcher (:mod:`jobgen.backends.ssh.restart`) when it runs here, and
     mark its record done (``CANCELLED``)."""
     import signal
 
-    submission = find_submission(handle)
+    submission = job.record
     job_dir = Path(submission.job_dir) if submission is not None else None
     watched = read_record(job_dir) if job_dir is not None else None
     if job_dir is None or watched is None or watched["state"] == DONE:
@@ -395,8 +400,9 @@ class SshBackend(Backend):
         job.secret_data = _secret_lines(resolved.spec.secrets, location)
         handle = handle_for(settings, resolved.spec.name)
         probe(settings)  # every host, before anything is copied or started
-        if find_submission(handle) is not None:
-            before = self.status(handle)
+        earlier = SubmittedJob(handle)
+        if earlier.record is not None:
+            before = self.status(earlier)
             if before.state in ("RUNNING", "PENDING"):
                 raise SubmitError(f"{handle} is still {before.state} on its hosts; nothing was copied or started",
                                   hint=f"follow it with `jobgen logs -f {handle}`, or stop it first with `jobgen cancel {handle}`")
@@ -468,7 +474,7 @@ class SshBackend(Backend):
         return SubmitResult("submitted", handle, record)
 
 
-    def status(self, handle: JobHandle) -> JobStatus:
+    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
         """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
         each node's host, live processes and exit code, and the run directory.
 
@@ -476,7 +482,9 @@ class SshBackend(Backend):
             ConfigError: not an ssh handle, or no record of it here.
             SubmitError: no host could be reached (the message names each and why).
         """
-        settings, run = _settings(handle)
+        job = SubmittedJob.of(job)
+        handle = job.handle
+        settings, run = _settings(job)
         nodes = reports(settings, run, handle)
         if not any(n.reached for n in nodes):
             raise SubmitError(f"none of the hosts of {handle} answered: " + "; ".join(f"{n.host}: {n.error}" for n in nodes),
@@ -486,7 +494,7 @@ class SshBackend(Backend):
         if state == "COMPLETED":  # node 0's summary.json (global rank 0 writes it) may name a straggler
             proc = run_ssh(ssh_argv(settings, settings.hosts[0], read_command(run, SUMMARY_FILE)), timeout_s=_timeout(settings, 60))
             details |= straggler_details(parse_summary(proc.stdout)) if proc.returncode == 0 else {}
-        submission = find_submission(handle)
+        submission = job.record
         watched = read_record(Path(submission.job_dir)) if submission is not None else None
         if watched is None:
             return JobStatus(handle, state, "ssh", details)
@@ -499,7 +507,7 @@ class SshBackend(Backend):
         # the watcher's evidence is of the attempt it decided last: this one's only once it is done
         return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
-    def logs(self, handle: JobHandle, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print node ``options.replica``'s output (``node-<rank>``, default ``node-0``: global rank zero
         runs there) from its host; with ``options.follow``, keep printing until the job has ended (Ctrl-C stops).
 
@@ -509,7 +517,9 @@ class SshBackend(Backend):
         """
         self.check_options(options)
         replica, follow = options.replica, options.follow
-        settings, run = _settings(handle)
+        job = SubmittedJob.of(job)
+        handle = job.handle
+        settings, run = _settings(job)
         match = _REPLICA_RE.match(replica or "node-0")
         if match is None or int(match.group(1)) >= len(settings.hosts):
             raise ConfigError(f"--replica {replica!r} is not a node of {handle}",
@@ -535,17 +545,18 @@ class SshBackend(Backend):
                 return
             checks += 1
             if checks % 5 == 0:
-                state = self.status(handle)
+                state = self.status(job)
                 finished = state.finished or state.state == "UNKNOWN"
                 if finished:
                     continue  # one more read drains what the node wrote last
             time.sleep(POLL_S)
 
-    def first_error(self, handle: JobHandle) -> Triage:
+    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
         """Not offered yet: each node's output is on its host."""
+        handle = SubmittedJob.of(job).handle
         raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {handle}")
 
-    def cancel(self, handle: JobHandle, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
         its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
         processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
@@ -554,21 +565,23 @@ class SshBackend(Backend):
             ConfigError: not an ssh handle, or no record of it here.
             SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
         """
-        settings, run = _settings(handle)
-        _stop_watcher(handle)  # first: it would start the job again
+        job = SubmittedJob.of(job)
+        handle = job.handle
+        settings, run = _settings(job)
+        _stop_watcher(job)  # first: it would start the job again
 
         def stop(rank: int, host: str) -> str | None:
             proc = run_ssh(ssh_argv(settings, host, stop_command(run, rank, handle)), timeout_s=_timeout(settings, 60))
             return None if proc.returncode == 0 else f"{host} (node {rank}): {_why(proc)}"
 
         unreached = [f for f in _each(settings.hosts, stop) if f]
-        nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
+        nodes = _wait(settings, run, handle, lambda nodes: not any(n.procs for n in nodes), min(wait_s, CANCEL_GRACE_S))
         if any(n.procs for n in nodes):
             left = ", ".join(f"{n.host} ({n.procs})" for n in nodes if n.procs)
             out(f"jobgen: still running after TERM: {left}; sending SIGKILL")
             _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),
                                                              timeout_s=_timeout(settings, 60)))
-            nodes = _wait(handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
+            nodes = _wait(settings, run, handle, lambda nodes: not any(n.procs for n in nodes), 10.0)
         unreached += [f"{n.host} (node {n.rank}): {n.error}" for n in nodes if not n.reached and not any(n.host in u for u in unreached)]
         left = [f"{n.host}: {n.procs} process(es)" for n in nodes if n.procs]
         if unreached or left:
