@@ -76,8 +76,10 @@ class Jobgen:
         self.env = {**lab.client_env(), "JOBGEN_STATE_DIR": str(root / "state"), "PYTHONPATH": str(REPO)}
         self.env.pop("JOBGEN_DEBUG", None)
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=self.root, env=self.env,
+    def __call__(self, *args: str, check: bool = True, timeout: float = 120,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``jobgen *args`` in the lab's environment, plus ``env``."""
+        proc = subprocess.run([sys.executable, "-m", "jobgen.cli", *args], cwd=self.root, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
         if check:
             assert proc.returncode == 0, f"jobgen {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -597,16 +599,19 @@ def test_gitops_path_submits_a_rendered_directory_once(jobgen):
     """`jobgen render` then `jobgen submit <dir>` (what is committed is what runs): --test-only
     queues nothing; a second submit while the first is queued or running is refused."""
     jobgen.profile()
-    # still starting or training when the second submit comes a few seconds later (start-up alone takes longer)
     spec = jobgen.spec("lab-gitops", max_steps=20, every=10)
     jobgen("render", spec, "--profile", "slurm-lab", "--profiles-dir", str(jobgen.root / "profiles"), "--out", "manifests")
     job_dir = jobgen.root / "manifests" / "slurm-lab" / "lab-gitops"
     preflight = jobgen("submit", str(job_dir), "--test-only")
     assert "nothing was queued" in preflight.stdout and "to start at" in preflight.stdout, preflight.stdout
     assert not (job_dir / ".jobgen-submission.json").exists()
-    handle = jobgen("submit", str(job_dir)).stdout.split("submitted ", 1)[1].split()[0]
+    # queued held (sbatch reads SBATCH_HOLD, as --hold), so the job is still PENDING at the second
+    # submit however long that takes to start on a loaded machine; released after it
+    handle = jobgen("submit", str(job_dir), env={"SBATCH_HOLD": "1"}).stdout.split("submitted ", 1)[1].split()[0]
     again = jobgen("submit", str(job_dir), check=False)
     assert again.returncode == 1 and f"already submitted as {handle}" in again.stderr and "--force" in again.stderr
+    assert jobgen.queue(handle).split() == [job_id(handle), "PENDING"]  # held until now
+    run_slurm(jobgen.lab, "scontrol", "release", job_id(handle))
     final, seen = jobgen.wait_state(str(job_dir), {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     assert final == "COMPLETED", (seen, jobgen("logs", "--rank", "all", str(job_dir)).stdout[-3000:])
     assert "step 20/20" in jobgen("logs", str(job_dir)).stdout
