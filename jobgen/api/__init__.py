@@ -230,7 +230,6 @@ def progress(job: str) -> Progress | None:
         SubmitError: the Kubernetes API server cannot be reached.
     """
     from jobgen.jobdir.files import SPEC_FILE
-    from jobgen.jobdir.submission import find_submission
     from jobgen.reports.progress import read_progress
 
     handle = resolve_job(job)
@@ -238,15 +237,16 @@ def progress(job: str) -> Progress | None:
         from jobgen.backends.kubernetes.progress import pod_progress
 
         return pod_progress(handle)
+    submitted = SubmittedJob(handle)  # the record read once, for the run directory and the spec
     try:
-        record = find_submission(handle)
+        record = submitted.record
     except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
         record = None
     caps = capabilities(handle.scheduler)
     run_dir = Path(record.run_dir) if record is not None else Path(handle.path) if caps.job_dir_is_run_dir else None
     if run_dir is None or not caps.run_dir_on_filesystem or not run_dir.is_dir():
         return None
-    resolved = recorded_spec(handle)
+    resolved = submitted.resolved
     if resolved is None and (run_dir / SPEC_FILE).is_file():
         try:
             resolved = read_resolved_spec(run_dir)
