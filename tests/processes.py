@@ -30,6 +30,34 @@ def pid_alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
+def cmdline(pid: int) -> list[str]:
+    """The argv of process PID from /proc/PID/cmdline; empty when there is no such process, and
+    while its exec is still completing (see :func:`wait_exec`)."""
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def wait_exec(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> bool:
+    """Wait until ``proc``'s exec has completed: its /proc/PID/cmdline shows the new program's
+    argv. True then; False when the process exited first. Raises TimeoutError after ``timeout`` s.
+
+    ``subprocess.Popen`` returns once the child's exec has passed its point of no return (the
+    kernel closes the close-on-exec pipe Popen waits on), before the new argv is in place; until
+    then /proc/PID/cmdline reads empty, and a loaded machine can keep the child from completing
+    its exec for longer than any fixed grace. A check by argv (a PID file's daemon, a stop)
+    must come after this."""
+    deadline = time.monotonic() + timeout
+    while not cmdline(proc.pid):
+        if proc.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {proc.pid} ({proc.args!r}) did not complete its exec in {timeout:.0f} s")
+        time.sleep(0.01)
+    return proc.poll() is None
+
+
 def stop_pid(pid: int, what: str, grace: float = 10.0, *, label: str = "lab") -> None:
     """SIGTERM ``pid``, SIGKILL it after ``grace`` s, reap it if it is our child; a process that
     survives SIGKILL (5 s more) is reported on stderr as ``<label>: <what> (pid N) survived

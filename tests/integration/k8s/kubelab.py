@@ -112,7 +112,7 @@ from kubecore import (  # noqa: E402, F401
 )
 
 from tests.ports import ATTEMPTS, next_port  # noqa: E402
-from tests.processes import pid_alive, stop_pid  # noqa: E402  (kubenodes.py uses both through this module)
+from tests.processes import cmdline, pid_alive, stop_pid, wait_exec  # noqa: E402  (kubenodes.py uses them through this module)
 
 # --------------------------------------------------------------------------- the running lab
 
@@ -362,7 +362,7 @@ class K8sLab:
             expected = pidfile.read_text().split()[1]
         except (OSError, ValueError, IndexError):
             return
-        if pid_alive(pid) and _cmdline(pid).startswith(expected):
+        if pid_alive(pid) and cmdline(pid)[:1] == [expected]:
             self._stop(pid, name)
         pidfile.unlink(missing_ok=True)
 
@@ -372,7 +372,7 @@ class K8sLab:
         for name in ("etcd", "kube-apiserver", "kube-controller-manager", "apiextensions-apiserver"):
             try:
                 pid, expected = self._pidfile(name).read_text().split()[:2]
-                if pid_alive(int(pid)) and _cmdline(int(pid)).startswith(expected):
+                if pid_alive(int(pid)) and cmdline(int(pid))[:1] == [expected]:
                     out[name] = int(pid)
             except (OSError, ValueError):
                 continue
@@ -416,9 +416,9 @@ class K8sLab:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         self._children.append(proc)
         self._pidfile(name).write_text(f"{proc.pid} {argv[0]}\n")
-        time.sleep(0.05)
-        if proc.poll() is not None:
-            raise LabStartError(f"{name} exited with {proc.returncode} at once\n{_tail(log)}")
+        time.sleep(0.05)  # a daemon whose flags it rejects exits at once: say so here
+        if not wait_exec(proc) or proc.poll() is not None:
+            raise LabStartError(f"{name} exited with {proc.wait()} at once\n{_tail(log)}")
         return proc.pid
 
     def _listens(self, name: str, ports: Sequence[int]) -> bool:
@@ -503,17 +503,9 @@ def _read(path: Path) -> str:
 def _read_argv(pidfile: Path) -> list[str]:
     """The full argv of the daemon a PID file names (from /proc)."""
     try:
-        pid = int(pidfile.read_text().split()[0])
-        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        return cmdline(int(pidfile.read_text().split()[0]))
     except (OSError, ValueError, IndexError):
         return []
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return ""
 
 
 # --------------------------------------------------------------------------- command line

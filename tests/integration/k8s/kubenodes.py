@@ -78,8 +78,10 @@ from kubelab import (  # noqa: E402
     LabError,
     LabStartError,
     _tail,
+    cmdline,
     pid_alive,
     run,
+    wait_exec,
     wait_for,
 )
 
@@ -112,7 +114,6 @@ from nodecore import (  # noqa: E402, F401
     NODES,
     Node,
     _cgroup_hierarchies,
-    _cmdline,
     _stop_pid,
 )
 from nodedown import NodeTeardown  # noqa: E402
@@ -509,9 +510,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         # nsenter execs its command: the PID stays, argv[0] becomes the daemon's (checked on stop).
         expected = argv[argv.index("--") + 1] if argv[0] == "nsenter" else argv[0]
         self._pidfile(name).write_text(f"{proc.pid} {expected}\n")
-        time.sleep(0.05)
-        if proc.poll() is not None:
-            raise LabStartError(f"{name} exited with {proc.returncode} at once\n{_tail(log)}")
+        time.sleep(0.05)  # a daemon whose flags it rejects exits at once: say so here
+        if not wait_exec(proc) or proc.poll() is not None:
+            raise LabStartError(f"{name} exited with {proc.wait()} at once\n{_tail(log)}")
         return proc.pid
 
     def daemon_pids(self) -> dict[str, int]:
@@ -520,7 +521,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for pidfile in sorted((self.base / "run").glob("*.pid")):
             with contextlib.suppress(OSError, ValueError):
                 pid, expected = pidfile.read_text().split()[:2]
-                argv = _cmdline(int(pid))
+                argv = cmdline(int(pid))
                 if pid_alive(int(pid)) and argv and (argv[0] == expected or (argv[0] == "nsenter" and expected in argv)):
                     out[pidfile.stem] = int(pid)
         return out

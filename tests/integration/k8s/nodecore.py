@@ -71,13 +71,6 @@ MACHINE_PATHS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/lo
 # --------------------------------------------------------------------------- helpers
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 def _mounts_under(root: Path) -> list[str]:
     """Mount points at or below ``root`` (from /proc/self/mountinfo), deepest first."""
     prefix = str(root.resolve()).rstrip("/") + "/"

@@ -20,6 +20,7 @@ from kubelab import (
     K8sLab,
     LabCommandError,
     LabError,
+    cmdline,
     wait_for,
 )
 from nodecore import (
@@ -28,7 +29,6 @@ from nodecore import (
     NODES,
     Node,
     _cgroup_hierarchies,
-    _cmdline,
     _mounts_under,
     _stop_pid,
 )
@@ -127,7 +127,7 @@ class NodeTeardown:
         sock = str(self.socket(node))
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
-                argv = _cmdline(int(entry.name))
+                argv = cmdline(int(entry.name))
                 if argv and "containerd-shim" in argv[0] and sock in argv:
                     _stop_pid(int(entry.name), f"shim {entry.name}", 5)
 
