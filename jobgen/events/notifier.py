@@ -74,8 +74,9 @@ def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str]
 
 
 #: The restarts before this start, where jobgen counts them: a local run's (:mod:`jobgen.backends.local`
-#: sets it for every start) and a Kubernetes pod's (:mod:`jobgen.train.launch`, from its ledger); read
-#: ahead of the scheduler's count for the body's ``restart``.
+#: sets it for every start), a Kubernetes pod's (:mod:`jobgen.train.launch`, from its ledger) and
+#: hosts over ssh restarted by the watcher (:func:`jobgen.backends.ssh.launch.start_command`, set on a
+#: restart only); read ahead of the scheduler's count for the body's ``restart``.
 RESTART_COUNT_ENV = "JOBGEN_RESTART_COUNT"
 #: The most characters of a restart's reason a ``restart`` body carries (the rest is cut, ``...`` added).
 REASON_CHARS = 1000

@@ -27,8 +27,8 @@ The body (:meth:`Notifier.body`), one JSON object::
      "time": "2025-01-31T12:00:00Z", "host": "gpu-017", "run_dir": "/shared/runs/quickstart",
      "profile": "slurm-a100", "restart": 0, "error": null}
 
-``restart``: :data:`jobgen.events.notifier.RESTART_COUNT_ENV` (a local run's restarts, or a
-Kubernetes pod's from the launch wrapper's ledger), else ``SLURM_RESTART_COUNT``, else
+``restart``: :data:`jobgen.events.notifier.RESTART_COUNT_ENV` (a local run's restarts, the ssh
+restart watcher's, or a Kubernetes pod's from the launch wrapper's ledger), else ``SLURM_RESTART_COUNT``, else
 ``TORCHELASTIC_RESTART_COUNT``. A ``restart`` body adds ``class``, ``reason``,
 ``restarts_used`` and ``max_restarts`` (:func:`jobgen.events.notifier.restart_fields`).
 

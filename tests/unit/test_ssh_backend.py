@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import tarfile
 import time
@@ -172,7 +173,8 @@ def stub_python(tmp_path: Path) -> Path:
     secret it sees, then waits (as training would) until it is stopped."""
     return write(tmp_path / "bin" / "python", '#!/bin/bash\nprintf "%s\\n" "$@" > "${RUN_DIR}/argv"\n'
                  'printf "%s" "${HF_TOKEN:-}" > "${RUN_DIR}/secret"\n'
-                 'printf "%s" "${JOBGEN_SPEC_SOURCE:-}" > "${RUN_DIR}/spec_source"\nexec sleep 60\n')
+                 'printf "%s" "${JOBGEN_SPEC_SOURCE:-}" > "${RUN_DIR}/spec_source"\n'
+                 'printf "%s" "${JOBGEN_RESTART_COUNT-unset}" > "${RUN_DIR}/restart_count"\nexec sleep 60\n')
 
 
 def sh(command: str, *, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -185,7 +187,8 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
     """Copy, start, status and cancel, as the hosts run them, in a work directory named ``name``:
     the files land there, the launch gets its node rank and run directory intact, a secret arrives
     through stdin, the spec file's name (the same odd name, a newline and an escape added)
-    arrives printable, status sees the job's processes, cancel leaves none, nothing else is touched."""
+    arrives printable, a restart's count arrives as JOBGEN_RESTART_COUNT, status sees the job's
+    processes, cancel leaves none, nothing else is touched."""
     stub = stub_python(tmp_path)
     stub.chmod(0o755)
     settings = SshSettings(hosts=("h",), workdir=str(tmp_path / name), python=str(stub))
@@ -203,7 +206,7 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
     secret = "va'l ue $(touch PWNED) \\"
     try:
         spec_source = f"/specs/{name}\n\x1b[2J.yaml"
-        started = sh(start_command(run, 0, handle, code_dir=None, secrets=("HF_TOKEN",), spec_source=spec_source),
+        started = sh(start_command(run, 0, handle, code_dir=None, secrets=("HF_TOKEN",), spec_source=spec_source, restart=2),
                      data=f"HF_TOKEN={secret}\n".encode())
         assert started.returncode == 0, started.stderr
         deadline = time.monotonic() + 20
@@ -218,6 +221,7 @@ def test_remote_commands_quote_odd_work_directories(tmp_path, name, monkeypatch)
         time.sleep(0.2)
         assert (Path(run) / "secret").read_text() == secret
         assert (Path(run) / "spec_source").read_text() == f"/specs/{name}\\n\\x1b[2J.yaml"
+        assert (Path(run) / "restart_count").read_text() == "2"
         assert sh(stop_command(run, 0, handle)).returncode == 0
         deadline = time.monotonic() + 20
         while (report := parse_report("h", 0, sh(status_command(run, 0, handle)).stdout.decode())).procs and time.monotonic() < deadline:
@@ -388,6 +392,23 @@ def test_secrets_reach_the_start_on_stdin_only(tmp_path, monkeypatch):
     assert [body for _, body in starts] == [b"HF_TOKEN=s3cret value\n"] * 2
     assert not any("s3cret" in " ".join(argv) for argv, _ in fake.calls)
     assert "s3cret" not in read_resolved_spec(tmp_path / "runs" / "quickstart" / "job").model_dump_json()
+
+
+def test_a_restart_starts_every_host_with_its_restart_count(tmp_path, monkeypatch, quickstart):
+    """The restart watcher's start of the hosts (:func:`~jobgen.backends.ssh.backend.restart_hosts`)
+    hands each launch ``JOBGEN_RESTART_COUNT=<restarts used>``, which the entrypoint's
+    notifications read (``restart``); submit's first start sets none (the count is 0 there, as a
+    SLURM job's first start has no ``SLURM_RESTART_COUNT``)."""
+    monkeypatch.setattr(ssh, "run_ssh", fake := FakeHosts())
+    result = api.submit(quickstart, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None)
+    first = fake.of("setsid -f")
+    assert len(first) == 2 and not any("JOBGEN_RESTART_COUNT" in argv[-1] for argv in first), first
+    fake.calls.clear()
+    assert ssh.restart_hosts(result.handle, spec_source=str(tmp_path / "quickstart.yaml"), restart=1) == []
+    again = fake.of("setsid -f")
+    assert len(again) == 2 and all("JOBGEN_RESTART_COUNT=1" in shlex.split(argv[-1]) for argv in again), again
+    # otherwise the start is the first one's: same hosts, node ranks and run directory
+    assert [a[-1].replace(" JOBGEN_RESTART_COUNT=1", "") for a in again] == [a[-1] for a in first]
 
 
 def test_logs_name_the_nodes_of_the_job(tmp_path, monkeypatch, quickstart):

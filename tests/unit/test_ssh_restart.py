@@ -68,6 +68,7 @@ class FakeHosts:
         self.outputs: dict[int, str] = {}
         self.written: str | None = None
         self.notified: list[tuple[dict, int]] = []  # (restart record, budget) per restart event
+        self.started: list[int] = []  # the restart count each start of the hosts was given
 
     def state(self):
         state, reports, outputs = self.states.pop(0) if len(self.states) > 1 else self.states[0]
@@ -86,8 +87,9 @@ class FakeHosts:
     def kill(self):
         self.calls.append("kill")
 
-    def start(self):
+    def start(self, restart):
         self.calls.append("start")
+        self.started.append(restart)
         return []
 
     def read_summary(self):
@@ -114,6 +116,7 @@ def test_a_killed_rank_is_restarted_within_the_budget_and_the_restart_recorded(t
     record = read_record(tmp_path)
     assert record["state"] == DONE and record["outcome"] == "COMPLETED" and len(record["restarts"]) == 1, record
     assert hosts.notified == [(record["restarts"][0], 1)]
+    assert hosts.started == [1]  # the hosts' second start is restart 1 (JOBGEN_RESTART_COUNT there)
     entry = record["restarts"][0]
     assert (entry["restart"], entry["class"], entry["exit_code"]) == (1, "infrastructure", 1), entry
     assert entry["rule"] in ("lost-peer", "killed") and "node " in entry["evidence"], entry
@@ -121,6 +124,16 @@ def test_a_killed_rank_is_restarted_within_the_budget_and_the_restart_recorded(t
     assert summary["global_step"] == 100 and summary["restarts"]["used"] == 1 and summary["restarts"]["max_restarts"] == 1
     assert summary["restarts"]["history"] == record["restarts"]
     assert any(line.startswith("jobgen: restart 1 of 1 (restart.max_restarts) after a failure classed infrastructure") for line in said)
+
+
+def test_each_restart_starts_the_hosts_with_the_restarts_used_so_far(tmp_path):
+    """The count reaches every host's launch (:func:`jobgen.backends.ssh.launch.start_command`), so
+    the entrypoint's notifications name the restart, as a local run's and a SLURM job's do."""
+    failed = ("FAILED", nodes(1, 1), {0: LOST_PEER, 1: KILLED})
+    running = ("RUNNING", nodes(None, None, procs=3), {})
+    hosts = FakeHosts([failed, running, failed, running, ("COMPLETED", nodes(0, 0), {})])
+    assert run(hosts, tmp_path, budget=3)[0] == "COMPLETED"
+    assert hosts.started == [1, 2] and [e["restart"] for e, _ in hosts.notified] == [1, 2], (hosts.started, hosts.notified)
 
 
 def test_a_user_error_is_never_restarted_whatever_the_budget(tmp_path):

@@ -276,10 +276,12 @@ def _start_hosts(settings: SshSettings, handle: JobHandle, run: str, starts: Seq
     return True, [f"{n.host} (node {n.rank}): " + _not_launched(settings, run, n) for n in nodes if not _launched(n)]
 
 
-def restart_hosts(handle: JobHandle, *, spec_source: str | None) -> list[str]:
+def restart_hosts(handle: JobHandle, *, spec_source: str | None, restart: int) -> list[str]:
     """Start the recorded job ``handle`` again on every host, as ``jobgen submit`` started it (its
-    run directory, code snapshot and secrets from this environment); whatever started is killed
-    again when a launch is not confirmed. Returns the problems (empty: every launch confirmed).
+    run directory, code snapshot and secrets from this environment), as restart number ``restart``
+    (1 for the first: each launch gets it as ``JOBGEN_RESTART_COUNT``,
+    :func:`~jobgen.backends.ssh.launch.start_command`); whatever started is killed again when a
+    launch is not confirmed. Returns the problems (empty: every launch confirmed).
 
     Raises:
         ConfigError: no record of the job here, its job directory is unreadable, or a secret is not set.
@@ -293,7 +295,8 @@ def restart_hosts(handle: JobHandle, *, spec_source: str | None) -> list[str]:
     location = secrets_location(Path(record.job_dir), None)
     check_present(secrets, dict(os.environ), location=location)
     snapshot = Path(record.code_dir).name if record.code_dir else None
-    commands = submit_commands(settings, resolved.spec.name, snapshot_id=snapshot, secrets=secrets, spec_source=spec_source)
+    commands = submit_commands(settings, resolved.spec.name, snapshot_id=snapshot, secrets=secrets, spec_source=spec_source,
+                               restart=restart)
     _, problems = _start_hosts(settings, handle, run, commands.start, _secret_lines(secrets, location))
     if problems:
         _each(settings.hosts, lambda rank, host: run_ssh(ssh_argv(settings, host, kill_command(handle, rank)),

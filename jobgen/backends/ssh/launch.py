@@ -37,6 +37,7 @@ from typing import Any
 
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError, printable
+from jobgen.events.notifier import RESTART_COUNT_ENV
 from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SSH_JOB_ENV
 from jobgen.jobdir.submission import JobHandle
 from jobgen.jobdir.world import World
@@ -216,15 +217,17 @@ def copy_command(run: str) -> str:
 
 
 def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | None, secrets: tuple[str, ...] = (),
-                  spec_source: str | None = None) -> str:
+                  spec_source: str | None = None, restart: int = 0) -> str:
     """Remote: start ``bash job/launch.sh <rank>`` detached (its own session, ``setsid -f``),
     output appended to ``node-<rank>.log``, with :data:`~jobgen.jobdir.SSH_JOB_ENV` (:func:`job_tag`),
-    ``JOBGEN_CODE_DIR`` (``code_dir``) and ``JOBGEN_SPEC_SOURCE`` (``spec_source``: the spec file
+    ``JOBGEN_CODE_DIR`` (``code_dir``), ``JOBGEN_SPEC_SOURCE`` (``spec_source``: the spec file
     `jobgen submit` read, named by the entrypoint's input errors; non-printable characters
-    escaped, :func:`~jobgen.errors.printable`) in its environment. The files of an earlier start
-    (pid, exit code, cancel mark) are removed first. ``secrets``: the spec's secret names; their
-    values come on stdin, one ``NAME=VALUE`` line each, and are exported, never written to a file
-    or put on a command line."""
+    escaped, :func:`~jobgen.errors.printable`) and, for a restart (``restart`` > 0: the restarts
+    used before this start), ``JOBGEN_RESTART_COUNT`` (:data:`jobgen.events.notifier.RESTART_COUNT_ENV`,
+    the ``restart`` of the entrypoint's notifications) in its environment; the first start sets no
+    count (the entrypoint reads 0). The files of an earlier start (pid, exit code, cancel mark)
+    are removed first. ``secrets``: the spec's secret names; their values come on stdin, one
+    ``NAME=VALUE`` line each, and are exported, never written to a file or put on a command line."""
     words = [f"cd {remote_path(run)}", f"rm -f {node_file(rank, 'pid')} {node_file(rank, 'exit')} {CANCELLED_FILE}"]
     if secrets:
         words.append("while IFS= read -r jobgen_secret; do export \"$jobgen_secret\"; done")
@@ -233,6 +236,8 @@ def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | Non
         env.append(f"{CODE_DIR_ENV}={remote_path(code_dir)}")
     if spec_source is not None:
         env.append(f"{SPEC_SOURCE_ENV}={shlex.quote(printable(spec_source))}")
+    if restart > 0:
+        env.append(f"{RESTART_COUNT_ENV}={shlex.quote(str(int(restart)))}")
     words.append(f"{' '.join(env)} setsid -f bash {JOB_SUBDIR}/{LAUNCH_FILE} {rank} </dev/null >>{node_file(rank, 'log')} 2>&1")
     return " && ".join(words)
 
@@ -350,11 +355,13 @@ class SubmitCommands:
 
 
 def submit_commands(settings: SshSettings, job_name: str, *, snapshot_id: str | None,
-                    secrets: tuple[str, ...] = (), spec_source: str | None = None) -> SubmitCommands:
+                    secrets: tuple[str, ...] = (), spec_source: str | None = None, restart: int = 0) -> SubmitCommands:
     """The commands of :class:`SubmitCommands` for a job on ``settings.hosts``; ``snapshot_id``:
-    the code snapshot's directory name under ``code/`` (None: no snapshot); ``spec_source``: see
-    :func:`start_command`. The plan shows them with :data:`SNAPSHOT_ID_PLACEHOLDER` and no spec
-    source; submit builds them again with the snapshot it took and the spec file it read."""
+    the code snapshot's directory name under ``code/`` (None: no snapshot); ``spec_source`` and
+    ``restart`` (the restarts used before this start; 0: the first start): see :func:`start_command`.
+    The plan shows them with :data:`SNAPSHOT_ID_PLACEHOLDER` and no spec source; submit builds
+    them again with the snapshot it took and the spec file it read, the restart watcher with the
+    restart it decided."""
     run = run_dir(settings, job_name)
     handle = handle_for(settings, job_name)
     code_dir = None if snapshot_id is None else snapshot_dir(run, snapshot_id)
@@ -364,7 +371,7 @@ def submit_commands(settings: SshSettings, job_name: str, *, snapshot_id: str | 
         probe=tuple(Command(ssh_argv(settings, h, probe_command(settings))) for h in settings.hosts),
         copy=tuple(Command(ssh_argv(settings, h, copy_command(run)), stdin=packed) for h in settings.hosts),
         start=tuple(Command(ssh_argv(settings, h, start_command(run, rank, handle, code_dir=code_dir, secrets=secrets,
-                                                                       spec_source=spec_source)),
+                                                                       spec_source=spec_source, restart=restart)),
                             inherits=secrets, stdin=secret_note) for rank, h in enumerate(settings.hosts)),
     )
 

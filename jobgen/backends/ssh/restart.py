@@ -12,8 +12,9 @@ end of each node's output of that attempt (from launch.sh's start line on), clas
 and each node's exit code, :func:`node_evidence`) and, for a retried class (infrastructure or
 unknown) while restarts used < the budget, starts the job again on every host: whatever of it
 is left is killed, and the launch is started as ``jobgen submit`` started it (same run
-directory, so ``checkpoint.resume: auto`` resumes from the newest checkpoint). A user failure is
-never restarted.
+directory, so ``checkpoint.resume: auto`` resumes from the newest checkpoint), with
+``JOBGEN_RESTART_COUNT`` set to the restart's number (the ``restart`` of the entrypoint's
+notifications, as on a local run). A user failure is never restarted.
 
 Resume across hosts: each rank reads checkpoints from its own host's run directory. When the
 run directory is not shared (node 0's output file is not seen from the other hosts), the watcher
@@ -85,9 +86,10 @@ class Hosts:
 
     Methods: ``state()`` -> (state, node reports) as :func:`jobgen.backends.ssh.launch.job_state`;
     ``output(rank)`` -> the end of node ``rank``'s output (``""`` when unread); ``shared()`` ->
-    whether the other hosts see node 0's files; ``copy_checkpoints()``; ``kill()``; ``start()``
-    -> problems (empty: every launch confirmed); ``read_summary()`` -> node 0's summary.json text
-    or ``None``; ``write_summary(text)``.
+    whether the other hosts see node 0's files; ``copy_checkpoints()``; ``kill()``;
+    ``start(restart)`` -> problems (empty: every launch confirmed), ``restart``: this start's
+    number (1: the first restart); ``read_summary()`` -> node 0's summary.json text or ``None``;
+    ``write_summary(text)``.
     """
 
     def __init__(self, handle: str, spec_source: str | None):
@@ -140,8 +142,8 @@ class Hosts:
         for rank, host in enumerate(self.settings.hosts):
             self._call(host, self.launch.kill_command(self.handle, rank))
 
-    def start(self) -> list[str]:
-        return self.ssh.restart_hosts(self.handle, spec_source=self.spec_source)
+    def start(self, restart: int) -> list[str]:
+        return self.ssh.restart_hosts(self.handle, spec_source=self.spec_source, restart=restart)
 
     def read_summary(self) -> str | None:
         proc = self._call(self.settings.hosts[0], self.launch.read_command(self.run, SUMMARY_FILE))
@@ -219,7 +221,7 @@ def watch(hosts: Any, job_dir: Path, budget: int, launch_line: Callable[[int], s
             if len(nodes) > 1 and not hosts.shared():
                 out("jobgen: the run directory is not shared: copying node 0's checkpoints to the other hosts")
                 hosts.copy_checkpoints()
-            problems = hosts.start()
+            problems = hosts.start(used + 1)  # the launches' JOBGEN_RESTART_COUNT: the restarts used, this one counted
         except (JobgenError, RuntimeError) as exc:
             problems = [getattr(exc, "message", str(exc))]
         if problems:

@@ -229,13 +229,32 @@ def _rank_pid(lab: SshLab, host: str, rank: int) -> int | None:
     return None
 
 
+def _watcher_records(jobgen: Jobgen, name: str) -> list[tuple[Path, dict]]:
+    """The restart watcher's record of job ``name`` (in its job directory, ``<runs>/<name>/job/``)."""
+    from jobgen.backends.ssh.launch import RESTARTS_FILE
+
+    return [(path, json.loads(path.read_text())) for path in jobgen.root.rglob(RESTARTS_FILE) if path.parent.parent.name == name]
+
+
+def _watcher_done(jobgen: Jobgen, name: str, timeout: float = 60) -> dict:
+    """The watcher's record once it is done: the hosts say COMPLETED a poll before the watcher
+    sees it and adds the restarts to node 0's summary.json."""
+    from jobgen.backends.ssh.launch import DONE
+
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _watcher_records(jobgen, name)
+        if (records and records[0][1]["state"] == DONE) or time.monotonic() > deadline:
+            return records[0][1] if records else {}
+        time.sleep(0.5)
+
+
 def _stop_watcher(jobgen: Jobgen, name: str) -> None:
     """SIGKILL the job's restart watcher if a failed test left it running."""
-    from jobgen.backends.ssh.launch import RESTARTS_FILE, watcher_alive
+    from jobgen.backends.ssh.launch import watcher_alive
 
-    for path in jobgen.root.rglob(RESTARTS_FILE):
-        record = json.loads(path.read_text())
-        if path.parent.name == name and watcher_alive(record):
+    for _, record in _watcher_records(jobgen, name):
+        if watcher_alive(record):
             os.kill(record["pid"], 9)
 
 
@@ -243,8 +262,10 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
     """restart.max_restarts 1: rank 1's worker on host2 is SIGKILLed after step 25; the watcher
     classes the failure infrastructure, copies node 0's checkpoints to host2 (the hosts' disks
     are not shared), starts both hosts again, they resume from the newest checkpoint and
-    complete; status and node 0's summary.json record the restart, and the watcher sends the
-    ``restart`` notification from this machine (notify.events: [restart], so the hosts send none)."""
+    complete; status and node 0's summary.json record the restart, the watcher sends the
+    ``restart`` notification from this machine before the hosts start again (the hosts send no
+    ``restart``), and global rank 0's ``started`` of the restarted start counts it (``restart`` 1,
+    from the JOBGEN_RESTART_COUNT the watcher hands the launches; 0 on the first start)."""
     started = time.monotonic()
     name = "ssh-restart"
     spec = tmp_path / f"{name}.yaml"
@@ -252,7 +273,7 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
     recorder = tmp_path / "recorder.py"
     recorder.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
     notify = (f"notify: {{command: [{json.dumps(sys.executable)}, {json.dumps(str(recorder))}, {json.dumps(str(received))}], "
-              "events: [restart]}\n")
+              "events: [started, restart]}\n")
     spec.write_text(RESTART_SPEC.format(name=name, budget=1) + notify)
     handle = jobgen.submit(spec, jobgen.profile("ssh-lab", hosts_of(ssh_lab)))
     node0, node1 = (ssh_lab.disk(h) / name for h in ssh_lab.hosts)
@@ -262,7 +283,8 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
             log = (node0 / "node-0.log").read_text(errors="replace") if (node0 / "node-0.log").exists() else ""
             steps = [int(s) for s in re.findall(r"step (\d+)/150", log)]
             pid = _rank_pid(ssh_lab, "host2", 1)
-            if steps and max(steps) >= 25 and pid is not None:
+            first_started = received.exists() and '"started"' in received.read_text()  # sent in the background
+            if steps and max(steps) >= 25 and pid is not None and first_started:
                 break
             assert time.monotonic() < deadline, log[-3000:]
             time.sleep(0.5)
@@ -273,11 +295,14 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
         assert status["state"] == "COMPLETED", (status, logs)
         assert status["details"]["restarts_used"] == "1 of 1", status
         assert status["details"]["restart_1"].startswith("infrastructure ("), status
+        assert _watcher_done(jobgen, name).get("outcome") == "COMPLETED", _watcher_records(jobgen, name)
         summary = json.loads((node0 / "summary.json").read_text())
         assert summary["global_step"] == 150 and summary["resumed_from_step"] >= 20, summary
         assert (summary["restarts"]["used"], summary["restarts"]["history"][0]["class"]) == (1, "infrastructure"), summary
         assert (node1 / "checkpoints" / f"step-{summary['resumed_from_step']:08d}.ckpt").is_file()  # copied from host1
-        (body,) = [json.loads(line) for line in received.read_text().splitlines()]
+        bodies = [json.loads(line) for line in received.read_text().splitlines()]
+        assert [(b["event"], b["restart"]) for b in bodies] == [("started", 0), ("restart", 1), ("started", 1)], bodies
+        body = bodies[1]
         assert (body["event"], body["handle"], body["class"], body["restarts_used"], body["max_restarts"]) == \
                ("restart", str(handle), "infrastructure", 1, 1), body
         assert body["reason"] == summary["restarts"]["history"][0]["reason"], body
