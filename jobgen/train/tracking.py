@@ -83,6 +83,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from jobgen.events.notifier import restart_count
 from jobgen.jobdir.runs import TrackingRecord, write_tracking_record
 from jobgen.jobdir.spec import ResolvedSpec
 from jobgen.train.trackers import (
@@ -118,6 +119,13 @@ __all__ = [
     "scrub",
     "secret_values",
 ]
+
+
+def restart_tag(environ: Mapping[str, str]) -> str:
+    """The trackers' ``restart`` tag of this start (``jobgen.restart`` in MLflow, ``jobgen.restart``
+    of the W&B config): the restarts before it, as the notifications count them
+    (:func:`jobgen.events.notifier.restart_count`: jobgen's own count first, then SLURM's, then torchrun's)."""
+    return str(restart_count(environ))
 
 
 # --------------------------------------------------------------------------- Lightning glue
@@ -210,9 +218,8 @@ class TrackerLogger(Logger):
         record, lost = run_identity(self.run_dir, resolved, self.resumed_step)
         secrets = secret_values(resolved)
         doc = scrub(resolved.model_dump(mode="json"), secrets)
-        restart = next((os.environ[k] for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT") if os.environ.get(k)), "0")
         meta = {"handle": self.handle, "nodes": ",".join(nodes), "commit": (self.code or {}).get("commit"),
-                "resumed_from_step": self.resumed_step, "restart": restart}
+                "resumed_from_step": self.resumed_step, "restart": restart_tag(os.environ)}
         meta = scrub({k: v for k, v in meta.items() if v is not None}, secrets)
         t = spec.trainer
         self.record = record

@@ -554,3 +554,19 @@ def test_mlflow_defers_to_its_variables_where_the_spec_sets_nothing(tmp_path: Pa
     mine = MlflowRun(MlflowSpec(experiment="mine"), TrackingRecord.new(), False, run_dir, "job2", {}, {}, resumed=False)
     mine.close("FINISHED")
     assert mine.client.get_experiment(mine.experiment_id).name == "mine"
+
+
+@pytest.mark.parametrize(("environ", "tag"), [
+    ({}, "0"),
+    ({"JOBGEN_RESTART_COUNT": "2"}, "2"),  # a local, ssh or Kubernetes restart of jobgen's budget
+    ({"JOBGEN_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "0"}, "1"),
+    ({"SLURM_RESTART_COUNT": "3"}, "3"),
+    ({"TORCHELASTIC_RESTART_COUNT": "1"}, "1"),
+    ({"JOBGEN_RESTART_COUNT": "two; rm -rf /", "SLURM_RESTART_COUNT": "1"}, "1"),  # not a count: the next source
+    ({"SLURM_RESTART_COUNT": "\n1\x00"}, "0"),
+])
+def test_the_trackers_restart_tag_counts_restarts_as_the_notifications_do(environ: dict[str, str], tag: str) -> None:
+    from jobgen.events.notifier import restart_count
+    from jobgen.train.tracking import restart_tag
+
+    assert restart_tag(environ) == tag == str(restart_count(environ))
