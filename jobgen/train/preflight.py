@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen.errors import EXIT_RUNTIME, JobgenError
+from jobgen.events.notifier import RESTART_COUNT_ENV
 from jobgen.specs.capabilities import capabilities
 
 if TYPE_CHECKING:
@@ -145,13 +146,18 @@ def format_node_line(result: NodeResult) -> str:
 
 def attempt_id(environ: Mapping[str, str]) -> str:
     """This start of the job, as a key prefix of its own: ``slurm-<job>-<restart count>``,
-    ``torchrun-<run id>-<restart count>``, else ``run`` (characters outside ``[A-Za-z0-9_.-]`` replaced)."""
+    ``torchrun-<run id>-<restart count>``, else ``run`` (characters outside ``[A-Za-z0-9_.-]`` replaced);
+    ``-r<n>`` added for a start jobgen restarted itself (``JOBGEN_RESTART_COUNT`` n > 0: local, ssh and
+    Kubernetes restarts, where a static rendezvous gives every start the run id ``none``)."""
     if environ.get("SLURM_JOB_ID"):
         raw = f"slurm-{environ['SLURM_JOB_ID']}-{environ.get('SLURM_RESTART_COUNT') or 0}"
     elif environ.get("TORCHELASTIC_RUN_ID"):
         raw = f"torchrun-{environ['TORCHELASTIC_RUN_ID']}-{environ.get('TORCHELASTIC_RESTART_COUNT') or 0}"
     else:
         raw = "run"
+    restarts = environ.get(RESTART_COUNT_ENV, "")
+    if restarts.isdigit() and int(restarts) > 0:
+        raw += f"-r{int(restarts)}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 

@@ -129,3 +129,20 @@ def test_slow_rule_names_nodes_below_half_the_median() -> None:
     assert [r.host for r in slow] == ["n3"]
     assert all(isinstance(r, NodeResult) for r in slow) and median > 0
     assert slow_nodes(node_results({0: ("a", 0.01), 1: ("b", 0.019)}, 2**20, 2))[0] == []
+
+
+@pytest.mark.parametrize("first", [
+    {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"},  # a static rendezvous (ssh hosts)
+    {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "0"},
+    {},
+])
+def test_each_start_restarted_by_jobgen_has_its_own_attempt(first: dict[str, str]) -> None:
+    """A start jobgen restarts (``JOBGEN_RESTART_COUNT``: local, ssh, Kubernetes) keys its preflight
+    markers and store prefixes apart from the start before it: a rank that did not join this start
+    is never named from a marker of the last one."""
+    from jobgen.train.preflight import attempt_id
+
+    ids = [attempt_id({**first, **({"JOBGEN_RESTART_COUNT": str(n)} if n else {})}) for n in (0, 1, 2)]
+    assert len(set(ids)) == 3, ids
+    assert attempt_id({**first, "JOBGEN_RESTART_COUNT": "1; rm -rf /"}) == ids[0]  # not a count: ignored
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", i) for i in ids), ids
