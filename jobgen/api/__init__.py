@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen.backends import get_backend, plan
-from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, SubmittedJob, recorded_spec
+from jobgen.backends.base import Echo, JobStatus, LogOptions, SubmitOptions, SubmitResult, SubmittedJob
 from jobgen.backends.slurm.array import ArrayMember, plan_array, wants_array
 from jobgen.errors import ConfigError, JobgenError
 from jobgen.jobdir.files import DirUndo, ignore_run_dir
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from jobgen.specs.profile import ClusterProfile
     from jobgen.specs.training import TrainingSpec
 
-__all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "cancel", "executor", "load",
-           "logs", "plan_job", "render", "status", "submit", "submit_profile", "templates_dir"]
+__all__ = ["JobHandle", "JobPlan", "JobStatus", "LogOptions", "SubmitOptions", "SubmitResult", "SubmittedJob", "cancel", "executor",
+           "load", "logs", "plan_job", "render", "resolve", "status", "submit", "submit_profile", "templates_dir"]
 
 PathLike = str | os.PathLike[str]
 
@@ -213,18 +213,32 @@ def _write_predictions(job_dir: Path, profile: ClusterProfile | None, spec_file:
         echo(f"prediction: {describe(path)}")
 
 
-def status(job: str) -> JobStatus:
-    """The state of ``job`` (a handle URI or a submitted job directory)."""
-    handle = resolve_job(job)
-    return get_backend(handle.scheduler).status(SubmittedJob(handle))
+def resolve(job: str | SubmittedJob) -> SubmittedJob:
+    """``job`` (a handle URI or a submitted job directory) resolved once into the value
+    :func:`status`, :func:`progress`, :func:`restart_budget`, :func:`logs`, :func:`first_error`
+    and :func:`cancel` take: its handle, and its submission record, job directory and spec, each
+    read on first use and kept (:class:`~jobgen.backends.base.SubmittedJob`). One that is resolved
+    already is returned as it is.
+
+    Raises:
+        ConfigError: neither a handle nor a directory with a submission record.
+    """
+    return job if isinstance(job, SubmittedJob) else SubmittedJob(resolve_job(job))
 
 
-def progress(job: str) -> Progress | None:
+def status(job: str | SubmittedJob) -> JobStatus:
+    """The state of ``job``: a handle URI, a submitted job directory, or a job already resolved (:func:`resolve`)."""
+    submitted = resolve(job)
+    return get_backend(submitted.handle.scheduler).status(submitted)
+
+
+def progress(job: str | SubmittedJob) -> Progress | None:
     """Where ``job``'s run is (:func:`jobgen.reports.progress.read_progress`): its run directory from
     the handle (local) or the submission record, its ``max_steps`` and tokens per step from
     spec.json; a Kubernetes run's (its directory is in its pods) from the last progress line of its
     rank-zero pod's log (:func:`jobgen.backends.kubernetes.progress.pod_progress`). ``None`` when this
     machine cannot read the run directory, no step is logged yet, or the pod's log cannot be read.
+    ``job``: a handle URI, a submitted job directory, or a job already resolved (:func:`resolve`).
 
     Raises:
         SubmitError: the Kubernetes API server cannot be reached.
@@ -232,12 +246,12 @@ def progress(job: str) -> Progress | None:
     from jobgen.jobdir.files import SPEC_FILE
     from jobgen.reports.progress import read_progress
 
-    handle = resolve_job(job)
+    submitted = resolve(job)  # the record read once, for the run directory and the spec
+    handle = submitted.handle
     if not capabilities(handle.scheduler).run_dir_on_filesystem:  # Kubernetes: the run directory is in its pods
         from jobgen.backends.kubernetes.progress import pod_progress
 
-        return pod_progress(handle)
-    submitted = SubmittedJob(handle)  # the record read once, for the run directory and the spec
+        return pod_progress(submitted)
     try:
         record = submitted.record
     except (JobgenError, OSError, ValueError):  # a record status could read is not this function's to refuse
@@ -261,21 +275,22 @@ def progress(job: str) -> Progress | None:
     return read_progress(run_dir, t.max_steps, tokens)
 
 
-def restart_budget(job: str) -> int | None:
+def restart_budget(job: str | SubmittedJob) -> int | None:
     """The restart budget (``restart.max_restarts``) in the spec.json of the job directory
     ``job`` was submitted from; ``None`` when no submission record or readable job directory
     says. jobgen's launcher spends it on a local run (:mod:`jobgen.backends.local`), its watcher on
     hosts over ssh (:mod:`jobgen.backends.ssh.restart`) and the SLURM batch script on a SLURM job
     (docs/failures.md); on Kubernetes training-operator's ExitCode policy and ``jobgen.train.launch``
-    do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``, which this does not read)."""
-    resolved = recorded_spec(resolve_job(job))
+    do (a spec with 0 there takes the profile's ``kubernetes.backoff_limit``, which this does not read).
+    ``job``: a handle URI, a submitted job directory, or a job already resolved (:func:`resolve`)."""
+    resolved = resolve(job).resolved
     return None if resolved is None else resolved.spec.restart.max_restarts
 
 
-def logs(job: str, options: LogOptions | None = None, echo: Echo = print) -> None:
-    """Print ``job``'s output through ``echo`` (rank zero's by default)."""
-    handle = resolve_job(job)
-    get_backend(handle.scheduler).logs(SubmittedJob(handle), options or LogOptions(), echo)
+def logs(job: str | SubmittedJob, options: LogOptions | None = None, echo: Echo = print) -> None:
+    """Print ``job``'s output through ``echo`` (rank zero's by default); ``job`` as for :func:`status`."""
+    submitted = resolve(job)
+    get_backend(submitted.handle.scheduler).logs(submitted, options or LogOptions(), echo)
 
 
 @dataclass(frozen=True)
@@ -410,31 +425,33 @@ def list_jobs(*, cluster: str | None = None, states: tuple[str, ...] = (),
                     name = index.name if index is not None else name
             except JobgenError as exc:
                 name, gone = None, f"job directory unreadable: {exc.message}"
+        job = SubmittedJob(handle, record)  # the record ls read, for the status and the progress
         try:
-            status, stale = get_backend(handle.scheduler).status(SubmittedJob(handle, record)), gone
+            status, stale = get_backend(handle.scheduler).status(job), gone
         except JobgenError as exc:
             status, stale = None, f"{handle.scheduler} not reachable: {exc.message}"
-        row = ListedJob(record, status, name, *world, stale, *_timing(record, status), max_restarts=budget)
+        row = ListedJob(record, status, name, *world, stale, *_timing(job, status), max_restarts=budget)
         if not wanted or row.state.upper() in wanted:
             rows.append(row)
     return rows
 
 
-def _timing(record: Submission, status: JobStatus | None) -> tuple[Progress | None, dict[str, Any] | None, str | None]:
-    """``jobgen ls``'s timing of one job: a running job's progress (its ETA), or a finished run's
+def _timing(job: SubmittedJob, status: JobStatus | None) -> tuple[Progress | None, dict[str, Any] | None, str | None]:
+    """``jobgen ls``'s timing of one recorded job: a running job's progress (its ETA), or a finished run's
     measured / predicted from its ``summary.json`` (where this machine can read it) and why it
     cannot be shown; nothing for a job array (its tasks have run directories of their own)."""
     from jobgen.jobdir.files import SUMMARY_FILE
     from jobgen.planning.prediction import ratio_of_summary
 
-    if status is None or record.array or record.callable is not None:
+    record = job.record
+    if status is None or record is None or record.array or record.callable is not None:
         return None, None, None
     if status.state == "RUNNING":
         try:
-            return progress(record.handle), None, None
+            return progress(job), None, None
         except JobgenError:  # the progress is extra: a source that cannot be read leaves the row as it is
             return None, None, None
-    if status.state != "COMPLETED" or not capabilities(JobHandle.parse(record.handle).scheduler).run_dir_on_filesystem:
+    if status.state != "COMPLETED" or not capabilities(job.handle.scheduler).run_dir_on_filesystem:
         return None, None, None
     block, note = ratio_of_summary(Path(record.run_dir) / SUMMARY_FILE)
     return None, block, note
@@ -477,14 +494,14 @@ def executor(profile: str, *, folder: PathLike | None = None, profiles_dir: Path
                          folder=Path(folder) if folder is not None else None)
 
 
-def first_error(job: str) -> Triage:
+def first_error(job: str | SubmittedJob) -> Triage:
     """Every rank's (or pod's) first failure in ``job``'s output, earliest first
-    (:mod:`jobgen.reports.triage`); ``.first`` is the one that explains the failure."""
-    handle = resolve_job(job)
-    return get_backend(handle.scheduler).first_error(SubmittedJob(handle))
+    (:mod:`jobgen.reports.triage`); ``.first`` is the one that explains the failure. ``job`` as for :func:`status`."""
+    submitted = resolve(job)
+    return get_backend(submitted.handle.scheduler).first_error(submitted)
 
 
-def cancel(job: str, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:
-    """Cancel ``job`` and wait up to ``wait_s`` seconds until every rank has stopped."""
-    handle = resolve_job(job)
-    return get_backend(handle.scheduler).cancel(SubmittedJob(handle), wait_s=wait_s, out=echo)
+def cancel(job: str | SubmittedJob, *, wait_s: float = 120.0, echo: Echo = print) -> JobStatus:
+    """Cancel ``job`` (as for :func:`status`) and wait up to ``wait_s`` seconds until every rank has stopped."""
+    submitted = resolve(job)
+    return get_backend(submitted.handle.scheduler).cancel(submitted, wait_s=wait_s, out=echo)

@@ -154,8 +154,8 @@ class Backend(ABC):
     """A scheduler backend: the same five operations for local, SLURM, Kubernetes and ssh.
 
     ``plan`` is pure; ``submit`` consumes a written job directory (what is committed is what
-    runs) and never changes it beyond the submission record; ``status``/``logs``/``cancel``
-    take the handle ``submit`` returned.
+    runs) and never changes it beyond the submission record; ``status``/``logs``/``cancel``/``first_error``
+    take the job ``submit`` returned, resolved once (:class:`SubmittedJob`).
     """
 
     #: Scheduler name (the profile's ``scheduler``; key of :data:`jobgen.backends.BACKENDS`).
@@ -285,20 +285,23 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
+    def status(self, job: SubmittedJob) -> JobStatus:
         """The job's state as the scheduler reports it (``UNKNOWN`` when nobody knows it).
-        ``job``: the job resolved once (:class:`SubmittedJob`; a bare handle is wrapped in one)."""
+        ``job``: the job resolved once (:class:`SubmittedJob`); what is read about it (its
+        record, job directory, spec) is read from there, not looked up again."""
 
     @abstractmethod
-    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
-        """Print the job's output (rank zero's by default)."""
+    def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
+        """Print the output of ``job`` (resolved once, :class:`SubmittedJob`): rank zero's by default."""
 
     @abstractmethod
-    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
-        """Stop the job and wait up to ``wait_s`` until every rank has stopped."""
+    def cancel(self, job: SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+        """Stop ``job`` (resolved once, :class:`SubmittedJob`) and wait up to ``wait_s`` seconds
+        until every rank has stopped."""
 
-    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
-        """Every rank's first failure in the job's output, earliest first (:mod:`jobgen.reports.triage`).
+    def first_error(self, job: SubmittedJob) -> Triage:
+        """Every rank's first failure in the output of ``job`` (resolved once, :class:`SubmittedJob`),
+        earliest first (:mod:`jobgen.reports.triage`).
 
         Raises:
             NotSupportedError: this backend keeps no output jobgen can read.
@@ -325,9 +328,10 @@ class Backend(ABC):
 class SubmittedJob:
     """A submitted job, resolved once: its handle and, read on first use and kept, its
     submission record, the job directory that record names, and that directory's resolved
-    spec. Built by the caller of :meth:`Backend.status`, :meth:`Backend.logs`,
-    :meth:`Backend.cancel` and :meth:`Backend.first_error` (:meth:`of`), and passed down to what
-    those call, so no step looks the handle up again.
+    spec. Built once by the caller of :meth:`Backend.status`, :meth:`Backend.logs`,
+    :meth:`Backend.cancel` and :meth:`Backend.first_error` (which take nothing else), and passed
+    down to what those call, so no step looks the handle up again. A task of a job array
+    (``<jobid>_<task>``) has the array's record, job directory and spec.
 
     Attributes:
         handle: the job.
@@ -341,11 +345,6 @@ class SubmittedJob:
         self._record_read = record is not None
         self._resolved: ResolvedSpec | None = None
         self._resolved_read = False
-
-    @classmethod
-    def of(cls, job: JobHandle | SubmittedJob) -> SubmittedJob:
-        """``job`` itself, or a new one for a bare handle."""
-        return job if isinstance(job, SubmittedJob) else cls(job)
 
     def __repr__(self) -> str:
         return f"SubmittedJob({str(self.handle)!r})"
@@ -378,17 +377,6 @@ class SubmittedJob:
     def launch(self) -> LaunchSpec | None:
         """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :attr:`resolved`."""
         return None if self.resolved is None else self.resolved.launch
-
-
-def recorded_spec(handle: JobHandle | SubmittedJob) -> ResolvedSpec | None:
-    """The spec.json of the job directory ``handle`` was submitted from, per its submission
-    record; ``None`` when there is no record or the directory is gone or unreadable."""
-    return SubmittedJob.of(handle).resolved
-
-
-def recorded_launch(handle: JobHandle | SubmittedJob) -> LaunchSpec | None:
-    """The launch facts (spec.json ``launch``: devices, GPU-hour price) of :func:`recorded_spec`."""
-    return SubmittedJob.of(handle).launch
 
 
 def not_supported(backend: str, what: str, hint: str) -> NotSupportedError:

@@ -293,13 +293,13 @@ class LocalBackend(Backend):
             if notifier is not None:
                 notifier.send_restart(restarts[-1], budget)
 
-    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
+    def status(self, job: SubmittedJob) -> JobStatus:
         """How the run's last start went, as ``jobgen submit`` recorded it (:class:`~jobgen.jobdir.LocalRun`):
         RUNNING while the jobgen process holding it runs, then COMPLETED, FAILED or CANCELLED
         (Ctrl-C) with torchrun's exit code (``details``: ``exit_code``; a failure's ``first_error``);
         UNKNOWN when the jobgen that held it is gone without recording an end. A run directory
         without that record (an older jobgen): COMPLETED when it holds ``summary.json``, else UNKNOWN."""
-        handle = SubmittedJob.of(job).handle
+        handle = job.handle
         run_dir = Path(handle.path)
         details = {"run_dir": str(run_dir)}
         run = read_local_run(run_dir)
@@ -325,7 +325,7 @@ class LocalBackend(Backend):
         usage = _summary_usage(run_dir) if run.state == "COMPLETED" else None
         return JobStatus(handle, run.state, LOCAL_RUN_FILE, details, usage or _usage(run, run_dir), evidence=stored_evidence(run))
 
-    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the run's :data:`OUTPUT_LOG` (every start, each rank's lines labelled
         ``[default<rank>]:``); ``follow``: keep printing what is appended while the jobgen holding
         the run (:class:`~jobgen.jobdir.LocalRun`) is running it. ``rank`` / ``replica`` are not
@@ -334,7 +334,7 @@ class LocalBackend(Backend):
         Raises:
             ConfigError: --rank or --replica given; the run directory has no output.log.
         """
-        handle = SubmittedJob.of(job).handle
+        handle = job.handle
         if options.rank is not None or options.replica is not None:
             raise ConfigError("--rank and --replica do not apply to a local run: its output.log labels every rank's lines",
                               hint="drop them (grep the log for [default<rank>]:)")
@@ -359,19 +359,19 @@ class LocalBackend(Backend):
                     return
                 time.sleep(1.0)
 
-    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
+    def first_error(self, job: SubmittedJob) -> Triage:
         """Every rank's first failure in the last start's part of the run's :data:`OUTPUT_LOG`.
 
         Raises:
             NotSupportedError: the run directory has no output.log (a run started before jobgen kept one).
         """
-        handle = SubmittedJob.of(job).handle
+        handle = job.handle
         log = Path(handle.path) / OUTPUT_LOG
         if not log.is_file():
             raise not_supported("local", "jobgen logs --first-error", f"{log} does not exist: the run printed to its terminal only")
         return _log_triage(log)
 
-    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Not offered: Ctrl-C in the terminal stops every rank of a local run."""
         raise not_supported("local", "cancel", "press Ctrl-C in the terminal running it; every rank stops")
 

@@ -14,7 +14,6 @@ from jobgen.backends.base import JOB_STATES, LogOptions
 from jobgen.cli.options import job_argument
 from jobgen.cli.output import StateChoice, echo_doc, echo_progress, output_option, remember_output
 from jobgen.errors import ConfigError, printable
-from jobgen.jobdir.submission import resolve_job
 from jobgen.reports.failure_class import classify, triage_evidence
 from jobgen.reports.triage import format_triage
 from jobgen.specs.capabilities import capabilities
@@ -159,12 +158,13 @@ def status(job: str, output: str, as_json: bool) -> None:
     "max_restarts"; a job array adds "tasks"; progress null where not readable); a scheduler that
     cannot be asked is an error (exit 1), as JSON too.
     """
-    st = api.status(job)
+    submitted = api.resolve(job)  # one lookup for the state, the restart budget and the progress
+    st = api.status(submitted)
     used = st.details.get("restarts", "")  # SLURM: squeue's restart_cnt (the job's requeues so far)
     local_used = st.details.get("restarts_used", "")  # a local or ssh run: "<n> of <budget>", jobgen's own restarts
     restarted = used not in ("", "0") or (local_used != "" and not local_used.startswith("0 "))
-    budget = api.restart_budget(job) if st.failure is not None or restarted else None
-    prog = api.progress(job)
+    budget = api.restart_budget(submitted) if st.failure is not None or restarted else None
+    prog = api.progress(submitted)
     if output == "json" or as_json:
         doc = st.to_json() | {"progress": None if prog is None else prog.to_json()}
         if doc["failure"] is not None:
@@ -229,8 +229,9 @@ def logs(job: str, follow: bool, rank: str | None, replica: str | None, first_er
         if follow or rank is not None or replica is not None:
             raise ConfigError("--first-error reads every rank's output; it does not combine with --follow, --rank or --replica",
                               hint="drop those options, or drop --first-error")
-        handle = str(resolve_job(job))  # a job directory is read once; the handle then parses without I/O
-        found = api.first_error(handle)
+        submitted = api.resolve(job)  # a job directory is read once
+        handle = str(submitted.handle)
+        found = api.first_error(submitted)
         decided = classify(triage_evidence(found))
         if output == "json":
             click.echo(json.dumps({"handle": handle, "ordered_by": found.ordered_by,

@@ -533,7 +533,7 @@ def probe_check(ctx: DoctorContext, partition: Partition) -> Check:
 
 def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script: Path) -> Check:
     from jobgen.backends import get_backend
-    from jobgen.backends.base import run_command
+    from jobgen.backends.base import SubmittedJob, run_command
     from jobgen.jobdir.submission import JobHandle
 
     try:
@@ -545,9 +545,9 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
     jid = answer.split(";", 1)[0]
     if not jid.isdigit():
         return Check("slurm.probe", "fail", f"sbatch printed {shown(answer)}, not a job id", "check the site's sbatch wrapper")
-    handle = JobHandle("slurm", f"{ctx.profile.slurm_settings.cluster}/{jid}")
+    job = SubmittedJob(JobHandle("slurm", f"{ctx.profile.slurm_settings.cluster}/{jid}"))  # no record: a probe is not recorded
     deadline = time.monotonic() + ctx.timeout_s
-    state = get_backend("slurm").status(handle)
+    state = get_backend("slurm").status(job)
     while not (state.finished or state.state == "UNKNOWN"):
         if time.monotonic() > deadline:
             try:
@@ -560,7 +560,7 @@ def _run_probe(ctx: DoctorContext, partition: Partition, probe_dir: Path, script
                          + (f" (reason {shown(reason)})" if reason else "") + f"; {cancelled}",
                          f"run it again with a longer --timeout, or see why it waits: squeue -j {jid} -o %R")
         time.sleep(PROBE_POLL_S)
-        state = get_backend("slurm").status(handle)
+        state = get_backend("slurm").status(job)
     output = probe_dir / f"probe-{jid}.out"
     # a shared filesystem may show the node's last writes a moment after the job ended
     settle = time.monotonic() + min(PROBE_SETTLE_S, max(deadline - time.monotonic(), 1.0))

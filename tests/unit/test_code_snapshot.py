@@ -23,7 +23,7 @@ import yaml
 
 from jobgen import api, jobdir
 from jobgen.backends import get_backend, plan
-from jobgen.backends.base import SubmitOptions
+from jobgen.backends.base import SubmitOptions, SubmittedJob
 from jobgen.backends.kubernetes import manifest as k8s_manifest
 from jobgen.backends.local import LocalBackend
 from jobgen.errors import ConfigError, PlanError, SubmitError
@@ -496,7 +496,7 @@ def test_a_local_command_run_runs_in_the_snapshot_and_ends_completed(repo, tmp_p
     result, job_dir, calls = local_submit(spec, tmp_path)
     argv, cwd, _ = calls[0]
     assert cwd == job_dir / "code" / head and (cwd / "train.py").is_file() and argv[-3:] == ["train.py", "--config", "jobs/c.yaml"]
-    status = get_backend("local").status(result.handle)
+    status = get_backend("local").status(SubmittedJob(result.handle, result.record))
     assert status.state == "COMPLETED", status.details
     assert status.usage is not None and status.usage.devices == 2 and status.usage.device_kind == "cpu"
     summary = json.loads((job_dir / "summary.json").read_text())
@@ -515,7 +515,7 @@ def test_a_failed_local_command_run_writes_no_summary_and_is_failed(repo, tmp_pa
     with pytest.raises(SubmitError, match="exited with code 3"):
         local_submit(spec, tmp_path, runner=lambda argv, cwd, env: 3)
     assert not (tmp_path / "runs" / "cmd" / "summary.json").exists()
-    status = get_backend("local").status(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve())))
+    status = get_backend("local").status(SubmittedJob(jobdir.JobHandle("local", str((tmp_path / "runs" / "cmd").resolve()))))
     assert (status.state, status.details["exit_code"]) == ("FAILED", "3"), status  # not UNKNOWN for good
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobgen.backends.base import SubmitOptions
+from jobgen.backends.base import SubmitOptions, SubmittedJob
 from jobgen.backends.kubernetes import backend as k8s
 from jobgen.backends.kubernetes.progress import LIMIT_BYTES, TAIL_LINES, last_progress, parse_line, pod_progress
 from jobgen.cli import cli
@@ -128,22 +128,22 @@ def test_an_elastic_job_reads_every_pod_and_takes_the_one_rank_zero_prints_on(jo
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     fake.logs = {f"{PODS}/quickstart-worker-0/log": [f"{stamp} elastic: global rank 0 runs on quickstart-worker-1\n".encode()],
                  f"{PODS}/quickstart-worker-1/log": [f"{stamp} step 7/60 | 1.5k tok/s | eta 0:01:00\n".encode()]}
-    p = pod_progress(handle)
+    p = pod_progress(SubmittedJob(handle))
     assert (p.step, p.max_steps, p.tokens_per_s, p.source) == (7, 60, 1500.0, "pod quickstart-worker-1 log")
 
 
 def test_no_progress_before_the_pods_start_or_when_a_log_is_gone_or_hostile(job_dir, fake):  # noqa: F811
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
-    assert pod_progress(handle) is None  # no pods yet
+    assert pod_progress(SubmittedJob(handle)) is None  # no pods yet
     pending = running_pod("quickstart-master-0")
     pending["status"] = {"phase": "Pending"}
     fake.objects[f"{PODS}/quickstart-master-0"] = pending
-    assert pod_progress(handle) is None and not [c for c in fake.calls if c[1].endswith("/log")]
+    assert pod_progress(SubmittedJob(handle)) is None and not [c for c in fake.calls if c[1].endswith("/log")]
     fake.objects[f"{PODS}/quickstart-master-0"] = running_pod("quickstart-master-0")
     fake.logs = {}  # the kubelet has no log of it (400): no progress, no error
-    assert pod_progress(handle) is None
+    assert pod_progress(SubmittedJob(handle)) is None
     hostile = b"2026-11-29T11:59:00Z step 5/10 | eta 0:00:0\x00\n" + b"\xff" * 300 + b"\n2026-13-45T99:99:99Z step 5/10\n"
     fake.logs = {f"{PODS}/quickstart-master-0/log": [hostile]}
-    assert pod_progress(handle) is None
+    assert pod_progress(SubmittedJob(handle)) is None
     result = CliRunner().invoke(cli, ["status", str(handle)], prog_name="jobgen")
     assert result.exit_code == 0 and "progress:" not in result.output and "Traceback" not in result.output

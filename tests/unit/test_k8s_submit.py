@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from jobgen.backends import plan
-from jobgen.backends.base import LogOptions, SubmitOptions
+from jobgen.backends.base import LogOptions, SubmitOptions, SubmittedJob
 from jobgen.backends.kubernetes import api as k8s_api
 from jobgen.backends.kubernetes import backend as k8s
 from jobgen.backends.kubernetes import manifest as k8s_manifest
@@ -254,20 +254,20 @@ def test_trainjob_state_while_it_runs(conditions, jobs, state):
 
 def test_status_and_cancel(job_dir, fake):
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
-    assert k8s.KubernetesBackend().status(handle).state == "SUBMITTED"
-    done = k8s.KubernetesBackend().cancel(handle, out=lambda _: None)
+    assert k8s.KubernetesBackend().status(SubmittedJob(handle)).state == "SUBMITTED"
+    done = k8s.KubernetesBackend().cancel(SubmittedJob(handle), out=lambda _: None)
     assert done.state == "DELETED" and done.finished and JOB not in fake.objects and CM not in fake.objects
     delete = next(c for c in fake.calls if c[0] == "DELETE" and c[1] == JOB)
     assert delete
-    after = k8s.KubernetesBackend().status(handle)  # what jobgen cancelled is CANCELLED, not UNKNOWN
+    after = k8s.KubernetesBackend().status(SubmittedJob(handle))  # what jobgen cancelled is CANCELLED, not UNKNOWN
     assert (after.state, after.source) == ("CANCELLED", "jobgen cancel") and after.finished, after
-    assert k8s.KubernetesBackend().cancel(handle, out=lambda _: None).state == "UNKNOWN"
+    assert k8s.KubernetesBackend().cancel(SubmittedJob(handle), out=lambda _: None).state == "UNKNOWN"
 
 
 def test_a_job_deleted_by_someone_else_stays_unknown(job_dir, fake):
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     del fake.objects[JOB]
-    assert k8s.KubernetesBackend().status(handle).state == "UNKNOWN"
+    assert k8s.KubernetesBackend().status(SubmittedJob(handle)).state == "UNKNOWN"
 
 
 def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_dir, fake, monkeypatch):
@@ -291,7 +291,7 @@ def test_logs_follow_reattaches_after_a_restart_and_stops_when_the_job_ends(job_
     monkeypatch.setattr(k8s, "_get_job", get_job)
     monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
     lines: list[str] = []
-    k8s.KubernetesBackend().logs(handle, LogOptions(follow=True), lines.append)
+    k8s.KubernetesBackend().logs(SubmittedJob(handle), LogOptions(follow=True), lines.append)
     assert lines == ["step 1", "step 2", "jobgen: quickstart-master-0 restarted; attaching again", "resumed\ufffd", "done"]
     log_calls = [c for c in fake.calls if c[1].endswith("/log")]
     assert ("container", "pytorch") in log_calls[0][2] and ("follow", "true") in log_calls[0][2]
@@ -325,7 +325,7 @@ def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_
     monkeypatch.setattr(k8s, "_get_job", get_job)
     monkeypatch.setattr(k8s.time, "sleep", lambda _: None)
     lines: list[str] = []
-    k8s.KubernetesBackend().logs(handle, LogOptions(replica="worker-0", follow=True), lines.append)
+    k8s.KubernetesBackend().logs(SubmittedJob(handle), LogOptions(replica="worker-0", follow=True), lines.append)
     assert lines == ["step 24", "done", f"jobgen: quickstart-worker-0 ended (exit code 0, pod Succeeded); {handle} is RUNNING"]
     assert len([c for c in fake.calls if c[1].endswith("/log")]) == 1
 
@@ -333,7 +333,7 @@ def test_logs_follow_of_a_replica_that_ended_while_the_job_runs_stops_without_a_
 def test_logs_before_the_pod_exists(job_dir, fake):
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     lines: list[str] = []
-    k8s.KubernetesBackend().logs(handle, LogOptions(replica="worker-0"), lines.append)
+    k8s.KubernetesBackend().logs(SubmittedJob(handle), LogOptions(replica="worker-0"), lines.append)
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for worker-0 yet (jobgen logs -f waits for it)"]
 
 
@@ -345,7 +345,7 @@ def test_logs_of_a_trainjob_default_to_node_0(fake):
         "spec": {"trainer": {"numNodes": 2}}}
     handle = k8s.make_handle("ctx", "training", "tj")
     lines: list[str] = []
-    k8s.KubernetesBackend().logs(handle, LogOptions(), lines.append)
+    k8s.KubernetesBackend().logs(SubmittedJob(handle), LogOptions(), lines.append)
     assert lines == [f"jobgen: {handle} is SUBMITTED; no pod for node-0 yet (jobgen logs -f waits for it)"]
 
 
@@ -429,7 +429,7 @@ def test_first_error_reads_every_pod_with_timestamps_and_orders_by_time(job_dir,
                                              b"2026-11-23T07:00:08.5Z   File \"model.py\", line 3\n"
                                              b"2026-11-23T07:00:08.6Z ZeroDivisionError: division by zero\n"],
     }
-    result = k8s.KubernetesBackend().first_error(handle)
+    result = k8s.KubernetesBackend().first_error(SubmittedJob(handle))
     assert result.ordered_by == "timestamp"
     assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-worker-0", "gpu-b"), ("pod quickstart-master-0", "gpu-a")]
     assert result.first.headline == "ZeroDivisionError: division by zero"
@@ -455,7 +455,7 @@ def test_first_error_reads_the_previous_run_of_a_container_restarted_in_place(jo
         f"{pods}/quickstart-master-0/log": [b"2026-11-27T11:00:20Z resume: auto - no checkpoint\n"],
         f"{pods}/quickstart-worker-0/log": [b"2026-11-27T11:00:21Z starting\n"],  # its previous log is gone: 400
     }
-    result = k8s.KubernetesBackend().first_error(handle)
+    result = k8s.KubernetesBackend().first_error(SubmittedJob(handle))
     assert [(f.source, f.node) for f in result.failures] == [("pod quickstart-master-0", "n1")], result
     assert "spec.data.paths[0]: 'x/*.txt' matches no files" in result.first.headline
     log_calls = [(c[1].rsplit("/", 2)[1], ("previous", "true") in c[2]) for c in fake.calls if c[1].endswith("/log")]
@@ -473,7 +473,7 @@ def test_status_counts_gpu_hours_from_each_pods_container_times(job_dir, fake):
             "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "90"}}}]},
             "status": {"containerStatuses": [{"name": "pytorch", "state": {"terminated": {"startedAt": started, "finishedAt": finished}}}]},
         }
-    usage = k8s.KubernetesBackend().status(handle).usage
+    usage = k8s.KubernetesBackend().status(SubmittedJob(handle)).usage
     assert (usage.device_kind, usage.devices) == ("gpu", 16)
     assert usage.device_hours == 8 * 1.5 + 8 * 1.0  # each pod's own run time x its GPUs
     assert usage.elapsed_s == 90 * 60 and usage.end is not None
@@ -497,14 +497,14 @@ def test_status_of_running_pods_of_a_priced_profile_shows_the_cost_so_far(tmp_pa
             "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
             "status": {"containerStatuses": [{"name": "pytorch", "state": {"running": {"startedAt": started}}}]},
         }
-    usage = k8s.KubernetesBackend().status(handle).usage.to_json()
+    usage = k8s.KubernetesBackend().status(SubmittedJob(handle)).usage.to_json()
     assert (usage["device_kind"], usage["devices"], usage["end"]) == ("gpu", 16, None), usage
     assert 8.0 <= usage["gpu_hours"] < 8.5 and usage["cost"] == pytest.approx(3.0 * usage["gpu_hours"], abs=1e-5), usage
 
 
 def test_status_of_a_job_whose_pods_have_not_started_has_no_usage(job_dir, fake):
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
-    assert k8s.KubernetesBackend().status(handle).usage is None
+    assert k8s.KubernetesBackend().status(SubmittedJob(handle)).usage is None
 
 
 def test_submitting_a_plan_takes_context_and_kubeconfig_from_the_profile_it_was_planned_with(tmp_path, monkeypatch):
@@ -565,7 +565,7 @@ def test_status_counts_restarts_from_the_launch_wrappers_line_at_the_head_of_eac
     pods = _restart_pods(fake, {"quickstart-master-0": 0, "quickstart-worker-0": 0})
     fake.logs = {f"{pods}/quickstart-master-0/log": [RESTART_LINE.format(restarts=2, budget=3).encode() + b"\n", b"step 10\n"],
                  f"{pods}/quickstart-worker-0/log": [b"W1129 warning\n" + RESTART_LINE.format(restarts=1, budget=3).encode() + b"\n"]}
-    st = k8s.KubernetesBackend().status(handle)
+    st = k8s.KubernetesBackend().status(SubmittedJob(handle))
     assert st.details["restarts_used"] == "2 of 3" and "launch wrapper" in st.details["restarts_source"], st.details
     assert all(("limitBytes", str(RESTART_LINE_BYTES)) in c[2] for c in fake.calls if c[1].endswith("/log"))
 
@@ -576,7 +576,7 @@ def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_lin
     hostile = (b"\xff\xfe jobgen.train.launch: restart x of 3 (restart.max_restarts)\n"
                b"jobgen.train.launch: restart 9999999 of 2 (restart.max_restarts)\n" + b"\"'\x1b[2J" * 100 + b"\n")
     fake.logs = {f"{pods}/quickstart-master-0/log": [hostile]}  # the worker's log cannot be read (400)
-    st = k8s.KubernetesBackend().status(handle)
+    st = k8s.KubernetesBackend().status(SubmittedJob(handle))
     assert st.details["restarts_used"] == "1 of 2" and "restartCount" in st.details["restarts_source"], st.details
     from jobgen import api
     assert api.restarts_used(st.details) == 1 and api.restarts_used({"restarts_used": "x of 2", "restarts": "3"}) == 3
@@ -586,5 +586,5 @@ def test_status_falls_back_to_the_pods_restart_count_and_a_hostile_log_is_no_lin
 def test_status_without_a_budget_reads_no_log(job_dir, fake):
     handle = k8s.KubernetesBackend().submit(job_dir(), SubmitOptions(), lambda _: None).handle
     _restart_pods(fake, {"quickstart-master-0": 4})
-    st = k8s.KubernetesBackend().status(handle)
+    st = k8s.KubernetesBackend().status(SubmittedJob(handle))
     assert "restarts_used" not in st.details and not [c for c in fake.calls if c[1].endswith("/log")]

@@ -478,6 +478,7 @@ def test_a_hostile_verdict_file_or_evidence_record_is_left_out(tmp_path):
 
 
 def test_status_of_a_completed_run_shows_the_straggler_its_summary_records(tmp_path):
+    from jobgen.backends.base import SubmittedJob
     from jobgen.backends.local import LocalBackend
     from jobgen.jobdir.runs import LocalRun, write_local_run
     from jobgen.jobdir.submission import JobHandle
@@ -486,9 +487,9 @@ def test_status_of_a_completed_run_shows_the_straggler_its_summary_records(tmp_p
     write_local_run(tmp_path, run.ended("COMPLETED", 0))
     straggler = {"rank": 3, "node": "node2", "ratio": 2.1, "step_time_s": 0.42, "median_step_time_s": 0.2}
     (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": straggler}))
-    details = LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    details = LocalBackend().status(SubmittedJob(JobHandle("local", str(tmp_path)))).details
     assert details["straggler"] == "rank 3 on node2: 2.1x the median step time (0.42 s vs 0.20 s)", details
     (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 1.0, "straggler": None}))
-    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    assert "straggler" not in LocalBackend().status(SubmittedJob(JobHandle("local", str(tmp_path)))).details
     (tmp_path / "summary.json").write_bytes(b"\xff{")
-    assert "straggler" not in LocalBackend().status(JobHandle("local", str(tmp_path))).details
+    assert "straggler" not in LocalBackend().status(SubmittedJob(JobHandle("local", str(tmp_path)))).details

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobgen.api import PLANNERS
+from jobgen.backends.base import SubmittedJob
 from jobgen.backends.slurm import backend as slurm_backend
 from jobgen.backends.slurm.backend import array_state, expand_task_ids
 from jobgen.errors import ConfigError, PlanError
@@ -313,7 +314,7 @@ def recorded(slurm, tmp_path) -> None:
 
 def status_json(job: str = HANDLE) -> dict:
     """`jobgen status -o json JOB`, in this process (the CLI's own path is tested above)."""
-    return slurm_backend.SlurmBackend().status(JobHandle.parse(job)).to_json()
+    return slurm_backend.SlurmBackend().status(SubmittedJob(JobHandle.parse(job))).to_json()
 
 
 def jobcomp_argv(ids: str) -> list[str]:

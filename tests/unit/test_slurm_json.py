@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from jobgen.backends.base import SubmittedJob
 from jobgen.backends.slurm import backend as slurm_backend
 from jobgen.backends.slurm.squeue_json import decode_squeue
 from jobgen.jobdir import JobHandle
@@ -52,7 +53,7 @@ def fixture(release: str, case: str) -> dict[str, Any]:
 
 def status_of(fake, doc: dict[str, Any] | None, job: str, *, raw: str | None = None) -> dict[str, Any]:
     fake.respond("squeue", json_reply(doc) if raw is None else reply(raw))
-    return slurm_backend.SlurmBackend().status(JobHandle.parse(f"slurm://gpucluster/{job}")).to_json()
+    return slurm_backend.SlurmBackend().status(SubmittedJob(JobHandle.parse(f"slurm://gpucluster/{job}"))).to_json()
 
 
 @pytest.mark.parametrize("release", RELEASES)

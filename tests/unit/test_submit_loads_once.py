@@ -6,6 +6,7 @@ reading back what submit has just written. `jobgen validate -p` plans the spec i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,3 +120,49 @@ def test_validate_with_a_profile_reads_the_spec_once(monkeypatch):
                                       "--templates-dir", str(TEMPLATES)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert reads.count((EXAMPLES / "quickstart.yaml").resolve()) == 1 and "fits profile 'slurm-a100'" in result.output
+
+
+# --------------------------------------------------------------------------- a submitted job, resolved once
+
+
+def test_status_resolves_the_job_once(monkeypatch, tmp_path):
+    """`jobgen status JOB` on a failed local run shows the state, the failure with the restart
+    budget, and the progress, and reads the job's submission record from the state index once
+    for all three (one :class:`jobgen.backends.base.SubmittedJob`), not once for each."""
+    import sys
+
+    import jobgen.backends.local as local
+    import jobgen.jobdir.submission
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "quickstart.yaml"  # outside a git work tree: no snapshot
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text())
+    monkeypatch.setattr(local, "_run_foreground", lambda argv, cwd, env, log, echo: 1)
+    submitted = CliRunner().invoke(cli, ["submit", str(spec), "-p", "local", "--profiles-dir", str(PROFILES), "--templates-dir",
+                                         str(TEMPLATES), "--set", "restart.max_restarts=0"])
+    assert submitted.exit_code == 1, submitted.output
+    [run_dir] = [p.parent for p in (tmp_path / "runs").glob("*/spec.json")]
+    (run_dir / "logs" / "version_0").mkdir(parents=True)
+    (run_dir / "logs" / "version_0" / "metrics.csv").write_text("step,tokens_per_s\n10,100.0\n")
+
+    calls: dict[str, list[str]] = {"find_submission": [], "resolve_job": []}
+    for name in calls:
+        original = getattr(jobgen.jobdir.submission, name)
+
+        def counting(arg, _name=name, _original=original):
+            calls[_name].append(str(arg))
+            return _original(arg)
+
+        jobgen_modules = [m for key, m in list(sys.modules.items()) if key == "jobgen" or key.startswith("jobgen.")]
+        for module in jobgen_modules:  # every module that imported the function by name
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, counting)
+    shown = CliRunner().invoke(cli, ["status", str(run_dir), "-o", "json"], catch_exceptions=False)
+
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.output)
+    assert doc["state"] == "FAILED" and doc["failure"]["max_restarts"] == 0, doc
+    assert doc["progress"]["step"] == 10, doc
+    assert calls["resolve_job"] == [str(run_dir)], f"the job was resolved {len(calls['resolve_job'])} times"
+    assert calls["find_submission"] == [f"local://{run_dir}"], f"the record was looked up {len(calls['find_submission'])} times"

@@ -76,7 +76,7 @@ def fresh_watcher():
     yield watcher
     watcher.clear()
     watcher._registered.clear()
-    watcher.handles.clear()
+    watcher.submitted.clear()
 
 
 @pytest.fixture

@@ -315,10 +315,12 @@ def _recorded(job: SubmittedJob) -> tuple[list[K8sKind], str | None]:
     return kinds, record.kubeconfig
 
 
-def _find(job: JobHandle | SubmittedJob, kubeconfig: str | None = None) -> tuple[Cluster, K8sKind, str, str, dict[str, Any] | None]:
-    job = SubmittedJob.of(job)
-    context, namespace, name = parse_handle(job.handle)
-    kinds, recorded = _recorded(job)
+def _find(submitted: SubmittedJob, kubeconfig: str | None = None) -> tuple[Cluster, K8sKind, str, str, dict[str, Any] | None]:
+    """``(cluster, kind, namespace, name, object)`` of the job ``submitted``: its kind the one
+    its record names, tried first, else the other; ``object`` None when neither exists.
+    ``kubeconfig``: this file instead of the recorded one."""
+    context, namespace, name = parse_handle(submitted.handle)
+    kinds, recorded = _recorded(submitted)
     cluster = connect(context, kubeconfig or recorded)
     for kind in kinds:
         try:
@@ -618,7 +620,7 @@ class KubernetesBackend(Backend):
             cluster.request("PUT", cm_path, body=current)
         return SubmitResult(action, handle, _record(jd, handle, kind, kubeconfig), lines)
 
-    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
+    def status(self, job: SubmittedJob) -> JobStatus:
         """The job's state from the API server (see :func:`job_state`), with what each of its pods
         is doing (``details["pods"]``, :func:`~jobgen.backends.kubernetes.pods.pod_summary`; absent before
         the controller made any) and their device-hours. When the object does not exist:
@@ -629,7 +631,7 @@ class KubernetesBackend(Backend):
             ConfigError: not a k8s handle, or no usable kubeconfig context.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        submitted = SubmittedJob.of(job)
+        submitted = job
         handle = submitted.handle
         cluster, kind, namespace, name, job = _find(submitted)
         if job is None:
@@ -647,7 +649,7 @@ class KubernetesBackend(Backend):
         return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, submitted),
                          evidence=pod_evidence(pods, name, container))
 
-    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the output of one replica's pod, ``options.replica`` (default ``master-0``: global rank zero lives
         there; ``node-0`` for a TrainJob; ``worker-0`` for an elastic PyTorchJob, which has no Master: its rendezvous store runs
         there, while global rank zero runs on whichever pod the rendezvous ranks first, named by an
@@ -662,7 +664,7 @@ class KubernetesBackend(Backend):
         """
         self.check_options(options)
         replica, follow, poll_s = options.replica or None, options.follow, LOG_POLL_S
-        submitted = SubmittedJob.of(job)
+        submitted = job
         handle = submitted.handle
         cluster, kind, namespace, name, job = _find(submitted)
         if job is None:
@@ -709,7 +711,7 @@ class KubernetesBackend(Backend):
                     out(f"jobgen: {ended}; {handle} is {_current_state(cluster, kind, namespace, name)}")
                 return
 
-    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
+    def first_error(self, job: SubmittedJob) -> Triage:
         """Each pod's first failure, earliest first, from every pod of the job (current and
         finished), read with the kubelet's timestamps (``timestamps=true``: RFC 3339 per line). A
         container restarted in place is read twice: its previous run (``previous=true``, the one
@@ -719,7 +721,7 @@ class KubernetesBackend(Backend):
             ConfigError: no such job.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        cluster, kind, namespace, name, job = _find(SubmittedJob.of(job))
+        cluster, kind, namespace, name, job = _find(job)
         if job is None:
             raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
         pods, container = job_pods(cluster, kind, namespace, name)
@@ -749,7 +751,7 @@ class KubernetesBackend(Backend):
                     response.release_conn()
         return triage(lines)
 
-    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Delete the job with foreground propagation (its pods are deleted first, then the job) and
         wait up to ``wait_s`` until it is gone; then remove its ConfigMap if the garbage collector
         has not; the submission record (if any) notes ``cancelled_at``, so :meth:`status` says
@@ -759,7 +761,7 @@ class KubernetesBackend(Backend):
             SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
                 or the API server refuses.
         """
-        submitted = SubmittedJob.of(job)
+        submitted = job
         handle = submitted.handle
         cluster, kind, namespace, name, job = _find(submitted)
         if job is None or not _delete_job(cluster, kind, namespace, name):

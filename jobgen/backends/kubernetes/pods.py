@@ -10,12 +10,11 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from jobgen.backends.base import SubmittedJob, recorded_launch
+from jobgen.backends.base import SubmittedJob
 from jobgen.backends.kubernetes.api import Cluster
 from jobgen.backends.kubernetes.manifest import TRAINJOB, TRAINJOB_NODE, K8sKind, core_path
 from jobgen.backends.kubernetes.validate import _kubernetes_parse_quantity
 from jobgen.errors import printable
-from jobgen.jobdir.submission import JobHandle
 from jobgen.reports.failure_class import Evidence
 from jobgen.reports.usage import Usage, from_iso, span_seconds
 
@@ -134,13 +133,13 @@ def pod_evidence(pods: list[dict[str, Any]], name: str, container: str) -> tuple
     return tuple(found)
 
 
-def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle | SubmittedJob) -> Usage | None:
+def pod_usage(pods: list[dict[str, Any]], container: str, submitted: SubmittedJob) -> Usage | None:
     """GPU-hours (CPU-hours) of the job's ``pods`` (:func:`job_pods`): for each, its training
     container's (``container``) run time (the
     current or last run: ``startedAt`` to ``finishedAt``, or to now while it runs) x the GPUs
     (``nvidia.com/gpu`` limit) or CPUs (request) it asked for, summed over the pods; ``None``
     before any container has started. A container restarted in place counts its current run only
-    (the API keeps the start of the last one)."""
+    (the API keeps the start of the last one). The GPU-hour price is that of ``submitted``'s spec.json."""
     now = datetime.now(timezone.utc)
     device_kind, devices, device_seconds = None, 0, 0.0
     first: datetime | None = None
@@ -166,7 +165,7 @@ def pod_usage(pods: list[dict[str, Any]], container: str, handle: JobHandle | Su
         last = end if end is not None and (last is None or end > last) else last
     if device_kind is None or first is None:
         return None
-    launch = recorded_launch(handle)
+    launch = submitted.launch
     end = None if running else last
     return Usage(device_kind, devices, span_seconds(first, end, now), f"pods' container times x requested {device_kind.upper()}s",
                  first, end, launch.gpu_hour_price if launch is not None else None, device_seconds=device_seconds)

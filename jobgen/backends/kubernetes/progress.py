@@ -18,9 +18,12 @@ import datetime
 import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobgen.reports.progress import Progress
+
+if TYPE_CHECKING:
+    from jobgen.backends.base import SubmittedJob
 
 #: Lines of each pod's log read (the newest); a log interval prints one progress line plus
 #: validation and checkpoint lines, so the last progress line is within them.
@@ -107,9 +110,10 @@ def _rank_zero_candidates(pods: list[dict[str, Any]], kind_is_trainjob: bool) ->
     return zero or pods
 
 
-def pod_progress(handle: Any, *, kubeconfig: str | None = None, now: float | None = None) -> Progress | None:
-    """The progress of a Kubernetes job from its rank-zero pod's log (module docstring), or None
-    when the job, its pods or a progress line are not there (yet).
+def pod_progress(job: SubmittedJob, *, kubeconfig: str | None = None, now: float | None = None) -> Progress | None:
+    """The progress of the Kubernetes job ``job`` (resolved once: its record names the kind and
+    kubeconfig) from its rank-zero pod's log (module docstring), or None when the job, its pods
+    or a progress line are not there (yet).
 
     Raises:
         SubmitError: the API server cannot be reached or refuses the request (a pod's log that is
@@ -120,8 +124,8 @@ def pod_progress(handle: Any, *, kubeconfig: str | None = None, now: float | Non
     from jobgen.backends.kubernetes.manifest import core_path
     from jobgen.backends.kubernetes.pods import container_started, job_pods
 
-    cluster, kind, namespace, name, job = k8s._find(handle, kubeconfig)
-    if job is None:
+    cluster, kind, namespace, name, found = k8s._find(job, kubeconfig)
+    if found is None:
         return None
     pods, container = job_pods(cluster, kind, namespace, name)
     best: Progress | None = None

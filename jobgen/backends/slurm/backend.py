@@ -27,7 +27,6 @@ from jobgen.backends.base import (
     SubmitResult,
     SubmittedJob,
     plan_spec_file,
-    recorded_launch,
     run_command,
     secrets_location,
 )
@@ -127,21 +126,21 @@ def job_id(handle: JobHandle) -> str:
     return jid
 
 
-def cluster_options(handle: JobHandle | SubmittedJob) -> list[str]:
+def cluster_options(submitted: SubmittedJob) -> list[str]:
     """``["--clusters=<cluster>"]`` for a job sbatch submitted to a named cluster (its answer
     ``<jobid>;<cluster>``, kept as the record's ``slurm_cluster``), else ``[]``: squeue, sacct,
-    scontrol and scancel ask the default cluster, as on a single-cluster site. A handle without
+    scontrol and scancel ask the default cluster, as on a single-cluster site. A job without
     a record gets ``[]`` too: its cluster may be only the profile's ``slurm.cluster`` label."""
-    record = SubmittedJob.of(handle).record
+    record = submitted.record
     return [f"--clusters={record.slurm_cluster}"] if record is not None and record.slurm_cluster else []
 
 
-def _squeue_jobs(jid: str, handle: JobHandle | SubmittedJob) -> SqueueReply | None:
+def _squeue_jobs(jid: str, submitted: SubmittedJob) -> SqueueReply | None:
     """Every record ``squeue --json`` (states: all) prints for ``jid`` (a job, an array and its
     tasks, or one task), decoded by the shape its ``meta`` names (:mod:`jobgen.backends.slurm.squeue_json`),
     or None when the controller has forgotten it (after MinJobAge)."""
     try:
-        proc = run_command(["squeue", *cluster_options(handle), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
+        proc = run_command(["squeue", *cluster_options(submitted), "--json", "--states=all", "--jobs", jid], what="squeue", timeout_s=30)
     except SubmitError as exc:
         if "Invalid job id" in exc.message:
             return None
@@ -184,16 +183,17 @@ _SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Elapsed,ElapsedRaw,Start,End,Allo
 _SACCT_COLUMNS = _SACCT_FORMAT.count(",") + 1
 
 
-def _sacct_rows(jids: str, handle: JobHandle, *, jobcomp: bool) -> list[list[str]] | None:
+def _sacct_rows(jids: str, submitted: SubmittedJob, *, jobcomp: bool) -> list[list[str]] | None:
     """The rows (cells of :data:`_SACCT_FORMAT`) ``sacct`` (accounting; needs slurmdbd) or, with
     ``jobcomp``, ``sacct -c`` (the job-completion log, JobCompType=jobcomp/filetxt) prints for
-    ``jids`` (comma-separated); None when that source fails ("accounting storage is disabled").
+    ``jids`` (comma-separated) of ``submitted`` (its record names the cluster,
+    :func:`cluster_options`); None when that source fails ("accounting storage is disabled").
 
     Parsable text, not ``--json``: on SLURM 22.05 ``sacct --json`` reports exit code 0 for
     jobs that exited non-zero, while ``ExitCode`` in the text output is right.
     """
     extra = ["-c"] if jobcomp else []
-    argv = ["sacct", *cluster_options(handle), *extra, "--jobs", jids, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
+    argv = ["sacct", *cluster_options(submitted), *extra, "--jobs", jids, "--noheader", "--parsable2", f"--format={_SACCT_FORMAT}"]
     try:
         proc = run_command(argv, what="sacct -c" if jobcomp else "sacct", timeout_s=30)
     except SubmitError:
@@ -201,39 +201,42 @@ def _sacct_rows(jids: str, handle: JobHandle, *, jobcomp: bool) -> list[list[str
     return [line.split("|") for line in proc.stdout.splitlines()]
 
 
-def _row_status(cells: list[str], source: str, handle: JobHandle, *, usage: bool = True) -> tuple[str, dict[str, str], Usage | None] | None:
-    """``(state, details, usage)`` of one sacct row, or None when its state is unreadable:
-    jobcomp/filetxt records are space-separated key=value pairs, and a job name with spaces
-    garbles sacct -c's parse; an unreadable state means "this source does not know"."""
+def _row_status(cells: list[str], source: str, submitted: SubmittedJob, *,
+                usage: bool = True) -> tuple[str, dict[str, str], Usage | None] | None:
+    """``(state, details, usage)`` of one sacct row of ``submitted`` (a job, or a task of the job
+    array ``submitted``), or None when its state is unreadable: jobcomp/filetxt records are
+    space-separated key=value pairs, and a job name with spaces garbles sacct -c's parse; an
+    unreadable state means "this source does not know"."""
     row = cells + [""] * _SACCT_COLUMNS
     state = (row[1].split() or [""])[0]
     if not re.fullmatch(r"[A-Z_]+", state):
         return None
     details = {"exit_code": row[2], "nodes": row[3], "elapsed": row[4], "name": "|".join(cells[_SACCT_COLUMNS - 1:])}
-    return state, details, _sacct_usage(row, source, handle) if usage else None
+    return state, details, _sacct_usage(row, source, submitted) if usage else None
 
 
-def _sacct(jid: str, handle: JobHandle) -> tuple[str, str, dict[str, str], Usage | None] | None:
+def _sacct(jid: str, submitted: SubmittedJob) -> tuple[str, str, dict[str, str], Usage | None] | None:
     """``(state, source, details, usage)`` from accounting (``sacct``), else from the
     job-completion log (``sacct -c``), else None (see :func:`_sacct_rows`)."""
     for source in ("sacct", "jobcomp"):
-        rows = [cells for cells in _sacct_rows(jid, handle, jobcomp=source == "jobcomp") or [] if cells[0] == jid]
-        found = _row_status(rows[-1], source, handle) if rows else None
+        rows = [cells for cells in _sacct_rows(jid, submitted, jobcomp=source == "jobcomp") or [] if cells[0] == jid]
+        found = _row_status(rows[-1], source, submitted) if rows else None
         if found is not None:
             return found[0], source, found[1], found[2]
     return None
 
 
-def _sacct_usage(row: list[str], source: str, handle: JobHandle) -> Usage | None:
+def _sacct_usage(row: list[str], source: str, submitted: SubmittedJob) -> Usage | None:
     """Usage from one sacct row (:data:`_SACCT_FORMAT`): AllocTRES' GPUs, else its CPUs, else
     NCPUS, x ElapsedRaw. The job-completion log keeps no GRES: when it shows none and the job
-    directory asked for GPUs, those are counted, and the source says so."""
+    directory asked for GPUs (``submitted``'s spec.json launch facts, which also give the
+    GPU-hour price), those are counted, and the source says so."""
     elapsed = row[5]
     if not elapsed.isdigit():
         return None
     tres = parse_tres(row[8])
     start, end = from_iso(row[6], local=True), from_iso(row[7], local=True)
-    launch = recorded_launch(handle)
+    launch = submitted.launch
     price = launch.gpu_hour_price if launch is not None else None
     if "gpu" in tres:
         return Usage("gpu", tres["gpu"], float(elapsed), f"{source} AllocTRES x ElapsedRaw", start, end, price)
@@ -248,16 +251,16 @@ def _sacct_usage(row: list[str], source: str, handle: JobHandle) -> Usage | None
     return Usage("cpu", cpus, float(elapsed), f"{source} {'AllocTRES' if 'cpu' in tres else 'NCPUS'} x ElapsedRaw", start, end)
 
 
-def _squeue_usage(job: SqueueJob, handle: JobHandle) -> Usage | None:
+def _squeue_usage(job: SqueueJob, submitted: SubmittedJob) -> Usage | None:
     """Usage from a ``squeue --json`` job: ``tres_alloc_str`` (set once resources are
-    allocated) x (end or now - start)."""
+    allocated) x (end or now - start), at the GPU-hour price of ``submitted``'s spec.json."""
     tres = parse_tres(job.tres_alloc)
     if not tres or job.start is None:
         return None
     # end_time of a job that still runs is its time limit, not an end
     end = job.end if job.state in FINISHED_STATES else None
     elapsed = span_seconds(job.start, end, datetime.now(timezone.utc))
-    launch = recorded_launch(handle)
+    launch = submitted.launch
     price = launch.gpu_hour_price if launch is not None else None
     if "gpu" in tres:
         return Usage("gpu", tres["gpu"], elapsed, "squeue tres_alloc_str", job.start, end, price)
@@ -266,8 +269,11 @@ def _squeue_usage(job: SqueueJob, handle: JobHandle) -> Usage | None:
     return None
 
 
-def _squeue_status(handle: JobHandle, job: SqueueJob) -> JobStatus:
-    """One decoded squeue record as a status; a record that did not decode is UNKNOWN with the reason."""
+def _squeue_status(submitted: SubmittedJob, job: SqueueJob, handle: JobHandle | None = None) -> JobStatus:
+    """One decoded squeue record of ``submitted`` as a status of ``handle`` (one task of the job
+    array ``submitted``; default: ``submitted``'s own handle); a record that did not decode is
+    UNKNOWN with the reason."""
+    handle = submitted.handle if handle is None else handle
     if job.problem is not None:
         return JobStatus(handle, "UNKNOWN", "squeue", {"reason": job.problem})
     details = {
@@ -283,7 +289,7 @@ def _squeue_status(handle: JobHandle, job: SqueueJob) -> JobStatus:
     if job.state == "PENDING" and job.start is not None:
         # the scheduler's estimate (squeue's start_time, what `squeue --start` prints); unset when it has none
         details["expected_start"] = job.start.isoformat()
-    return JobStatus(handle, job.state, "squeue", details, _squeue_usage(job, handle))
+    return JobStatus(handle, job.state, "squeue", details, _squeue_usage(job, submitted))
 
 
 #: States of a task that has not ended and is not running yet.
@@ -335,10 +341,12 @@ def _task_handle(handle: JobHandle, array_id: str, task: int) -> JobHandle:
     return JobHandle(handle.scheme, f"{handle.cluster}/{array_id}_{task}")
 
 
-def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], record: Submission | None,
+def _array_status(submitted: SubmittedJob, array_id: str, tasks: list[JobStatus],
                   unknown_reason: str = "no source knows this task") -> JobStatus:
-    """The whole array's status: :func:`array_state` over ``tasks`` (one per task; tasks of the
-    record that no source knows count as UNKNOWN, with ``unknown_reason``), with the counts in ``details``."""
+    """The whole array's status: :func:`array_state` over ``tasks`` (one per task; tasks of
+    ``submitted``'s record that no source knows count as UNKNOWN, with ``unknown_reason``), with
+    the counts in ``details``."""
+    handle, record = submitted.handle, submitted.record
     known = {t.handle.array_task: t for t in tasks}
     names = {t.index: t.name for t in record.array or ()} if record is not None and record.array else {}
     for index in sorted(set(names) - set(known)):
@@ -356,30 +364,30 @@ def _array_status(handle: JobHandle, array_id: str, tasks: list[JobStatus], reco
                      tuple(ordered))
 
 
-def _accounting_tasks(jid: str, array_id: str, handle: JobHandle) -> dict[int, JobStatus]:
+def _accounting_tasks(jid: str, array_id: str, submitted: SubmittedJob) -> dict[int, JobStatus]:
     """The tasks of array ``array_id`` as accounting lists them for ``jid`` (the array, or one
-    task): ``<jobid>_<task>`` rows, and ``<jobid>_[2-3]`` for tasks that never started."""
+    task, ``submitted``): ``<jobid>_<task>`` rows, and ``<jobid>_[2-3]`` for tasks that never started."""
     tasks: dict[int, JobStatus] = {}
-    for cells in _sacct_rows(jid, handle, jobcomp=False) or []:
+    for cells in _sacct_rows(jid, submitted, jobcomp=False) or []:
         one = re.fullmatch(rf"{array_id}_(\d+)", cells[0])
         many = re.fullmatch(rf"{array_id}_\[(.+)\]", cells[0])
         if not (one or many):
             continue
         for task in [int(one.group(1))] if one else expand_task_ids(many.group(1)):
-            task_handle = _task_handle(handle, array_id, task)
-            found = _row_status(cells, "sacct", task_handle, usage=one is not None)
+            task_handle = _task_handle(submitted.handle, array_id, task)
+            found = _row_status(cells, "sacct", submitted, usage=one is not None)
             if found is not None:
                 tasks[task] = JobStatus(task_handle, found[0], "sacct", found[1], found[2])
     return tasks
 
 
-def _jobcomp_tasks(array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
-    """Tasks ``wanted`` of array ``array_id`` from the job-completion log: each task's job id
+def _jobcomp_tasks(array_id: str, submitted: SubmittedJob, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
+    """Tasks ``wanted`` of array ``array_id`` (``submitted``: the array, or one task) from the job-completion log: each task's job id
     from the log file (:mod:`jobgen.backends.slurm.jobcomp`; ``scontrol show config`` names
     it), then their rows from ``sacct -c``, as for a single job. Tasks that never started take
     the array's own record. Returns the tasks found and why the others are unknown."""
     try:
-        config = run_command(["scontrol", *cluster_options(handle), "show", "config"], what="scontrol show config", timeout_s=30)
+        config = run_command(["scontrol", *cluster_options(submitted), "show", "config"], what="scontrol show config", timeout_s=30)
     except SubmitError as exc:
         return {}, f"no accounting (slurmdbd), and `scontrol show config` failed, which names the job-completion log: {exc.message}"
     kind, location = completion_log(config.stdout)
@@ -397,26 +405,26 @@ def _jobcomp_tasks(array_id: str, handle: JobHandle, wanted: list[int]) -> tuple
     if not ids:
         return {}, why
     rows: dict[str, list[str]] = {}
-    for cells in _sacct_rows(",".join(ids), handle, jobcomp=True) or []:
+    for cells in _sacct_rows(",".join(ids), submitted, jobcomp=True) or []:
         rows[cells[0]] = cells  # a requeued job has a row per run: the last one is the latest
     found: dict[int, JobStatus] = {}
     for task in wanted:
         jid = jobs.get(task, array_id if task in never_started else None)
-        task_handle = _task_handle(handle, array_id, task)
-        one = _row_status(rows[jid], "jobcomp", task_handle, usage=task in jobs) if jid in rows else None
+        task_handle = _task_handle(submitted.handle, array_id, task)
+        one = _row_status(rows[jid], "jobcomp", submitted, usage=task in jobs) if jid in rows else None
         if one is not None:
             found[task] = JobStatus(task_handle, one[0], "jobcomp", one[1], one[2])
     return found, why
 
 
-def _ended_tasks(jid: str, array_id: str, handle: JobHandle, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
-    """Tasks ``wanted`` of array ``array_id`` that squeue no longer lists, by the route single
+def _ended_tasks(jid: str, array_id: str, submitted: SubmittedJob, wanted: list[int]) -> tuple[dict[int, JobStatus], str]:
+    """Tasks ``wanted`` of array ``array_id`` (``submitted``: the array, or one task) that squeue no longer lists, by the route single
     jobs take after squeue: accounting, then the job-completion log. Returns the tasks found
     and why the others are unknown."""
-    tasks = {task: st for task, st in _accounting_tasks(jid, array_id, handle).items() if task in wanted}
+    tasks = {task: st for task, st in _accounting_tasks(jid, array_id, submitted).items() if task in wanted}
     if tasks:
         return tasks, "accounting does not list this task"
-    return _jobcomp_tasks(array_id, handle, wanted)
+    return _jobcomp_tasks(array_id, submitted, wanted)
 
 
 #: Seconds between two reads of a followed log (``jobgen logs -f``).
@@ -439,7 +447,7 @@ def filter_rank(lines: Iterable[str], rank: int | None) -> Iterator[str]:
             yield match.group(2)
 
 
-def log_file(job: JobHandle | SubmittedJob) -> Path:
+def log_file(job: SubmittedJob) -> Path:
     """The job's SLURM output file: from the submission record, else from ``scontrol show job``.
     A job array has one per task (``slurm-<jobid>_<task>.out``): name the task.
 
@@ -448,7 +456,6 @@ def log_file(job: JobHandle | SubmittedJob) -> Path:
             a whole recorded job array (the hint names its tasks' handles).
         SubmitError: no record and ``scontrol`` failed otherwise (missing, controller down).
     """
-    job = SubmittedJob.of(job)
     handle = job.handle
     jid = job_id(handle)
     record = job.record
@@ -557,7 +564,7 @@ class SlurmBackend(Backend):
         if not previous.is_file():
             return
         record = Submission.load(previous)
-        old = self.status(JobHandle.parse(record.handle))
+        old = self.status(SubmittedJob(JobHandle.parse(record.handle)))
         if old.state in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}:
             raise SubmitError(
                 f"{job_dir} was already submitted as {record.handle}, which is {old.state}",
@@ -617,8 +624,9 @@ class SlurmBackend(Backend):
         record.save()
         return SubmitResult("submitted", handle, record)
 
-    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
-        """The job's state: ``squeue`` while the controller knows it (queued, running, and for
+    def status(self, job: SubmittedJob) -> JobStatus:
+        """The job's state (``job``: the job resolved once; its record names the cluster, a job
+        array's tasks and the launch facts the usage is priced by): ``squeue`` while the controller knows it (queued, running, and for
         MinJobAge after it ends), then accounting, then the job-completion log, else ``UNKNOWN``
         (never a guess). squeue's JSON is decoded by the shape its own ``meta`` names
         (:mod:`jobgen.backends.slurm.squeue_json`); a shape jobgen does not read is ``UNKNOWN``, with the reason.
@@ -633,8 +641,7 @@ class SlurmBackend(Backend):
             ConfigError: not a SLURM handle.
             SubmitError: squeue is missing or the controller does not answer.
         """
-        submitted = SubmittedJob.of(job)
-        handle = submitted.handle
+        submitted, handle = job, job.handle
         jid = job_id(handle)
         array_id, _, task = jid.partition("_")
         record = submitted.record
@@ -645,26 +652,26 @@ class SlurmBackend(Backend):
         members = _array_records(jobs, array_id)
         if task:
             if int(task) in members:
-                return _squeue_status(handle, members[int(task)])
-            ended, why = _ended_tasks(jid, array_id, handle, [int(task)])
+                return _squeue_status(submitted, members[int(task)])
+            ended, why = _ended_tasks(jid, array_id, submitted, [int(task)])
             if int(task) in ended:
                 return ended[int(task)]
             return JobStatus(handle, "UNKNOWN", "none", {"reason": f"squeue no longer lists this task; {why}"})
         recorded = [t.index for t in record.array] if record is not None and record.array else []
         if members or recorded:
-            tasks = [_squeue_status(_task_handle(handle, array_id, i), job) for i, job in members.items()]
+            tasks = [_squeue_status(submitted, one, _task_handle(handle, array_id, i)) for i, one in members.items()]
             missing = [i for i in recorded if i not in members]
-            ended, why = _ended_tasks(jid, array_id, handle, missing) if missing else ({}, "")
-            return _array_status(handle, array_id, [*tasks, *ended.values()], record, f"squeue no longer lists this task; {why}")
+            ended, why = _ended_tasks(jid, array_id, submitted, missing) if missing else ({}, "")
+            return _array_status(submitted, array_id, [*tasks, *ended.values()], f"squeue no longer lists this task; {why}")
         plain = [j for j in jobs if str(j.job_id) == jid]
         if plain:
-            return _squeue_status(handle, plain[0])
-        found = _sacct(jid, handle)
+            return _squeue_status(submitted, plain[0])
+        found = _sacct(jid, submitted)
         if found is not None:
             return JobStatus(handle, *found)
         return JobStatus(handle, "UNKNOWN", "none", {"reason": "neither squeue nor sacct (accounting or job-completion log) knows this job"})
 
-    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print the job's output: rank ``options.rank``'s lines (default 0; ``all``: the whole file);
         with ``options.follow``, keep printing until the job has finished and the file is drained
         (Ctrl-C stops).
@@ -679,7 +686,6 @@ class SlurmBackend(Backend):
         if given != "all" and not given.isdigit():
             raise ConfigError(f"--rank {given!r} is not a rank number or 'all'", hint="e.g. --rank 0, --rank 3, --rank all")
         rank, follow = None if given == "all" else int(given), options.follow
-        job = SubmittedJob.of(job)
         handle = job.handle
         path = log_file(job)
         offset, pending = 0, ""
@@ -716,7 +722,7 @@ class SlurmBackend(Backend):
                     continue  # one more read drains what the job wrote last
             time.sleep(LOG_POLL_S)
 
-    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
+    def first_error(self, job: SubmittedJob) -> Triage:
         """Each rank's first failure in the job's output file, earliest first.
 
         The file is one stream: srun writes the ranks' lines in the order they arrive, each with its
@@ -726,7 +732,6 @@ class SlurmBackend(Backend):
         Raises:
             ConfigError: no log file is known for the job, or it does not exist (yet).
         """
-        job = SubmittedJob.of(job)
         path = log_file(job)
         if not path.is_file():
             raise ConfigError(f"{job.handle}: its output file {path} does not exist (yet)",
@@ -743,7 +748,7 @@ class SlurmBackend(Backend):
                     lines.append(LogLine(f"rank {rank}", rank, None, position, None, match.group(2)))
         return triage(lines)
 
-    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """``scancel`` the job and wait (up to ``wait_s``) until SLURM reports it ended.
 
         Returns the last status seen.
@@ -751,7 +756,6 @@ class SlurmBackend(Backend):
         Raises:
             SubmitError: scancel failed, or the job is still not finished after ``wait_s``.
         """
-        job = SubmittedJob.of(job)
         handle = job.handle
         jid = job_id(handle)  # one task of an array: scancel <jobid>_<task> stops that task only
         run_command(["scancel", *cluster_options(job), jid], what="scancel", timeout_s=30)

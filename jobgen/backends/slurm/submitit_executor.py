@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from jobgen.backends.base import profile_env
+from jobgen.backends.base import SubmittedJob, profile_env
 from jobgen.backends.slurm.backend import SlurmBackend
 from jobgen.backends.slurm.script import container_srun_options, container_wrap, format_mem, gpu_directives, site_directives
 from jobgen.errors import ConfigError, JobgenError, NotSupportedError, SubmitError, did_you_mean, json_path
@@ -364,7 +364,7 @@ def _executor_class() -> type:
 
         def __init__(self, delay_s: int) -> None:
             super().__init__(delay_s=delay_s)
-            self.handles: dict[str, JobHandle] = {}
+            self.submitted: dict[str, SubmittedJob] = {}
 
         def update(self) -> None:
             pending = sorted(self._registered - self._finished)
@@ -372,11 +372,11 @@ def _executor_class() -> type:
                 return
             self._num_calls += 1
             for jid in pending:
-                handle = self.handles.get(jid) or JobHandle("slurm", f"default/{jid}")
+                job = self.submitted.get(jid) or SubmittedJob(JobHandle("slurm", f"default/{jid}"))
                 try:
-                    state = SlurmBackend().status(handle).state
+                    state = SlurmBackend().status(job).state
                 except JobgenError as exc:  # as submitit does with a failed sacct: the state stays what it was
-                    submitit_logger.get_logger().warning(f"jobgen status {handle}: {exc.message}")
+                    submitit_logger.get_logger().warning(f"jobgen status {job.handle}: {exc.message}")
                     continue
                 self._info_dict[jid] = {"JobID": jid, "State": state}
             self._last_status_check = time.time()
@@ -449,7 +449,7 @@ def _executor_class() -> type:
                                         callable_name(delayed_submissions[0].function),
                                         slurm_cluster=self._submitted_to or self.jobgen_plan.clusters)
             record.save()
-            JobgenSlurmJob.watcher.handles.update(task_handles(record))
+            JobgenSlurmJob.watcher.submitted.update({jid: SubmittedJob(handle, record) for jid, handle in task_handles(record).items()})
             return jobs
 
     return JobgenSlurmExecutor

@@ -201,13 +201,12 @@ def _secret_lines(names: tuple[str, ...], location: str) -> bytes | None:
     return "".join(f"{name}={os.environ[name]}\n" for name in names).encode()
 
 
-def _settings(job: JobHandle | SubmittedJob) -> tuple[SshSettings, str]:
-    """The hosts and the run directory of a recorded ssh job.
+def _settings(job: SubmittedJob) -> tuple[SshSettings, str]:
+    """The hosts and the run directory of a recorded ssh job, from its record.
 
     Raises:
         ConfigError: not an ssh handle, or no submission record of it on this machine.
     """
-    job = SubmittedJob.of(job)
     handle = job.handle
     if handle.scheme != "ssh":
         raise ConfigError(f"{handle} is not an ssh job handle", hint="ssh handles look like ssh://<first host>/<run dir>")
@@ -477,7 +476,7 @@ class SshBackend(Backend):
         return SubmitResult("submitted", handle, record)
 
 
-    def status(self, job: JobHandle | SubmittedJob) -> JobStatus:
+    def status(self, job: SubmittedJob) -> JobStatus:
         """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
         each node's host, live processes and exit code, and the run directory.
 
@@ -485,7 +484,6 @@ class SshBackend(Backend):
             ConfigError: not an ssh handle, or no record of it here.
             SubmitError: no host could be reached (the message names each and why).
         """
-        job = SubmittedJob.of(job)
         handle = job.handle
         settings, run = _settings(job)
         nodes = reports(settings, run, handle)
@@ -510,7 +508,7 @@ class SshBackend(Backend):
         # the watcher's evidence is of the attempt it decided last: this one's only once it is done
         return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 
-    def logs(self, job: JobHandle | SubmittedJob, options: LogOptions, out: Echo = print) -> None:
+    def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
         """Print node ``options.replica``'s output (``node-<rank>``, default ``node-0``: global rank zero
         runs there) from its host; with ``options.follow``, keep printing until the job has ended (Ctrl-C stops).
 
@@ -520,7 +518,6 @@ class SshBackend(Backend):
         """
         self.check_options(options)
         replica, follow = options.replica, options.follow
-        job = SubmittedJob.of(job)
         handle = job.handle
         settings, run = _settings(job)
         match = _REPLICA_RE.match(replica or "node-0")
@@ -554,12 +551,11 @@ class SshBackend(Backend):
                     continue  # one more read drains what the node wrote last
             time.sleep(POLL_S)
 
-    def first_error(self, job: JobHandle | SubmittedJob) -> Triage:
+    def first_error(self, job: SubmittedJob) -> Triage:
         """Not offered yet: each node's output is on its host."""
-        handle = SubmittedJob.of(job).handle
-        raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {handle}")
+        raise not_supported("ssh", "jobgen logs --first-error", f"read each node's output: jobgen logs --replica node-<rank> {job.handle}")
 
-    def cancel(self, job: JobHandle | SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
+    def cancel(self, job: SubmittedJob, *, wait_s: float = 120.0, out: Echo = print) -> JobStatus:
         """Stop the job on every host: mark it cancelled and TERM each launch script (torchrun stops
         its workers), wait up to :data:`CANCEL_GRACE_S` (or ``wait_s`` if shorter) for the job's
         processes to end, SIGKILL what is left, and check that nothing of the job runs on any host.
@@ -568,7 +564,6 @@ class SshBackend(Backend):
             ConfigError: not an ssh handle, or no record of it here.
             SubmitError: a host cannot be reached, or a process of the job is still there after SIGKILL.
         """
-        job = SubmittedJob.of(job)
         handle = job.handle
         settings, run = _settings(job)
         _stop_watcher(job)  # first: it would start the job again

@@ -93,13 +93,14 @@ class Hosts:
     """
 
     def __init__(self, handle: str, spec_source: str | None):
+        from jobgen.backends.base import SubmittedJob
         from jobgen.backends.ssh import backend as ssh
         from jobgen.backends.ssh import launch
         from jobgen.jobdir.submission import JobHandle
 
         self.ssh, self.launch = ssh, launch
         self.handle = JobHandle.parse(handle)
-        self.settings, self.run = ssh._settings(self.handle)
+        self.settings, self.run = ssh._settings(SubmittedJob(self.handle))
         self.spec_source = spec_source
 
     def _call(self, host: str, remote: str, *, data: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[bytes]:
