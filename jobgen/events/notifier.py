@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
+from jobgen.jobdir.files import SSH_JOB_ENV
 from jobgen.reports.usage import run_usage
 from jobgen.specs.capabilities import capabilities
 from jobgen.specs.notify import NotifySpec
@@ -59,10 +61,23 @@ def global_rank(environ: Mapping[str, str] = os.environ) -> int:
     return 0
 
 
+#: A job's tag on hosts over ssh (:data:`jobgen.jobdir.files.SSH_JOB_ENV`, written by
+#: :func:`jobgen.backends.ssh.launch.job_tag`): ``ssh://<first host><run dir>#node-<rank>``. The
+#: host holds no blank (the profile refuses one); the run directory starts with ``/`` and holds no
+#: line break or NUL (:func:`jobgen.specs.base.check_shell_safe`), nor a lone surrogate (what
+#: ``os.environ`` makes of bytes that are not UTF-8: no profile writes those).
+_SSH_TAG_RE = re.compile(r"(ssh://[^/\s\ud800-\udfff]+/[^\n\r\x00\ud800-\udfff]*)#node-[0-9]+")
+
+
 def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module doc)."""
+    """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module
+    doc); ``None`` where it cannot: on Kubernetes, and on hosts over ssh when the job's tag
+    (:data:`~jobgen.jobdir.files.SSH_JOB_ENV`) is missing or not of :data:`_SSH_TAG_RE`'s shape."""
     launch = resolved.launch
     caps = capabilities(launch.scheduler)
+    if caps.handle_scheme == "ssh":
+        tag = _SSH_TAG_RE.fullmatch(environ.get(SSH_JOB_ENV, ""))
+        return tag.group(1) if tag else None
     if caps.slurm_allocation and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
         # one task of a job array: the task's own handle (its SLURM_JOB_ID is not what submit printed)
         return f"{caps.handle_scheme}://{launch.cluster or 'default'}/{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"

@@ -34,7 +34,9 @@ restart watcher's, or a Kubernetes pod's from the launch wrapper's ledger), else
 
 ``handle``: ``slurm://<cluster>/<SLURM_JOB_ID>`` on SLURM (an array task:
 ``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>``), ``local://<run dir>`` for a local run,
-``null`` on Kubernetes (a pod does not know the kubeconfig context of its handle). ``gpu_hours``:
+``ssh://<first host><run dir>`` on hosts over ssh (from the job's tag every launch sets,
+:data:`jobgen.jobdir.files.SSH_JOB_ENV`; ``null`` when it is missing or malformed), ``null`` on
+Kubernetes (a pod does not know the kubeconfig context of its handle). ``gpu_hours``:
 GPUs (world size) x the wall time of this process so far, on GPU jobs; ``null`` on CPU. Losses
 are the latest logged values (``null`` before the first). ``error``: one line, ``failed`` only.
 

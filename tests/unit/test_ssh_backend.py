@@ -616,6 +616,38 @@ def test_a_budget_starts_the_restart_watcher_and_status_reads_its_record(tmp_pat
     assert plain.state == "FAILED" and "restarts_used" not in plain.details
 
 
+def test_a_completed_job_stays_running_until_the_watcher_has_recorded_its_restarts(tmp_path, monkeypatch):
+    """Node 0's summary.json gets ``restarts`` from the restart watcher once every node exited 0
+    (jobgen.backends.ssh.restart); its record says done only after that write. So while the
+    watcher runs and its record is not done, status of a job whose hosts all exited 0 is RUNNING,
+    with a reason naming the watcher: whoever reads summary.json once status says COMPLETED gets
+    the restarts. A watcher that is gone (this machine restarted) leaves the hosts' word."""
+    from jobgen.backends.ssh.launch import RESTARTS_FILE
+
+    spec = tmp_path / "quickstart.yaml"
+    spec.write_text((EXAMPLES / "quickstart.yaml").read_text() + "restart: {max_restarts: 2}\n")
+    job_plan = api.plan_job(spec, str(site_profile(tmp_path / "site", "ssh-2node")))
+    monkeypatch.setattr(ssh, "start_watcher", lambda *args: 4242)
+    monkeypatch.setattr(ssh, "run_ssh", FakeHosts())
+    handle = str(api.submit(job_plan, SubmitOptions(runs_dir=tmp_path / "runs"), echo=lambda _: None).handle)
+    job_dir = tmp_path / "runs" / "quickstart" / "job"
+    entry = {"restart": 1, "class": "infrastructure", "rule": "killed", "reason": "killed", "evidence": "node 1: signal 9"}
+    record = {"max_restarts": 2, "restarts": [entry], "state": "watching", "pid": 4242, "evidence": []}
+    (job_dir / RESTARTS_FILE).write_text(json.dumps(record))
+    monkeypatch.setattr(ssh, "run_ssh", EndedHosts(0))
+    monkeypatch.setattr(ssh, "watcher_alive", lambda record: True)
+    finishing = api.status(handle)
+    assert finishing.state == "RUNNING" and not finishing.finished, finishing
+    assert "restart watcher (pid 4242) is recording the restarts in node 0's summary.json" in finishing.details["reason"], finishing
+    assert finishing.details["restarts_used"] == "1 of 2"
+    (job_dir / RESTARTS_FILE).write_text(json.dumps(record | {"state": "done", "outcome": "COMPLETED"}))
+    assert api.status(handle).state == "COMPLETED"
+    (job_dir / RESTARTS_FILE).write_text(json.dumps(record))
+    monkeypatch.setattr(ssh, "watcher_alive", lambda record: False)
+    gone = api.status(handle)
+    assert gone.state == "COMPLETED" and "reason" not in gone.details, gone
+
+
 def test_without_a_budget_no_watcher_starts(tmp_path, monkeypatch, quickstart):
     from jobgen.backends.ssh.launch import RESTARTS_FILE
 

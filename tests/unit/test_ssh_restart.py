@@ -207,3 +207,20 @@ def test_the_remote_commands_quote_the_run_directory():
     run = "/w/it's a dir;rm -rf ~"
     for command in (sees_command(run, 0), pack_checkpoints_command(run), unpack_command(run)):
         assert "'/w/it'\"'\"'s a dir;rm -rf ~" in command, command
+
+
+def test_the_record_says_done_only_after_the_summary_has_the_restarts(tmp_path):
+    """``jobgen status`` keeps a completed job RUNNING until the watcher's record says done
+    (:meth:`jobgen.backends.ssh.backend.SshBackend.status`); that holds the contract only if the
+    record turns done after node 0's summary.json got ``restarts``."""
+    states_at_write: list[str] = []
+
+    class Recording(FakeHosts):
+        def write_summary(self, text):
+            states_at_write.append(read_record(tmp_path)["state"])
+            super().write_summary(text)
+
+    hosts = Recording([("FAILED", nodes(1, 1), {0: LOST_PEER, 1: KILLED}), ("COMPLETED", nodes(0, 0), {})])
+    assert run(hosts, tmp_path, budget=1)[0] == "COMPLETED"
+    assert states_at_write == ["watching"] and read_record(tmp_path)["state"] == DONE, states_at_write
+    assert json.loads(hosts.written)["restarts"]["used"] == 1

@@ -478,7 +478,10 @@ class SshBackend(Backend):
 
     def status(self, job: SubmittedJob) -> JobStatus:
         """The job's state from its hosts (:func:`~jobgen.backends.ssh.launch.job_state`); details:
-        each node's host, live processes and exit code, and the run directory.
+        each node's host, live processes and exit code, and the run directory. With a restart
+        watcher (:mod:`jobgen.backends.ssh.restart`) alive and its record not done: ``RESTARTING``
+        for an ended, failed job (it decides) and ``RUNNING`` for one whose nodes all exited 0 (it
+        adds ``restarts`` to node 0's ``summary.json``), so the state is final only once its record is.
 
         Raises:
             ConfigError: not an ssh handle, or no record of it here.
@@ -501,10 +504,12 @@ class SshBackend(Backend):
             return JobStatus(handle, state, "ssh", details)
         details |= restart_details(watched["max_restarts"], watched["restarts"])
         ended = state == "FAILED" or (state == "UNKNOWN" and "without an exit code" in details.get("reason", ""))
-        if ended and watched["state"] != DONE and watcher_alive(watched):
-            state = "RESTARTING"
-            details["reason"] = (f"jobgen's restart watcher (pid {watched['pid']}) is "
-                                 + ("starting the job again" if watched["state"] == RESTARTING else "classing the failure"))
+        if (ended or state == "COMPLETED") and watched["state"] != DONE and watcher_alive(watched):
+            if ended:
+                state, doing = "RESTARTING", "starting the job again" if watched["state"] == RESTARTING else "classing the failure"
+            else:  # the watcher marks its record done only after it wrote `restarts` into node 0's summary.json
+                state, doing = "RUNNING", "recording the restarts in node 0's summary.json"
+            details["reason"] = f"jobgen's restart watcher (pid {watched['pid']}) is {doing}"
         # the watcher's evidence is of the attempt it decided last: this one's only once it is done
         return JobStatus(handle, state, "ssh", details, evidence=stored_evidence(watched) if ended and watched["state"] == DONE else ())
 

@@ -24,11 +24,12 @@ ranks' shards) needs a shared run directory.
 
 What it decided goes to :data:`RESTARTS_FILE` in the job directory (``jobgen status`` reads it:
 ``restarts_used``, ``restart_<n>``, the last attempt's evidence) and, once the job completes, to
-node 0's ``summary.json`` (``restarts``), as a local run records them. Each restart also goes to
-the spec's ``notify`` targets as a ``restart`` event, sent from this machine (with its
-environment's token and URL variables) before the hosts start again. The watcher ends when the
-job completes, fails for good, or is cancelled (``jobgen cancel`` stops it first). If this
-machine stops, the job runs on without restarts.
+node 0's ``summary.json`` (``restarts``), as a local run records them. The record says done only
+after that write, and while this watcher runs ``jobgen status`` reports the job ended only once
+the record says done. Each restart also goes to the spec's ``notify`` targets as a ``restart``
+event, sent from this machine (with its environment's token and URL variables) before the hosts
+start again. The watcher ends when the job completes, fails for good, or is cancelled
+(``jobgen cancel`` stops it first). If this machine stops, the job runs on without restarts.
 """
 
 from __future__ import annotations
