@@ -292,6 +292,7 @@ def test_a_rank_killed_mid_run_is_restarted_on_every_host_and_the_job_completes(
         assert (node1 / "checkpoints" / f"step-{summary['resumed_from_step']:08d}.ckpt").is_file()  # copied from host1
         bodies = [json.loads(line) for line in received.read_text().splitlines()]
         assert [(b["event"], b["restart"]) for b in bodies] == [("started", 0), ("restart", 1), ("started", 1)], bodies
+        assert [b["handle"] for b in bodies] == [str(handle)] * 3, bodies  # the hosts' bodies too, from JOBGEN_SSH_JOB
         body = bodies[1]
         assert (body["event"], body["handle"], body["class"], body["restarts_used"], body["max_restarts"]) == \
                ("restart", str(handle), "infrastructure", 1, 1), body
