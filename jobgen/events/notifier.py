@@ -66,17 +66,17 @@ def global_rank(environ: Mapping[str, str] = os.environ) -> int:
 #: host holds no blank (the profile refuses one); the run directory starts with ``/`` and holds no
 #: line break or NUL (:func:`jobgen.specs.base.check_shell_safe`), nor a lone surrogate (what
 #: ``os.environ`` makes of bytes that are not UTF-8: no profile writes those).
-_SSH_TAG_RE = re.compile(r"(ssh://[^/\s\ud800-\udfff]+/[^\n\r\x00\ud800-\udfff]*)#node-[0-9]+")
+_HOST_TAG_RE = r"({scheme}://[^/\s\ud800-\udfff]+/[^\n\r\x00\ud800-\udfff]*)#node-[0-9]+"
 
 
 def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
     """The job's handle as ``jobgen submit`` printed it, when the node can tell (see the module
     doc); ``None`` where it cannot: on Kubernetes, and on hosts over ssh when the job's tag
-    (:data:`~jobgen.jobdir.files.SSH_JOB_ENV`) is missing or not of :data:`_SSH_TAG_RE`'s shape."""
+    (:data:`~jobgen.jobdir.files.SSH_JOB_ENV`) is missing or not of :data:`_HOST_TAG_RE`'s shape."""
     launch = resolved.launch
     caps = capabilities(launch.scheduler)
-    if caps.handle_scheme == "ssh":
-        tag = _SSH_TAG_RE.fullmatch(environ.get(SSH_JOB_ENV, ""))
+    if caps.fixed_hosts:  # hosts of the profile's list: the launcher tags every process of the job
+        tag = re.fullmatch(_HOST_TAG_RE.format(scheme=re.escape(caps.handle_scheme)), environ.get(SSH_JOB_ENV, ""))
         return tag.group(1) if tag else None
     if caps.slurm_allocation and environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
         # one task of a job array: the task's own handle (its SLURM_JOB_ID is not what submit printed)
