@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab import release_requeued, run_slurm, wait_for
+from lab import PARTITION, release_requeued, run_slurm, wait_for
 
 from jobgen.backends.slurm.script import run_dir_name
 from tests.conftest import ADVERSARIAL, REPO, skip_or_fail
@@ -605,13 +605,19 @@ def test_gitops_path_submits_a_rendered_directory_once(jobgen):
     preflight = jobgen("submit", str(job_dir), "--test-only")
     assert "nothing was queued" in preflight.stdout and "to start at" in preflight.stdout, preflight.stdout
     assert not (job_dir / ".jobgen-submission.json").exists()
-    # queued held (sbatch reads SBATCH_HOLD, as --hold), so the job is still PENDING at the second
-    # submit however long that takes to start on a loaded machine; released after it
-    handle = jobgen("submit", str(job_dir), env={"SBATCH_HOLD": "1"}).stdout.split("submitted ", 1)[1].split()[0]
-    again = jobgen("submit", str(job_dir), check=False)
-    assert again.returncode == 1 and f"already submitted as {handle}" in again.stderr and "--force" in again.stderr
-    assert jobgen.queue(handle).split() == [job_id(handle), "PENDING"]  # held until now
-    run_slurm(jobgen.lab, "scontrol", "release", job_id(handle))
+    # The lab's partition is down while both submits run: SLURM queues the job but starts nothing
+    # (reason PartitionDown), so it is still queued at the second submit however slowly that runs
+    # on a loaded machine. (sbatch 22.05 reads no SBATCH_HOLD, and the lab's backfill scheduler can
+    # start a job within a second of its submit.)
+    run_slurm(jobgen.lab, "scontrol", "update", f"PartitionName={PARTITION}", "State=DOWN")
+    try:
+        handle = jobgen("submit", str(job_dir)).stdout.split("submitted ", 1)[1].split()[0]
+        again = jobgen("submit", str(job_dir), check=False)
+        assert again.returncode == 1 and f"already submitted as {handle}" in again.stderr and "--force" in again.stderr
+        reason = run_slurm(jobgen.lab, "squeue", "-h", "-j", job_id(handle), "-o", "%i %T %r", timeout=20).stdout.split()
+        assert reason == [job_id(handle), "PENDING", "PartitionDown"], reason
+    finally:
+        run_slurm(jobgen.lab, "scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
     final, seen = jobgen.wait_state(str(job_dir), {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     assert final == "COMPLETED", (seen, jobgen("logs", "--rank", "all", str(job_dir)).stdout[-3000:])
     assert "step 20/20" in jobgen("logs", str(job_dir)).stdout
