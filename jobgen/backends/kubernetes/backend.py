@@ -631,22 +631,21 @@ class KubernetesBackend(Backend):
             ConfigError: not a k8s handle, or no usable kubeconfig context.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        submitted = job
-        handle = submitted.handle
-        cluster, kind, namespace, name, job = _find(submitted)
-        if job is None:
-            record = submitted.record
+        handle = job.handle
+        cluster, kind, namespace, name, obj = _find(job)
+        if obj is None:
+            record = job.record
             if record is not None and record.cancelled_at:
                 return JobStatus(handle, "CANCELLED", "jobgen cancel", {
                     "cancelled_at": record.cancelled_at, "reason": f"`jobgen cancel` deleted {kind.kind} {namespace}/{name}"})
             return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} (deleted, or never created)"})
-        state, details = job_state(job)
+        state, details = job_state(obj)
         details["kind"] = kind.kind
         pods, container = job_pods(cluster, kind, namespace, name)
         if pods:
             details["pods"] = pod_summary(pods, name, container)
-        details |= restarts_used(cluster, namespace, job, pods, container)
-        return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, submitted),
+        details |= restarts_used(cluster, namespace, obj, pods, container)
+        return JobStatus(handle, state, "kube-apiserver", details, pod_usage(pods, container, job),
                          evidence=pod_evidence(pods, name, container))
 
     def logs(self, job: SubmittedJob, options: LogOptions, out: Echo = print) -> None:
@@ -664,13 +663,12 @@ class KubernetesBackend(Backend):
         """
         self.check_options(options)
         replica, follow, poll_s = options.replica or None, options.follow, LOG_POLL_S
-        submitted = job
-        handle = submitted.handle
-        cluster, kind, namespace, name, job = _find(submitted)
-        if job is None:
+        handle = job.handle
+        cluster, kind, namespace, name, obj = _find(job)
+        if obj is None:
             raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
         if replica is None:  # a TrainJob's global rank 0 is on node-0 (PET_NODE_RANK 0)
-            roles = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+            roles = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
             replica = f"{TRAINJOB_NODE}-0" if kind is TRAINJOB else "worker-0" if roles and "Master" not in roles else "master-0"
             if replica == "worker-0":
                 out("jobgen: an elastic job has no Master: showing worker-0; global rank 0 may run on another worker "
@@ -721,8 +719,8 @@ class KubernetesBackend(Backend):
             ConfigError: no such job.
             SubmitError: the API server cannot be reached or refuses the request.
         """
-        cluster, kind, namespace, name, job = _find(job)
-        if job is None:
+        cluster, kind, namespace, name, obj = _find(job)
+        if obj is None:
             raise ConfigError(f"no {kind.kind} {namespace}/{name} on context {cluster.context}", hint="check `jobgen status` (deleted?)")
         pods, container = job_pods(cluster, kind, namespace, name)
         lines: list[LogLine] = []
@@ -761,12 +759,11 @@ class KubernetesBackend(Backend):
             SubmitError: the job still exists after ``wait_s`` (the message names its finalizers),
                 or the API server refuses.
         """
-        submitted = job
-        handle = submitted.handle
-        cluster, kind, namespace, name, job = _find(submitted)
-        if job is None or not _delete_job(cluster, kind, namespace, name):
+        handle = job.handle
+        cluster, kind, namespace, name, obj = _find(job)
+        if obj is None or not _delete_job(cluster, kind, namespace, name):
             return JobStatus(handle, "UNKNOWN", "kube-apiserver", {"reason": f"no {kind.kind} {namespace}/{name} to delete"})
-        record = submitted.record
+        record = job.record
         if record is not None:
             record.model_copy(update={"cancelled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).save()
         _wait_gone(cluster, kind, namespace, name, wait_s, out)
