@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobgen import __version__
-from jobgen.jobdir.files import SSH_JOB_ENV
+from jobgen.jobdir.files import NODE_TAG, SSH_JOB_ENV
 from jobgen.reports.usage import run_usage
 from jobgen.specs.capabilities import capabilities
 from jobgen.specs.notify import NotifySpec
@@ -66,7 +66,7 @@ def global_rank(environ: Mapping[str, str] = os.environ) -> int:
 #: host holds no blank (the profile refuses one); the run directory starts with ``/`` and holds no
 #: line break or NUL (:func:`jobgen.specs.base.check_shell_safe`), nor a lone surrogate (what
 #: ``os.environ`` makes of bytes that are not UTF-8: no profile writes those).
-_HOST_TAG_RE = r"({scheme}://[^/\s\ud800-\udfff]+/[^\n\r\x00\ud800-\udfff]*)#node-[0-9]+"
+_HOST_TAG_RE = r"({scheme}://[^/\s\ud800-\udfff]+/[^\n\r\x00\ud800-\udfff]*)" + re.escape(NODE_TAG) + "[0-9]+"
 
 
 def job_handle(resolved: ResolvedSpec, run_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -48,10 +48,12 @@ CODE_DIR_ENV = "JOBGEN_CODE_DIR"
 #: path. Kubernetes pods run what the committed manifest says, which names no spec file: theirs
 #: name spec.json.
 SPEC_SOURCE_ENV = "JOBGEN_SPEC_SOURCE"
-#: ssh jobs: set (to ``<handle>#node-<rank>``) in the environment of every process a job starts on a
-#: host, which all of them inherit; status counts them and cancel stops them by it, and the
-#: entrypoint's notifications take the handle from it.
+#: ssh jobs: set (to ``<handle>#node-<rank>``, :data:`NODE_TAG`) in the environment of every process
+#: a job starts on a host, which all of them inherit; status counts them and cancel stops them by it,
+#: and the entrypoint's notifications take the handle from it.
 SSH_JOB_ENV = "JOBGEN_SSH_JOB"
+#: What follows the job's handle in :data:`SSH_JOB_ENV`, before the node's rank.
+NODE_TAG = "#node-"
 #: ``jobgen submit SPEC`` without ``--out`` writes the job directory here, inside the run directory.
 SUBMIT_JOB_SUBDIR = "job"
 #: In every run directory: ``*``, so git ignores the run's outputs (:func:`ignore_run_dir`).

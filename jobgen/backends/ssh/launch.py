@@ -38,7 +38,7 @@ from typing import Any
 from jobgen.backends.base import common_files, job_env, render_job_template
 from jobgen.errors import PlanError, printable
 from jobgen.events.notifier import RESTART_COUNT_ENV
-from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, SPEC_FILE, SPEC_SOURCE_ENV, SSH_JOB_ENV
+from jobgen.jobdir.files import CODE_DIR_ENV, CODE_SUBDIR, LAUNCH_FILE, NODE_TAG, SPEC_FILE, SPEC_SOURCE_ENV, SSH_JOB_ENV
 from jobgen.jobdir.submission import JobHandle
 from jobgen.jobdir.world import World
 from jobgen.planning.plan import Command, JobPlan, PlanContext
@@ -245,7 +245,7 @@ def start_command(run: str, rank: int, handle: JobHandle, *, code_dir: str | Non
 def job_tag(handle: JobHandle, rank: int) -> str:
     """The value of :data:`~jobgen.jobdir.SSH_JOB_ENV` in every process of node ``rank`` of the
     job: ``<handle>#node-<rank>`` (per node: two nodes may share a machine, e.g. two aliases of it)."""
-    return f"{handle}#node-{rank}"
+    return f"{handle}{NODE_TAG}{rank}"
 
 
 def _job_pids(handle: JobHandle, rank: int) -> str:
